@@ -1,0 +1,70 @@
+"""Errors raised by the outbox.
+
+    OutboxError
+    ├── InvalidInput            the caller's data is malformed (bad id, payload not I-JSON, ...)
+    │   └── PayloadTooLarge     the canonical payload exceeds the configured limit
+    ├── NotFound                no such intent, destination or token
+    ├── UnknownDestination      enqueue named a destination that is not registered
+    ├── IntentConflict          same action_id, another scope, destination or payload digest
+    ├── DestinationInUse        a destination still has intents waiting to be delivered
+    ├── IllegalTransition       a status change the lifecycle does not allow
+    ├── StaleWrite              the row changed under us (status or fence moved on)
+    ├── StoreUnavailable        the database is locked, full or unreachable; retry later
+    └── SchemaTooNew            the database was migrated by a newer release
+
+Each subclass's docstring is its default message; raise with a specific one when it helps the
+user act (``UnknownDestination("destination 'billing' is not registered")``).
+"""
+
+from __future__ import annotations
+
+
+class OutboxError(Exception):
+    """Outbox error."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0])
+
+
+class InvalidInput(OutboxError):
+    """The input is not valid."""
+
+
+class PayloadTooLarge(InvalidInput):
+    """The payload is larger than the configured limit."""
+
+
+class NotFound(OutboxError):
+    """Not found."""
+
+
+class UnknownDestination(OutboxError):
+    """The destination is not registered."""
+
+
+class IntentConflict(OutboxError):
+    """An intent with this action_id exists with another scope, destination or payload."""
+
+
+class DestinationInUse(OutboxError):
+    """The destination still has intents waiting to be delivered."""
+
+
+class IllegalTransition(OutboxError):
+    """The intent lifecycle does not allow this status change."""
+
+
+class StaleWrite(OutboxError):
+    """The intent changed since it was read; the write was not applied."""
+
+
+class StoreUnavailable(OutboxError):
+    """The database is unavailable (locked, full or unreachable); retry later."""
+
+
+class SchemaTooNew(OutboxError):
+    """The database schema is newer than this release understands; upgrade the outbox."""

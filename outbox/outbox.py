@@ -1,0 +1,317 @@
+"""The library entry point: an ``Outbox`` opened from a database URL.
+
+    async with await Outbox.open("sqlite:///./outbox.db") as box:
+        await box.enqueue(destination="billing", scope="acme", payload={"invoice": 42})
+
+        async with box.transaction() as tx:      # the caller's row and its intent, together
+            await tx.execute("INSERT INTO orders (id) VALUES (?)", (7,))
+            await tx.enqueue(destination="billing", scope="acme", payload={"order": 7})
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
+
+from .clock import Clock, SystemClock
+from .destinations import Destination, DestinationSpec
+from .digest import canonical_json, digest_of
+from .errors import InvalidInput, NotFound, PayloadTooLarge
+from .ids import ACTION_ID, DESTINATION_ID, SCOPE, check, uuid7
+from .model import Channel, Enqueued, Event, Intent, NewIntent, Role
+from .settings import Settings
+from .store import History, IntentQuery, Page, Store, Transaction, store_for_url
+from .tokens import TokenInfo, hash_token, new_token
+
+MAX_PAGE = 500
+
+
+class Outbox:
+    """Durable intents: enqueue, inspect, and the registries they depend on."""
+
+    def __init__(self, store: Store, *, settings: Settings | None = None, clock: Clock | None = None):
+        self.store = store
+        self.settings = settings or Settings()
+        self.clock: Clock = clock or SystemClock()
+
+    @classmethod
+    async def open(
+        cls,
+        url: str | None = None,
+        *,
+        settings: Settings | None = None,
+        clock: Clock | None = None,
+        migrate: bool = True,
+    ) -> Outbox:
+        """Open (and by default migrate) the store at ``url`` (default: the settings' URL)."""
+        settings = settings or Settings()
+        store = store_for_url(url or settings.database_url)
+        await store.open()
+        try:
+            if migrate:
+                await store.migrate()
+        except BaseException:
+            await store.close()
+            raise
+        return cls(store, settings=settings, clock=clock)
+
+    async def close(self) -> None:
+        """Finish pending writes and close the store."""
+        await self.store.close()
+
+    async def __aenter__(self) -> Outbox:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # -- producing -----------------------------------------------------------------------
+
+    def prepare(
+        self,
+        *,
+        destination: str,
+        scope: str,
+        payload: Any,
+        action_id: str | None = None,
+        not_before: datetime | None = None,
+        expires_at: datetime | None = None,
+        max_attempts: int | None = None,
+        actor: str = "library",
+    ) -> tuple[NewIntent, Event]:
+        """Validate and digest an intent without writing it. Raises InvalidInput."""
+        check(DESTINATION_ID, destination, "destination")
+        check(SCOPE, scope, "scope")
+        action_id = check(ACTION_ID, action_id, "action_id") if action_id is not None else uuid7()
+        canonical = canonical_json(payload)
+        if len(canonical) > self.settings.max_payload_bytes:
+            raise PayloadTooLarge(
+                f"payload is {len(canonical)} bytes of canonical JSON; "
+                f"the limit is {self.settings.max_payload_bytes}"
+            )
+        for name, value in (("not_before", not_before), ("expires_at", expires_at)):
+            if value is not None and value.tzinfo is None:
+                raise InvalidInput(f"{name} must carry a timezone (for example 2030-01-01T00:00:00Z)")
+        if not_before and expires_at and expires_at <= not_before:
+            raise InvalidInput("expires_at must be later than not_before")
+        if max_attempts is not None and not 1 <= max_attempts <= 1000:
+            raise InvalidInput("max_attempts must be between 1 and 1000")
+        now = self.clock.now()
+        new = NewIntent(
+            action_id=action_id,
+            scope=scope,
+            destination=destination,
+            payload_json=canonical.decode(),
+            payload_digest=digest_of(canonical),
+            max_attempts=max_attempts or self.settings.default_max_attempts,
+            next_attempt_at=max(now, not_before) if not_before else now,
+            not_before=not_before,
+            expires_at=expires_at,
+            created_at=now,
+        )
+        return new, Event(kind="enqueued", at=now, actor=actor)
+
+    async def enqueue(self, **intent: Any) -> Enqueued:
+        """Record an intent durably; returns once it survives power loss.
+
+        Same action_id, scope, destination and payload again returns the existing intent
+        (``created=False``); anything else under that action_id raises IntentConflict.
+        Keywords are those of ``prepare``.
+        """
+        new, event = self.prepare(**intent)
+        return await self.store.insert_intent(new, event)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[OutboxTransaction]:
+        """A transaction carrying the caller's own SQL and enqueues: both commit, or neither."""
+        async with self.store.transaction() as tx:
+            yield OutboxTransaction(self, tx)
+
+    # -- reading -------------------------------------------------------------------------
+
+    async def get(self, action_id: str) -> Intent:
+        """One intent. Raises NotFound."""
+        check(ACTION_ID, action_id, "action_id")
+        intent = await self.store.get_intent(action_id)
+        if intent is None:
+            raise NotFound(f"intent {action_id!r} does not exist")
+        return intent
+
+    async def history(self, action_id: str) -> History:
+        """An intent's attempts and events."""
+        return await self.store.history(action_id)
+
+    async def list(self, query: IntentQuery) -> Page:
+        """A page of intents, newest first."""
+        if not 1 <= query.limit <= MAX_PAGE:
+            raise InvalidInput(f"limit must be between 1 and {MAX_PAGE}")
+        return await self.store.list_intents(query)
+
+    # -- destinations --------------------------------------------------------------------
+
+    async def put_destination(self, destination_id: str, spec: DestinationSpec) -> tuple[Destination, bool]:
+        """Register or replace a destination; returns it and whether it was new.
+
+        Without a secret a new destination is refused and an existing one keeps its secrets.
+        A new secret goes first; the previous ones stay for rotation (at most three kept).
+        """
+        check(DESTINATION_ID, destination_id, "destination id")
+        existing = await self.store.get_destination(destination_id)
+        if spec.secret is None and existing is None:
+            raise InvalidInput(f"destination {destination_id!r} is new: it needs a whsec_ secret")
+        secrets: tuple[str, ...] = existing.secrets if existing else ()
+        if spec.secret is not None and spec.secret not in secrets[:1]:
+            secrets = (spec.secret, *(s for s in secrets if s != spec.secret))[:3]
+        now = self.clock.now()
+        destination = Destination(
+            id=destination_id,
+            channel=Channel(spec.channel),
+            url=spec.url,
+            secrets=secrets,
+            idempotent=spec.idempotent,
+            retention_seconds=spec.retention_seconds,
+            on_unknown=spec.on_unknown,
+            timeout_seconds=spec.timeout_seconds,
+            requires_approval=spec.requires_approval,
+            allow_private_network=spec.allow_private_network,
+            disabled=spec.disabled,
+            created_at=existing.created_at if existing else now,
+            updated_at=now,
+        )
+        created = await self.store.put_destination(destination)
+        return destination, created
+
+    async def get_destination(self, destination_id: str) -> Destination:
+        """One destination. Raises NotFound."""
+        check(DESTINATION_ID, destination_id, "destination id")
+        found = await self.store.get_destination(destination_id)
+        if found is None:
+            raise NotFound(f"destination {destination_id!r} is not registered")
+        return found
+
+    async def list_destinations(self) -> list[Destination]:
+        """Every destination."""
+        return await self.store.list_destinations()
+
+    async def delete_destination(self, destination_id: str) -> None:
+        """Remove a destination nothing refers to. Raises NotFound, DestinationInUse."""
+        check(DESTINATION_ID, destination_id, "destination id")
+        await self.store.delete_destination(destination_id)
+
+    # -- tokens --------------------------------------------------------------------------
+
+    async def create_token(
+        self, role: Role, scopes: Sequence[str] = (), label: str | None = None
+    ) -> tuple[str, TokenInfo]:
+        """A new API token; the token text is returned here and never again."""
+        if role is Role.PRODUCER and not scopes:
+            raise InvalidInput("a producer token needs at least one scope (or '*' for all)")
+        if role is not Role.PRODUCER and scopes:
+            raise InvalidInput(f"an {role.value} token acts in every scope; drop --scope")
+        for scope in scopes:
+            if scope != "*":
+                check(SCOPE, scope, "scope")
+        token_id, token = new_token()
+        info = TokenInfo(
+            id=token_id,
+            role=role,
+            scopes=tuple(dict.fromkeys(scopes)),
+            label=label,
+            created_at=self.clock.now(),
+            revoked_at=None,
+        )
+        await self.store.insert_token(info, hash_token(token))
+        return token, info
+
+    async def authenticate(self, token: str) -> TokenInfo | None:
+        """The active token this bearer string is, or None."""
+        return await self.store.token_by_hash(hash_token(token))
+
+    async def list_tokens(self) -> list[TokenInfo]:
+        """Every token (never their text)."""
+        return await self.store.list_tokens()
+
+    async def revoke_token(self, token_id: str) -> TokenInfo:
+        """Revoke a token at once. Raises NotFound."""
+        return await self.store.revoke_token(token_id, self.clock.now())
+
+
+class OutboxTransaction:
+    """The caller's SQL and the outbox's enqueues in one database transaction."""
+
+    def __init__(self, outbox: Outbox, tx: Transaction) -> None:
+        self._outbox = outbox
+        self._tx = tx
+
+    async def execute(self, sql: str, parameters: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run the caller's own statement (placeholders of the store's dialect)."""
+        return await self._tx.execute(sql, parameters)
+
+    async def enqueue(self, **intent: Any) -> Enqueued:
+        """As ``Outbox.enqueue``; durable when the transaction commits."""
+        new, event = self._outbox.prepare(**intent)
+        return await self._tx.insert_intent(new, event)
+
+
+def intent_json(intent: Intent) -> dict[str, Any]:
+    """An intent as the API and CLI show it."""
+    return {
+        "action_id": intent.action_id,
+        "scope": intent.scope,
+        "destination": intent.destination,
+        "channel": intent.channel.value,
+        "status": intent.status.value,
+        "payload": intent.payload,
+        "payload_digest": intent.payload_digest,
+        "attempts": intent.attempts,
+        "max_attempts": intent.max_attempts,
+        "next_attempt_at": _iso(intent.next_attempt_at),
+        "not_before": _iso(intent.not_before),
+        "expires_at": _iso(intent.expires_at),
+        "lease_owner": intent.lease_owner,
+        "lease_expires_at": _iso(intent.lease_expires_at),
+        "fence": intent.fence,
+        "created_at": _iso(intent.created_at),
+        "updated_at": _iso(intent.updated_at),
+        "last_error": intent.last_error,
+    }
+
+
+def history_json(history: History) -> dict[str, Any]:
+    """An intent's attempts and events as the API and CLI show them."""
+    return {
+        "attempts": [
+            {
+                "attempt_id": a.attempt_id,
+                "number": a.number,
+                "fence": a.fence,
+                "worker": a.worker,
+                "started_at": _iso(a.started_at),
+                "finished_at": _iso(a.finished_at),
+                "submission": a.submission.value if a.submission else None,
+                "outcome": a.outcome.value if a.outcome else None,
+                "status_code": a.status_code,
+                "reply": a.reply,
+                "external_id": a.external_id,
+                "error": a.error,
+                "duration_ms": a.duration_ms,
+            }
+            for a in history.attempts
+        ],
+        "events": [
+            {"kind": e.kind, "at": _iso(e.at), "actor": e.actor, "reason": e.reason, "data": dict(e.data)}
+            for e in history.events
+        ],
+    }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat().replace("+00:00", "Z")
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON for CLI output."""
+    return json.dumps(value, indent=2, sort_keys=False)

@@ -1,0 +1,43 @@
+"""Settings: one typed object, from ``OUTBOX_*`` variables, then ``outbox.toml``, then defaults."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+
+class Settings(BaseSettings):
+    """Everything the service can be told. Each field is also ``OUTBOX_<NAME>``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="OUTBOX_", toml_file="outbox.toml", extra="forbid", frozen=True
+    )
+
+    database_url: str = Field(
+        default="sqlite:///./outbox.db", description="sqlite:///path.db (embedded default)"
+    )
+    host: str = Field(default="127.0.0.1", description="address `outbox serve` listens on")
+    port: int = Field(default=8080, ge=0, le=65535, description="port `outbox serve` listens on")
+    max_payload_bytes: int = Field(
+        default=1024 * 1024, ge=1, description="largest accepted payload (canonical JSON bytes)"
+    )
+    default_max_attempts: int = Field(
+        default=24, ge=1, le=1000, description="attempts before a dead letter, unless the intent says"
+    )
+    log_level: str = Field(default="info", description="debug, info, warning or error")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))

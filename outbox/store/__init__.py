@@ -1,0 +1,28 @@
+"""Storage backends behind one protocol, chosen by database URL."""
+
+from __future__ import annotations
+
+from urllib.parse import unquote, urlsplit
+
+from ..errors import InvalidInput
+from .protocol import History, IntentQuery, Page, Store, Transaction
+from .sqlite import SqliteStore
+
+__all__ = ["History", "IntentQuery", "Page", "SqliteStore", "Store", "Transaction", "store_for_url"]
+
+
+def store_for_url(url: str) -> Store:
+    """The (unopened) store a database URL names: ``sqlite:///relative.db``,
+    ``sqlite:////absolute/path.db``."""
+    parts = urlsplit(url)
+    if parts.scheme == "sqlite":
+        path = unquote(parts.path)
+        if parts.netloc or not path.startswith("/") or path == "/":
+            raise InvalidInput(
+                f"database URL {url!r} is malformed: use sqlite:///relative/path.db "
+                "or sqlite:////absolute/path.db"
+            )
+        return SqliteStore(path[1:])
+    if parts.scheme in ("postgresql", "postgres"):
+        raise InvalidInput("the PostgreSQL store is not available in this release; use sqlite:///")
+    raise InvalidInput(f"database URL {url!r}: unsupported scheme {parts.scheme!r} (use sqlite:///)")

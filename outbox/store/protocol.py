@@ -1,0 +1,169 @@
+"""The store protocol: what the outbox needs from a database, whatever the dialect.
+
+Every backend passes the conformance suite in ``tests/conformance``; a new backend is proven by
+those same tests, not by its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from ..destinations import Destination
+from ..model import Attempt, Channel, Enqueued, Event, Intent, NewIntent, Status
+from ..tokens import TokenInfo
+
+#: Columns an intent update may set, besides ``status`` and ``updated_at``.
+UPDATABLE = frozenset(
+    {
+        "attempts",
+        "max_attempts",
+        "next_attempt_at",
+        "lease_owner",
+        "lease_expires_at",
+        "fence",
+        "last_error",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class IntentQuery:
+    """Filters for listing intents; every field narrows, ``None`` means any."""
+
+    statuses: Sequence[Status] | None = None
+    scopes: Sequence[str] | None = None
+    destination: str | None = None
+    channel: Channel | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    before_seq: int | None = None  # the cursor: only intents older than this one
+    limit: int = 50
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """A page of intents, newest first; ``next_seq`` continues it, ``None`` when done."""
+
+    intents: list[Intent]
+    next_seq: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """An intent's attempts and events, in order."""
+
+    attempts: list[Attempt] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+
+class Transaction(Protocol):
+    """A database transaction shared by the caller's own SQL and the outbox's writes."""
+
+    async def execute(self, sql: str, parameters: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run the caller's statement in this transaction; returns its rows."""
+        ...
+
+    async def insert_intent(self, new: NewIntent, event: Event) -> Enqueued:
+        """As ``Store.insert_intent``, inside this transaction."""
+        ...
+
+
+class Store(Protocol):
+    """An outbox database."""
+
+    dialect: str
+
+    async def open(self) -> None:
+        """Connect; does not migrate."""
+        ...
+
+    async def close(self) -> None:
+        """Finish pending writes and disconnect."""
+        ...
+
+    async def migrate(self) -> list[str]:
+        """Apply pending migrations; returns the names applied (empty when up to date)."""
+        ...
+
+    async def ping(self) -> None:
+        """Raise StoreUnavailable unless the database answers and is migrated."""
+        ...
+
+    def transaction(self) -> AbstractAsyncContextManager[Transaction]:
+        """A transaction for the caller's own SQL together with enqueues; commits on success."""
+        ...
+
+    async def insert_intent(self, new: NewIntent, event: Event) -> Enqueued:
+        """Create an intent (pending, or held if its destination requires approval) with its
+        first event; the same action_id, scope, destination and digest returns the existing one.
+        Raises UnknownDestination, IntentConflict."""
+        ...
+
+    async def get_intent(self, action_id: str) -> Intent | None:
+        """One intent, or None."""
+        ...
+
+    async def history(self, action_id: str) -> History:
+        """An intent's attempts and events; empty if it does not exist."""
+        ...
+
+    async def list_intents(self, query: IntentQuery) -> Page:
+        """A page of intents matching ``query``, newest first."""
+        ...
+
+    async def update_intent(
+        self,
+        action_id: str,
+        *,
+        expected: Status,
+        status: Status,
+        event: Event,
+        changes: Mapping[str, Any] | None = None,
+        fence: int | None = None,
+    ) -> Intent:
+        """Move an intent from ``expected`` to ``status`` (checked against TRANSITIONS),
+        applying ``changes`` (columns in UPDATABLE) and appending ``event``, atomically and
+        only if it is still in ``expected`` (and at ``fence`` when given).
+        Raises IllegalTransition, NotFound, StaleWrite; nothing is written when it raises."""
+        ...
+
+    async def put_destination(self, destination: Destination) -> bool:
+        """Register or replace a destination; True when it was new."""
+        ...
+
+    async def get_destination(self, destination_id: str) -> Destination | None:
+        """One destination, or None."""
+        ...
+
+    async def list_destinations(self) -> list[Destination]:
+        """Every destination, by id."""
+        ...
+
+    async def delete_destination(self, destination_id: str) -> None:
+        """Remove a destination. Raises NotFound, or DestinationInUse while intents still wait
+        on it or name it in their history."""
+        ...
+
+    async def insert_token(self, info: TokenInfo, token_hash: str) -> None:
+        """Store a token's hash and what it may do."""
+        ...
+
+    async def token_by_hash(self, token_hash: str) -> TokenInfo | None:
+        """The active token with this hash, or None."""
+        ...
+
+    async def list_tokens(self) -> list[TokenInfo]:
+        """Every token, revoked ones included."""
+        ...
+
+    async def revoke_token(self, token_id: str, at: datetime) -> TokenInfo:
+        """Revoke a token. Raises NotFound if there is no such active token."""
+        ...
+
+    async def count_active_tokens(self, role: str) -> int:
+        """How many unrevoked tokens of ``role`` exist."""
+        ...

@@ -1,0 +1,120 @@
+-- The SQLite dialect. Each statement is a named block: "-- name: NAME" then a one-line purpose.
+-- {placeholders} in braces are filled from fixed fragments in Python, never from user input.
+
+-- name: pragmas
+-- Durable, concurrent-reader settings for every connection: an acknowledged write survives power loss.
+PRAGMA journal_mode = WAL;
+PRAGMA synchronous = FULL;
+PRAGMA foreign_keys = ON;
+PRAGMA busy_timeout = {busy_timeout_ms};
+
+-- name: create_migrations_table
+-- The record of applied migrations.
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version    INTEGER PRIMARY KEY,
+    name       TEXT NOT NULL,
+    applied_at INTEGER NOT NULL
+);
+
+-- name: applied_migrations
+-- Versions already applied.
+SELECT version FROM schema_migrations ORDER BY version;
+
+-- name: record_migration
+-- Mark a migration applied, in the same transaction as its statements.
+INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?);
+
+-- name: ping
+-- Prove the database answers.
+SELECT 1;
+
+-- name: destination_for_enqueue
+-- What an enqueue needs to know about its destination, read inside the enqueue's transaction.
+SELECT channel, requires_approval FROM destinations WHERE id = ?;
+
+-- name: insert_intent
+-- Create an intent unless its action_id exists; returns the new row, or nothing.
+INSERT INTO intents (action_id, scope, destination, channel, payload, payload_digest, status,
+                     max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (action_id) DO NOTHING
+RETURNING *;
+
+-- name: intent_by_action
+-- One intent by its action_id.
+SELECT * FROM intents WHERE action_id = ?;
+
+-- name: insert_event
+-- Append to an intent's history.
+INSERT INTO events (intent_seq, kind, at, actor, reason, data) VALUES (?, ?, ?, ?, ?, ?);
+
+-- name: attempts_of
+-- An intent's attempts, first to last.
+SELECT * FROM attempts WHERE intent_seq = ? ORDER BY number;
+
+-- name: events_of
+-- An intent's history, oldest first.
+SELECT kind, at, actor, reason, data FROM events WHERE intent_seq = ? ORDER BY id;
+
+-- name: list_intents
+-- A page of intents, newest first, after a cursor.
+SELECT * FROM intents WHERE {where} ORDER BY seq DESC LIMIT ?;
+
+-- name: update_intent
+-- Move an intent from a status it is known to be in; no row back means it had moved on.
+UPDATE intents SET {assignments} WHERE action_id = ? AND status = ? {fence_check} RETURNING *;
+
+-- name: put_destination
+-- Register or replace a destination.
+INSERT INTO destinations (id, channel, url, secrets, idempotent, retention_seconds, on_unknown,
+                          timeout_seconds, requires_approval, allow_private_network, disabled,
+                          created_at, updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (id) DO UPDATE SET
+    channel = excluded.channel, url = excluded.url, secrets = excluded.secrets,
+    idempotent = excluded.idempotent, retention_seconds = excluded.retention_seconds,
+    on_unknown = excluded.on_unknown, timeout_seconds = excluded.timeout_seconds,
+    requires_approval = excluded.requires_approval,
+    allow_private_network = excluded.allow_private_network, disabled = excluded.disabled,
+    updated_at = excluded.updated_at
+RETURNING *;
+
+-- name: destination_by_id
+-- One destination.
+SELECT * FROM destinations WHERE id = ?;
+
+-- name: list_destinations
+-- Every destination, by id.
+SELECT * FROM destinations ORDER BY id;
+
+-- name: open_intents_for_destination
+-- How many intents still wait on a destination (it may not be deleted under them).
+SELECT count(*) FROM intents WHERE destination = ? AND status IN ('pending', 'leased', 'held', 'unknown');
+
+-- name: any_intent_for_destination
+-- Whether any intent, even finished, names the destination (its history keeps the reference).
+SELECT 1 FROM intents WHERE destination = ? LIMIT 1;
+
+-- name: delete_destination
+-- Remove a destination.
+DELETE FROM destinations WHERE id = ?;
+
+-- name: insert_token
+-- Store a new token's hash.
+INSERT INTO tokens (id, hash, role, scopes, label, created_at) VALUES (?, ?, ?, ?, ?, ?);
+
+-- name: token_by_hash
+-- The token a bearer presents, if it is not revoked.
+SELECT * FROM tokens WHERE hash = ? AND revoked_at IS NULL;
+
+-- name: list_tokens
+-- Every token, oldest first.
+SELECT * FROM tokens ORDER BY created_at, id;
+
+-- name: revoke_token
+-- Revoke a token; returns it, or nothing if unknown or already revoked.
+UPDATE tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL RETURNING *;
+
+-- name: count_active_tokens
+-- Active tokens of a role.
+SELECT count(*) FROM tokens WHERE role = ? AND revoked_at IS NULL;

@@ -1,0 +1,659 @@
+"""The embedded SQLite store (aiosqlite, WAL, ``synchronous=FULL``).
+
+Writes go through one connection and are group-committed: concurrent writers share a
+transaction and its fsync, each isolated in a savepoint, and each is acknowledged only after the
+commit that made it durable. Reads use a second connection, which WAL lets run beside the writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from importlib.resources import files
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiosqlite
+
+from ..destinations import Destination
+from ..errors import (
+    DestinationInUse,
+    IntentConflict,
+    NotFound,
+    OutboxError,
+    SchemaTooNew,
+    StaleWrite,
+    StoreUnavailable,
+    UnknownDestination,
+)
+from ..model import (
+    INITIAL,
+    Attempt,
+    Channel,
+    Enqueued,
+    Event,
+    Intent,
+    NewIntent,
+    OnUnknown,
+    Outcome,
+    Role,
+    Status,
+    Submission,
+    check_transition,
+)
+from ..tokens import TokenInfo
+from . import queries
+from .protocol import UPDATABLE, History, IntentQuery, Page
+
+T = TypeVar("T")
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MICROSECOND = timedelta(microseconds=1)
+#: sqlite3 messages that mean "not now" rather than "wrong": answered 503, retried by callers.
+UNAVAILABLE = ("locked", "busy", "full", "disk i/o", "unable to open", "readonly")
+SQL = queries.load("sqlite")
+#: Set while this task holds a caller's transaction: a group-committed write would wait for it.
+_IN_TRANSACTION: contextvars.ContextVar[bool] = contextvars.ContextVar("in_tx", default=False)
+
+
+def to_us(value: datetime | None) -> int | None:
+    """A timestamp as integer microseconds since the epoch (how SQLite stores time here)."""
+    return None if value is None else (value - EPOCH) // MICROSECOND
+
+
+def from_us(value: int | None) -> datetime | None:
+    """Inverse of ``to_us``."""
+    return None if value is None else EPOCH + timedelta(microseconds=value)
+
+
+def _available(exc: sqlite3.Error) -> OutboxError | None:
+    """The StoreUnavailable an sqlite3 error stands for, if it is one of "not now"."""
+    text = str(exc).lower()
+    if isinstance(exc, sqlite3.OperationalError) and any(word in text for word in UNAVAILABLE):
+        return StoreUnavailable(f"the SQLite database is unavailable: {exc}")
+    return None
+
+
+async def _on_thread(db: aiosqlite.Connection, fn: Callable[..., T], *args: Any) -> T:
+    """Run ``fn(connection, *args)`` on the connection's own thread, as one hop.
+
+    aiosqlite would hop threads once per statement; a whole transaction in one hop is what lets
+    an enqueue cost little more than its fsync. This leans on aiosqlite's worker queue, hence the
+    narrow version pin in pyproject.toml.
+    """
+    try:
+        return await db._execute(fn, db._conn, *args)  # noqa: SLF001
+    except sqlite3.Error as exc:
+        mapped = _available(exc)
+        if mapped is None:
+            raise
+        raise mapped from exc
+
+
+def _intent(row: sqlite3.Row) -> Intent:
+    return Intent(
+        seq=row["seq"],
+        action_id=row["action_id"],
+        scope=row["scope"],
+        destination=row["destination"],
+        channel=Channel(row["channel"]),
+        payload=json.loads(row["payload"]),
+        payload_digest=row["payload_digest"],
+        status=Status(row["status"]),
+        attempts=row["attempts"],
+        max_attempts=row["max_attempts"],
+        next_attempt_at=from_us(row["next_attempt_at"]),  # type: ignore[arg-type]
+        not_before=from_us(row["not_before"]),
+        expires_at=from_us(row["expires_at"]),
+        lease_owner=row["lease_owner"],
+        lease_expires_at=from_us(row["lease_expires_at"]),
+        fence=row["fence"],
+        created_at=from_us(row["created_at"]),  # type: ignore[arg-type]
+        updated_at=from_us(row["updated_at"]),  # type: ignore[arg-type]
+        last_error=row["last_error"],
+    )
+
+
+def _attempt(row: sqlite3.Row) -> Attempt:
+    return Attempt(
+        attempt_id=row["attempt_id"],
+        number=row["number"],
+        fence=row["fence"],
+        worker=row["worker"],
+        started_at=from_us(row["started_at"]),  # type: ignore[arg-type]
+        finished_at=from_us(row["finished_at"]),
+        submission=Submission(row["submission"]) if row["submission"] else None,
+        outcome=Outcome(row["outcome"]) if row["outcome"] else None,
+        status_code=row["status_code"],
+        reply=row["reply"],
+        external_id=row["external_id"],
+        error=row["error"],
+        duration_ms=row["duration_ms"],
+    )
+
+
+def _event(row: sqlite3.Row) -> Event:
+    return Event(
+        kind=row["kind"],
+        at=from_us(row["at"]),  # type: ignore[arg-type]
+        actor=row["actor"],
+        reason=row["reason"],
+        data=json.loads(row["data"]),
+    )
+
+
+def _destination(row: sqlite3.Row) -> Destination:
+    return Destination(
+        id=row["id"],
+        channel=Channel(row["channel"]),
+        url=row["url"],
+        secrets=tuple(json.loads(row["secrets"])),
+        idempotent=bool(row["idempotent"]),
+        retention_seconds=row["retention_seconds"],
+        on_unknown=OnUnknown(row["on_unknown"]),
+        timeout_seconds=row["timeout_seconds"],
+        requires_approval=bool(row["requires_approval"]),
+        allow_private_network=bool(row["allow_private_network"]),
+        disabled=bool(row["disabled"]),
+        created_at=from_us(row["created_at"]),  # type: ignore[arg-type]
+        updated_at=from_us(row["updated_at"]),  # type: ignore[arg-type]
+    )
+
+
+def _token(row: sqlite3.Row) -> TokenInfo:
+    return TokenInfo(
+        id=row["id"],
+        role=Role(row["role"]),
+        scopes=tuple(json.loads(row["scopes"])),
+        label=row["label"],
+        created_at=from_us(row["created_at"]),  # type: ignore[arg-type]
+        revoked_at=from_us(row["revoked_at"]),
+    )
+
+
+def _append_event(conn: sqlite3.Connection, seq: int, event: Event) -> None:
+    conn.execute(
+        SQL["insert_event"],
+        (seq, event.kind, to_us(event.at), event.actor, event.reason, json.dumps(dict(event.data))),
+    )
+
+
+def _insert_intent(conn: sqlite3.Connection, new: NewIntent, event: Event) -> Enqueued:
+    """The enqueue, run inside a write transaction: destination check, insert or compare."""
+    found = conn.execute(SQL["destination_for_enqueue"], (new.destination,)).fetchone()
+    if found is None:
+        raise UnknownDestination(f"destination {new.destination!r} is not registered")
+    status = Status.HELD if found["requires_approval"] else Status.PENDING
+    assert status in INITIAL
+    created = to_us(new.created_at)
+    row = conn.execute(
+        SQL["insert_intent"],
+        (
+            new.action_id,
+            new.scope,
+            new.destination,
+            found["channel"],
+            new.payload_json,
+            new.payload_digest,
+            status.value,
+            new.max_attempts,
+            to_us(new.next_attempt_at),
+            to_us(new.not_before),
+            to_us(new.expires_at),
+            created,
+            created,
+        ),
+    ).fetchone()
+    if row is not None:
+        _append_event(conn, row["seq"], event)
+        return Enqueued(_intent(row), created=True)
+    existing = _intent(conn.execute(SQL["intent_by_action"], (new.action_id,)).fetchone())
+    differences = [
+        f"{name} {theirs!r} (this request: {ours!r})"
+        for name, theirs, ours in (
+            ("scope", existing.scope, new.scope),
+            ("destination", existing.destination, new.destination),
+            ("payload_digest", existing.payload_digest, new.payload_digest),
+        )
+        if theirs != ours
+    ]
+    if differences:
+        raise IntentConflict(
+            f"action_id {new.action_id!r} already exists with " + ", ".join(differences)
+            + "; an action_id names one operation and is never reused for another"
+        )
+    return Enqueued(existing, created=False)
+
+
+def _apply_batch(
+    conn: sqlite3.Connection, jobs: Sequence[Callable[[sqlite3.Connection], Any]]
+) -> list[tuple[bool, Any]]:
+    """Run write jobs in one transaction, each in its own savepoint, then commit once."""
+    conn.execute("BEGIN IMMEDIATE")
+    results: list[tuple[bool, Any]] = []
+    try:
+        for job in jobs:
+            conn.execute("SAVEPOINT job")
+            try:
+                value = job(conn)
+            except Exception as exc:  # one job's failure must not undo the others
+                conn.execute("ROLLBACK TO job")
+                conn.execute("RELEASE job")
+                results.append((False, exc))
+            else:
+                conn.execute("RELEASE job")
+                results.append((True, value))
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return results
+
+
+class _SqliteTransaction:
+    """The caller's transaction on the writer connection."""
+
+    def __init__(self, db: aiosqlite.Connection) -> None:
+        self._db = db
+
+    async def execute(self, sql: str, parameters: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        rows = await self._db.execute_fetchall(sql, parameters)
+        return [tuple(row) for row in rows]
+
+    async def insert_intent(self, new: NewIntent, event: Event) -> Enqueued:
+        return await _on_thread(self._db, _insert_intent, new, event)
+
+
+class SqliteStore:
+    """An outbox in one SQLite file."""
+
+    dialect = "sqlite"
+    max_batch = 256
+
+    def __init__(self, path: str | Path, *, busy_timeout_ms: int = 5000) -> None:
+        self.path = Path(path)
+        self._busy_timeout_ms = busy_timeout_ms
+        self._writer: aiosqlite.Connection | None = None
+        self._reader: aiosqlite.Connection | None = None
+        self._write_lock = asyncio.Lock()
+        self._queue: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]] = []
+        self._drainer: asyncio.Task[None] | None = None
+
+    # -- connections ---------------------------------------------------------------------
+
+    async def _connect(self, *, read_only: bool) -> aiosqlite.Connection:
+        try:
+            db = await aiosqlite.connect(self.path, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"cannot open SQLite database {str(self.path)!r}: {exc}") from exc
+        db.row_factory = sqlite3.Row
+        pragmas = SQL["pragmas"].format(busy_timeout_ms=self._busy_timeout_ms)
+        try:
+            await db.executescript(pragmas + ("PRAGMA query_only = ON;" if read_only else ""))
+        except sqlite3.Error as exc:
+            await db.close()
+            raise StoreUnavailable(f"cannot use SQLite database {str(self.path)!r}: {exc}") from exc
+        return db
+
+    async def open(self) -> None:
+        if self._writer is not None:
+            return
+        if self.path.parent and not self.path.parent.exists():
+            raise StoreUnavailable(f"directory {str(self.path.parent)!r} does not exist")
+        self._writer = await self._connect(read_only=False)
+        self._reader = await self._connect(read_only=True)
+
+    async def close(self) -> None:
+        if self._drainer is not None:
+            await asyncio.shield(self._drainer)
+        for db in (self._reader, self._writer):
+            if db is not None:
+                await db.close()
+        self._writer = self._reader = None
+
+    @property
+    def _w(self) -> aiosqlite.Connection:
+        if self._writer is None:
+            raise StoreUnavailable("the store is not open")
+        return self._writer
+
+    @property
+    def _r(self) -> aiosqlite.Connection:
+        if self._reader is None:
+            raise StoreUnavailable("the store is not open")
+        return self._reader
+
+    # -- writes: group commit --------------------------------------------------------------
+
+    async def _write(self, job: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``job`` in a group-committed transaction; returns once it is durable."""
+        if _IN_TRANSACTION.get():
+            raise RuntimeError(
+                "this write would wait for the open transaction; inside `transaction()` "
+                "use the transaction's own methods (tx.enqueue)"
+            )
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._queue.append((job, future))
+        if self._drainer is None or self._drainer.done():
+            self._drainer = asyncio.create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
+            try:
+                async with self._write_lock:
+                    results = await _on_thread(self._w, _apply_batch, [job for job, _ in batch])
+            except BaseException as exc:  # the whole transaction failed: nobody's write landed
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            for (_, future), (ok, value) in zip(batch, results, strict=True):
+                if future.done():
+                    continue
+                if ok:
+                    future.set_result(value)
+                else:
+                    mapped = _available(value) if isinstance(value, sqlite3.Error) else None
+                    future.set_exception(mapped or value)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[_SqliteTransaction]:
+        async with self._write_lock:
+            db = self._w
+            try:
+                await db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise (_available(exc) or exc) from exc
+            marker = _IN_TRANSACTION.set(True)
+            try:
+                yield _SqliteTransaction(db)
+            except BaseException:
+                await db.execute("ROLLBACK")
+                raise
+            finally:
+                _IN_TRANSACTION.reset(marker)
+            try:
+                await db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if db.in_transaction:
+                    await db.execute("ROLLBACK")
+                raise (_available(exc) or exc) from exc
+
+    # -- reads -----------------------------------------------------------------------------
+
+    async def _read(self, fn: Callable[..., T], *args: Any) -> T:
+        return await _on_thread(self._r, fn, *args)
+
+    # -- schema ----------------------------------------------------------------------------
+
+    async def migrate(self) -> list[str]:
+        scripts = sorted(
+            (int(item.name.split("_", 1)[0]), item.name.removesuffix(".sql"), item.read_text())
+            for item in files(__package__).joinpath("migrations/sqlite").iterdir()
+            if item.name.endswith(".sql")
+        )
+        known = max((version for version, _, _ in scripts), default=0)
+        now = to_us(datetime.now(UTC))
+
+        def run(conn: sqlite3.Connection) -> list[str]:
+            conn.execute(SQL["create_migrations_table"])
+            applied: list[str] = []
+            conn.execute("BEGIN IMMEDIATE")  # one migrator at a time, across processes
+            try:
+                done = {row[0] for row in conn.execute(SQL["applied_migrations"])}
+                if done and max(done) > known:
+                    raise SchemaTooNew(
+                        f"the database is at schema version {max(done)}, this release knows "
+                        f"up to {known}; upgrade outbox-delivery"
+                    )
+                for version, name, script in scripts:
+                    if version in done:
+                        continue
+                    for statement in _statements(script):
+                        conn.execute(statement)
+                    conn.execute(SQL["record_migration"], (version, name, now))
+                    applied.append(name)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            return applied
+
+        async with self._write_lock:
+            return await _on_thread(self._w, run)
+
+    async def ping(self) -> None:
+        def run(conn: sqlite3.Connection) -> None:
+            conn.execute(SQL["ping"]).fetchone()
+            try:
+                conn.execute(SQL["applied_migrations"]).fetchone()
+            except sqlite3.OperationalError as exc:
+                raise StoreUnavailable("the database is not migrated; run `outbox migrate`") from exc
+
+        await self._read(run)
+
+    # -- intents ---------------------------------------------------------------------------
+
+    async def insert_intent(self, new: NewIntent, event: Event) -> Enqueued:
+        return await self._write(lambda conn: _insert_intent(conn, new, event))
+
+    async def get_intent(self, action_id: str) -> Intent | None:
+        def run(conn: sqlite3.Connection) -> Intent | None:
+            row = conn.execute(SQL["intent_by_action"], (action_id,)).fetchone()
+            return None if row is None else _intent(row)
+
+        return await self._read(run)
+
+    async def history(self, action_id: str) -> History:
+        def run(conn: sqlite3.Connection) -> History:
+            row = conn.execute(SQL["intent_by_action"], (action_id,)).fetchone()
+            if row is None:
+                return History()
+            seq = row["seq"]
+            return History(
+                attempts=[_attempt(r) for r in conn.execute(SQL["attempts_of"], (seq,))],
+                events=[_event(r) for r in conn.execute(SQL["events_of"], (seq,))],
+            )
+
+        return await self._read(run)
+
+    async def list_intents(self, query: IntentQuery) -> Page:
+        where: list[str] = []
+        params: list[Any] = []
+        if query.statuses:
+            where.append(f"status IN ({', '.join('?' * len(query.statuses))})")
+            params.extend(s.value for s in query.statuses)
+        if query.scopes is not None:
+            where.append(f"scope IN ({', '.join('?' * len(query.scopes))})" if query.scopes else "0")
+            params.extend(query.scopes)
+        for column, value in (
+            ("destination = ?", query.destination),
+            ("channel = ?", query.channel.value if query.channel else None),
+            ("created_at >= ?", to_us(query.created_after)),
+            ("created_at < ?", to_us(query.created_before)),
+            ("seq < ?", query.before_seq),
+        ):
+            if value is not None:
+                where.append(column)
+                params.append(value)
+        sql = SQL["list_intents"].format(where=" AND ".join(where) or "1")
+        params.append(query.limit + 1)
+
+        def run(conn: sqlite3.Connection) -> Page:
+            rows = conn.execute(sql, params).fetchall()
+            intents = [_intent(row) for row in rows[: query.limit]]
+            more = len(rows) > query.limit
+            return Page(intents, intents[-1].seq if more and intents else None)
+
+        return await self._read(run)
+
+    async def update_intent(
+        self,
+        action_id: str,
+        *,
+        expected: Status,
+        status: Status,
+        event: Event,
+        changes: Mapping[str, Any] | None = None,
+        fence: int | None = None,
+    ) -> Intent:
+        check_transition(expected, status)
+        changes = dict(changes or {})
+        unknown = set(changes) - UPDATABLE
+        if unknown:
+            raise ValueError(f"columns {sorted(unknown)} cannot be updated")
+        values = {
+            name: to_us(value) if isinstance(value, datetime) else value
+            for name, value in changes.items()
+        }
+        values["status"] = status.value
+        values["updated_at"] = to_us(event.at)
+        sql = SQL["update_intent"].format(
+            assignments=", ".join(f"{name} = ?" for name in values),
+            fence_check="AND fence = ?" if fence is not None else "",
+        )
+        params = [*values.values(), action_id, expected.value]
+        if fence is not None:
+            params.append(fence)
+
+        def run(conn: sqlite3.Connection) -> Intent:
+            row = conn.execute(sql, params).fetchone()
+            if row is None:
+                current = conn.execute(SQL["intent_by_action"], (action_id,)).fetchone()
+                if current is None:
+                    raise NotFound(f"intent {action_id!r} does not exist")
+                raise StaleWrite(
+                    f"intent {action_id!r} is {current['status']} at fence {current['fence']}, "
+                    f"not {expected.value}" + (f" at fence {fence}" if fence is not None else "")
+                    + "; the write was not applied"
+                )
+            _append_event(conn, row["seq"], event)
+            return _intent(row)
+
+        return await self._write(run)
+
+    # -- destinations ----------------------------------------------------------------------
+
+    async def put_destination(self, destination: Destination) -> bool:
+        d = destination
+
+        def run(conn: sqlite3.Connection) -> bool:
+            existed = conn.execute(SQL["destination_by_id"], (d.id,)).fetchone() is not None
+            conn.execute(
+                SQL["put_destination"],
+                (
+                    d.id,
+                    d.channel.value,
+                    d.url,
+                    json.dumps(list(d.secrets)),
+                    int(d.idempotent),
+                    d.retention_seconds,
+                    d.on_unknown.value,
+                    d.timeout_seconds,
+                    int(d.requires_approval),
+                    int(d.allow_private_network),
+                    int(d.disabled),
+                    to_us(d.created_at),
+                    to_us(d.updated_at),
+                ),
+            ).fetchall()
+            return not existed
+
+        return await self._write(run)
+
+    async def get_destination(self, destination_id: str) -> Destination | None:
+        def run(conn: sqlite3.Connection) -> Destination | None:
+            row = conn.execute(SQL["destination_by_id"], (destination_id,)).fetchone()
+            return None if row is None else _destination(row)
+
+        return await self._read(run)
+
+    async def list_destinations(self) -> list[Destination]:
+        def run(conn: sqlite3.Connection) -> list[Destination]:
+            return [_destination(row) for row in conn.execute(SQL["list_destinations"])]
+
+        return await self._read(run)
+
+    async def delete_destination(self, destination_id: str) -> None:
+        def run(conn: sqlite3.Connection) -> None:
+            if conn.execute(SQL["destination_by_id"], (destination_id,)).fetchone() is None:
+                raise NotFound(f"destination {destination_id!r} is not registered")
+            waiting = conn.execute(SQL["open_intents_for_destination"], (destination_id,)).fetchone()[0]
+            if waiting:
+                raise DestinationInUse(
+                    f"destination {destination_id!r} has {waiting} intent(s) still waiting; "
+                    "cancel or deliver them first"
+                )
+            if conn.execute(SQL["any_intent_for_destination"], (destination_id,)).fetchone():
+                raise DestinationInUse(
+                    f"destination {destination_id!r} is named by intents in the history; "
+                    "disable it instead (disabled: true)"
+                )
+            conn.execute(SQL["delete_destination"], (destination_id,))
+
+        await self._write(run)
+
+    # -- tokens ----------------------------------------------------------------------------
+
+    async def insert_token(self, info: TokenInfo, token_hash: str) -> None:
+        params = (
+            info.id,
+            token_hash,
+            info.role.value,
+            json.dumps(list(info.scopes)),
+            info.label,
+            to_us(info.created_at),
+        )
+        await self._write(lambda conn: conn.execute(SQL["insert_token"], params) and None)
+
+    async def token_by_hash(self, token_hash: str) -> TokenInfo | None:
+        def run(conn: sqlite3.Connection) -> TokenInfo | None:
+            row = conn.execute(SQL["token_by_hash"], (token_hash,)).fetchone()
+            return None if row is None else _token(row)
+
+        return await self._read(run)
+
+    async def list_tokens(self) -> list[TokenInfo]:
+        def run(conn: sqlite3.Connection) -> list[TokenInfo]:
+            return [_token(row) for row in conn.execute(SQL["list_tokens"])]
+
+        return await self._read(run)
+
+    async def revoke_token(self, token_id: str, at: datetime) -> TokenInfo:
+        def run(conn: sqlite3.Connection) -> TokenInfo:
+            row = conn.execute(SQL["revoke_token"], (to_us(at), token_id)).fetchone()
+            if row is None:
+                raise NotFound(f"no active token with id {token_id!r}")
+            return _token(row)
+
+        return await self._write(run)
+
+    async def count_active_tokens(self, role: str) -> int:
+        def run(conn: sqlite3.Connection) -> int:
+            return int(conn.execute(SQL["count_active_tokens"], (role,)).fetchone()[0])
+
+        return await self._read(run)
+
+
+def _statements(script: str) -> list[str]:
+    """Split a migration script into statements (sqlite3 runs one at a time)."""
+    statements, current = [], ""
+    for line in script.splitlines(keepends=True):
+        current += line
+        if sqlite3.complete_statement(current):
+            statements.append(current.strip())
+            current = ""
+    if current.strip() and not all(
+        part.strip().startswith("--") or not part.strip() for part in current.splitlines()
+    ):
+        raise ValueError(f"incomplete statement in migration: {current.strip()[:80]!r}")
+    return statements

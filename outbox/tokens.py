@@ -1,0 +1,46 @@
+"""API tokens: roles, scopes, and hashing (only a token's hash is ever stored)."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+
+from .model import Role
+
+PREFIX = "obx_"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenInfo:
+    """A token as stored: its public id, role and scopes, never the token itself."""
+
+    id: str
+    role: Role
+    scopes: tuple[str, ...]
+    label: str | None
+    created_at: datetime
+    revoked_at: datetime | None
+
+    @property
+    def actor(self) -> str:
+        """How events name whoever used this token."""
+        return f"token:{self.id}"
+
+    def may_act_in(self, scope: str) -> bool:
+        """Whether this token may enqueue or read intents of ``scope``."""
+        if self.role is not Role.PRODUCER:
+            return True
+        return "*" in self.scopes or scope in self.scopes
+
+
+def new_token() -> tuple[str, str]:
+    """A fresh ``(id, token)``; the id is public, the token is shown once."""
+    token_id = secrets.token_hex(4)
+    return token_id, f"{PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
+
+
+def hash_token(token: str) -> str:
+    """The stored form of a token. Tokens carry 256 random bits, so a fast hash suffices."""
+    return hashlib.sha256(token.encode()).hexdigest()
