@@ -7,6 +7,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 
+def iso(value: datetime | None) -> str | None:
+    """RFC 3339 in UTC with a ``Z``, as the API and CLI show every time."""
+    return None if value is None else value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
 class Clock(Protocol):
     """Where the outbox reads the time and sleeps."""
 

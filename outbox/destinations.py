@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .clock import iso
 from .model import Channel, OnUnknown
 
 SECRET_PREFIX = "whsec_"
@@ -57,8 +58,8 @@ class Destination:
             "requires_approval": self.requires_approval,
             "allow_private_network": self.allow_private_network,
             "disabled": self.disabled,
-            "created_at": self.created_at.isoformat(),
-            "updated_at": self.updated_at.isoformat(),
+            "created_at": iso(self.created_at),
+            "updated_at": iso(self.updated_at),
         }
 
     def __repr__(self) -> str:  # keep secrets out of logs and tracebacks

@@ -10,13 +10,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
 
-from .clock import Clock, SystemClock
+from .clock import Clock, SystemClock, iso
 from .destinations import Destination, DestinationSpec
 from .digest import canonical_json, digest_of
 from .errors import InvalidInput, NotFound, PayloadTooLarge
@@ -266,16 +265,16 @@ def intent_json(intent: Intent) -> dict[str, Any]:
         "status": intent.status.value,
         "payload": intent.payload,
         "payload_digest": intent.payload_digest,
-        "attempts": intent.attempts,
+        "attempt_count": intent.attempts,
         "max_attempts": intent.max_attempts,
-        "next_attempt_at": _iso(intent.next_attempt_at),
-        "not_before": _iso(intent.not_before),
-        "expires_at": _iso(intent.expires_at),
+        "next_attempt_at": iso(intent.next_attempt_at),
+        "not_before": iso(intent.not_before),
+        "expires_at": iso(intent.expires_at),
         "lease_owner": intent.lease_owner,
-        "lease_expires_at": _iso(intent.lease_expires_at),
+        "lease_expires_at": iso(intent.lease_expires_at),
         "fence": intent.fence,
-        "created_at": _iso(intent.created_at),
-        "updated_at": _iso(intent.updated_at),
+        "created_at": iso(intent.created_at),
+        "updated_at": iso(intent.updated_at),
         "last_error": intent.last_error,
     }
 
@@ -289,8 +288,8 @@ def history_json(history: History) -> dict[str, Any]:
                 "number": a.number,
                 "fence": a.fence,
                 "worker": a.worker,
-                "started_at": _iso(a.started_at),
-                "finished_at": _iso(a.finished_at),
+                "started_at": iso(a.started_at),
+                "finished_at": iso(a.finished_at),
                 "submission": a.submission.value if a.submission else None,
                 "outcome": a.outcome.value if a.outcome else None,
                 "status_code": a.status_code,
@@ -302,16 +301,7 @@ def history_json(history: History) -> dict[str, Any]:
             for a in history.attempts
         ],
         "events": [
-            {"kind": e.kind, "at": _iso(e.at), "actor": e.actor, "reason": e.reason, "data": dict(e.data)}
+            {"kind": e.kind, "at": iso(e.at), "actor": e.actor, "reason": e.reason, "data": dict(e.data)}
             for e in history.events
         ],
     }
-
-
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat().replace("+00:00", "Z")
-
-
-def dumps(value: Any) -> str:
-    """Compact JSON for CLI output."""
-    return json.dumps(value, indent=2, sort_keys=False)

@@ -1,0 +1,343 @@
+"""The HTTP API (``/v1``): producers enqueue and read, admins manage destinations.
+
+Every error is RFC 9457 problem+json, and a refused request changes nothing in the store.
+"""
+
+import base64
+import binascii
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, ValidationError
+from starlette.exceptions import HTTPException
+
+from .destinations import DestinationSpec
+from .errors import OutboxError
+from .ids import ACTION_ID, DESTINATION_ID, check
+from .model import Channel, Role, Status
+from .outbox import MAX_PAGE, Outbox, history_json, intent_json
+from .problems import Problem, from_error
+from .settings import Settings
+from .store import IntentQuery
+from .tokens import TokenInfo
+
+log = logging.getLogger("outbox.api")
+
+#: Room for the envelope around the payload before a body is refused unread.
+ENVELOPE_BYTES = 64 * 1024
+JSON_TYPES = ("application/json",)
+
+
+class IntentIn(BaseModel):
+    """An intent as a producer sends it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    action_id: str | None = Field(
+        default=None, description="your operation id; generated (UUIDv7) when omitted"
+    )
+    scope: str = Field(description="tenant/account on whose authority the effect is made")
+    destination: str = Field(description="id of a registered destination")
+    payload: JsonValue = Field(description="the JSON the destination receives")
+    not_before: AwareDatetime | None = None
+    expires_at: AwareDatetime | None = None
+    max_attempts: int | None = Field(default=None, ge=1, le=1000)
+
+
+def _validation_problem(errors: list[dict[str, Any]]) -> Problem:
+    shown = [
+        {"field": ".".join(str(part) for part in e["loc"] if part not in ("body", "query", "path")),
+         "message": e["msg"]}
+        for e in errors
+    ]
+    detail = "; ".join(f"{e['field'] or 'body'}: {e['message']}" for e in shown[:5])
+    return Problem(422, "invalid-input", "Invalid input", detail, errors=shown)
+
+
+def _encode_cursor(seq: int) -> str:
+    return base64.urlsafe_b64encode(f"seq:{seq}".encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> int:
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        kind, _, value = text.partition(":")
+        if kind != "seq":
+            raise ValueError(kind)
+        return int(value)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise Problem(
+            400, "bad-cursor", "Bad cursor", "cursor is malformed; pass next_cursor back unchanged"
+        ) from None
+
+
+def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None) -> FastAPI:
+    """The API application. Opens the outbox from ``settings`` unless one is given."""
+    settings = settings or (outbox.settings if outbox else Settings())
+    body_limit = settings.max_payload_bytes + ENVELOPE_BYTES
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if outbox is not None:
+            app.state.outbox = outbox
+            yield
+            return
+        app.state.outbox = await Outbox.open(settings=settings)
+        try:
+            yield
+        finally:
+            await app.state.outbox.close()
+
+    app = FastAPI(
+        title="outbox-delivery",
+        version="0.1.0",
+        description="Durable intents delivered at least once, with honest outcomes.",
+        lifespan=lifespan,
+        docs_url="/docs",
+    )
+
+    # -- errors ----------------------------------------------------------------------------
+
+    @app.exception_handler(Problem)
+    async def _problem(request: Request, exc: Problem) -> Response:
+        return exc.response(request.url.path)
+
+    @app.exception_handler(OutboxError)
+    async def _outbox_error(request: Request, exc: OutboxError) -> Response:
+        return from_error(exc).response(request.url.path)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        return _validation_problem(list(exc.errors())).response(request.url.path)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> Response:
+        kinds = {404: "not-found", 405: "method-not-allowed"}
+        detail = {
+            404: f"there is no route {request.url.path}; see /docs",
+            405: f"{request.method} is not allowed on {request.url.path}; see /docs",
+        }.get(exc.status_code, str(exc.detail))
+        problem = Problem(exc.status_code, kinds.get(exc.status_code, "http"), str(exc.detail), detail)
+        problem.headers.update(exc.headers or {})
+        return problem.response(request.url.path)
+
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return Problem(
+            500, "internal", "Internal error", "the server failed; the error is in its log"
+        ).response(request.url.path)
+
+    # -- auth ------------------------------------------------------------------------------
+
+    def box(request: Request) -> Outbox:
+        return request.app.state.outbox  # type: ignore[no-any-return]
+
+    def role(*allowed: Role) -> Callable[[Request], Coroutine[Any, Any, TokenInfo]]:
+        names = " or ".join(r.value for r in allowed)
+
+        async def authorize(request: Request) -> TokenInfo:
+            header = request.headers.get("authorization", "")
+            scheme, _, token = header.partition(" ")
+            challenge = {"WWW-Authenticate": 'Bearer realm="outbox"'}
+            if scheme.lower() != "bearer" or not token.strip():
+                raise Problem(
+                    401, "unauthenticated", "Unauthenticated",
+                    "send 'Authorization: Bearer <token>'; create one with `outbox tokens create`",
+                    headers=challenge,
+                )
+            info = await box(request).authenticate(token.strip())
+            if info is None:
+                raise Problem(
+                    401, "unauthenticated", "Unauthenticated",
+                    "the bearer token is unknown or revoked", headers=challenge,
+                )
+            if info.role not in allowed and info.role is not Role.ADMIN:
+                raise Problem(
+                    403, "forbidden", "Forbidden",
+                    f"a {info.role.value} token cannot do this; it needs {names}",
+                )
+            return info
+
+        return authorize
+
+    Producer = Annotated[TokenInfo, Depends(role(Role.PRODUCER))]
+    Reader = Annotated[TokenInfo, Depends(role(Role.PRODUCER, Role.OPERATOR))]
+    Admin = Annotated[TokenInfo, Depends(role(Role.ADMIN))]
+    Inspector = Annotated[TokenInfo, Depends(role(Role.OPERATOR))]
+
+    def in_scope(token: TokenInfo, scope: str) -> None:
+        if not token.may_act_in(scope):
+            raise Problem(
+                403, "forbidden-scope", "Forbidden scope",
+                f"this token may act in scopes {list(token.scopes)}, not {scope!r}",
+            )
+
+    async def json_body(request: Request) -> Any:
+        media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media_type not in JSON_TYPES and not media_type.endswith("+json"):
+            raise Problem(
+                415, "unsupported-media-type", "Unsupported media type",
+                f"send the body as application/json, not {media_type or 'nothing'!r}",
+            )
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > body_limit:
+            raise Problem(
+                413, "payload-too-large", "Payload too large",
+                f"body is {declared} bytes; the limit is {body_limit} "
+                f"(payload {settings.max_payload_bytes} + envelope)",
+            )
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > body_limit:
+                raise Problem(
+                    413, "payload-too-large", "Payload too large",
+                    f"body exceeds the limit of {body_limit} bytes",
+                )
+            chunks.append(chunk)
+        try:
+            return json.loads(b"".join(chunks))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise Problem(400, "invalid-json", "Invalid JSON", f"the body is not JSON: {exc}") from None
+
+    # -- probes ----------------------------------------------------------------------------
+
+    @app.get("/healthz", tags=["probes"], summary="The process is up")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["probes"], summary="The store answers and is migrated")
+    async def readyz(request: Request) -> dict[str, str]:
+        await box(request).store.ping()
+        return {"status": "ready"}
+
+    # -- intents ---------------------------------------------------------------------------
+
+    @app.post(
+        "/v1/intents",
+        tags=["intents"],
+        status_code=201,
+        summary="Enqueue an intent (idempotent on action_id)",
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": IntentIn.model_json_schema()}},
+            }
+        },
+        responses={200: {"description": "the same intent already exists"},
+                   409: {"description": "the action_id names another operation"}},
+    )
+    async def enqueue(request: Request, token: Producer) -> Response:
+        raw = await json_body(request)
+        try:
+            spec = IntentIn.model_validate(raw)
+        except ValidationError as exc:
+            raise _validation_problem(list(exc.errors())) from None
+        in_scope(token, spec.scope)
+        result = await box(request).enqueue(
+            actor=token.actor, **spec.model_dump(exclude_none=True)
+        )
+        return JSONResponse(
+            intent_json(result.intent),
+            status_code=201 if result.created else 200,
+            headers={"Location": f"/v1/intents/{result.intent.action_id}"},
+        )
+
+    @app.get("/v1/intents/{action_id}", tags=["intents"], summary="An intent with attempts and events")
+    async def show(request: Request, action_id: str, token: Reader) -> dict[str, Any]:
+        check(ACTION_ID, action_id, "action_id")
+        outbox_ = box(request)
+        intent = await outbox_.store.get_intent(action_id)
+        if intent is None or not token.may_act_in(intent.scope):
+            raise Problem(404, "not-found", "Not found", f"intent {action_id!r} does not exist")
+        return {**intent_json(intent), **history_json(await outbox_.history(action_id))}
+
+    @app.get("/v1/intents", tags=["intents"], summary="List intents, newest first")
+    async def list_intents(
+        request: Request,
+        token: Reader,
+        status: Annotated[list[Status] | None, Query(description="repeat for several")] = None,
+        scope: Annotated[list[str] | None, Query(description="repeat for several")] = None,
+        destination: str | None = None,
+        channel: Channel | None = None,
+        created_after: AwareDatetime | None = None,
+        created_before: AwareDatetime | None = None,
+        cursor: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+    ) -> dict[str, Any]:
+        scopes: list[str] | None = scope
+        if token.role is Role.PRODUCER and "*" not in token.scopes:
+            for wanted in scope or []:
+                in_scope(token, wanted)
+            scopes = scope or list(token.scopes)
+        if destination is not None:
+            check(DESTINATION_ID, destination, "destination")
+        page = await box(request).list(
+            IntentQuery(
+                statuses=status,
+                scopes=scopes,
+                destination=destination,
+                channel=channel,
+                created_after=created_after,
+                created_before=created_before,
+                before_seq=_decode_cursor(cursor) if cursor else None,
+                limit=limit,
+            )
+        )
+        return {
+            "items": [intent_json(i) for i in page.intents],
+            "next_cursor": _encode_cursor(page.next_seq) if page.next_seq else None,
+        }
+
+    # -- destinations ----------------------------------------------------------------------
+
+    @app.put(
+        "/v1/destinations/{destination_id}",
+        tags=["destinations"],
+        summary="Register or replace a destination (admin)",
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": DestinationSpec.model_json_schema()}},
+            }
+        },
+    )
+    async def put_destination(request: Request, destination_id: str, token: Admin) -> Response:
+        check(DESTINATION_ID, destination_id, "destination id")
+        raw = await json_body(request)
+        try:
+            spec = DestinationSpec.model_validate(raw)
+        except ValidationError as exc:
+            raise _validation_problem(list(exc.errors())) from None
+        destination, created = await box(request).put_destination(destination_id, spec)
+        log.info("destination %s %s by %s", destination_id, "created" if created else "replaced", token.actor)
+        return JSONResponse(destination.public(), status_code=201 if created else 200)
+
+    @app.get("/v1/destinations/{destination_id}", tags=["destinations"], summary="A destination")
+    async def get_destination(request: Request, destination_id: str, token: Inspector) -> dict[str, Any]:
+        return (await box(request).get_destination(destination_id)).public()
+
+    @app.get("/v1/destinations", tags=["destinations"], summary="Every destination")
+    async def list_destinations(request: Request, token: Inspector) -> dict[str, Any]:
+        return {"items": [d.public() for d in await box(request).list_destinations()]}
+
+    @app.delete(
+        "/v1/destinations/{destination_id}",
+        tags=["destinations"],
+        status_code=204,
+        summary="Remove a destination no intent refers to (admin)",
+    )
+    async def delete_destination(request: Request, destination_id: str, token: Admin) -> Response:
+        await box(request).delete_destination(destination_id)
+        log.info("destination %s deleted by %s", destination_id, token.actor)
+        return Response(status_code=204)
+
+    return app
+
