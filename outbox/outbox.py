@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
@@ -47,7 +47,9 @@ class Outbox:
     ) -> Outbox:
         """Open (and by default migrate) the store at ``url`` (default: the settings' URL)."""
         settings = settings or Settings()
-        store = store_for_url(url or settings.database_url)
+        store = store_for_url(
+            url or settings.database_url, busy_timeout_ms=settings.sqlite_busy_timeout_ms
+        )
         await store.open()
         try:
             if migrate:
@@ -122,6 +124,11 @@ class Outbox:
         """
         new, event = self.prepare(**intent)
         return await self.store.insert_intent(new, event)
+
+    async def enqueue_many(self, intents: Iterable[Mapping[str, Any]]) -> list[Enqueued]:
+        """Enqueue several intents in one transaction (one fsync): all are recorded, or none."""
+        prepared = [self.prepare(**intent) for intent in intents]
+        return await self.store.insert_intents(prepared) if prepared else []
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[OutboxTransaction]:

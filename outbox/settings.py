@@ -29,6 +29,9 @@ class Settings(BaseSettings):
     default_max_attempts: int = Field(
         default=24, ge=1, le=1000, description="attempts before a dead letter, unless the intent says"
     )
+    sqlite_busy_timeout_ms: int = Field(
+        default=5000, ge=0, description="how long a write waits for another process's lock"
+    )
     log_level: str = Field(default="info", description="debug, info, warning or error")
 
     @classmethod

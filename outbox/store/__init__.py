@@ -11,7 +11,7 @@ from .sqlite import SqliteStore
 __all__ = ["History", "IntentQuery", "Page", "SqliteStore", "Store", "Transaction", "store_for_url"]
 
 
-def store_for_url(url: str) -> Store:
+def store_for_url(url: str, *, busy_timeout_ms: int = 5000) -> Store:
     """The (unopened) store a database URL names: ``sqlite:///relative.db``,
     ``sqlite:////absolute/path.db``."""
     parts = urlsplit(url)
@@ -22,7 +22,7 @@ def store_for_url(url: str) -> Store:
                 f"database URL {url!r} is malformed: use sqlite:///relative/path.db "
                 "or sqlite:////absolute/path.db"
             )
-        return SqliteStore(path[1:])
+        return SqliteStore(path[1:], busy_timeout_ms=busy_timeout_ms)
     if parts.scheme in ("postgresql", "postgres"):
         raise InvalidInput("the PostgreSQL store is not available in this release; use sqlite:///")
     raise InvalidInput(f"database URL {url!r}: unsupported scheme {parts.scheme!r} (use sqlite:///)")

@@ -103,6 +103,10 @@ class Store(Protocol):
         Raises UnknownDestination, IntentConflict."""
         ...
 
+    async def insert_intents(self, items: Sequence[tuple[NewIntent, Event]]) -> list[Enqueued]:
+        """``insert_intent`` for many, all in one transaction: every one is recorded, or none."""
+        ...
+
     async def get_intent(self, action_id: str) -> Intent | None:
         """One intent, or None."""
         ...

@@ -446,6 +446,9 @@ class SqliteStore:
     async def insert_intent(self, new: NewIntent, event: Event) -> Enqueued:
         return await self._write(lambda conn: _insert_intent(conn, new, event))
 
+    async def insert_intents(self, items: Sequence[tuple[NewIntent, Event]]) -> list[Enqueued]:
+        return await self._write(lambda conn: [_insert_intent(conn, new, ev) for new, ev in items])
+
     async def get_intent(self, action_id: str) -> Intent | None:
         def run(conn: sqlite3.Connection) -> Intent | None:
             row = conn.execute(SQL["intent_by_action"], (action_id,)).fetchone()

@@ -1,0 +1,45 @@
+"""Shared fixtures: real SQLite files in a temporary directory, an opened Outbox, table snapshots."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from outbox import DestinationSpec, Outbox
+
+SECRET = "whsec_" + "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0NTY3ODk="
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "outbox.db"
+
+
+@pytest.fixture
+def db_url(db_path: Path) -> str:
+    return f"sqlite:///{db_path}"
+
+
+@pytest.fixture
+async def box(db_url: str) -> AsyncIterator[Outbox]:
+    """An opened, migrated outbox with one destination, ``billing``."""
+    outbox = await Outbox.open(db_url)
+    await outbox.put_destination(
+        "billing", DestinationSpec(url="https://billing.example/hook", secret=SECRET)
+    )
+    try:
+        yield outbox
+    finally:
+        await outbox.close()
+
+
+def snapshot(path: Path) -> dict[str, list[tuple[object, ...]]]:
+    """Every row of every outbox table, read through a separate connection."""
+    with sqlite3.connect(path) as conn:
+        tables = [r[0] for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+        )]
+        return {t: sorted(conn.execute(f"SELECT * FROM {t}").fetchall(), key=repr) for t in tables}

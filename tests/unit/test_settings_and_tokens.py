@@ -1,0 +1,45 @@
+import pytest
+from pydantic import ValidationError
+
+from outbox import Role, Settings
+from outbox.tokens import TokenInfo, hash_token, new_token
+
+
+def test_defaults_need_no_configuration(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    settings = Settings()
+    assert settings.database_url == "sqlite:///./outbox.db"
+    assert settings.max_payload_bytes == 1024 * 1024
+
+
+def test_environment_beats_toml_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outbox.toml").write_text('port = 9001\nmax_payload_bytes = 2048\n')
+    monkeypatch.setenv("OUTBOX_PORT", "9002")
+    settings = Settings()
+    assert (settings.port, settings.max_payload_bytes) == (9002, 2048)
+
+
+def test_unknown_toml_keys_are_errors(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outbox.toml").write_text('prot = 9001\n')
+    with pytest.raises(ValidationError, match="prot"):
+        Settings()
+
+
+def test_tokens_are_random_and_only_their_hash_is_kept():
+    token_id, token = new_token()
+    assert token.startswith(f"obx_{token_id}_")
+    assert new_token()[1] != token
+    assert hash_token(token) == hash_token(token) != token
+
+
+def test_producers_act_only_in_their_scopes():
+    from datetime import UTC, datetime
+
+    now = datetime.now(UTC)
+    producer = TokenInfo("a", Role.PRODUCER, ("acme",), None, now, None)
+    everywhere = TokenInfo("b", Role.PRODUCER, ("*",), None, now, None)
+    operator = TokenInfo("c", Role.OPERATOR, (), None, now, None)
+    assert producer.may_act_in("acme") and not producer.may_act_in("globex")
+    assert everywhere.may_act_in("globex") and operator.may_act_in("globex")
