@@ -56,6 +56,17 @@ SELECT * FROM attempts WHERE intent_seq = ? ORDER BY number;
 -- An intent's history, oldest first.
 SELECT kind, at, actor, reason, data FROM events WHERE intent_seq = ? ORDER BY id;
 
+-- name: due_intents
+-- Intents whose next attempt is due, oldest first (the sender's claim). The index is named so the
+-- planner never trades it for intents_status on a table without statistics.
+SELECT * FROM intents INDEXED BY intents_due
+WHERE status = 'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?;
+
+-- name: expired_leases
+-- Leases that ran out (the sweeper's work).
+SELECT * FROM intents INDEXED BY intents_lease
+WHERE status = 'leased' AND lease_expires_at <= ? ORDER BY lease_expires_at LIMIT ?;
+
 -- name: list_intents
 -- A page of intents, newest first, after a cursor.
 SELECT * FROM intents WHERE {where} ORDER BY seq DESC LIMIT ?;

@@ -1,0 +1,105 @@
+"""What only the SQLite backend can show: its pragmas, migrations, query plans and faults."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+
+import pytest
+
+from outbox import IntentQuery, Outbox, SchemaTooNew, Settings, Status, StoreUnavailable
+from outbox.store import store_for_url
+
+from ..conftest import snapshot
+
+
+async def test_connections_are_wal_with_full_sync(box: Outbox):
+    def pragmas(conn: sqlite3.Connection) -> tuple:
+        return (conn.execute("PRAGMA journal_mode").fetchone()[0],
+                conn.execute("PRAGMA synchronous").fetchone()[0])
+
+    assert await box.store._write(pragmas) == ("wal", 2)  # 2 = FULL
+
+
+async def test_migrations_are_recorded_and_reapplied_never(db_path, db_url):
+    async with await Outbox.open(db_url):
+        pass
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("SELECT version, name FROM schema_migrations").fetchall() == [
+            (1, "0001_initial")]
+    async with await Outbox.open(db_url) as box:
+        assert await box.store.migrate() == []
+
+
+async def test_a_database_from_a_newer_release_is_refused(db_path, db_url):
+    async with await Outbox.open(db_url):
+        pass
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("INSERT INTO schema_migrations VALUES (99, '0099_future', 0)")
+    with pytest.raises(SchemaTooNew, match="version 99"):
+        await Outbox.open(db_url)
+
+
+async def test_next_due_and_expired_lease_lookups_use_their_partial_indexes(box: Outbox):
+    from outbox.store.sqlite import SQL
+
+    def plan(conn: sqlite3.Connection, name: str) -> str:
+        return " ".join(row[-1] for row in conn.execute("EXPLAIN QUERY PLAN " + SQL[name], (0, 10)))
+
+    for name, index in (("due_intents", "intents_due"), ("expired_leases", "intents_lease")):
+        used = await box.store._read(plan, name)
+        assert index in used and "SCAN" not in used and "TEMP B-TREE" not in used, used
+
+
+async def test_an_acknowledged_enqueue_is_there_after_reopening(db_url):
+    box = await Outbox.open(db_url)
+    await box.put_destination("billing", __import__("outbox").DestinationSpec(
+        url="https://b.example/", secret="whsec_" + "A" * 44))
+    result = await box.enqueue(destination="billing", scope="acme", payload={"n": 1})
+    await box.close()
+    async with await Outbox.open(db_url) as again:
+        assert (await again.get(result.intent.action_id)).payload == {"n": 1}
+
+
+async def test_a_locked_database_is_unavailable_and_the_write_is_not_applied(db_path, db_url, box):
+    other = await Outbox.open(db_url, settings=Settings(sqlite_busy_timeout_ms=50))
+    before = snapshot(db_path)
+    locker = sqlite3.connect(db_path, isolation_level=None)
+    locker.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(StoreUnavailable, match="locked"):
+            await other.enqueue(destination="billing", scope="acme", payload={"n": 1})
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+        await other.close()
+    assert snapshot(db_path) == before
+
+
+async def test_a_full_database_is_unavailable_and_other_writes_survive(db_path, box):
+    await box.enqueue(destination="billing", scope="acme", payload={"n": 0})
+    before = snapshot(db_path)
+    # Fault injection: cap the file at its current size so the next big write hits SQLITE_FULL.
+    await box.store._write(lambda conn: conn.execute(
+        "PRAGMA max_page_count = " + str(conn.execute("PRAGMA page_count").fetchone()[0])))
+    with pytest.raises(StoreUnavailable, match="full"):
+        await box.enqueue(destination="billing", scope="acme", payload={"blob": "x" * 200_000})
+    assert snapshot(db_path) == before
+
+
+async def test_enqueue_beside_an_open_transaction_is_refused_instead_of_deadlocking(box):
+    async with box.transaction() as tx:
+        with pytest.raises(RuntimeError, match="tx.enqueue"):
+            await asyncio.wait_for(
+                box.enqueue(destination="billing", scope="acme", payload={}), timeout=2)
+        await tx.enqueue(destination="billing", scope="acme", payload={"ok": True})
+    assert len((await box.list(IntentQuery(statuses=[Status.PENDING]))).intents) == 1
+
+
+def test_database_urls_are_checked():
+    from outbox import InvalidInput
+
+    with pytest.raises(InvalidInput, match="sqlite:///"):
+        store_for_url("sqlite://host/x.db")
+    with pytest.raises(InvalidInput, match="unsupported scheme"):
+        store_for_url("mysql://x")
