@@ -1,0 +1,252 @@
+"""The HTTP API served by a real uvicorn on loopback, over a real SQLite file."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from outbox import DestinationSpec, Outbox, Role, Settings
+from outbox.api import create_app
+
+from ..conftest import SECRET, snapshot
+
+
+@dataclass
+class Api:
+    url: str
+    admin: str
+    operator: str
+    producer: str  # scopes acme, shop
+    db_path: Path
+
+    def client(self, token: str | None) -> httpx.AsyncClient:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=10)
+
+
+@pytest.fixture
+def serve(db_url) -> Iterator[callable]:
+    """Start uvicorn in a thread for a given Settings; stops it after the test."""
+    servers: list[tuple[uvicorn.Server, threading.Thread]] = []
+
+    def start(settings: Settings) -> str:
+        config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=0, log_level="warning")
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.01)
+        servers.append((server, thread))
+        return f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+
+    yield start
+    for server, thread in servers:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture
+async def api(db_path, db_url, serve) -> AsyncIterator[Api]:
+    async with await Outbox.open(db_url) as box:
+        await box.put_destination("billing", DestinationSpec(url="https://billing.example/", secret=SECRET))
+        admin, _ = await box.create_token(Role.ADMIN)
+        operator, _ = await box.create_token(Role.OPERATOR)
+        producer, _ = await box.create_token(Role.PRODUCER, ["acme", "shop"])
+    yield Api(serve(Settings(database_url=db_url, max_payload_bytes=4096)), admin, operator,
+              producer, db_path)
+
+
+def assert_problem(response: httpx.Response, status: int, kind: str, words: str = "") -> dict:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    body = response.json()
+    assert body["type"] == f"urn:outbox:problem:{kind}" and body["status"] == status
+    assert words in body["detail"], body["detail"]
+    return body
+
+
+INTENT = {"scope": "acme", "destination": "billing", "payload": {"invoice": 42, "lines": [1, 2]}}
+
+
+async def test_enqueue_is_idempotent_on_action_id(api: Api):
+    async with api.client(api.producer) as c:
+        created = await c.post("/v1/intents", json={**INTENT, "action_id": "inv-42"})
+        assert created.status_code == 201
+        assert created.headers["location"] == "/v1/intents/inv-42"
+        body = created.json()
+        assert body["status"] == "pending" and body["payload"] == INTENT["payload"]
+        same = await c.post("/v1/intents", json={**INTENT, "action_id": "inv-42",
+                                                 "payload": {"lines": [1, 2], "invoice": 42}})
+        assert same.status_code == 200 and same.json()["payload_digest"] == body["payload_digest"]
+        other = await c.post("/v1/intents", json={**INTENT, "action_id": "inv-42", "payload": {"invoice": 43}})
+        assert_problem(other, 409, "intent-conflict", "payload_digest")
+        scope = await c.post("/v1/intents", json={**INTENT, "action_id": "inv-42", "scope": "shop"})
+        assert_problem(scope, 409, "intent-conflict", "scope")
+
+
+async def test_show_has_attempts_and_events(api: Api):
+    async with api.client(api.producer) as c:
+        await c.post("/v1/intents", json={**INTENT, "action_id": "inv-1"})
+        shown = (await c.get("/v1/intents/inv-1")).json()
+    assert shown["action_id"] == "inv-1" and shown["attempts"] == []
+    assert [e["kind"] for e in shown["events"]] == ["enqueued"]
+    assert shown["events"][0]["actor"].startswith("token:")
+
+
+async def test_list_filters_and_paginates_with_a_cursor(api: Api):
+    async with api.client(api.producer) as c:
+        for i in range(5):
+            await c.post("/v1/intents", json={**INTENT, "action_id": f"p-{i}",
+                                              "scope": "shop" if i == 4 else "acme"})
+        seen, cursor = [], None
+        while True:
+            page = (await c.get("/v1/intents", params={"limit": 2, **({"cursor": cursor} if cursor else {})})).json()
+            seen += [i["action_id"] for i in page["items"]]
+            if not (cursor := page["next_cursor"]):
+                break
+        assert seen == ["p-4", "p-3", "p-2", "p-1", "p-0"]
+        only = (await c.get("/v1/intents", params={"scope": "shop", "status": "pending"})).json()
+        assert [i["action_id"] for i in only["items"]] == ["p-4"]
+        assert_problem(await c.get("/v1/intents", params={"cursor": "@@"}), 400, "bad-cursor")
+        assert_problem(await c.get("/v1/intents", params={"status": "lost"}), 422, "invalid-input", "status")
+        assert_problem(await c.get("/v1/intents", params={"limit": 501}), 422, "invalid-input", "limit")
+
+
+async def test_producers_stay_inside_their_scopes(api: Api):
+    async with api.client(api.admin) as admin:
+        assert (await admin.post("/v1/intents", json={**INTENT, "scope": "globex", "action_id": "g-1"})).status_code == 201
+    async with api.client(api.producer) as c:
+        assert_problem(await c.post("/v1/intents", json={**INTENT, "scope": "globex"}), 403, "forbidden-scope", "globex")
+        assert_problem(await c.get("/v1/intents/g-1"), 404, "not-found")
+        assert_problem(await c.get("/v1/intents", params={"scope": "globex"}), 403, "forbidden-scope")
+        assert (await c.get("/v1/intents")).json()["items"] == []
+
+
+async def test_every_route_checks_its_role(api: Api):
+    spec = {"url": "https://crm.example/", "secret": SECRET}
+    async with api.client(None) as anonymous:
+        missing = await anonymous.post("/v1/intents", json=INTENT)
+        assert_problem(missing, 401, "unauthenticated", "Bearer")
+        assert missing.headers["www-authenticate"].startswith("Bearer")
+        assert_problem(await anonymous.get("/v1/destinations"), 401, "unauthenticated")
+    async with api.client("obx_nope_nope") as forged:
+        assert_problem(await forged.get("/v1/intents"), 401, "unauthenticated", "unknown or revoked")
+    async with api.client(api.producer) as producer:
+        assert_problem(await producer.put("/v1/destinations/crm", json=spec), 403, "forbidden", "producer")
+        assert_problem(await producer.get("/v1/destinations"), 403, "forbidden")
+    async with api.client(api.operator) as operator:
+        assert_problem(await operator.put("/v1/destinations/crm", json=spec), 403, "forbidden", "admin")
+        assert_problem(await operator.post("/v1/intents", json=INTENT), 403, "forbidden", "producer")
+        assert (await operator.get("/v1/destinations")).status_code == 200
+        assert (await operator.get("/v1/intents")).status_code == 200
+
+
+async def test_a_revoked_token_stops_working_at_once(api: Api, db_url):
+    async with await Outbox.open(db_url) as box:
+        token, info = await box.create_token(Role.PRODUCER, ["acme"])
+        async with api.client(token) as c:
+            assert (await c.get("/v1/intents")).status_code == 200
+            await box.revoke_token(info.id)
+            assert_problem(await c.get("/v1/intents"), 401, "unauthenticated")
+
+
+async def test_destinations_are_managed_by_admins_and_never_show_secrets(api: Api):
+    async with api.client(api.admin) as c:
+        created = await c.put("/v1/destinations/crm", json={"url": "https://crm.example/", "secret": SECRET,
+                                                             "idempotent": True, "retention_seconds": 7200})
+        assert created.status_code == 201
+        replaced = await c.put("/v1/destinations/crm", json={"url": "https://crm.example/v2"})
+        assert replaced.status_code == 200 and replaced.json()["signing_secrets"] == 1
+        shown = await c.get("/v1/destinations/crm")
+        listed = await c.get("/v1/destinations")
+        for response in (created, replaced, shown, listed):
+            assert SECRET not in response.text and "whsec_" not in response.text
+        assert shown.json()["url"] == "https://crm.example/v2"
+        assert [d["id"] for d in listed.json()["items"]] == ["billing", "crm"]
+        assert_problem(await c.put("/v1/destinations/new", json={"url": "https://n.example/"}), 422,
+                       "invalid-input", "needs a whsec_ secret")
+        assert_problem(await c.put("/v1/destinations/x", json={"url": "ftp://x/", "secret": SECRET}),
+                       422, "invalid-input", "url")
+        await c.post("/v1/intents", json=INTENT)
+        assert_problem(await c.delete("/v1/destinations/billing"), 409, "destination-in-use", "1 intent")
+        assert (await c.delete("/v1/destinations/crm")).status_code == 204
+        assert_problem(await c.get("/v1/destinations/crm"), 404, "not-found", "crm")
+
+
+@pytest.mark.parametrize(
+    "body,headers,status,kind,words",
+    [
+        (b'{"scope": "acme",', {}, 400, "invalid-json", "not JSON"),
+        (b'{"scope": "acme"}', {}, 422, "invalid-input", "payload: Field required"),
+        (b'{"scope": "acme", "destination": "billing", "payload": {}, "colour": 1}', {}, 422,
+         "invalid-input", "colour"),
+        (b'{"scope": "acme", "destination": "nowhere", "payload": {}}', {}, 422,
+         "unknown-destination", "'nowhere' is not registered"),
+        (b'{"scope": "acme", "destination": "billing", "payload": {}, "action_id": "a b"}', {}, 422,
+         "invalid-input", "action_id"),
+        (b'{"scope": "acme", "destination": "billing", "payload": {"n": 100000000000000000000}}', {},
+         422, "invalid-input", "I-JSON"),
+        (b'{"scope": "acme", "destination": "billing", "payload": {"x": "' + b"y" * 5000 + b'"}}', {},
+         413, "payload-too-large", "limit is 4096"),
+        (b"x" * 80_000, {}, 413, "payload-too-large", "limit"),
+        (b'{"scope": "acme", "destination": "billing", "payload": {}}', {"content-type": "text/plain"},
+         415, "unsupported-media-type", "application/json"),
+        (b'[1, 2]', {}, 422, "invalid-input", ""),
+        (b'{"scope": "acme", "destination": "billing", "payload": {}, "not_before": "2030-01-01T00:00:00"}',
+         {}, 422, "invalid-input", "not_before"),
+    ],
+)
+async def test_bad_input_gets_a_problem_and_leaves_the_store_unchanged(api: Api, body, headers, status, kind, words):
+    before = snapshot(api.db_path)
+    async with api.client(api.producer) as c:
+        response = await c.post("/v1/intents", content=body,
+                                headers={"content-type": "application/json", **headers})
+    assert_problem(response, status, kind, words)
+    assert snapshot(api.db_path) == before
+
+
+async def test_malformed_ids_and_unknown_routes_are_problems(api: Api):
+    async with api.client(api.operator) as c:
+        assert_problem(await c.get("/v1/intents/bad%20id"), 422, "invalid-input", "action_id")
+        assert_problem(await c.get("/v1/intents/missing"), 404, "not-found", "'missing'")
+        assert_problem(await c.get("/v1/destinations/Bad!"), 422, "invalid-input", "destination id")
+        assert_problem(await c.get("/v2/nothing"), 404, "not-found", "/docs")
+        assert_problem(await c.delete("/v1/intents"), 405, "method-not-allowed", "DELETE")
+
+
+async def test_a_locked_database_answers_503_with_retry_after(api: Api, db_url, serve):
+    import sqlite3
+
+    url = serve(Settings(database_url=db_url, sqlite_busy_timeout_ms=50))
+    locker = sqlite3.connect(api.db_path, isolation_level=None)
+    before = snapshot(api.db_path)
+    locker.execute("BEGIN IMMEDIATE")
+    try:
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {api.producer}"}) as c:
+            response = await c.post("/v1/intents", json=INTENT)
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    assert_problem(response, 503, "store-unavailable", "locked")
+    assert response.headers["retry-after"] == "1"
+    assert snapshot(api.db_path) == before
+
+
+async def test_probes_and_openapi(api: Api):
+    async with api.client(None) as c:
+        assert (await c.get("/healthz")).json() == {"status": "ok"}
+        assert (await c.get("/readyz")).json() == {"status": "ready"}
+        schema = (await c.get("/openapi.json")).json()
+        assert "/v1/intents" in schema["paths"] and "/v1/destinations/{destination_id}" in schema["paths"]
+        body = schema["paths"]["/v1/intents"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert set(body["required"]) == {"scope", "destination", "payload"}
+        assert (await c.get("/docs")).status_code == 200
