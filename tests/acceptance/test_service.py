@@ -1,0 +1,162 @@
+"""The installed ``outbox`` command and service, driven from outside as a newcomer would."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ..conftest import SECRET
+
+pytestmark = pytest.mark.acceptance
+OUTBOX = str(Path(sys.executable).parent / "outbox")
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
+
+
+def cli(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([OUTBOX, *args], cwd=cwd, env=clean_env(), capture_output=True,
+                          text=True, timeout=60)
+    if check:
+        assert done.returncode == 0, done.stderr
+    return done
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Service:
+    """``outbox serve`` in a subprocess, in a fresh directory with no configuration."""
+
+    def __init__(self, cwd: Path) -> None:
+        self.cwd = cwd
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = cwd / f"serve-{self.port}.log"
+        with self.log.open("w") as out:
+            self.proc = subprocess.Popen([OUTBOX, "serve", "--port", str(self.port)], cwd=cwd,
+                                         env=clean_env(), stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while True:
+            assert self.proc.poll() is None, self.log.read_text()
+            try:
+                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, self.log.read_text()
+            time.sleep(0.1)
+
+    def first_admin_token(self) -> str | None:
+        tokens = [w for w in self.log.read_text().split() if w.startswith("obx_")]
+        return tokens[0] if tokens else None
+
+    def stop(self) -> None:
+        """SIGTERM, and check the service shut down gracefully (uvicorn re-raises the signal)."""
+        self.proc.send_signal(signal.SIGTERM)
+        assert self.proc.wait(timeout=15) in (0, -signal.SIGTERM)
+        assert "Application shutdown complete" in self.log.read_text()
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+@pytest.fixture
+def service(workdir: Path) -> Iterator[Service]:
+    svc = Service(workdir)
+    yield svc
+    if svc.proc.poll() is None:
+        svc.proc.kill()
+        svc.proc.wait()
+
+
+def test_first_start_prints_one_admin_token_and_a_restart_prints_none(workdir: Path, service: Service):
+    admin = service.first_admin_token()
+    assert admin is not None
+    assert (workdir / "outbox.db").exists()
+    r = httpx.get(service.url + "/v1/destinations", headers={"Authorization": f"Bearer {admin}"})
+    assert r.status_code == 200
+    service.stop()
+    again = Service(workdir)
+    try:
+        assert again.first_admin_token() is None
+        listed = json.loads(cli(workdir, "--json", "tokens", "list").stdout)
+        assert [t["role"] for t in listed] == ["admin"]
+    finally:
+        again.stop()
+
+
+def test_a_producer_enqueues_over_http_and_an_operator_reads_with_the_cli(workdir: Path, service: Service):
+    admin = {"Authorization": f"Bearer {service.first_admin_token()}"}
+    put = httpx.put(service.url + "/v1/destinations/billing", headers=admin,
+                    json={"url": "https://billing.example/hook", "secret": SECRET})
+    assert put.status_code == 201 and "whsec_" not in put.text
+    producer = json.loads(cli(workdir, "--json", "tokens", "create", "--role", "producer",
+                              "--scope", "acme").stdout)["token"]
+    auth = {"Authorization": f"Bearer {producer}"}
+    body = {"action_id": "order-7", "scope": "acme", "destination": "billing", "payload": {"order": 7}}
+    assert httpx.post(service.url + "/v1/intents", headers=auth, json=body).status_code == 201
+    assert httpx.post(service.url + "/v1/intents", headers=auth, json=body).status_code == 200
+
+    shown = json.loads(cli(workdir, "--json", "show", "order-7").stdout)
+    assert shown["status"] == "pending" and shown["payload"] == {"order": 7}
+    assert [e["kind"] for e in shown["events"]] == ["enqueued"]
+
+    enq = cli(workdir, "--json", "enqueue", "--destination", "billing", "--scope", "acme",
+              "--payload", '{"order": 8}', "--action-id", "order-8")
+    assert json.loads(enq.stdout)["created"] is True
+    over_http = httpx.get(service.url + "/v1/intents/order-8", headers=auth).json()
+    assert over_http["events"][0]["actor"] == "cli"
+
+    listed = json.loads(cli(workdir, "--json", "list", "--status", "pending").stdout)
+    assert [i["action_id"] for i in listed["items"]] == ["order-8", "order-7"]
+    text = cli(workdir, "list").stdout
+    assert "order-7" in text and "pending" in text
+
+
+def test_cli_errors_are_clear_and_exit_nonzero(workdir: Path):
+    missing = cli(workdir, "show", "nothing-here", check=False)
+    assert missing.returncode == 1
+    assert "error: intent 'nothing-here' does not exist" in missing.stderr
+    bad = cli(workdir, "enqueue", "--destination", "nowhere", "--scope", "acme", "--payload", "{}",
+              check=False)
+    assert bad.returncode == 1 and "'nowhere' is not registered" in bad.stderr
+    conflict_setup = cli(workdir, "destinations", "put", "billing", "--url", "https://b.example/")
+    assert "signing secret (shown once" in conflict_setup.stdout
+    cli(workdir, "enqueue", "--destination", "billing", "--scope", "acme", "--payload", '{"a": 1}',
+        "--action-id", "x-1")
+    clash = cli(workdir, "enqueue", "--destination", "billing", "--scope", "acme", "--payload",
+                '{"a": 2}', "--action-id", "x-1", check=False)
+    assert clash.returncode == 1 and "already exists" in clash.stderr
+    assert cli(workdir, "migrate").stdout.strip() == "database is up to date"
+
+
+def test_help_names_the_environment_variable_behind_each_option(workdir: Path):
+    assert "OUTBOX_DATABASE_URL" in cli(workdir, "--help").stdout
+    serve_help = cli(workdir, "serve", "--help").stdout
+    for name in ("OUTBOX_HOST", "OUTBOX_PORT", "OUTBOX_LOG_LEVEL"):
+        assert name in serve_help
+    for command in (["tokens", "create"], ["enqueue"], ["show"], ["list"], ["destinations", "put"]):
+        assert cli(workdir, *command, "--help").stdout.startswith("Usage: outbox")
+
+
+def test_configuration_from_outbox_toml(workdir: Path):
+    (workdir / "outbox.toml").write_text('database_url = "sqlite:///./from-toml.db"\n')
+    cli(workdir, "migrate")
+    assert (workdir / "from-toml.db").exists() and not (workdir / "outbox.db").exists()

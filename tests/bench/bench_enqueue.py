@@ -1,0 +1,544 @@
+"""Enqueue throughput with full durability, as ratios to a raw SQLite baseline from the same run.
+
+An acknowledged enqueue must survive power loss, so it costs at least one SQLite commit in WAL
+mode with ``synchronous=FULL``, and that cost is mostly the disk's fsync. Absolute rates say
+more about the machine than about the library, so this script also measures a bare aiosqlite
+insert-and-commit loop with the same pragmas, in the same run, and reports each library path
+as a ratio to it:
+
+1. raw aiosqlite insert loop: one row, one commit (the baseline);
+2. ``Outbox.enqueue`` one at a time: one intent per transaction;
+3. ``Outbox.enqueue_many`` in batches of 500: one transaction per batch;
+4. ``Outbox.enqueue`` from 64 concurrent tasks: the store group-commits them;
+5. ``POST /v1/intents`` to ``outbox serve`` in a subprocess from 16 concurrent aiohttp clients,
+   beside the same client against a trivial aiohttp server and against the service's
+   ``/healthz``, which show how much of that figure the load generator and the HTTP stack take.
+
+Cases 1-4 run in interleaved rounds, each in a fresh directory with a fresh database, and a
+ratio is the median of the per-round ratios, so that a noisy machine's drift mostly cancels.
+Targets are printed beside the figures; nothing here asserts on timing. The exit status is
+non-zero only when a measurement is invalid (a failed request, a missing row, a dead server).
+
+    python tests/bench/bench_enqueue.py [--n N] [--rounds R] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import secrets
+import shutil
+import signal
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from itertools import count
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import aiosqlite
+from aiohttp import web
+
+from outbox import DestinationSpec, Outbox, Role
+
+DESTINATION = "bench"
+SCOPE = "acme"
+NOTE = "x" * 100
+SPEC = DestinationSpec(
+    url="http://127.0.0.1:9/hook", secret="whsec_" + "A" * 44, allow_private_network=True
+)
+#: Untimed operations before each timed loop (first WAL growth, connection set-up).
+WARMUP = 20
+BATCH = 500
+TASKS = 64
+CLIENTS = 16
+SERVER_START_SECONDS = 30.0
+SERVER_STOP_SECONDS = 10.0
+
+RAW_PRAGMAS = "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"
+RAW_TABLE = """
+CREATE TABLE rows (
+    id      INTEGER PRIMARY KEY AUTOINCREMENT,
+    key     TEXT NOT NULL UNIQUE,
+    payload TEXT NOT NULL
+)
+"""
+RAW_INSERT = "INSERT INTO rows (key, payload) VALUES (?, ?)"
+
+
+class BenchError(Exception):
+    """The measurement is invalid (not merely slow)."""
+
+
+# -- workload --------------------------------------------------------------------------------
+
+
+def payload(i: int) -> dict[str, Any]:
+    return {"order": i, "note": NOTE}
+
+
+def intent(i: int) -> dict[str, Any]:
+    return {"destination": DESTINATION, "scope": SCOPE, "payload": payload(i)}
+
+
+def count_rows(db_path: Path, table: str) -> int:
+    with sqlite3.connect(db_path) as db:
+        return int(db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+
+
+def expect_rows(db_path: Path, table: str, expected: int) -> None:
+    found = count_rows(db_path, table)
+    if found != expected:
+        raise BenchError(f"{db_path.name}: {found} rows in {table}, expected {expected}")
+
+
+def check_created(created: bool, i: int) -> None:
+    if not created:
+        raise BenchError(f"enqueue #{i} returned created=False for a fresh action_id")
+
+
+# -- cases 1-4: in process ---------------------------------------------------------------------
+
+
+async def raw_insert_loop(db_path: Path, n: int) -> float:
+    """Rows/s of a bare insert-and-commit loop (parameters prepared before timing)."""
+    rows = [
+        (f"{i:010d}-{secrets.token_hex(13)}", json.dumps(payload(i), separators=(",", ":")))
+        for i in range(WARMUP + n)
+    ]
+    async with aiosqlite.connect(db_path) as db:  # default isolation level: implicit BEGIN
+        await db.executescript(RAW_PRAGMAS)
+        await db.execute(RAW_TABLE)
+        await db.commit()
+        for params in rows[:WARMUP]:
+            await db.execute(RAW_INSERT, params)
+            await db.commit()
+        start = time.perf_counter()
+        for params in rows[WARMUP:]:
+            await db.execute(RAW_INSERT, params)
+            await db.commit()
+        elapsed = time.perf_counter() - start
+    expect_rows(db_path, "rows", WARMUP + n)
+    return n / elapsed
+
+
+async def open_box(db_path: Path) -> Outbox:
+    box = await Outbox.open(f"sqlite:///{db_path}")
+    try:
+        await box.put_destination(DESTINATION, SPEC)
+    except BaseException:
+        await box.close()
+        raise
+    return box
+
+
+async def library_single(db_path: Path, n: int) -> float:
+    """Intents/s of sequential ``enqueue`` calls, one transaction each."""
+    async with await open_box(db_path) as box:
+        for i in range(WARMUP):
+            check_created((await box.enqueue(**intent(i))).created, i)
+        start = time.perf_counter()
+        for i in range(WARMUP, WARMUP + n):
+            check_created((await box.enqueue(**intent(i))).created, i)
+        elapsed = time.perf_counter() - start
+    expect_rows(db_path, "intents", WARMUP + n)
+    return n / elapsed
+
+
+async def library_batched(db_path: Path, n: int) -> float:
+    """Intents/s of ``enqueue_many`` in batches of BATCH (input dicts built before timing)."""
+    batches = [[intent(i) for i in range(lo, min(lo + BATCH, n))] for lo in range(0, n, BATCH)]
+    async with await open_box(db_path) as box:
+        for i in range(WARMUP):
+            check_created((await box.enqueue(**intent(n + i))).created, n + i)
+        start = time.perf_counter()
+        for batch in batches:
+            results = await box.enqueue_many(batch)
+            if len(results) != len(batch) or not all(r.created for r in results):
+                raise BenchError("enqueue_many did not create every intent of a fresh batch")
+        elapsed = time.perf_counter() - start
+    expect_rows(db_path, "intents", WARMUP + n)
+    return n / elapsed
+
+
+async def library_concurrent(db_path: Path, n: int) -> float:
+    """Intents/s of TASKS tasks each calling ``enqueue`` in a loop (n in all)."""
+    async with await open_box(db_path) as box:
+
+        async def producer(first: int, stop: int) -> None:
+            for i in range(first, stop):
+                check_created((await box.enqueue(**intent(i))).created, i)
+
+        await producer(0, WARMUP)
+        shares = [n // TASKS + (1 if t < n % TASKS else 0) for t in range(TASKS)]
+        bounds = [WARMUP + sum(shares[:t]) for t in range(TASKS + 1)]
+        start = time.perf_counter()
+        await asyncio.gather(*(producer(bounds[t], bounds[t + 1]) for t in range(TASKS)))
+        elapsed = time.perf_counter() - start
+    expect_rows(db_path, "intents", WARMUP + n)
+    return n / elapsed
+
+
+# -- case 5: over HTTP -------------------------------------------------------------------------
+
+
+@dataclass
+class Load:
+    """What a load run saw: successes, failures by kind, and a few failure bodies."""
+
+    requests: int
+    ok: int = 0
+    seconds: float = 0.0
+    failures: Counter[str] = field(default_factory=Counter)
+    samples: list[str] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        return self.ok / self.seconds if self.seconds else 0.0
+
+
+@dataclass
+class HttpFigures:
+    intents: Load
+    healthz: Load
+    ceiling: Load
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+
+
+@contextmanager
+def serving(cmd: list[str], *, env: dict[str, str], cwd: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """Run a server subprocess, and always stop it: SIGTERM, then SIGKILL after a timeout."""
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(SERVER_STOP_SECONDS)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+async def wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
+    deadline = time.monotonic() + SERVER_START_SECONDS
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as session:
+        while True:
+            if proc.poll() is not None:
+                raise BenchError(f"server exited with status {proc.returncode}:\n{log_tail(log)}")
+            try:
+                async with session.get(url) as response:
+                    if response.status == 200:
+                        return
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                pass
+            if time.monotonic() > deadline:
+                raise BenchError(f"{url} did not answer 200 in {SERVER_START_SECONDS:.0f} s:\n{log_tail(log)}")
+            await asyncio.sleep(0.05)
+
+
+async def drive(
+    url: str,
+    n: int,
+    *,
+    expect: int,
+    body: Callable[[int], bytes] | None = None,
+    headers: dict[str, str] | None = None,
+    warmup: int = 4 * CLIENTS,
+) -> tuple[Load, Load]:
+    """``n`` requests from CLIENTS workers on one session (after ``warmup`` untimed ones)."""
+    connector = aiohttp.TCPConnector(limit=CLIENTS)
+    timeout = aiohttp.ClientTimeout(total=30)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def one(i: int, load: Load) -> None:
+            try:
+                if body is None:
+                    request = session.get(url, headers=headers)
+                else:
+                    request = session.post(url, data=body(i), headers=headers)
+                async with request as response:
+                    text = await response.read()
+                    if response.status == expect:
+                        load.ok += 1
+                        return
+                    load.failures[f"HTTP {response.status}"] += 1
+                    detail = text[:300].decode(errors="replace")
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                load.failures[type(exc).__name__] += 1
+                detail = repr(exc)
+            if len(load.samples) < 3:
+                load.samples.append(detail)
+
+        async def run(first: int, total: int) -> Load:
+            load = Load(total)
+            tickets = count(first)
+
+            async def worker() -> None:
+                while (i := next(tickets)) < first + total:
+                    await one(i, load)
+
+            start = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(CLIENTS)))
+            load.seconds = time.perf_counter() - start
+            return load
+
+        warm = await run(0, warmup)
+        return warm, await run(warmup, n)
+
+
+def outbox_command(port: int) -> list[str]:
+    script = Path(sys.executable).parent / "outbox"
+    prefix = [str(script)] if script.exists() else [sys.executable, "-c", "from outbox.cli import main; main()"]
+    return [*prefix, "serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
+    return {**env, **extra}
+
+
+def intent_body(i: int) -> bytes:
+    return json.dumps({"scope": SCOPE, "destination": DESTINATION, "payload": payload(i)}).encode()
+
+
+async def http_case(workdir: Path, n: int) -> HttpFigures:
+    """The service over HTTP, plus the client against a trivial server, for comparison."""
+    post_headers = {"Content-Type": "application/json"}
+
+    port = free_port()
+    log = workdir / "trivial.log"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-trivial", str(port)]
+    with serving(cmd, env=clean_env(), cwd=workdir, log=log) as proc:
+        await wait_ready(proc, f"http://127.0.0.1:{port}/healthz", log)
+        _, ceiling = await drive(f"http://127.0.0.1:{port}/v1/intents", n, expect=201,
+                                 body=intent_body, headers=post_headers)
+
+    db_path = workdir / "http.db"
+    async with await open_box(db_path) as box:
+        token, _ = await box.create_token(Role.ADMIN, label="bench")
+    port = free_port()
+    log = workdir / "outbox.log"
+    env = clean_env(OUTBOX_DATABASE_URL=f"sqlite:///{db_path}")
+    with serving(outbox_command(port), env=env, cwd=workdir, log=log) as proc:
+        base = f"http://127.0.0.1:{port}"
+        await wait_ready(proc, f"{base}/healthz", log)
+        _, healthz = await drive(f"{base}/healthz", n, expect=200)
+        warm, intents = await drive(f"{base}/v1/intents", n, expect=201, body=intent_body,
+                                    headers={**post_headers, "Authorization": f"Bearer {token}"})
+        if proc.poll() is not None:
+            raise BenchError(f"outbox serve died during the run:\n{log_tail(log)}")
+    expect_rows(db_path, "intents", warm.ok + intents.ok)
+    return HttpFigures(intents=intents, healthz=healthz, ceiling=ceiling)
+
+
+def serve_trivial(port: int) -> None:
+    """A server doing no work: parse the JSON body, answer 201 with a similar-sized body."""
+
+    async def post(request: web.Request) -> web.Response:
+        sent = await request.json()
+        reply = {"action_id": secrets.token_hex(18), "status": "pending", "scope": sent["scope"],
+                 "destination": sent["destination"], "payload": sent["payload"], "filler": "-" * 350}
+        return web.json_response(reply, status=201)
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.add_routes([web.post("/v1/intents", post), web.get("/healthz", healthz)])
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+# -- running and reporting ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    key: str
+    label: str
+    unit: str
+    n: int
+    run: Callable[[Path, int], Awaitable[float]]
+    target: str = ""
+    met: Callable[[float, float], bool] | None = None  # (rate, ratio) -> whether the target is met
+
+
+@dataclass
+class Row:
+    label: str
+    rate: float
+    unit: str
+    ratios: list[float]
+    target: str = ""
+    met: bool | None = None
+    note: str = ""
+
+
+def fmt_ratio(ratios: list[float]) -> tuple[str, str]:
+    if not ratios:
+        return "", ""
+    median = f"{statistics.median(ratios):.2f}x"
+    spread = f"{min(ratios):.2f}-{max(ratios):.2f}x" if len(ratios) > 1 else ""
+    return median, spread
+
+
+def render(rows: list[Row]) -> str:
+    header = ("case", "rate", "unit", "vs raw", "spread", "target", "")
+    lines = [header]
+    for row in rows:
+        median, spread = fmt_ratio(row.ratios)
+        verdict = "" if row.met is None else ("met" if row.met else "NOT MET")
+        rate = f"{row.rate:,.0f}" if row.rate else "-"
+        lines.append((row.label, rate, row.unit, median, spread, row.target, verdict + row.note))
+    widths = [max(len(line[c]) for line in lines) for c in range(len(header))]
+    right = {1, 3}
+    out = []
+    for line in lines:
+        cells = [cell.rjust(w) if c in right else cell.ljust(w) for c, (cell, w) in enumerate(zip(line, widths))]
+        out.append("  ".join(cells).rstrip())
+    return "\n".join(out)
+
+
+def fresh_dir(root: Path, name: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root))
+
+
+async def run(args: argparse.Namespace) -> int:
+    scale = 5 if args.quick else 1
+    n, n_batched, n_http = (max(1, value // scale) for value in (args.n, args.batched_n, args.http_n))
+    cases = [
+        Case("raw", "raw aiosqlite insert loop", "rows/s", n, raw_insert_loop),
+        Case("single", "library enqueue, sequential", "/s", n, library_single,
+             ">= 0.5x", lambda rate, ratio: ratio >= 0.5),
+        Case("batched", f"library enqueue_many ({BATCH}/batch)", "/s", n_batched, library_batched,
+             ">= 20,000/s", lambda rate, ratio: rate >= 20_000),
+        Case("concurrent", f"library enqueue, {TASKS} tasks", "/s", n, library_concurrent),
+    ]
+    problems: list[str] = []
+    began = time.perf_counter()
+    print(f"enqueue benchmark (N={n:,} sequential and concurrent, {n_batched:,} batched, "
+          f"{n_http:,} HTTP; {args.rounds} rounds; WAL, synchronous=FULL)")
+    print(f"{os.cpu_count()} CPUs, SQLite {sqlite3.sqlite_version}, Python {platform.python_version()}, "
+          f"files under {args.dir or tempfile.gettempdir()}\n")
+
+    # One entry per round and case; None where the run was invalid.
+    rates: dict[str, list[float | None]] = {case.key: [] for case in cases}
+    with tempfile.TemporaryDirectory(prefix="bench-enqueue-", dir=args.dir) as tmp:
+        root = Path(tmp)
+        for round_ in range(1, args.rounds + 1):
+            for case in cases:
+                workdir = fresh_dir(root, case.key)
+                try:
+                    rate = await case.run(workdir / "bench.db", case.n)
+                except BenchError as exc:
+                    rates[case.key].append(None)
+                    problems.append(f"{case.label}: {exc}")
+                    print(f"round {round_}: {case.label:<34} FAILED: {exc}")
+                    continue
+                finally:
+                    shutil.rmtree(workdir, ignore_errors=True)
+                rates[case.key].append(rate)
+                print(f"round {round_}: {case.label:<34} {rate:>9,.0f} {case.unit}")
+
+        http: HttpFigures | None = None
+        if not args.no_http:
+            print(f"HTTP: {CLIENTS} clients, {n_http:,} requests per target ...")
+            try:
+                http = await http_case(fresh_dir(root, "http"), n_http)
+            except BenchError as exc:
+                problems.append(f"HTTP: {exc}")
+
+    baseline = rates["raw"]
+    rows: list[Row] = []
+    for case in cases:
+        got = [rate for rate in rates[case.key] if rate is not None]
+        if not got:
+            rows.append(Row(case.label, 0.0, case.unit, [], case.target, None, "failed"))
+            continue
+        # Each round is paired with its own baseline; a round where either failed drops out.
+        ratios = [r / b for r, b in zip(rates[case.key], baseline, strict=True) if r and b]
+        rate = statistics.median(got)
+        met = case.met(rate, statistics.median(ratios) if ratios else 0.0) if case.met else None
+        rows.append(Row(case.label, rate, case.unit, ratios, case.target, met))
+
+    if http is not None:
+        measured = [rate for rate in baseline if rate is not None]
+        reference = statistics.median(measured) if measured else 0.0
+        for label, load, target in (
+            (f"HTTP POST /v1/intents ({CLIENTS} clients)", http.intents, ">= 2,000/s"),
+            ("  same client, GET /healthz", http.healthz, ""),
+            ("  same client, trivial aiohttp server", http.ceiling, ""),
+        ):
+            ratios = [load.rate / reference] if reference and load is http.intents else []
+            met = load.rate >= 2_000 if target else None
+            rows.append(Row(label, load.rate, "req/s", ratios, target, met))
+            if load.failures:
+                problems.append(f"{label.strip()}: {load.requests - load.ok} of {load.requests} failed: "
+                                f"{dict(load.failures)}; e.g. {load.samples}")
+
+    print()
+    print(f"enqueue benchmark (N={n:,}, synchronous=FULL; median of {args.rounds} rounds, "
+          f"ratios per round against the raw loop)")
+    print(render(rows))
+    if http is not None:
+        failed = sum(load.requests - load.ok for load in (http.intents, http.healthz, http.ceiling))
+        print(f"HTTP failures: {failed}")
+    print(f"total time {time.perf_counter() - began:.0f} s")
+    for problem in problems:
+        print(f"INVALID: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--n", type=int, default=5_000, help="intents per sequential or concurrent case (default 5,000)")
+    parser.add_argument("--batched-n", type=int, default=50_000, help="intents in the batched case (default 50,000)")
+    parser.add_argument("--http-n", type=int, default=10_000, help="requests per HTTP target (default 10,000)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of cases 1-4 (default 3)")
+    parser.add_argument("--quick", action="store_true", help="divide every N by 5 (about 20 s)")
+    parser.add_argument("--no-http", action="store_true", help="skip the HTTP case")
+    parser.add_argument("--dir", help="where the databases go (fsync cost depends on the filesystem)")
+    parser.add_argument("--serve-trivial", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if min(args.n, args.batched_n, args.http_n, args.rounds) < 1:
+        parser.error("--n, --batched-n, --http-n and --rounds must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.serve_trivial is not None:
+        serve_trivial(args.serve_trivial)
+        return 0
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
