@@ -1,0 +1,1 @@
+"""The delivery worker: leases due intents, re-checks authority, sends, records outcomes."""
