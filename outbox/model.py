@@ -7,6 +7,7 @@ what came back) lives on the attempt, so a status never hides a fact.
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -119,7 +120,7 @@ class Intent:
     scope: str
     destination: str
     channel: Channel
-    payload: Any
+    payload_json: str  # RFC 8785 canonical JSON: the exact bytes a receiver gets
     payload_digest: str
     status: Status
     attempts: int
@@ -133,6 +134,11 @@ class Intent:
     created_at: datetime
     updated_at: datetime
     last_error: str | None
+
+    @property
+    def payload(self) -> Any:
+        """The payload as Python values."""
+        return json.loads(self.payload_json)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from ..destinations import Destination
+from ..grants import Grant, GrantSpec
 from ..model import Attempt, Channel, Enqueued, Event, Intent, NewIntent, Status
 from ..tokens import TokenInfo
 
@@ -125,14 +126,63 @@ class Store(Protocol):
         *,
         expected: Status,
         status: Status,
-        event: Event,
+        events: Sequence[Event],
         changes: Mapping[str, Any] | None = None,
         fence: int | None = None,
+        attempt: Attempt | None = None,
     ) -> Intent:
-        """Move an intent from ``expected`` to ``status`` (checked against TRANSITIONS),
-        applying ``changes`` (columns in UPDATABLE) and appending ``event``, atomically and
-        only if it is still in ``expected`` (and at ``fence`` when given).
+        """Move an intent from ``expected`` to ``status`` (checked against TRANSITIONS unless
+        they are the same), applying ``changes`` (columns in UPDATABLE), recording ``attempt``
+        (new, or its outcome) and appending ``events``, atomically and only if the intent is
+        still in ``expected`` (and at ``fence`` when given).
         Raises IllegalTransition, NotFound, StaleWrite; nothing is written when it raises."""
+        ...
+
+    async def claim(
+        self, owner: str, *, now: datetime, lease_until: datetime, limit: int
+    ) -> list[Intent]:
+        """Lease up to ``limit`` due intents (oldest due first) to ``owner``, bumping each
+        fence and appending a ``leased`` event. Concurrent claimers never get the same intent."""
+        ...
+
+    async def renew_leases(self, held: Sequence[tuple[str, int]], until: datetime) -> list[str]:
+        """Extend the leases ``(action_id, fence)`` still held; returns the action_ids lost."""
+        ...
+
+    async def expired_leases(self, now: datetime, limit: int) -> list[tuple[Intent, Attempt | None]]:
+        """Leased intents whose lease ran out, each with its unfinished attempt (if one started)."""
+        ...
+
+    async def first_submission_at(self, action_id: str) -> datetime | None:
+        """When the intent's first attempt that may have reached the receiver started."""
+        ...
+
+    async def next_due_at(self) -> datetime | None:
+        """When the soonest pending intent falls due, or None."""
+        ...
+
+    async def disable_destination(self, destination_id: str, at: datetime) -> None:
+        """Mark a destination disabled (it answered 410 Gone)."""
+        ...
+
+    async def put_grant(self, grant_id: str, spec: GrantSpec, at: datetime) -> tuple[Grant, bool]:
+        """Create or replace a grant (its revision goes up); True when it was new."""
+        ...
+
+    async def get_grant(self, grant_id: str) -> Grant | None:
+        """One grant, or None."""
+        ...
+
+    async def list_grants(self) -> list[Grant]:
+        """Every grant, by id."""
+        ...
+
+    async def delete_grant(self, grant_id: str) -> None:
+        """Remove a grant. Raises NotFound."""
+        ...
+
+    async def find_grant(self, scope: str, destination: str, now: datetime) -> Grant | None:
+        """A live grant for ``scope`` at ``destination`` (an exact one before a '*' one)."""
         ...
 
     async def put_destination(self, destination: Destination) -> bool:

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import aiosqlite
 
 from ..destinations import Destination
+from ..grants import Grant, GrantSpec
 from ..errors import (
     DestinationInUse,
     IntentConflict,
@@ -101,7 +102,7 @@ def _intent(row: sqlite3.Row) -> Intent:
         scope=row["scope"],
         destination=row["destination"],
         channel=Channel(row["channel"]),
-        payload=json.loads(row["payload"]),
+        payload_json=row["payload"],
         payload_digest=row["payload_digest"],
         status=Status(row["status"]),
         attempts=row["attempts"],
@@ -172,6 +173,30 @@ def _token(row: sqlite3.Row) -> TokenInfo:
         label=row["label"],
         created_at=from_us(row["created_at"]),  # type: ignore[arg-type]
         revoked_at=from_us(row["revoked_at"]),
+    )
+
+
+def _grant(row: sqlite3.Row) -> Grant:
+    return Grant(
+        id=row["id"],
+        scope=row["scope"],
+        destination=row["destination"],
+        revision=row["revision"],
+        expires_at=from_us(row["expires_at"]),
+        note=row["note"],
+        created_at=from_us(row["created_at"]),  # type: ignore[arg-type]
+        updated_at=from_us(row["updated_at"]),  # type: ignore[arg-type]
+    )
+
+
+def _put_attempt(conn: sqlite3.Connection, seq: int, a: Attempt) -> None:
+    conn.execute(
+        SQL["put_attempt"],
+        (
+            a.attempt_id, seq, a.number, a.fence, a.worker, to_us(a.started_at), to_us(a.finished_at),
+            a.submission.value if a.submission else None, a.outcome.value if a.outcome else None,
+            a.status_code, a.reply, a.external_id, a.error, a.duration_ms,
+        ),
     )
 
 
@@ -505,11 +530,15 @@ class SqliteStore:
         *,
         expected: Status,
         status: Status,
-        event: Event,
+        events: Sequence[Event],
         changes: Mapping[str, Any] | None = None,
         fence: int | None = None,
+        attempt: Attempt | None = None,
     ) -> Intent:
-        check_transition(expected, status)
+        if status is not expected:
+            check_transition(expected, status)
+        if not events:
+            raise ValueError("every change to an intent appends at least one event")
         changes = dict(changes or {})
         unknown = set(changes) - UPDATABLE
         if unknown:
@@ -519,7 +548,7 @@ class SqliteStore:
             for name, value in changes.items()
         }
         values["status"] = status.value
-        values["updated_at"] = to_us(event.at)
+        values["updated_at"] = to_us(events[-1].at)
         sql = SQL["update_intent"].format(
             assignments=", ".join(f"{name} = ?" for name in values),
             fence_check="AND fence = ?" if fence is not None else "",
@@ -539,10 +568,105 @@ class SqliteStore:
                     f"not {expected.value}" + (f" at fence {fence}" if fence is not None else "")
                     + "; the write was not applied"
                 )
-            _append_event(conn, row["seq"], event)
+            if attempt is not None:
+                _put_attempt(conn, row["seq"], attempt)
+            for event in events:
+                _append_event(conn, row["seq"], event)
             return _intent(row)
 
         return await self._write(run)
+
+    # -- the sender's work -----------------------------------------------------------------
+
+    async def claim(
+        self, owner: str, *, now: datetime, lease_until: datetime, limit: int
+    ) -> list[Intent]:
+        check_transition(Status.PENDING, Status.LEASED)
+        at, until = to_us(now), to_us(lease_until)
+
+        def run(conn: sqlite3.Connection) -> list[Intent]:
+            rows = conn.execute(SQL["claim_due"], (owner, until, at, at, limit)).fetchall()
+            conn.executemany(
+                SQL["insert_event"],
+                [(r["seq"], "leased", at, owner, None, json.dumps({"fence": r["fence"]})) for r in rows],
+            )
+            return sorted((_intent(r) for r in rows), key=lambda i: i.next_attempt_at)
+
+        return await self._write(run)
+
+    async def renew_leases(self, held: Sequence[tuple[str, int]], until: datetime) -> list[str]:
+        deadline = to_us(until)
+
+        def run(conn: sqlite3.Connection) -> list[str]:
+            return [
+                action_id
+                for action_id, fence in held
+                if conn.execute(SQL["renew_lease"], (deadline, action_id, fence)).rowcount == 0
+            ]
+
+        return await self._write(run)
+
+    async def expired_leases(self, now: datetime, limit: int) -> list[tuple[Intent, Attempt | None]]:
+        def run(conn: sqlite3.Connection) -> list[tuple[Intent, Attempt | None]]:
+            found = []
+            for row in conn.execute(SQL["expired_leases"], (to_us(now), limit)).fetchall():
+                started = conn.execute(SQL["in_flight_attempt"], (row["seq"], row["fence"])).fetchone()
+                found.append((_intent(row), _attempt(started) if started else None))
+            return found
+
+        return await self._read(run)
+
+    async def first_submission_at(self, action_id: str) -> datetime | None:
+        def run(conn: sqlite3.Connection) -> datetime | None:
+            row = conn.execute(SQL["intent_by_action"], (action_id,)).fetchone()
+            if row is None:
+                return None
+            return from_us(conn.execute(SQL["first_submission"], (row["seq"],)).fetchone()[0])
+
+        return await self._read(run)
+
+    async def next_due_at(self) -> datetime | None:
+        return await self._read(lambda conn: from_us(conn.execute(SQL["next_due_at"]).fetchone()[0]))
+
+    async def disable_destination(self, destination_id: str, at: datetime) -> None:
+        params = (to_us(at), destination_id)
+        await self._write(lambda conn: conn.execute(SQL["disable_destination"], params) and None)
+
+    # -- grants ----------------------------------------------------------------------------
+
+    async def put_grant(self, grant_id: str, spec: GrantSpec, at: datetime) -> tuple[Grant, bool]:
+        now = to_us(at)
+        params = (grant_id, spec.scope, spec.destination, to_us(spec.expires_at), spec.note, now, now)
+
+        def run(conn: sqlite3.Connection) -> tuple[Grant, bool]:
+            row = conn.execute(SQL["put_grant"], params).fetchone()
+            return _grant(row), row["revision"] == 1
+
+        return await self._write(run)
+
+    async def get_grant(self, grant_id: str) -> Grant | None:
+        def run(conn: sqlite3.Connection) -> Grant | None:
+            row = conn.execute(SQL["grant_by_id"], (grant_id,)).fetchone()
+            return None if row is None else _grant(row)
+
+        return await self._read(run)
+
+    async def list_grants(self) -> list[Grant]:
+        return await self._read(lambda conn: [_grant(r) for r in conn.execute(SQL["list_grants"])])
+
+    async def delete_grant(self, grant_id: str) -> None:
+        def run(conn: sqlite3.Connection) -> None:
+            if conn.execute(SQL["delete_grant"], (grant_id,)).rowcount == 0:
+                raise NotFound(f"grant {grant_id!r} does not exist")
+
+        await self._write(run)
+
+    async def find_grant(self, scope: str, destination: str, now: datetime) -> Grant | None:
+        def run(conn: sqlite3.Connection) -> Grant | None:
+            row = conn.execute(SQL["matching_grant"], (scope, destination, to_us(now))).fetchone()
+            return None if row is None else _grant(row)
+
+        return await self._read(run)
 
     # -- destinations ----------------------------------------------------------------------
 

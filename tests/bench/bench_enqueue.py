@@ -196,17 +196,22 @@ async def library_concurrent(db_path: Path, n: int) -> float:
 
 @dataclass
 class Load:
-    """What a load run saw: successes, failures by kind, and a few failure bodies."""
+    """What one target saw: timed successes, and failures (warm-up included) by kind."""
 
-    requests: int
-    ok: int = 0
-    seconds: float = 0.0
+    requests: int  # sent in all, warm-up included
+    ok: int = 0  # expected answers among the timed requests
+    warm_ok: int = 0  # expected answers among the untimed warm-up requests
+    seconds: float = 0.0  # wall time of the timed requests
     failures: Counter[str] = field(default_factory=Counter)
     samples: list[str] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
         return self.ok / self.seconds if self.seconds else 0.0
+
+    @property
+    def failed(self) -> int:
+        return sum(self.failures.values())
 
 
 @dataclass
@@ -220,6 +225,10 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def progress(stage: str, label: str, rate: float, unit: str) -> None:
+    print(f"{stage + ':':<9} {label:<34} {rate:>9,.0f} {unit}", flush=True)
 
 
 def log_tail(path: Path, lines: int = 30) -> str:
@@ -272,13 +281,17 @@ async def drive(
     body: Callable[[int], bytes] | None = None,
     headers: dict[str, str] | None = None,
     warmup: int = 4 * CLIENTS,
-) -> tuple[Load, Load]:
-    """``n`` requests from CLIENTS workers on one session (after ``warmup`` untimed ones)."""
+) -> Load:
+    """``n`` timed requests from CLIENTS workers on one session, after ``warmup`` untimed ones.
+
+    Any answer but ``expect`` counts as a failure; the run goes on so that all are counted.
+    """
+    load = Load(requests=warmup + n)
     connector = aiohttp.TCPConnector(limit=CLIENTS)
     timeout = aiohttp.ClientTimeout(total=30)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 
-        async def one(i: int, load: Load) -> None:
+        async def one(i: int) -> bool:
             try:
                 if body is None:
                     request = session.get(url, headers=headers)
@@ -287,31 +300,33 @@ async def drive(
                 async with request as response:
                     text = await response.read()
                     if response.status == expect:
-                        load.ok += 1
-                        return
+                        return True
                     load.failures[f"HTTP {response.status}"] += 1
                     detail = text[:300].decode(errors="replace")
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 load.failures[type(exc).__name__] += 1
                 detail = repr(exc)
-            if len(load.samples) < 3:
+            if len(load.samples) < 3 and detail not in load.samples:
                 load.samples.append(detail)
+            return False
 
-        async def run(first: int, total: int) -> Load:
-            load = Load(total)
+        async def run(first: int, stop: int) -> tuple[int, float]:
             tickets = count(first)
+            ok = 0
 
             async def worker() -> None:
-                while (i := next(tickets)) < first + total:
-                    await one(i, load)
+                nonlocal ok
+                while (i := next(tickets)) < stop:
+                    if await one(i):  # not `ok += await ...`: that reads ok before awaiting
+                        ok += 1
 
-            start = time.perf_counter()
+            began = time.perf_counter()
             await asyncio.gather(*(worker() for _ in range(CLIENTS)))
-            load.seconds = time.perf_counter() - start
-            return load
+            return ok, time.perf_counter() - began
 
-        warm = await run(0, warmup)
-        return warm, await run(warmup, n)
+        load.warm_ok, _ = await run(0, warmup)
+        load.ok, load.seconds = await run(warmup, warmup + n)
+    return load
 
 
 def outbox_command(port: int) -> list[str]:
@@ -338,8 +353,9 @@ async def http_case(workdir: Path, n: int) -> HttpFigures:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-trivial", str(port)]
     with serving(cmd, env=clean_env(), cwd=workdir, log=log) as proc:
         await wait_ready(proc, f"http://127.0.0.1:{port}/healthz", log)
-        _, ceiling = await drive(f"http://127.0.0.1:{port}/v1/intents", n, expect=201,
+        ceiling = await drive(f"http://127.0.0.1:{port}/v1/intents", n, expect=201,
                                  body=intent_body, headers=post_headers)
+    progress("HTTP", "trivial aiohttp server, POST", ceiling.rate, "req/s")
 
     db_path = workdir / "http.db"
     async with await open_box(db_path) as box:
@@ -350,12 +366,14 @@ async def http_case(workdir: Path, n: int) -> HttpFigures:
     with serving(outbox_command(port), env=env, cwd=workdir, log=log) as proc:
         base = f"http://127.0.0.1:{port}"
         await wait_ready(proc, f"{base}/healthz", log)
-        _, healthz = await drive(f"{base}/healthz", n, expect=200)
-        warm, intents = await drive(f"{base}/v1/intents", n, expect=201, body=intent_body,
+        healthz = await drive(f"{base}/healthz", n, expect=200)
+        progress("HTTP", "outbox serve, GET /healthz", healthz.rate, "req/s")
+        intents = await drive(f"{base}/v1/intents", n, expect=201, body=intent_body,
                                     headers={**post_headers, "Authorization": f"Bearer {token}"})
+        progress("HTTP", "outbox serve, POST /v1/intents", intents.rate, "req/s")
         if proc.poll() is not None:
             raise BenchError(f"outbox serve died during the run:\n{log_tail(log)}")
-    expect_rows(db_path, "intents", warm.ok + intents.ok)
+    expect_rows(db_path, "intents", intents.warm_ok + intents.ok)
     return HttpFigures(intents=intents, healthz=healthz, ceiling=ceiling)
 
 
@@ -430,10 +448,8 @@ def fresh_dir(root: Path, name: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root))
 
 
-async def run(args: argparse.Namespace) -> int:
-    scale = 5 if args.quick else 1
-    n, n_batched, n_http = (max(1, value // scale) for value in (args.n, args.batched_n, args.http_n))
-    cases = [
+def in_process_cases(n: int, n_batched: int) -> list[Case]:
+    return [
         Case("raw", "raw aiosqlite insert loop", "rows/s", n, raw_insert_loop),
         Case("single", "library enqueue, sequential", "/s", n, library_single,
              ">= 0.5x", lambda rate, ratio: ratio >= 0.5),
@@ -441,75 +457,104 @@ async def run(args: argparse.Namespace) -> int:
              ">= 20,000/s", lambda rate, ratio: rate >= 20_000),
         Case("concurrent", f"library enqueue, {TASKS} tasks", "/s", n, library_concurrent),
     ]
-    problems: list[str] = []
-    began = time.perf_counter()
-    print(f"enqueue benchmark (N={n:,} sequential and concurrent, {n_batched:,} batched, "
-          f"{n_http:,} HTTP; {args.rounds} rounds; WAL, synchronous=FULL)")
-    print(f"{os.cpu_count()} CPUs, SQLite {sqlite3.sqlite_version}, Python {platform.python_version()}, "
-          f"files under {args.dir or tempfile.gettempdir()}\n")
 
-    # One entry per round and case; None where the run was invalid.
+
+async def run_rounds(cases: list[Case], rounds: int, root: Path, problems: list[str]) -> dict[str, list[float | None]]:
+    """Every case once per round, each in a fresh directory; None marks an invalid run."""
     rates: dict[str, list[float | None]] = {case.key: [] for case in cases}
-    with tempfile.TemporaryDirectory(prefix="bench-enqueue-", dir=args.dir) as tmp:
-        root = Path(tmp)
-        for round_ in range(1, args.rounds + 1):
-            for case in cases:
-                workdir = fresh_dir(root, case.key)
-                try:
-                    rate = await case.run(workdir / "bench.db", case.n)
-                except BenchError as exc:
-                    rates[case.key].append(None)
-                    problems.append(f"{case.label}: {exc}")
-                    print(f"round {round_}: {case.label:<34} FAILED: {exc}")
-                    continue
-                finally:
-                    shutil.rmtree(workdir, ignore_errors=True)
-                rates[case.key].append(rate)
-                print(f"round {round_}: {case.label:<34} {rate:>9,.0f} {case.unit}")
-
-        http: HttpFigures | None = None
-        if not args.no_http:
-            print(f"HTTP: {CLIENTS} clients, {n_http:,} requests per target ...")
+    for round_ in range(1, rounds + 1):
+        for case in cases:
+            workdir = fresh_dir(root, case.key)
             try:
-                http = await http_case(fresh_dir(root, "http"), n_http)
+                rate: float | None = await case.run(workdir / "bench.db", case.n)
             except BenchError as exc:
-                problems.append(f"HTTP: {exc}")
+                rate = None
+                problems.append(f"{case.label}: {exc}")
+                print(f"round {round_}:  {case.label:<34} FAILED: {exc}", flush=True)
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
+            rates[case.key].append(rate)
+            if rate is not None:
+                progress(f"round {round_}", case.label, rate, case.unit)
+    return rates
 
+
+def case_rows(cases: list[Case], rates: dict[str, list[float | None]]) -> list[Row]:
+    """A row per case: median rate, and the ratios of each round to that round's baseline."""
     baseline = rates["raw"]
-    rows: list[Row] = []
+    rows = []
     for case in cases:
         got = [rate for rate in rates[case.key] if rate is not None]
         if not got:
             rows.append(Row(case.label, 0.0, case.unit, [], case.target, None, "failed"))
             continue
-        # Each round is paired with its own baseline; a round where either failed drops out.
-        ratios = [r / b for r, b in zip(rates[case.key], baseline, strict=True) if r and b]
+        if case.key == "raw":
+            ratios = [1.0]  # by definition; its spread shows in the per-round lines
+        else:
+            ratios = [r / b for r, b in zip(rates[case.key], baseline, strict=True) if r and b]
         rate = statistics.median(got)
         met = case.met(rate, statistics.median(ratios) if ratios else 0.0) if case.met else None
         rows.append(Row(case.label, rate, case.unit, ratios, case.target, met))
+    return rows
 
+
+def http_rows(http: HttpFigures, baseline: float, problems: list[str]) -> list[Row]:
+    rows = []
+    for label, load, target in (
+        (f"HTTP POST /v1/intents ({CLIENTS} clients)", http.intents, ">= 2,000/s"),
+        ("  same client, GET /healthz", http.healthz, ""),
+        ("  same client, trivial aiohttp server", http.ceiling, ""),
+    ):
+        ratios = [load.rate / baseline] if baseline and load is http.intents else []
+        met = load.rate >= 2_000 if target else None
+        rows.append(Row(label, load.rate, "req/s", ratios, target, met))
+        if load.failed:
+            problems.append(f"{label.strip()}: {load.failed} of {load.requests} requests failed: "
+                            f"{dict(load.failures)}; e.g. {load.samples}")
+    return rows
+
+
+async def run(args: argparse.Namespace) -> int:
+    scale = 5 if args.quick else 1
+    n, n_batched, n_http = (max(1, value // scale) for value in (args.n, args.batched_n, args.http_n))
+    cases = in_process_cases(n, n_batched)
+    rounds = f"{args.rounds} round{'s' if args.rounds > 1 else ''}"
+    problems: list[str] = []
+    began = time.perf_counter()
+    print(f"enqueue benchmark (N={n:,} sequential and concurrent, {n_batched:,} batched, "
+          f"{n_http:,} HTTP; {rounds}; WAL, synchronous=FULL)")
+    print(f"{os.cpu_count()} CPUs, SQLite {sqlite3.sqlite_version}, Python {platform.python_version()}, "
+          f"files under {args.dir or tempfile.gettempdir()}\n", flush=True)
+
+    http: HttpFigures | None = None
+    with tempfile.TemporaryDirectory(prefix="bench-enqueue-", dir=args.dir) as tmp:
+        root = Path(tmp)
+        rates = await run_rounds(cases, args.rounds, root, problems)
+        if not args.no_http:
+            print(f"HTTP: {CLIENTS} clients, {n_http:,} requests per target ...", flush=True)
+            try:
+                http = await http_case(fresh_dir(root, "http"), n_http)
+            except BenchError as exc:
+                problems.append(f"HTTP: {exc}")
+
+    rows = case_rows(cases, rates)
     if http is not None:
-        measured = [rate for rate in baseline if rate is not None]
-        reference = statistics.median(measured) if measured else 0.0
-        for label, load, target in (
-            (f"HTTP POST /v1/intents ({CLIENTS} clients)", http.intents, ">= 2,000/s"),
-            ("  same client, GET /healthz", http.healthz, ""),
-            ("  same client, trivial aiohttp server", http.ceiling, ""),
-        ):
-            ratios = [load.rate / reference] if reference and load is http.intents else []
-            met = load.rate >= 2_000 if target else None
-            rows.append(Row(label, load.rate, "req/s", ratios, target, met))
-            if load.failures:
-                problems.append(f"{label.strip()}: {load.requests - load.ok} of {load.requests} failed: "
-                                f"{dict(load.failures)}; e.g. {load.samples}")
+        measured = [rate for rate in rates["raw"] if rate is not None]
+        rows += http_rows(http, statistics.median(measured) if measured else 0.0, problems)
+    elif not args.no_http:
+        rows.append(Row(f"HTTP POST /v1/intents ({CLIENTS} clients)", 0.0, "req/s", [], ">= 2,000/s",
+                        None, "failed"))
 
-    print()
-    print(f"enqueue benchmark (N={n:,}, synchronous=FULL; median of {args.rounds} rounds, "
-          f"ratios per round against the raw loop)")
+    print(f"\nenqueue benchmark (N={n:,}, synchronous=FULL; median of {rounds}, "
+          "ratios per round against the raw loop)")
     print(render(rows))
     if http is not None:
-        failed = sum(load.requests - load.ok for load in (http.intents, http.healthz, http.ceiling))
-        print(f"HTTP failures: {failed}")
+        loads = (http.intents, http.healthz, http.ceiling)
+        print(f"HTTP failures: {sum(load.failed for load in loads)} of "
+              f"{sum(load.requests for load in loads):,} requests (warm-up included)")
+        if http.intents.rate:
+            print(f"load generator headroom: the same client ran {http.ceiling.rate / http.intents.rate:.1f}x "
+                  "the POST rate against the trivial server")
     print(f"total time {time.perf_counter() - began:.0f} s")
     for problem in problems:
         print(f"INVALID: {problem}", file=sys.stderr)
@@ -522,7 +567,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batched-n", type=int, default=50_000, help="intents in the batched case (default 50,000)")
     parser.add_argument("--http-n", type=int, default=10_000, help="requests per HTTP target (default 10,000)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of cases 1-4 (default 3)")
-    parser.add_argument("--quick", action="store_true", help="divide every N by 5 (about 20 s)")
+    parser.add_argument("--quick", action="store_true", help="divide every N by 5 (seconds, not minutes)")
     parser.add_argument("--no-http", action="store_true", help="skip the HTTP case")
     parser.add_argument("--dir", help="where the databases go (fsync cost depends on the filesystem)")
     parser.add_argument("--serve-trivial", type=int, metavar="PORT", help=argparse.SUPPRESS)

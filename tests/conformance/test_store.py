@@ -173,7 +173,7 @@ async def test_update_moves_status_applies_changes_and_appends_an_event(store):
     later = T0 + timedelta(seconds=1)
     intent = await store.update_intent(
         "a1", expected=Status.PENDING, status=Status.LEASED,
-        event=Event(kind="leased", at=later, actor="worker-1", data={"fence": 1}),
+        events=[Event(kind="leased", at=later, actor="worker-1", data={"fence": 1})],
         changes={"lease_owner": "worker-1", "lease_expires_at": later + timedelta(seconds=30), "fence": 1},
     )
     assert (intent.status, intent.lease_owner, intent.fence, intent.updated_at) == (
@@ -187,7 +187,7 @@ async def test_an_illegal_transition_raises_and_writes_nothing(store):
     before = (await store.insert_intent(*new("a1"))).intent
     with pytest.raises(IllegalTransition, match="'pending' to 'delivered'"):
         await store.update_intent("a1", expected=Status.PENDING, status=Status.DELIVERED,
-                                  event=Event(kind="delivered", at=T0, actor="x"))
+                                  events=[Event(kind="delivered", at=T0, actor="x")])
     assert await store.get_intent("a1") == before
     assert len((await store.history("a1")).events) == 1
 
@@ -195,26 +195,26 @@ async def test_an_illegal_transition_raises_and_writes_nothing(store):
 async def test_a_write_from_a_stale_status_or_fence_is_rejected(store):
     await store.insert_intent(*new("a1"))
     ev = Event(kind="leased", at=T0, actor="w")
-    await store.update_intent("a1", expected=Status.PENDING, status=Status.LEASED, event=ev,
+    await store.update_intent("a1", expected=Status.PENDING, status=Status.LEASED, events=[ev],
                               changes={"fence": 1})
     with pytest.raises(StaleWrite, match="leased at fence 1"):
-        await store.update_intent("a1", expected=Status.PENDING, status=Status.LEASED, event=ev)
+        await store.update_intent("a1", expected=Status.PENDING, status=Status.LEASED, events=[ev])
     with pytest.raises(StaleWrite, match="not leased at fence 7"):
         await store.update_intent("a1", expected=Status.LEASED, status=Status.DELIVERED,
-                                  event=ev, fence=7)
+                                  events=[ev], fence=7)
     assert (await store.get_intent("a1")).status is Status.LEASED
     done = await store.update_intent("a1", expected=Status.LEASED, status=Status.DELIVERED,
-                                     event=ev, fence=1)
+                                     events=[ev], fence=1)
     assert done.status is Status.DELIVERED
     with pytest.raises(NotFound):
-        await store.update_intent("ghost", expected=Status.PENDING, status=Status.LEASED, event=ev)
+        await store.update_intent("ghost", expected=Status.PENDING, status=Status.LEASED, events=[ev])
 
 
 async def test_only_known_columns_can_be_updated(store):
     await store.insert_intent(*new("a1"))
     with pytest.raises(ValueError, match="payload"):
         await store.update_intent("a1", expected=Status.PENDING, status=Status.LEASED,
-                                  event=Event(kind="x", at=T0, actor="x"), changes={"payload": "{}"})
+                                  events=[Event(kind="x", at=T0, actor="x")], changes={"payload": "{}"})
 
 
 async def test_listing_filters_and_pages_newest_first_without_gaps(store):
@@ -255,7 +255,7 @@ async def test_a_destination_is_deleted_only_when_nothing_refers_to_it(store):
     with pytest.raises(DestinationInUse, match="1 intent"):
         await store.delete_destination("billing")
     await store.update_intent("a1", expected=Status.PENDING, status=Status.CANCELLED,
-                              event=Event(kind="cancelled", at=T0, actor="op"))
+                              events=[Event(kind="cancelled", at=T0, actor="op")])
     with pytest.raises(DestinationInUse, match="disable it instead"):
         await store.delete_destination("billing")
     with pytest.raises(NotFound):

@@ -62,10 +62,77 @@ SELECT kind, at, actor, reason, data FROM events WHERE intent_seq = ? ORDER BY i
 SELECT * FROM intents INDEXED BY intents_due
 WHERE status = 'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?;
 
+-- name: claim_due
+-- Lease the oldest due intents to a worker, bumping each one's fence.
+UPDATE intents SET status = 'leased', lease_owner = ?, lease_expires_at = ?, fence = fence + 1,
+                   updated_at = ?
+WHERE seq IN (SELECT seq FROM intents INDEXED BY intents_due
+              WHERE status = 'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?)
+RETURNING *;
+
+-- name: renew_lease
+-- Heartbeat: extend a lease the worker still holds at this fence.
+UPDATE intents SET lease_expires_at = ? WHERE action_id = ? AND status = 'leased' AND fence = ?;
+
 -- name: expired_leases
 -- Leases that ran out (the sweeper's work).
 SELECT * FROM intents INDEXED BY intents_lease
 WHERE status = 'leased' AND lease_expires_at <= ? ORDER BY lease_expires_at LIMIT ?;
+
+-- name: in_flight_attempt
+-- The attempt started under an intent's current fence and not finished.
+SELECT * FROM attempts WHERE intent_seq = ? AND fence = ? AND finished_at IS NULL
+ORDER BY number DESC LIMIT 1;
+
+-- name: next_due_at
+-- When the soonest pending intent falls due.
+SELECT min(next_attempt_at) FROM intents INDEXED BY intents_due WHERE status = 'pending';
+
+-- name: put_attempt
+-- Record an attempt, or its outcome once known.
+INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at, finished_at,
+                      submission, outcome, status_code, reply, external_id, error, duration_ms)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (attempt_id) DO UPDATE SET
+    finished_at = excluded.finished_at, submission = excluded.submission,
+    outcome = excluded.outcome, status_code = excluded.status_code, reply = excluded.reply,
+    external_id = excluded.external_id, error = excluded.error, duration_ms = excluded.duration_ms;
+
+-- name: first_submission
+-- When an intent's first attempt that may have reached the receiver started.
+SELECT min(started_at) FROM attempts
+WHERE intent_seq = ? AND (submission IS NULL OR submission != 'not_submitted');
+
+-- name: disable_destination
+-- Stop sending to a destination (the receiver answered 410 Gone).
+UPDATE destinations SET disabled = 1, updated_at = ? WHERE id = ?;
+
+-- name: put_grant
+-- Create or replace a grant, bumping its revision.
+INSERT INTO grants (id, scope, destination, revision, expires_at, note, created_at, updated_at)
+VALUES (?, ?, ?, 1, ?, ?, ?, ?)
+ON CONFLICT (id) DO UPDATE SET
+    scope = excluded.scope, destination = excluded.destination, revision = grants.revision + 1,
+    expires_at = excluded.expires_at, note = excluded.note, updated_at = excluded.updated_at
+RETURNING *;
+
+-- name: grant_by_id
+-- One grant.
+SELECT * FROM grants WHERE id = ?;
+
+-- name: list_grants
+-- Every grant, by id.
+SELECT * FROM grants ORDER BY id;
+
+-- name: delete_grant
+-- Remove a grant.
+DELETE FROM grants WHERE id = ?;
+
+-- name: matching_grant
+-- A live grant letting a scope reach a destination (exact destination first).
+SELECT * FROM grants
+WHERE scope = ? AND destination IN (?, '*') AND (expires_at IS NULL OR expires_at > ?)
+ORDER BY destination = '*', revision DESC LIMIT 1;
 
 -- name: list_intents
 -- A page of intents, newest first, after a cursor.
