@@ -384,3 +384,7 @@ async def destinations_delete(ctx: Context, box: Outbox, destination_id: str) ->
     """Remove a destination that no intent refers to."""
     await box.delete_destination(destination_id)
     ctx.emit({"id": destination_id, "deleted": True}, f"deleted {destination_id}")
+
+
+if __name__ == "__main__":
+    main()

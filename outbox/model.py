@@ -60,6 +60,10 @@ TRANSITIONS: Mapping[Status, frozenset[Status]] = {
 }
 
 TERMINAL: frozenset[Status] = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
+#: Statuses a harness waits for: the outcome is known, or known to be unknown.
+SETTLED: frozenset[Status] = frozenset(
+    {Status.DELIVERED, Status.DEAD, Status.REVOKED, Status.UNKNOWN, Status.CANCELLED}
+)
 #: Statuses in which an intent still waits for something to happen to it.
 OPEN: frozenset[Status] = frozenset({Status.PENDING, Status.LEASED, Status.HELD, Status.UNKNOWN})
 

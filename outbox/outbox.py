@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -20,8 +21,9 @@ from .destinations import Destination, DestinationSpec
 from .digest import canonical_json, digest_of
 from .errors import InvalidInput, NotFound, PayloadTooLarge
 from .ids import ACTION_ID, DESTINATION_ID, SCOPE, check, uuid7
-from .model import Channel, Enqueued, Event, Intent, NewIntent, Role
+from .model import SETTLED, Channel, Enqueued, Event, Intent, NewIntent, Role
 from .settings import Settings
+from .signals import Signal
 from .store import History, IntentQuery, Page, Store, Transaction, store_for_url
 from .tokens import TokenInfo, hash_token, new_token
 
@@ -35,6 +37,10 @@ class Outbox:
         self.store = store
         self.settings = settings or Settings()
         self.clock: Clock = clock or SystemClock()
+        #: Wakes an embedded worker when intents are enqueued here.
+        self.enqueued = Signal()
+        #: Wakes long polls when an intent here reaches a settled status.
+        self.settled = Signal()
 
     @classmethod
     async def open(
@@ -123,18 +129,23 @@ class Outbox:
         Keywords are those of ``prepare``.
         """
         new, event = self.prepare(**intent)
-        return await self.store.insert_intent(new, event)
+        result = await self.store.insert_intent(new, event)
+        self.enqueued.notify()
+        return result
 
     async def enqueue_many(self, intents: Iterable[Mapping[str, Any]]) -> list[Enqueued]:
         """Enqueue several intents in one transaction (one fsync): all are recorded, or none."""
         prepared = [self.prepare(**intent) for intent in intents]
-        return await self.store.insert_intents(prepared) if prepared else []
+        results = await self.store.insert_intents(prepared) if prepared else []
+        self.enqueued.notify()
+        return results
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[OutboxTransaction]:
         """A transaction carrying the caller's own SQL and enqueues: both commit, or neither."""
         async with self.store.transaction() as tx:
             yield OutboxTransaction(self, tx)
+        self.enqueued.notify()
 
     # -- reading -------------------------------------------------------------------------
 
@@ -145,6 +156,20 @@ class Outbox:
         if intent is None:
             raise NotFound(f"intent {action_id!r} does not exist")
         return intent
+
+    async def wait(self, action_id: str, timeout: float, *, poll_seconds: float = 0.5) -> Intent:
+        """The intent once it is settled (delivered, dead, revoked, unknown, cancelled) or when
+        ``timeout`` seconds have passed, whichever is first. Raises NotFound.
+
+        An ``unknown`` intent is returned as unknown: its attempts say what may have happened.
+        """
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            intent = await self.get(action_id)
+            remaining = deadline - asyncio.get_running_loop().time()
+            if intent.status in SETTLED or remaining <= 0:
+                return intent
+            await self.settled.wait(min(remaining, poll_seconds))
 
     async def history(self, action_id: str) -> History:
         """An intent's attempts and events."""

@@ -32,6 +32,25 @@ class Settings(BaseSettings):
     sqlite_busy_timeout_ms: int = Field(
         default=5000, ge=0, description="how long a write waits for another process's lock"
     )
+    worker: bool = Field(default=True, description="`outbox serve` runs an embedded sender")
+    worker_concurrency: int = Field(default=64, ge=1, le=4096, description="sends in flight per worker")
+    lease_seconds: float = Field(default=30.0, gt=0, description="how long a claim lasts unless renewed")
+    poll_seconds: float = Field(
+        default=1.0, gt=0, description="longest a worker waits before looking for work again"
+    )
+    drain_seconds: float = Field(
+        default=10.0, ge=0, description="on SIGTERM, how long in-flight sends may finish"
+    )
+    authority: str = Field(
+        default="grants",
+        description="grants, allow-all, an http(s) policy URL, or python:module:function",
+    )
+    authority_seconds: float = Field(default=2.0, ge=0, description="longest a decision is cached")
+    backoff_initial_seconds: float = Field(default=1.0, gt=0, description="first retry delay")
+    backoff_cap_seconds: float = Field(default=3600.0, gt=0, description="longest retry delay")
+    retention_margin_seconds: float = Field(
+        default=300.0, ge=0, description="stop blind retries this long before a receiver forgets"
+    )
     log_level: str = Field(default="info", description="debug, info, warning or error")
 
     @classmethod

@@ -240,7 +240,9 @@ def log_tail(path: Path, lines: int = 30) -> str:
 
 
 @contextmanager
-def serving(cmd: list[str], *, env: dict[str, str], cwd: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def serving(
+    cmd: list[str], *, env: dict[str, str], cwd: Path, log: Path
+) -> Iterator[subprocess.Popen[bytes]]:
     """Run a server subprocess, and always stop it: SIGTERM, then SIGKILL after a timeout."""
     with log.open("wb") as sink:
         proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=sink, stderr=subprocess.STDOUT)
@@ -269,7 +271,9 @@ async def wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path) -> None
             except (aiohttp.ClientError, asyncio.TimeoutError):
                 pass
             if time.monotonic() > deadline:
-                raise BenchError(f"{url} did not answer 200 in {SERVER_START_SECONDS:.0f} s:\n{log_tail(log)}")
+                raise BenchError(
+                    f"{url} did not answer 200 in {SERVER_START_SECONDS:.0f} s:\n{log_tail(log)}"
+                )
             await asyncio.sleep(0.05)
 
 
@@ -330,8 +334,12 @@ async def drive(
 
 
 def outbox_command(port: int) -> list[str]:
+    """``outbox serve`` on ``port``, at log level warning: no access-log line per request."""
     script = Path(sys.executable).parent / "outbox"
-    prefix = [str(script)] if script.exists() else [sys.executable, "-c", "from outbox.cli import main; main()"]
+    if script.exists():
+        prefix = [str(script)]
+    else:  # not `python -m outbox.cli`: that module has no `if __name__ == "__main__"` guard
+        prefix = [sys.executable, "-c", "from outbox.cli import main; main()"]
     return [*prefix, "serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
 
 
@@ -353,8 +361,9 @@ async def http_case(workdir: Path, n: int) -> HttpFigures:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-trivial", str(port)]
     with serving(cmd, env=clean_env(), cwd=workdir, log=log) as proc:
         await wait_ready(proc, f"http://127.0.0.1:{port}/healthz", log)
-        ceiling = await drive(f"http://127.0.0.1:{port}/v1/intents", n, expect=201,
-                                 body=intent_body, headers=post_headers)
+        ceiling = await drive(
+            f"http://127.0.0.1:{port}/v1/intents", n, expect=201, body=intent_body, headers=post_headers
+        )
     progress("HTTP", "trivial aiohttp server, POST", ceiling.rate, "req/s")
 
     db_path = workdir / "http.db"
@@ -368,8 +377,8 @@ async def http_case(workdir: Path, n: int) -> HttpFigures:
         await wait_ready(proc, f"{base}/healthz", log)
         healthz = await drive(f"{base}/healthz", n, expect=200)
         progress("HTTP", "outbox serve, GET /healthz", healthz.rate, "req/s")
-        intents = await drive(f"{base}/v1/intents", n, expect=201, body=intent_body,
-                                    headers={**post_headers, "Authorization": f"Bearer {token}"})
+        auth = {**post_headers, "Authorization": f"Bearer {token}"}
+        intents = await drive(f"{base}/v1/intents", n, expect=201, body=intent_body, headers=auth)
         progress("HTTP", "outbox serve, POST /v1/intents", intents.rate, "req/s")
         if proc.poll() is not None:
             raise BenchError(f"outbox serve died during the run:\n{log_tail(log)}")
@@ -439,7 +448,10 @@ def render(rows: list[Row]) -> str:
     right = {1, 3}
     out = []
     for line in lines:
-        cells = [cell.rjust(w) if c in right else cell.ljust(w) for c, (cell, w) in enumerate(zip(line, widths))]
+        cells = [
+            cell.rjust(width) if column in right else cell.ljust(width)
+            for column, (cell, width) in enumerate(zip(line, widths, strict=True))
+        ]
         out.append("  ".join(cells).rstrip())
     return "\n".join(out)
 
@@ -459,7 +471,9 @@ def in_process_cases(n: int, n_batched: int) -> list[Case]:
     ]
 
 
-async def run_rounds(cases: list[Case], rounds: int, root: Path, problems: list[str]) -> dict[str, list[float | None]]:
+async def run_rounds(
+    cases: list[Case], rounds: int, root: Path, problems: list[str]
+) -> dict[str, list[float | None]]:
     """Every case once per round, each in a fresh directory; None marks an invalid run."""
     rates: dict[str, list[float | None]] = {case.key: [] for case in cases}
     for round_ in range(1, rounds + 1):
@@ -482,7 +496,7 @@ async def run_rounds(cases: list[Case], rounds: int, root: Path, problems: list[
 def case_rows(cases: list[Case], rates: dict[str, list[float | None]]) -> list[Row]:
     """A row per case: median rate, and the ratios of each round to that round's baseline."""
     baseline = rates["raw"]
-    rows = []
+    rows: list[Row] = []
     for case in cases:
         got = [rate for rate in rates[case.key] if rate is not None]
         if not got:
@@ -499,7 +513,7 @@ def case_rows(cases: list[Case], rates: dict[str, list[float | None]]) -> list[R
 
 
 def http_rows(http: HttpFigures, baseline: float, problems: list[str]) -> list[Row]:
-    rows = []
+    rows: list[Row] = []
     for label, load, target in (
         (f"HTTP POST /v1/intents ({CLIENTS} clients)", http.intents, ">= 2,000/s"),
         ("  same client, GET /healthz", http.healthz, ""),
@@ -542,8 +556,8 @@ async def run(args: argparse.Namespace) -> int:
         measured = [rate for rate in rates["raw"] if rate is not None]
         rows += http_rows(http, statistics.median(measured) if measured else 0.0, problems)
     elif not args.no_http:
-        rows.append(Row(f"HTTP POST /v1/intents ({CLIENTS} clients)", 0.0, "req/s", [], ">= 2,000/s",
-                        None, "failed"))
+        label = f"HTTP POST /v1/intents ({CLIENTS} clients)"
+        rows.append(Row(label, 0.0, "req/s", [], ">= 2,000/s", None, "failed"))
 
     print(f"\nenqueue benchmark (N={n:,}, synchronous=FULL; median of {rounds}, "
           "ratios per round against the raw loop)")
@@ -553,8 +567,9 @@ async def run(args: argparse.Namespace) -> int:
         print(f"HTTP failures: {sum(load.failed for load in loads)} of "
               f"{sum(load.requests for load in loads):,} requests (warm-up included)")
         if http.intents.rate:
-            print(f"load generator headroom: the same client ran {http.ceiling.rate / http.intents.rate:.1f}x "
-                  "the POST rate against the trivial server")
+            headroom = http.ceiling.rate / http.intents.rate
+            print(f"load generator headroom: against the trivial server the same client ran "
+                  f"{headroom:.1f}x the POST rate")
     print(f"total time {time.perf_counter() - began:.0f} s")
     for problem in problems:
         print(f"INVALID: {problem}", file=sys.stderr)
@@ -563,14 +578,15 @@ async def run(args: argparse.Namespace) -> int:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--n", type=int, default=5_000, help="intents per sequential or concurrent case (default 5,000)")
-    parser.add_argument("--batched-n", type=int, default=50_000, help="intents in the batched case (default 50,000)")
-    parser.add_argument("--http-n", type=int, default=10_000, help="requests per HTTP target (default 10,000)")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of cases 1-4 (default 3)")
-    parser.add_argument("--quick", action="store_true", help="divide every N by 5 (seconds, not minutes)")
-    parser.add_argument("--no-http", action="store_true", help="skip the HTTP case")
-    parser.add_argument("--dir", help="where the databases go (fsync cost depends on the filesystem)")
-    parser.add_argument("--serve-trivial", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    add = parser.add_argument
+    add("--n", type=int, default=5_000, help="intents per sequential and concurrent case (5,000)")
+    add("--batched-n", type=int, default=50_000, help="intents in the batched case (50,000)")
+    add("--http-n", type=int, default=10_000, help="requests per HTTP target (10,000)")
+    add("--rounds", type=int, default=3, help="interleaved rounds of cases 1-4 (3)")
+    add("--quick", action="store_true", help="divide every N by 5: seconds rather than a minute")
+    add("--no-http", action="store_true", help="skip the HTTP case")
+    add("--dir", help="where the databases go (the fsync cost depends on the filesystem)")
+    add("--serve-trivial", type=int, metavar="PORT", help=argparse.SUPPRESS)  # the comparison server
     args = parser.parse_args(argv)
     if min(args.n, args.batched_n, args.http_n, args.rounds) < 1:
         parser.error("--n, --batched-n, --http-n and --rounds must be positive")

@@ -1,0 +1,35 @@
+"""When to try again: exponential backoff with jitter, capped at an hour, Retry-After honoured."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tenacity
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """The delay before attempt ``n + 1`` after ``n`` failed ones.
+
+    "Equal jitter": half of the exponential delay is fixed and half random, so retries spread out
+    without ever collapsing to zero. Built from tenacity's wait strategies.
+    """
+
+    initial_seconds: float = 1.0
+    cap_seconds: float = 3600.0
+
+    def __post_init__(self) -> None:
+        half, cap = self.initial_seconds / 2, self.cap_seconds / 2
+        strategy = tenacity.wait_exponential(multiplier=half, max=cap) + \
+            tenacity.wait_random_exponential(multiplier=half, max=cap)
+        object.__setattr__(self, "_strategy", strategy)
+
+    def delay(self, failed_attempts: int, retry_after: float | None = None) -> float:
+        """Seconds to wait after ``failed_attempts`` (≥ 1); a receiver's Retry-After is honoured
+        up to the cap."""
+        state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
+        state.attempt_number = max(1, failed_attempts)
+        computed = min(self._strategy(state), self.cap_seconds)  # type: ignore[attr-defined]
+        if retry_after is not None:
+            computed = max(computed, min(retry_after, self.cap_seconds))
+        return computed

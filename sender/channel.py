@@ -1,0 +1,38 @@
+"""What a channel does with one attempt, and what it must report back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from outbox import Destination, Intent, Outcome, Submission
+
+#: How much of a receiver's reply is kept with an attempt.
+REPLY_BYTES = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """The facts of one attempt, as far as the control path could establish them."""
+
+    submission: Submission
+    outcome: Outcome
+    status_code: int | None = None
+    reply: str | None = None
+    external_id: str | None = None
+    error: str | None = None
+    retry_after: float | None = None  # seconds the receiver asked us to wait
+    disable_destination: bool = False  # the receiver said the endpoint is gone for good
+
+
+class Channel(Protocol):
+    """Delivers intents of one kind (webhook, email, kafka)."""
+
+    async def send(self, intent: Intent, destination: Destination, *, attempt_id: str, fence: int) -> SendResult:
+        """Make one attempt. Never raises for a delivery failure: classify it instead.
+        ``not_submitted`` only with proof that nothing was written."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...

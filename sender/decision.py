@@ -1,0 +1,99 @@
+"""What an attempt's result means for its intent: the one place the delivery policy lives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from outbox import Destination, Intent, OnUnknown, Outcome, Status
+
+from .backoff import Backoff
+from .channel import SendResult
+
+
+@dataclass(frozen=True, slots=True)
+class Fate:
+    """The intent's next status, when it is next due (if pending), and the event that says why."""
+
+    status: Status
+    event: str  # delivered | scheduled_retry | dead_lettered | unknown
+    reason: str
+    next_attempt_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """The sender's knobs for deciding."""
+
+    backoff: Backoff = Backoff()
+    #: Stop retrying an unknown outcome this long before the receiver forgets the key.
+    retention_margin_seconds: float = 300.0
+
+
+def decide(
+    intent: Intent,
+    destination: Destination,
+    result: SendResult,
+    *,
+    attempts_made: int,
+    first_submission_at: datetime | None,
+    now: datetime,
+    policy: Policy,
+) -> Fate:
+    """Decide the intent's fate after attempt number ``attempts_made``."""
+    if result.outcome is Outcome.DELIVERED:
+        return Fate(Status.DELIVERED, "delivered", f"receiver answered {result.status_code}")
+    if result.outcome in (Outcome.REJECTED, Outcome.CONFLICT):
+        return Fate(Status.DEAD, "dead_lettered", f"{result.outcome.value}: {result.error}")
+    if result.outcome is Outcome.DENIED:
+        return Fate(Status.REVOKED, "revoked", result.error or "authority denied")
+    if result.outcome is Outcome.UNKNOWN:
+        reason = _unknown_blocks_retry(destination, first_submission_at, now, policy)
+        if reason:
+            return Fate(Status.UNKNOWN, "unknown", f"{result.error}; {reason}")
+    return _retry(intent, destination, result, attempts_made, first_submission_at, now, policy)
+
+
+def _retry(
+    intent: Intent,
+    destination: Destination,
+    result: SendResult,
+    attempts_made: int,
+    first_submission_at: datetime | None,
+    now: datetime,
+    policy: Policy,
+) -> Fate:
+    if attempts_made >= intent.max_attempts:
+        return Fate(Status.DEAD, "dead_lettered",
+                       f"attempts exhausted ({attempts_made} of {intent.max_attempts}); last: {result.error}")
+    due = now + timedelta(seconds=policy.backoff.delay(attempts_made, result.retry_after))
+    if intent.expires_at is not None and due >= intent.expires_at:
+        return Fate(Status.DEAD, "dead_lettered",
+                       f"expires at {intent.expires_at.isoformat()} before the next attempt; last: {result.error}")
+    if (result.outcome is Outcome.UNKNOWN and destination.on_unknown is OnUnknown.DECLARED
+            and first_submission_at is not None
+            and due >= _retention_end(destination, first_submission_at, policy)):
+        return Fate(Status.UNKNOWN, "unknown",
+                       f"{result.error}; the next attempt would fall outside the receiver's "
+                       f"declared retention of {destination.retention_seconds}s")
+    return Fate(Status.PENDING, "scheduled_retry", f"{result.outcome.value}: {result.error}", due)
+
+
+def _retention_end(destination: Destination, first: datetime, policy: Policy) -> datetime:
+    return first + timedelta(seconds=destination.retention_seconds - policy.retention_margin_seconds)
+
+
+def _unknown_blocks_retry(
+    destination: Destination, first_submission_at: datetime | None, now: datetime, policy: Policy
+) -> str | None:
+    """Why an unknown outcome may not be retried automatically, or None if it may."""
+    if destination.on_unknown is OnUnknown.ALWAYS:
+        return None
+    if destination.on_unknown is OnUnknown.NEVER:
+        return "destination policy on_unknown=never forbids a blind retry"
+    if not destination.idempotent:
+        return "the destination does not declare idempotency, so a retry could duplicate the effect"
+    if first_submission_at is None or now >= _retention_end(destination, first_submission_at, policy):
+        return (f"the first submission is older than the receiver's declared retention "
+                f"({destination.retention_seconds}s) minus a {policy.retention_margin_seconds:.0f}s margin")
+    return None

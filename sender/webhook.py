@@ -1,0 +1,210 @@
+"""The webhook channel: a signed JSON POST to a registered destination, classified honestly.
+
+aiohttp carries the hot path: on this kind of machine httpx's shared async pool managed about a
+fifteenth of aiohttp's request rate at the concurrency a sender runs, which would make the
+HTTP client, not the receiver, the limit of delivery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import ipaddress
+import json
+import socket
+from email.utils import parsedate_to_datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+
+from outbox import Destination, Intent, Outcome, Submission
+from outbox.clock import Clock, SystemClock
+
+from .channel import REPLY_BYTES, SendResult
+
+USER_AGENT = "outbox-delivery/0.1"
+#: Response headers kept with an attempt (never cookies or credentials).
+KEPT_HEADERS = ("content-type", "retry-after", "external-id", "idempotent-replayed", "location")
+
+
+class PrivateAddressRefused(OSError):
+    """The destination resolves only to loopback/private addresses and is not allowed them."""
+
+
+def is_private(address: str) -> bool:
+    """Whether an address is loopback, private, link-local, multicast or otherwise not public."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+        ip = ip.ipv4_mapped
+    return not ip.is_global or ip.is_multicast
+
+
+class GuardedResolver(AbstractResolver):
+    """Resolves names and drops non-public addresses, so a name cannot smuggle a request inside
+    (the SSRF guard); the addresses it returns are the ones connected to."""
+
+    def __init__(self) -> None:
+        self._inner = aiohttp.ThreadedResolver()
+
+    async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+        public = [r for r in await self._inner.resolve(host, port, family) if not is_private(r["host"])]
+        if not public:
+            raise PrivateAddressRefused(f"{host} resolves only to non-public addresses")
+        return public
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+def sign(secrets: tuple[str, ...], msg_id: str, timestamp: int, body: bytes) -> str:
+    """The Standard Webhooks ``webhook-signature`` value: ``v1,<base64 HMAC-SHA256>`` over
+    ``id.timestamp.body`` for each secret (several during a rotation), space-separated."""
+    signed = f"{msg_id}.{timestamp}.".encode() + body
+    return " ".join(
+        "v1," + base64.b64encode(
+            hmac.new(base64.b64decode(secret.removeprefix("whsec_")), signed, hashlib.sha256).digest()
+        ).decode()
+        for secret in secrets
+    )
+
+
+def content_digest(body: bytes) -> str:
+    """RFC 9530 ``Content-Digest`` for a body."""
+    return "sha-256=:" + base64.b64encode(hashlib.sha256(body).digest()).decode() + ":"
+
+
+def classify_status(status: int) -> Outcome:
+    """What a receiver's status code means for the intent (DESIGN.md section 5)."""
+    if 200 <= status < 300:
+        return Outcome.DELIVERED
+    if status in (408, 409, 429) or status >= 500:
+        return Outcome.RETRYABLE  # 409: the receiver is still working on this key
+    if status == 422:
+        return Outcome.CONFLICT  # the key was used with another payload
+    return Outcome.REJECTED  # other 4xx, 410 (and it disables the destination), 3xx not followed
+
+
+def retry_after_seconds(value: str | None, now: float) -> float | None:
+    """A Retry-After header as seconds from now (delta-seconds or an HTTP date)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - now)
+    except (TypeError, ValueError):
+        return None
+
+
+def _external_id(headers: dict[str, str], body: bytes) -> str | None:
+    if headers.get("external-id"):
+        return headers["external-id"][:255]
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    found = data.get("external_id") if isinstance(data, dict) else None
+    return str(found)[:255] if found is not None else None
+
+
+class WebhookChannel:
+    """POSTs intents to webhook destinations over pooled aiohttp sessions."""
+
+    def __init__(self, *, concurrency: int = 64, clock: Clock | None = None) -> None:
+        self._concurrency = concurrency
+        self._clock = clock or SystemClock()
+        self._sessions: dict[bool, aiohttp.ClientSession] = {}
+
+    def _session(self, allow_private: bool) -> aiohttp.ClientSession:
+        session = self._sessions.get(allow_private)
+        if session is None or session.closed:
+            connector = aiohttp.TCPConnector(
+                limit=self._concurrency,
+                resolver=None if allow_private else GuardedResolver(),
+                ttl_dns_cache=60,
+            )
+            session = aiohttp.ClientSession(
+                connector=connector, headers={"User-Agent": USER_AGENT}, auto_decompress=False
+            )
+            self._sessions[allow_private] = session
+        return session
+
+    async def send(self, intent: Intent, destination: Destination, *, attempt_id: str, fence: int) -> SendResult:
+        host = urlsplit(destination.url).hostname or ""
+        if not destination.allow_private_network and _is_ip(host) and is_private(host):
+            return SendResult(
+                Submission.NOT_SUBMITTED, Outcome.REJECTED,
+                error=f"refused: {host} is not a public address and destination "
+                      f"{destination.id!r} does not allow the private network",
+            )
+        body = intent.payload_json.encode()
+        now = self._clock.now().timestamp()
+        timestamp = int(now)
+        headers = {
+            "Content-Type": "application/json",
+            "Idempotency-Key": intent.action_id,
+            "webhook-id": intent.action_id,
+            "webhook-timestamp": str(timestamp),
+            "webhook-signature": sign(destination.secrets, intent.action_id, timestamp, body),
+            "Content-Digest": content_digest(body),
+            "Outbox-Attempt-Id": attempt_id,
+            "Outbox-Fence": str(fence),
+        }
+        limit = destination.timeout_seconds
+        timeout = aiohttp.ClientTimeout(total=limit * 2, connect=limit, sock_read=limit)
+        session = self._session(destination.allow_private_network)
+        try:
+            async with session.post(destination.url, data=body, headers=headers, timeout=timeout,
+                                    allow_redirects=False) as response:
+                reply = await response.content.read(REPLY_BYTES)
+                kept = {k: response.headers[k] for k in KEPT_HEADERS if k in response.headers}
+                status = response.status
+        except (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError) as exc:
+            # The connection was never established: nothing of the request was written.
+            return SendResult(Submission.NOT_SUBMITTED, _refusal_outcome(exc), error=_describe(exc))
+        except (asyncio.TimeoutError, aiohttp.ClientError, OSError) as exc:
+            # Connected, so the request may have been written and acted on.
+            return SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, error=_describe(exc))
+        outcome = classify_status(status)
+        return SendResult(
+            Submission.SUBMITTED,
+            outcome,
+            status_code=status,
+            reply=json.dumps({"headers": kept, "body": reply.decode("utf-8", "replace")}),
+            external_id=_external_id(kept, reply) if outcome is Outcome.DELIVERED else None,
+            error=None if outcome is Outcome.DELIVERED else f"receiver answered {status}",
+            retry_after=retry_after_seconds(kept.get("retry-after"), now),
+            disable_destination=status == 410,
+        )
+
+    async def aclose(self) -> None:
+        for session in self._sessions.values():
+            await session.close()
+        self._sessions.clear()
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    return True
+
+
+def _refusal_outcome(exc: BaseException) -> Outcome:
+    cause: Any = getattr(exc, "os_error", None) or exc.__cause__
+    if isinstance(cause, PrivateAddressRefused) or isinstance(exc, PrivateAddressRefused):
+        return Outcome.REJECTED  # a local refusal: retrying cannot help
+    return Outcome.RETRYABLE
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"[:500]
+
+

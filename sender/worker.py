@@ -1,0 +1,350 @@
+"""The delivery worker: lease due intents, re-check authority, send, record, decide.
+
+Every write a worker makes after its claim is conditional on the fence it was given; if the
+lease expired and the sweeper (or another worker) moved the intent on, the write is rejected
+and logged, never applied. A lease expiring is not proof that its worker stopped, so the
+sweeper treats an attempt in flight as possibly submitted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+from outbox import (
+    Attempt,
+    Destination,
+    Event,
+    Intent,
+    Outbox,
+    Outcome,
+    StaleWrite,
+    Status,
+    Submission,
+)
+from outbox.ids import uuid7
+from outbox.model import SETTLED
+from outbox.model import Channel as ChannelKind
+
+from .authority import Authority, AuthorityRequest, CachedAuthority, Verdict, authority_from_setting
+from .backoff import Backoff
+from .channel import Channel, SendResult
+from .decision import Fate, Policy, decide
+from .webhook import WebhookChannel
+
+log = logging.getLogger("outbox.sender")
+
+#: How long a destination record is reused before it is read again.
+DESTINATION_CACHE_SECONDS = 2.0
+#: A disabled or missing destination's intents are looked at again after this long.
+PARKED_SECONDS = 60.0
+
+
+class Worker:
+    """Delivers due intents from one outbox until stopped."""
+
+    def __init__(
+        self,
+        outbox: Outbox,
+        *,
+        authority: Authority | None = None,
+        channels: dict[ChannelKind, Channel] | None = None,
+        worker_id: str | None = None,
+        concurrency: int | None = None,
+        policy: Policy | None = None,
+    ) -> None:
+        settings = outbox.settings
+        self.outbox = outbox
+        self.store = outbox.store
+        self.clock = outbox.clock
+        self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid7()[-8:]}"
+        self.concurrency = concurrency or settings.worker_concurrency
+        self.lease = timedelta(seconds=settings.lease_seconds)
+        self.policy = policy or Policy(
+            Backoff(settings.backoff_initial_seconds, settings.backoff_cap_seconds),
+            settings.retention_margin_seconds,
+        )
+        self.authority: Authority = CachedAuthority(
+            authority or authority_from_setting(settings.authority, outbox), settings.authority_seconds
+        )
+        self.channels = channels or {ChannelKind.WEBHOOK: WebhookChannel(concurrency=self.concurrency)}
+        self._in_flight: dict[str, tuple[int, asyncio.Task[None]]] = {}
+        self._slot_free = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._destinations: dict[str, tuple[float, Destination | None]] = {}
+        self.stale_writes = 0  # fenced writes this worker had rejected (also logged)
+
+    # -- running ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Claim and deliver until ``stop()``; then drain and release (graceful shutdown)."""
+        log.info("worker %s started (concurrency %d)", self.id, self.concurrency)
+        helpers = [asyncio.create_task(self._heartbeat()), asyncio.create_task(self._sweep_forever())]
+        try:
+            while not self._stopping.is_set():
+                if len(self._in_flight) >= self.concurrency:
+                    self._slot_free.clear()
+                    await self._wait(self._slot_free.wait(), None)
+                    continue
+                claimed = await self._claim(self.concurrency - len(self._in_flight))
+                if not claimed:
+                    await self._idle()
+        finally:
+            await self._drain()
+            for helper in helpers:
+                helper.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            for channel in self.channels.values():
+                await channel.aclose()
+            log.info("worker %s stopped", self.id)
+
+    def stop(self) -> None:
+        """Stop claiming; in-flight sends get ``drain_seconds`` to finish."""
+        self._stopping.set()
+
+    async def run_once(self, limit: int | None = None) -> int:
+        """Claim what is due now, deliver it, and return how many were claimed (for tests
+        and one-shot runs; the clock decides what is due)."""
+        claimed = await self._claim(limit or self.concurrency)
+        await asyncio.gather(*(task for _, task in list(self._in_flight.values())))
+        return claimed
+
+    async def sweep(self) -> int:
+        """Recover intents whose lease expired; returns how many."""
+        expired = await self.store.expired_leases(self.clock.now(), 100)
+        for intent, attempt in expired:
+            await self._recover(intent, attempt)
+        return len(expired)
+
+    # -- claiming --------------------------------------------------------------------------
+
+    async def _claim(self, limit: int) -> int:
+        now = self.clock.now()
+        intents = await self.store.claim(self.id, now=now, lease_until=now + self.lease, limit=limit)
+        for intent in intents:
+            task = asyncio.create_task(self._deliver(intent))
+            self._in_flight[intent.action_id] = (intent.fence, task)
+            task.add_done_callback(lambda _, key=intent.action_id: self._done(key))
+        return len(intents)
+
+    def _done(self, action_id: str) -> None:
+        self._in_flight.pop(action_id, None)
+        self._slot_free.set()
+
+    async def _idle(self) -> None:
+        """Sleep until new work is enqueued here, the next intent falls due, or poll_seconds."""
+        timeout = self.outbox.settings.poll_seconds
+        due = await self.store.next_due_at()
+        if due is not None:
+            timeout = min(timeout, max(0.0, (due - self.clock.now()).total_seconds()))
+        await self._wait(self.outbox.enqueued.wait(timeout), timeout)
+
+    async def _wait(self, awaitable: object, timeout: float | None) -> None:
+        stop = asyncio.create_task(self._stopping.wait())
+        other = asyncio.ensure_future(awaitable)  # type: ignore[arg-type]
+        await asyncio.wait({stop, other}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        for task in (stop, other):
+            task.cancel()
+
+    async def _heartbeat(self) -> None:
+        interval = self.lease.total_seconds() / 3
+        while True:
+            await asyncio.sleep(interval)
+            held = [(action_id, fence) for action_id, (fence, _) in self._in_flight.items()]
+            if held:
+                lost = await self.store.renew_leases(held, self.clock.now() + self.lease)
+                for action_id in lost:
+                    log.warning("lease lost: action_id=%s worker=%s; its writes will be rejected",
+                                action_id, self.id)
+
+    async def _sweep_forever(self) -> None:
+        interval = min(5.0, self.lease.total_seconds() / 2)
+        while True:
+            try:
+                await self.sweep()
+            except Exception:  # keep sweeping; the next round retries
+                log.exception("sweep failed")
+            await asyncio.sleep(interval)
+
+    async def _drain(self) -> None:
+        tasks = [task for _, task in self._in_flight.values()]
+        if not tasks:
+            return
+        drain = self.outbox.settings.drain_seconds
+        log.info("draining %d in-flight sends for up to %.0fs", len(tasks), drain)
+        _, pending = await asyncio.wait(tasks, timeout=drain)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    # -- delivering ------------------------------------------------------------------------
+
+    async def _destination(self, destination_id: str) -> Destination | None:
+        cached = self._destinations.get(destination_id)
+        if cached and time.monotonic() - cached[0] < DESTINATION_CACHE_SECONDS:
+            return cached[1]
+        found = await self.store.get_destination(destination_id)
+        self._destinations[destination_id] = (time.monotonic(), found)
+        return found
+
+    async def _deliver(self, intent: Intent) -> None:
+        attempt: Attempt | None = None
+        try:
+            destination = await self._destination(intent.destination)
+            now = self.clock.now()
+            if destination is None or destination.disabled:
+                why = "is not registered" if destination is None else "is disabled"
+                await self._release(intent, f"destination {intent.destination!r} {why}",
+                                    now + timedelta(seconds=PARKED_SECONDS))
+                return
+            if intent.expires_at is not None and now >= intent.expires_at:
+                await self._settle(intent, Fate(Status.DEAD, "dead_lettered", "expired before it could be sent"), [])
+                return
+            decision = await self.authority.check(AuthorityRequest(
+                intent.scope, intent.channel.value, intent.destination, intent.action_id))
+            checked = Event("authority_checked", self.clock.now(), self.id, decision.reason,
+                            {"verdict": decision.verdict.value, "provider": decision.provider,
+                             "revision": decision.revision})
+            if decision.verdict is Verdict.UNAVAILABLE:
+                await self._release(intent, decision.reason,
+                                    self.clock.now() + timedelta(seconds=self.policy.backoff.delay(1)),
+                                    extra=[checked])
+                return
+            if decision.verdict is Verdict.DENY:
+                await self._settle(intent, Fate(Status.REVOKED, "revoked", decision.reason), [checked])
+                return
+            attempt = Attempt(
+                attempt_id=uuid7(), number=intent.attempts + 1, fence=intent.fence, worker=self.id,
+                started_at=self.clock.now(), finished_at=None, submission=None, outcome=None,
+                status_code=None, reply=None, external_id=None, error=None, duration_ms=None,
+            )
+            await self.store.update_intent(
+                intent.action_id, expected=Status.LEASED, status=Status.LEASED, fence=intent.fence,
+                changes={"attempts": attempt.number}, attempt=attempt,
+                events=[Event("attempt_started", attempt.started_at, self.id, None,
+                              {"attempt_id": attempt.attempt_id, "number": attempt.number,
+                               "fence": intent.fence, "authority": decision.reason,
+                               "authority_revision": decision.revision})],
+            )
+            started = time.perf_counter()
+            result = await self.channels[intent.channel].send(
+                intent, destination, attempt_id=attempt.attempt_id, fence=intent.fence)
+            await self._finish(intent, destination, attempt, result, time.perf_counter() - started)
+        except StaleWrite as exc:
+            self.stale_writes += 1
+            log.warning("fenced write rejected: action_id=%s fence=%d worker=%s: %s",
+                        intent.action_id, intent.fence, self.id, exc)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._abandon(intent, attempt))
+            raise
+        except Exception:
+            log.exception("delivery failed unexpectedly: action_id=%s", intent.action_id)
+            await asyncio.shield(self._abandon(intent, attempt))
+
+    async def _finish(self, intent: Intent, destination: Destination, attempt: Attempt,
+                      result: SendResult, seconds: float) -> None:
+        finished = replace(
+            attempt, finished_at=self.clock.now(), submission=result.submission,
+            outcome=result.outcome, status_code=result.status_code, reply=result.reply,
+            external_id=result.external_id, error=result.error, duration_ms=round(seconds * 1000, 3),
+        )
+        first = await self.store.first_submission_at(intent.action_id) \
+            if result.outcome is Outcome.UNKNOWN else None
+        fate = decide(intent, destination, result, attempts_made=attempt.number,
+                      first_submission_at=first, now=self.clock.now(), policy=self.policy)
+        await self._settle(intent, fate, [_finished_event(finished, self.id)], attempt=finished)
+        if result.disable_destination:
+            await self.store.disable_destination(destination.id, self.clock.now())
+            self._destinations.pop(destination.id, None)
+            log.warning("destination %s disabled: it answered 410 Gone", destination.id)
+
+    async def _settle(self, intent: Intent, fate: Fate, events: list[Event], *,
+                      attempt: Attempt | None = None, new_fence: int | None = None) -> None:
+        now = self.clock.now()
+        changes: dict[str, object] = {"lease_owner": None, "lease_expires_at": None,
+                                      "last_error": None if fate.status is Status.DELIVERED else fate.reason}
+        if fate.next_attempt_at is not None:
+            changes["next_attempt_at"] = fate.next_attempt_at
+        if new_fence is not None:
+            changes["fence"] = new_fence
+        data = {"next_attempt_at": fate.next_attempt_at.isoformat()} if fate.next_attempt_at else {}
+        await self.store.update_intent(
+            intent.action_id, expected=Status.LEASED, status=fate.status, fence=intent.fence,
+            changes=changes, attempt=attempt,
+            events=[*events, Event(fate.event, now, self.id, fate.reason, data)],
+        )
+        if fate.status in SETTLED:
+            self.outbox.settled.notify()
+
+    async def _release(self, intent: Intent, reason: str, due: datetime, *,
+                       extra: list[Event] | None = None, new_fence: int | None = None,
+                       kind: str = "released") -> None:
+        """Give a lease back without an attempt having started: nothing was sent."""
+        changes: dict[str, object] = {"lease_owner": None, "lease_expires_at": None, "next_attempt_at": due}
+        if new_fence is not None:
+            changes["fence"] = new_fence
+        await self.store.update_intent(
+            intent.action_id, expected=Status.LEASED, status=Status.PENDING, fence=intent.fence,
+            changes=changes,
+            events=[*(extra or []), Event(kind, self.clock.now(), self.id, reason,
+                                          {"next_attempt_at": due.isoformat()})],
+        )
+
+    async def _abandon(self, intent: Intent, attempt: Attempt | None) -> None:
+        """Record what is known when a send is cut short (shutdown, crash in our own code)."""
+        try:
+            if attempt is None:
+                await self._release(intent, "worker stopped before sending", self.clock.now())
+                return
+            result = SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN,
+                                error="the worker stopped while the request was in flight")
+            destination = await self._destination(intent.destination)
+            if destination is None:
+                return
+            await self._finish(intent, destination, attempt, result, 0.0)
+        except StaleWrite:
+            self.stale_writes += 1
+            log.warning("fenced write rejected while abandoning action_id=%s", intent.action_id)
+        except Exception:
+            log.exception("could not record the abandoned send of action_id=%s; the sweeper will",
+                          intent.action_id)
+
+    async def _recover(self, intent: Intent, attempt: Attempt | None) -> None:
+        """The sweeper's work on one expired lease; bumps the fence so the old holder is shut out."""
+        reason = f"lease of {intent.lease_owner} expired"
+        try:
+            if attempt is None:
+                await self._release(intent, reason + " before any attempt started", self.clock.now(),
+                                    new_fence=intent.fence + 1, kind="lease_expired")
+                return
+            destination = await self.store.get_destination(intent.destination)
+            if destination is None:
+                return
+            result = SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN,
+                                error=reason + " while its attempt was in flight; it may have been sent")
+            finished = replace(attempt, finished_at=self.clock.now(), submission=result.submission,
+                               outcome=result.outcome, error=result.error)
+            first = await self.store.first_submission_at(intent.action_id)
+            fate = decide(intent, destination, result, attempts_made=attempt.number,
+                          first_submission_at=first, now=self.clock.now(), policy=self.policy)
+            await self._settle(intent, fate, [Event("lease_expired", self.clock.now(), self.id, reason,
+                                                    {"fence": intent.fence})],
+                               attempt=finished, new_fence=intent.fence + 1)
+        except StaleWrite:
+            pass  # the holder finished or another sweeper got there first
+        else:
+            log.warning("recovered expired lease: action_id=%s fence=%d", intent.action_id, intent.fence)
+
+
+def _finished_event(attempt: Attempt, worker: str) -> Event:
+    return Event("attempt_finished", attempt.finished_at or attempt.started_at, worker, attempt.error, {
+        "attempt_id": attempt.attempt_id,
+        "submission": attempt.submission.value if attempt.submission else None,
+        "outcome": attempt.outcome.value if attempt.outcome else None,
+        "status_code": attempt.status_code,
+    })
