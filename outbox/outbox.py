@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -37,6 +38,7 @@ class Outbox:
         self.store = store
         self.settings = settings or Settings()
         self.clock: Clock = clock or SystemClock()
+        self._tokens: dict[str, tuple[float, TokenInfo]] = {}
         #: Wakes an embedded worker when intents are enqueued here.
         self.enqueued = Signal()
         #: Wakes long polls when an intent here reaches a settled status.
@@ -258,16 +260,35 @@ class Outbox:
         return token, info
 
     async def authenticate(self, token: str) -> TokenInfo | None:
-        """The active token this bearer string is, or None."""
-        return await self.store.token_by_hash(hash_token(token))
+        """The active token this bearer string is, or None.
+
+        A valid token is remembered for ``token_cache_seconds``, so a revocation made elsewhere
+        takes effect within that time (at once with 0); unknown tokens are never remembered.
+        """
+        token_hash = hash_token(token)
+        ttl = self.settings.token_cache_seconds
+        now = time.monotonic()
+        cached = self._tokens.get(token_hash)
+        if cached is not None and now - cached[0] < ttl:
+            return cached[1]
+        info = await self.store.token_by_hash(token_hash)
+        if info is None:
+            self._tokens.pop(token_hash, None)
+        elif ttl > 0:
+            if len(self._tokens) >= 10_000:
+                self._tokens.clear()
+            self._tokens[token_hash] = (now, info)
+        return info
 
     async def list_tokens(self) -> list[TokenInfo]:
         """Every token (never their text)."""
         return await self.store.list_tokens()
 
     async def revoke_token(self, token_id: str) -> TokenInfo:
-        """Revoke a token at once. Raises NotFound."""
-        return await self.store.revoke_token(token_id, self.clock.now())
+        """Revoke a token (at once in this process). Raises NotFound."""
+        info = await self.store.revoke_token(token_id, self.clock.now())
+        self._tokens.clear()
+        return info
 
 
 class OutboxTransaction:

@@ -32,6 +32,9 @@ class Settings(BaseSettings):
     sqlite_busy_timeout_ms: int = Field(
         default=5000, ge=0, description="how long a write waits for another process's lock"
     )
+    token_cache_seconds: float = Field(
+        default=1.0, ge=0, description="how long a valid API token is trusted without a lookup"
+    )
     worker: bool = Field(default=True, description="`outbox serve` runs an embedded sender")
     worker_concurrency: int = Field(default=64, ge=1, le=4096, description="sends in flight per worker")
     lease_seconds: float = Field(default=30.0, gt=0, description="how long a claim lasts unless renewed")

@@ -63,7 +63,10 @@ _IN_TRANSACTION: contextvars.ContextVar[bool] = contextvars.ContextVar("in_tx", 
 
 def to_us(value: datetime | None) -> int | None:
     """A timestamp as integer microseconds since the epoch (how SQLite stores time here)."""
-    return None if value is None else (value - EPOCH) // MICROSECOND
+    if value is None:
+        return None
+    delta = value - EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
 def from_us(value: int | None) -> datetime | None:
@@ -203,15 +206,23 @@ def _put_attempt(conn: sqlite3.Connection, seq: int, a: Attempt) -> None:
 def _append_event(conn: sqlite3.Connection, seq: int, event: Event) -> None:
     conn.execute(
         SQL["insert_event"],
-        (seq, event.kind, to_us(event.at), event.actor, event.reason, json.dumps(dict(event.data))),
+        (seq, event.kind, to_us(event.at), event.actor, event.reason,
+         json.dumps(dict(event.data)) if event.data else "{}"),
     )
 
 
-def _insert_intent(conn: sqlite3.Connection, new: NewIntent, event: Event) -> Enqueued:
-    """The enqueue, run inside a write transaction: destination check, insert or compare."""
-    found = conn.execute(SQL["destination_for_enqueue"], (new.destination,)).fetchone()
+def _insert_intent(
+    conn: sqlite3.Connection, new: NewIntent, event: Event, seen: dict[str, sqlite3.Row] | None = None
+) -> Enqueued:
+    """The enqueue, run inside a write transaction: destination check, insert or compare.
+    ``seen`` remembers destinations across the intents of one batch."""
+    found = seen.get(new.destination) if seen is not None else None
     if found is None:
-        raise UnknownDestination(f"destination {new.destination!r} is not registered")
+        found = conn.execute(SQL["destination_for_enqueue"], (new.destination,)).fetchone()
+        if found is None:
+            raise UnknownDestination(f"destination {new.destination!r} is not registered")
+        if seen is not None:
+            seen[new.destination] = found
     status = Status.HELD if found["requires_approval"] else Status.PENDING
     assert status in INITIAL
     created = to_us(new.created_at)
@@ -234,8 +245,8 @@ def _insert_intent(conn: sqlite3.Connection, new: NewIntent, event: Event) -> En
         ),
     ).fetchone()
     if row is not None:
-        _append_event(conn, row["seq"], event)
-        return Enqueued(_intent(row), created=True)
+        _append_event(conn, row[0], event)
+        return Enqueued(_new_intent(row[0], new, Channel(found["channel"]), status), created=True)
     existing = _intent(conn.execute(SQL["intent_by_action"], (new.action_id,)).fetchone())
     differences = [
         f"{name} {theirs!r} (this request: {ours!r})"
@@ -252,6 +263,18 @@ def _insert_intent(conn: sqlite3.Connection, new: NewIntent, event: Event) -> En
             + "; an action_id names one operation and is never reused for another"
         )
     return Enqueued(existing, created=False)
+
+
+def _new_intent(seq: int, new: NewIntent, channel: Channel, status: Status) -> Intent:
+    """The intent just inserted, built from what was written rather than read back."""
+    return Intent(
+        seq=seq, action_id=new.action_id, scope=new.scope, destination=new.destination,
+        channel=channel, payload_json=new.payload_json, payload_digest=new.payload_digest,
+        status=status, attempts=0, max_attempts=new.max_attempts,
+        next_attempt_at=new.next_attempt_at, not_before=new.not_before, expires_at=new.expires_at,
+        lease_owner=None, lease_expires_at=None, fence=0, created_at=new.created_at,
+        updated_at=new.created_at, last_error=None,
+    )
 
 
 def _apply_batch(
@@ -472,7 +495,11 @@ class SqliteStore:
         return await self._write(lambda conn: _insert_intent(conn, new, event))
 
     async def insert_intents(self, items: Sequence[tuple[NewIntent, Event]]) -> list[Enqueued]:
-        return await self._write(lambda conn: [_insert_intent(conn, new, ev) for new, ev in items])
+        def run(conn: sqlite3.Connection) -> list[Enqueued]:
+            seen: dict[str, sqlite3.Row] = {}
+            return [_insert_intent(conn, new, event, seen) for new, event in items]
+
+        return await self._write(run)
 
     async def get_intent(self, action_id: str) -> Intent | None:
         def run(conn: sqlite3.Connection) -> Intent | None:

@@ -150,10 +150,23 @@ async def test_every_route_checks_its_role(api: Api):
         assert (await operator.get("/v1/intents")).status_code == 200
 
 
-async def test_a_revoked_token_stops_working_at_once(api: Api, db_url):
+async def test_a_token_revoked_elsewhere_stops_working_within_the_cache_time(api: Api, db_url):
     async with await Outbox.open(db_url) as box:
         token, info = await box.create_token(Role.PRODUCER, ["acme"])
         async with api.client(token) as c:
+            assert (await c.get("/v1/intents")).status_code == 200
+            await box.revoke_token(info.id)
+            revoked_at = time.monotonic()
+            while (response := await c.get("/v1/intents")).status_code == 200:
+                assert time.monotonic() - revoked_at < 1.5, "revocation not seen within 1 s"
+            assert_problem(response, 401, "unauthenticated")
+
+
+async def test_with_no_token_cache_a_revocation_is_seen_at_once(db_url, serve):
+    async with await Outbox.open(db_url) as box:
+        token, info = await box.create_token(Role.OPERATOR)
+        url = serve(Settings(database_url=db_url, token_cache_seconds=0))
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}) as c:
             assert (await c.get("/v1/intents")).status_code == 200
             await box.revoke_token(info.id)
             assert_problem(await c.get("/v1/intents"), 401, "unauthenticated")

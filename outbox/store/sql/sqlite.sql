@@ -33,12 +33,12 @@ SELECT 1;
 SELECT channel, requires_approval FROM destinations WHERE id = ?;
 
 -- name: insert_intent
--- Create an intent unless its action_id exists; returns the new row, or nothing.
+-- Create an intent unless its action_id exists; returns the new seq, or nothing.
 INSERT INTO intents (action_id, scope, destination, channel, payload, payload_digest, status,
                      max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (action_id) DO NOTHING
-RETURNING *;
+RETURNING seq;
 
 -- name: intent_by_action
 -- One intent by its action_id.
