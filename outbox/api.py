@@ -3,6 +3,7 @@
 Every error is RFC 9457 problem+json, and a refused request changes nothing in the store.
 """
 
+import asyncio
 import base64
 import binascii
 import json
@@ -20,7 +21,8 @@ from starlette.exceptions import HTTPException
 from .destinations import DestinationSpec
 from .errors import OutboxError
 from .ids import ACTION_ID, DESTINATION_ID, check
-from .model import Channel, Role, Status
+from .grants import GrantSpec
+from .model import SETTLED, Channel, Role, Status
 from .outbox import MAX_PAGE, Outbox, history_json, intent_json
 from .problems import Problem, from_error
 from .settings import Settings
@@ -29,6 +31,8 @@ from .tokens import TokenInfo
 
 log = logging.getLogger("outbox.api")
 
+#: The longest a client may long-poll one intent.
+MAX_WAIT_SECONDS = 60.0
 #: Room for the envelope around the payload before a body is refused unread.
 ENVELOPE_BYTES = 64 * 1024
 JSON_TYPES = ("application/json",)
@@ -84,15 +88,21 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if outbox is not None:
-            app.state.outbox = outbox
-            yield
-            return
-        app.state.outbox = await Outbox.open(settings=settings)
+        app.state.outbox = outbox or await Outbox.open(settings=settings)
+        worker_task = None
+        if settings.worker:
+            from sender import Worker  # the sender builds on this package, not the reverse
+
+            worker = Worker(app.state.outbox)
+            worker_task = asyncio.create_task(worker.run())
         try:
             yield
         finally:
-            await app.state.outbox.close()
+            if worker_task is not None:
+                worker.stop()
+                await worker_task
+            if outbox is None:
+                await app.state.outbox.close()
 
     app = FastAPI(
         title="outbox-delivery",
@@ -251,13 +261,23 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
         )
 
     @app.get("/v1/intents/{action_id}", tags=["intents"], summary="An intent with attempts and events")
-    async def show(request: Request, action_id: str, token: Reader) -> dict[str, Any]:
+    async def show(
+        request: Request,
+        action_id: str,
+        token: Reader,
+        wait: Annotated[float, Query(ge=0, le=MAX_WAIT_SECONDS, description=(
+            "long-poll: answer once the intent is delivered, dead, revoked, unknown or "
+            "cancelled, or after this many seconds"))] = 0,
+    ) -> dict[str, Any]:
         check(ACTION_ID, action_id, "action_id")
         outbox_ = box(request)
         intent = await outbox_.store.get_intent(action_id)
         if intent is None or not token.may_act_in(intent.scope):
             raise Problem(404, "not-found", "Not found", f"intent {action_id!r} does not exist")
-        return {**intent_json(intent), **history_json(await outbox_.history(action_id))}
+        if wait:
+            intent = await outbox_.wait(action_id, wait)
+        return {**intent_json(intent), "settled": intent.status in SETTLED,
+                **history_json(await outbox_.history(action_id))}
 
     @app.get("/v1/intents", tags=["intents"], summary="List intents, newest first")
     async def list_intents(
@@ -337,6 +357,44 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
     async def delete_destination(request: Request, destination_id: str, token: Admin) -> Response:
         await box(request).delete_destination(destination_id)
         log.info("destination %s deleted by %s", destination_id, token.actor)
+        return Response(status_code=204)
+
+    # -- grants ----------------------------------------------------------------------------
+
+    @app.put(
+        "/v1/grants/{grant_id}",
+        tags=["grants"],
+        summary="Create or replace a grant (admin); its revision goes up",
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": GrantSpec.model_json_schema()}},
+            }
+        },
+    )
+    async def put_grant(request: Request, grant_id: str, token: Admin) -> Response:
+        raw = await json_body(request)
+        try:
+            spec = GrantSpec.model_validate(raw)
+        except ValidationError as exc:
+            raise _validation_problem(list(exc.errors())) from None
+        grant, created = await box(request).put_grant(grant_id, spec)
+        log.info("grant %s %s by %s", grant_id, "created" if created else "replaced", token.actor)
+        return JSONResponse(grant.public(), status_code=201 if created else 200)
+
+    @app.get("/v1/grants/{grant_id}", tags=["grants"], summary="A grant")
+    async def get_grant(request: Request, grant_id: str, token: Inspector) -> dict[str, Any]:
+        return (await box(request).get_grant(grant_id)).public()
+
+    @app.get("/v1/grants", tags=["grants"], summary="Every grant")
+    async def list_grants(request: Request, token: Inspector) -> dict[str, Any]:
+        return {"items": [g.public() for g in await box(request).list_grants()]}
+
+    @app.delete("/v1/grants/{grant_id}", tags=["grants"], status_code=204,
+                summary="Remove a grant (admin): later sends it allowed become revoked")
+    async def delete_grant(request: Request, grant_id: str, token: Admin) -> Response:
+        await box(request).delete_grant(grant_id)
+        log.info("grant %s deleted by %s", grant_id, token.actor)
         return Response(status_code=204)
 
     return app

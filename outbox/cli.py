@@ -20,6 +20,7 @@ import click
 from .clock import iso
 from .destinations import DestinationSpec, new_secret
 from .errors import InvalidInput, OutboxError
+from .grants import GrantSpec
 from .model import Channel, OnUnknown, Role, Status
 from .outbox import Outbox, history_json, intent_json
 from .settings import Settings
@@ -95,9 +96,10 @@ def main(click_ctx: click.Context, database_url: str | None, as_json: bool) -> N
 @click.option("--host", help="Listen address [default: 127.0.0.1]", **_env("host"))
 @click.option("--port", type=int, help="Listen port [default: 8080]", **_env("port"))
 @click.option("--log-level", help="debug, info, warning, error [default: info]", **_env("log_level"))
+@click.option("--worker/--no-worker", default=None, help="Run an embedded sender [default: --worker]", **_env("worker"))
 @click.pass_obj
-def serve(ctx: Context, host: str | None, port: int | None, log_level: str | None) -> None:
-    """Run the HTTP API (migrating the database first).
+def serve(ctx: Context, host: str | None, port: int | None, log_level: str | None, worker: bool | None) -> None:
+    """Run the HTTP API and an embedded sender (migrating the database first).
 
     On first start, when no admin token exists, one is created and printed once.
     """
@@ -105,7 +107,11 @@ def serve(ctx: Context, host: str | None, port: int | None, log_level: str | Non
 
     from .api import create_app
 
-    overrides = {k: v for k, v in (("host", host), ("port", port), ("log_level", log_level)) if v}
+    overrides: dict[str, Any] = {
+        k: v for k, v in (("host", host), ("port", port), ("log_level", log_level)) if v
+    }
+    if worker is not None:
+        overrides["worker"] = worker
     settings = Settings(**ctx.overrides, **overrides)
     logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
 
@@ -136,6 +142,45 @@ def serve(ctx: Context, host: str | None, port: int | None, log_level: str | Non
         http="auto",
         proxy_headers=False,
     )
+
+
+@main.command()
+@click.option("--concurrency", type=int, help="Sends in flight [default: 64]", **_env("worker_concurrency"))
+@click.option("--log-level", help="debug, info, warning, error [default: info]", **_env("log_level"))
+@click.pass_obj
+def worker(ctx: Context, concurrency: int | None, log_level: str | None) -> None:
+    """Run a sender without the API; SIGTERM drains in-flight sends and stops."""
+    import signal
+
+    from sender import Worker
+
+    overrides: dict[str, Any] = {"worker_concurrency": concurrency} if concurrency else {}
+    if log_level:
+        overrides["log_level"] = log_level
+    settings = Settings(**ctx.overrides, **overrides)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+
+    async def run() -> None:
+        async with await Outbox.open(settings=settings) as box:
+            sender = Worker(box)
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, sender.stop)
+            await sender.run()
+
+    try:
+        asyncio.run(run())
+    except OutboxError as exc:
+        raise click.ClickException(exc.message) from None
+
+
+@main.command()
+def demo() -> None:
+    """Deliver a few intents to a local receiver and show what happened (no setup needed)."""
+    from sender.demo import run_demo
+
+    logging.basicConfig(level=logging.ERROR)  # the demo narrates what matters itself
+    sys.exit(asyncio.run(run_demo(click.echo)))
 
 
 @main.command()
@@ -313,6 +358,52 @@ async def list_(
             + ([f"more: --before-seq {page.next_seq}"] if page.next_seq else [])
         ) or "no intents",
     )
+
+
+# -- grants --------------------------------------------------------------------------------
+
+
+@main.group()
+def grants() -> None:
+    """Grant, list and withdraw authority (scope x destination) for the built-in provider."""
+
+
+@grants.command("put")
+@click.argument("grant_id")
+@click.option("--scope", required=True, help="The scope allowed.")
+@click.option("--destination", required=True, help="A destination id, or '*' for every one.")
+@click.option("--expires-at", type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z"]), help="No sends after this (with timezone).")
+@click.option("--note", help="Why it was granted.")
+@_run
+async def grants_put(ctx: Context, box: Outbox, grant_id: str, scope: str, destination: str,
+                     expires_at: datetime | None, note: str | None) -> None:
+    """Create or replace a grant (its revision goes up)."""
+    try:
+        spec = GrantSpec(scope=scope, destination=destination, expires_at=expires_at, note=note)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+    grant, created = await box.put_grant(grant_id, spec)
+    ctx.emit(grant.public(), f"{'granted' if created else 'replaced'} {grant.id}: "
+                             f"{grant.scope} -> {grant.destination} (revision {grant.revision})")
+
+
+@grants.command("list")
+@_run
+async def grants_list(ctx: Context, box: Outbox) -> None:
+    """List grants."""
+    items = await box.list_grants()
+    ctx.emit([g.public() for g in items], lambda: "\n".join(
+        f"{g.id:<20} {g.scope:<16} -> {g.destination:<16} r{g.revision}"
+        f"{'  until ' + str(iso(g.expires_at)) if g.expires_at else ''}" for g in items) or "no grants")
+
+
+@grants.command("delete")
+@click.argument("grant_id")
+@_run
+async def grants_delete(ctx: Context, box: Outbox, grant_id: str) -> None:
+    """Withdraw a grant: later sends it allowed become revoked."""
+    await box.delete_grant(grant_id)
+    ctx.emit({"id": grant_id, "deleted": True}, f"deleted {grant_id}")
 
 
 # -- destinations --------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from .clock import Clock, SystemClock, iso
 from .destinations import Destination, DestinationSpec
 from .digest import canonical_json, digest_of
 from .errors import InvalidInput, NotFound, PayloadTooLarge
+from .grants import Grant, GrantSpec
 from .ids import ACTION_ID, DESTINATION_ID, SCOPE, check, uuid7
 from .model import SETTLED, Channel, Enqueued, Event, Intent, NewIntent, Role
 from .settings import Settings
@@ -233,6 +234,33 @@ class Outbox:
         """Remove a destination nothing refers to. Raises NotFound, DestinationInUse."""
         check(DESTINATION_ID, destination_id, "destination id")
         await self.store.delete_destination(destination_id)
+
+    # -- grants ----------------------------------------------------------------------------
+
+    async def put_grant(self, grant_id: str, spec: GrantSpec) -> tuple[Grant, bool]:
+        """Create or replace a grant; returns it and whether it was new."""
+        check(DESTINATION_ID, grant_id, "grant id")
+        check(SCOPE, spec.scope, "scope")
+        if spec.destination != "*":
+            check(DESTINATION_ID, spec.destination, "destination")
+        return await self.store.put_grant(grant_id, spec, self.clock.now())
+
+    async def get_grant(self, grant_id: str) -> Grant:
+        """One grant. Raises NotFound."""
+        check(DESTINATION_ID, grant_id, "grant id")
+        found = await self.store.get_grant(grant_id)
+        if found is None:
+            raise NotFound(f"grant {grant_id!r} does not exist")
+        return found
+
+    async def list_grants(self) -> list[Grant]:
+        """Every grant."""
+        return await self.store.list_grants()
+
+    async def delete_grant(self, grant_id: str) -> None:
+        """Remove a grant: sends it allowed are refused from the next authority check on."""
+        check(DESTINATION_ID, grant_id, "grant id")
+        await self.store.delete_grant(grant_id)
 
     # -- tokens --------------------------------------------------------------------------
 

@@ -42,14 +42,15 @@ def free_port() -> int:
 class Service:
     """``outbox serve`` in a subprocess, in a fresh directory with no configuration."""
 
-    def __init__(self, cwd: Path) -> None:
+    def __init__(self, cwd: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.cwd = cwd
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = cwd / f"serve-{self.port}.log"
         with self.log.open("w") as out:
-            self.proc = subprocess.Popen([OUTBOX, "serve", "--port", str(self.port)], cwd=cwd,
-                                         env=clean_env(), stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen([OUTBOX, "serve", "--port", str(self.port), *args], cwd=cwd,
+                                         env={**clean_env(), **(env or {})}, stdout=out,
+                                         stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while True:
             assert self.proc.poll() is None, self.log.read_text()
@@ -79,7 +80,8 @@ def workdir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def service(workdir: Path) -> Iterator[Service]:
-    svc = Service(workdir)
+    """The API alone (--no-worker): intents stay as the producer left them."""
+    svc = Service(workdir, "--no-worker")
     yield svc
     if svc.proc.poll() is None:
         svc.proc.kill()
@@ -93,7 +95,7 @@ def test_first_start_prints_one_admin_token_and_a_restart_prints_none(workdir: P
     r = httpx.get(service.url + "/v1/destinations", headers={"Authorization": f"Bearer {admin}"})
     assert r.status_code == 200
     service.stop()
-    again = Service(workdir)
+    again = Service(workdir, "--no-worker")
     try:
         assert again.first_admin_token() is None
         listed = json.loads(cli(workdir, "--json", "tokens", "list").stdout)
@@ -150,7 +152,7 @@ def test_cli_errors_are_clear_and_exit_nonzero(workdir: Path):
 def test_help_names_the_environment_variable_behind_each_option(workdir: Path):
     assert "OUTBOX_DATABASE_URL" in cli(workdir, "--help").stdout
     serve_help = cli(workdir, "serve", "--help").stdout
-    for name in ("OUTBOX_HOST", "OUTBOX_PORT", "OUTBOX_LOG_LEVEL"):
+    for name in ("OUTBOX_HOST", "OUTBOX_PORT", "OUTBOX_LOG_LEVEL", "OUTBOX_WORKER"):
         assert name in serve_help
     for command in (["tokens", "create"], ["enqueue"], ["show"], ["list"], ["destinations", "put"]):
         assert cli(workdir, *command, "--help").stdout.startswith("Usage: outbox")

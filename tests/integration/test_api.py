@@ -61,7 +61,7 @@ async def api(db_path, db_url, serve) -> AsyncIterator[Api]:
         admin, _ = await box.create_token(Role.ADMIN)
         operator, _ = await box.create_token(Role.OPERATOR)
         producer, _ = await box.create_token(Role.PRODUCER, ["acme", "shop"])
-    yield Api(serve(Settings(database_url=db_url, max_payload_bytes=4096)), admin, operator,
+    yield Api(serve(Settings(database_url=db_url, max_payload_bytes=4096, worker=False)), admin, operator,
               producer, db_path)
 
 
@@ -165,7 +165,7 @@ async def test_a_token_revoked_elsewhere_stops_working_within_the_cache_time(api
 async def test_with_no_token_cache_a_revocation_is_seen_at_once(db_url, serve):
     async with await Outbox.open(db_url) as box:
         token, info = await box.create_token(Role.OPERATOR)
-        url = serve(Settings(database_url=db_url, token_cache_seconds=0))
+        url = serve(Settings(database_url=db_url, token_cache_seconds=0, worker=False))
         async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}) as c:
             assert (await c.get("/v1/intents")).status_code == 200
             await box.revoke_token(info.id)
@@ -239,7 +239,7 @@ async def test_malformed_ids_and_unknown_routes_are_problems(api: Api):
 async def test_a_locked_database_answers_503_with_retry_after(api: Api, db_url, serve):
     import sqlite3
 
-    url = serve(Settings(database_url=db_url, sqlite_busy_timeout_ms=50))
+    url = serve(Settings(database_url=db_url, sqlite_busy_timeout_ms=50, worker=False))
     locker = sqlite3.connect(api.db_path, isolation_level=None)
     before = snapshot(api.db_path)
     locker.execute("BEGIN IMMEDIATE")

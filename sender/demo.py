@@ -1,0 +1,84 @@
+"""``outbox demo``: a local receiver, a few intents, their delivery and honest outcomes.
+
+Runs on a fresh machine with no configuration: everything lives in a temporary directory and
+on loopback, and is gone when the demo ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from aiohttp import web
+
+from outbox import DestinationSpec, Outbox, Settings
+from outbox.destinations import new_secret
+from outbox.grants import GrantSpec
+
+from .webhook import sign
+from .worker import Worker
+
+
+def _receiver(secret: str, log: Callable[[str], None]) -> web.Application:
+    """A receiver that checks signatures; /flaky fails once, /gone is gone for good."""
+    seen: dict[str, int] = {}
+
+    async def handle(request: web.Request) -> web.Response:
+        body = await request.read()
+        key = request.headers["webhook-id"]
+        expected = sign((secret,), key, int(request.headers["webhook-timestamp"]), body)
+        if request.headers["webhook-signature"] != expected:
+            return web.json_response({"error": "bad signature"}, status=401)
+        seen[key] = seen.get(key, 0) + 1
+        log(f"  receiver: {request.path} {key} attempt {seen[key]} fence {request.headers['Outbox-Fence']}")
+        if request.path == "/gone":
+            return web.json_response({"error": "this endpoint was removed"}, status=410)
+        if request.path == "/flaky" and seen[key] == 1:
+            return web.json_response({"error": "warming up"}, status=503, headers={"Retry-After": "1"})
+        return web.json_response({"ok": True}, headers={"External-Id": f"rcpt-{key}"})
+
+    app = web.Application()
+    app.router.add_post("/{path:.*}", handle)
+    return app
+
+
+async def run_demo(echo: Callable[[str], None]) -> int:
+    """Deliver four intents and print what happened to each; returns a process exit code."""
+    secret = new_secret()
+    runner = web.AppRunner(_receiver(secret, echo), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # noqa: SLF001
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = Settings(database_url=f"sqlite:///{Path(tmp) / 'demo.db'}",
+                            backoff_initial_seconds=0.5, poll_seconds=0.2)
+        async with await Outbox.open(settings=settings) as box:
+            for name, path in (("orders", "/orders"), ("flaky", "/flaky"), ("gone", "/gone")):
+                await box.put_destination(name, DestinationSpec(
+                    url=f"http://127.0.0.1:{port}{path}", secret=secret, allow_private_network=True))
+            await box.put_grant("demo", GrantSpec(scope="demo", destination="*", note="the demo"))
+            echo(f"receiver on 127.0.0.1:{port}; scope 'demo' is granted every destination")
+            plans = [("order-1", "orders", "demo"), ("report-1", "flaky", "demo"),
+                     ("legacy-1", "gone", "demo"), ("rogue-1", "orders", "intruder")]
+            for action_id, destination, scope in plans:
+                await box.enqueue(action_id=action_id, destination=destination, scope=scope,
+                                  payload={"demo": action_id})
+                echo(f"enqueued {action_id} -> {destination} as {scope}")
+            worker = Worker(box, concurrency=8)
+            running = asyncio.create_task(worker.run())
+            outcomes = [await box.wait(action_id, timeout=30) for action_id, _, _ in plans]
+            worker.stop()
+            await running
+            echo("\noutcomes:")
+            for intent in outcomes:
+                history = await box.history(intent.action_id)
+                last = history.attempts[-1] if history.attempts else None
+                detail = (f"external id {last.external_id}" if last and last.external_id
+                          else intent.last_error or "")
+                echo(f"  {intent.action_id:<10} {intent.status.value:<9} attempts {intent.attempts}  {detail}")
+    await runner.cleanup()
+    expected = ["delivered", "delivered", "dead", "revoked"]
+    return 0 if [i.status.value for i in outcomes] == expected else 1
