@@ -340,7 +340,7 @@ def outbox_command(port: int) -> list[str]:
         prefix = [str(script)]
     else:  # not `python -m outbox.cli`: that module has no `if __name__ == "__main__"` guard
         prefix = [sys.executable, "-c", "from outbox.cli import main; main()"]
-    return [*prefix, "serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    return [*prefix, "serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-worker"]
 
 
 def clean_env(**extra: str) -> dict[str, str]:
