@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from outbox import (
+    Attempt,
     Channel,
     DestinationInUse,
     Event,
@@ -23,12 +24,15 @@ from outbox import (
     IntentQuery,
     NotFound,
     OnUnknown,
+    Outcome,
     Role,
     StaleWrite,
     Status,
+    Submission,
     UnknownDestination,
 )
 from outbox.destinations import Destination
+from outbox.grants import GrantSpec
 from outbox.model import NewIntent
 from outbox.store import SqliteStore, Store
 from outbox.tokens import TokenInfo
@@ -320,3 +324,107 @@ async def test_a_conflicting_enqueue_inside_a_transaction_rolls_back_the_callers
 async def test_history_of_an_unknown_intent_is_empty(store):
     history = await store.history("ghost")
     assert history.attempts == [] and history.events == []
+
+
+# -- the sender's operations ---------------------------------------------------------------
+
+
+
+def attempt(number: int, fence: int, *, at: datetime = T0, **done) -> Attempt:
+    return Attempt(attempt_id=f"att-{number}-{fence}", number=number, fence=fence, worker="w1",
+                   started_at=at, finished_at=done.get("finished_at"), submission=done.get("submission"),
+                   outcome=done.get("outcome"), status_code=done.get("status_code"), reply=None,
+                   external_id=done.get("external_id"), error=done.get("error"), duration_ms=None)
+
+
+async def test_claim_leases_due_intents_oldest_first_and_bumps_their_fence(store):
+    for i, minutes in enumerate((3, 1, 2, 60)):
+        await store.insert_intent(*new(f"c{i}", at=T0 + timedelta(minutes=minutes)))
+    now = T0 + timedelta(minutes=5)
+    claimed = await store.claim("w1", now=now, lease_until=now + timedelta(seconds=30), limit=10)
+    assert [i.action_id for i in claimed] == ["c1", "c2", "c0"]  # c3 is not due yet
+    assert all(i.status is Status.LEASED and i.fence == 1 and i.lease_owner == "w1" for i in claimed)
+    assert claimed[0].lease_expires_at == now + timedelta(seconds=30)
+    assert [e.kind for e in (await store.history("c1")).events] == ["enqueued", "leased"]
+    assert await store.claim("w2", now=now, lease_until=now, limit=10) == []
+    assert await store.next_due_at() == T0 + timedelta(minutes=60)
+
+
+async def test_concurrent_claimers_never_get_the_same_intent(store):
+    await store.insert_intents([new(f"c{i}") for i in range(50)])
+    batches = await asyncio.gather(*(store.claim(f"w{n}", now=T0, lease_until=T0, limit=7) for n in range(10)))
+    ids = [i.action_id for batch in batches for i in batch]
+    assert len(ids) == len(set(ids)) == 50
+
+
+async def test_attempts_are_recorded_fenced_and_finished(store):
+    await store.insert_intent(*new("a1"))
+    [intent] = await store.claim("w1", now=T0, lease_until=T0 + timedelta(seconds=30), limit=1)
+    started = attempt(1, intent.fence)
+    ev = [Event(kind="attempt_started", at=T0, actor="w1")]
+    await store.update_intent("a1", expected=Status.LEASED, status=Status.LEASED, events=ev,
+                              fence=intent.fence, changes={"attempts": 1}, attempt=started)
+    assert (await store.history("a1")).attempts == [started]
+    assert await store.first_submission_at("a1") == T0
+    done = replace(started, finished_at=T0 + timedelta(seconds=1), submission=Submission.SUBMITTED,
+                   outcome=Outcome.DELIVERED, status_code=200, external_id="ext-9")
+    with pytest.raises(StaleWrite):
+        await store.update_intent("a1", expected=Status.LEASED, status=Status.DELIVERED, events=ev,
+                                  fence=intent.fence + 1, attempt=done)
+    assert (await store.history("a1")).attempts == [started]
+    final = await store.update_intent("a1", expected=Status.LEASED, status=Status.DELIVERED, events=ev,
+                                      fence=intent.fence, attempt=done)
+    assert final.status is Status.DELIVERED and final.attempts == 1
+    assert (await store.history("a1")).attempts == [done]
+
+
+async def test_leases_are_renewed_only_while_held_and_expired_ones_are_found(store):
+    await store.insert_intents([new("l1"), new("l2")])
+    claimed = await store.claim("w1", now=T0, lease_until=T0 + timedelta(seconds=10), limit=2)
+    held = [(i.action_id, i.fence) for i in claimed]
+    assert await store.renew_leases(held, T0 + timedelta(seconds=60)) == []
+    assert await store.renew_leases([("l1", 99)], T0 + timedelta(seconds=90)) == ["l1"]
+    await store.update_intent("l2", expected=Status.LEASED, status=Status.LEASED,
+                              events=[Event(kind="attempt_started", at=T0, actor="w1")],
+                              fence=1, attempt=attempt(1, 1))
+    assert await store.expired_leases(T0 + timedelta(seconds=59), 10) == []
+    expired = await store.expired_leases(T0 + timedelta(seconds=61), 10)
+    assert [(i.action_id, a.attempt_id if a else None) for i, a in expired] == [
+        ("l1", None), ("l2", "att-1-1")]
+
+
+async def test_first_submission_ignores_attempts_that_provably_never_left(store):
+    await store.insert_intent(*new("a1"))
+    [intent] = await store.claim("w1", now=T0, lease_until=T0, limit=1)
+    never = attempt(1, 1, finished_at=T0, submission=Submission.NOT_SUBMITTED, outcome=Outcome.RETRYABLE)
+    await store.update_intent("a1", expected=Status.LEASED, status=Status.LEASED, fence=1,
+                              events=[Event(kind="attempt_finished", at=T0, actor="w1")], attempt=never)
+    assert await store.first_submission_at("a1") is None
+    later = attempt(2, 1, at=T0 + timedelta(seconds=5))
+    await store.update_intent("a1", expected=Status.LEASED, status=Status.LEASED, fence=1,
+                              events=[Event(kind="attempt_started", at=T0, actor="w1")], attempt=later)
+    assert await store.first_submission_at("a1") == T0 + timedelta(seconds=5)
+
+
+async def test_a_destination_can_be_disabled(store):
+    await store.disable_destination("billing", T0 + timedelta(hours=1))
+    found = await store.get_destination("billing")
+    assert found.disabled and found.updated_at == T0 + timedelta(hours=1)
+
+
+async def test_grants_have_revisions_expire_and_prefer_an_exact_destination(store):
+    grant, created = await store.put_grant("g1", GrantSpec(scope="acme", destination="*"), T0)
+    assert created and grant.revision == 1
+    grant, created = await store.put_grant("g1", GrantSpec(scope="acme", destination="*", note="again"), T0)
+    assert not created and grant.revision == 2 and grant.note == "again"
+    await store.put_grant("g2", GrantSpec(scope="acme", destination="billing",
+                                          expires_at=T0 + timedelta(hours=1)), T0)
+    assert (await store.find_grant("acme", "billing", T0)).id == "g2"
+    assert (await store.find_grant("acme", "billing", T0 + timedelta(hours=2))).id == "g1"
+    assert await store.find_grant("globex", "billing", T0) is None
+    assert [g.id for g in await store.list_grants()] == ["g1", "g2"]
+    await store.delete_grant("g1")
+    assert await store.find_grant("acme", "billing", T0 + timedelta(hours=2)) is None
+    assert await store.get_grant("g1") is None
+    with pytest.raises(NotFound):
+        await store.delete_grant("g1")
