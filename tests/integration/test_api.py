@@ -263,3 +263,34 @@ async def test_probes_and_openapi(api: Api):
         body = schema["paths"]["/v1/intents"]["post"]["requestBody"]["content"]["application/json"]["schema"]
         assert set(body["required"]) == {"scope", "destination", "payload"}
         assert (await c.get("/docs")).status_code == 200
+
+
+async def test_grants_are_managed_by_admins_and_revisioned(api: Api):
+    async with api.client(api.admin) as c:
+        created = await c.put("/v1/grants/acme-billing", json={"scope": "acme", "destination": "billing"})
+        assert created.status_code == 201 and created.json()["revision"] == 1
+        replaced = await c.put("/v1/grants/acme-billing", json={
+            "scope": "acme", "destination": "billing", "expires_at": "2031-01-01T00:00:00Z", "note": "renewed"})
+        assert replaced.status_code == 200 and replaced.json()["revision"] == 2
+        assert replaced.json()["expires_at"] == "2031-01-01T00:00:00Z"
+        assert_problem(await c.put("/v1/grants/x", json={"scope": "acme"}), 422, "invalid-input", "destination")
+        assert_problem(await c.put("/v1/grants/x", json={"scope": "a b", "destination": "*"}), 422,
+                       "invalid-input", "scope")
+    async with api.client(api.operator) as c:
+        assert [g["id"] for g in (await c.get("/v1/grants")).json()["items"]] == ["acme-billing"]
+        assert_problem(await c.delete("/v1/grants/acme-billing"), 403, "forbidden", "admin")
+    async with api.client(api.producer) as c:
+        assert_problem(await c.get("/v1/grants"), 403, "forbidden")
+    async with api.client(api.admin) as c:
+        assert (await c.delete("/v1/grants/acme-billing")).status_code == 204
+        assert_problem(await c.get("/v1/grants/acme-billing"), 404, "not-found")
+
+
+async def test_wait_returns_at_once_for_a_settled_or_after_the_timeout_for_a_pending_intent(api: Api):
+    async with api.client(api.producer) as c:
+        await c.post("/v1/intents", json={**INTENT, "action_id": "w-1"})
+        started = time.monotonic()
+        waited = await c.get("/v1/intents/w-1", params={"wait": 0.3})
+        assert time.monotonic() - started >= 0.3
+        assert waited.json()["status"] == "pending" and waited.json()["settled"] is False
+        assert_problem(await c.get("/v1/intents/w-1", params={"wait": 61}), 422, "invalid-input", "wait")
