@@ -162,3 +162,13 @@ def test_configuration_from_outbox_toml(workdir: Path):
     (workdir / "outbox.toml").write_text('database_url = "sqlite:///./from-toml.db"\n')
     cli(workdir, "migrate")
     assert (workdir / "from-toml.db").exists() and not (workdir / "outbox.db").exists()
+
+
+def test_demo_delivers_on_a_fresh_machine_and_tells_each_outcome(workdir: Path):
+    done = cli(workdir, "demo")
+    lines = done.stdout.splitlines()
+    outcome = {line.split()[0]: line.split()[1] for line in lines[lines.index("outcomes:") + 1:]}
+    assert outcome == {"order-1": "delivered", "report-1": "delivered", "legacy-1": "dead",
+                       "rogue-1": "revoked"}
+    assert "external id rcpt-order-1" in done.stdout
+    assert list(workdir.iterdir()) == []  # it leaves nothing behind
