@@ -10,7 +10,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -30,6 +30,7 @@ from .store import IntentQuery
 from .tokens import TokenInfo
 
 log = logging.getLogger("outbox.api")
+M = TypeVar("M", bound=BaseModel)
 
 #: The longest a client may long-poll one intent.
 MAX_WAIT_SECONDS = 60.0
@@ -217,6 +218,14 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise Problem(400, "invalid-json", "Invalid JSON", f"the body is not JSON: {exc}") from None
 
+    async def parsed(request: Request, model: type[M]) -> M:
+        """The JSON body validated as ``model``, or the problem saying what is wrong."""
+        raw = await json_body(request)
+        try:
+            return model.model_validate(raw)
+        except ValidationError as exc:
+            raise _validation_problem(list(exc.errors())) from None
+
     # -- probes ----------------------------------------------------------------------------
 
     @app.get("/healthz", tags=["probes"], summary="The process is up")
@@ -245,11 +254,7 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
                    409: {"description": "the action_id names another operation"}},
     )
     async def enqueue(request: Request, token: Producer) -> Response:
-        raw = await json_body(request)
-        try:
-            spec = IntentIn.model_validate(raw)
-        except ValidationError as exc:
-            raise _validation_problem(list(exc.errors())) from None
+        spec = await parsed(request, IntentIn)
         in_scope(token, spec.scope)
         result = await box(request).enqueue(
             actor=token.actor, **spec.model_dump(exclude_none=True)
@@ -331,11 +336,7 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
     )
     async def put_destination(request: Request, destination_id: str, token: Admin) -> Response:
         check(DESTINATION_ID, destination_id, "destination id")
-        raw = await json_body(request)
-        try:
-            spec = DestinationSpec.model_validate(raw)
-        except ValidationError as exc:
-            raise _validation_problem(list(exc.errors())) from None
+        spec = await parsed(request, DestinationSpec)
         destination, created = await box(request).put_destination(destination_id, spec)
         log.info("destination %s %s by %s", destination_id, "created" if created else "replaced", token.actor)
         return JSONResponse(destination.public(), status_code=201 if created else 200)
@@ -373,11 +374,7 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
         },
     )
     async def put_grant(request: Request, grant_id: str, token: Admin) -> Response:
-        raw = await json_body(request)
-        try:
-            spec = GrantSpec.model_validate(raw)
-        except ValidationError as exc:
-            raise _validation_problem(list(exc.errors())) from None
+        spec = await parsed(request, GrantSpec)
         grant, created = await box(request).put_grant(grant_id, spec)
         log.info("grant %s %s by %s", grant_id, "created" if created else "replaced", token.actor)
         return JSONResponse(grant.public(), status_code=201 if created else 200)

@@ -357,8 +357,8 @@ class SqliteStore:
         self._reader = await self._connect(read_only=True)
 
     async def close(self) -> None:
-        if self._drainer is not None:
-            await asyncio.shield(self._drainer)
+        if self._drainer is not None and not self._drainer.done():
+            await asyncio.wait([self._drainer])  # its failures went to the writers awaiting it
         for db in (self._reader, self._writer):
             if db is not None:
                 await db.close()
