@@ -20,8 +20,8 @@ from starlette.exceptions import HTTPException
 
 from .destinations import DestinationSpec
 from .errors import OutboxError
-from .ids import ACTION_ID, DESTINATION_ID, check
 from .grants import GrantSpec
+from .ids import ACTION_ID, DESTINATION_ID, check
 from .model import SETTLED, Channel, Role, Status
 from .outbox import MAX_PAGE, Outbox, history_json, intent_json
 from .problems import Problem, from_error

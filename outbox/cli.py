@@ -321,7 +321,8 @@ async def show(ctx: Context, box: Outbox, action_id: str) -> None:
 
 
 @main.command("list")
-@click.option("--status", "statuses", multiple=True, type=click.Choice([s.value for s in Status]), help="Repeat for several.")
+@click.option("--status", "statuses", multiple=True, type=click.Choice([s.value for s in Status]),
+              help="Repeat for several.")
 @click.option("--scope", "scopes", multiple=True, help="Repeat for several.")
 @click.option("--destination")
 @click.option("--channel", type=click.Choice([c.value for c in Channel]))
@@ -418,12 +419,15 @@ def destinations() -> None:
 @click.argument("destination_id")
 @click.option("--url", required=True, help="Where the webhook is POSTed.")
 @click.option("--secret", help="whsec_ signing secret [default: keep the current one, or generate and print one].")
-@click.option("--idempotent/--not-idempotent", default=False, show_default=True, help="The receiver deduplicates on Idempotency-Key.")
-@click.option("--retention-seconds", type=int, default=86_400, show_default=True, help="How long the receiver keeps keys.")
+@click.option("--idempotent/--not-idempotent", default=False, show_default=True,
+              help="The receiver deduplicates on Idempotency-Key.")
+@click.option("--retention-seconds", type=int, default=86_400, show_default=True,
+              help="How long the receiver keeps keys.")
 @click.option("--on-unknown", type=click.Choice([p.value for p in OnUnknown]), default="declared", show_default=True)
 @click.option("--timeout-seconds", type=float, default=10.0, show_default=True)
 @click.option("--requires-approval", is_flag=True, help="Hold intents until an operator approves them.")
-@click.option("--allow-private-network", is_flag=True, help="Allow loopback/private addresses (turns off the SSRF guard).")
+@click.option("--allow-private-network", is_flag=True,
+              help="Allow loopback/private addresses (turns off the SSRF guard).")
 @click.option("--disabled", is_flag=True, help="Register it disabled.")
 @_run
 async def destinations_put(ctx: Context, box: Outbox, destination_id: str, secret: str | None, **spec: Any) -> None:

@@ -35,5 +35,6 @@ __all__ = [
     "Verdict",
     "WebhookChannel",
     "Worker",
+    "authority_from_setting",
     "decide",
 ]

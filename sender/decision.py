@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from outbox import Destination, Intent, OnUnknown, Outcome, Status
@@ -25,7 +25,7 @@ class Fate:
 class Policy:
     """The sender's knobs for deciding."""
 
-    backoff: Backoff = Backoff()
+    backoff: Backoff = field(default_factory=Backoff)
     #: Stop retrying an unknown outcome this long before the receiver forgets the key.
     retention_margin_seconds: float = 300.0
 

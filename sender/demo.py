@@ -51,7 +51,7 @@ async def run_demo(echo: Callable[[str], None]) -> int:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # noqa: SLF001
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     with tempfile.TemporaryDirectory() as tmp:
         settings = Settings(database_url=f"sqlite:///{Path(tmp) / 'demo.db'}",
                             backoff_initial_seconds=0.5, poll_seconds=0.2)

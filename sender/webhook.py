@@ -7,7 +7,6 @@ HTTP client, not the receiver, the limit of delivery.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import hmac
@@ -50,7 +49,9 @@ class GuardedResolver(AbstractResolver):
     def __init__(self) -> None:
         self._inner = aiohttp.ThreadedResolver()
 
-    async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
         public = [r for r in await self._inner.resolve(host, port, family) if not is_private(r["host"])]
         if not public:
             raise PrivateAddressRefused(f"{host} resolves only to non-public addresses")
@@ -167,7 +168,7 @@ class WebhookChannel:
         except (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError) as exc:
             # The connection was never established: nothing of the request was written.
             return SendResult(Submission.NOT_SUBMITTED, _refusal_outcome(exc), error=_describe(exc))
-        except (asyncio.TimeoutError, aiohttp.ClientError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             # Connected, so the request may have been written and acted on.
             return SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, error=_describe(exc))
         outcome = classify_status(status)

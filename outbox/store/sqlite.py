@@ -7,7 +7,6 @@ commit that made it durable. Reads use a second connection, which WAL lets run b
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import json
 import sqlite3
@@ -21,17 +20,16 @@ from typing import Any, TypeVar
 import aiosqlite
 
 from ..destinations import Destination
-from ..grants import Grant, GrantSpec
 from ..errors import (
     DestinationInUse,
     IntentConflict,
     NotFound,
-    OutboxError,
     SchemaTooNew,
     StaleWrite,
     StoreUnavailable,
     UnknownDestination,
 )
+from ..grants import Grant, GrantSpec
 from ..model import (
     INITIAL,
     Attempt,
@@ -49,13 +47,12 @@ from ..model import (
 )
 from ..tokens import TokenInfo
 from . import queries
+from .committer import GroupCommitter, on_thread, unavailable
 from .protocol import UPDATABLE, History, IntentQuery, Page
 
 T = TypeVar("T")
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MICROSECOND = timedelta(microseconds=1)
-#: sqlite3 messages that mean "not now" rather than "wrong": answered 503, retried by callers.
-UNAVAILABLE = ("locked", "busy", "full", "disk i/o", "unable to open", "readonly")
 SQL = queries.load("sqlite")
 #: Set while this task holds a caller's transaction: a group-committed write would wait for it.
 _IN_TRANSACTION: contextvars.ContextVar[bool] = contextvars.ContextVar("in_tx", default=False)
@@ -72,30 +69,6 @@ def to_us(value: datetime | None) -> int | None:
 def from_us(value: int | None) -> datetime | None:
     """Inverse of ``to_us``."""
     return None if value is None else EPOCH + timedelta(microseconds=value)
-
-
-def _available(exc: sqlite3.Error) -> OutboxError | None:
-    """The StoreUnavailable an sqlite3 error stands for, if it is one of "not now"."""
-    text = str(exc).lower()
-    if isinstance(exc, sqlite3.OperationalError) and any(word in text for word in UNAVAILABLE):
-        return StoreUnavailable(f"the SQLite database is unavailable: {exc}")
-    return None
-
-
-async def _on_thread(db: aiosqlite.Connection, fn: Callable[..., T], *args: Any) -> T:
-    """Run ``fn(connection, *args)`` on the connection's own thread, as one hop.
-
-    aiosqlite would hop threads once per statement; a whole transaction in one hop is what lets
-    an enqueue cost little more than its fsync. This leans on aiosqlite's worker queue, hence the
-    narrow version pin in pyproject.toml.
-    """
-    try:
-        return await db._execute(fn, db._conn, *args)  # noqa: SLF001
-    except sqlite3.Error as exc:
-        mapped = _available(exc)
-        if mapped is None:
-            raise
-        raise mapped from exc
 
 
 def _intent(row: sqlite3.Row) -> Intent:
@@ -277,32 +250,6 @@ def _new_intent(seq: int, new: NewIntent, channel: Channel, status: Status) -> I
     )
 
 
-def _apply_batch(
-    conn: sqlite3.Connection, jobs: Sequence[Callable[[sqlite3.Connection], Any]]
-) -> list[tuple[bool, Any]]:
-    """Run write jobs in one transaction, each in its own savepoint, then commit once."""
-    conn.execute("BEGIN IMMEDIATE")
-    results: list[tuple[bool, Any]] = []
-    try:
-        for job in jobs:
-            conn.execute("SAVEPOINT job")
-            try:
-                value = job(conn)
-            except Exception as exc:  # one job's failure must not undo the others
-                conn.execute("ROLLBACK TO job")
-                conn.execute("RELEASE job")
-                results.append((False, exc))
-            else:
-                conn.execute("RELEASE job")
-                results.append((True, value))
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-    return results
-
-
 class _SqliteTransaction:
     """The caller's transaction on the writer connection."""
 
@@ -314,7 +261,7 @@ class _SqliteTransaction:
         return [tuple(row) for row in rows]
 
     async def insert_intent(self, new: NewIntent, event: Event) -> Enqueued:
-        return await _on_thread(self._db, _insert_intent, new, event)
+        return await on_thread(self._db, _insert_intent, new, event)
 
 
 class SqliteStore:
@@ -328,9 +275,7 @@ class SqliteStore:
         self._busy_timeout_ms = busy_timeout_ms
         self._writer: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
-        self._write_lock = asyncio.Lock()
-        self._queue: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]] = []
-        self._drainer: asyncio.Task[None] | None = None
+        self._committer: GroupCommitter | None = None
 
     # -- connections ---------------------------------------------------------------------
 
@@ -355,20 +300,22 @@ class SqliteStore:
             raise StoreUnavailable(f"directory {str(self.path.parent)!r} does not exist")
         self._writer = await self._connect(read_only=False)
         self._reader = await self._connect(read_only=True)
+        self._committer = GroupCommitter(self._writer, max_batch=self.max_batch)
 
     async def close(self) -> None:
-        if self._drainer is not None and not self._drainer.done():
-            await asyncio.wait([self._drainer])  # its failures went to the writers awaiting it
+        if self._committer is not None:
+            await self._committer.idle()
         for db in (self._reader, self._writer):
             if db is not None:
                 await db.close()
         self._writer = self._reader = None
+        self._committer = None
 
     @property
-    def _w(self) -> aiosqlite.Connection:
-        if self._writer is None:
+    def _c(self) -> GroupCommitter:
+        if self._committer is None:
             raise StoreUnavailable("the store is not open")
-        return self._writer
+        return self._committer
 
     @property
     def _r(self) -> aiosqlite.Connection:
@@ -385,42 +332,16 @@ class SqliteStore:
                 "this write would wait for the open transaction; inside `transaction()` "
                 "use the transaction's own methods (tx.enqueue)"
             )
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._queue.append((job, future))
-        if self._drainer is None or self._drainer.done():
-            self._drainer = asyncio.create_task(self._drain())
-        return await future
-
-    async def _drain(self) -> None:
-        while self._queue:
-            batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
-            try:
-                async with self._write_lock:
-                    results = await _on_thread(self._w, _apply_batch, [job for job, _ in batch])
-            except BaseException as exc:  # the whole transaction failed: nobody's write landed
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-                if not isinstance(exc, Exception):
-                    raise
-                continue
-            for (_, future), (ok, value) in zip(batch, results, strict=True):
-                if future.done():
-                    continue
-                if ok:
-                    future.set_result(value)
-                else:
-                    mapped = _available(value) if isinstance(value, sqlite3.Error) else None
-                    future.set_exception(mapped or value)
+        return await self._c.write(job)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[_SqliteTransaction]:
-        async with self._write_lock:
-            db = self._w
+        async with self._c.lock:
+            db = self._c.db
             try:
                 await db.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
-                raise (_available(exc) or exc) from exc
+                raise (unavailable(exc) or exc) from exc
             marker = _IN_TRANSACTION.set(True)
             try:
                 yield _SqliteTransaction(db)
@@ -434,12 +355,12 @@ class SqliteStore:
             except sqlite3.Error as exc:
                 if db.in_transaction:
                     await db.execute("ROLLBACK")
-                raise (_available(exc) or exc) from exc
+                raise (unavailable(exc) or exc) from exc
 
     # -- reads -----------------------------------------------------------------------------
 
     async def _read(self, fn: Callable[..., T], *args: Any) -> T:
-        return await _on_thread(self._r, fn, *args)
+        return await on_thread(self._r, fn, *args)
 
     # -- schema ----------------------------------------------------------------------------
 
@@ -476,8 +397,8 @@ class SqliteStore:
                 raise
             return applied
 
-        async with self._write_lock:
-            return await _on_thread(self._w, run)
+        async with self._c.lock:
+            return await on_thread(self._c.db, run)
 
     async def ping(self) -> None:
         def run(conn: sqlite3.Connection) -> None:

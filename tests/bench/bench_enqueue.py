@@ -268,7 +268,7 @@ async def wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path) -> None
                 async with session.get(url) as response:
                     if response.status == 200:
                         return
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError):
                 pass
             if time.monotonic() > deadline:
                 raise BenchError(
@@ -307,7 +307,7 @@ async def drive(
                         return True
                     load.failures[f"HTTP {response.status}"] += 1
                     detail = text[:300].decode(errors="replace")
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 load.failures[type(exc).__name__] += 1
                 detail = repr(exc)
             if len(load.samples) < 3 and detail not in load.samples:
@@ -336,10 +336,7 @@ async def drive(
 def outbox_command(port: int) -> list[str]:
     """``outbox serve`` on ``port``, at log level warning: no access-log line per request."""
     script = Path(sys.executable).parent / "outbox"
-    if script.exists():
-        prefix = [str(script)]
-    else:  # not `python -m outbox.cli`: that module has no `if __name__ == "__main__"` guard
-        prefix = [sys.executable, "-c", "from outbox.cli import main; main()"]
+    prefix = [str(script)] if script.exists() else [sys.executable, "-m", "outbox.cli"]
     return [*prefix, "serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-worker"]
 
 

@@ -395,7 +395,7 @@ async def test_leases_are_renewed_only_while_held_and_expired_ones_are_found(sto
 
 async def test_first_submission_ignores_attempts_that_provably_never_left(store):
     await store.insert_intent(*new("a1"))
-    [intent] = await store.claim("w1", now=T0, lease_until=T0, limit=1)
+    await store.claim("w1", now=T0, lease_until=T0, limit=1)
     never = attempt(1, 1, finished_at=T0, submission=Submission.NOT_SUBMITTED, outcome=Outcome.RETRYABLE)
     await store.update_intent("a1", expected=Status.LEASED, status=Status.LEASED, fence=1,
                               events=[Event(kind="attempt_finished", at=T0, actor="w1")], attempt=never)

@@ -123,9 +123,11 @@ async def test_list_filters_and_paginates_with_a_cursor(api: Api):
 
 async def test_producers_stay_inside_their_scopes(api: Api):
     async with api.client(api.admin) as admin:
-        assert (await admin.post("/v1/intents", json={**INTENT, "scope": "globex", "action_id": "g-1"})).status_code == 201
+        created = await admin.post("/v1/intents", json={**INTENT, "scope": "globex", "action_id": "g-1"})
+        assert created.status_code == 201
     async with api.client(api.producer) as c:
-        assert_problem(await c.post("/v1/intents", json={**INTENT, "scope": "globex"}), 403, "forbidden-scope", "globex")
+        assert_problem(await c.post("/v1/intents", json={**INTENT, "scope": "globex"}), 403,
+                       "forbidden-scope", "globex")
         assert_problem(await c.get("/v1/intents/g-1"), 404, "not-found")
         assert_problem(await c.get("/v1/intents", params={"scope": "globex"}), 403, "forbidden-scope")
         assert (await c.get("/v1/intents")).json()["items"] == []

@@ -108,11 +108,11 @@ async def test_business_row_and_intent_commit_together(box: Outbox):
 async def test_business_row_and_intent_roll_back_together(box: Outbox):
     async with box.transaction() as tx:
         await tx.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, total INTEGER)")
-    with pytest.raises(ZeroDivisionError):
+    with pytest.raises(RuntimeError, match="card declined"):
         async with box.transaction() as tx:
             await tx.execute("INSERT INTO orders VALUES (?, ?)", (1, 990))
             await tx.enqueue(destination="billing", scope="acme", action_id="order-1", payload={})
-            1 / 0
+            raise RuntimeError("card declined")
     with pytest.raises(NotFound):
         await box.get("order-1")
     async with box.transaction() as tx:

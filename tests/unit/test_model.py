@@ -20,11 +20,11 @@ def test_check_transition_accepts_exactly_the_table(current, new):
 
 
 def test_delivered_and_cancelled_are_terminal():
-    assert TERMINAL == {Status.DELIVERED, Status.CANCELLED}
+    assert {Status.DELIVERED, Status.CANCELLED} == TERMINAL
 
 
 def test_intents_start_pending_or_held_and_open_statuses_can_move():
-    assert INITIAL == {Status.PENDING, Status.HELD}
+    assert {Status.PENDING, Status.HELD} == INITIAL
     assert all(TRANSITIONS[s] for s in OPEN)
 
 

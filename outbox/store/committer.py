@@ -1,0 +1,117 @@
+"""Group commit on one aiosqlite connection: concurrent writers share a transaction and its fsync.
+
+Each write job runs in its own savepoint, so one job's failure undoes only that job, and each
+writer is answered only after the commit that made its write durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import aiosqlite
+
+from ..errors import StoreUnavailable
+
+T = TypeVar("T")
+#: sqlite3 messages that mean "not now" rather than "wrong": answered 503, retried by callers.
+UNAVAILABLE = ("locked", "busy", "full", "disk i/o", "unable to open", "readonly")
+
+
+def unavailable(exc: sqlite3.Error) -> StoreUnavailable | None:
+    """The StoreUnavailable an sqlite3 error stands for, if it is one of "not now"."""
+    text = str(exc).lower()
+    if isinstance(exc, sqlite3.OperationalError) and any(word in text for word in UNAVAILABLE):
+        return StoreUnavailable(f"the SQLite database is unavailable: {exc}")
+    return None
+
+
+async def on_thread(db: aiosqlite.Connection, fn: Callable[..., T], *args: Any) -> T:
+    """Run ``fn(connection, *args)`` on the connection's own thread, as one hop.
+
+    aiosqlite would hop threads once per statement; a whole transaction in one hop is what lets
+    a write cost little more than its fsync. This leans on aiosqlite's worker queue, hence the
+    narrow version pin in pyproject.toml.
+    """
+    try:
+        return await db._execute(fn, db._conn, *args)
+    except sqlite3.Error as exc:
+        mapped = unavailable(exc)
+        if mapped is None:
+            raise
+        raise mapped from exc
+
+
+def _apply_batch(
+    conn: sqlite3.Connection, jobs: Sequence[Callable[[sqlite3.Connection], Any]]
+) -> list[tuple[bool, Any]]:
+    """Run write jobs in one transaction, each in its own savepoint, then commit once."""
+    conn.execute("BEGIN IMMEDIATE")
+    results: list[tuple[bool, Any]] = []
+    try:
+        for job in jobs:
+            conn.execute("SAVEPOINT job")
+            try:
+                value = job(conn)
+            except Exception as exc:  # one job's failure must not undo the others
+                conn.execute("ROLLBACK TO job")
+                conn.execute("RELEASE job")
+                results.append((False, exc))
+            else:
+                conn.execute("RELEASE job")
+                results.append((True, value))
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return results
+
+
+class GroupCommitter:
+    """Queues write jobs for one connection and commits them in shared transactions."""
+
+    def __init__(self, db: aiosqlite.Connection, *, max_batch: int = 256) -> None:
+        self.db = db
+        self.max_batch = max_batch
+        #: Held while a batch commits; a caller's own transaction takes it too.
+        self.lock = asyncio.Lock()
+        self._queue: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]] = []
+        self._drainer: asyncio.Task[None] | None = None
+
+    async def write(self, job: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``job`` in a group-committed transaction; returns once it is durable."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._queue.append((job, future))
+        if self._drainer is None or self._drainer.done():
+            self._drainer = asyncio.create_task(self._drain())
+        return await future
+
+    async def idle(self) -> None:
+        """Wait until every queued job has been committed or failed."""
+        if self._drainer is not None and not self._drainer.done():
+            await asyncio.wait([self._drainer])  # its failures went to the writers awaiting it
+
+    async def _drain(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
+            try:
+                async with self.lock:
+                    results = await on_thread(self.db, _apply_batch, [job for job, _ in batch])
+            except BaseException as exc:  # the whole transaction failed: nobody's write landed
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            for (_, future), (ok, value) in zip(batch, results, strict=True):
+                if future.done():
+                    continue
+                if ok:
+                    future.set_result(value)
+                else:
+                    mapped = unavailable(value) if isinstance(value, sqlite3.Error) else None
+                    future.set_exception(mapped or value)
