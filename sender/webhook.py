@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import hmac
 import ipaddress
 import json
 import socket
@@ -22,6 +21,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 
 from outbox import Destination, Intent, Outcome, Submission
 from outbox.clock import Clock, SystemClock
+from outbox.signing import signature
 
 from .channel import REPLY_BYTES, SendResult
 
@@ -62,15 +62,9 @@ class GuardedResolver(AbstractResolver):
 
 
 def sign(secrets: tuple[str, ...], msg_id: str, timestamp: int, body: bytes) -> str:
-    """The Standard Webhooks ``webhook-signature`` value: ``v1,<base64 HMAC-SHA256>`` over
-    ``id.timestamp.body`` for each secret (several during a rotation), space-separated."""
-    signed = f"{msg_id}.{timestamp}.".encode() + body
-    return " ".join(
-        "v1," + base64.b64encode(
-            hmac.new(base64.b64decode(secret.removeprefix("whsec_")), signed, hashlib.sha256).digest()
-        ).decode()
-        for secret in secrets
-    )
+    """The Standard Webhooks ``webhook-signature`` value: one ``v1,<signature>`` per secret
+    (several during a rotation), space-separated."""
+    return " ".join("v1," + signature(secret, msg_id, timestamp, body) for secret in secrets)
 
 
 def content_digest(body: bytes) -> str:

@@ -1,0 +1,121 @@
+"""``IdempotencyMiddleware`` for any ASGI app (Starlette, FastAPI, plain ASGI): no framework needed.
+
+    app = IdempotencyMiddleware(app, store=SqliteRecordStore("idempotency.db"))
+
+The handler reads ``scope["state"]["idempotency"]`` (Starlette: ``request.state.idempotency``),
+an ``IdempotencyContext(scope, key, epoch)``, to fence its own downstream effects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .engine import Answer, Idempotency, Request, Run
+from .records import RecordStore
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+
+
+class IdempotencyMiddleware:
+    """At-least-once requests in, at-most-once effects out (DESIGN.md section 6)."""
+
+    def __init__(self, app: Any, store: RecordStore, **options: Any) -> None:
+        """``options`` are those of ``receivers.engine.Idempotency`` (scope_resolver, methods,
+        required, retention_seconds, lease_seconds, max_body_bytes, max_stored_bytes, clock)."""
+        self.app = app
+        self.idempotency = Idempotency(store, **options)
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(
+            method=scope["method"],
+            path=scope["path"],
+            query=scope.get("query_string", b"").decode("latin-1"),
+            headers=[(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]],
+        )
+        if not self.idempotency.applies(request):
+            await self.app(scope, receive, send)
+            return
+        declared = request.values("content-length")
+        if declared and declared[0].isdigit() and int(declared[0]) > self.idempotency.max_body_bytes:
+            await _answer(send, self.idempotency.too_large(int(declared[0])))
+            return
+        body = await _read_body(receive, self.idempotency.max_body_bytes)
+        if body is None:
+            await _answer(send, self.idempotency.too_large(self.idempotency.max_body_bytes + 1))
+            return
+        decision = await self.idempotency.begin(request, body)
+        if decision is None:
+            await self.app(scope, _replaying(body, receive), send)
+        elif isinstance(decision, Answer):
+            await _answer(send, decision)
+        else:
+            await self._run(decision, scope, body, receive, send)
+
+    async def _run(self, run: Run, scope: Scope, body: bytes, receive: Any, send: Any) -> None:
+        scope = {**scope, "state": {**scope.get("state", {}), "idempotency": run.context}}
+        status: int | None = None
+        headers: list[tuple[str, str]] = []
+        chunks: list[bytes] | None = []
+        size = 0
+
+        async def capture(message: Message) -> None:
+            nonlocal status, headers, chunks, size
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in message.get("headers", [])]
+            elif message["type"] == "http.response.body" and chunks is not None:
+                size += len(message.get("body", b""))
+                if size > self.idempotency.max_stored_bytes:
+                    chunks = None  # completed without a stored body
+                else:
+                    chunks.append(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self.app(scope, _replaying(body, receive), capture)
+        except BaseException:
+            await self.idempotency.finish(run, None, headers, None)
+            raise
+        await self.idempotency.finish(run, status, headers, None if chunks is None else b"".join(chunks))
+
+
+async def _read_body(receive: Any, limit: int) -> bytes | None:
+    """The whole request body, or None once it exceeds ``limit``."""
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            break
+    return b"".join(chunks)
+
+
+def _replaying(body: bytes, receive: Any) -> Any:
+    """A ``receive`` that hands the app the body already read, then defers to the real one."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _answer(send: Any, answer: Answer) -> None:
+    headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in answer.headers]
+    headers.append((b"content-length", str(len(answer.body)).encode()))
+    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+    await send({"type": "http.response.body", "body": answer.body})

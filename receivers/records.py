@@ -1,0 +1,199 @@
+"""Idempotency records and the one decision table every record store applies.
+
+A store's job is only to read a record and write the decided one back atomically; what a claim
+or a probe *means* is decided here, once, for every backend.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Protocol
+
+
+class State(str, enum.Enum):
+    """Where a key's request is."""
+
+    ABSENT = "absent"  # nothing runs or ran (the record only keeps the highest fence seen)
+    IN_PROGRESS = "in_progress"  # a handler holds it under a lease
+    COMPLETED = "completed"  # finished; its response is replayed
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    """What a completed request answered; ``body`` None when it was streamed or too large."""
+
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A key's record."""
+
+    identity: str
+    fingerprint: str | None
+    state: State
+    epoch: int
+    min_fence: int
+    lease_expires_at: datetime | None
+    expires_at: datetime
+    response: StoredResponse | None = None
+
+
+# -- what a claim can find -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """Run the handler; fence its effects with ``epoch``."""
+
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Mismatch:
+    """The key was used for another request (422)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Busy:
+    """Another request with this key is running (409, retry after ``retry_after`` seconds)."""
+
+    retry_after: float
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """The request completed; answer what it answered."""
+
+    response: StoredResponse
+
+
+@dataclass(frozen=True, slots=True)
+class StaleFence:
+    """The sender's fence is lower than one already seen for this key (409, handler not run)."""
+
+    min_fence: int
+
+
+ClaimResult = Claimed | Mismatch | Busy | Replay | StaleFence
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    """A reconcile probe's answer: the state and, if completed, the stored response."""
+
+    state: State
+    fence: int
+    response: StoredResponse | None = None
+
+
+def live(record: Record | None, now: datetime) -> Record | None:
+    """The record, or None when there is none or its retention ran out (expired reads as absent)."""
+    return record if record is not None and now < record.expires_at else None
+
+
+def decide_claim(
+    found: Record | None, identity: str, fingerprint: str, *, fence: int | None, now: datetime,
+    lease_until: datetime, expires_at: datetime,
+) -> tuple[ClaimResult, Record | None]:
+    """What a claim finds, and the record to write (None: leave it as it is)."""
+    record = live(found, now)
+    min_fence = record.min_fence if record else 0
+    if fence is not None and fence < min_fence:
+        return StaleFence(min_fence), None
+    raised = max(min_fence, fence or 0)
+    if record is not None and record.state is not State.ABSENT:
+        if record.fingerprint != fingerprint:
+            return Mismatch(), None
+        if record.state is State.COMPLETED:
+            assert record.response is not None
+            return Replay(record.response), (replace(record, min_fence=raised) if raised > min_fence else None)
+        assert record.lease_expires_at is not None
+        if now < record.lease_expires_at:
+            retry = max(1.0, (record.lease_expires_at - now).total_seconds())
+            return Busy(retry), (replace(record, min_fence=raised) if raised > min_fence else None)
+    epoch = (found.epoch if found else 0) + 1  # a takeover or a fresh claim: always a new epoch
+    return Claimed(epoch), Record(identity, fingerprint, State.IN_PROGRESS, epoch, raised, lease_until,
+                                  expires_at)
+
+
+def decide_complete(
+    found: Record | None, epoch: int, response: StoredResponse, expires_at: datetime
+) -> Record | None:
+    """The completed record, or None if ``epoch`` no longer holds it (a stale owner)."""
+    if found is None or found.state is not State.IN_PROGRESS or found.epoch != epoch:
+        return None
+    return replace(found, state=State.COMPLETED, lease_expires_at=None, response=response,
+                   expires_at=expires_at)
+
+
+def decide_release(found: Record | None, epoch: int) -> Record | None:
+    """The released record (the next request runs again), or None for a stale owner."""
+    if found is None or found.state is not State.IN_PROGRESS or found.epoch != epoch:
+        return None
+    return replace(found, state=State.ABSENT, fingerprint=None, lease_expires_at=None, response=None)
+
+
+def decide_probe(
+    found: Record | None, identity: str, fence: int, *, now: datetime, expires_at: datetime
+) -> tuple[ProbeResult, Record]:
+    """A reconcile probe: raise the key's fence, then say what happened to it.
+
+    A request still running under a valid lease is ``in_progress``. One whose lease ran out is
+    taken over (its epoch moves on, so its late completion is refused) and reported ``absent``:
+    the old request can no longer take effect through this record.
+    """
+    record = live(found, now)
+    raised = max(fence, record.min_fence if record else 0)
+    if record is not None and record.state is State.COMPLETED:
+        return ProbeResult(State.COMPLETED, raised, record.response), replace(record, min_fence=raised)
+    if (record is not None and record.state is State.IN_PROGRESS and record.lease_expires_at is not None
+            and now < record.lease_expires_at):
+        return ProbeResult(State.IN_PROGRESS, raised), replace(record, min_fence=raised)
+    epoch = (found.epoch if found else 0) + (1 if record is not None else 0)
+    absent = Record(identity, None, State.ABSENT, epoch, raised, None,
+                    record.expires_at if record else expires_at)
+    return ProbeResult(State.ABSENT, raised), absent
+
+
+class RecordStore(Protocol):
+    """Where records live. Every method is atomic; ``tests/receivers`` holds the conformance suite."""
+
+    async def open(self) -> None:
+        """Connect (and create the table if needed)."""
+        ...
+
+    async def close(self) -> None:
+        """Disconnect."""
+        ...
+
+    async def claim(self, identity: str, fingerprint: str, *, fence: int | None, now: datetime,
+                    lease_until: datetime, expires_at: datetime) -> ClaimResult:
+        """Apply ``decide_claim`` atomically. Raises StoreUnavailable."""
+        ...
+
+    async def complete(self, identity: str, epoch: int, response: StoredResponse, *,
+                       expires_at: datetime) -> bool:
+        """Apply ``decide_complete``; False if the epoch no longer holds the record."""
+        ...
+
+    async def release(self, identity: str, epoch: int) -> bool:
+        """Apply ``decide_release``; False if the epoch no longer holds the record."""
+        ...
+
+    async def probe(self, identity: str, fence: int, *, now: datetime, expires_at: datetime) -> ProbeResult:
+        """Apply ``decide_probe`` atomically."""
+        ...
+
+    async def get(self, identity: str) -> Record | None:
+        """The stored record as it is (expired or not), for inspection."""
+        ...
+
+    async def purge(self, now: datetime) -> int:
+        """Delete records whose retention ran out; returns how many."""
+        ...
+

@@ -1,0 +1,330 @@
+"""Record stores: in memory (tests, one process), SQLite (aiosqlite) and PostgreSQL (asyncpg).
+
+Each reads the current record and writes back what ``receivers.records`` decides, atomically:
+SQLite inside a group-committed transaction (durable before the handler runs), PostgreSQL under
+``SELECT … FOR UPDATE``, memory under a lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sqlite3
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiosqlite
+
+from outbox.errors import StoreUnavailable
+from outbox.store.committer import GroupCommitter, on_thread
+from outbox.store.queries import load
+from outbox.store.sqlite import from_us, to_us
+
+from .records import (
+    ClaimResult,
+    ProbeResult,
+    Record,
+    State,
+    StoredResponse,
+    decide_claim,
+    decide_complete,
+    decide_probe,
+    decide_release,
+)
+
+T = TypeVar("T")
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+def _table(name: str) -> str:
+    if not _IDENTIFIER.match(name):
+        raise ValueError(f"table name {name!r} is not a plain SQL identifier")
+    return name
+
+
+def _response(status: int | None, headers: str | None, body: bytes | None, stored: Any) -> StoredResponse | None:
+    if status is None:
+        return None
+    pairs = tuple((k, v) for k, v in json.loads(headers or "[]"))
+    return StoredResponse(status, pairs, bytes(body) if stored and body is not None else None)
+
+
+def _columns(r: Record) -> tuple[Any, ...]:
+    """The record's columns after ``identity``, in table order (times as the dialect wants)."""
+    response = r.response
+    return (
+        r.fingerprint, r.state.value, r.epoch, r.min_fence, r.lease_expires_at, r.expires_at,
+        response.status if response else None,
+        json.dumps([list(pair) for pair in response.headers]) if response else None,
+        response.body if response else None,
+        bool(response and response.body is not None),
+    )
+
+
+class MemoryRecordStore:
+    """Records in a dict: for tests and single-process experiments (nothing survives a restart)."""
+
+    def __init__(self) -> None:
+        self._records: dict[str, Record] = {}
+        self._lock = asyncio.Lock()
+        self.available = True  # tests turn it off to see the middleware answer 503
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def _check(self) -> None:
+        if not self.available:
+            raise StoreUnavailable("the in-memory record store is switched off")
+
+    async def claim(self, identity: str, fingerprint: str, *, fence: int | None, now: datetime,
+                    lease_until: datetime, expires_at: datetime) -> ClaimResult:
+        async with self._lock:
+            self._check()
+            result, new = decide_claim(self._records.get(identity), identity, fingerprint, fence=fence,
+                                       now=now, lease_until=lease_until, expires_at=expires_at)
+            if new is not None:
+                self._records[identity] = new
+            return result
+
+    async def complete(self, identity: str, epoch: int, response: StoredResponse, *,
+                       expires_at: datetime) -> bool:
+        async with self._lock:
+            self._check()
+            new = decide_complete(self._records.get(identity), epoch, response, expires_at)
+            if new is not None:
+                self._records[identity] = new
+            return new is not None
+
+    async def release(self, identity: str, epoch: int) -> bool:
+        async with self._lock:
+            self._check()
+            new = decide_release(self._records.get(identity), epoch)
+            if new is not None:
+                self._records[identity] = new
+            return new is not None
+
+    async def probe(self, identity: str, fence: int, *, now: datetime, expires_at: datetime) -> ProbeResult:
+        async with self._lock:
+            self._check()
+            result, new = decide_probe(self._records.get(identity), identity, fence, now=now,
+                                       expires_at=expires_at)
+            self._records[identity] = new
+            return result
+
+    async def get(self, identity: str) -> Record | None:
+        return self._records.get(identity)
+
+    async def purge(self, now: datetime) -> int:
+        async with self._lock:
+            gone = [k for k, r in self._records.items() if r.expires_at <= now]
+            for key in gone:
+                del self._records[key]
+            return len(gone)
+
+
+class SqliteRecordStore:
+    """Records in a SQLite file (WAL, ``synchronous=FULL``): a claim is durable before the
+    handler runs. Concurrent requests share commits (group commit)."""
+
+    def __init__(self, path: str | Path, *, table: str = "idempotency_records", busy_timeout_ms: int = 5000):
+        self.path = Path(path)
+        self.table = _table(table)
+        self._sql = {k: v.format(table=self.table) for k, v in load("sqlite", "receivers").items()}
+        self._busy_timeout_ms = busy_timeout_ms
+        self._committer: GroupCommitter | None = None
+
+    async def open(self) -> None:
+        if self._committer is not None:
+            return
+        try:
+            db = await aiosqlite.connect(self.path, isolation_level=None)
+            db.row_factory = sqlite3.Row
+            await db.executescript(load("sqlite")["pragmas"].format(busy_timeout_ms=self._busy_timeout_ms))
+            await db.executescript(self._sql["create"])
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"cannot open SQLite record store {str(self.path)!r}: {exc}") from exc
+        self._committer = GroupCommitter(db)
+
+    async def close(self) -> None:
+        if self._committer is not None:
+            await self._committer.idle()
+            await self._committer.db.close()
+            self._committer = None
+
+    def _write(self, job: Callable[[sqlite3.Connection], T]) -> Any:
+        if self._committer is None:
+            raise StoreUnavailable("the record store is not open")
+        return self._committer.write(job)
+
+    def _read(self, conn: sqlite3.Connection, identity: str) -> Record | None:
+        row = conn.execute(self._sql["get"], (identity,)).fetchone()
+        if row is None:
+            return None
+        return Record(
+            identity=row["identity"], fingerprint=row["fingerprint"], state=State(row["state"]),
+            epoch=row["epoch"], min_fence=row["min_fence"], lease_expires_at=from_us(row["lease_expires_at"]),
+            expires_at=from_us(row["expires_at"]),  # type: ignore[arg-type]
+            response=_response(row["status"], row["headers"], row["body"], row["body_stored"]),
+        )
+
+    def _put(self, conn: sqlite3.Connection, record: Record) -> None:
+        columns = list(_columns(record))
+        columns[4], columns[5] = to_us(columns[4]), to_us(columns[5])
+        conn.execute(self._sql["put"], (record.identity, *columns))
+
+    async def claim(self, identity: str, fingerprint: str, *, fence: int | None, now: datetime,
+                    lease_until: datetime, expires_at: datetime) -> ClaimResult:
+        def run(conn: sqlite3.Connection) -> ClaimResult:
+            result, new = decide_claim(self._read(conn, identity), identity, fingerprint, fence=fence,
+                                       now=now, lease_until=lease_until, expires_at=expires_at)
+            if new is not None:
+                self._put(conn, new)
+            return result
+
+        return await self._write(run)
+
+    async def complete(self, identity: str, epoch: int, response: StoredResponse, *,
+                       expires_at: datetime) -> bool:
+        def run(conn: sqlite3.Connection) -> bool:
+            new = decide_complete(self._read(conn, identity), epoch, response, expires_at)
+            if new is not None:
+                self._put(conn, new)
+            return new is not None
+
+        return await self._write(run)
+
+    async def release(self, identity: str, epoch: int) -> bool:
+        def run(conn: sqlite3.Connection) -> bool:
+            new = decide_release(self._read(conn, identity), epoch)
+            if new is not None:
+                self._put(conn, new)
+            return new is not None
+
+        return await self._write(run)
+
+    async def probe(self, identity: str, fence: int, *, now: datetime, expires_at: datetime) -> ProbeResult:
+        def run(conn: sqlite3.Connection) -> ProbeResult:
+            result, new = decide_probe(self._read(conn, identity), identity, fence, now=now,
+                                       expires_at=expires_at)
+            self._put(conn, new)
+            return result
+
+        return await self._write(run)
+
+    async def get(self, identity: str) -> Record | None:
+        if self._committer is None:
+            raise StoreUnavailable("the record store is not open")
+        return await on_thread(self._committer.db, self._read, identity)
+
+    async def purge(self, now: datetime) -> int:
+        cutoff = to_us(now)
+        return await self._write(lambda conn: conn.execute(self._sql["purge"], (cutoff,)).rowcount)
+
+
+class PostgresRecordStore:
+    """Records in PostgreSQL (asyncpg): many receiver processes on many hosts share one table."""
+
+    def __init__(self, dsn: str, *, table: str = "idempotency_records", pool_size: int = 10):
+        self.dsn = dsn
+        self.table = _table(table)
+        self._sql = {k: v.format(table=self.table) for k, v in load("postgres", "receivers").items()}
+        self._pool_size = pool_size
+        self._pool: Any = None
+
+    async def open(self) -> None:
+        import asyncpg  # only receivers on PostgreSQL need it
+
+        if self._pool is not None:
+            return
+        try:
+            self._pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=self._pool_size)
+            async with self._pool.acquire() as conn:
+                await conn.execute(self._sql["create"])
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise StoreUnavailable(f"cannot reach the PostgreSQL record store: {exc}") from exc
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    @staticmethod
+    def _record(row: Any) -> Record | None:
+        if row is None:
+            return None
+        return Record(
+            identity=row["identity"], fingerprint=row["fingerprint"], state=State(row["state"]),
+            epoch=row["epoch"], min_fence=row["min_fence"], lease_expires_at=row["lease_expires_at"],
+            expires_at=row["expires_at"],
+            response=_response(row["status"], row["headers"], row["body"], row["body_stored"]),
+        )
+
+    async def _locked(self, identity: str, decide: Callable[[Record | None], tuple[T, Record | None]]) -> T:
+        """Run ``decide`` on the locked record and write its answer, in one transaction."""
+        import asyncpg
+
+        if self._pool is None:
+            raise StoreUnavailable("the record store is not open")
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                found = self._record(await conn.fetchrow(self._sql["lock"], identity))
+                result, new = decide(found)
+                if new is None:
+                    return result
+                if found is None:
+                    if await conn.fetchval(self._sql["insert"], new.identity, *_columns(new)) is None:
+                        # another request created it meanwhile: decide again on what it wrote
+                        found = self._record(await conn.fetchrow(self._sql["lock"], identity))
+                        result, new = decide(found)
+                        if new is not None:
+                            await conn.execute(self._sql["update"], new.identity, *_columns(new))
+                    return result
+                await conn.execute(self._sql["update"], new.identity, *_columns(new))
+                return result
+        except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
+            raise StoreUnavailable(f"the PostgreSQL record store is unavailable: {exc}") from exc
+
+    async def claim(self, identity: str, fingerprint: str, *, fence: int | None, now: datetime,
+                    lease_until: datetime, expires_at: datetime) -> ClaimResult:
+        return await self._locked(identity, lambda found: decide_claim(
+            found, identity, fingerprint, fence=fence, now=now, lease_until=lease_until, expires_at=expires_at))
+
+    async def complete(self, identity: str, epoch: int, response: StoredResponse, *,
+                       expires_at: datetime) -> bool:
+        def decide(found: Record | None) -> tuple[bool, Record | None]:
+            new = decide_complete(found, epoch, response, expires_at)
+            return new is not None, new
+
+        return await self._locked(identity, decide)
+
+    async def release(self, identity: str, epoch: int) -> bool:
+        def decide(found: Record | None) -> tuple[bool, Record | None]:
+            new = decide_release(found, epoch)
+            return new is not None, new
+
+        return await self._locked(identity, decide)
+
+    async def probe(self, identity: str, fence: int, *, now: datetime, expires_at: datetime) -> ProbeResult:
+        return await self._locked(identity, lambda found: decide_probe(
+            found, identity, fence, now=now, expires_at=expires_at))
+
+    async def get(self, identity: str) -> Record | None:
+        if self._pool is None:
+            raise StoreUnavailable("the record store is not open")
+        async with self._pool.acquire() as conn:
+            return self._record(await conn.fetchrow(self._sql["get"], identity))
+
+    async def purge(self, now: datetime) -> int:
+        if self._pool is None:
+            raise StoreUnavailable("the record store is not open")
+        async with self._pool.acquire() as conn:
+            status = await conn.execute(self._sql["purge"], now)
+        return int(status.split()[-1])
+
+

@@ -1,0 +1,108 @@
+"""``IdempotencyMiddleware`` for WSGI apps (Flask, Django): the same contract as the ASGI one.
+
+    app.wsgi_app = IdempotencyMiddleware(app.wsgi_app, store=SqliteRecordStore("idempotency.db"))
+
+The record store is async; it runs on one background event loop owned by the middleware. The
+handler reads ``environ["idempotency"]``, an ``IdempotencyContext(scope, key, epoch)``.
+WSGI servers merge repeated headers into one, so a repeated Idempotency-Key is seen as one value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import threading
+from collections.abc import Callable, Coroutine, Iterable, Iterator
+from http import HTTPStatus
+from typing import Any, TypeVar
+
+from .engine import Answer, Idempotency, Request, Run
+from .records import RecordStore
+
+T = TypeVar("T")
+StartResponse = Callable[..., Any]
+
+
+def _status_line(status: int) -> str:
+    try:
+        return f"{status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        return f"{status} Unknown"
+
+
+class IdempotencyMiddleware:
+    """At-least-once requests in, at-most-once effects out, for a WSGI app."""
+
+    def __init__(self, app: Callable[..., Iterable[bytes]], store: RecordStore, **options: Any) -> None:
+        """``options`` are those of ``receivers.engine.Idempotency``."""
+        self.app = app
+        self.idempotency = Idempotency(store, **options)
+        self._loop = asyncio.new_event_loop()
+        threading.Thread(target=self._loop.run_forever, name="idempotency-store", daemon=True).start()
+
+    def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def close(self) -> None:
+        """Close the store and stop the background loop."""
+        self._call(self.idempotency.store.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        headers = [(name[5:].replace("_", "-").lower(), value) for name, value in environ.items()
+                   if name.startswith("HTTP_")]
+        for name in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+            if environ.get(name):
+                headers.append((name.replace("_", "-").lower(), environ[name]))
+        request = Request(environ["REQUEST_METHOD"], environ.get("PATH_INFO", "") or "/",
+                          environ.get("QUERY_STRING", ""), headers)
+        if not self.idempotency.applies(request):
+            return self.app(environ, start_response)
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        if length > self.idempotency.max_body_bytes:
+            return _answer(start_response, self.idempotency.too_large(length))
+        body = environ["wsgi.input"].read(length) if length else b""
+        decision = self._call(self.idempotency.begin(request, body))
+        environ["wsgi.input"] = io.BytesIO(body)
+        if decision is None:
+            return self.app(environ, start_response)
+        if isinstance(decision, Answer):
+            return _answer(start_response, decision)
+        return self._run(decision, environ, start_response)
+
+    def _run(self, run: Run, environ: dict[str, Any], start_response: StartResponse) -> Iterator[bytes]:
+        environ["idempotency"] = run.context
+        seen: dict[str, Any] = {}
+
+        def capture(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            seen["status"], seen["headers"] = int(status.split(" ", 1)[0]), headers
+            return start_response(status, headers, exc_info)
+
+        chunks: list[bytes] | None = []
+        size = 0
+        try:
+            result = self.app(environ, capture)
+            try:
+                for chunk in result:
+                    if chunks is not None:
+                        size += len(chunk)
+                        if size > self.idempotency.max_stored_bytes:
+                            chunks = None  # completed without a stored body
+                        else:
+                            chunks.append(chunk)
+                    yield chunk
+            finally:
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()
+        except BaseException:
+            self._call(self.idempotency.finish(run, None, seen.get("headers", []), None))
+            raise
+        self._call(self.idempotency.finish(run, seen.get("status"), seen.get("headers", []),
+                                           None if chunks is None else b"".join(chunks)))
+
+
+def _answer(start_response: StartResponse, answer: Answer) -> list[bytes]:
+    start_response(_status_line(answer.status),
+                   [*answer.headers, ("content-length", str(len(answer.body)))])
+    return [answer.body]
