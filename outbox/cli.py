@@ -429,6 +429,7 @@ def destinations() -> None:
 @click.option("--allow-private-network", is_flag=True,
               help="Allow loopback/private addresses (turns off the SSRF guard).")
 @click.option("--disabled", is_flag=True, help="Register it disabled.")
+@click.option("--reconcile", is_flag=True, help="The receiver answers the reconcile probe (our middleware).")
 @_run
 async def destinations_put(ctx: Context, box: Outbox, destination_id: str, secret: str | None, **spec: Any) -> None:
     """Register or replace a destination."""

@@ -43,6 +43,7 @@ class Destination:
     disabled: bool
     created_at: datetime
     updated_at: datetime
+    reconcile: bool = False
 
     def public(self) -> dict[str, Any]:
         """The destination as the API shows it: everything but the secrets."""
@@ -58,6 +59,7 @@ class Destination:
             "requires_approval": self.requires_approval,
             "allow_private_network": self.allow_private_network,
             "disabled": self.disabled,
+            "reconcile": self.reconcile,
             "created_at": iso(self.created_at),
             "updated_at": iso(self.updated_at),
         }
@@ -90,6 +92,10 @@ class DestinationSpec(BaseModel):
         default=False, description="allow loopback and private addresses (off: SSRF guard)"
     )
     disabled: bool = False
+    reconcile: bool = Field(
+        default=False,
+        description="the receiver answers the reconcile probe (the receivers' idempotency middleware)",
+    )
 
     @field_validator("url")
     @classmethod

@@ -214,6 +214,7 @@ class Outbox:
             disabled=spec.disabled,
             created_at=existing.created_at if existing else now,
             updated_at=now,
+            reconcile=spec.reconcile,
         )
         created = await self.store.put_destination(destination)
         return destination, created

@@ -25,12 +25,27 @@ class SendResult:
     disable_destination: bool = False  # the receiver said the endpoint is gone for good
 
 
+@dataclass(frozen=True, slots=True)
+class ProbeAnswer:
+    """A receiver's answer to a reconcile probe; ``state`` None when it could not be asked."""
+
+    state: str | None  # completed | in_progress | absent
+    status_code: int | None = None  # the completed request's stored status
+    reply: str | None = None
+    external_id: str | None = None
+    error: str | None = None
+
+
 class Channel(Protocol):
     """Delivers intents of one kind (webhook, email, kafka)."""
 
     async def send(self, intent: Intent, destination: Destination, *, attempt_id: str, fence: int) -> SendResult:
         """Make one attempt. Never raises for a delivery failure: classify it instead.
         ``not_submitted`` only with proof that nothing was written."""
+        ...
+
+    async def probe(self, intent: Intent, destination: Destination, *, fence: int) -> ProbeAnswer:
+        """Ask the receiver what became of ``intent`` while raising its fence to ``fence``."""
         ...
 
     async def aclose(self) -> None:

@@ -23,7 +23,7 @@ from outbox import Destination, Intent, Outcome, Submission
 from outbox.clock import Clock, SystemClock
 from outbox.signing import signature
 
-from .channel import REPLY_BYTES, SendResult
+from .channel import REPLY_BYTES, ProbeAnswer, SendResult
 
 USER_AGENT = "outbox-delivery/0.1"
 #: Response headers kept with an attempt (never cookies or credentials).
@@ -139,23 +139,16 @@ class WebhookChannel:
             )
         body = intent.payload_json.encode()
         now = self._clock.now().timestamp()
-        timestamp = int(now)
         headers = {
-            "Content-Type": "application/json",
-            "Idempotency-Key": intent.action_id,
-            "webhook-id": intent.action_id,
-            "webhook-timestamp": str(timestamp),
-            "webhook-signature": sign(destination.secrets, intent.action_id, timestamp, body),
+            **self._signed(intent.action_id, destination, body, int(now)),
             "Content-Digest": content_digest(body),
             "Outbox-Attempt-Id": attempt_id,
             "Outbox-Fence": str(fence),
         }
-        limit = destination.timeout_seconds
-        timeout = aiohttp.ClientTimeout(total=limit * 2, connect=limit, sock_read=limit)
         session = self._session(destination.allow_private_network)
         try:
-            async with session.post(destination.url, data=body, headers=headers, timeout=timeout,
-                                    allow_redirects=False) as response:
+            async with session.post(destination.url, data=body, headers=headers,
+                                    timeout=_timeout(destination), allow_redirects=False) as response:
                 reply = await response.content.read(REPLY_BYTES)
                 kept = {k: response.headers[k] for k in KEPT_HEADERS if k in response.headers}
                 status = response.status
@@ -177,10 +170,54 @@ class WebhookChannel:
             disable_destination=status == 410,
         )
 
+    async def probe(self, intent: Intent, destination: Destination, *, fence: int) -> ProbeAnswer:
+        """POST the reconcile probe (``Outbox-Reconcile: probe``) to the destination's URL."""
+        headers = {**self._signed(intent.action_id, destination, b"", int(self._clock.now().timestamp())),
+                   "Outbox-Reconcile": "probe", "Outbox-Fence": str(fence)}
+        session = self._session(destination.allow_private_network)
+        try:
+            async with session.post(destination.url, data=b"", headers=headers,
+                                    timeout=_timeout(destination), allow_redirects=False) as response:
+                raw = await response.content.read(REPLY_BYTES * 4)
+                status = response.status
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            return ProbeAnswer(None, error=f"probe failed: {_describe(exc)}")
+        try:
+            answer = json.loads(raw)
+            state = answer["state"]
+        except (ValueError, KeyError, TypeError):
+            return ProbeAnswer(None, error=f"probe answered {status} without a state")
+        if status != 200 or state not in ("completed", "in_progress", "absent"):
+            return ProbeAnswer(None, error=f"probe answered {status} with state {state!r}")
+        stored = answer.get("response") or {}
+        stored_headers = {k.lower(): v for k, v in stored.get("headers", [])}
+        stored_body = base64.b64decode(stored["body"]) if stored.get("body") else b""
+        return ProbeAnswer(
+            state,
+            status_code=stored.get("status"),
+            reply=json.dumps({"headers": stored_headers, "body": stored_body[:REPLY_BYTES].decode("utf-8", "replace")})
+            if stored else None,
+            external_id=_external_id(stored_headers, stored_body) if stored else None,
+        )
+
+    def _signed(self, msg_id: str, destination: Destination, body: bytes, timestamp: int) -> dict[str, str]:
+        return {
+            "Content-Type": "application/json",
+            "Idempotency-Key": msg_id,
+            "webhook-id": msg_id,
+            "webhook-timestamp": str(timestamp),
+            "webhook-signature": sign(destination.secrets, msg_id, timestamp, body),
+        }
+
     async def aclose(self) -> None:
         for session in self._sessions.values():
             await session.close()
         self._sessions.clear()
+
+
+def _timeout(destination: Destination) -> aiohttp.ClientTimeout:
+    limit = destination.timeout_seconds
+    return aiohttp.ClientTimeout(total=limit * 2, connect=limit, sock_read=limit)
 
 
 def _is_ip(host: str) -> bool:

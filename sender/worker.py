@@ -257,11 +257,44 @@ class Worker:
             if result.outcome is Outcome.UNKNOWN else None
         fate = decide(intent, destination, result, attempts_made=attempt.number,
                       first_submission_at=first, now=self.clock.now(), policy=self.policy)
-        await self._settle(intent, fate, [_finished_event(finished, self.id)], attempt=finished)
+        fate, reconciled, fence = await self._reconcile(intent, destination, fate, intent.fence)
+        await self._settle(intent, fate, [_finished_event(finished, self.id), *reconciled],
+                           attempt=finished, new_fence=fence if reconciled else None)
         if result.disable_destination:
             await self.store.disable_destination(destination.id, self.clock.now())
             self._destinations.pop(destination.id, None)
             log.warning("destination %s disabled: it answered 410 Gone", destination.id)
+
+    async def _reconcile(self, intent: Intent, destination: Destination, fate: Fate,
+                         fence: int) -> tuple[Fate, list[Event], int]:
+        """Before an outcome is left ``unknown``, ask a receiver that answers the probe.
+
+        The probe carries a fence above every attempt's, so the receiver shuts out any of our
+        earlier requests still on their way; then ``completed`` means delivered, ``absent`` means
+        a retry is safe, ``in_progress`` means ask again later. Returns the fate, the events to
+        record and the fence the intent moves to.
+        """
+        if fate.status is not Status.UNKNOWN or not destination.reconcile:
+            return fate, [], fence
+        probe_fence = fence + 1
+        answer = await self.channels[intent.channel].probe(intent, destination, fence=probe_fence)
+        now = self.clock.now()
+        event = Event("reconciled", now, self.id, answer.error,
+                      {"state": answer.state, "fence": probe_fence, "status_code": answer.status_code,
+                       "external_id": answer.external_id})
+        if answer.state == "completed":
+            fate = Fate(Status.DELIVERED, "delivered",
+                        f"reconciled: the receiver completed it (answered {answer.status_code})")
+        elif answer.state == "absent":
+            fate = Fate(Status.PENDING, "scheduled_retry",
+                        "reconciled: the receiver never ran it and now refuses the earlier attempt; "
+                        "retrying is safe", now)
+        elif answer.state == "in_progress":
+            fate = Fate(Status.PENDING, "scheduled_retry", "reconciled: still in progress at the receiver",
+                        now + timedelta(seconds=self.policy.backoff.delay(1)))
+        else:
+            fate = Fate(Status.UNKNOWN, "unknown", f"{fate.reason}; {answer.error}")
+        return fate, [event], probe_fence
 
     async def _settle(self, intent: Intent, fate: Fate, events: list[Event], *,
                       attempt: Attempt | None = None, new_fence: int | None = None) -> None:
@@ -332,9 +365,10 @@ class Worker:
             first = await self.store.first_submission_at(intent.action_id)
             fate = decide(intent, destination, result, attempts_made=attempt.number,
                           first_submission_at=first, now=self.clock.now(), policy=self.policy)
+            fate, reconciled, fence = await self._reconcile(intent, destination, fate, intent.fence + 1)
             await self._settle(intent, fate, [Event("lease_expired", self.clock.now(), self.id, reason,
-                                                    {"fence": intent.fence})],
-                               attempt=finished, new_fence=intent.fence + 1)
+                                                    {"fence": intent.fence}), *reconciled],
+                               attempt=finished, new_fence=fence)
         except StaleWrite:
             pass  # the holder finished or another sweeper got there first
         else:

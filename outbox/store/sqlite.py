@@ -138,6 +138,7 @@ def _destination(row: sqlite3.Row) -> Destination:
         disabled=bool(row["disabled"]),
         created_at=from_us(row["created_at"]),  # type: ignore[arg-type]
         updated_at=from_us(row["updated_at"]),  # type: ignore[arg-type]
+        reconcile=bool(row["reconcile"]),
     )
 
 
@@ -639,6 +640,7 @@ class SqliteStore:
                     int(d.disabled),
                     to_us(d.created_at),
                     to_us(d.updated_at),
+                    int(d.reconcile),
                 ),
             ).fetchall()
             return not existed

@@ -146,15 +146,15 @@ UPDATE intents SET {assignments} WHERE action_id = ? AND status = ? {fence_check
 -- Register or replace a destination.
 INSERT INTO destinations (id, channel, url, secrets, idempotent, retention_seconds, on_unknown,
                           timeout_seconds, requires_approval, allow_private_network, disabled,
-                          created_at, updated_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                          created_at, updated_at, reconcile)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (id) DO UPDATE SET
     channel = excluded.channel, url = excluded.url, secrets = excluded.secrets,
     idempotent = excluded.idempotent, retention_seconds = excluded.retention_seconds,
     on_unknown = excluded.on_unknown, timeout_seconds = excluded.timeout_seconds,
     requires_approval = excluded.requires_approval,
     allow_private_network = excluded.allow_private_network, disabled = excluded.disabled,
-    updated_at = excluded.updated_at
+    updated_at = excluded.updated_at, reconcile = excluded.reconcile
 RETURNING *;
 
 -- name: destination_by_id
