@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 
 from .keys import MalformedKey, fingerprint, identity, parse_key
 from .records import Busy, Claimed, Mismatch, ProbeResult, RecordStore, Replay, StaleFence, StoredResponse
+from .signature import InvalidSignature, verify_signature
 
 log = logging.getLogger("receivers.idempotency")
 
@@ -106,6 +107,8 @@ class Idempotency:
         max_body_bytes: int = 1024 * 1024,
         max_stored_bytes: int = 1024 * 1024,
         purge_seconds: float = 300,
+        secrets: str | Sequence[str] | None = None,
+        signature_tolerance_seconds: float = 300,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.store = store
@@ -117,6 +120,10 @@ class Idempotency:
         self.max_body_bytes = max_body_bytes
         self.max_stored_bytes = max_stored_bytes
         self.purge_seconds = purge_seconds
+        #: With secrets, Standard Webhooks signatures are checked before anything is claimed, so
+        #: a forged request can never complete (and so poison) a real sender's key.
+        self.secrets = secrets
+        self.signature_tolerance_seconds = signature_tolerance_seconds
         self.clock = clock
         self._opening: asyncio.Lock | None = None
         self._purger: asyncio.Task[None] | None = None
@@ -166,6 +173,13 @@ class Idempotency:
                            f"{request.method} {request.path} needs an Idempotency-Key header")
         if len(body) > self.max_body_bytes:
             return self.too_large(len(body))
+        if self.secrets is not None:
+            try:
+                verify_signature(self.secrets, dict(request.headers), body,
+                                 tolerance_seconds=self.signature_tolerance_seconds,
+                                 now=self.clock().timestamp())
+            except InvalidSignature as exc:
+                return problem(401, "invalid-signature", "Invalid signature", str(exc))
         try:
             await self.ready()
         except Exception as exc:
