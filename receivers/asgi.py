@@ -27,6 +27,9 @@ class IdempotencyMiddleware:
         self.idempotency = Idempotency(store, **options)
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, receive, self._closing_on_shutdown(send))
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -54,6 +57,16 @@ class IdempotencyMiddleware:
             await _answer(send, decision)
         else:
             await self._run(decision, scope, body, receive, send)
+
+    def _closing_on_shutdown(self, send: Any) -> Any:
+        """Close the store (and stop purging) when the server shuts the app down."""
+
+        async def forward(message: Message) -> None:
+            if message["type"] == "lifespan.shutdown.complete":
+                await self.idempotency.aclose()
+            await send(message)
+
+        return forward
 
     async def _run(self, run: Run, scope: Scope, body: bytes, receive: Any, send: Any) -> None:
         scope = {**scope, "state": {**scope.get("state", {}), "idempotency": run.context}}

@@ -139,6 +139,13 @@ class Idempotency:
                 await self.store.open()
                 self._purger = asyncio.create_task(self._purge_forever())
 
+    async def aclose(self) -> None:
+        """Stop purging and close the store."""
+        if self._purger is not None:
+            self._purger.cancel()
+            self._purger = None
+        await self.store.close()
+
     async def _purge_forever(self) -> None:
         while True:
             await asyncio.sleep(self.purge_seconds)

@@ -133,7 +133,7 @@ class SqliteRecordStore:
     handler runs. Concurrent requests share commits (group commit)."""
 
     def __init__(self, path: str | Path, *, table: str = "idempotency_records", busy_timeout_ms: int = 5000):
-        self.path = Path(path)
+        self.path = Path(path).absolute()  # where it was named, whatever the cwd at first request
         self.table = _table(table)
         self._sql = {k: v.format(table=self.table) for k, v in load("sqlite", "receivers").items()}
         self._busy_timeout_ms = busy_timeout_ms

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import io
 import threading
-from collections.abc import Callable, Coroutine, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable
 from http import HTTPStatus
 from typing import Any, TypeVar
 
@@ -45,7 +45,7 @@ class IdempotencyMiddleware:
 
     def close(self) -> None:
         """Close the store and stop the background loop."""
-        self._call(self.idempotency.store.close())
+        self._call(self.idempotency.aclose())
         self._loop.call_soon_threadsafe(self._loop.stop)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
@@ -70,7 +70,9 @@ class IdempotencyMiddleware:
             return _answer(start_response, decision)
         return self._run(decision, environ, start_response)
 
-    def _run(self, run: Run, environ: dict[str, Any], start_response: StartResponse) -> Iterator[bytes]:
+    def _run(self, run: Run, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        """Run the app and record its response before returning it (the response is buffered, so
+        the record is complete by the time the client has the answer)."""
         environ["idempotency"] = run.context
         seen: dict[str, Any] = {}
 
@@ -78,19 +80,10 @@ class IdempotencyMiddleware:
             seen["status"], seen["headers"] = int(status.split(" ", 1)[0]), headers
             return start_response(status, headers, exc_info)
 
-        chunks: list[bytes] | None = []
-        size = 0
         try:
             result = self.app(environ, capture)
             try:
-                for chunk in result:
-                    if chunks is not None:
-                        size += len(chunk)
-                        if size > self.idempotency.max_stored_bytes:
-                            chunks = None  # completed without a stored body
-                        else:
-                            chunks.append(chunk)
-                    yield chunk
+                chunks = list(result)
             finally:
                 close = getattr(result, "close", None)
                 if close is not None:
@@ -98,8 +91,10 @@ class IdempotencyMiddleware:
         except BaseException:
             self._call(self.idempotency.finish(run, None, seen.get("headers", []), None))
             raise
-        self._call(self.idempotency.finish(run, seen.get("status"), seen.get("headers", []),
-                                           None if chunks is None else b"".join(chunks)))
+        body = b"".join(chunks)
+        stored = body if len(body) <= self.idempotency.max_stored_bytes else None
+        self._call(self.idempotency.finish(run, seen.get("status"), seen.get("headers", []), stored))
+        return chunks
 
 
 def _answer(start_response: StartResponse, answer: Answer) -> list[bytes]:

@@ -2,29 +2,89 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
+
+import httpx
+
+from receivers import IdempotencyMiddleware
+from sender.webhook import sign
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-def python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+def python_blocks() -> dict[str, str]:
+    """Every ```python block, by its ``# example: NAME`` first line (``main`` when unnamed)."""
+    blocks = {}
+    for code in re.findall(r"```python\n(.*?)```", README.read_text(), re.S):
+        named = re.match(r"# example: ([\w-]+)\n", code)
+        blocks[named.group(1) if named else "main"] = code
+    return blocks
 
 
-def test_the_readme_has_python_examples():
-    assert python_blocks()
+def load(name: str, where: Path) -> dict[str, Any]:
+    """Run an example's module code (not as __main__) in ``where``; returns its namespace."""
+    namespace: dict[str, Any] = {"__name__": f"readme_{name.replace('-', '_')}"}
+    cwd = os.getcwd()
+    os.chdir(where)
+    try:
+        exec(compile(python_blocks()[name], f"README:{name}", "exec"), namespace)
+    finally:
+        os.chdir(cwd)
+    return namespace
 
 
-def test_every_python_example_runs(tmp_path: Path):
-    for number, code in enumerate(python_blocks()):
-        script = tmp_path / f"example_{number}.py"
-        script.write_text(code)
-        for _ in range(2):  # and again: the examples are safe to re-run (idempotent enqueue)
-            done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
-                                  text=True, timeout=60)
-            assert done.returncode == 0, done.stderr
+def test_the_readme_has_its_examples():
+    assert set(python_blocks()) == {"main", "fastapi-receiver", "flask-receiver"}
+
+
+def test_the_producer_example_runs_and_is_safe_to_run_again(tmp_path: Path):
+    script = tmp_path / "example.py"
+    script.write_text(python_blocks()["main"])
+    for _ in range(2):
+        done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
     assert (tmp_path / "shop.db").exists()
     assert done.stdout.startswith("False pending sha256:")
+
+
+async def test_the_fastapi_receiver_makes_one_effect_and_refuses_forgeries(tmp_path: Path):
+    example = load("fastapi-receiver", tmp_path)
+    body = b'{"invoice": 42}'
+    stamp = int(time.time())
+    signed = {"content-type": "application/json", "idempotency-key": "invoice-42",
+              "webhook-id": "invoice-42", "webhook-timestamp": str(stamp),
+              "webhook-signature": sign((example["SECRET"],), "invoice-42", stamp, body)}
+    transport = httpx.ASGITransport(example["app"])
+    async with httpx.AsyncClient(transport=transport, base_url="http://receiver") as client:
+        first = await client.post("/webhooks/billing", content=body, headers=signed)
+        again = await client.post("/webhooks/billing", content=body, headers=signed)
+        forged = await client.post("/webhooks/billing", content=b'{"invoice": 1}',
+                                   headers={**signed, "idempotency-key": "other"})
+    assert first.status_code == again.status_code == 200
+    assert first.json() == again.json() == {"external_id": "inv-1"}
+    assert again.headers["idempotent-replayed"] == "true"
+    assert forged.status_code == 401
+    assert example["invoices"] == [("invoice-42", 1)]
+    layer = example["app"].middleware_stack
+    while not isinstance(layer, IdempotencyMiddleware):
+        layer = layer.app
+    await layer.idempotency.aclose()
+
+
+def test_the_flask_receiver_makes_one_effect(tmp_path: Path):
+    example = load("flask-receiver", tmp_path)
+    client = example["app"].test_client()
+    first = client.post("/webhooks/shipping", json={"parcel": 7}, headers={"Idempotency-Key": "parcel-7"})
+    again = client.post("/webhooks/shipping", json={"parcel": 7}, headers={"Idempotency-Key": "parcel-7"})
+    assert first.status_code == again.status_code == 201
+    assert first.get_json() == again.get_json() == {"shipment": 1}
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert example["shipped"] == ["parcel-7"]
+    example["app"].wsgi_app.close()
