@@ -62,6 +62,10 @@ class Authority(Protocol):
         """Decide; never raises for a provider failure (answer UNAVAILABLE instead)."""
         ...
 
+    async def aclose(self) -> None:
+        """Release what the provider holds (connections)."""
+        ...
+
 
 class GrantsAuthority:
     """The built-in grants table (``outbox grants …`` and ``/v1/grants``)."""
@@ -83,6 +87,9 @@ class GrantsAuthority:
             )
         return Decision(Verdict.ALLOW, f"grant {grant.id!r}", self.name, f"{grant.id}@{grant.revision}")
 
+    async def aclose(self) -> None:
+        return None
+
 
 class AllowAllAuthority:
     """Allows everything. For local experiments only; says so in every decision."""
@@ -91,6 +98,9 @@ class AllowAllAuthority:
 
     async def check(self, request: AuthorityRequest) -> Decision:
         return Decision(Verdict.ALLOW, "authority checks are turned off (allow-all)", self.name)
+
+    async def aclose(self) -> None:
+        return None
 
 
 class HttpPolicyAuthority:
@@ -152,6 +162,9 @@ class CallableAuthority:
         return Decision(Verdict.ALLOW if answer else Verdict.DENY,
                         "allowed by policy function" if answer else "denied by policy function", self.name)
 
+    async def aclose(self) -> None:
+        return None
+
 
 class CachedAuthority:
     """Remembers ALLOW and DENY decisions for at most ``seconds`` per (scope, channel, destination)."""
@@ -188,6 +201,9 @@ class CachedAuthority:
             raise
         finally:
             del self._pending[key]
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 def authority_from_setting(spec: str, outbox: Outbox) -> Authority:

@@ -63,13 +63,17 @@ def _retry(
     now: datetime,
     policy: Policy,
 ) -> Fate:
-    if attempts_made >= intent.max_attempts:
-        return Fate(Status.DEAD, "dead_lettered",
-                       f"attempts exhausted ({attempts_made} of {intent.max_attempts}); last: {result.error}")
     due = now + timedelta(seconds=policy.backoff.delay(attempts_made, result.retry_after))
-    if intent.expires_at is not None and due >= intent.expires_at:
-        return Fate(Status.DEAD, "dead_lettered",
-                       f"expires at {intent.expires_at.isoformat()} before the next attempt; last: {result.error}")
+    why_not = None
+    if attempts_made >= intent.max_attempts:
+        why_not = f"attempts exhausted ({attempts_made} of {intent.max_attempts})"
+    elif intent.expires_at is not None and due >= intent.expires_at:
+        why_not = f"expires at {intent.expires_at.isoformat()} before the next attempt"
+    if why_not and result.outcome is Outcome.UNKNOWN:
+        # The last attempt may have taken effect: that is not a dead letter's "not delivered".
+        return Fate(Status.UNKNOWN, "unknown", f"{why_not}; the last attempt may have taken effect: {result.error}")
+    if why_not:
+        return Fate(Status.DEAD, "dead_lettered", f"{why_not}; last: {result.error}")
     if (result.outcome is Outcome.UNKNOWN and destination.on_unknown is OnUnknown.DECLARED
             and first_submission_at is not None
             and due >= _retention_end(destination, first_submission_at, policy)):

@@ -146,15 +146,22 @@ class WebhookChannel:
             "Outbox-Fence": str(fence),
         }
         session = self._session(destination.allow_private_network)
+        note = None
         try:
             async with session.post(destination.url, data=body, headers=headers,
                                     timeout=_timeout(destination), allow_redirects=False) as response:
-                reply = await response.content.read(REPLY_BYTES)
-                kept = {k: response.headers[k] for k in KEPT_HEADERS if k in response.headers}
+                # The status line is the receiver's answer; a body that then fails to arrive
+                # does not make that answer unknown.
                 status = response.status
+                kept = {k: response.headers[k] for k in KEPT_HEADERS if k in response.headers}
+                try:
+                    reply = await _read_up_to(response.content, REPLY_BYTES)
+                except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                    reply, note = b"", f"answered {status}, then the body failed: {_describe(exc)}"
         except (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError) as exc:
             # The connection was never established: nothing of the request was written.
-            return SendResult(Submission.NOT_SUBMITTED, _refusal_outcome(exc), error=_describe(exc))
+            outcome, error = _refusal(exc)
+            return SendResult(Submission.NOT_SUBMITTED, outcome, error=error)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             # Connected, so the request may have been written and acted on.
             return SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, error=_describe(exc))
@@ -165,7 +172,7 @@ class WebhookChannel:
             status_code=status,
             reply=json.dumps({"headers": kept, "body": reply.decode("utf-8", "replace")}),
             external_id=_external_id(kept, reply) if outcome is Outcome.DELIVERED else None,
-            error=None if outcome is Outcome.DELIVERED else f"receiver answered {status}",
+            error=note if outcome is Outcome.DELIVERED else f"receiver answered {status}",
             retry_after=retry_after_seconds(kept.get("retry-after"), now),
             disable_destination=status == 410,
         )
@@ -178,7 +185,7 @@ class WebhookChannel:
         try:
             async with session.post(destination.url, data=b"", headers=headers,
                                     timeout=_timeout(destination), allow_redirects=False) as response:
-                raw = await response.content.read(REPLY_BYTES * 4)
+                raw = await _read_up_to(response.content, REPLY_BYTES * 4)
                 status = response.status
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             return ProbeAnswer(None, error=f"probe failed: {_describe(exc)}")
@@ -228,11 +235,24 @@ def _is_ip(host: str) -> bool:
     return True
 
 
-def _refusal_outcome(exc: BaseException) -> Outcome:
+async def _read_up_to(content: aiohttp.StreamReader, limit: int) -> bytes:
+    """Up to ``limit`` bytes of a body, however many pieces it arrives in."""
+    chunks, size = [], 0
+    while size < limit:
+        chunk = await content.read(limit - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def _refusal(exc: BaseException) -> tuple[Outcome, str]:
+    """A connection that was never made: our own SSRF refusal (permanent), or the network's."""
     cause: Any = getattr(exc, "os_error", None) or exc.__cause__
-    if isinstance(cause, PrivateAddressRefused) or isinstance(exc, PrivateAddressRefused):
-        return Outcome.REJECTED  # a local refusal: retrying cannot help
-    return Outcome.RETRYABLE
+    if isinstance(cause, PrivateAddressRefused):
+        return Outcome.REJECTED, f"refused: {cause.args[0]} and the destination does not allow the private network"
+    return Outcome.RETRYABLE, _describe(exc)
 
 
 def _describe(exc: BaseException) -> str:

@@ -101,6 +101,7 @@ class Worker:
             await asyncio.gather(*helpers, return_exceptions=True)
             for channel in self.channels.values():
                 await channel.aclose()
+            await self.authority.aclose()
             log.info("worker %s stopped", self.id)
 
     def stop(self) -> None:
@@ -199,8 +200,10 @@ class Worker:
             now = self.clock.now()
             if destination is None or destination.disabled:
                 why = "is not registered" if destination is None else "is disabled"
+                # parked, looking again less often the longer it stays so (the fence counts claims)
+                wait = max(PARKED_SECONDS, self.policy.backoff.delay(intent.fence))
                 await self._release(intent, f"destination {intent.destination!r} {why}",
-                                    now + timedelta(seconds=PARKED_SECONDS))
+                                    now + timedelta(seconds=wait))
                 return
             if intent.expires_at is not None and now >= intent.expires_at:
                 await self._settle(intent, Fate(Status.DEAD, "dead_lettered", "expired before it could be sent"), [])
@@ -211,8 +214,8 @@ class Worker:
                             {"verdict": decision.verdict.value, "provider": decision.provider,
                              "revision": decision.revision})
             if decision.verdict is Verdict.UNAVAILABLE:
-                await self._release(intent, decision.reason,
-                                    self.clock.now() + timedelta(seconds=self.policy.backoff.delay(1)),
+                wait = self.policy.backoff.delay(intent.fence)  # backs off over repeated outages
+                await self._release(intent, decision.reason, self.clock.now() + timedelta(seconds=wait),
                                     extra=[checked])
                 return
             if decision.verdict is Verdict.DENY:

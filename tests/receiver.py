@@ -48,10 +48,15 @@ class Reply:
     body: bytes | str | Any = b""  # bytes/str sent as is; anything else as JSON
     delay: float = 0.0  # seconds to wait before answering
     gate: Gate | None = None  # or: wait until this gate is opened
+    #: Send the body in pieces (these bytes, in order), pausing ``chunk_pause`` between them.
+    chunks: tuple[bytes, ...] | None = None
+    chunk_pause: float = 0.05
 
     def encoded(self) -> tuple[bytes, list[tuple[bytes, bytes]]]:
         headers = {k.lower(): v for k, v in self.headers.items()}
-        if isinstance(self.body, bytes):
+        if self.chunks is not None:
+            body = b"".join(self.chunks)
+        elif isinstance(self.body, bytes):
             body = self.body
         elif isinstance(self.body, str):
             body = self.body.encode()
@@ -182,7 +187,19 @@ class Receiver:
         await self._hold(reply)
         body, response_headers = reply.encoded()
         await send({"type": "http.response.start", "status": reply.status, "headers": response_headers})
-        await send({"type": "http.response.body", "body": body})
+        if reply.chunks is None:
+            await send({"type": "http.response.body", "body": body})
+            return
+        for index, chunk in enumerate(reply.chunks):
+            if index:
+                await self._pause(reply.chunk_pause)
+            await send({"type": "http.response.body", "body": chunk,
+                        "more_body": index < len(reply.chunks) - 1})
+
+    async def _pause(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self._stopping.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
 
     async def _hold(self, reply: Reply) -> None:
         deadline = time.monotonic() + reply.delay

@@ -1,10 +1,20 @@
-"""Real HTTP receivers for the sender's integration tests (see tests/receiver.py)."""
+"""Real HTTP receivers (see tests/receiver.py) and outboxes on real SQLite files for the
+sender's integration tests."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import base64
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import pytest
+
+from outbox import Destination, DestinationSpec, Intent, ManualClock, Outbox, Settings
+from outbox.grants import GrantSpec
+from sender import Worker
 
 from ..receiver import Receiver
 
@@ -28,3 +38,98 @@ def start_receiver() -> Iterator[Callable[[], Receiver]]:
 def receiver(start_receiver: Callable[[], Receiver]) -> Receiver:
     """One running receiver; nothing is scripted yet (unscripted paths answer 404)."""
     return start_receiver()
+
+
+# -- an outbox on a real SQLite file, a manual clock, and the workers a test makes ------------
+
+SECRET = "whsec_" + "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0NTY3ODk="
+SECRET_NEW = "whsec_" + base64.b64encode(bytes(range(100, 132))).decode()
+SECRET_OTHER = "whsec_" + base64.b64encode(bytes(range(200, 232))).decode()
+
+
+@dataclass
+class SenderEnv:
+    """What a sender test works with."""
+
+    box: Outbox
+    clock: ManualClock
+    workers: list[Worker] = field(default_factory=list)
+
+    def worker(self, **options: Any) -> Worker:
+        """A Worker on this outbox (closed after the test)."""
+        worker = Worker(self.box, **options)
+        self.workers.append(worker)
+        return worker
+
+    async def destination(self, url: str, destination_id: str = "hook", **spec: Any) -> Destination:
+        """Register a webhook destination; by default loopback is allowed, timeout 1 s,
+        idempotent with an hour's retention."""
+        options: dict[str, Any] = {"secret": SECRET, "allow_private_network": True, "timeout_seconds": 1,
+                                   "idempotent": True, "retention_seconds": 3600, **spec}
+        destination, _ = await self.box.put_destination(destination_id, DestinationSpec(url=url, **options))
+        return destination
+
+    async def enqueue(self, action_id: str, payload: Any = None, *, destination: str = "hook",
+                      scope: str = "acme", **options: Any) -> Intent:
+        result = await self.box.enqueue(destination=destination, scope=scope, action_id=action_id,
+                                        payload={"action": action_id} if payload is None else payload,
+                                        **options)
+        return result.intent
+
+    async def due_in(self, action_id: str) -> float:
+        """Seconds (by the manual clock) until the intent is next due."""
+        intent = await self.box.get(action_id)
+        return (intent.next_attempt_at - self.clock.now()).total_seconds()
+
+    async def advance_until_due(self, action_id: str) -> None:
+        """Move the clock exactly to the intent's next_attempt_at (never backwards)."""
+        self.clock.advance(max(0.0, await self.due_in(action_id)))
+
+    async def aclose(self) -> None:
+        for worker in self.workers:
+            for channel in worker.channels.values():
+                await channel.aclose()
+            inner = getattr(worker.authority, "inner", worker.authority)
+            if hasattr(inner, "aclose"):
+                await inner.aclose()
+        await self.box.close()
+
+
+@pytest.fixture
+async def open_env(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[SenderEnv]]]:
+    """Open an outbox (``o.db`` in tmp_path) with a ManualClock and the given Settings
+    (defaults: grants authority, no caching, 30 s leases); a grant lets scope acme reach every
+    destination unless ``grant=False``."""
+    opened: list[SenderEnv] = []
+
+    async def open_(*, grant: bool = True, **settings: Any) -> SenderEnv:
+        clock = ManualClock()
+        values: dict[str, Any] = {"authority": "grants", "authority_seconds": 0, "lease_seconds": 30,
+                                  **settings}
+        box = await Outbox.open(f"sqlite:///{tmp_path / 'o.db'}", settings=Settings(**values), clock=clock)
+        env = SenderEnv(box, clock)
+        opened.append(env)
+        if grant:
+            await box.put_grant("g1", GrantSpec(scope="acme", destination="*"))
+        return env
+
+    yield open_
+    for env in opened:
+        await env.aclose()
+
+
+@pytest.fixture
+async def env(open_env: Callable[..., Awaitable[SenderEnv]]) -> SenderEnv:
+    """The default SenderEnv."""
+    return await open_env()
+
+
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    """A loopback port bound but not listening: connecting to it is refused."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        sock.close()

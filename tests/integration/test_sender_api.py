@@ -1,0 +1,132 @@
+"""The service as deployed: the HTTP API with its embedded worker, under uvicorn, delivering to a
+real receiver; producers long-poll an intent until it is settled."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from outbox import DestinationSpec, Outbox, Role, Settings
+from outbox.api import create_app
+
+from ..receiver import Gate, Receiver, Reply
+from .conftest import SECRET
+
+
+@pytest.fixture
+def serve_api() -> Iterator[Callable[[Settings], str]]:
+    """Start the API (and its worker) under uvicorn in a thread; stopped after the test."""
+    servers: list[tuple[uvicorn.Server, threading.Thread]] = []
+
+    def start(settings: Settings) -> str:
+        server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=0,
+                                               log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.01)
+        servers.append((server, thread))
+        return f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+
+    yield start
+    for server, thread in servers:
+        server.should_exit = True
+        thread.join(15)
+        assert not thread.is_alive(), "the API did not shut down"
+
+
+async def _prepare(db_url: str, hook_url: str, **spec) -> str:
+    async with await Outbox.open(db_url) as box:
+        await box.put_destination("hook", DestinationSpec(url=hook_url, secret=SECRET, allow_private_network=True,
+                                                          timeout_seconds=5, **spec))
+        token, _ = await box.create_token(Role.ADMIN)
+    return token
+
+
+async def test_a_long_poll_answers_once_the_worker_has_delivered(tmp_path: Path, receiver: Receiver, serve_api):
+    gate = Gate()
+    receiver.script("/hook", Reply(200, headers={"External-Id": "rcpt-1"}, gate=gate))
+    db_url = f"sqlite:///{tmp_path / 'api.db'}"
+    token = await _prepare(db_url, f"{receiver.url}/hook")
+    url = serve_api(Settings(database_url=db_url, worker=True, authority="allow-all"))
+
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
+        created = await c.post("/v1/intents", json={"action_id": "inv-1", "scope": "acme", "destination": "hook",
+                                                    "payload": {"invoice": 1}})
+        assert created.status_code == 201 and created.json()["status"] == "pending"
+        polling = asyncio.create_task(c.get("/v1/intents/inv-1", params={"wait": 10}))
+        [request] = await receiver.wait_for_requests(1, "/hook")  # the worker is sending it now
+        assert not polling.done()  # ... so the long poll is still waiting
+        gate.open()
+        answer = await asyncio.wait_for(polling, 15)
+
+    assert answer.status_code == 200
+    shown = answer.json()
+    assert shown["status"] == "delivered" and shown["settled"] is True
+    assert shown["attempt_count"] == 1 and shown["last_error"] is None
+    [attempt] = shown["attempts"]
+    assert attempt["submission"] == "submitted" and attempt["outcome"] == "delivered"
+    assert attempt["status_code"] == 200 and attempt["external_id"] == "rcpt-1"
+    assert attempt["attempt_id"] == request.headers["outbox-attempt-id"]
+    assert [e["kind"] for e in shown["events"]][-1] == "delivered"
+    assert request.headers["idempotency-key"] == "inv-1"
+    assert request.json() == {"invoice": 1}
+
+
+async def test_a_long_poll_reports_an_unknown_outcome_with_its_evidence(tmp_path: Path, receiver: Receiver,
+                                                                        serve_api):
+    receiver.script("/hook", Reply(200, delay=2))
+    db_url = f"sqlite:///{tmp_path / 'api.db'}"
+    token = await _prepare(db_url, f"{receiver.url}/hook")
+    async with await Outbox.open(db_url) as box:  # a receiver that answers late, and is not idempotent
+        await box.put_destination("hook", DestinationSpec(url=f"{receiver.url}/hook", allow_private_network=True,
+                                                          timeout_seconds=0.3, idempotent=False))
+    url = serve_api(Settings(database_url=db_url, worker=True, authority="allow-all"))
+
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
+        assert (await c.post("/v1/intents", json={"action_id": "inv-2", "scope": "acme", "destination": "hook",
+                                                  "payload": {"invoice": 2}})).status_code == 201
+        shown = (await c.get("/v1/intents/inv-2", params={"wait": 10})).json()
+
+    assert shown["status"] == "unknown" and shown["settled"] is True
+    [attempt] = shown["attempts"]
+    assert attempt["submission"] == "maybe_submitted" and attempt["outcome"] == "unknown"
+    assert "does not declare idempotency" in shown["last_error"]
+    assert len(receiver.requests("/hook")) == 1
+
+
+async def test_a_410_shows_as_a_disabled_destination_and_later_intents_are_parked(
+        tmp_path: Path, receiver: Receiver, serve_api):
+    receiver.script("/hook", Reply(410, body="gone"))
+    db_url = f"sqlite:///{tmp_path / 'api.db'}"
+    token = await _prepare(db_url, f"{receiver.url}/hook")
+    url = serve_api(Settings(database_url=db_url, worker=True, authority="allow-all"))
+
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
+        intent = {"scope": "acme", "destination": "hook", "payload": {"n": 1}}
+        assert (await c.post("/v1/intents", json={**intent, "action_id": "gone-1"})).status_code == 201
+        first = (await c.get("/v1/intents/gone-1", params={"wait": 10})).json()
+        assert first["status"] == "dead" and first["last_error"] == "rejected: receiver answered 410"
+        destination = (await c.get("/v1/destinations/hook")).json()
+        assert destination["disabled"] is True
+
+        assert (await c.post("/v1/intents", json={**intent, "action_id": "gone-2"})).status_code == 201
+        for _ in range(500):  # until the worker has looked at it
+            second = (await c.get("/v1/intents/gone-2")).json()
+            if "released" in [e["kind"] for e in second["events"]]:
+                break
+            await asyncio.sleep(0.01)
+        assert second["status"] == "pending" and second["settled"] is False
+        assert second["attempts"] == [] and second["attempt_count"] == 0
+        released = [e for e in second["events"] if e["kind"] == "released"][-1]
+        assert released["reason"] == "destination 'hook' is disabled"
+    assert [r.headers["idempotency-key"] for r in receiver.requests()] == ["gone-1"]

@@ -1,0 +1,210 @@
+"""Leases, fences and the sweeper, with a receiver that holds its answer until the test lets go.
+
+The ManualClock decides when a lease has expired; the receiver's gate decides when a send ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from outbox import Outcome, Status, Submission
+from sender import CallableAuthority
+
+from ..receiver import Gate, Receiver, Reply
+from .conftest import SenderEnv
+
+
+def kinds(history) -> list[str]:
+    return [event.kind for event in history.events]
+
+
+def only(history, kind: str):
+    [event] = [event for event in history.events if event.kind == kind]
+    return event
+
+
+async def test_a_send_slower_than_its_lease_is_fenced_out(env: SenderEnv, receiver: Receiver):
+    gate = Gate()
+    receiver.script("/hook", Reply(200, headers={"External-Id": "late"}, gate=gate),
+                    Reply(200, headers={"External-Id": "second"}))
+    await env.destination(f"{receiver.url}/hook", timeout_seconds=10)
+    await env.enqueue("a1")
+    slow, sweeper = env.worker(worker_id="w1"), env.worker(worker_id="w2")
+
+    sending = asyncio.create_task(slow.run_once())
+    [request] = await receiver.wait_for_requests(1, "/hook")
+    leased = await env.box.get("a1")
+    assert leased.status is Status.LEASED and leased.lease_owner == "w1" and leased.fence == 1
+    assert leased.lease_expires_at == env.clock.now() + timedelta(seconds=30)
+    [in_flight] = (await env.box.history("a1")).attempts
+    assert in_flight.submission is None and in_flight.finished_at is None and in_flight.fence == 1
+    assert request.headers["outbox-attempt-id"] == in_flight.attempt_id
+    assert request.headers["outbox-fence"] == "1"
+
+    assert await sweeper.sweep() == 0  # the lease is still live
+    env.clock.advance(31)
+    assert await sweeper.sweep() == 1
+
+    recovered = await env.box.get("a1")
+    assert recovered.status is Status.PENDING  # idempotent, inside retention: may be retried
+    assert recovered.fence == 2 and recovered.lease_owner is None and recovered.lease_expires_at is None
+    history = await env.box.history("a1")
+    [attempt] = history.attempts
+    assert attempt.attempt_id == in_flight.attempt_id
+    assert (attempt.submission, attempt.outcome) == (Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN)
+    assert "lease of w1 expired while its attempt was in flight" in attempt.error
+    assert attempt.status_code is None and attempt.finished_at == env.clock.now()
+    expired = only(history, "lease_expired")
+    assert expired.actor == "w2" and expired.data == {"fence": 1}
+    assert kinds(history)[-1] == "scheduled_retry"
+
+    gate.open()  # the slow worker's 200 finally arrives: its write must be refused
+    await asyncio.wait_for(sending, 10)
+    assert slow.stale_writes == 1
+    assert await env.box.get("a1") == recovered
+    assert await env.box.history("a1") == history  # the old fence's outcome was not applied
+
+    await env.advance_until_due("a1")
+    assert await sweeper.run_once() == 1
+    final = await env.box.get("a1")
+    assert final.status is Status.DELIVERED and final.fence == 3 and final.attempts == 2
+    attempts = (await env.box.history("a1")).attempts
+    assert [(a.fence, a.outcome, a.external_id) for a in attempts] == [
+        (1, Outcome.UNKNOWN, None), (3, Outcome.DELIVERED, "second")]
+    first, second = receiver.requests("/hook")
+    assert first.headers["idempotency-key"] == second.headers["idempotency-key"] == "a1"
+    assert (first.headers["outbox-fence"], second.headers["outbox-fence"]) == ("1", "3")
+    assert sweeper.stale_writes == 0
+
+
+async def test_a_non_idempotent_send_slower_than_its_lease_becomes_unknown(env: SenderEnv, receiver: Receiver):
+    gate = Gate()
+    receiver.script("/hook", Reply(200, gate=gate))
+    await env.destination(f"{receiver.url}/hook", timeout_seconds=10, idempotent=False)
+    await env.enqueue("a1")
+    slow, sweeper = env.worker(worker_id="w1"), env.worker(worker_id="w2")
+    sending = asyncio.create_task(slow.run_once())
+    await receiver.wait_for_requests(1, "/hook")
+    env.clock.advance(31)
+    assert await sweeper.sweep() == 1
+    gate.open()
+    await asyncio.wait_for(sending, 10)
+
+    intent = await env.box.get("a1")
+    assert intent.status is Status.UNKNOWN and intent.fence == 2
+    assert "does not declare idempotency" in intent.last_error
+    assert slow.stale_writes == 1
+    assert (await env.box.wait("a1", timeout=5)).status is Status.UNKNOWN
+    env.clock.advance(3600)
+    assert await sweeper.run_once() == 0
+    assert len(receiver.requests()) == 1
+
+
+async def test_a_worker_whose_lease_expired_before_it_sent_never_sends(env: SenderEnv, receiver: Receiver):
+    receiver.script("/hook", Reply(200))
+    await env.destination(f"{receiver.url}/hook")
+    await env.enqueue("a1")
+    asked, answer = asyncio.Event(), asyncio.Event()
+
+    async def slow_policy(request) -> bool:
+        asked.set()
+        await answer.wait()
+        return True
+
+    slow = env.worker(worker_id="w1", authority=CallableAuthority(slow_policy))
+    sweeper = env.worker(worker_id="w2")
+    checking = asyncio.create_task(slow.run_once())
+    await asyncio.wait_for(asked.wait(), 10)
+    env.clock.advance(31)
+    assert await sweeper.sweep() == 1
+
+    released = await env.box.get("a1")
+    assert released.status is Status.PENDING and released.fence == 2 and released.attempts == 0
+    assert released.next_attempt_at == env.clock.now()  # nothing was sent: due again at once
+    history = await env.box.history("a1")
+    assert history.attempts == []
+    assert only(history, "lease_expired").reason == "lease of w1 expired before any attempt started"
+
+    answer.set()  # the slow worker is allowed now, but its lease is gone
+    await asyncio.wait_for(checking, 10)
+    assert slow.stale_writes == 1
+    assert receiver.requests() == []
+    assert await env.box.get("a1") == released
+    assert "attempt_started" not in kinds(await env.box.history("a1"))
+
+    assert await sweeper.run_once() == 1
+    assert (await env.box.get("a1")).status is Status.DELIVERED
+    [request] = receiver.requests()
+    assert request.headers["outbox-fence"] == "3"
+
+
+async def test_heartbeats_keep_a_long_send_leased(open_env, receiver: Receiver):
+    env: SenderEnv = await open_env(lease_seconds=0.3)  # heartbeat every 0.1 s (real time)
+    gate = Gate()
+    receiver.script("/hook", Reply(200, gate=gate))
+    await env.destination(f"{receiver.url}/hook", timeout_seconds=10)
+    await env.enqueue("a1")
+    worker, sweeper = env.worker(worker_id="w1"), env.worker(worker_id="w2")
+    running = asyncio.create_task(worker.run())
+    try:
+        await receiver.wait_for_requests(1, "/hook")
+        for _ in range(3):  # each time: move on 0.2 s, wait for the renewal, no sweep recovers it
+            env.clock.advance(0.2)
+            renewed = env.clock.now() + timedelta(seconds=0.3)
+            for _ in range(500):
+                if (await env.box.get("a1")).lease_expires_at == renewed:
+                    break
+                await asyncio.sleep(0.01)
+            assert (await env.box.get("a1")).lease_expires_at == renewed
+            assert await sweeper.sweep() == 0
+        gate.open()
+        for _ in range(500):
+            if (await env.box.get("a1")).status is Status.DELIVERED:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        gate.open()
+        worker.stop()
+        await asyncio.wait_for(running, 10)
+    intent = await env.box.get("a1")
+    assert intent.status is Status.DELIVERED and intent.fence == 1
+    assert worker.stale_writes == 0
+    assert "lease_expired" not in kinds(await env.box.history("a1"))
+
+
+async def test_stopping_mid_send_records_what_may_have_happened(open_env, receiver: Receiver):
+    env: SenderEnv = await open_env(drain_seconds=0)
+    gate = Gate()
+    receiver.script("/hook", Reply(200, gate=gate))
+    await env.destination(f"{receiver.url}/hook", timeout_seconds=10, idempotent=False)
+    await env.enqueue("a1")
+    worker = env.worker(worker_id="w1")
+    running = asyncio.create_task(worker.run())
+    await receiver.wait_for_requests(1, "/hook")
+    worker.stop()  # no drain time: the send is cut short
+    await asyncio.wait_for(running, 10)
+    gate.open()
+
+    intent = await env.box.get("a1")
+    assert intent.status is Status.UNKNOWN and intent.lease_owner is None and intent.attempts == 1
+    [attempt] = (await env.box.history("a1")).attempts
+    assert (attempt.submission, attempt.outcome) == (Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN)
+    assert attempt.error == "the worker stopped while the request was in flight"
+
+
+async def test_stopping_lets_an_in_flight_send_finish_within_the_drain(open_env, receiver: Receiver):
+    env: SenderEnv = await open_env(drain_seconds=10)
+    gate = Gate()
+    receiver.script("/hook", Reply(200, gate=gate))
+    await env.destination(f"{receiver.url}/hook", timeout_seconds=10)
+    await env.enqueue("a1")
+    worker = env.worker(worker_id="w1")
+    running = asyncio.create_task(worker.run())
+    await receiver.wait_for_requests(1, "/hook")
+    worker.stop()
+    await asyncio.sleep(0)  # let the loop see the stop before the answer comes
+    gate.open()
+    await asyncio.wait_for(running, 10)
+    assert (await env.box.get("a1")).status is Status.DELIVERED
+    assert len(receiver.requests()) == 1
