@@ -138,6 +138,9 @@ class Intent:
     created_at: datetime
     updated_at: datetime
     last_error: str | None
+    approved_digest: str | None = None  # the payload digest an operator approved
+    approval_expires_at: datetime | None = None
+    approved_by: str | None = None
 
     @property
     def payload(self) -> Any:

@@ -208,6 +208,12 @@ class Worker:
             if intent.expires_at is not None and now >= intent.expires_at:
                 await self._settle(intent, Fate(Status.DEAD, "dead_lettered", "expired before it could be sent"), [])
                 return
+            if destination.requires_approval and (refusal := _approval_refusal(intent, now)):
+                await self.store.update_intent(
+                    intent.action_id, expected=Status.LEASED, status=Status.HELD, fence=intent.fence,
+                    changes={"lease_owner": None, "lease_expires_at": None, "last_error": refusal},
+                    events=[Event("held", now, self.id, refusal)])
+                return
             decision = await self.authority.check(AuthorityRequest(
                 intent.scope, intent.channel.value, intent.destination, intent.action_id))
             checked = Event("authority_checked", self.clock.now(), self.id, decision.reason,
@@ -376,6 +382,17 @@ class Worker:
             pass  # the holder finished or another sweeper got there first
         else:
             log.warning("recovered expired lease: action_id=%s fence=%d", intent.action_id, intent.fence)
+
+
+def _approval_refusal(intent: Intent, now: datetime) -> str | None:
+    """Why an intent to a destination requiring approval may not be sent now, or None."""
+    if intent.approved_digest is None:
+        return "waiting for an operator's approval"
+    if intent.approved_digest != intent.payload_digest:
+        return "the approval was for another payload"
+    if intent.approval_expires_at is None or now >= intent.approval_expires_at:
+        return "the approval expired before the send; approve it again"
+    return None
 
 
 def _finished_event(attempt: Attempt, worker: str) -> Event:

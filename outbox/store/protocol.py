@@ -27,6 +27,9 @@ UPDATABLE = frozenset(
         "lease_expires_at",
         "fence",
         "last_error",
+        "approved_digest",
+        "approval_expires_at",
+        "approved_by",
     }
 )
 
@@ -159,6 +162,19 @@ class Store(Protocol):
 
     async def next_due_at(self) -> datetime | None:
         """When the soonest pending intent falls due, or None."""
+        ...
+
+    async def prune(self, before: datetime, *, dry_run: bool, limit: int = 10_000) -> list[str]:
+        """Delete up to ``limit`` delivered or cancelled intents last changed before ``before``,
+        with their attempts and events; returns their action_ids (nothing deleted on a dry run)."""
+        ...
+
+    async def count_by_status(self) -> list[tuple[str, str, int]]:
+        """(status, channel, count) for every status and channel that has intents."""
+        ...
+
+    async def oldest_due_at(self, now: datetime) -> datetime | None:
+        """When the oldest intent that is due now fell due, or None."""
         ...
 
     async def disable_destination(self, destination_id: str, at: datetime) -> None:

@@ -92,6 +92,9 @@ def _intent(row: sqlite3.Row) -> Intent:
         created_at=from_us(row["created_at"]),  # type: ignore[arg-type]
         updated_at=from_us(row["updated_at"]),  # type: ignore[arg-type]
         last_error=row["last_error"],
+        approved_digest=row["approved_digest"],
+        approval_expires_at=from_us(row["approval_expires_at"]),
+        approved_by=row["approved_by"],
     )
 
 
@@ -576,6 +579,27 @@ class SqliteStore:
 
     async def next_due_at(self) -> datetime | None:
         return await self._read(lambda conn: from_us(conn.execute(SQL["next_due_at"]).fetchone()[0]))
+
+    async def prune(self, before: datetime, *, dry_run: bool, limit: int = 10_000) -> list[str]:
+        def find(conn: sqlite3.Connection) -> list[tuple[int, str]]:
+            return [(r[0], r[1]) for r in conn.execute(SQL["prunable"], (to_us(before), limit))]
+
+        if dry_run:
+            return [action_id for _, action_id in await self._read(find)]
+
+        def run(conn: sqlite3.Connection) -> list[str]:
+            found = find(conn)
+            for name in ("delete_events", "delete_attempts", "delete_intent"):
+                conn.executemany(SQL[name], [(seq,) for seq, _ in found])
+            return [action_id for _, action_id in found]
+
+        return await self._write(run)
+
+    async def count_by_status(self) -> list[tuple[str, str, int]]:
+        return await self._read(lambda conn: [tuple(r) for r in conn.execute(SQL["count_by_status"])])
+
+    async def oldest_due_at(self, now: datetime) -> datetime | None:
+        return await self._read(lambda conn: from_us(conn.execute(SQL["oldest_due"], (to_us(now),)).fetchone()[0]))
 
     async def disable_destination(self, destination_id: str, at: datetime) -> None:
         params = (to_us(at), destination_id)

@@ -88,6 +88,31 @@ ORDER BY number DESC LIMIT 1;
 -- When the soonest pending intent falls due.
 SELECT min(next_attempt_at) FROM intents INDEXED BY intents_due WHERE status = 'pending';
 
+-- name: prunable
+-- Finished intents (delivered, cancelled) last changed before a time, oldest first.
+SELECT seq, action_id FROM intents INDEXED BY intents_finished
+WHERE status IN ('delivered', 'cancelled') AND updated_at < ? ORDER BY updated_at LIMIT ?;
+
+-- name: delete_events
+-- An intent's events (pruning).
+DELETE FROM events WHERE intent_seq = ?;
+
+-- name: delete_attempts
+-- An intent's attempts (pruning).
+DELETE FROM attempts WHERE intent_seq = ?;
+
+-- name: delete_intent
+-- An intent (pruning, after its attempts and events).
+DELETE FROM intents WHERE seq = ?;
+
+-- name: count_by_status
+-- The backlog by status and channel (metrics).
+SELECT status, channel, count(*) FROM intents GROUP BY status, channel;
+
+-- name: oldest_due
+-- When the oldest due intent fell due (metrics: how far behind delivery is).
+SELECT min(next_attempt_at) FROM intents INDEXED BY intents_due WHERE status = 'pending' AND next_attempt_at <= ?;
+
 -- name: put_attempt
 -- Record an attempt, or its outcome once known.
 INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at, finished_at,

@@ -1,0 +1,222 @@
+"""What operators do to intents: replay, resolve, cancel, approve, reject, prune.
+
+Every action is a status change through the one transition table, conditional on the status
+the operator saw, and appends an event naming who did it and why. History is never rewritten.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from .errors import IllegalTransition, InvalidInput, OutboxError
+from .model import Event, Intent, Status, Submission
+from .outbox import Outbox
+from .store import IntentQuery
+
+#: Asks the authority provider about an intent now; returns why it is denied, or None.
+Authorize = Callable[[Intent], Awaitable[str | None]]
+
+REPLAYABLE = frozenset({Status.DEAD, Status.REVOKED, Status.UNKNOWN})
+
+
+class DuplicateRisk(OutboxError):
+    """An earlier attempt may have taken effect and the destination does not deduplicate."""
+
+
+class AuthorityDenied(OutboxError):
+    """The authority provider still denies this intent."""
+
+
+class Resolution(str, enum.Enum):
+    """How an operator settles an ``unknown`` intent."""
+
+    DELIVERED = "delivered"  # evidence says it took effect
+    RETRY = "retry"  # evidence says it did not: send again
+    DEAD = "dead"  # give up on it
+
+
+@dataclass(frozen=True, slots=True)
+class Actor:
+    """Who acts, and why (recorded on the event)."""
+
+    name: str
+    reason: str
+
+    def __post_init__(self) -> None:
+        if not self.reason.strip():
+            raise InvalidInput("say why: operator actions are recorded with a reason")
+
+
+async def _may_have_taken_effect(box: Outbox, intent: Intent) -> bool:
+    history = await box.history(intent.action_id)
+    return any(a.submission in (Submission.MAYBE_SUBMITTED, None) for a in history.attempts) or (
+        intent.status is Status.UNKNOWN
+    )
+
+
+async def replay(
+    box: Outbox, action_id: str, actor: Actor, *, authorize: Authorize | None = None,
+    accept_duplicate_risk: bool = False,
+) -> Intent:
+    """Send a dead, revoked or unknown intent again, under the same action_id (receivers
+    deduplicate on it) and with a fresh budget of attempts, after a fresh authority check."""
+    intent = await box.get(action_id)
+    if intent.status not in REPLAYABLE:
+        raise IllegalTransition(
+            f"only dead, revoked or unknown intents can be replayed; {action_id!r} is {intent.status.value}")
+    destination = await box.get_destination(intent.destination)
+    if not destination.idempotent and not accept_duplicate_risk and await _may_have_taken_effect(box, intent):
+        raise DuplicateRisk(
+            f"an earlier attempt of {action_id!r} may have taken effect and destination "
+            f"{destination.id!r} does not declare idempotency; replaying may duplicate it "
+            "(pass accept_duplicate_risk / --accept-duplicate-risk to do it anyway)")
+    if authorize is not None and (denied := await authorize(intent)) is not None:
+        raise AuthorityDenied(f"authority still denies {action_id!r}: {denied}")
+    now = box.clock.now()
+    replayed = await box.store.update_intent(
+        action_id, expected=intent.status, status=Status.PENDING,
+        changes={"next_attempt_at": now, "max_attempts": intent.attempts + box.settings.default_max_attempts,
+                 "last_error": None},
+        events=[Event("replayed", now, actor.name, actor.reason,
+                      {"from": intent.status.value, "accept_duplicate_risk": accept_duplicate_risk})],
+    )
+    box.enqueued.notify()
+    return replayed
+
+
+async def resolve(
+    box: Outbox, action_id: str, resolution: Resolution, actor: Actor, *, external_id: str | None = None,
+) -> Intent:
+    """Settle an ``unknown`` intent with the operator's evidence."""
+    intent = await box.get(action_id)
+    if intent.status is not Status.UNKNOWN:
+        raise IllegalTransition(f"only unknown intents can be resolved; {action_id!r} is {intent.status.value}")
+    now = box.clock.now()
+    status = {Resolution.DELIVERED: Status.DELIVERED, Resolution.RETRY: Status.PENDING,
+              Resolution.DEAD: Status.DEAD}[resolution]
+    changes: dict[str, object] = {"next_attempt_at": now} if status is Status.PENDING else {}
+    resolved = await box.store.update_intent(
+        action_id, expected=Status.UNKNOWN, status=status, changes=changes,
+        events=[Event("resolved", now, actor.name, actor.reason,
+                      {"resolution": resolution.value, "external_id": external_id})],
+    )
+    (box.enqueued if status is Status.PENDING else box.settled).notify()
+    return resolved
+
+
+async def cancel(box: Outbox, action_id: str, actor: Actor) -> Intent:
+    """Withdraw an intent that is not in flight and not finished."""
+    intent = await box.get(action_id)
+    if intent.status is Status.LEASED:
+        raise IllegalTransition(f"{action_id!r} is being sent right now; cancel it after this attempt")
+    cancelled = await box.store.update_intent(
+        action_id, expected=intent.status, status=Status.CANCELLED,
+        events=[Event("cancelled", box.clock.now(), actor.name, actor.reason, {"from": intent.status.value})],
+    )
+    box.settled.notify()
+    return cancelled
+
+
+async def approve(
+    box: Outbox, action_id: str, actor: Actor, *, payload_digest: str, valid_seconds: float = 3600,
+) -> Intent:
+    """Approve a held intent: the approval binds the exact payload digest the operator saw and
+    expires; the sender re-checks both right before sending."""
+    intent = await box.get(action_id)
+    if intent.status is not Status.HELD:
+        raise IllegalTransition(f"only held intents can be approved; {action_id!r} is {intent.status.value}")
+    if payload_digest != intent.payload_digest:
+        raise InvalidInput(f"the approval names payload {payload_digest}, but {action_id!r} carries "
+                           f"{intent.payload_digest}; look at it again")
+    if not 0 < valid_seconds <= 30 * 86_400:
+        raise InvalidInput("an approval lasts between 1 second and 30 days")
+    now = box.clock.now()
+    until = now + timedelta(seconds=valid_seconds)
+    approved = await box.store.update_intent(
+        action_id, expected=Status.HELD, status=Status.PENDING,
+        changes={"approved_digest": payload_digest, "approval_expires_at": until, "approved_by": actor.name,
+                 "next_attempt_at": now},
+        events=[Event("approved", now, actor.name, actor.reason,
+                      {"payload_digest": payload_digest, "expires_at": until.isoformat()})],
+    )
+    box.enqueued.notify()
+    return approved
+
+
+async def reject(box: Outbox, action_id: str, actor: Actor) -> Intent:
+    """Refuse a held intent: it is cancelled and never sent."""
+    intent = await box.get(action_id)
+    if intent.status is not Status.HELD:
+        raise IllegalTransition(f"only held intents can be rejected; {action_id!r} is {intent.status.value}")
+    rejected = await box.store.update_intent(
+        action_id, expected=Status.HELD, status=Status.CANCELLED,
+        events=[Event("rejected", box.clock.now(), actor.name, actor.reason)],
+    )
+    box.settled.notify()
+    return rejected
+
+
+async def matching(box: Outbox, query: IntentQuery) -> AsyncIterator[Intent]:
+    """Every intent matching ``query`` (its statuses must be replayable), page by page."""
+    before = None
+    while True:
+        page = await box.list(IntentQuery(**{**_fields(query), "before_seq": before, "limit": 500}))
+        for intent in page.intents:
+            yield intent
+        if page.next_seq is None:
+            return
+        before = page.next_seq
+
+
+def _fields(query: IntentQuery) -> dict[str, object]:
+    return {name: getattr(query, name) for name in IntentQuery.__slots__}  # type: ignore[attr-defined]
+
+
+def replay_filter(query: IntentQuery) -> IntentQuery:
+    """A bulk replay's filter: only replayable statuses (all three when none is named)."""
+    statuses = list(query.statuses or REPLAYABLE)
+    if not set(statuses) <= REPLAYABLE:
+        raise InvalidInput("bulk replay takes dead, revoked or unknown intents only")
+    return IntentQuery(**{**_fields(query), "statuses": sorted(statuses, key=lambda s: s.value)})
+
+
+@dataclass
+class BulkReplay:
+    """What a bulk replay found and did; ``refused`` maps action_id to why it was not replayed."""
+
+    matched: list[str]
+    replayed: list[str]
+    refused: dict[str, str]
+
+
+async def bulk_replay(
+    box: Outbox, query: IntentQuery, actor: Actor, *, dry_run: bool, authorize: Authorize | None = None,
+    accept_duplicate_risk: bool = False, progress: Callable[[Intent], None] | None = None,
+) -> BulkReplay:
+    """Replay every intent matching ``query``. A dry run only lists them. Interrupted, it can
+    simply be run again: what was replayed no longer matches, so it resumes with the rest."""
+    found = [intent async for intent in matching(box, replay_filter(query))]
+    result = BulkReplay([i.action_id for i in found], [], {})
+    if dry_run:
+        return result
+    for intent in found:
+        try:
+            await replay(box, intent.action_id, actor, authorize=authorize,
+                         accept_duplicate_risk=accept_duplicate_risk)
+        except OutboxError as exc:
+            result.refused[intent.action_id] = exc.message
+        else:
+            result.replayed.append(intent.action_id)
+        if progress is not None:
+            progress(intent)
+    return result
+
+
+async def prune(box: Outbox, *, older_than: timedelta, dry_run: bool) -> list[str]:
+    """Delete delivered and cancelled intents finished more than ``older_than`` ago (dead and
+    unknown intents stay until an operator acts on them)."""
+    return await box.store.prune(box.clock.now() - older_than, dry_run=dry_run)
+
