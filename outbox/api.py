@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, ValidationError
 from starlette.exceptions import HTTPException
 
+from . import operations
 from .destinations import DestinationSpec
 from .errors import OutboxError
 from .grants import GrantSpec
@@ -55,6 +56,57 @@ class IntentIn(BaseModel):
     max_attempts: int | None = Field(default=None, ge=1, le=1000)
 
 
+class ReasonIn(BaseModel):
+    """Why an operator acts (recorded with the action)."""
+
+    model_config = ConfigDict(extra="forbid")
+    reason: str = Field(min_length=1, max_length=1000)
+
+
+class ReplayIn(ReasonIn):
+    """A replay; duplicates must be accepted explicitly where the destination does not dedupe."""
+
+    accept_duplicate_risk: bool = False
+
+
+class ResolveIn(ReasonIn):
+    """An unknown intent's resolution, with the operator's evidence."""
+
+    resolution: operations.Resolution
+    external_id: str | None = Field(default=None, max_length=255)
+
+
+class ApproveIn(ReasonIn):
+    """An approval of the exact payload digest the operator looked at."""
+
+    payload_digest: str
+    valid_seconds: float = Field(default=3600, gt=0, le=30 * 86_400)
+
+
+class ReplayFilter(BaseModel):
+    """Which intents a bulk replay takes (dead, revoked and unknown when no status is named)."""
+
+    model_config = ConfigDict(extra="forbid")
+    status: list[Status] | None = None
+    scope: list[str] | None = None
+    destination: str | None = None
+    channel: Channel | None = None
+    created_after: AwareDatetime | None = None
+    created_before: AwareDatetime | None = None
+
+    def query(self) -> IntentQuery:
+        return IntentQuery(statuses=self.status, scopes=self.scope, destination=self.destination,
+                           channel=self.channel, created_after=self.created_after,
+                           created_before=self.created_before)
+
+
+class BulkReplayIn(ReplayIn):
+    """A bulk replay."""
+
+    filter: ReplayFilter = Field(default_factory=ReplayFilter)
+    dry_run: bool = True
+
+
 def _validation_problem(errors: list[dict[str, Any]]) -> Problem:
     shown = [
         {"field": ".".join(str(part) for part in e["loc"] if part not in ("body", "query", "path")),
@@ -90,6 +142,9 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.outbox = outbox or await Outbox.open(settings=settings)
+        from sender.authority import authorizer  # the sender builds on this package, not the reverse
+
+        app.state.authorize = authorizer(app.state.outbox)
         worker_task = None
         if settings.worker:
             from sender import Worker  # the sender builds on this package, not the reverse
@@ -320,6 +375,73 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
             "items": [intent_json(i) for i in page.intents],
             "next_cursor": _encode_cursor(page.next_seq) if page.next_seq else None,
         }
+
+    # -- operators -------------------------------------------------------------------------
+
+    Operator = Annotated[TokenInfo, Depends(role(Role.OPERATOR))]
+
+    def actor(token: TokenInfo, reason: str) -> operations.Actor:
+        try:
+            return operations.Actor(token.actor, reason)
+        except OutboxError as exc:
+            raise Problem(422, "invalid-input", "Invalid input", exc.message) from None
+
+    async def acted(request: Request, action_id: str) -> dict[str, Any]:
+        intent = await box(request).get(action_id)
+        return {**intent_json(intent), **history_json(await box(request).history(action_id))}
+
+    @app.post("/v1/intents/{action_id}/replay", tags=["operators"],
+              summary="Send a dead, revoked or unknown intent again (same action_id)")
+    async def replay(request: Request, action_id: str, token: Operator) -> dict[str, Any]:
+        spec = await parsed(request, ReplayIn)
+        await operations.replay(box(request), action_id, actor(token, spec.reason),
+                                authorize=request.app.state.authorize,
+                                accept_duplicate_risk=spec.accept_duplicate_risk)
+        return await acted(request, action_id)
+
+    @app.post("/v1/intents/{action_id}/resolve", tags=["operators"],
+              summary="Settle an unknown intent with evidence: delivered, retry or dead")
+    async def resolve(request: Request, action_id: str, token: Operator) -> dict[str, Any]:
+        spec = await parsed(request, ResolveIn)
+        await operations.resolve(box(request), action_id, spec.resolution, actor(token, spec.reason),
+                                 external_id=spec.external_id)
+        return await acted(request, action_id)
+
+    @app.post("/v1/intents/{action_id}/cancel", tags=["operators"], summary="Withdraw an intent")
+    async def cancel(request: Request, action_id: str, token: Operator) -> dict[str, Any]:
+        spec = await parsed(request, ReasonIn)
+        await operations.cancel(box(request), action_id, actor(token, spec.reason))
+        return await acted(request, action_id)
+
+    @app.post("/v1/intents/{action_id}/approve", tags=["operators"],
+              summary="Approve a held intent's exact payload digest, for a limited time")
+    async def approve(request: Request, action_id: str, token: Operator) -> dict[str, Any]:
+        spec = await parsed(request, ApproveIn)
+        await operations.approve(box(request), action_id, actor(token, spec.reason),
+                                 payload_digest=spec.payload_digest, valid_seconds=spec.valid_seconds)
+        return await acted(request, action_id)
+
+    @app.post("/v1/intents/{action_id}/reject", tags=["operators"], summary="Refuse a held intent")
+    async def reject(request: Request, action_id: str, token: Operator) -> dict[str, Any]:
+        spec = await parsed(request, ReasonIn)
+        await operations.reject(box(request), action_id, actor(token, spec.reason))
+        return await acted(request, action_id)
+
+    @app.post("/v1/replay", tags=["operators"],
+              summary="Replay every dead, revoked or unknown intent matching a filter (dry_run first)")
+    async def bulk_replay(request: Request, token: Operator) -> dict[str, Any]:
+        spec = await parsed(request, BulkReplayIn)
+        result = await operations.bulk_replay(
+            box(request), spec.filter.query(), actor(token, spec.reason), dry_run=spec.dry_run,
+            authorize=request.app.state.authorize, accept_duplicate_risk=spec.accept_duplicate_risk)
+        return {"dry_run": spec.dry_run, "matched": len(result.matched), "action_ids": result.matched,
+                "replayed": len(result.replayed), "refused": result.refused}
+
+    @app.get("/metrics", tags=["probes"], summary="Prometheus metrics")
+    async def metrics(request: Request) -> Response:
+        outbox_ = box(request)
+        body = await outbox_.metrics.render(outbox_.store, outbox_.clock.now())
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     # -- destinations ----------------------------------------------------------------------
 

@@ -9,6 +9,8 @@
     ├── DestinationInUse        a destination still has intents waiting to be delivered
     ├── IllegalTransition       a status change the lifecycle does not allow
     ├── StaleWrite              the row changed under us (status or fence moved on)
+    ├── DuplicateRisk           a replay could duplicate an effect the destination won't dedupe
+    ├── AuthorityDenied         the authority provider still denies the intent
     ├── StoreUnavailable        the database is locked, full or unreachable; retry later
     └── SchemaTooNew            the database was migrated by a newer release
 
@@ -60,6 +62,14 @@ class IllegalTransition(OutboxError):
 
 class StaleWrite(OutboxError):
     """The intent changed since it was read; the write was not applied."""
+
+
+class DuplicateRisk(OutboxError):
+    """An earlier attempt may have taken effect and the destination does not deduplicate."""
+
+
+class AuthorityDenied(OutboxError):
+    """The authority provider still denies this intent."""
 
 
 class StoreUnavailable(OutboxError):

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from .errors import IllegalTransition, InvalidInput, OutboxError
+from .errors import AuthorityDenied, DuplicateRisk, IllegalTransition, InvalidInput, OutboxError
 from .model import Event, Intent, Status, Submission
 from .outbox import Outbox
 from .store import IntentQuery
@@ -20,14 +20,6 @@ from .store import IntentQuery
 Authorize = Callable[[Intent], Awaitable[str | None]]
 
 REPLAYABLE = frozenset({Status.DEAD, Status.REVOKED, Status.UNKNOWN})
-
-
-class DuplicateRisk(OutboxError):
-    """An earlier attempt may have taken effect and the destination does not deduplicate."""
-
-
-class AuthorityDenied(OutboxError):
-    """The authority provider still denies this intent."""
 
 
 class Resolution(str, enum.Enum):

@@ -23,6 +23,7 @@ from .digest import canonical_json, digest_of
 from .errors import InvalidInput, NotFound, PayloadTooLarge
 from .grants import Grant, GrantSpec
 from .ids import ACTION_ID, DESTINATION_ID, SCOPE, check, uuid7
+from .metrics import Metrics
 from .model import SETTLED, Channel, Enqueued, Event, Intent, NewIntent, Role
 from .settings import Settings
 from .signals import Signal
@@ -40,6 +41,7 @@ class Outbox:
         self.settings = settings or Settings()
         self.clock: Clock = clock or SystemClock()
         self._tokens: dict[str, tuple[float, TokenInfo]] = {}
+        self.metrics = Metrics()
         #: Wakes an embedded worker when intents are enqueued here.
         self.enqueued = Signal()
         #: Wakes long polls when an intent here reaches a settled status.

@@ -60,6 +60,8 @@ _ANSWERS: list[tuple[type[errors.OutboxError], int, str, str]] = [
     (errors.DestinationInUse, 409, "destination-in-use", "Destination in use"),
     (errors.IllegalTransition, 409, "illegal-transition", "Illegal status change"),
     (errors.StaleWrite, 409, "stale-write", "The intent changed meanwhile"),
+    (errors.DuplicateRisk, 409, "duplicate-risk", "Replay could duplicate an effect"),
+    (errors.AuthorityDenied, 409, "authority-denied", "Authority still denied"),
     (errors.StoreUnavailable, 503, "store-unavailable", "Store unavailable"),
     (errors.SchemaTooNew, 503, "schema-too-new", "Database schema is newer than this release"),
 ]

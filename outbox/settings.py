@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     retention_margin_seconds: float = Field(
         default=300.0, ge=0, description="stop blind retries this long before a receiver forgets"
     )
+    delivered_retention_seconds: float = Field(
+        default=7 * 86_400, gt=0, description="delivered and cancelled intents are pruned after this"
+    )
     log_level: str = Field(default="info", description="debug, info, warning or error")
 
     @classmethod

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from outbox import Outbox
+from outbox import Intent, Outbox
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +204,19 @@ class CachedAuthority:
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+def authorizer(outbox: Outbox) -> Callable[[Intent], Awaitable[str | None]]:
+    """A fresh (uncached) check of the configured provider, for operators' replays: returns why
+    an intent is denied, or None when it may be sent."""
+    provider = authority_from_setting(outbox.settings.authority, outbox)
+
+    async def authorize(intent: Intent) -> str | None:
+        decision = await provider.check(
+            AuthorityRequest(intent.scope, intent.channel.value, intent.destination, intent.action_id))
+        return None if decision.allowed else decision.reason
+
+    return authorize
 
 
 def authority_from_setting(spec: str, outbox: Outbox) -> Authority:

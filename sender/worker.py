@@ -41,6 +41,8 @@ log = logging.getLogger("outbox.sender")
 
 #: How long a destination record is reused before it is read again.
 DESTINATION_CACHE_SECONDS = 2.0
+#: How often a worker prunes finished intents past their retention.
+PRUNE_SECONDS = 3600.0
 #: A disabled or missing destination's intents are looked at again after this long.
 PARKED_SECONDS = 60.0
 
@@ -165,9 +167,16 @@ class Worker:
 
     async def _sweep_forever(self) -> None:
         interval = min(5.0, self.lease.total_seconds() / 2)
+        retention = timedelta(seconds=self.outbox.settings.delivered_retention_seconds)
+        next_prune = 0.0
         while True:
             try:
                 await self.sweep()
+                if time.monotonic() >= next_prune:
+                    pruned = await self.store.prune(self.clock.now() - retention, dry_run=False)
+                    if pruned:
+                        log.info("pruned %d delivered/cancelled intents past their retention", len(pruned))
+                    next_prune = time.monotonic() + PRUNE_SECONDS
             except Exception:  # keep sweeping; the next round retries
                 log.exception("sweep failed")
             await asyncio.sleep(interval)
@@ -225,6 +234,7 @@ class Worker:
                                     extra=[checked])
                 return
             if decision.verdict is Verdict.DENY:
+                self.outbox.metrics.authority_denials.inc()
                 await self._settle(intent, Fate(Status.REVOKED, "revoked", decision.reason), [checked])
                 return
             attempt = Attempt(
@@ -267,6 +277,7 @@ class Worker:
         fate = decide(intent, destination, result, attempts_made=attempt.number,
                       first_submission_at=first, now=self.clock.now(), policy=self.policy)
         fate, reconciled, fence = await self._reconcile(intent, destination, fate, intent.fence)
+        self.outbox.metrics.attempts.labels(result.outcome.value).inc()
         await self._settle(intent, fate, [_finished_event(finished, self.id), *reconciled],
                            attempt=finished, new_fence=fence if reconciled else None)
         if result.disable_destination:
@@ -320,6 +331,13 @@ class Worker:
             changes=changes, attempt=attempt,
             events=[*events, Event(fate.event, now, self.id, fate.reason, data)],
         )
+        metrics = self.outbox.metrics
+        if fate.status is Status.DELIVERED:
+            metrics.latency.observe(max(0.0, (now - intent.created_at).total_seconds()))
+        elif fate.status is Status.DEAD:
+            metrics.dead_lettered.inc()
+        elif fate.status is Status.UNKNOWN:
+            metrics.unknown.inc()
         if fate.status in SETTLED:
             self.outbox.settled.notify()
 
@@ -381,6 +399,7 @@ class Worker:
         except StaleWrite:
             pass  # the holder finished or another sweeper got there first
         else:
+            self.outbox.metrics.lease_expiries.inc()
             log.warning("recovered expired lease: action_id=%s fence=%d", intent.action_id, intent.fence)
 
 

@@ -1,0 +1,43 @@
+"""Prometheus metrics: the backlog read from the store at scrape time, and what this process's
+sender did (attempts, latency, lease expiries, authority denials) counted as it happens."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from .model import Channel, Status
+from .store import Store
+
+#: Enqueue-to-delivered latency buckets, from instant to the retry schedule's hours.
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600)
+
+
+class Metrics:
+    """One registry per outbox, so several outboxes in one process never collide."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.intents = Gauge("outbox_intents", "Intents by status and channel.", ["status", "channel"], registry=r)
+        self.oldest_due_age = Gauge("outbox_oldest_due_age_seconds",
+                                    "How long the oldest due intent has been waiting to be sent.", registry=r)
+        self.attempts = Counter("outbox_attempts_total", "Attempts finished, by outcome.", ["outcome"], registry=r)
+        self.latency = Histogram("outbox_delivery_latency_seconds", "From enqueue to delivered.",
+                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.dead_lettered = Counter("outbox_dead_lettered_total", "Intents dead-lettered.", registry=r)
+        self.unknown = Counter("outbox_unknown_outcomes_total", "Intents left with an unknown outcome.", registry=r)
+        self.lease_expiries = Counter("outbox_lease_expiries_total", "Leases recovered by the sweeper.", registry=r)
+        self.authority_denials = Counter("outbox_authority_denials_total", "Sends refused by the authority.",
+                                         registry=r)
+
+    async def render(self, store: Store, now: datetime) -> bytes:
+        """Refresh the backlog gauges from the store, then the exposition text."""
+        counts = {(status, channel): n for status, channel, n in await store.count_by_status()}
+        for status in Status:
+            for channel in Channel:
+                self.intents.labels(status.value, channel.value).set(counts.get((status.value, channel.value), 0))
+        oldest = await store.oldest_due_at(now)
+        self.oldest_due_age.set(0 if oldest is None else max(0.0, (now - oldest).total_seconds()))
+        return generate_latest(self.registry)
