@@ -7,16 +7,18 @@ on the host is trusted as an admin; remote callers use the HTTP API with a token
 from __future__ import annotations
 
 import asyncio
+import getpass
 import json
 import logging
 import sys
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import wraps
 from typing import Any, TypeVar
 
 import click
 
+from . import operations
 from .clock import iso
 from .destinations import DestinationSpec, new_secret
 from .errors import InvalidInput, OutboxError
@@ -326,6 +328,8 @@ async def show(ctx: Context, box: Outbox, action_id: str) -> None:
 @click.option("--scope", "scopes", multiple=True, help="Repeat for several.")
 @click.option("--destination")
 @click.option("--channel", type=click.Choice([c.value for c in Channel]))
+@click.option("--created-after", type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z"]), help="With timezone.")
+@click.option("--created-before", type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z"]), help="With timezone.")
 @click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True)
 @click.option("--before-seq", type=int, help="Continue after the last page (its next_seq).")
 @_run
@@ -336,6 +340,8 @@ async def list_(
     scopes: tuple[str, ...],
     destination: str | None,
     channel: str | None,
+    created_after: datetime | None,
+    created_before: datetime | None,
     limit: int,
     before_seq: int | None,
 ) -> None:
@@ -346,6 +352,8 @@ async def list_(
             scopes=list(scopes) or None,
             destination=destination,
             channel=Channel(channel) if channel else None,
+            created_after=created_after,
+            created_before=created_before,
             before_seq=before_seq,
             limit=limit,
         )
@@ -359,6 +367,129 @@ async def list_(
             + ([f"more: --before-seq {page.next_seq}"] if page.next_seq else [])
         ) or "no intents",
     )
+
+
+# -- operators -----------------------------------------------------------------------------
+
+
+def _operator(reason: str) -> operations.Actor:
+    try:
+        return operations.Actor(f"cli:{getpass.getuser()}", reason)
+    except OutboxError as exc:
+        raise click.UsageError(exc.message) from None
+
+
+REASON = click.option("--reason", required=True, help="Why (recorded with the action).")
+
+
+@main.command()
+@click.argument("action_id", required=False)
+@click.option("--status", "statuses", multiple=True, type=click.Choice([s.value for s in operations.REPLAYABLE]),
+              help="Bulk: replay intents in this status (repeat; default dead, revoked and unknown).")
+@click.option("--destination", help="Bulk: only this destination.")
+@click.option("--scope", "scopes", multiple=True, help="Bulk: only these scopes (repeat).")
+@click.option("--dry-run", is_flag=True, help="Bulk: say how many and which, change nothing.")
+@click.option("--accept-duplicate-risk", is_flag=True,
+              help="Replay even where an earlier attempt may have taken effect and the destination does not dedupe.")
+@REASON
+@_run
+async def replay(ctx: Context, box: Outbox, action_id: str | None, statuses: tuple[str, ...],
+                 destination: str | None, scopes: tuple[str, ...], dry_run: bool,
+                 accept_duplicate_risk: bool, reason: str) -> None:
+    """Send an intent again (same action_id), or every intent matching the filters (bulk).
+
+    A bulk replay can be interrupted and run again: what was replayed no longer matches.
+    """
+    from sender.authority import authorizer
+
+    who = _operator(reason)
+    if action_id:
+        if statuses or destination or scopes or dry_run:
+            raise click.UsageError("give an ACTION_ID or bulk filters, not both")
+        intent = await operations.replay(box, action_id, who, authorize=authorizer(box),
+                                         accept_duplicate_risk=accept_duplicate_risk)
+        ctx.emit(intent_json(intent), f"replayed {action_id} (now {intent.status.value})")
+        return
+    query = IntentQuery(statuses=[Status(s) for s in statuses] or None, scopes=list(scopes) or None,
+                        destination=destination)
+    found = [i async for i in operations.matching(box, operations.replay_filter(query))]
+    if dry_run:
+        ctx.emit({"dry_run": True, "matched": len(found), "action_ids": [i.action_id for i in found]},
+                 lambda: "\n".join([f"{i.action_id}  {i.status.value}  {i.destination}  {i.last_error or ''}"
+                                    for i in found] + [f"{len(found)} intent(s) would be replayed"]))
+        return
+    with click.progressbar(length=len(found), label="replaying", file=sys.stderr,
+                           hidden=ctx.as_json or not found) as bar:
+        result = await operations.bulk_replay(box, query, who, dry_run=False, authorize=authorizer(box),
+                                              accept_duplicate_risk=accept_duplicate_risk,
+                                              progress=lambda _: bar.update(1))
+    ctx.emit({"dry_run": False, "matched": len(result.matched), "replayed": len(result.replayed),
+              "refused": result.refused},
+             lambda: "\n".join([f"refused {k}: {v}" for k, v in result.refused.items()]
+                               + [f"replayed {len(result.replayed)} of {len(result.matched)}"]))
+    if result.refused:
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("action_id")
+@click.option("--as", "resolution", required=True, type=click.Choice([r.value for r in operations.Resolution]),
+              help="delivered (it took effect), retry (it did not), dead (give up).")
+@click.option("--external-id", help="The receiver's id for the work, as evidence.")
+@REASON
+@_run
+async def resolve(ctx: Context, box: Outbox, action_id: str, resolution: str, external_id: str | None,
+                  reason: str) -> None:
+    """Settle an unknown intent with your evidence."""
+    intent = await operations.resolve(box, action_id, operations.Resolution(resolution), _operator(reason),
+                                      external_id=external_id)
+    ctx.emit(intent_json(intent), f"resolved {action_id}: {intent.status.value}")
+
+
+@main.command()
+@click.argument("action_id")
+@REASON
+@_run
+async def cancel(ctx: Context, box: Outbox, action_id: str, reason: str) -> None:
+    """Withdraw an intent that is not being sent right now."""
+    intent = await operations.cancel(box, action_id, _operator(reason))
+    ctx.emit(intent_json(intent), f"cancelled {action_id}")
+
+
+@main.command()
+@click.argument("action_id")
+@click.option("--digest", required=True, help="The payload_digest you reviewed (see `outbox show`).")
+@click.option("--valid-seconds", type=float, default=3600, show_default=True, help="How long the approval lasts.")
+@REASON
+@_run
+async def approve(ctx: Context, box: Outbox, action_id: str, digest: str, valid_seconds: float, reason: str) -> None:
+    """Approve a held intent's exact payload, for a limited time."""
+    intent = await operations.approve(box, action_id, _operator(reason), payload_digest=digest,
+                                      valid_seconds=valid_seconds)
+    ctx.emit(intent_json(intent), f"approved {action_id} until {iso(intent.approval_expires_at)}")
+
+
+@main.command()
+@click.argument("action_id")
+@REASON
+@_run
+async def reject(ctx: Context, box: Outbox, action_id: str, reason: str) -> None:
+    """Refuse a held intent; it is never sent."""
+    intent = await operations.reject(box, action_id, _operator(reason))
+    ctx.emit(intent_json(intent), f"rejected {action_id}")
+
+
+@main.command()
+@click.option("--older-than-days", type=float, help="Default: the retention setting (7 days).")
+@click.option("--dry-run", is_flag=True, help="List what would go, delete nothing.")
+@_run
+async def prune(ctx: Context, box: Outbox, older_than_days: float | None, dry_run: bool) -> None:
+    """Delete delivered and cancelled intents past their retention (dead and unknown stay)."""
+    age = timedelta(days=older_than_days) if older_than_days is not None else \
+        timedelta(seconds=box.settings.delivered_retention_seconds)
+    gone = await operations.prune(box, older_than=age, dry_run=dry_run)
+    ctx.emit({"dry_run": dry_run, "pruned": len(gone), "action_ids": gone},
+             f"{'would prune' if dry_run else 'pruned'} {len(gone)} intent(s)")
 
 
 # -- grants --------------------------------------------------------------------------------
