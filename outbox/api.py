@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, ValidationError
 from starlette.exceptions import HTTPException
 
-from . import operations
+from . import console, operations
 from .destinations import DestinationSpec
 from .errors import OutboxError
 from .grants import GrantSpec
@@ -442,6 +442,8 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
         outbox_ = box(request)
         body = await outbox_.metrics.render(outbox_.store, outbox_.clock.now())
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    app.include_router(console.router(box, lambda request: request.app.state.authorize))
 
     # -- destinations ----------------------------------------------------------------------
 
