@@ -9,5 +9,6 @@ import hmac
 
 def signature(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
     """base64 HMAC-SHA256 over ``id.timestamp.body`` with a ``whsec_`` secret (without ``v1,``)."""
-    key = base64.b64decode(secret.removeprefix("whsec_"))
+    encoded = secret.removeprefix("whsec_")
+    key = base64.b64decode(encoded + "=" * (-len(encoded) % 4))  # unpadded secrets are common
     return base64.b64encode(hmac.new(key, f"{msg_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()).decode()

@@ -46,7 +46,10 @@ class IdempotencyMiddleware:
         if declared and declared[0].isdigit() and int(declared[0]) > self.idempotency.max_body_bytes:
             await _answer(send, self.idempotency.too_large(int(declared[0])))
             return
-        body = await _read_body(receive, self.idempotency.max_body_bytes)
+        try:
+            body = await _read_body(receive, self.idempotency.max_body_bytes)
+        except _ClientGone:
+            return  # nothing to claim: the request never fully arrived
         if body is None:
             await _answer(send, self.idempotency.too_large(self.idempotency.max_body_bytes + 1))
             return
@@ -74,35 +77,49 @@ class IdempotencyMiddleware:
         headers: list[tuple[str, str]] = []
         chunks: list[bytes] | None = []
         size = 0
+        finished = False
 
         async def capture(message: Message) -> None:
-            nonlocal status, headers, chunks, size
+            nonlocal status, headers, chunks, size, finished
             if message["type"] == "http.response.start":
                 status = message["status"]
                 headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in message.get("headers", [])]
-            elif message["type"] == "http.response.body" and chunks is not None:
-                size += len(message.get("body", b""))
-                if size > self.idempotency.max_stored_bytes:
-                    chunks = None  # completed without a stored body
-                else:
-                    chunks.append(message.get("body", b""))
+            elif message["type"] == "http.response.body":
+                if chunks is not None:
+                    size += len(message.get("body", b""))
+                    if size > self.idempotency.max_stored_bytes:
+                        chunks = None  # completed without a stored body
+                    else:
+                        chunks.append(message.get("body", b""))
+                if not message.get("more_body") and not finished:
+                    # Record the outcome before the last byte leaves, so a client that has the
+                    # answer and asks again gets the replay, not "in progress".
+                    finished = True
+                    await self.idempotency.finish(run, status, headers,
+                                                  None if chunks is None else b"".join(chunks))
             await send(message)
 
         try:
             await self.app(scope, _replaying(body, receive), capture)
         except BaseException:
-            await self.idempotency.finish(run, None, headers, None)
+            if not finished:
+                await self.idempotency.finish(run, None, headers, None)
             raise
-        await self.idempotency.finish(run, status, headers, None if chunks is None else b"".join(chunks))
+        if not finished:  # the app returned without completing a response
+            await self.idempotency.finish(run, None, headers, None)
+
+
+class _ClientGone(Exception):
+    """The client disconnected before its request body was complete."""
 
 
 async def _read_body(receive: Any, limit: int) -> bytes | None:
-    """The whole request body, or None once it exceeds ``limit``."""
+    """The whole request body, or None once it exceeds ``limit``. Raises _ClientGone."""
     chunks, size = [], 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            break
+            raise _ClientGone
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:

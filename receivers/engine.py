@@ -12,6 +12,7 @@ import base64
 import inspect
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -23,6 +24,8 @@ from .signature import InvalidSignature, verify_signature
 log = logging.getLogger("receivers.idempotency")
 
 PROBE_HEADER = "outbox-reconcile"
+#: A fence is a non-negative integer that fits every store's 64-bit column.
+_FENCE = re.compile(r"^[0-9]{1,18}$")
 FENCE_HEADER = "outbox-fence"
 #: Never stored or replayed: credentials, cookies and hop-by-hop headers (and what the server sets).
 UNSTORED = frozenset({
@@ -170,11 +173,15 @@ class Idempotency:
         contract does not apply (pass through)."""
         try:
             key = parse_key(request.values("idempotency-key"))
-            fence = _fence(request.values(FENCE_HEADER))
         except MalformedKey as exc:
             return problem(400, "malformed-idempotency-key", "Malformed Idempotency-Key", str(exc))
+        fence_values = request.values(FENCE_HEADER)
+        if fence_values and (len(fence_values) > 1 or not _FENCE.match(fence_values[0].strip())):
+            return problem(400, "malformed-fence", "Malformed Outbox-Fence",
+                           "Outbox-Fence must be one integer between 0 and 10**18")
+        fence = int(fence_values[0].strip()) if fence_values else None
         if key is None:
-            if not self.required:
+            if not self.required and not request.values(PROBE_HEADER):  # a probe never reaches the app
                 return None
             return problem(400, "missing-idempotency-key", "Missing Idempotency-Key",
                            f"{request.method} {request.path} needs an Idempotency-Key header")
@@ -255,14 +262,6 @@ def _unavailable() -> Answer:
     return problem(503, "store-unavailable", "Idempotency store unavailable",
                    "the idempotency record store cannot be reached; the request was not run",
                    retry_after="1")
-
-
-def _fence(values: list[str]) -> int | None:
-    if not values:
-        return None
-    if len(values) > 1 or not values[0].strip().isdigit():
-        raise MalformedKey("Outbox-Fence must be one non-negative integer")
-    return int(values[0].strip())
 
 
 def _probe_answer(key: str, result: ProbeResult) -> Answer:

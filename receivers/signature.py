@@ -36,7 +36,7 @@ def verify_signature(
     current = time.time() if now is None else now
     if abs(current - timestamp) > tolerance_seconds:
         raise InvalidSignature(f"webhook-timestamp is more than {tolerance_seconds:.0f}s from now")
-    offered = [s.split(",", 1)[1] for s in signatures.split() if s.startswith("v1,")]
+    offered = [s.split(",", 1)[1] for s in signatures.split() if s.startswith("v1,") and s.isascii()]
     for secret in [secrets] if isinstance(secrets, str) else secrets:
         expected = signature(secret, msg_id, timestamp, body)
         if any(hmac.compare_digest(expected, candidate) for candidate in offered):

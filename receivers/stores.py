@@ -144,10 +144,14 @@ class SqliteRecordStore:
             return
         try:
             db = await aiosqlite.connect(self.path, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"cannot open SQLite record store {str(self.path)!r}: {exc}") from exc
+        try:
             db.row_factory = sqlite3.Row
             await db.executescript(load("sqlite")["pragmas"].format(busy_timeout_ms=self._busy_timeout_ms))
             await db.executescript(self._sql["create"])
         except sqlite3.Error as exc:
+            await db.close()
             raise StoreUnavailable(f"cannot open SQLite record store {str(self.path)!r}: {exc}") from exc
         self._committer = GroupCommitter(db)
 
@@ -242,12 +246,18 @@ class PostgresRecordStore:
 
         if self._pool is not None:
             return
+        pool = None
         try:
-            self._pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=self._pool_size)
-            async with self._pool.acquire() as conn:
+            pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=self._pool_size)
+            async with pool.acquire() as conn, conn.transaction():
+                # CREATE … IF NOT EXISTS races with itself across processes: take turns.
+                await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"outbox-records:{self.table}")
                 await conn.execute(self._sql["create"])
         except (OSError, asyncpg.PostgresError) as exc:
+            if pool is not None:
+                await pool.close()
             raise StoreUnavailable(f"cannot reach the PostgreSQL record store: {exc}") from exc
+        self._pool = pool
 
     async def close(self) -> None:
         if self._pool is not None:

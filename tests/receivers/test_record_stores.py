@@ -1,0 +1,377 @@
+"""One conformance suite for every record store: the same decisions from memory, a real SQLite
+file and the real PostgreSQL (a unique table per test, dropped afterwards)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from receivers import MemoryRecordStore, PostgresRecordStore, SqliteRecordStore, State, StoredResponse
+from receivers.records import Busy, Claimed, Mismatch, ProbeResult, Replay, StaleFence
+
+from .conftest import T0
+
+FP_A = "sha256:" + "a" * 64
+FP_B = "sha256:" + "b" * 64
+LEASE = timedelta(seconds=60)
+RETENTION = timedelta(hours=1)
+US = timedelta(microseconds=1)
+OK = StoredResponse(201, (("content-type", "application/json"), ("x-trace", "1"), ("x-trace", "2")),
+                    b'{"done":true}')
+
+
+@dataclass
+class Backend:
+    kind: str
+    new: Callable[[], Any]  # a fresh, unopened store over the same storage (memory: the same one)
+    opened: list[Any] = field(default_factory=list)
+
+    async def open(self) -> Any:
+        store = self.new()
+        await store.open()
+        self.opened.append(store)
+        return store
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    table = "idem_" + uuid.uuid4().hex[:20]
+    if request.param == "memory":
+        shared = MemoryRecordStore()
+        backend = Backend("memory", lambda: shared)
+    elif request.param == "sqlite":
+        path = tmp_path / "records.db"
+        backend = Backend("sqlite", lambda: SqliteRecordStore(path, table=table))
+    else:
+        dsn = request.getfixturevalue("pg_dsn")
+        backend = Backend("postgres", lambda: PostgresRecordStore(dsn, table=table, pool_size=4))
+    try:
+        yield backend
+    finally:
+        for store in backend.opened:
+            await store.close()
+        if request.param == "postgres":
+            import asyncpg
+
+            conn = await asyncpg.connect(dsn)
+            try:
+                await conn.execute(f"DROP TABLE IF EXISTS {table}")
+            finally:
+                await conn.close()
+
+
+@pytest.fixture
+async def store(backend: Backend) -> Any:
+    return await backend.open()
+
+
+async def claim(store: Any, ident: str, fp: str = FP_A, *, at=T0, fence: int | None = None,
+                lease: timedelta = LEASE, retention: timedelta = RETENTION) -> Any:
+    return await store.claim(ident, fp, fence=fence, now=at, lease_until=at + lease, expires_at=at + retention)
+
+
+# -- claims --------------------------------------------------------------------------------
+
+
+async def test_claim_on_nothing_claims_epoch_1(store: Any) -> None:
+    assert await store.get("k") is None
+    assert await claim(store, "k") == Claimed(1)
+    record = await store.get("k")
+    assert record.state is State.IN_PROGRESS
+    assert (record.identity, record.fingerprint, record.epoch, record.min_fence) == ("k", FP_A, 1, 0)
+    assert record.lease_expires_at == T0 + LEASE
+    assert record.expires_at == T0 + RETENTION
+    assert record.response is None
+
+
+async def test_same_fingerprint_while_in_progress_with_valid_lease_is_busy(store: Any) -> None:
+    await claim(store, "k")
+    before = await store.get("k")
+    result = await claim(store, "k", at=T0 + timedelta(seconds=10))
+    assert isinstance(result, Busy)
+    assert result.retry_after == pytest.approx(50.0)
+    # one microsecond before the lease runs out it is still busy
+    assert isinstance(await claim(store, "k", at=T0 + LEASE - US), Busy)
+    assert await store.get("k") == before
+
+
+async def test_other_fingerprint_is_a_mismatch_and_leaves_the_record_unchanged(store: Any) -> None:
+    await claim(store, "k", fence=3)
+    before = await store.get("k")
+    assert await claim(store, "k", FP_B, at=T0 + timedelta(seconds=1), fence=9) == Mismatch()
+    assert await store.get("k") == before  # not even the fence moved
+    # also once completed
+    assert await store.complete("k", 1, OK, expires_at=T0 + RETENTION) is True
+    completed = await store.get("k")
+    assert await claim(store, "k", FP_B, at=T0 + timedelta(seconds=2), fence=11) == Mismatch()
+    assert await store.get("k") == completed
+
+
+async def test_expired_lease_is_taken_over_with_a_higher_epoch(store: Any) -> None:
+    assert await claim(store, "k") == Claimed(1)
+    later = T0 + LEASE  # the lease ends at exactly this instant
+    assert await claim(store, "k", at=later) == Claimed(2)
+    record = await store.get("k")
+    assert (record.state, record.epoch, record.lease_expires_at) == (State.IN_PROGRESS, 2, later + LEASE)
+
+
+async def test_complete_with_the_right_epoch_then_replays_the_stored_response(store: Any) -> None:
+    assert await claim(store, "k") == Claimed(1)
+    assert await store.complete("k", 1, OK, expires_at=T0 + RETENTION) is True
+    assert await claim(store, "k", at=T0 + timedelta(seconds=5)) == Replay(OK)
+    record = await store.get("k")
+    assert (record.state, record.epoch, record.lease_expires_at, record.response) == (
+        State.COMPLETED, 1, None, OK)
+    # a replay changes nothing: still completed, still epoch 1
+    assert await claim(store, "k", at=T0 + RETENTION - US) == Replay(OK)
+    assert await store.get("k") == record
+
+
+async def test_complete_with_a_stale_epoch_is_refused_and_changes_nothing(store: Any) -> None:
+    await claim(store, "k")
+    assert await claim(store, "k", at=T0 + LEASE) == Claimed(2)  # takeover
+    before = await store.get("k")
+    assert await store.complete("k", 1, OK, expires_at=T0 + RETENTION) is False
+    assert await store.complete("k", 3, OK, expires_at=T0 + RETENTION) is False
+    assert await store.get("k") == before
+    # on nothing: refused and nothing is created
+    assert await store.complete("nothing", 1, OK, expires_at=T0 + RETENTION) is False
+    assert await store.get("nothing") is None
+    # once completed, the owner cannot complete it again with another response
+    assert await store.complete("k", 2, OK, expires_at=T0 + RETENTION) is True
+    done = await store.get("k")
+    other = StoredResponse(500, (), b"late")
+    assert await store.complete("k", 2, other, expires_at=T0 + RETENTION) is False
+    assert await store.get("k") == done
+
+
+async def test_release_lets_the_next_claim_run(store: Any) -> None:
+    await claim(store, "k", fence=4)
+    assert await store.release("k", 2) is False  # not the owner
+    assert await store.release("k", 1) is True
+    record = await store.get("k")
+    assert (record.state, record.fingerprint, record.min_fence) == (State.ABSENT, None, 4)
+    # the next request runs, whatever its fingerprint (the released one left nothing behind)
+    assert await claim(store, "k", FP_B, at=T0 + timedelta(seconds=1)) == Claimed(2)
+    assert await store.release("k", 1) is False  # the old epoch cannot release the new claim
+    assert (await store.get("k")).state is State.IN_PROGRESS
+    await store.complete("k", 2, OK, expires_at=T0 + RETENTION)
+    assert await store.release("k", 2) is False  # nor can a completed record be released
+    assert (await store.get("k")).state is State.COMPLETED
+    assert await store.release("nothing", 1) is False
+    assert await store.get("nothing") is None
+
+
+# -- fences --------------------------------------------------------------------------------
+
+
+async def test_a_fence_lower_than_the_highest_seen_is_stale(store: Any) -> None:
+    assert await claim(store, "k", fence=5) == Claimed(1)
+    before = await store.get("k")
+    assert await claim(store, "k", at=T0 + timedelta(seconds=1), fence=4) == StaleFence(5)
+    assert await store.get("k") == before
+    # the same fence is not lower: the usual answer (busy)
+    assert isinstance(await claim(store, "k", at=T0 + timedelta(seconds=1), fence=5), Busy)
+
+
+async def test_higher_fences_raise_the_minimum(store: Any) -> None:
+    assert await claim(store, "k", fence=5) == Claimed(1)
+    assert isinstance(await claim(store, "k", at=T0 + timedelta(seconds=1), fence=8), Busy)
+    assert (await store.get("k")).min_fence == 8
+    assert await claim(store, "k", at=T0 + timedelta(seconds=2), fence=7) == StaleFence(8)
+    assert await store.complete("k", 1, OK, expires_at=T0 + RETENTION)
+    assert await claim(store, "k", at=T0 + timedelta(seconds=3), fence=10) == Replay(OK)
+    assert (await store.get("k")).min_fence == 10
+    assert await claim(store, "k", at=T0 + timedelta(seconds=4), fence=9) == StaleFence(10)
+    # a takeover keeps the raised fence too
+    await claim(store, "t", fence=2)
+    assert await claim(store, "t", at=T0 + LEASE, fence=6) == Claimed(2)
+    assert await claim(store, "t", at=T0 + LEASE, fence=3) == StaleFence(6)
+
+
+async def test_probe_on_nothing_is_absent_and_fences_out_a_late_request(store: Any) -> None:
+    assert await store.probe("k", 7, now=T0, expires_at=T0 + RETENTION) == ProbeResult(State.ABSENT, 7, None)
+    assert await claim(store, "k", at=T0 + timedelta(seconds=1), fence=6) == StaleFence(7)
+    assert isinstance(await claim(store, "k", at=T0 + timedelta(seconds=1), fence=7), Claimed)
+
+
+async def test_probe_on_completed_answers_the_stored_response(store: Any) -> None:
+    await claim(store, "k", fence=1)
+    await store.complete("k", 1, OK, expires_at=T0 + RETENTION)
+    result = await store.probe("k", 2, now=T0 + timedelta(seconds=1), expires_at=T0 + RETENTION)
+    assert result == ProbeResult(State.COMPLETED, 2, OK)
+    record = await store.get("k")
+    assert (record.state, record.response, record.min_fence) == (State.COMPLETED, OK, 2)
+    assert await claim(store, "k", at=T0 + timedelta(seconds=2), fence=1) == StaleFence(2)
+    assert await claim(store, "k", at=T0 + timedelta(seconds=2), fence=2) == Replay(OK)
+
+
+async def test_probe_on_in_progress_with_a_valid_lease_is_in_progress(store: Any) -> None:
+    await claim(store, "k", fence=1)
+    result = await store.probe("k", 2, now=T0 + LEASE - US, expires_at=T0 + RETENTION)
+    assert result == ProbeResult(State.IN_PROGRESS, 2, None)
+    record = await store.get("k")
+    assert (record.state, record.epoch, record.min_fence) == (State.IN_PROGRESS, 1, 2)
+    # the running request still owns it and may complete
+    assert await store.complete("k", 1, OK, expires_at=T0 + RETENTION) is True
+
+
+async def test_probe_on_in_progress_with_an_expired_lease_is_absent_and_refuses_the_old_epoch(store: Any) -> None:
+    assert await claim(store, "k", fence=1) == Claimed(1)
+    result = await store.probe("k", 2, now=T0 + LEASE, expires_at=T0 + RETENTION)
+    assert result == ProbeResult(State.ABSENT, 2, None)
+    record = await store.get("k")
+    assert record.state is State.ABSENT and record.epoch > 1 and record.min_fence == 2
+    assert await store.complete("k", 1, OK, expires_at=T0 + RETENTION) is False
+    assert await store.release("k", 1) is False
+    assert (await store.get("k")).state is State.ABSENT
+    # the old request (fence 1) is refused; the sender's retry (fence 2) runs under a new epoch
+    assert await claim(store, "k", at=T0 + LEASE, fence=1) == StaleFence(2)
+    again = await claim(store, "k", at=T0 + LEASE, fence=2)
+    assert isinstance(again, Claimed) and again.epoch > record.epoch
+
+
+# -- retention -----------------------------------------------------------------------------
+
+
+async def test_expiry_at_the_exact_retention_boundary(store: Any) -> None:
+    expires = T0 + RETENTION
+    for ident in ("claim", "probe"):
+        await claim(store, ident)
+        await store.complete(ident, 1, OK, expires_at=expires)
+    # one microsecond before: still there
+    assert await claim(store, "claim", at=expires - US) == Replay(OK)
+    assert (await store.probe("probe", 0, now=expires - US, expires_at=expires + RETENTION)).state is State.COMPLETED
+    # exactly at expires_at: absent
+    assert await claim(store, "claim", at=expires) == Claimed(2)
+    assert await store.probe("probe", 0, now=expires, expires_at=expires + RETENTION) == ProbeResult(
+        State.ABSENT, 0, None)
+    # an expired record's fence is forgotten with it
+    await claim(store, "fenced", fence=9)
+    assert isinstance(await claim(store, "fenced", at=T0 + RETENTION, fence=1), Claimed)
+
+
+async def test_purge_deletes_only_expired_records(store: Any) -> None:
+    now = T0 + timedelta(hours=5)
+    for ident, expires in (("past", now - US), ("boundary", now), ("future", now + US), ("later", now + RETENTION)):
+        await claim(store, ident)
+        await store.complete(ident, 1, OK, expires_at=expires)
+    await claim(store, "running", retention=timedelta(hours=10))  # in progress, retention left
+    assert await store.purge(now) == 2
+    assert await store.get("past") is None
+    assert await store.get("boundary") is None
+    for ident in ("future", "later", "running"):
+        assert await store.get(ident) is not None, ident
+    assert await store.purge(now) == 0
+
+
+# -- concurrency ---------------------------------------------------------------------------
+
+
+async def test_twenty_concurrent_claims_of_one_identity_claim_exactly_once(backend: Backend) -> None:
+    if backend.kind == "memory":
+        shared = await backend.open()
+        results = await asyncio.gather(*(claim(shared, "hot") for _ in range(20)))
+    else:
+        # twenty stores (connections) on twenty threads, each with its own event loop, released
+        # together: as close to twenty receiver processes as one test gets (the table exists
+        # already: concurrent creation is its own test below)
+        await backend.open()
+        barrier = threading.Barrier(20)
+        results: list[Any] = [None] * 20
+        errors: list[BaseException] = []
+
+        def one(index: int) -> None:
+            async def run() -> None:
+                store = backend.new()
+                await store.open()
+                try:
+                    barrier.wait(timeout=20)
+                    results[index] = await claim(store, "hot")
+                finally:
+                    await store.close()
+
+            try:
+                asyncio.run(run())
+            except BaseException as exc:
+                errors.append(exc)
+                barrier.abort()
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(20)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            await asyncio.to_thread(thread.join, 60)
+        assert not errors, errors
+    claimed = [r for r in results if isinstance(r, Claimed)]
+    assert claimed == [Claimed(1)]
+    assert all(isinstance(r, Busy) for r in results if not isinstance(r, Claimed)), results
+    record = await (await backend.open()).get("hot")
+    assert (record.state, record.epoch) == (State.IN_PROGRESS, 1)
+
+
+async def test_concurrent_opens_on_a_fresh_database_all_succeed(backend: Backend) -> None:
+    """Several receiver processes starting together on a fresh database must all get a store
+    (each one creates the table "if not exists")."""
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def one() -> None:
+        async def run() -> None:
+            store = backend.new()
+            barrier.wait(timeout=20)
+            try:
+                await store.open()
+                await claim(store, "opened")
+            finally:
+                await store.close()
+
+        try:
+            asyncio.run(run())
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        await asyncio.to_thread(thread.join, 60)
+    assert errors == []
+
+
+# -- what is stored ------------------------------------------------------------------------
+
+
+async def test_bodies_not_stored_round_trip_as_none(store: Any) -> None:
+    omitted = StoredResponse(200, (("x-a", "1"),), None)
+    empty = StoredResponse(204, (), b"")
+    binary = StoredResponse(409, (("content-type", "application/octet-stream"),), bytes(range(256)))
+    for ident, response in (("omitted", omitted), ("empty", empty), ("binary", binary)):
+        assert await claim(store, ident) == Claimed(1)
+        assert await store.complete(ident, 1, response, expires_at=T0 + RETENTION) is True
+        assert await claim(store, ident, at=T0 + timedelta(seconds=1)) == Replay(response), ident
+        assert (await store.get(ident)).response == response
+    replayed = await claim(store, "omitted", at=T0 + timedelta(seconds=2))
+    assert replayed.response.body is None  # not stored, distinct from an empty body
+    assert (await claim(store, "empty", at=T0 + timedelta(seconds=2))).response.body == b""
+    probed = await store.probe("omitted", 0, now=T0 + timedelta(seconds=3), expires_at=T0 + RETENTION)
+    assert probed == ProbeResult(State.COMPLETED, 0, omitted)
+    # the headers keep their order and their repeats
+    assert await claim(store, "ok") == Claimed(1)
+    await store.complete("ok", 1, OK, expires_at=T0 + RETENTION)
+    assert (await store.get("ok")).response.headers == OK.headers
+
+
+async def test_records_of_different_identities_are_independent(store: Any) -> None:
+    assert await claim(store, "1:a|3:b:c") == Claimed(1)
+    assert await claim(store, "3:a:b|1:c", FP_B) == Claimed(1)
+    await store.complete("1:a|3:b:c", 1, OK, expires_at=T0 + RETENTION)
+    assert (await store.get("3:a:b|1:c")).state is State.IN_PROGRESS
