@@ -41,16 +41,25 @@ class Network:
         if not probe:
             self.seen[key] += 1
         if first and self.hold_first_request is not None:
+            # The request has arrived whole at the edge, but reaches the app only much later.
+            body = b""
+            while True:
+                message = await receive()
+                body += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
             while not self.hold_first_request.is_set():
-                await asyncio.sleep(0.01)  # the request is stuck somewhere on the way
+                await asyncio.sleep(0.01)
+
+            async def late_receive() -> dict[str, Any]:
+                return {"type": "http.request", "body": body, "more_body": False}
 
             async def note(message: dict[str, Any]) -> None:
                 if message["type"] == "http.response.start":
                     self.late_status = message["status"]
                     self.late_answered.set()
-                await send(message)
 
-            await self.app(scope, receive, note)
+            await self.app(scope, late_receive, note)  # its client gave up long ago
             return
         if first and self.lose_first_response:
             async def swallow(message: dict[str, Any]) -> None:
