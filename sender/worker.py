@@ -76,6 +76,7 @@ class Worker:
         )
         self.channels = channels or {ChannelKind.WEBHOOK: WebhookChannel(concurrency=self.concurrency)}
         self._in_flight: dict[str, tuple[int, asyncio.Task[None]]] = {}
+        self._settling: set[str] = set()  # final write under way: the lease is given back, not lost
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
         self._destinations: dict[str, tuple[float, Destination | None]] = {}
@@ -101,10 +102,15 @@ class Worker:
             for helper in helpers:
                 helper.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
-            for channel in self.channels.values():
-                await channel.aclose()
-            await self.authority.aclose()
+            await self.aclose()
             log.info("worker %s stopped", self.id)
+
+    async def aclose(self) -> None:
+        """Release the channels' connections and the authority provider's (``run`` does this
+        when it ends; call it after ``run_once``)."""
+        for channel in self.channels.values():
+            await channel.aclose()
+        await self.authority.aclose()
 
     def stop(self) -> None:
         """Stop claiming; in-flight sends get ``drain_seconds`` to finish."""
@@ -158,10 +164,13 @@ class Worker:
         interval = self.lease.total_seconds() / 3
         while True:
             await asyncio.sleep(interval)
-            held = [(action_id, fence) for action_id, (fence, _) in self._in_flight.items()]
+            held = [(action_id, fence) for action_id, (fence, _) in self._in_flight.items()
+                    if action_id not in self._settling]
             if held:
                 lost = await self.store.renew_leases(held, self.clock.now() + self.lease)
                 for action_id in lost:
+                    if action_id not in self._in_flight or action_id in self._settling:
+                        continue  # it finished while we renewed
                     log.warning("lease lost: action_id=%s worker=%s; its writes will be rejected",
                                 action_id, self.id)
 
@@ -326,11 +335,15 @@ class Worker:
         if new_fence is not None:
             changes["fence"] = new_fence
         data = {"next_attempt_at": fate.next_attempt_at.isoformat()} if fate.next_attempt_at else {}
-        await self.store.update_intent(
-            intent.action_id, expected=Status.LEASED, status=fate.status, fence=intent.fence,
-            changes=changes, attempt=attempt,
-            events=[*events, Event(fate.event, now, self.id, fate.reason, data)],
-        )
+        self._settling.add(intent.action_id)
+        try:
+            await self.store.update_intent(
+                intent.action_id, expected=Status.LEASED, status=fate.status, fence=intent.fence,
+                changes=changes, attempt=attempt,
+                events=[*events, Event(fate.event, now, self.id, fate.reason, data)],
+            )
+        finally:
+            self._settling.discard(intent.action_id)
         metrics = self.outbox.metrics
         if fate.status is Status.DELIVERED:
             metrics.latency.observe(max(0.0, (now - intent.created_at).total_seconds()))

@@ -87,11 +87,7 @@ class SenderEnv:
 
     async def aclose(self) -> None:
         for worker in self.workers:
-            for channel in worker.channels.values():
-                await channel.aclose()
-            inner = getattr(worker.authority, "inner", worker.authority)
-            if hasattr(inner, "aclose"):
-                await inner.aclose()
+            await worker.aclose()
         await self.box.close()
 
 

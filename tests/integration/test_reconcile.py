@@ -120,8 +120,7 @@ async def test_a_lost_response_is_reconciled_as_delivered_without_a_second_effec
     reconciled = [e for e in history.events if e.kind == "reconciled"]
     assert reconciled[0].data["state"] == "completed" and reconciled[0].data["external_id"] == "rcpt-1"
     assert effects.made == [("order-1", 1)]
-    for channel in worker.channels.values():
-        await channel.aclose()
+    await worker.aclose()
 
 
 async def test_a_probe_before_the_request_arrives_fences_the_late_request_out(world):
@@ -145,5 +144,4 @@ async def test_a_probe_before_the_request_arrives_fences_the_late_request_out(wo
     await worker.run_once()
     assert (await box.get("order-2")).status is Status.DELIVERED
     assert effects.made == [("order-2", 1)]
-    for channel in worker.channels.values():
-        await channel.aclose()
+    await worker.aclose()

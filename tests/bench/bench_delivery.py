@@ -1,0 +1,861 @@
+"""Durable webhook delivery throughput, as a ratio to a bare HTTP client loop from the same run.
+
+Every delivery is recorded before and after it is made (an ``attempt_started`` write, then the
+outcome), each write committed in WAL mode with ``synchronous=FULL`` (the store's default), so
+a delivery costs SQLite commits as well as an HTTP request. Absolute rates say more about the
+machine than the library, so the same receiver is first driven by a bare aiohttp client loop at
+the same concurrency (the HTTP ceiling of this machine), and the worker's rate is reported as a
+ratio to it:
+
+1. a receiver in its own process: a minimal ASGI app on uvicorn (uvloop, httptools, no access
+   log) answering 200 ``{"ok":true}`` to every POST and counting them per path;
+2. baseline: a bare aiohttp client, CONCURRENCY requests in flight, POSTing a ~100-byte JSON
+   body N times;
+3. the outbox: N intents enqueued into a fresh SQLite file (untimed), then ``sender.Worker``
+   with ``worker_concurrency=CONCURRENCY`` and ``authority="allow-all"``, timed until every
+   intent is delivered; the receiver must have counted exactly N requests and the store exactly
+   N attempts. Printed with it: claims and group commits per delivery, CPU time per request of
+   this process (event loop and SQLite writer thread) and of the receiver for both loops, and
+   the sender's warnings, counted rather than printed.
+
+Beside it, two scaling checks:
+
+4. peak RSS of a fresh child process that opens an outbox holding 100,000 pending intents and
+   runs one ``Worker.run_once()`` against the receiver, next to the same child on an outbox
+   holding 1,000 (memory must not grow with the backlog). The peak is the child's VmHWM: its
+   ``ru_maxrss`` is printed too, but on Linux that keeps the high-water mark of the address
+   space exec replaced, i.e. the parent's RSS when it spawned the child;
+5. ``store.claim(limit=CONCURRENCY)`` latency with 10,000 and with 1,000,000 pending intents
+   (the claim is a partial-index seek, so it must not grow materially), plus the claim
+   statement alone in a rolled-back transaction, which leaves out the commit's fsync.
+
+Targets are printed beside the figures; nothing here asserts on timing. The exit status is
+non-zero only when a measurement is invalid (an undelivered intent, a wrong request count, a
+failed request, a dead server).
+
+    python tests/bench/bench_delivery.py [--n N] [--rounds R] [--big-n M] [--quick] [--uvloop]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import platform
+import resource
+import shutil
+import signal
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from itertools import count
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+DESTINATION = "bench"
+SCOPE = "acme"
+NOTE = "x" * 80
+SECRET = "whsec_" + "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0NTY3ODk="
+CONCURRENCY = 64
+BATCH = 1_000  # enqueue_many batch while filling the outbox (untimed)
+HOOK_PATH = "/hook"
+BASELINE_PATH = "/baseline"
+#: Untimed requests before the baseline's timed loop (connection set-up, first allocations).
+WARMUP = 4 * CONCURRENCY
+POLL_SECONDS = 0.2
+DELIVERY_TIMEOUT_SECONDS = 600.0
+SERVER_START_SECONDS = 30.0
+SERVER_STOP_SECONDS = 10.0
+CHILD_TIMEOUT_SECONDS = 300.0
+#: Claims timed per database, in interleaved chunks so that drift hits both sizes alike.
+CLAIMS = 50
+CLAIM_CHUNK = 10
+SMALL_PENDING = 10_000
+RSS_PENDING = 100_000
+RSS_SMALL_PENDING = 1_000
+
+
+class BenchError(Exception):
+    """The measurement is invalid (not merely slow)."""
+
+
+# -- the receiver (its own process) ------------------------------------------------------------
+
+
+def serve_receiver(port: int) -> None:
+    """uvicorn (uvloop, httptools) serving a bare ASGI app: 200 ``{"ok":true}`` to any POST,
+    counted per path; ``GET /counts`` answers the counts, ``GET /healthz`` 200."""
+    import uvicorn
+
+    counts: Counter[str] = Counter()
+    ok = b'{"ok":true}'
+    json_headers = [(b"content-type", b"application/json")]
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        more = True
+        while more:  # read the whole body, as a real receiver would
+            message = await receive()
+            more = message.get("more_body", False)
+        if scope["method"] == "POST":
+            counts[scope["path"]] += 1
+            body = ok
+        elif scope["path"] == "/counts":
+            body = json.dumps(counts).encode()
+        elif scope["path"] == "/healthz":
+            body = ok
+        else:
+            await send({"type": "http.response.start", "status": 404, "headers": json_headers})
+            await send({"type": "http.response.body", "body": b'{"ok":false}'})
+            return
+        headers = [*json_headers, (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", http="httptools",
+                access_log=False, log_level="warning", lifespan="off")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
+    return {**env, **extra}
+
+
+@contextmanager
+def serving(cmd: list[str], *, cwd: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """Run a server subprocess, and always stop it: SIGTERM, then SIGKILL after a timeout."""
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(cmd, env=clean_env(), cwd=cwd, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(SERVER_STOP_SECONDS)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+def own_cpu() -> float:
+    """CPU seconds of this process, all threads (the event loop and SQLite's writer thread)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def process_cpu(pid: int) -> float | None:
+    """CPU seconds of another process, from /proc (None where there is no /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Cpu:
+    """CPU time spent during a timed run, per operation, in microseconds."""
+
+    own_us: float  # this process
+    receiver_us: float | None
+
+    @classmethod
+    def measure(cls, before: tuple[float, float | None], after: tuple[float, float | None],
+                operations: int) -> Cpu:
+        own = (after[0] - before[0]) / operations * 1e6
+        theirs = None if before[1] is None or after[1] is None else (after[1] - before[1]) / operations * 1e6
+        return cls(own, theirs)
+
+
+@dataclass
+class Receiver:
+    proc: subprocess.Popen[bytes]
+    base: str
+    log: Path
+
+    @property
+    def hook(self) -> str:
+        return self.base + HOOK_PATH
+
+    def cpu(self) -> tuple[float, float | None]:
+        """(this process's CPU seconds, the receiver's)."""
+        return own_cpu(), process_cpu(self.proc.pid)
+
+    def alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise BenchError(f"the receiver exited with status {self.proc.returncode}:\n"
+                             f"{log_tail(self.log)}")
+
+    async def counts(self) -> Counter[str]:
+        self.alive()
+        async with aiohttp.ClientSession() as session, session.get(self.base + "/counts") as response:
+            if response.status != 200:
+                raise BenchError(f"GET /counts answered {response.status}")
+            return Counter(await response.json())
+
+
+async def wait_ready(receiver: Receiver) -> None:
+    deadline = time.monotonic() + SERVER_START_SECONDS
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as session:
+        while True:
+            receiver.alive()
+            try:
+                async with session.get(receiver.base + "/healthz") as response:
+                    if response.status == 200:
+                        return
+            except (TimeoutError, aiohttp.ClientError):
+                pass
+            if time.monotonic() > deadline:
+                raise BenchError(f"the receiver did not answer in {SERVER_START_SECONDS:.0f} s:\n"
+                                 f"{log_tail(receiver.log)}")
+            await asyncio.sleep(0.05)
+
+
+# -- workload ----------------------------------------------------------------------------------
+
+
+def payload(i: int) -> dict[str, Any]:
+    return {"order": i, "note": NOTE}
+
+
+def intent(i: int) -> dict[str, Any]:
+    return {"destination": DESTINATION, "scope": SCOPE, "payload": payload(i)}
+
+
+def settings(**extra: Any) -> Any:
+    from outbox import Settings
+
+    return Settings(authority="allow-all", worker_concurrency=CONCURRENCY, **extra)
+
+
+async def open_box(db_path: Path, hook: str) -> Any:
+    from outbox import DestinationSpec, Outbox
+
+    box = await Outbox.open(f"sqlite:///{db_path}", settings=settings())
+    try:
+        await box.put_destination(
+            DESTINATION, DestinationSpec(url=hook, secret=SECRET, allow_private_network=True)
+        )
+    except BaseException:
+        await box.close()
+        raise
+    return box
+
+
+async def scalar(box: Any, sql: str, params: tuple[Any, ...] = ()) -> Any:
+    return await box.store._read(lambda conn: conn.execute(sql, params).fetchone()[0])
+
+
+# -- 2. baseline -------------------------------------------------------------------------------
+
+
+@dataclass
+class Load:
+    ok: int = 0
+    seconds: float = 0.0
+    cpu: Cpu | None = None
+    failures: Counter[str] = field(default_factory=Counter)
+    samples: list[str] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        return self.ok / self.seconds if self.seconds else 0.0
+
+
+async def baseline(receiver: Receiver, n: int) -> Load:
+    """A bare aiohttp client loop: CONCURRENCY workers on one pooled session, n timed POSTs."""
+    url = receiver.base + BASELINE_PATH
+    bodies = [json.dumps(payload(i), separators=(",", ":")).encode() for i in range(WARMUP + n)]
+    headers = {"Content-Type": "application/json"}
+    load = Load()
+    connector = aiohttp.TCPConnector(limit=CONCURRENCY)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30)) as session:
+
+        async def one(i: int) -> bool:
+            try:
+                async with session.post(url, data=bodies[i], headers=headers) as response:
+                    await response.read()
+                    if response.status == 200:
+                        return True
+                    load.failures[f"HTTP {response.status}"] += 1
+                    detail = f"HTTP {response.status}"
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                load.failures[type(exc).__name__] += 1
+                detail = repr(exc)
+            if len(load.samples) < 3:
+                load.samples.append(detail)
+            return False
+
+        async def run(first: int, stop: int) -> tuple[int, float]:
+            tickets = count(first)
+            ok = 0
+
+            async def worker() -> None:
+                nonlocal ok
+                while (i := next(tickets)) < stop:
+                    if await one(i):
+                        ok += 1
+
+            began = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+            return ok, time.perf_counter() - began
+
+        await run(0, WARMUP)
+        cpu = receiver.cpu()
+        load.ok, load.seconds = await run(WARMUP, WARMUP + n)
+        load.cpu = Cpu.measure(cpu, receiver.cpu(), n)
+    if sum(load.failures.values()):
+        raise BenchError(f"baseline: {sum(load.failures.values())} requests failed: "
+                         f"{dict(load.failures)}; e.g. {load.samples}")
+    return load
+
+
+# -- 3. the outbox -----------------------------------------------------------------------------
+
+
+@dataclass
+class Delivery:
+    rate: float  # intents delivered per second, first claim to last delivery recorded
+    seconds: float
+    observed_seconds: float  # until the 0.2 s poll saw the last one
+    claims: int  # store.claim calls made by the worker
+    claimed: int  # intents they returned
+    commits: int | None  # write transactions (group commits) the store ran, if countable
+    jobs: int  # writes they carried
+    cpu: Cpu
+    warnings: dict[str, int]  # the sender's log warnings, by their first words
+    warning_samples: list[str]
+    #: Final status of the intents named by "lease lost" warnings, with their attempt counts.
+    lease_lost: Counter[str]
+
+
+def commit_module() -> Any:
+    """The module whose ``_apply_batch`` runs each group commit (best effort: a private name,
+    used only to count commits; the count is left out if it moves)."""
+    import importlib
+
+    for name in ("outbox.store.committer", "outbox.store.sqlite"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if callable(getattr(module, "_apply_batch", None)):
+            return module
+    return None
+
+
+class LogCounter(logging.Handler):
+    """Counts the sender's warnings (by their first words) instead of printing them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.counts: Counter[str] = Counter()
+        self.samples: list[str] = []
+        self.lease_lost: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("lease lost: action_id="):
+            self.lease_lost.append(message.removeprefix("lease lost: action_id=").split(" ")[0])
+        self.counts[" ".join(message.split(":")[0].split()[:3])] += 1
+        if len(self.samples) < 3:
+            self.samples.append(message)
+
+
+
+async def outbox_delivery(workdir: Path, receiver: Receiver, n: int) -> Delivery:
+    """Enqueue n intents (untimed), run a Worker until every one is delivered, check the counts."""
+    from sender import Worker
+
+    before = (await receiver.counts())[HOOK_PATH]
+    db_path = workdir / "delivery.db"
+    box = await open_box(db_path, receiver.hook)
+    try:
+        for lo in range(0, n, BATCH):
+            results = await box.enqueue_many(intent(i) for i in range(lo, min(lo + BATCH, n)))
+            if not all(r.created for r in results):
+                raise BenchError("enqueue_many did not create every intent of a fresh batch")
+        if await scalar(box, "SELECT count(*) FROM intents WHERE status = 'pending'") != n:
+            raise BenchError("the outbox does not hold n pending intents before the run")
+
+        store = box.store
+        calls = Counter[str]()
+        claim = store.claim
+
+        async def counting_claim(*args: Any, **kwargs: Any) -> Any:
+            got = await claim(*args, **kwargs)
+            calls["claims"] += 1
+            calls["claimed"] += len(got)
+            return got
+
+        store.claim = counting_claim  # type: ignore[method-assign]
+        committer = commit_module()
+        apply = getattr(committer, "_apply_batch", None)
+
+        def counting_apply(conn: Any, jobs: Any) -> Any:
+            calls["commits"] += 1
+            calls["jobs"] += len(jobs)
+            return apply(conn, jobs)  # type: ignore[misc]
+
+        if apply is not None:
+            committer._apply_batch = counting_apply
+        sender_log = LogCounter()
+        logger = logging.getLogger("outbox.sender")
+        logger.addHandler(sender_log)
+        logger.propagate = False  # counted and summarised, not printed line by line
+        worker = Worker(box)
+        delivered_sql = "SELECT count(*) FROM intents WHERE status = 'delivered'"
+        try:
+            cpu = receiver.cpu()
+            start_wall = time.time()
+            began = time.perf_counter()
+            task = asyncio.create_task(worker.run())
+            deadline = began + DELIVERY_TIMEOUT_SECONDS
+            while True:
+                await asyncio.sleep(POLL_SECONDS)
+                if task.done():
+                    await task
+                    raise BenchError("the worker stopped by itself before delivering everything")
+                if await scalar(box, delivered_sql) >= n:
+                    observed = time.perf_counter() - began
+                    used = Cpu.measure(cpu, receiver.cpu(), n)
+                    break
+                if time.perf_counter() > deadline:
+                    raise BenchError(f"only {await scalar(box, delivered_sql)} of {n} delivered in "
+                                     f"{DELIVERY_TIMEOUT_SECONDS:.0f} s")
+                receiver.alive()
+            worker.stop()
+            await task
+        finally:
+            logger.removeHandler(sender_log)
+            logger.propagate = True
+            if apply is not None:
+                committer._apply_batch = apply
+            store.claim = claim  # type: ignore[method-assign]
+        last_us = await scalar(box, "SELECT max(updated_at) FROM intents WHERE status = 'delivered'")
+        seconds = last_us / 1e6 - start_wall
+
+        statuses = dict(await box.store._read(
+            lambda conn: conn.execute("SELECT status, count(*) FROM intents GROUP BY status").fetchall()))
+        if statuses != {"delivered": n}:
+            raise BenchError(f"intents by status after the run: {statuses}, expected {{'delivered': {n}}}")
+        attempts = await scalar(box, "SELECT count(*) FROM attempts")
+        if attempts != n:
+            raise BenchError(f"{attempts} attempts recorded for {n} intents (expected one each)")
+        if worker.stale_writes:
+            raise BenchError(f"the worker had {worker.stale_writes} fenced writes rejected")
+        lease_lost: Counter[str] = Counter()
+        for action_id in sender_log.lease_lost:
+            found = await box.store._read(lambda conn, a=action_id: conn.execute(
+                "SELECT status, (SELECT count(*) FROM attempts WHERE intent_seq = seq) "
+                "FROM intents WHERE action_id = ?", (a,)).fetchone())
+            lease_lost[f"{found[0]} after {found[1]} attempt{'s' * (found[1] != 1)}"] += 1
+    finally:
+        await box.close()
+    received = (await receiver.counts())[HOOK_PATH] - before
+    if received != n:
+        raise BenchError(f"the receiver counted {received} deliveries, expected exactly {n}")
+    return Delivery(n / seconds, seconds, observed, calls["claims"], calls["claimed"],
+                    calls["commits"] if apply is not None else None, calls["jobs"], used,
+                    dict(sender_log.counts), sender_log.samples, lease_lost)
+
+
+# -- 4. peak RSS in a fresh child ----------------------------------------------------------------
+
+
+async def build_db(db_path: Path, hook: str, n: int) -> float:
+    """An outbox holding n pending intents: BATCH enqueued by the library, the rest copies of the
+    first one (same payload) with distinct action_ids and due times, in one INSERT ... SELECT
+    (no events rows for the copies). Returns seconds taken."""
+    began = time.perf_counter()
+    seed = min(n, BATCH)
+    box = await open_box(db_path, hook)
+    try:
+        await box.enqueue_many(intent(i) for i in range(seed))
+        if n > seed:
+            sql = """
+                WITH RECURSIVE k(i) AS (SELECT ? UNION ALL SELECT i + 1 FROM k WHERE i < ?)
+                INSERT INTO intents (action_id, scope, destination, channel, payload, payload_digest,
+                                     status, max_attempts, next_attempt_at, created_at, updated_at)
+                SELECT printf('bench-%09d', k.i), t.scope, t.destination, t.channel, t.payload,
+                       t.payload_digest, 'pending', t.max_attempts, t.next_attempt_at + k.i,
+                       t.created_at, t.updated_at
+                FROM k, (SELECT * FROM intents ORDER BY seq LIMIT 1) AS t
+            """
+            await box.store._write(lambda conn: conn.execute(sql, (seed, n - 1)))
+        found = await scalar(box, "SELECT count(*) FROM intents WHERE status = 'pending'")
+    finally:
+        await box.close()
+    if found != n:
+        raise BenchError(f"{db_path.name}: {found} pending intents, expected {n}")
+    return time.perf_counter() - began
+
+
+def peak_rss_kib() -> tuple[int, int]:
+    """(VmHWM, ru_maxrss) in KiB. VmHWM is the peak of this process's own address space; on
+    Linux ru_maxrss also keeps the high-water mark of the address space exec replaced, which for
+    a spawned child is its parent's RSS at the time, so it is printed but not trusted here."""
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]), maxrss
+    except OSError:
+        pass
+    return maxrss, maxrss
+
+
+def rss_child(db_path: str) -> None:
+    """In a fresh process: open the outbox, run one ``Worker.run_once()``, print peak RSS (KiB)."""
+
+    async def main() -> dict[str, Any]:
+        from outbox import Outbox
+        from sender import Worker
+
+        imported = peak_rss_kib()[0]
+        box = await Outbox.open(f"sqlite:///{db_path}", settings=settings())
+        try:
+            opened = peak_rss_kib()[0]
+            worker = Worker(box)
+            try:
+                claimed = await worker.run_once()
+            finally:
+                await worker.aclose()  # run_once leaves the channels open
+            delivered = await scalar(box, "SELECT count(*) FROM intents WHERE status = 'delivered'")
+        finally:
+            await box.close()
+        peak, maxrss = peak_rss_kib()
+        return {"imported_kib": imported, "opened_kib": opened, "peak_kib": peak,
+                "ru_maxrss_kib": maxrss, "claimed": claimed, "delivered": delivered}
+
+    print(json.dumps(asyncio.run(main())))
+
+
+def measure_rss(db_path: Path, workdir: Path) -> dict[str, Any]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--rss-child", str(db_path)]
+    done = subprocess.run(cmd, env=clean_env(), cwd=workdir, capture_output=True, text=True,
+                          timeout=CHILD_TIMEOUT_SECONDS)
+    if done.returncode != 0:
+        raise BenchError(f"the RSS child failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    if result["claimed"] != CONCURRENCY or result["delivered"] != CONCURRENCY:
+        raise BenchError(f"the RSS child claimed {result['claimed']} and delivered "
+                         f"{result['delivered']}, expected {CONCURRENCY} each")
+    return result
+
+
+# -- 5. claim latency at 10k and 1M pending ------------------------------------------------------
+
+
+@dataclass
+class ClaimTimes:
+    claims: list[float] = field(default_factory=list)  # seconds per store.claim (with commit)
+    statements: list[float] = field(default_factory=list)  # seconds per claim statement, rolled back
+
+
+async def claim_latency(small: Path, big: Path, hook: str) -> tuple[ClaimTimes, ClaimTimes]:
+    """CLAIMS store.claim(limit=CONCURRENCY) per database, interleaved in chunks; then the claim
+    statement alone on a plain connection, rolled back each time (no fsync)."""
+    from outbox.store import queries
+    from outbox.store.sqlite import to_us
+
+    times = {small: ClaimTimes(), big: ClaimTimes()}
+    boxes = {path: await open_box(path, hook) for path in (small, big)}
+    try:
+        for box in boxes.values():  # warm-up: first pages into the cache, first WAL growth
+            now = box.clock.now()
+            await box.store.claim("warmup", now=now, lease_until=now + timedelta(seconds=60), limit=CONCURRENCY)
+        for chunk in range(CLAIMS // CLAIM_CHUNK):
+            for path, box in boxes.items():
+                for _ in range(CLAIM_CHUNK):
+                    now = box.clock.now()
+                    began = time.perf_counter()
+                    got = await box.store.claim(f"bench-{chunk}", now=now,
+                                                lease_until=now + timedelta(seconds=60), limit=CONCURRENCY)
+                    times[path].claims.append(time.perf_counter() - began)
+                    if len(got) != CONCURRENCY:
+                        raise BenchError(f"{path.name}: a claim returned {len(got)} intents")
+    finally:
+        for box in boxes.values():
+            await box.close()
+
+    sql = queries.load("sqlite")["claim_due"]
+    conns = {path: sqlite3.connect(path, isolation_level=None) for path in (small, big)}
+    try:
+        for _ in range(CLAIMS // CLAIM_CHUNK):
+            for path, conn in conns.items():
+                for _ in range(CLAIM_CHUNK):
+                    at = to_us(boxes[path].clock.now())
+                    began = time.perf_counter()
+                    conn.execute("BEGIN IMMEDIATE")
+                    rows = conn.execute(sql, ("stmt", at + 60_000_000, at, at, CONCURRENCY)).fetchall()
+                    conn.execute("ROLLBACK")
+                    times[path].statements.append(time.perf_counter() - began)
+                    if len(rows) != CONCURRENCY:
+                        raise BenchError(f"{path.name}: the claim statement returned {len(rows)} rows")
+    finally:
+        for conn in conns.values():
+            conn.close()
+    return times[small], times[big]
+
+
+# -- running and reporting ---------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    label: str
+    value: str
+    unit: str
+    ratio: str = ""
+    spread: str = ""
+    target: str = ""
+    verdict: str = ""
+
+
+def render(rows: list[Row], header: tuple[str, ...]) -> str:
+    lines = [header, *((r.label, r.value, r.unit, r.ratio, r.spread, r.target, r.verdict) for r in rows)]
+    widths = [max(len(line[c]) for line in lines) for c in range(len(header))]
+    right = {1, 3}
+    out = []
+    for line in lines:
+        cells = [cell.rjust(width) if column in right else cell.ljust(width)
+                 for column, (cell, width) in enumerate(zip(line, widths, strict=True))]
+        out.append("  ".join(cells).rstrip())
+    return "\n".join(out)
+
+
+def progress(stage: str, label: str, value: str) -> None:
+    print(f"{stage + ':':<10} {label:<44} {value}", flush=True)
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.2f}"
+
+
+def mib(kib: int) -> str:
+    return f"{kib / 1024:.1f}"
+
+
+async def run(args: argparse.Namespace) -> int:
+    n = args.n or (2_000 if args.quick else 20_000)
+    big_n = args.big_n or (100_000 if args.quick else 1_000_000)
+    rounds = args.rounds or (1 if args.quick else 3)
+    problems: list[str] = []
+    rows: list[Row] = []
+    began = time.perf_counter()
+    loop_name = "uvloop" if args.uvloop else "asyncio"
+    print(f"delivery benchmark (N={n:,} intents per round, {rounds} round{'s' * (rounds > 1)}, "
+          f"concurrency {CONCURRENCY}; store WAL, synchronous=FULL (its default))")
+    print(f"{os.cpu_count()} CPUs, SQLite {sqlite3.sqlite_version}, Python {platform.python_version()}, "
+          f"worker and client on the {loop_name} loop, receiver uvicorn+uvloop+httptools in its "
+          f"own process, files under {args.dir or tempfile.gettempdir()}\n", flush=True)
+
+    base_rates: list[float] = []
+    base_loads: list[Load] = []
+    deliveries: list[Delivery] = []
+    ratios: list[float] = []
+    rss: dict[int, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-delivery-", dir=args.dir) as tmp:
+        root = Path(tmp)
+        port = free_port()
+        log = root / "receiver.log"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-receiver", str(port)]
+        with serving(cmd, cwd=root, log=log) as proc:
+            receiver = Receiver(proc, f"http://127.0.0.1:{port}", log)
+            await wait_ready(receiver)
+
+            # 2-3: baseline and outbox, in interleaved rounds
+            for round_ in range(1, rounds + 1):
+                workdir = Path(tempfile.mkdtemp(prefix="round-", dir=root))
+                try:
+                    load = await baseline(receiver, n)
+                    base_rates.append(load.rate)
+                    base_loads.append(load)
+                    progress(f"round {round_}", f"bare aiohttp client, {CONCURRENCY} in flight",
+                             f"{load.rate:>9,.0f} req/s")
+                    got = await outbox_delivery(workdir, receiver, n)
+                    deliveries.append(got)
+                    ratios.append(got.rate / load.rate)
+                    progress(f"round {round_}", f"outbox Worker, concurrency {CONCURRENCY}",
+                             f"{got.rate:>9,.0f} deliveries/s ({got.rate / load.rate:.2f}x)")
+                except BenchError as exc:
+                    problems.append(f"delivery round {round_}: {exc}")
+                    print(f"round {round_}: FAILED: {exc}", flush=True)
+                finally:
+                    shutil.rmtree(workdir, ignore_errors=True)
+            counts = await receiver.counts()
+            if counts[BASELINE_PATH] != rounds * (WARMUP + n):
+                problems.append(f"the receiver counted {counts[BASELINE_PATH]} baseline requests, "
+                                f"expected {rounds * (WARMUP + n)}")
+
+            if base_rates:
+                rows.append(Row(f"bare aiohttp client -> receiver ({CONCURRENCY} in flight)",
+                                f"{statistics.median(base_rates):,.0f}", "req/s", "1.00x"))
+            if deliveries:
+                ratio = statistics.median(ratios)
+                spread = f"{min(ratios):.2f}-{max(ratios):.2f}x" if len(ratios) > 1 else ""
+                rows.append(Row(f"outbox Worker, durable delivery ({CONCURRENCY} in flight)",
+                                f"{statistics.median(d.rate for d in deliveries):,.0f}", "deliveries/s",
+                                f"{ratio:.2f}x", spread, ">= 0.5x", "met" if ratio >= 0.5 else "NOT MET"))
+
+            # 4: peak RSS
+            if not args.skip_rss:
+                for pending in (RSS_SMALL_PENDING, RSS_PENDING):
+                    workdir = Path(tempfile.mkdtemp(prefix=f"rss-{pending}-", dir=root))
+                    try:
+                        db_path = workdir / "rss.db"
+                        await build_db(db_path, receiver.hook, pending)
+                        rss[pending] = measure_rss(db_path, workdir)
+                        progress("RSS", f"child, {pending:,} pending, run_once()",
+                                 f"{mib(rss[pending]['peak_kib']):>9} MiB peak")
+                    except BenchError as exc:
+                        problems.append(f"RSS with {pending:,} pending: {exc}")
+                    finally:
+                        shutil.rmtree(workdir, ignore_errors=True)
+            if len(rss) == 2:
+                small, large = rss[RSS_SMALL_PENDING], rss[RSS_PENDING]
+                growth = large["peak_kib"] / small["peak_kib"]
+                rows.append(Row(f"peak RSS (VmHWM), {RSS_SMALL_PENDING:,} pending, open + run_once",
+                                mib(small["peak_kib"]), "MiB", "1.00x"))
+                rows.append(Row(f"peak RSS (VmHWM), {RSS_PENDING:,} pending, open + run_once",
+                                mib(large["peak_kib"]), "MiB", f"{growth:.2f}x", "", "<= 1.2x",
+                                "met" if growth <= 1.2 else "NOT MET"))
+
+            # 5: claim latency
+            if not args.skip_claims:
+                workdir = Path(tempfile.mkdtemp(prefix="claims-", dir=root))
+                try:
+                    small_db, big_db = workdir / "small.db", workdir / "big.db"
+                    build_small = await build_db(small_db, receiver.hook, SMALL_PENDING)
+                    build_big = await build_db(big_db, receiver.hook, big_n)
+                    size = big_db.stat().st_size + sum(
+                        p.stat().st_size for p in workdir.glob("big.db-*"))
+                    progress("claims", f"built {big_n:,} pending intents",
+                             f"{build_big:>9.1f} s ({size / 2**20:,.0f} MiB; "
+                             f"{SMALL_PENDING:,} in {build_small:.1f} s)")
+                    small_t, big_t = await claim_latency(small_db, big_db, receiver.hook)
+                    for label, t in ((f"{SMALL_PENDING:,}", small_t), (f"{big_n:,}", big_t)):
+                        progress("claims", f"store.claim(limit={CONCURRENCY}), {label} pending",
+                                 f"{ms(statistics.mean(t.claims)):>9} ms mean, "
+                                 f"{ms(statistics.median(t.claims))} median")
+                    growth = statistics.mean(big_t.claims) / statistics.mean(small_t.claims)
+                    rows.append(Row(f"store.claim({CONCURRENCY}), {SMALL_PENDING:,} pending, mean of {CLAIMS}",
+                                    ms(statistics.mean(small_t.claims)), "ms", "1.00x"))
+                    rows.append(Row(f"store.claim({CONCURRENCY}), {big_n:,} pending, mean of {CLAIMS}",
+                                    ms(statistics.mean(big_t.claims)), "ms", f"{growth:.2f}x", "",
+                                    "<= 1.5x", "met" if growth <= 1.5 else "NOT MET"))
+                    s_growth = statistics.mean(big_t.statements) / statistics.mean(small_t.statements)
+                    rows.append(Row(f"  claim statement alone (rolled back), {SMALL_PENDING:,}",
+                                    ms(statistics.mean(small_t.statements)), "ms", "1.00x"))
+                    rows.append(Row(f"  claim statement alone (rolled back), {big_n:,}",
+                                    ms(statistics.mean(big_t.statements)), "ms", f"{s_growth:.2f}x"))
+                except BenchError as exc:
+                    problems.append(f"claim latency: {exc}")
+                finally:
+                    shutil.rmtree(workdir, ignore_errors=True)
+            receiver.alive()
+
+    print(f"\ndelivery benchmark (N={n:,}; WAL, synchronous=FULL; median of {rounds} "
+          f"round{'s' * (rounds > 1)}, ratio per round against the bare client)")
+    print(render(rows, ("case", "value", "unit", "ratio", "spread", "target", "")))
+    if deliveries:
+        d = deliveries[-1]
+        commits = "" if d.commits is None else (
+            f"; {d.commits:,} SQLite commits carrying {d.jobs:,} writes ({d.commits / n:.2f} "
+            f"commits and {d.jobs / n:.2f} writes per delivery, {d.commits / d.seconds:,.0f} commits/s)")
+        print(f"worker, last round: {d.claims:,} claims for {d.claimed:,} intents "
+              f"({d.claimed / max(1, d.claims):.1f} per claim){commits}; {d.seconds:.2f} s to the last "
+              f"recorded delivery, {d.observed_seconds:.2f} s to the poll that saw it")
+        if d.cpu.receiver_us is not None and base_loads[-1].cpu and base_loads[-1].cpu.receiver_us is not None:
+            b = base_loads[-1].cpu
+            print(f"CPU per request, last round: bare client {b.own_us:,.0f} us (receiver {b.receiver_us:,.0f} us); "
+                  f"worker process {d.cpu.own_us:,.0f} us per delivery, event loop and SQLite writer "
+                  f"thread together (receiver {d.cpu.receiver_us:,.0f} us)")
+        for round_, got in enumerate(deliveries, 1):
+            if got.warnings:
+                print(f"worker warnings, round {round_}: {got.warnings}; e.g. {got.warning_samples[:1]}")
+            if got.lease_lost:
+                print(f"  the intents named by 'lease lost', round {round_}: {dict(got.lease_lost)} "
+                      f"(the worker had no fenced write rejected)")
+    if rss:
+        for pending, got in sorted(rss.items()):
+            print(f"RSS child, {pending:,} pending (VmHWM): {mib(got['imported_kib'])} MiB after imports, "
+              f"{mib(got['opened_kib'])} after open, {mib(got['peak_kib'])} after run_once "
+              f"({got['claimed']} claimed and delivered); its ru_maxrss says {mib(got['ru_maxrss_kib'])} "
+              "MiB, which on Linux includes the parent's RSS when it spawned the child")
+    print(f"total time {time.perf_counter() - began:.0f} s")
+    for problem in problems:
+        print(f"INVALID: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    add = parser.add_argument
+    add("--n", type=int, help="intents (and baseline requests) per round (20,000; --quick 2,000)")
+    add("--rounds", type=int, help="interleaved baseline/outbox rounds (3; --quick 1)")
+    add("--big-n", type=int, help="pending intents for the large claim case (1,000,000; --quick 100,000)")
+    add("--quick", action="store_true", help="a short run: N=2,000, 100,000 instead of 1,000,000")
+    add("--uvloop", action="store_true", help="run the worker and the client on uvloop")
+    add("--skip-rss", action="store_true", help="skip the peak RSS case")
+    add("--skip-claims", action="store_true", help="skip the claim latency case")
+    add("--dir", help="where the databases go (the fsync cost depends on the filesystem)")
+    add("--serve-receiver", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    add("--rss-child", metavar="DB", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for name in ("n", "rounds", "big_n"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be positive")
+    if args.big_n is not None and args.big_n <= SMALL_PENDING:
+        parser.error(f"--big-n must be more than {SMALL_PENDING:,}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.serve_receiver is not None:
+        serve_receiver(args.serve_receiver)
+        return 0
+    if args.rss_child is not None:
+        rss_child(args.rss_child)
+        return 0
+    if args.uvloop:
+        import uvloop
+
+        return uvloop.run(run(args))
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
