@@ -228,7 +228,7 @@ class Worker:
                 return
             if destination.requires_approval and (refusal := _approval_refusal(intent, now)):
                 await self.store.update_intent(
-                    intent.action_id, expected=Status.LEASED, status=Status.HELD, fence=intent.fence,
+                    intent.action_id, fetch=False, expected=Status.LEASED, status=Status.HELD, fence=intent.fence,
                     changes={"lease_owner": None, "lease_expires_at": None, "last_error": refusal},
                     events=[Event("held", now, self.id, refusal)])
                 return
@@ -252,7 +252,7 @@ class Worker:
                 status_code=None, reply=None, external_id=None, error=None, duration_ms=None,
             )
             await self.store.update_intent(
-                intent.action_id, expected=Status.LEASED, status=Status.LEASED, fence=intent.fence,
+                intent.action_id, fetch=False, expected=Status.LEASED, status=Status.LEASED, fence=intent.fence,
                 changes={"attempts": attempt.number}, attempt=attempt,
                 events=[Event("attempt_started", attempt.started_at, self.id, None,
                               {"attempt_id": attempt.attempt_id, "number": attempt.number,
@@ -338,7 +338,7 @@ class Worker:
         self._settling.add(intent.action_id)
         try:
             await self.store.update_intent(
-                intent.action_id, expected=Status.LEASED, status=fate.status, fence=intent.fence,
+                intent.action_id, fetch=False, expected=Status.LEASED, status=fate.status, fence=intent.fence,
                 changes=changes, attempt=attempt,
                 events=[*events, Event(fate.event, now, self.id, fate.reason, data)],
             )
@@ -362,7 +362,7 @@ class Worker:
         if new_fence is not None:
             changes["fence"] = new_fence
         await self.store.update_intent(
-            intent.action_id, expected=Status.LEASED, status=Status.PENDING, fence=intent.fence,
+            intent.action_id, fetch=False, expected=Status.LEASED, status=Status.PENDING, fence=intent.fence,
             changes=changes,
             events=[*(extra or []), Event(kind, self.clock.now(), self.id, reason,
                                           {"next_attempt_at": due.isoformat()})],

@@ -47,6 +47,31 @@ async def on_thread(db: aiosqlite.Connection, fn: Callable[..., T], *args: Any) 
 def _apply_batch(
     conn: sqlite3.Connection, jobs: Sequence[Callable[[sqlite3.Connection], Any]]
 ) -> list[tuple[bool, Any]]:
+    """Run write jobs in one transaction and commit once.
+
+    Jobs rarely fail, so they first run side by side; only if one raises is the transaction
+    rolled back and run again with a savepoint around each job, so that one's failure undoes
+    only its own writes.
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        results = [(True, job(conn)) for job in jobs]
+    except Exception:
+        conn.execute("ROLLBACK")
+    else:
+        try:
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return results
+    return _apply_isolated(conn, jobs)
+
+
+def _apply_isolated(
+    conn: sqlite3.Connection, jobs: Sequence[Callable[[sqlite3.Connection], Any]]
+) -> list[tuple[bool, Any]]:
     """Run write jobs in one transaction, each in its own savepoint, then commit once."""
     conn.execute("BEGIN IMMEDIATE")
     results: list[tuple[bool, Any]] = []

@@ -486,7 +486,8 @@ class SqliteStore:
         changes: Mapping[str, Any] | None = None,
         fence: int | None = None,
         attempt: Attempt | None = None,
-    ) -> Intent:
+        fetch: bool = True,
+    ) -> Intent | None:
         if status is not expected:
             check_transition(expected, status)
         if not events:
@@ -504,12 +505,13 @@ class SqliteStore:
         sql = SQL["update_intent"].format(
             assignments=", ".join(f"{name} = ?" for name in values),
             fence_check="AND fence = ?" if fence is not None else "",
+            returning="*" if fetch else "seq",
         )
         params = [*values.values(), action_id, expected.value]
         if fence is not None:
             params.append(fence)
 
-        def run(conn: sqlite3.Connection) -> Intent:
+        def run(conn: sqlite3.Connection) -> Intent | None:
             row = conn.execute(sql, params).fetchone()
             if row is None:
                 current = conn.execute(SQL["intent_by_action"], (action_id,)).fetchone()
@@ -524,7 +526,7 @@ class SqliteStore:
                 _put_attempt(conn, row["seq"], attempt)
             for event in events:
                 _append_event(conn, row["seq"], event)
-            return _intent(row)
+            return _intent(row) if fetch else None
 
         return await self._write(run)
 

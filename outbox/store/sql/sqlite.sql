@@ -165,7 +165,7 @@ SELECT * FROM intents WHERE {where} ORDER BY seq DESC LIMIT ?;
 
 -- name: update_intent
 -- Move an intent from a status it is known to be in; no row back means it had moved on.
-UPDATE intents SET {assignments} WHERE action_id = ? AND status = ? {fence_check} RETURNING *;
+UPDATE intents SET {assignments} WHERE action_id = ? AND status = ? {fence_check} RETURNING {returning};
 
 -- name: put_destination
 -- Register or replace a destination.
