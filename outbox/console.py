@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 from collections.abc import Awaitable, Callable
 from html import escape
 from typing import Any
@@ -172,14 +173,16 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             f"<td><code>{escape((a.reply or '')[:300])}</code></td></tr>" for a in history.attempts)
         events = "".join(
             f"<tr><td>{escape(iso(e.at) or '')}</td><td>{escape(e.kind)}</td><td>{escape(e.actor)}</td>"
-            f"<td>{escape(e.reason or '')}</td><td><code>{escape(str(dict(e.data)) if e.data else '')}</code></td></tr>"
+            f"<td>{escape(e.reason or '')}</td><td><code>{escape(json.dumps(dict(e.data)) if e.data else '')}</code>"
+            f"</td></tr>"
             for e in history.events)
         flash = (f"<p class='flash'>{escape(done)}</p>" if done else "") + (
             f"<p class='flash error'>{escape(error)}</p>" if error else "")
         return _page(f"Intent {action_id}", flash + (
             f"<p>{_status(intent.status.value)} to <b>{escape(intent.destination)}</b> for "
             f"<b>{escape(intent.scope)}</b> · attempts {intent.attempts}/{intent.max_attempts} · fence {intent.fence}"
-            f" · next attempt {escape(iso(intent.next_attempt_at) or '')}</p>"
+            + (f" · next attempt {escape(iso(intent.next_attempt_at) or '')}" if intent.status is Status.PENDING
+               else "") + "</p>"
             f"<p>payload <code>{escape(intent.payload_digest)}</code></p>"
             f"<pre>{escape(intent.payload_json[:4000])}</pre>"
             f"<p>last error: {escape(intent.last_error or '—')}</p>"

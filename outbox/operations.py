@@ -65,8 +65,10 @@ async def replay(
             f"an earlier attempt of {action_id!r} may have taken effect and destination "
             f"{destination.id!r} does not declare idempotency; replaying may duplicate it "
             "(pass accept_duplicate_risk / --accept-duplicate-risk to do it anyway)")
+    if intent.expires_at is not None and box.clock.now() >= intent.expires_at:
+        raise IllegalTransition(f"{action_id!r} expired at {intent.expires_at.isoformat()}; it cannot be sent")
     if authorize is not None and (denied := await authorize(intent)) is not None:
-        raise AuthorityDenied(f"authority still denies {action_id!r}: {denied}")
+        raise AuthorityDenied(f"authority does not allow {action_id!r} now: {denied}")
     now = box.clock.now()
     replayed = await box.store.update_intent(
         action_id, expected=intent.status, status=Status.PENDING,
@@ -89,7 +91,9 @@ async def resolve(
     now = box.clock.now()
     status = {Resolution.DELIVERED: Status.DELIVERED, Resolution.RETRY: Status.PENDING,
               Resolution.DEAD: Status.DEAD}[resolution]
-    changes: dict[str, object] = {"next_attempt_at": now} if status is Status.PENDING else {}
+    changes: dict[str, object] = {}
+    if status is Status.PENDING:  # a fresh budget, as for a replay
+        changes = {"next_attempt_at": now, "max_attempts": intent.attempts + box.settings.default_max_attempts}
     resolved = await box.store.update_intent(
         action_id, expected=Status.UNKNOWN, status=status, changes=changes,
         events=[Event("resolved", now, actor.name, actor.reason,

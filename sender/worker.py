@@ -391,12 +391,13 @@ class Worker:
         """The sweeper's work on one expired lease; bumps the fence so the old holder is shut out."""
         reason = f"lease of {intent.lease_owner} expired"
         try:
-            if attempt is None:
-                await self._release(intent, reason + " before any attempt started", self.clock.now(),
-                                    new_fence=intent.fence + 1, kind="lease_expired")
-                return
             destination = await self.store.get_destination(intent.destination)
-            if destination is None:
+            if attempt is None or destination is None:
+                # nothing was sent (or there is nowhere to judge it against): give the intent back
+                await self._release(intent, reason + (" before any attempt started" if attempt is None
+                                                      else " and its destination is gone"),
+                                    self.clock.now(), new_fence=intent.fence + 1, kind="lease_expired")
+                self._recovered(intent)
                 return
             result = SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN,
                                 error=reason + " while its attempt was in flight; it may have been sent")
@@ -406,14 +407,17 @@ class Worker:
             fate = decide(intent, destination, result, attempts_made=attempt.number,
                           first_submission_at=first, now=self.clock.now(), policy=self.policy)
             fate, reconciled, fence = await self._reconcile(intent, destination, fate, intent.fence + 1)
+            self.outbox.metrics.attempts.labels(result.outcome.value).inc()
             await self._settle(intent, fate, [Event("lease_expired", self.clock.now(), self.id, reason,
                                                     {"fence": intent.fence}), *reconciled],
                                attempt=finished, new_fence=fence)
+            self._recovered(intent)
         except StaleWrite:
             pass  # the holder finished or another sweeper got there first
-        else:
-            self.outbox.metrics.lease_expiries.inc()
-            log.warning("recovered expired lease: action_id=%s fence=%d", intent.action_id, intent.fence)
+
+    def _recovered(self, intent: Intent) -> None:
+        self.outbox.metrics.lease_expiries.inc()
+        log.warning("recovered expired lease: action_id=%s fence=%d", intent.action_id, intent.fence)
 
 
 def _approval_refusal(intent: Intent, now: datetime) -> str | None:

@@ -135,9 +135,10 @@ class Store(Protocol):
         attempt: Attempt | None = None,
         fetch: bool = True,
     ) -> Intent | None:
-        """Move an intent from ``expected`` to ``status`` (checked against TRANSITIONS unless
-        they are the same), applying ``changes`` (columns in UPDATABLE), recording ``attempt``
-        (new, or its outcome) and appending ``events``, atomically and only if the intent is
+        """Move an intent from ``expected`` to ``status`` (checked against TRANSITIONS; only a
+        leased intent may stay in its status, to record its attempt), applying ``changes``
+        (columns in UPDATABLE), recording ``attempt`` (new, or its outcome) and appending
+        ``events``, atomically and only if the intent is
         still in ``expected`` (and at ``fence`` when given). Returns the updated intent, or None
         with ``fetch=False`` (the sender's hot path does not read it back).
         Raises IllegalTransition, NotFound, StaleWrite; nothing is written when it raises."""

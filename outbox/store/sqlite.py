@@ -488,7 +488,7 @@ class SqliteStore:
         attempt: Attempt | None = None,
         fetch: bool = True,
     ) -> Intent | None:
-        if status is not expected:
+        if status is not expected or status is not Status.LEASED:  # only a lease is updated in place
             check_transition(expected, status)
         if not events:
             raise ValueError("every change to an intent appends at least one event")

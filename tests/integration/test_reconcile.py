@@ -66,7 +66,7 @@ class Network:
                 return None  # the response never makes it back
 
             await self.app(scope, receive, swallow)
-            await asyncio.sleep(1)  # hold the connection until the sender (0.3 s) gives up
+            await asyncio.sleep(2)  # hold the connection until the sender (1 s) gives up
             return
         await self.app(scope, receive, send)
 
@@ -97,7 +97,7 @@ async def world(tmp_path) -> AsyncIterator[tuple[Outbox, Network, Effects]]:
                             settings=Settings(authority="allow-all"))
     # No declared idempotency: an unknown outcome may not be retried blindly; only the probe helps.
     await box.put_destination("hook", DestinationSpec(
-        url=f"{served.url}/orders", secret=SECRET, allow_private_network=True, timeout_seconds=0.3,
+        url=f"{served.url}/orders", secret=SECRET, allow_private_network=True, timeout_seconds=1.0,
         idempotent=False, reconcile=True))
     try:
         yield box, network, effects

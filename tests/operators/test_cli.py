@@ -1,0 +1,356 @@
+"""Operators' powers through the installed ``outbox`` command, run in subprocesses on a real
+SQLite file that the test prepares with the library and a real receiver."""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from outbox import DestinationSpec, ManualClock, Outbox, Settings, Status
+from outbox.grants import GrantSpec
+
+from ..conftest import SECRET, snapshot
+from ..receiver import Receiver, Reply
+from .conftest import WAITING, Switch, close_worker
+
+pytestmark = pytest.mark.acceptance
+OUTBOX = str(Path(sys.executable).parent / "outbox")
+ACTOR = f"cli:{getpass.getuser()}"
+
+
+@dataclass
+class Shell:
+    """An outbox database that the test fills with the library and the CLI acts on."""
+
+    cwd: Path
+    db: Path
+    box: Outbox
+    clock: ManualClock | None
+    receiver: Receiver
+
+    def env(self, **extra: str) -> dict[str, str]:
+        base = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
+        return {**base, "OUTBOX_DATABASE_URL": f"sqlite:///{self.db}", **extra}
+
+    def run(self, *args: str, code: int = 0, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([OUTBOX, *args], cwd=self.cwd, env=env or self.env(), capture_output=True,
+                              text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert done.returncode == code, f"exit {done.returncode}\nstdout: {done.stdout}\nstderr: {done.stderr}"
+        return done
+
+    def json(self, *args: str, code: int = 0, env: dict[str, str] | None = None) -> Any:
+        return json.loads(self.run("--json", *args, code=code, env=env).stdout)
+
+    async def destination(self, destination_id: str, path: str, **spec: Any) -> None:
+        options: dict[str, Any] = {"secret": SECRET, "allow_private_network": True, "timeout_seconds": 1, **spec}
+        await self.box.put_destination(destination_id, DestinationSpec(url=self.receiver.url + path, **options))
+
+    async def enqueue(self, action_id: str, destination: str = "hook", scope: str = "acme", **options: Any) -> None:
+        await self.box.enqueue(destination=destination, scope=scope, action_id=action_id,
+                               payload={"action": action_id}, **options)
+
+    async def deliver(self, *action_ids: str) -> None:
+        """Run an in-process worker until none of these intents waits any more."""
+        from sender import Worker
+
+        worker = Worker(self.box)
+        try:
+            for _ in range(500):
+                if not [i for i in action_ids if (await self.box.get(i)).status in WAITING]:
+                    return
+                if not await worker.run_once():
+                    if self.clock is not None:
+                        due = await self.box.store.next_due_at()
+                        if due is not None and due > self.clock.now():
+                            self.clock.advance((due - self.clock.now()).total_seconds())
+                            continue
+                    await asyncio.sleep(0.02)
+            raise AssertionError(f"not settled: {action_ids}")
+        finally:
+            await close_worker(worker)
+
+    async def status(self, action_id: str) -> Status:
+        return (await self.box.get(action_id)).status
+
+
+async def _open(tmp_path: Path, clock: ManualClock | None = None) -> Shell:
+    db = tmp_path / "cli.db"
+    settings = Settings(database_url=f"sqlite:///{db}", authority="grants", authority_seconds=0,
+                        backoff_initial_seconds=0.05, backoff_cap_seconds=0.2)
+    box = await Outbox.open(settings=settings, clock=clock)
+    await box.put_grant("acme-all", GrantSpec(scope="acme", destination="*"))
+    return Shell(tmp_path, db, box, clock, Receiver().start())
+
+
+@pytest.fixture
+async def shell(tmp_path: Path) -> AsyncIterator[Shell]:
+    sh = await _open(tmp_path)
+    try:
+        yield sh
+    finally:
+        sh.receiver.stop()
+        await sh.box.close()
+
+
+@pytest.fixture
+async def old_shell(tmp_path: Path) -> AsyncIterator[Shell]:
+    """As ``shell``, with a manual clock starting ten days ago."""
+    sh = await _open(tmp_path, ManualClock(datetime.now(UTC) - timedelta(days=10)))
+    try:
+        yield sh
+    finally:
+        sh.receiver.stop()
+        await sh.box.close()
+
+
+async def _dead_letters(shell: Shell, *action_ids: str) -> Switch:
+    switch = Switch()
+    shell.receiver.script("/flaky", switch)
+    await shell.destination("hook", "/flaky")
+    for action_id in action_ids:
+        await shell.enqueue(action_id, max_attempts=1)
+    await shell.deliver(*action_ids)
+    for action_id in action_ids:
+        assert await shell.status(action_id) is Status.DEAD
+    return switch
+
+
+# -- replay ------------------------------------------------------------------------------------
+
+
+async def test_replay_one_intent(shell: Shell):
+    switch = await _dead_letters(shell, "one-1", "one-2")
+    before = snapshot(shell.db)
+    missing = shell.run("replay", "one-1", code=2)
+    assert "--reason" in missing.stderr
+    blank = shell.run("replay", "one-1", "--reason", "   ", code=2)
+    assert "say why" in blank.stderr
+    both = shell.run("replay", "one-1", "--status", "dead", "--reason", "x", code=2)
+    assert "not both" in both.stderr
+    assert snapshot(shell.db) == before
+
+    done = shell.run("replay", "one-1", "--reason", "receiver fixed")
+    assert done.stdout.strip() == "replayed one-1 (now pending)"
+    event = (await shell.box.history("one-1")).events[-1]
+    assert (event.kind, event.actor, event.reason) == ("replayed", ACTOR, "receiver fixed")
+    assert event.data == {"from": "dead", "accept_duplicate_risk": False}
+
+    as_json = shell.json("replay", "one-2", "--reason", "also fixed")
+    assert as_json["action_id"] == "one-2" and as_json["status"] == "pending"
+
+    refused = shell.run("--json", "replay", "one-2", "--reason", "again", code=1)
+    assert refused.stdout == ""
+    error = json.loads(refused.stderr)
+    assert error["error"] == "IllegalTransition" and "pending" in error["detail"]
+    text_error = shell.run("replay", "nope-1", "--reason", "x", code=1)
+    assert text_error.stderr.strip() == "error: intent 'nope-1' does not exist"
+
+    switch.fix()
+    await shell.deliver("one-1", "one-2")
+    assert switch.successes() == {"one-1": 1, "one-2": 1}
+
+
+async def test_replay_checks_authority_and_duplicate_risk(shell: Shell):
+    shell.receiver.script("/ok", Reply(200))
+    shell.receiver.script("/slow", Reply(200, delay=2))
+    await shell.destination("hook", "/ok")
+    await shell.destination("slow", "/slow", timeout_seconds=0.3)
+    await shell.enqueue("auth-1", scope="globex")
+    await shell.enqueue("dup-1", destination="slow")
+    await shell.deliver("auth-1", "dup-1")
+    assert await shell.status("auth-1") is Status.REVOKED
+    assert await shell.status("dup-1") is Status.UNKNOWN
+
+    denied = shell.run("replay", "auth-1", "--reason", "please", code=1)
+    assert "authority does not allow 'auth-1' now" in denied.stderr
+    risky = shell.run("replay", "dup-1", "--reason", "please", code=1)
+    assert "--accept-duplicate-risk" in risky.stderr
+    assert await shell.status("auth-1") is Status.REVOKED and await shell.status("dup-1") is Status.UNKNOWN
+
+    shell.run("grants", "put", "globex-hook", "--scope", "globex", "--destination", "hook")
+    assert shell.json("replay", "auth-1", "--reason", "granted")["status"] == "pending"
+    accepted = shell.json("replay", "dup-1", "--reason", "checked", "--accept-duplicate-risk")
+    assert accepted["status"] == "pending"
+    assert (await shell.box.history("dup-1")).events[-1].data["accept_duplicate_risk"] is True
+
+
+async def test_bulk_replay_dry_run_then_real_run(shell: Shell):
+    ids = [f"bulk-{n}" for n in range(5)]
+    switch = await _dead_letters(shell, *ids)
+    await shell.enqueue("bulk-rev", scope="globex")
+    await shell.deliver("bulk-rev")
+    assert await shell.status("bulk-rev") is Status.REVOKED
+    before = snapshot(shell.db)
+
+    dry = shell.run("replay", "--status", "dead", "--dry-run", "--reason", "receiver back")
+    lines = dry.stdout.strip().splitlines()
+    assert lines[-1] == "5 intent(s) would be replayed"
+    assert sorted(line.split()[0] for line in lines[:-1]) == ids
+    assert all(" dead " in line and "attempts exhausted" in line for line in lines[:-1])
+    dry_json = shell.json("replay", "--status", "dead", "--dry-run", "--reason", "receiver back")
+    assert dry_json["dry_run"] is True and dry_json["matched"] == 5 and sorted(dry_json["action_ids"]) == ids
+    everything = shell.json("replay", "--dry-run", "--reason", "all of them")  # dead, revoked and unknown
+    assert sorted(everything["action_ids"]) == sorted([*ids, "bulk-rev"])
+    assert snapshot(shell.db) == before
+
+    real = shell.run("replay", "--status", "dead", "--destination", "hook", "--reason", "receiver back")
+    assert real.stdout.strip().splitlines()[-1] == "replayed 5 of 5"
+    assert "replaying" in real.stderr  # the progress bar (a plain label when stderr is not a terminal)
+    for action_id in ids:
+        assert await shell.status(action_id) is Status.PENDING
+        event = (await shell.box.history(action_id)).events[-1]
+        assert (event.kind, event.actor, event.reason) == ("replayed", ACTOR, "receiver back")
+    assert await shell.status("bulk-rev") is Status.REVOKED
+
+    # what authority still refuses is listed, and the exit code says so
+    listed = shell.run("replay", "--status", "revoked", "--reason", "the rest", code=1).stdout.strip().splitlines()
+    assert len(listed) == 2 and listed[1] == "replayed 0 of 1", listed
+    assert listed[0].startswith("refused bulk-rev: authority does not allow 'bulk-rev' now: no live grant"), listed
+    refused = shell.run("--json", "replay", "--reason", "the rest", code=1)
+    result = json.loads(refused.stdout)
+    assert result["matched"] == 1 and result["replayed"] == 0 and list(result["refused"]) == ["bulk-rev"]
+    assert "no live grant" in result["refused"]["bulk-rev"]
+
+    switch.fix()
+    await shell.deliver(*ids)
+    assert switch.successes() == dict.fromkeys(ids, 1)
+
+
+# -- resolve, cancel, approve, reject ----------------------------------------------------------
+
+
+async def test_resolve_cancel_approve_and_reject(shell: Shell):
+    shell.receiver.script("/slow", Reply(200, delay=2))
+    shell.receiver.script("/ok", Reply(200))
+    await shell.destination("slow", "/slow", timeout_seconds=0.3)
+    await shell.destination("hook", "/ok")
+    await shell.destination("approvals", "/ok", requires_approval=True)
+    await shell.enqueue("res-1", destination="slow")
+    await shell.enqueue("res-2", destination="slow")
+    await shell.deliver("res-1", "res-2")
+    shell.receiver.script("/slow", Reply(200))
+    await shell.enqueue("can-1")
+    await shell.enqueue("hold-1", destination="approvals")
+    await shell.enqueue("hold-2", destination="approvals")
+
+    done = shell.run("resolve", "res-1", "--as", "delivered", "--external-id", "inv-77", "--reason", "seen at receiver")
+    assert done.stdout.strip() == "resolved res-1: delivered"
+    event = (await shell.box.history("res-1")).events[-1]
+    assert (event.kind, event.actor, event.reason) == ("resolved", ACTOR, "seen at receiver")
+    assert event.data == {"resolution": "delivered", "external_id": "inv-77"}
+    assert shell.json("resolve", "res-2", "--as", "retry", "--reason", "never arrived")["status"] == "pending"
+    shell.run("resolve", "res-2", "--as", "dead", "--reason", "x", code=1)  # no longer unknown
+    shell.run("resolve", "res-1", "--as", "maybe", "--reason", "x", code=2)
+
+    assert shell.run("cancel", "can-1", "--reason", "duplicate").stdout.strip() == "cancelled can-1"
+    assert await shell.status("can-1") is Status.CANCELLED
+    shell.run("cancel", "can-1", code=2)  # --reason is required
+
+    held = await shell.box.get("hold-1")
+    assert held.status is Status.HELD
+    wrong = shell.run("approve", "hold-1", "--digest", "sha256:" + "0" * 64, "--reason", "ok", code=1)
+    assert held.payload_digest in wrong.stderr
+    approved = shell.run("approve", "hold-1", "--digest", held.payload_digest, "--valid-seconds", "600",
+                         "--reason", "reviewed")
+    assert approved.stdout.startswith("approved hold-1 until ")
+    intent = await shell.box.get("hold-1")
+    assert intent.status is Status.PENDING and intent.approved_digest == held.payload_digest
+    assert intent.approved_by == ACTOR
+    assert timedelta(seconds=590) < intent.approval_expires_at - datetime.now(UTC) <= timedelta(seconds=600)
+
+    assert shell.run("reject", "hold-2", "--reason", "wrong amount").stdout.strip() == "rejected hold-2"
+    assert await shell.status("hold-2") is Status.CANCELLED
+    assert (await shell.box.history("hold-2")).events[-1].kind == "rejected"
+
+    await shell.deliver("res-2", "hold-1")
+    assert await shell.status("res-2") is Status.DELIVERED and await shell.status("hold-1") is Status.DELIVERED
+    assert sorted(r.headers["idempotency-key"] for r in shell.receiver.requests("/ok")) == ["hold-1"]
+
+
+# -- prune and list ----------------------------------------------------------------------------
+
+
+async def _history_over_ten_days(shell: Shell) -> None:
+    """old-1, old-2 delivered, old-dead dead and old-cancel cancelled ten days ago; new-1
+    delivered and new-2 pending now."""
+    from outbox import operations
+
+    assert shell.clock is not None
+    shell.receiver.script("/ok", Reply(200))
+    shell.receiver.script("/no", Reply(400))
+    await shell.destination("hook", "/ok")
+    await shell.destination("refuses", "/no")
+    for action_id in ("old-1", "old-2"):
+        await shell.enqueue(action_id)
+    await shell.enqueue("old-dead", destination="refuses")
+    await shell.enqueue("old-cancel", not_before=shell.clock.now() + timedelta(hours=1))
+    await operations.cancel(shell.box, "old-cancel", operations.Actor("test", "not needed"))
+    await shell.deliver("old-1", "old-2", "old-dead")
+    shell.clock.advance(timedelta(days=10).total_seconds() - 5)
+    await shell.enqueue("new-1")
+    await shell.deliver("new-1")
+    await shell.enqueue("new-2", not_before=datetime.now(UTC) + timedelta(days=1))
+    statuses = {i: (await shell.box.get(i)).status.value for i in
+                ("old-1", "old-2", "old-dead", "old-cancel", "new-1", "new-2")}
+    assert statuses == {"old-1": "delivered", "old-2": "delivered", "old-dead": "dead",
+                        "old-cancel": "cancelled", "new-1": "delivered", "new-2": "pending"}
+
+
+async def test_prune_dry_run_then_real_run(old_shell: Shell):
+    shell = old_shell
+    await _history_over_ten_days(shell)
+    before = snapshot(shell.db)
+
+    assert shell.run("prune", "--older-than-days", "30", "--dry-run").stdout.strip() == "would prune 0 intent(s)"
+    dry = shell.run("prune", "--older-than-days", "5", "--dry-run")
+    assert dry.stdout.strip() == "would prune 3 intent(s)"
+    dry_json = shell.json("prune", "--older-than-days", "5", "--dry-run")
+    assert dry_json["dry_run"] is True and sorted(dry_json["action_ids"]) == ["old-1", "old-2", "old-cancel"]
+    # the default age is the retention setting (7 days) ...
+    assert shell.json("prune", "--dry-run")["pruned"] == 3
+    # ... which OUTBOX_DELIVERED_RETENTION_SECONDS changes
+    eleven_days = shell.env(OUTBOX_DELIVERED_RETENTION_SECONDS=str(11 * 86_400))
+    assert shell.json("prune", "--dry-run", env=eleven_days)["pruned"] == 0
+    assert snapshot(shell.db) == before
+
+    five_days = shell.env(OUTBOX_DELIVERED_RETENTION_SECONDS=str(5 * 86_400))
+    pruned = shell.json("prune", env=five_days)
+    assert pruned["dry_run"] is False and sorted(pruned["action_ids"]) == ["old-1", "old-2", "old-cancel"]
+    left = shell.json("list")["items"]
+    assert sorted(i["action_id"] for i in left) == ["new-1", "new-2", "old-dead"]
+    gone = shell.run("show", "old-1", code=1)
+    assert "does not exist" in gone.stderr
+    after = snapshot(shell.db)
+    assert not [row for row in after["events"] if row not in before["events"]]  # nothing new was written
+    assert len(after["events"]) < len(before["events"]) and len(after["attempts"]) < len(before["attempts"])
+    assert shell.run("prune", "--older-than-days", "5").stdout.strip() == "pruned 0 intent(s)"
+
+
+async def test_list_created_after(old_shell: Shell):
+    shell = old_shell
+    await _history_over_ten_days(shell)
+    since = (datetime.now(UTC) - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%S%z")
+    recent = shell.json("list", "--created-after", since)
+    assert [i["action_id"] for i in recent["items"]] == ["new-2", "new-1"]  # newest first
+    assert recent["next_seq"] is None
+    text = shell.run("list", "--created-after", since, "--status", "delivered").stdout.strip().splitlines()
+    assert len(text) == 1 and text[0].split()[:2] == ["new-1", "delivered"]
+    older = shell.json("list", "--created-before", since, "--status", "delivered")
+    assert sorted(i["action_id"] for i in older["items"]) == ["old-1", "old-2"]
+    paged = shell.json("list", "--limit", "2")
+    assert len(paged["items"]) == 2 and paged["next_seq"] is not None
+    rest = shell.json("list", "--limit", "10", "--before-seq", str(paged["next_seq"]))
+    assert len(paged["items"]) + len(rest["items"]) == 6
+    bad = shell.run("list", "--created-after", "yesterday", code=2)
+    assert "--created-after" in bad.stderr

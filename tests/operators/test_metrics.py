@@ -1,0 +1,334 @@
+"""GET /metrics after a scripted scenario, and the Prometheus alert rules checked against what
+the service actually exposes."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from outbox import Attempt, DestinationSpec, Event, ManualClock, Outbox, Role, Settings, Status
+from outbox.api import create_app
+from outbox.grants import GrantSpec
+from sender import Worker
+
+from ..conftest import SECRET
+from ..receiver import Receiver, Reply
+from ..servers import Served
+from .conftest import close_worker, serve_in_loop
+
+ROOT = Path(__file__).resolve().parents[2]
+ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
+WEBHOOK = {"channel": "webhook"}
+
+
+class Scrape:
+    """One /metrics answer: every sample by name and labels."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                self.samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+
+    def __call__(self, name: str, **labels: str) -> float | None:
+        return self.samples.get((name, frozenset(labels.items())))
+
+    def names(self) -> set[str]:
+        return {name for name, _ in self.samples}
+
+    def labelled(self, name: str) -> list[dict[str, str]]:
+        return [dict(labels) for n, labels in self.samples if n == name]
+
+
+async def scrape(client: httpx.AsyncClient) -> Scrape:
+    response = await client.get("/metrics")
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    return Scrape(response.text)
+
+
+@dataclass
+class Scene:
+    box: Outbox
+    clock: ManualClock
+    worker: Worker
+    receiver: Receiver
+    client: httpx.AsyncClient
+
+
+@pytest.fixture
+async def scene(tmp_path: Path) -> AsyncIterator[Scene]:
+    """An outbox (manual clock) served by uvicorn in this loop, an in-process worker on the
+    same Outbox (so its counters are the ones /metrics shows), and a receiver."""
+    clock = ManualClock(datetime.now(UTC).replace(microsecond=0))
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'm.db'}", worker=False, authority="grants",
+                        authority_seconds=0, lease_seconds=30)
+    box = await Outbox.open(settings=settings, clock=clock)
+    receiver = Receiver().start()
+    worker = Worker(box)
+    try:
+        async with serve_in_loop(create_app(outbox=box)) as url, httpx.AsyncClient(base_url=url, timeout=30) as c:
+            yield Scene(box, clock, worker, receiver, c)
+    finally:
+        await close_worker(worker)
+        receiver.stop()
+        await box.close()
+
+
+async def _scenario(s: Scene) -> None:
+    """Two delivered, one rejected (dead), one exhausted (dead), one unknown (read timeout at a
+    receiver without idempotency), one revoked (no grant), one lease lost by a vanished worker
+    and recovered by the sweeper, then overdue by 45 s."""
+    r = s.receiver
+    r.script("/ok", Reply(200))
+    r.script("/no", Reply(400, body="no such account"))
+    r.script("/down", Reply(503))
+    r.script("/slow", Reply(200, delay=2))
+    for name, path, extra in (("hook", "/ok", {}), ("refuses", "/no", {}), ("down", "/down", {}),
+                              ("slow", "/slow", {"timeout_seconds": 0.3})):
+        spec = {"secret": SECRET, "allow_private_network": True, "timeout_seconds": 2, **extra}
+        await s.box.put_destination(name, DestinationSpec(url=r.url + path, **spec))
+    await s.box.put_grant("acme-all", GrantSpec(scope="acme", destination="*"))
+    plan = [("ok-1", "hook", "acme", {}), ("ok-2", "hook", "acme", {}), ("no-1", "refuses", "acme", {}),
+            ("down-1", "down", "acme", {"max_attempts": 1}), ("slow-1", "slow", "acme", {}),
+            ("rogue-1", "hook", "globex", {})]
+    for action_id, destination, scope, extra in plan:
+        await s.box.enqueue(action_id=action_id, destination=destination, scope=scope, payload={"id": action_id},
+                            **extra)
+    assert await s.worker.run_once() == 6
+    statuses = {a: (await s.box.get(a)).status for a, *_ in plan}
+    assert statuses == {"ok-1": Status.DELIVERED, "ok-2": Status.DELIVERED, "no-1": Status.DEAD,
+                        "down-1": Status.DEAD, "slow-1": Status.UNKNOWN, "rogue-1": Status.REVOKED}
+
+    # a worker that claimed lost-1 and vanished: its lease runs out and the sweeper recovers it
+    await s.box.enqueue(action_id="lost-1", destination="hook", scope="acme", payload={"id": "lost-1"})
+    [claimed] = await s.box.store.claim("vanished-worker", now=s.clock.now(),
+                                        lease_until=s.clock.now() + timedelta(seconds=30), limit=10)
+    assert claimed.action_id == "lost-1"
+    s.clock.advance(60)
+    assert await s.worker.sweep() == 1
+    lost = await s.box.get("lost-1")
+    assert lost.status is Status.PENDING and lost.next_attempt_at == s.clock.now()
+    assert (await s.box.history("lost-1")).events[-1].kind == "lease_expired"
+    s.clock.advance(45)  # nobody sends it: overdue
+
+
+def _values(m: Scrape) -> dict[str, float | None]:
+    values: dict[str, float | None] = {
+        f"outbox_intents{{status={s.value}}}": m("outbox_intents", status=s.value, **WEBHOOK) for s in Status}
+    for outcome in ("delivered", "retryable", "rejected", "conflict", "unknown", "denied"):
+        values[f"outbox_attempts_total{{outcome={outcome}}}"] = m("outbox_attempts_total", outcome=outcome)
+    for name in ("outbox_dead_lettered_total", "outbox_unknown_outcomes_total", "outbox_authority_denials_total",
+                 "outbox_lease_expiries_total", "outbox_delivery_latency_seconds_count",
+                 "outbox_oldest_due_age_seconds"):
+        values[name] = m(name)
+    return values
+
+
+async def test_metrics_after_a_scripted_scenario(scene: Scene):
+    await _scenario(scene)
+    m = await scrape(scene.client)
+    assert _values(m) == {
+        "outbox_intents{status=pending}": 1,
+        "outbox_intents{status=leased}": 0,
+        "outbox_intents{status=held}": 0,
+        "outbox_intents{status=delivered}": 2,
+        "outbox_intents{status=unknown}": 1,
+        "outbox_intents{status=revoked}": 1,
+        "outbox_intents{status=dead}": 2,
+        "outbox_intents{status=cancelled}": 0,
+        "outbox_attempts_total{outcome=delivered}": 2,
+        "outbox_attempts_total{outcome=retryable}": 1,  # the 503 that exhausted down-1
+        "outbox_attempts_total{outcome=rejected}": 1,  # the 400
+        "outbox_attempts_total{outcome=conflict}": None,  # never happened: no series yet
+        "outbox_attempts_total{outcome=unknown}": 1,  # the read timeout
+        "outbox_attempts_total{outcome=denied}": None,
+        "outbox_dead_lettered_total": 2,
+        "outbox_unknown_outcomes_total": 1,
+        "outbox_authority_denials_total": 1,
+        "outbox_lease_expiries_total": 1,  # lost-1, recovered by the sweeper
+        "outbox_delivery_latency_seconds_count": 2,
+        "outbox_oldest_due_age_seconds": 45.0,  # lost-1 has been due for 45 s (manual clock)
+    }
+
+
+async def test_metrics_follow_the_overdue_intent_to_delivery(scene: Scene):
+    await _scenario(scene)
+    before = await scrape(scene.client)
+    assert before("outbox_oldest_due_age_seconds") == 45.0
+    assert before("outbox_delivery_latency_seconds_count") == 2
+    assert await scene.worker.run_once() == 1  # lost-1, overdue, is sent now
+    after = await scrape(scene.client)
+    assert after("outbox_intents", status="delivered", **WEBHOOK) == 3
+    assert after("outbox_intents", status="pending", **WEBHOOK) == 0
+    assert after("outbox_oldest_due_age_seconds") == 0
+    assert after("outbox_delivery_latency_seconds_count") == 3
+    assert after("outbox_delivery_latency_seconds_sum") == 105.0  # lost-1 was enqueued 105 s before (manual clock)
+    assert after("outbox_delivery_latency_seconds_bucket", le="60.0") == 2
+    assert after("outbox_delivery_latency_seconds_bucket", le="300.0") == 3
+    assert after("outbox_attempts_total", outcome="delivered") == 3
+
+
+async def _vanish(scene: Scene, action_id: str, *, mid_send: bool) -> None:
+    """A worker claims ``action_id`` (and, ``mid_send``, records its attempt's start the way a
+    Worker does), then vanishes; the lease runs out and the sweeper recovers it."""
+    s = scene
+    [claimed] = await s.box.store.claim("vanished-worker", now=s.clock.now(),
+                                        lease_until=s.clock.now() + timedelta(seconds=30), limit=10)
+    assert claimed.action_id == action_id
+    if mid_send:
+        attempt = Attempt(attempt_id="a-" + action_id, number=1, fence=claimed.fence, worker="vanished-worker",
+                          started_at=s.clock.now(), finished_at=None, submission=None, outcome=None,
+                          status_code=None, reply=None, external_id=None, error=None, duration_ms=None)
+        await s.box.store.update_intent(
+            action_id, expected=Status.LEASED, status=Status.LEASED, fence=claimed.fence,
+            changes={"attempts": 1}, attempt=attempt,
+            events=[Event("attempt_started", s.clock.now(), "vanished-worker", None, {"number": 1})])
+    s.clock.advance(60)
+    assert await s.worker.sweep() == 1
+    assert (await s.box.history(action_id)).events[-2 if mid_send else -1].kind == "lease_expired"
+
+
+async def test_a_lease_recovered_before_its_attempt_started_is_counted(scene: Scene):
+    await scene.box.put_destination("hook", DestinationSpec(url=scene.receiver.url + "/ok", secret=SECRET,
+                                                            allow_private_network=True))
+    await scene.box.enqueue(action_id="idle-1", destination="hook", scope="acme", payload={})
+    await _vanish(scene, "idle-1", mid_send=False)
+    assert await scene.box.store.count_by_status() == [("pending", "webhook", 1)]
+    m = await scrape(scene.client)
+    assert m("outbox_lease_expiries_total") == 1
+
+
+async def test_a_lease_recovered_mid_send_is_counted(scene: Scene):
+    await scene.box.put_destination("hook", DestinationSpec(url=scene.receiver.url + "/ok", secret=SECRET,
+                                                            allow_private_network=True))
+    await scene.box.enqueue(action_id="mid-1", destination="hook", scope="acme", payload={})
+    await _vanish(scene, "mid-1", mid_send=True)
+    intent = await scene.box.get("mid-1")
+    assert intent.status is Status.UNKNOWN  # maybe submitted, and 'hook' does not declare idempotency
+    [attempt] = (await scene.box.history("mid-1")).attempts
+    assert attempt.submission.value == "maybe_submitted" and attempt.outcome.value == "unknown"
+    m = await scrape(scene.client)
+    assert m("outbox_lease_expiries_total") == 1
+    assert m("outbox_unknown_outcomes_total") == 1
+    assert m("outbox_intents", status="unknown", **WEBHOOK) == 1
+
+
+async def test_the_embedded_worker_counts_into_the_served_metrics(tmp_path: Path):
+    """``outbox serve`` wiring: create_app(settings) opens its own outbox and runs the worker on it."""
+    receiver = Receiver().start()
+    db_url = f"sqlite:///{tmp_path / 'e.db'}"
+    async with await Outbox.open(db_url) as box:
+        await box.put_destination("hook", DestinationSpec(url=receiver.url + "/ok", secret=SECRET,
+                                                          allow_private_network=True))
+        token, _ = await box.create_token(Role.PRODUCER, ["acme"])
+    receiver.script("/ok", Reply(200))
+    served = Served(create_app(Settings(database_url=db_url, worker=True, authority="allow-all")))
+    try:
+        async with httpx.AsyncClient(base_url=served.url, timeout=30,
+                                     headers={"Authorization": f"Bearer {token}"}) as c:
+            for n in range(3):
+                created = await c.post("/v1/intents", json={"action_id": f"e-{n}", "scope": "acme",
+                                                            "destination": "hook", "payload": {"n": n}})
+                assert created.status_code == 201, created.text
+            for n in range(3):
+                assert (await c.get(f"/v1/intents/e-{n}", params={"wait": 20})).json()["status"] == "delivered"
+            m = await scrape(c)
+    finally:
+        served.stop()
+        receiver.stop()
+    assert m("outbox_intents", status="delivered", **WEBHOOK) == 3
+    assert m("outbox_attempts_total", outcome="delivered") == 3
+    assert m("outbox_delivery_latency_seconds_count") == 3
+    assert m("outbox_oldest_due_age_seconds") == 0
+
+
+# -- the alert rules -----------------------------------------------------------------------------
+
+PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool",
+                "offset", "inf", "nan"}
+
+
+def _selectors(expr: str) -> list[tuple[str, dict[str, str]]]:
+    """The metric selectors of a PromQL expression: (metric name, equality matchers)."""
+    found = []
+    text = re.sub(r"\[[^\]]*\]", "", expr)  # range and subquery durations
+    # the label lists of grouping and matching clauses
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
+    for match in re.finditer(r"([A-Za-z_:][A-Za-z0-9_:]*)\s*(\{[^}]*\})?\s*(\()?", text):
+        name, braces, call = match.groups()
+        if call or name.lower() in PROMQL_WORDS:
+            continue  # a function, an aggregation, or a keyword
+        matchers = dict(re.findall(r'([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"([^"]*)"', braces or ""))
+        found.append((name, matchers))
+    return found
+
+
+def _rules() -> list[dict]:
+    document = yaml.safe_load(ALERTS.read_text())
+    rules = [rule for group in document["groups"] for rule in group["rules"]]
+    assert rules, "no rules"
+    return rules
+
+
+async def test_alert_rules_are_complete_and_use_only_exposed_metrics(scene: Scene):
+    await _scenario(scene)  # so every labelled series has been seen
+    exposed = await scrape(scene.client)
+    document = yaml.safe_load(ALERTS.read_text())
+    assert isinstance(document["groups"], list) and document["groups"]
+    names = []
+    for group in document["groups"]:
+        assert group["name"] and group["rules"], group
+        for rule in group["rules"]:
+            names.append(rule.get("alert"))
+            assert set(rule) <= {"alert", "expr", "for", "keep_firing_for", "labels", "annotations"}, rule
+            assert isinstance(rule.get("alert"), str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", rule["alert"])
+            assert isinstance(rule.get("expr"), str) and rule["expr"].strip(), rule
+            assert isinstance(rule.get("labels", {}).get("severity"), str) and rule["labels"]["severity"], rule
+            assert isinstance(rule.get("annotations", {}).get("summary"), str) and rule["annotations"]["summary"]
+            if "for" in rule:
+                assert re.fullmatch(r"(\d+(ms|s|m|h|d|w|y))+", str(rule["for"])), rule["for"]
+            selectors = _selectors(rule["expr"])
+            assert selectors, f"{rule['alert']}: no metric in {rule['expr']!r}"
+            for metric, matchers in selectors:
+                assert metric in exposed.names(), (
+                    f"{rule['alert']} uses {metric}, which /metrics does not expose; it has {sorted(exposed.names())}")
+                for label, value in matchers.items():
+                    seen = {labels.get(label) for labels in exposed.labelled(metric)}
+                    assert value in seen, f"{rule['alert']}: {metric}{{{label}={value!r}}} never exposed; seen {seen}"
+    assert len(names) == len(set(names)), "alert names repeat"
+
+    promtool = shutil.which("promtool")  # optional: only where it is installed
+    if promtool:
+        done = subprocess.run([promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_selector_extraction_understands_the_promql_in_use():
+    assert _selectors('sum by (status) (outbox_intents{status="dead", channel="webhook"}) > 100') == [
+        ("outbox_intents", {"status": "dead", "channel": "webhook"})]
+    assert _selectors("increase(outbox_dead_lettered_total[15m]) > 0") == [("outbox_dead_lettered_total", {})]
+    assert _selectors("rate(a_total[5m]) / ignoring(x) rate(b_total[5m])") == [("a_total", {}), ("b_total", {})]
+
+
+def test_alert_runbook_references_point_at_existing_readme_sections():
+    """A description that sends the on-call reader to a README section must name one that exists."""
+    headings = {line.lstrip("#").strip().lower() for line in (ROOT / "README.md").read_text().splitlines()
+                if line.startswith("#")}
+    for rule in _rules():
+        for text in rule.get("annotations", {}).values():
+            for section in re.findall(r"see the (.+?) section of the README", str(text)):
+                assert section.lower() in headings, (
+                    f"{rule['alert']} points at the README's {section!r} section, which does not exist; "
+                    f"headings: {sorted(headings)}")
