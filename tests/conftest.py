@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from outbox import DestinationSpec, Outbox
+from outbox import DestinationSpec, Outbox, Settings
+from outbox.api import create_app
+
+from .servers import Served
 
 SECRET = "whsec_" + "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0NTY3ODk="
 
@@ -34,6 +37,21 @@ async def box(db_url: str) -> AsyncIterator[Outbox]:
         yield outbox
     finally:
         await outbox.close()
+
+
+@pytest.fixture
+def serve_api() -> Iterator[Callable[[Settings], str]]:
+    """Serve the HTTP API for given settings with a real uvicorn; returns its URL. Stopped after
+    the test."""
+    running: list[Served] = []
+
+    def start(settings: Settings) -> str:
+        running.append(Served(create_app(settings)))
+        return running[-1].url
+
+    yield start
+    for served in running:
+        served.stop()
 
 
 def snapshot(path: Path) -> dict[str, list[tuple[object, ...]]]:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
+from .servers import Served
 
 
 class Gate:
@@ -95,8 +95,7 @@ class Receiver:
         self._served: dict[str, int] = {}
         self._received: list[Received] = []
         self._stopping = threading.Event()
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._uvicorn: Served | None = None
         self.port: int | None = None
 
     # -- scripting and inspecting (from the test's thread) ---------------------------------
@@ -215,28 +214,15 @@ class Receiver:
 
     def start(self) -> Receiver:
         """Serve on 127.0.0.1 at a free port, in a background thread; returns once listening."""
-        config = uvicorn.Config(self, host="127.0.0.1", port=0, log_level="warning",
-                                lifespan="off", timeout_graceful_shutdown=2)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, daemon=True, name="receiver")
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the receiver's uvicorn did not start")
-            time.sleep(0.005)
-        self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        self._uvicorn = Served(self, lifespan="off", timeout_graceful_shutdown=2)
+        self.port = self._uvicorn.port
         return self
 
     def stop(self) -> None:
         """Release every waiting reply and stop uvicorn."""
         self._stopping.set()
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(10)
-            if self._thread.is_alive():
-                raise RuntimeError("the receiver's uvicorn did not stop")
+        if self._uvicorn is not None:
+            self._uvicorn.stop()
 
     def __enter__(self) -> Receiver:
         return self.start()

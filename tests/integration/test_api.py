@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from outbox import DestinationSpec, Outbox, Role, Settings
-from outbox.api import create_app
 
 from ..conftest import SECRET, snapshot
 
@@ -32,36 +29,13 @@ class Api:
 
 
 @pytest.fixture
-def serve(db_url) -> Iterator[callable]:
-    """Start uvicorn in a thread for a given Settings; stops it after the test."""
-    servers: list[tuple[uvicorn.Server, threading.Thread]] = []
-
-    def start(settings: Settings) -> str:
-        config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=0, log_level="warning")
-        server = uvicorn.Server(config)
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 10
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.01)
-        servers.append((server, thread))
-        return f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-
-    yield start
-    for server, thread in servers:
-        server.should_exit = True
-        thread.join(10)
-
-
-@pytest.fixture
-async def api(db_path, db_url, serve) -> AsyncIterator[Api]:
+async def api(db_path, db_url, serve_api) -> AsyncIterator[Api]:
     async with await Outbox.open(db_url) as box:
         await box.put_destination("billing", DestinationSpec(url="https://billing.example/", secret=SECRET))
         admin, _ = await box.create_token(Role.ADMIN)
         operator, _ = await box.create_token(Role.OPERATOR)
         producer, _ = await box.create_token(Role.PRODUCER, ["acme", "shop"])
-    yield Api(serve(Settings(database_url=db_url, max_payload_bytes=4096, worker=False)), admin, operator,
+    yield Api(serve_api(Settings(database_url=db_url, max_payload_bytes=4096, worker=False)), admin, operator,
               producer, db_path)
 
 
@@ -164,10 +138,10 @@ async def test_a_token_revoked_elsewhere_stops_working_within_the_cache_time(api
             assert_problem(response, 401, "unauthenticated")
 
 
-async def test_with_no_token_cache_a_revocation_is_seen_at_once(db_url, serve):
+async def test_with_no_token_cache_a_revocation_is_seen_at_once(db_url, serve_api):
     async with await Outbox.open(db_url) as box:
         token, info = await box.create_token(Role.OPERATOR)
-        url = serve(Settings(database_url=db_url, token_cache_seconds=0, worker=False))
+        url = serve_api(Settings(database_url=db_url, token_cache_seconds=0, worker=False))
         async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}) as c:
             assert (await c.get("/v1/intents")).status_code == 200
             await box.revoke_token(info.id)
@@ -238,10 +212,10 @@ async def test_malformed_ids_and_unknown_routes_are_problems(api: Api):
         assert_problem(await c.delete("/v1/intents"), 405, "method-not-allowed", "DELETE")
 
 
-async def test_a_locked_database_answers_503_with_retry_after(api: Api, db_url, serve):
+async def test_a_locked_database_answers_503_with_retry_after(api: Api, db_url, serve_api):
     import sqlite3
 
-    url = serve(Settings(database_url=db_url, sqlite_busy_timeout_ms=50, worker=False))
+    url = serve_api(Settings(database_url=db_url, sqlite_busy_timeout_ms=50, worker=False))
     locker = sqlite3.connect(api.db_path, isolation_level=None)
     before = snapshot(api.db_path)
     locker.execute("BEGIN IMMEDIATE")

@@ -4,44 +4,14 @@ real receiver; producers long-poll an intent until it is settled."""
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
-import pytest
-import uvicorn
 
 from outbox import DestinationSpec, Outbox, Role, Settings
-from outbox.api import create_app
 
 from ..receiver import Gate, Receiver, Reply
 from .conftest import SECRET
-
-
-@pytest.fixture
-def serve_api() -> Iterator[Callable[[Settings], str]]:
-    """Start the API (and its worker) under uvicorn in a thread; stopped after the test."""
-    servers: list[tuple[uvicorn.Server, threading.Thread]] = []
-
-    def start(settings: Settings) -> str:
-        server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=0,
-                                               log_level="warning"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 10
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.01)
-        servers.append((server, thread))
-        return f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-
-    yield start
-    for server, thread in servers:
-        server.should_exit = True
-        thread.join(15)
-        assert not thread.is_alive(), "the API did not shut down"
 
 
 async def _prepare(db_url: str, hook_url: str, **spec) -> str:
