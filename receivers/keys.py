@@ -75,6 +75,23 @@ def _typed(value: Any) -> Any:
 def fingerprint(method: str, route: str, query: str, media_type: str, body: bytes) -> str:
     """``sha256:<hex>`` over method, route, sorted query, media type and body (JSON bodies in
     RFC 8785 canonical form with number types kept; other bodies as raw bytes)."""
+    # The same bytes always canonicalize the same, and retries send the very same body: remember
+    # fingerprints by the raw bytes' digest so only a new body pays for canonical JSON.
+    cache_key = (method, route, query, media_type, hashlib.sha256(body).digest())
+    found = _FINGERPRINTS.get(cache_key)
+    if found is None:
+        found = _fingerprint(method, route, query, media_type, body)
+        if len(_FINGERPRINTS) >= _FINGERPRINTS_MAX:
+            _FINGERPRINTS.pop(next(iter(_FINGERPRINTS)))  # the oldest entry
+        _FINGERPRINTS[cache_key] = found
+    return found
+
+
+_FINGERPRINTS: dict[tuple[str, str, str, str, bytes], str] = {}
+_FINGERPRINTS_MAX = 4096
+
+
+def _fingerprint(method: str, route: str, query: str, media_type: str, body: bytes) -> str:
     content: dict[str, Any]
     if media_type == "application/json" or media_type.endswith("+json"):
         try:

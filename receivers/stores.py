@@ -27,6 +27,7 @@ from .records import (
     ClaimResult,
     ProbeResult,
     Record,
+    Replay,
     State,
     StoredResponse,
     decide_claim,
@@ -138,28 +139,42 @@ class SqliteRecordStore:
         self._sql = {k: v.format(table=self.table) for k, v in load("sqlite", "receivers").items()}
         self._busy_timeout_ms = busy_timeout_ms
         self._committer: GroupCommitter | None = None
+        self._reader: aiosqlite.Connection | None = None
+        #: Identities seen completed here: their duplicates are answered from the reader.
+        self._completed: dict[str, None] = {}
 
-    async def open(self) -> None:
-        if self._committer is not None:
-            return
+    async def _connect(self, script: str) -> aiosqlite.Connection:
         try:
             db = await aiosqlite.connect(self.path, isolation_level=None)
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"cannot open SQLite record store {str(self.path)!r}: {exc}") from exc
         try:
             db.row_factory = sqlite3.Row
-            await db.executescript(load("sqlite")["pragmas"].format(busy_timeout_ms=self._busy_timeout_ms))
-            await db.executescript(self._sql["create"])
+            await db.executescript(load("sqlite")["pragmas"].format(busy_timeout_ms=self._busy_timeout_ms) + script)
         except sqlite3.Error as exc:
             await db.close()
             raise StoreUnavailable(f"cannot open SQLite record store {str(self.path)!r}: {exc}") from exc
-        self._committer = GroupCommitter(db)
+        return db
+
+    async def open(self) -> None:
+        if self._committer is not None:
+            return
+        writer = await self._connect(self._sql["create"])
+        try:
+            self._reader = await self._connect("PRAGMA query_only = ON;")
+        except StoreUnavailable:
+            await writer.close()
+            raise
+        self._committer = GroupCommitter(writer)
 
     async def close(self) -> None:
         if self._committer is not None:
             await self._committer.idle()
             await self._committer.db.close()
             self._committer = None
+        if self._reader is not None:
+            await self._reader.close()
+            self._reader = None
 
     def _write(self, job: Callable[[sqlite3.Connection], T]) -> Any:
         if self._committer is None:
@@ -184,14 +199,32 @@ class SqliteRecordStore:
 
     async def claim(self, identity: str, fingerprint: str, *, fence: int | None, now: datetime,
                     lease_until: datetime, expires_at: datetime) -> ClaimResult:
+        def decide(conn: sqlite3.Connection) -> tuple[ClaimResult, Record | None]:
+            return decide_claim(self._read(conn, identity), identity, fingerprint, fence=fence,
+                                now=now, lease_until=lease_until, expires_at=expires_at)
+
+        # A duplicate of a completed request changes nothing: answer it from the reader instead
+        # of queueing behind durable writes. Keys not known to be completed go straight to a write.
+        if identity in self._completed and self._reader is not None:
+            result, new = await on_thread(self._reader, decide)
+            if new is None:
+                return result
+
         def run(conn: sqlite3.Connection) -> ClaimResult:
-            result, new = decide_claim(self._read(conn, identity), identity, fingerprint, fence=fence,
-                                       now=now, lease_until=lease_until, expires_at=expires_at)
+            result, new = decide(conn)
             if new is not None:
                 self._put(conn, new)
             return result
 
-        return await self._write(run)
+        result = await self._write(run)
+        if isinstance(result, Replay):
+            self._remember(identity)
+        return result
+
+    def _remember(self, identity: str) -> None:
+        if len(self._completed) >= 100_000:
+            self._completed.pop(next(iter(self._completed)))
+        self._completed[identity] = None
 
     async def complete(self, identity: str, epoch: int, response: StoredResponse, *,
                        expires_at: datetime) -> bool:
@@ -201,7 +234,10 @@ class SqliteRecordStore:
                 self._put(conn, new)
             return new is not None
 
-        return await self._write(run)
+        done = await self._write(run)
+        if done:
+            self._remember(identity)
+        return done
 
     async def release(self, identity: str, epoch: int) -> bool:
         def run(conn: sqlite3.Connection) -> bool:
