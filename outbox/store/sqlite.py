@@ -52,7 +52,6 @@ from .protocol import UPDATABLE, History, IntentQuery, Page
 
 T = TypeVar("T")
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-MICROSECOND = timedelta(microseconds=1)
 SQL = queries.load("sqlite")
 #: Set while this task holds a caller's transaction: a group-committed write would wait for it.
 _IN_TRANSACTION: contextvars.ContextVar[bool] = contextvars.ContextVar("in_tx", default=False)
