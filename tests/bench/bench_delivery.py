@@ -42,12 +42,8 @@ import argparse
 import asyncio
 import json
 import logging
-import os
-import platform
 import resource
 import shutil
-import signal
-import socket
 import sqlite3
 import statistics
 import subprocess
@@ -55,15 +51,14 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
-from itertools import count
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import harness
+from harness import BenchError
 
 DESTINATION = "bench"
 SCOPE = "acme"
@@ -77,8 +72,6 @@ BASELINE_PATH = "/baseline"
 WARMUP = 4 * CONCURRENCY
 POLL_SECONDS = 0.2
 DELIVERY_TIMEOUT_SECONDS = 600.0
-SERVER_START_SECONDS = 30.0
-SERVER_STOP_SECONDS = 10.0
 CHILD_TIMEOUT_SECONDS = 300.0
 #: Claims timed per database, in interleaved chunks so that drift hits both sizes alike.
 CLAIMS = 50
@@ -86,10 +79,6 @@ CLAIM_CHUNK = 10
 SMALL_PENDING = 10_000
 RSS_PENDING = 100_000
 RSS_SMALL_PENDING = 1_000
-
-
-class BenchError(Exception):
-    """The measurement is invalid (not merely slow)."""
 
 
 # -- the receiver (its own process) ------------------------------------------------------------
@@ -130,55 +119,10 @@ def serve_receiver(port: int) -> None:
                 access_log=False, log_level="warning", lifespan="off")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def log_tail(path: Path, lines: int = 30) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
-    return {**env, **extra}
-
-
-@contextmanager
-def serving(cmd: list[str], *, cwd: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """Run a server subprocess, and always stop it: SIGTERM, then SIGKILL after a timeout."""
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(cmd, env=clean_env(), cwd=cwd, stdout=sink, stderr=subprocess.STDOUT)
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(SERVER_STOP_SECONDS)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-
-
 def own_cpu() -> float:
     """CPU seconds of this process, all threads (the event loop and SQLite's writer thread)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-def process_cpu(pid: int) -> float | None:
-    """CPU seconds of another process, from /proc (None where there is no /proc)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -208,12 +152,10 @@ class Receiver:
 
     def cpu(self) -> tuple[float, float | None]:
         """(this process's CPU seconds, the receiver's)."""
-        return own_cpu(), process_cpu(self.proc.pid)
+        return own_cpu(), harness.process_cpu(self.proc.pid)
 
     def alive(self) -> None:
-        if self.proc.poll() is not None:
-            raise BenchError(f"the receiver exited with status {self.proc.returncode}:\n"
-                             f"{log_tail(self.log)}")
+        harness.check_alive(self.proc, self.log, "the receiver")
 
     async def counts(self) -> Counter[str]:
         self.alive()
@@ -223,21 +165,8 @@ class Receiver:
             return Counter(await response.json())
 
 
-async def wait_ready(receiver: Receiver) -> None:
-    deadline = time.monotonic() + SERVER_START_SECONDS
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as session:
-        while True:
-            receiver.alive()
-            try:
-                async with session.get(receiver.base + "/healthz") as response:
-                    if response.status == 200:
-                        return
-            except (TimeoutError, aiohttp.ClientError):
-                pass
-            if time.monotonic() > deadline:
-                raise BenchError(f"the receiver did not answer in {SERVER_START_SECONDS:.0f} s:\n"
-                                 f"{log_tail(receiver.log)}")
-            await asyncio.sleep(0.05)
+    async def wait_ready(self) -> None:
+        await harness.wait_ready(self.base + "/healthz", self.alive, self.log, late="the receiver did not answer")
 
 
 # -- workload ----------------------------------------------------------------------------------
@@ -297,8 +226,7 @@ async def baseline(receiver: Receiver, n: int) -> Load:
     bodies = [json.dumps(payload(i), separators=(",", ":")).encode() for i in range(WARMUP + n)]
     headers = {"Content-Type": "application/json"}
     load = Load()
-    connector = aiohttp.TCPConnector(limit=CONCURRENCY)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30)) as session:
+    async with harness.client_session(CONCURRENCY) as session:
 
         async def one(i: int) -> bool:
             try:
@@ -315,23 +243,9 @@ async def baseline(receiver: Receiver, n: int) -> Load:
                 load.samples.append(detail)
             return False
 
-        async def run(first: int, stop: int) -> tuple[int, float]:
-            tickets = count(first)
-            ok = 0
-
-            async def worker() -> None:
-                nonlocal ok
-                while (i := next(tickets)) < stop:
-                    if await one(i):
-                        ok += 1
-
-            began = time.perf_counter()
-            await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
-            return ok, time.perf_counter() - began
-
-        await run(0, WARMUP)
+        await harness.fan_out(CONCURRENCY, 0, WARMUP, one)
         cpu = receiver.cpu()
-        load.ok, load.seconds = await run(WARMUP, WARMUP + n)
+        load.ok, load.seconds = await harness.fan_out(CONCURRENCY, WARMUP, WARMUP + n, one)
         load.cpu = Cpu.measure(cpu, receiver.cpu(), n)
     if sum(load.failures.values()):
         raise BenchError(f"baseline: {sum(load.failures.values())} requests failed: "
@@ -562,7 +476,7 @@ def rss_child(db_path: str) -> None:
 
 def measure_rss(db_path: Path, workdir: Path) -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--rss-child", str(db_path)]
-    done = subprocess.run(cmd, env=clean_env(), cwd=workdir, capture_output=True, text=True,
+    done = subprocess.run(cmd, env=harness.clean_env(), cwd=workdir, capture_output=True, text=True,
                           timeout=CHILD_TIMEOUT_SECONDS)
     if done.returncode != 0:
         raise BenchError(f"the RSS child failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -644,14 +558,7 @@ class Row:
 
 def render(rows: list[Row], header: tuple[str, ...]) -> str:
     lines = [header, *((r.label, r.value, r.unit, r.ratio, r.spread, r.target, r.verdict) for r in rows)]
-    widths = [max(len(line[c]) for line in lines) for c in range(len(header))]
-    right = {1, 3}
-    out = []
-    for line in lines:
-        cells = [cell.rjust(width) if column in right else cell.ljust(width)
-                 for column, (cell, width) in enumerate(zip(line, widths, strict=True))]
-        out.append("  ".join(cells).rstrip())
-    return "\n".join(out)
+    return harness.render_table(lines, right={1, 3})
 
 
 def progress(stage: str, label: str, value: str) -> None:
@@ -676,9 +583,9 @@ async def run(args: argparse.Namespace) -> int:
     loop_name = "uvloop" if args.uvloop else "asyncio"
     print(f"delivery benchmark (N={n:,} intents per round, {rounds} round{'s' * (rounds > 1)}, "
           f"concurrency {CONCURRENCY}; store WAL, synchronous=FULL (its default))")
-    print(f"{os.cpu_count()} CPUs, SQLite {sqlite3.sqlite_version}, Python {platform.python_version()}, "
-          f"worker and client on the {loop_name} loop, receiver uvicorn+uvloop+httptools in its "
-          f"own process, files under {args.dir or tempfile.gettempdir()}\n", flush=True)
+    print(f"{harness.machine_summary()}, worker and client on the {loop_name} loop, receiver "
+          f"uvicorn+uvloop+httptools in its own process, files under {args.dir or tempfile.gettempdir()}\n",
+          flush=True)
 
     base_rates: list[float] = []
     base_loads: list[Load] = []
@@ -687,16 +594,16 @@ async def run(args: argparse.Namespace) -> int:
     rss: dict[int, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-delivery-", dir=args.dir) as tmp:
         root = Path(tmp)
-        port = free_port()
+        port = harness.free_port()
         log = root / "receiver.log"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-receiver", str(port)]
-        with serving(cmd, cwd=root, log=log) as proc:
+        with harness.serving(cmd, cwd=root, log=log) as proc:
             receiver = Receiver(proc, f"http://127.0.0.1:{port}", log)
-            await wait_ready(receiver)
+            await receiver.wait_ready()
 
             # 2-3: baseline and outbox, in interleaved rounds
             for round_ in range(1, rounds + 1):
-                workdir = Path(tempfile.mkdtemp(prefix="round-", dir=root))
+                workdir = harness.fresh_dir(root, "round")
                 try:
                     load = await baseline(receiver, n)
                     base_rates.append(load.rate)
@@ -722,16 +629,16 @@ async def run(args: argparse.Namespace) -> int:
                 rows.append(Row(f"bare aiohttp client -> receiver ({CONCURRENCY} in flight)",
                                 f"{statistics.median(base_rates):,.0f}", "req/s", "1.00x"))
             if deliveries:
-                ratio = statistics.median(ratios)
-                spread = f"{min(ratios):.2f}-{max(ratios):.2f}x" if len(ratios) > 1 else ""
+                median, spread = harness.fmt_ratio(ratios)
                 rows.append(Row(f"outbox Worker, durable delivery ({CONCURRENCY} in flight)",
                                 f"{statistics.median(d.rate for d in deliveries):,.0f}", "deliveries/s",
-                                f"{ratio:.2f}x", spread, ">= 0.5x", "met" if ratio >= 0.5 else "NOT MET"))
+                                median, spread, ">= 0.5x",
+                                "met" if statistics.median(ratios) >= 0.5 else "NOT MET"))
 
             # 4: peak RSS
             if not args.skip_rss:
                 for pending in (RSS_SMALL_PENDING, RSS_PENDING):
-                    workdir = Path(tempfile.mkdtemp(prefix=f"rss-{pending}-", dir=root))
+                    workdir = harness.fresh_dir(root, f"rss-{pending}")
                     try:
                         db_path = workdir / "rss.db"
                         await build_db(db_path, receiver.hook, pending)
@@ -753,7 +660,7 @@ async def run(args: argparse.Namespace) -> int:
 
             # 5: claim latency
             if not args.skip_claims:
-                workdir = Path(tempfile.mkdtemp(prefix="claims-", dir=root))
+                workdir = harness.fresh_dir(root, "claims")
                 try:
                     small_db, big_db = workdir / "small.db", workdir / "big.db"
                     build_small = await build_db(small_db, receiver.hook, SMALL_PENDING)
@@ -813,14 +720,11 @@ async def run(args: argparse.Namespace) -> int:
               f"{mib(got['opened_kib'])} after open, {mib(got['peak_kib'])} after run_once "
               f"({got['claimed']} claimed and delivered); its ru_maxrss says {mib(got['ru_maxrss_kib'])} "
               "MiB, which on Linux includes the parent's RSS when it spawned the child")
-    print(f"total time {time.perf_counter() - began:.0f} s")
-    for problem in problems:
-        print(f"INVALID: {problem}", file=sys.stderr)
-    return 1 if problems else 0
+    return harness.finish(began, problems)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = harness.new_parser(__doc__)
     add = parser.add_argument
     add("--n", type=int, help="intents (and baseline requests) per round (20,000; --quick 2,000)")
     add("--rounds", type=int, help="interleaved baseline/outbox rounds (3; --quick 1)")
@@ -850,11 +754,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rss_child is not None:
         rss_child(args.rss_child)
         return 0
-    if args.uvloop:
-        import uvloop
-
-        return uvloop.run(run(args))
-    return asyncio.run(run(args))
+    return harness.run_main(run(args), uvloop=args.uvloop)
 
 
 if __name__ == "__main__":

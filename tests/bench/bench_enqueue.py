@@ -27,12 +27,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import secrets
 import shutil
-import signal
-import socket
 import sqlite3
 import statistics
 import subprocess
@@ -40,16 +36,16 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from itertools import count
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import aiosqlite
+import harness
 from aiohttp import web
+from harness import BenchError
 
 from outbox import DestinationSpec, Outbox, Role
 
@@ -64,8 +60,6 @@ WARMUP = 20
 BATCH = 500
 TASKS = 64
 CLIENTS = 16
-SERVER_START_SECONDS = 30.0
-SERVER_STOP_SECONDS = 10.0
 
 RAW_PRAGMAS = "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"
 RAW_TABLE = """
@@ -76,10 +70,6 @@ CREATE TABLE rows (
 )
 """
 RAW_INSERT = "INSERT INTO rows (key, payload) VALUES (?, ?)"
-
-
-class BenchError(Exception):
-    """The measurement is invalid (not merely slow)."""
 
 
 # -- workload --------------------------------------------------------------------------------
@@ -221,60 +211,13 @@ class HttpFigures:
     ceiling: Load
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def progress(stage: str, label: str, rate: float, unit: str) -> None:
     print(f"{stage + ':':<9} {label:<34} {rate:>9,.0f} {unit}", flush=True)
 
 
-def log_tail(path: Path, lines: int = 30) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
-
-
-@contextmanager
-def serving(
-    cmd: list[str], *, env: dict[str, str], cwd: Path, log: Path
-) -> Iterator[subprocess.Popen[bytes]]:
-    """Run a server subprocess, and always stop it: SIGTERM, then SIGKILL after a timeout."""
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=sink, stderr=subprocess.STDOUT)
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(SERVER_STOP_SECONDS)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-
-
-async def wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
-    deadline = time.monotonic() + SERVER_START_SECONDS
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as session:
-        while True:
-            if proc.poll() is not None:
-                raise BenchError(f"server exited with status {proc.returncode}:\n{log_tail(log)}")
-            try:
-                async with session.get(url) as response:
-                    if response.status == 200:
-                        return
-            except (TimeoutError, aiohttp.ClientError):
-                pass
-            if time.monotonic() > deadline:
-                raise BenchError(
-                    f"{url} did not answer 200 in {SERVER_START_SECONDS:.0f} s:\n{log_tail(log)}"
-                )
-            await asyncio.sleep(0.05)
+async def server_ready(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
+    """Wait until ``url`` answers 200, failing if the server exits first."""
+    await harness.wait_ready(url, lambda: harness.check_alive(proc, log, "server"), log)
 
 
 async def drive(
@@ -291,9 +234,7 @@ async def drive(
     Any answer but ``expect`` counts as a failure; the run goes on so that all are counted.
     """
     load = Load(requests=warmup + n)
-    connector = aiohttp.TCPConnector(limit=CLIENTS)
-    timeout = aiohttp.ClientTimeout(total=30)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with harness.client_session(CLIENTS) as session:
 
         async def one(i: int) -> bool:
             try:
@@ -314,22 +255,8 @@ async def drive(
                 load.samples.append(detail)
             return False
 
-        async def run(first: int, stop: int) -> tuple[int, float]:
-            tickets = count(first)
-            ok = 0
-
-            async def worker() -> None:
-                nonlocal ok
-                while (i := next(tickets)) < stop:
-                    if await one(i):  # not `ok += await ...`: that reads ok before awaiting
-                        ok += 1
-
-            began = time.perf_counter()
-            await asyncio.gather(*(worker() for _ in range(CLIENTS)))
-            return ok, time.perf_counter() - began
-
-        load.warm_ok, _ = await run(0, warmup)
-        load.ok, load.seconds = await run(warmup, warmup + n)
+        load.warm_ok, _ = await harness.fan_out(CLIENTS, 0, warmup, one)
+        load.ok, load.seconds = await harness.fan_out(CLIENTS, warmup, warmup + n, one)
     return load
 
 
@@ -340,11 +267,6 @@ def outbox_command(port: int) -> list[str]:
     return [*prefix, "serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-worker"]
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
-    return {**env, **extra}
-
-
 def intent_body(i: int) -> bytes:
     return json.dumps({"scope": SCOPE, "destination": DESTINATION, "payload": payload(i)}).encode()
 
@@ -353,11 +275,11 @@ async def http_case(workdir: Path, n: int) -> HttpFigures:
     """The service over HTTP, plus the client against a trivial server, for comparison."""
     post_headers = {"Content-Type": "application/json"}
 
-    port = free_port()
+    port = harness.free_port()
     log = workdir / "trivial.log"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-trivial", str(port)]
-    with serving(cmd, env=clean_env(), cwd=workdir, log=log) as proc:
-        await wait_ready(proc, f"http://127.0.0.1:{port}/healthz", log)
+    with harness.serving(cmd, env=harness.clean_env(), cwd=workdir, log=log) as proc:
+        await server_ready(proc, f"http://127.0.0.1:{port}/healthz", log)
         ceiling = await drive(
             f"http://127.0.0.1:{port}/v1/intents", n, expect=201, body=intent_body, headers=post_headers
         )
@@ -366,19 +288,19 @@ async def http_case(workdir: Path, n: int) -> HttpFigures:
     db_path = workdir / "http.db"
     async with await open_box(db_path) as box:
         token, _ = await box.create_token(Role.ADMIN, label="bench")
-    port = free_port()
+    port = harness.free_port()
     log = workdir / "outbox.log"
-    env = clean_env(OUTBOX_DATABASE_URL=f"sqlite:///{db_path}")
-    with serving(outbox_command(port), env=env, cwd=workdir, log=log) as proc:
+    env = harness.clean_env(OUTBOX_DATABASE_URL=f"sqlite:///{db_path}")
+    with harness.serving(outbox_command(port), env=env, cwd=workdir, log=log) as proc:
         base = f"http://127.0.0.1:{port}"
-        await wait_ready(proc, f"{base}/healthz", log)
+        await server_ready(proc, f"{base}/healthz", log)
         healthz = await drive(f"{base}/healthz", n, expect=200)
         progress("HTTP", "outbox serve, GET /healthz", healthz.rate, "req/s")
         auth = {**post_headers, "Authorization": f"Bearer {token}"}
         intents = await drive(f"{base}/v1/intents", n, expect=201, body=intent_body, headers=auth)
         progress("HTTP", "outbox serve, POST /v1/intents", intents.rate, "req/s")
         if proc.poll() is not None:
-            raise BenchError(f"outbox serve died during the run:\n{log_tail(log)}")
+            raise BenchError(f"outbox serve died during the run:\n{harness.log_tail(log)}")
     expect_rows(db_path, "intents", intents.warm_ok + intents.ok)
     return HttpFigures(intents=intents, healthz=healthz, ceiling=ceiling)
 
@@ -425,36 +347,15 @@ class Row:
     note: str = ""
 
 
-def fmt_ratio(ratios: list[float]) -> tuple[str, str]:
-    if not ratios:
-        return "", ""
-    median = f"{statistics.median(ratios):.2f}x"
-    spread = f"{min(ratios):.2f}-{max(ratios):.2f}x" if len(ratios) > 1 else ""
-    return median, spread
-
-
 def render(rows: list[Row]) -> str:
     header = ("case", "rate", "unit", "vs raw", "spread", "target", "")
     lines = [header]
     for row in rows:
-        median, spread = fmt_ratio(row.ratios)
+        median, spread = harness.fmt_ratio(row.ratios)
         verdict = "" if row.met is None else ("met" if row.met else "NOT MET")
         rate = f"{row.rate:,.0f}" if row.rate else "-"
         lines.append((row.label, rate, row.unit, median, spread, row.target, verdict + row.note))
-    widths = [max(len(line[c]) for line in lines) for c in range(len(header))]
-    right = {1, 3}
-    out = []
-    for line in lines:
-        cells = [
-            cell.rjust(width) if column in right else cell.ljust(width)
-            for column, (cell, width) in enumerate(zip(line, widths, strict=True))
-        ]
-        out.append("  ".join(cells).rstrip())
-    return "\n".join(out)
-
-
-def fresh_dir(root: Path, name: str) -> Path:
-    return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root))
+    return harness.render_table(lines, right={1, 3})
 
 
 def in_process_cases(n: int, n_batched: int) -> list[Case]:
@@ -475,7 +376,7 @@ async def run_rounds(
     rates: dict[str, list[float | None]] = {case.key: [] for case in cases}
     for round_ in range(1, rounds + 1):
         for case in cases:
-            workdir = fresh_dir(root, case.key)
+            workdir = harness.fresh_dir(root, case.key)
             try:
                 rate: float | None = await case.run(workdir / "bench.db", case.n)
             except BenchError as exc:
@@ -534,8 +435,7 @@ async def run(args: argparse.Namespace) -> int:
     began = time.perf_counter()
     print(f"enqueue benchmark (N={n:,} sequential and concurrent, {n_batched:,} batched, "
           f"{n_http:,} HTTP; {rounds}; WAL, synchronous=FULL)")
-    print(f"{os.cpu_count()} CPUs, SQLite {sqlite3.sqlite_version}, Python {platform.python_version()}, "
-          f"files under {args.dir or tempfile.gettempdir()}\n", flush=True)
+    print(f"{harness.machine_summary()}, files under {args.dir or tempfile.gettempdir()}\n", flush=True)
 
     http: HttpFigures | None = None
     with tempfile.TemporaryDirectory(prefix="bench-enqueue-", dir=args.dir) as tmp:
@@ -544,7 +444,7 @@ async def run(args: argparse.Namespace) -> int:
         if not args.no_http:
             print(f"HTTP: {CLIENTS} clients, {n_http:,} requests per target ...", flush=True)
             try:
-                http = await http_case(fresh_dir(root, "http"), n_http)
+                http = await http_case(harness.fresh_dir(root, "http"), n_http)
             except BenchError as exc:
                 problems.append(f"HTTP: {exc}")
 
@@ -567,14 +467,11 @@ async def run(args: argparse.Namespace) -> int:
             headroom = http.ceiling.rate / http.intents.rate
             print(f"load generator headroom: against the trivial server the same client ran "
                   f"{headroom:.1f}x the POST rate")
-    print(f"total time {time.perf_counter() - began:.0f} s")
-    for problem in problems:
-        print(f"INVALID: {problem}", file=sys.stderr)
-    return 1 if problems else 0
+    return harness.finish(began, problems)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = harness.new_parser(__doc__)
     add = parser.add_argument
     add("--n", type=int, default=5_000, help="intents per sequential and concurrent case (5,000)")
     add("--batched-n", type=int, default=50_000, help="intents in the batched case (50,000)")

@@ -37,11 +37,9 @@ import asyncio
 import io
 import json
 import os
-import platform
 import secrets
 import shutil
 import signal
-import socket
 import sqlite3
 import statistics
 import subprocess
@@ -56,14 +54,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import harness
+from harness import BenchError
 
 CONCURRENCY = 64
 #: Distinct keys replayed in case 3.
 KEYS = 100
 NOTE = "x" * 80
-SERVER_START_SECONDS = 30.0
-SERVER_STOP_SECONDS = 10.0
-REQUEST_TIMEOUT_SECONDS = 30.0
 #: How long case 3 waits for its pre-warmed keys to read as completed (should a completion be
 #: recorded after the answer leaves, a repeat that overtook that write would find it in progress).
 SETTLE_SECONDS = 5.0
@@ -72,10 +69,6 @@ REPLAYED = "Idempotent-Replayed"
 LOOP_RETURNED = "bench: uvicorn.run returned; non-daemon threads still alive:"
 #: The middleware's default table (``SqliteRecordStore(table=...)``).
 TABLE = "idempotency_records"
-
-
-class BenchError(Exception):
-    """The measurement is invalid (not merely slow)."""
 
 
 # -- the receiver (its own process) ------------------------------------------------------------
@@ -159,33 +152,6 @@ def serve(mode: str, port: int, db_path: str, profile_out: str | None) -> None:
 # -- server subprocesses -----------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def log_tail(path: Path, lines: int = 30) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
-
-
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def process_cpu(pid: int) -> float | None:
-    """User + system CPU seconds of a process, all its threads (Linux /proc), else None."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
-
-
 def machine_busy() -> tuple[float, float] | None:
     """(busy, total) CPU ticks of the whole machine since boot (Linux /proc/stat), else None."""
     try:
@@ -202,7 +168,7 @@ class Server:
 
     def __init__(self, mode: str, workdir: Path, *, profile_out: Path | None = None) -> None:
         self.mode = mode
-        self.port = free_port()
+        self.port = harness.free_port()
         self.db_path = workdir / "records.db"
         self.log = workdir / f"server-{mode}.log"
         self.base = f"http://127.0.0.1:{self.port}"
@@ -218,58 +184,30 @@ class Server:
                str(self.db_path)]
         if self.profile_out is not None:
             cmd += ["--serve-profile", str(self.profile_out)]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
-        with self.log.open("wb") as sink:
-            self.proc = subprocess.Popen(cmd, env=env, cwd=self.log.parent, stdout=sink,
-                                         stderr=subprocess.STDOUT)
+        self.proc = harness.spawn(cmd, cwd=self.log.parent, log=self.log)
 
     def stop(self) -> None:
         proc = self.proc
         if proc is None:
             return
         began = time.perf_counter()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(SERVER_STOP_SECONDS)
-            except subprocess.TimeoutExpired:
-                self.killed = True
-                proc.kill()
-                proc.wait()
+        self.killed = harness.stop_process(proc) or self.killed
         self.stop_seconds = time.perf_counter() - began
-        for line in log_tail(self.log, 200).splitlines():
+        for line in harness.log_tail(self.log, 200).splitlines():
             if line.startswith(LOOP_RETURNED):
                 self.loop_returned = True
                 self.lingering = json.loads(line[len(LOOP_RETURNED):])
 
     def alive(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            code = None if self.proc is None else self.proc.returncode
-            raise BenchError(f"the {self.mode} server exited with status {code}:\n{log_tail(self.log)}")
+        harness.check_alive(self.proc, self.log, f"the {self.mode} server")
 
     def cpu(self) -> float | None:
-        return None if self.proc is None else process_cpu(self.proc.pid)
-
-    async def wait_ready(self) -> None:
-        deadline = time.monotonic() + SERVER_START_SECONDS
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as session:
-            while True:
-                self.alive()
-                try:
-                    async with session.get(f"{self.base}/healthz") as response:
-                        if response.status == 200:
-                            return
-                except (TimeoutError, aiohttp.ClientError):
-                    pass
-                if time.monotonic() > deadline:
-                    raise BenchError(f"{self.base}/healthz did not answer 200 in "
-                                     f"{SERVER_START_SECONDS:.0f} s:\n{log_tail(self.log)}")
-                await asyncio.sleep(0.05)
+        return None if self.proc is None else harness.process_cpu(self.proc.pid)
 
     async def __aenter__(self) -> Server:
         self.start()
         try:
-            await self.wait_ready()
+            await harness.wait_ready(f"{self.base}/healthz", self.alive, self.log)
         except BaseException:
             self.stop()
             raise
@@ -344,12 +282,6 @@ class Load:
             self.samples.append(detail)
 
 
-def new_session() -> aiohttp.ClientSession:
-    connector = aiohttp.TCPConnector(limit=CONCURRENCY, force_close=False)
-    return aiohttp.ClientSession(connector=connector,
-                                 timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS))
-
-
 async def post(
     session: aiohttp.ClientSession, url: str, plan: Plan, i: int, load: Load, *,
     replay: bool, originals: dict[str, bytes] | None = None,
@@ -386,24 +318,19 @@ async def fire(
 ) -> int:
     """Requests ``first`` .. ``stop - 1`` of ``plan`` from CONCURRENCY workers; returns how many
     answered as expected. ``timed``: records wall time and both sides' CPU in ``load``."""
-    tickets = count(first)
-    ok = 0
     replayed = 0
 
-    async def worker() -> None:
-        nonlocal ok, replayed
-        while (i := next(tickets)) < stop:
-            got = await post(session, url, plan, i, load, replay=replay, originals=originals)
-            if got is not None:
-                ok += 1
-                replayed += got[1]
+    async def one(i: int) -> bool:
+        nonlocal replayed
+        got = await post(session, url, plan, i, load, replay=replay, originals=originals)
+        if got is not None:
+            replayed += got[1]
+        return got is not None
 
     server_before = server.cpu() if server else None
     machine_before = machine_busy()
     client_before = time.process_time()
-    began = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
-    elapsed = time.perf_counter() - began
+    ok, elapsed = await harness.fan_out(CONCURRENCY, first, stop, one)
     if timed:
         load.seconds = elapsed
         load.ok = ok
@@ -431,7 +358,7 @@ def check_stopped(server: Server, load: Load) -> None:
                              f"returned (lifespan on, shutdown complete): non-daemon thread(s) "
                              f"{', '.join(server.lingering)} still alive")
     if server.killed:
-        load.notes.append(f"{server.mode} server ignored SIGTERM for {SERVER_STOP_SECONDS:.0f} s and was "
+        load.notes.append(f"{server.mode} server ignored SIGTERM for {harness.SERVER_STOP_SECONDS:.0f} s and was "
                           f"killed (uvicorn.run {'had' if server.loop_returned else 'had not'} returned)")
 
 
@@ -449,7 +376,7 @@ async def bare_case(workdir: Path, n: int) -> Load:
     plan = Plan.fresh("bare", 4 * CONCURRENCY + n)
     load = Load()
     server = Server("bare", workdir)
-    async with server, new_session() as session:
+    async with server, harness.client_session(CONCURRENCY) as session:
         url = f"{server.base}/hook"
         load.warm_ok = await fire(session, url, plan, 0, 4 * CONCURRENCY, load, replay=False)
         await fire(session, url, plan, 4 * CONCURRENCY, len(plan.keys), load, replay=False,
@@ -464,7 +391,7 @@ async def first_time_case(workdir: Path, n: int, server_profile: Path | None = N
     plan = Plan.fresh("new", 4 * CONCURRENCY + n)
     load = Load()
     server = Server("idem", workdir, profile_out=server_profile)
-    async with server, new_session() as session:
+    async with server, harness.client_session(CONCURRENCY) as session:
         url = f"{server.base}/hook"
         load.warm_ok = await fire(session, url, plan, 0, 4 * CONCURRENCY, load, replay=False)
         await fire(session, url, plan, 4 * CONCURRENCY, len(plan.keys), load, replay=False,
@@ -504,7 +431,7 @@ async def replay_case(workdir: Path, n: int, server_profile: Path | None = None)
     load = Load()
     originals: dict[str, bytes] = {}
     server = Server("idem", workdir, profile_out=server_profile)
-    async with server, new_session() as session:
+    async with server, harness.client_session(CONCURRENCY) as session:
         url = f"{server.base}/hook"
         # pre-warm: each key once, its first answer kept to compare the replays with
         tickets = count()
@@ -567,32 +494,17 @@ class Row:
     note: str = ""
 
 
-def fmt_ratio(ratios: list[float]) -> tuple[str, str]:
-    if not ratios:
-        return "", ""
-    median = f"{statistics.median(ratios):.3f}x"  # three places: a verdict at 0.40x is readable
-    spread = f"{min(ratios):.2f}-{max(ratios):.2f}x" if len(ratios) > 1 else ""
-    return median, spread
-
-
 def render(rows: list[Row]) -> str:
     header = ("case", "req/s", "vs bare", "spread", "target", "", "server CPU", "client CPU",
               "server us/req", "others CPU")
     lines = [header]
     for row in rows:
-        median, spread = fmt_ratio(row.ratios)
+        median, spread = harness.fmt_ratio(row.ratios, places=3)  # three places: a verdict at 0.40x is readable
         verdict = "" if row.met is None else ("met" if row.met else "NOT MET")
         rate = f"{row.rate:,.0f}" if row.rate else "-"
         lines.append((row.label, rate, median, spread, row.target, verdict + row.note,
                       row.server_cpu, row.client_cpu, row.server_us, row.others))
-    widths = [max(len(line[c]) for line in lines) for c in range(len(header))]
-    right = {1, 2, 6, 7, 8, 9}
-    out = []
-    for line in lines:
-        cells = [cell.rjust(width) if column in right else cell.ljust(width)
-                 for column, (cell, width) in enumerate(zip(line, widths, strict=True))]
-        out.append("  ".join(cells).rstrip())
-    return "\n".join(out)
+    return harness.render_table(lines, right={1, 2, 6, 7, 8, 9})
 
 
 def progress(stage: str, label: str, load: Load) -> None:
@@ -648,7 +560,7 @@ async def profile_pass(root: Path, n: int, top: int) -> None:
     import pstats
 
     for case in CASES[1:]:
-        workdir = Path(tempfile.mkdtemp(prefix=f"profile-{case.key}-", dir=root))
+        workdir = harness.fresh_dir(root, f"profile-{case.key}")
         out = workdir / "server.prof"
         try:
             load = await case.run(workdir, n, out)
@@ -712,8 +624,7 @@ async def run(args: argparse.Namespace) -> int:
     began = time.perf_counter()
     print(f"receiver benchmark (N={n:,} requests per case, {rounds}, {CONCURRENCY} in flight on one "
           f"aiohttp session; IdempotencyMiddleware over SqliteRecordStore, WAL, synchronous=FULL)")
-    print(f"{os.cpu_count()} CPUs, SQLite {sqlite3.sqlite_version}, Python {platform.python_version()}, "
-          f"client on {'uvloop' if args.client_loop == 'uvloop' else 'asyncio'}, servers "
+    print(f"{harness.machine_summary()}, client on {'uvloop' if args.client_loop == 'uvloop' else 'asyncio'}, servers "
           f"uvicorn+uvloop+httptools in their own process, files under "
           f"{args.dir or tempfile.gettempdir()}\n", flush=True)
 
@@ -723,7 +634,7 @@ async def run(args: argparse.Namespace) -> int:
         root = Path(tmp)
         for round_ in range(1, args.rounds + 1):
             for case in CASES:
-                workdir = Path(tempfile.mkdtemp(prefix=f"{case.key}-", dir=root))
+                workdir = harness.fresh_dir(root, case.key)
                 load: Load | None
                 try:
                     load = await case.run(workdir, n)
@@ -765,14 +676,11 @@ async def run(args: argparse.Namespace) -> int:
               "on this machine that makes the figures noisy; rerun when it is quiet")
     for seen in dict.fromkeys(note for load in all_loads for note in load.observed):
         print(f"observed: {seen}")
-    print(f"total time {time.perf_counter() - began:.0f} s")
-    for problem in problems:
-        print(f"INVALID: {problem}", file=sys.stderr)
-    return 1 if problems else 0
+    return harness.finish(began, problems)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = harness.new_parser(__doc__)
     add = parser.add_argument
     add("--n", type=int, help="requests per case (10,000; 2,000 with --quick)")
     add("--rounds", type=int, default=3, help="interleaved rounds of the three cases (3)")
@@ -797,11 +705,7 @@ def main(argv: list[str] | None = None) -> int:
         mode, port, db_path = args.serve
         serve(mode, int(port), db_path, args.serve_profile)
         return 0
-    if args.client_loop == "uvloop":
-        import uvloop
-
-        return uvloop.run(run(args))
-    return asyncio.run(run(args))
+    return harness.run_main(run(args), uvloop=args.client_loop == "uvloop")
 
 
 if __name__ == "__main__":
