@@ -84,20 +84,23 @@ class IdempotencyMiddleware:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in message.get("headers", [])]
-            elif message["type"] == "http.response.body":
-                if chunks is not None:
-                    size += len(message.get("body", b""))
-                    if size > self.idempotency.max_stored_bytes:
-                        chunks = None  # completed without a stored body
-                    else:
-                        chunks.append(message.get("body", b""))
-                if not message.get("more_body") and not finished:
-                    # Record the outcome before the last byte leaves, so a client that has the
-                    # answer and asks again gets the replay, not "in progress".
+            elif message["type"] == "http.response.body" and chunks is not None:
+                size += len(message.get("body", b""))
+                if size > self.idempotency.max_stored_bytes:
+                    chunks = None  # completed without a stored body
+                else:
+                    chunks.append(message.get("body", b""))
+            last = message["type"] == "http.response.body" and not message.get("more_body")
+            try:
+                await send(message)
+            finally:
+                if last and not finished:
+                    # Recorded once the answer is out (even if the client has gone: the handler is
+                    # done), so the client does not wait for a second commit; a retry in that
+                    # instant is told "in progress", then gets the replay.
                     finished = True
                     await self.idempotency.finish(run, status, headers,
                                                   None if chunks is None else b"".join(chunks))
-            await send(message)
 
         try:
             await self.app(scope, _replaying(body, receive), capture)
