@@ -8,7 +8,7 @@ import base64
 import binascii
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, TypeVar
 
@@ -107,7 +107,7 @@ class BulkReplayIn(ReplayIn):
     dry_run: bool = True
 
 
-def _validation_problem(errors: list[dict[str, Any]]) -> Problem:
+def _validation_problem(errors: Sequence[Mapping[str, Any]]) -> Problem:
     shown = [
         {"field": ".".join(str(part) for part in e["loc"] if part not in ("body", "query", "path")),
          "message": e["msg"]}
@@ -180,7 +180,7 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
-        return _validation_problem(list(exc.errors())).response(request.url.path)
+        return _validation_problem(exc.errors()).response(request.url.path)
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> Response:
@@ -203,7 +203,7 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
     # -- auth ------------------------------------------------------------------------------
 
     def box(request: Request) -> Outbox:
-        return request.app.state.outbox  # type: ignore[no-any-return]
+        return request.app.state.outbox
 
     def role(*allowed: Role) -> Callable[[Request], Coroutine[Any, Any, TokenInfo]]:
         names = " or ".join(r.value for r in allowed)
@@ -279,7 +279,7 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
         try:
             return model.model_validate(raw)
         except ValidationError as exc:
-            raise _validation_problem(list(exc.errors())) from None
+            raise _validation_problem(exc.errors()) from None
 
     # -- probes ----------------------------------------------------------------------------
 
@@ -359,7 +359,7 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
             scopes = scope or list(token.scopes)
         if destination is not None:
             check(DESTINATION_ID, destination, "destination")
-        page = await box(request).list(
+        page = await box(request).list_intents(
             IntentQuery(
                 statuses=status,
                 scopes=scopes,

@@ -346,7 +346,7 @@ async def list_(
     before_seq: int | None,
 ) -> None:
     """List intents, newest first."""
-    page = await box.list(
+    page = await box.list_intents(
         IntentQuery(
             statuses=[Status(s) for s in statuses] or None,
             scopes=list(scopes) or None,

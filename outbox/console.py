@@ -116,7 +116,7 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
         sections = []
         for status, title in ((Status.DEAD, "Dead letters"), (Status.UNKNOWN, "Unknown outcomes"),
                               (Status.REVOKED, "Revoked"), (Status.HELD, "Held for approval")):
-            page = await outbox.list(IntentQuery(statuses=[status], limit=100))
+            page = await outbox.list_intents(IntentQuery(statuses=[status], limit=100))
             rows = "".join(
                 f"<tr><td><a href='/console/intents/{quote(i.action_id)}'>{escape(i.action_id)}</a></td>"
                 f"<td>{escape(i.destination)}</td><td>{escape(i.scope)}</td><td>{i.attempts}</td>"

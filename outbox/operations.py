@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 from .errors import AuthorityDenied, DuplicateRisk, IllegalTransition, InvalidInput, OutboxError
@@ -159,7 +159,7 @@ async def matching(box: Outbox, query: IntentQuery) -> AsyncIterator[Intent]:
     """Every intent matching ``query`` (its statuses must be replayable), page by page."""
     before = None
     while True:
-        page = await box.list(IntentQuery(**{**_fields(query), "before_seq": before, "limit": 500}))
+        page = await box.list_intents(replace(query, before_seq=before, limit=500))
         for intent in page.intents:
             yield intent
         if page.next_seq is None:
@@ -167,16 +167,12 @@ async def matching(box: Outbox, query: IntentQuery) -> AsyncIterator[Intent]:
         before = page.next_seq
 
 
-def _fields(query: IntentQuery) -> dict[str, object]:
-    return {name: getattr(query, name) for name in IntentQuery.__slots__}  # type: ignore[attr-defined]
-
-
 def replay_filter(query: IntentQuery) -> IntentQuery:
     """A bulk replay's filter: only replayable statuses (all three when none is named)."""
     statuses = list(query.statuses or REPLAYABLE)
     if not set(statuses) <= REPLAYABLE:
         raise InvalidInput("bulk replay takes dead, revoked or unknown intents only")
-    return IntentQuery(**{**_fields(query), "statuses": sorted(statuses, key=lambda s: s.value)})
+    return replace(query, statuses=sorted(statuses, key=lambda s: s.value))
 
 
 @dataclass

@@ -180,7 +180,7 @@ class Outbox:
         """An intent's attempts and events."""
         return await self.store.history(action_id)
 
-    async def list(self, query: IntentQuery) -> Page:
+    async def list_intents(self, query: IntentQuery) -> Page:
         """A page of intents, newest first."""
         if not 1 <= query.limit <= MAX_PAGE:
             raise InvalidInput(f"limit must be between 1 and {MAX_PAGE}")

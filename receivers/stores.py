@@ -188,7 +188,7 @@ class SqliteRecordStore:
         return Record(
             identity=row["identity"], fingerprint=row["fingerprint"], state=State(row["state"]),
             epoch=row["epoch"], min_fence=row["min_fence"], lease_expires_at=from_us(row["lease_expires_at"]),
-            expires_at=from_us(row["expires_at"]),  # type: ignore[arg-type]
+            expires_at=from_us(row["expires_at"]),
             response=_response(row["status"], row["headers"], row["body"], row["body_stored"]),
         )
 

@@ -9,10 +9,12 @@ sweeper treats an attempt in flight as possibly submitted.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
 import time
+from collections.abc import Awaitable
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -138,10 +140,10 @@ class Worker:
         for intent in intents:
             task = asyncio.create_task(self._deliver(intent))
             self._in_flight[intent.action_id] = (intent.fence, task)
-            task.add_done_callback(lambda _, key=intent.action_id: self._done(key))
+            task.add_done_callback(functools.partial(self._done, intent.action_id))
         return len(intents)
 
-    def _done(self, action_id: str) -> None:
+    def _done(self, action_id: str, _: object = None) -> None:
         self._in_flight.pop(action_id, None)
         self._slot_free.set()
 
@@ -153,9 +155,9 @@ class Worker:
             timeout = min(timeout, max(0.0, (due - self.clock.now()).total_seconds()))
         await self._wait(self.outbox.enqueued.wait(timeout), timeout)
 
-    async def _wait(self, awaitable: object, timeout: float | None) -> None:
+    async def _wait(self, awaitable: Awaitable[object], timeout: float | None) -> None:
         stop = asyncio.create_task(self._stopping.wait())
-        other = asyncio.ensure_future(awaitable)  # type: ignore[arg-type]
+        other = asyncio.ensure_future(awaitable)
         await asyncio.wait({stop, other}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         for task in (stop, other):
             task.cancel()

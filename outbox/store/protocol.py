@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, overload
 
 from ..destinations import Destination
 from ..grants import Grant, GrantSpec
@@ -122,6 +122,20 @@ class Store(Protocol):
     async def list_intents(self, query: IntentQuery) -> Page:
         """A page of intents matching ``query``, newest first."""
         ...
+
+    @overload
+    async def update_intent(
+        self, action_id: str, *, expected: Status, status: Status, events: Sequence[Event],
+        changes: Mapping[str, Any] | None = None, fence: int | None = None, attempt: Attempt | None = None,
+        fetch: Literal[True] = True,
+    ) -> Intent: ...
+
+    @overload
+    async def update_intent(
+        self, action_id: str, *, expected: Status, status: Status, events: Sequence[Event],
+        changes: Mapping[str, Any] | None = None, fence: int | None = None, attempt: Attempt | None = None,
+        fetch: Literal[False],
+    ) -> None: ...
 
     async def update_intent(
         self,

@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from importlib.resources import files
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 import aiosqlite
 
@@ -65,6 +65,10 @@ def to_us(value: datetime | None) -> int | None:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
+@overload
+def from_us(value: int) -> datetime: ...
+@overload
+def from_us(value: None) -> None: ...
 def from_us(value: int | None) -> datetime | None:
     """Inverse of ``to_us``."""
     return None if value is None else EPOCH + timedelta(microseconds=value)
@@ -82,14 +86,14 @@ def _intent(row: sqlite3.Row) -> Intent:
         status=Status(row["status"]),
         attempts=row["attempts"],
         max_attempts=row["max_attempts"],
-        next_attempt_at=from_us(row["next_attempt_at"]),  # type: ignore[arg-type]
+        next_attempt_at=from_us(row["next_attempt_at"]),
         not_before=from_us(row["not_before"]),
         expires_at=from_us(row["expires_at"]),
         lease_owner=row["lease_owner"],
         lease_expires_at=from_us(row["lease_expires_at"]),
         fence=row["fence"],
-        created_at=from_us(row["created_at"]),  # type: ignore[arg-type]
-        updated_at=from_us(row["updated_at"]),  # type: ignore[arg-type]
+        created_at=from_us(row["created_at"]),
+        updated_at=from_us(row["updated_at"]),
         last_error=row["last_error"],
         approved_digest=row["approved_digest"],
         approval_expires_at=from_us(row["approval_expires_at"]),
@@ -103,7 +107,7 @@ def _attempt(row: sqlite3.Row) -> Attempt:
         number=row["number"],
         fence=row["fence"],
         worker=row["worker"],
-        started_at=from_us(row["started_at"]),  # type: ignore[arg-type]
+        started_at=from_us(row["started_at"]),
         finished_at=from_us(row["finished_at"]),
         submission=Submission(row["submission"]) if row["submission"] else None,
         outcome=Outcome(row["outcome"]) if row["outcome"] else None,
@@ -118,7 +122,7 @@ def _attempt(row: sqlite3.Row) -> Attempt:
 def _event(row: sqlite3.Row) -> Event:
     return Event(
         kind=row["kind"],
-        at=from_us(row["at"]),  # type: ignore[arg-type]
+        at=from_us(row["at"]),
         actor=row["actor"],
         reason=row["reason"],
         data=json.loads(row["data"]),
@@ -138,8 +142,8 @@ def _destination(row: sqlite3.Row) -> Destination:
         requires_approval=bool(row["requires_approval"]),
         allow_private_network=bool(row["allow_private_network"]),
         disabled=bool(row["disabled"]),
-        created_at=from_us(row["created_at"]),  # type: ignore[arg-type]
-        updated_at=from_us(row["updated_at"]),  # type: ignore[arg-type]
+        created_at=from_us(row["created_at"]),
+        updated_at=from_us(row["updated_at"]),
         reconcile=bool(row["reconcile"]),
     )
 
@@ -150,7 +154,7 @@ def _token(row: sqlite3.Row) -> TokenInfo:
         role=Role(row["role"]),
         scopes=tuple(json.loads(row["scopes"])),
         label=row["label"],
-        created_at=from_us(row["created_at"]),  # type: ignore[arg-type]
+        created_at=from_us(row["created_at"]),
         revoked_at=from_us(row["revoked_at"]),
     )
 
@@ -163,8 +167,8 @@ def _grant(row: sqlite3.Row) -> Grant:
         revision=row["revision"],
         expires_at=from_us(row["expires_at"]),
         note=row["note"],
-        created_at=from_us(row["created_at"]),  # type: ignore[arg-type]
-        updated_at=from_us(row["updated_at"]),  # type: ignore[arg-type]
+        created_at=from_us(row["created_at"]),
+        updated_at=from_us(row["updated_at"]),
     )
 
 
@@ -474,6 +478,20 @@ class SqliteStore:
             return Page(intents, intents[-1].seq if more and intents else None)
 
         return await self._read(run)
+
+    @overload
+    async def update_intent(
+        self, action_id: str, *, expected: Status, status: Status, events: Sequence[Event],
+        changes: Mapping[str, Any] | None = None, fence: int | None = None, attempt: Attempt | None = None,
+        fetch: Literal[True] = True,
+    ) -> Intent: ...
+
+    @overload
+    async def update_intent(
+        self, action_id: str, *, expected: Status, status: Status, events: Sequence[Event],
+        changes: Mapping[str, Any] | None = None, fence: int | None = None, attempt: Attempt | None = None,
+        fetch: Literal[False],
+    ) -> None: ...
 
     async def update_intent(
         self,

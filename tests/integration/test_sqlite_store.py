@@ -93,7 +93,7 @@ async def test_enqueue_beside_an_open_transaction_is_refused_instead_of_deadlock
             await asyncio.wait_for(
                 box.enqueue(destination="billing", scope="acme", payload={}), timeout=2)
         await tx.enqueue(destination="billing", scope="acme", payload={"ok": True})
-    assert len((await box.list(IntentQuery(statuses=[Status.PENDING]))).intents) == 1
+    assert len((await box.list_intents(IntentQuery(statuses=[Status.PENDING]))).intents) == 1
 
 
 def test_database_urls_are_checked():
