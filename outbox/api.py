@@ -1,4 +1,5 @@
-"""The HTTP API (``/v1``): producers enqueue and read, admins manage destinations.
+"""The HTTP API (``/v1``): producers enqueue and read, operators act on intents, admins manage
+destinations and grants; plus probes, metrics and the console.
 
 Every error is RFC 9457 problem+json, and a refused request changes nothing in the store.
 """
@@ -236,7 +237,7 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
     Producer = Annotated[TokenInfo, Depends(role(Role.PRODUCER))]
     Reader = Annotated[TokenInfo, Depends(role(Role.PRODUCER, Role.OPERATOR))]
     Admin = Annotated[TokenInfo, Depends(role(Role.ADMIN))]
-    Inspector = Annotated[TokenInfo, Depends(role(Role.OPERATOR))]
+    Operator = Annotated[TokenInfo, Depends(role(Role.OPERATOR))]
 
     def in_scope(token: TokenInfo, scope: str) -> None:
         if not token.may_act_in(scope):
@@ -378,8 +379,6 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
 
     # -- operators -------------------------------------------------------------------------
 
-    Operator = Annotated[TokenInfo, Depends(role(Role.OPERATOR))]
-
     def actor(token: TokenInfo, reason: str) -> operations.Actor:
         try:
             return operations.Actor(token.actor, reason)
@@ -466,11 +465,11 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
         return JSONResponse(destination.public(), status_code=201 if created else 200)
 
     @app.get("/v1/destinations/{destination_id}", tags=["destinations"], summary="A destination")
-    async def get_destination(request: Request, destination_id: str, token: Inspector) -> dict[str, Any]:
+    async def get_destination(request: Request, destination_id: str, token: Operator) -> dict[str, Any]:
         return (await box(request).get_destination(destination_id)).public()
 
     @app.get("/v1/destinations", tags=["destinations"], summary="Every destination")
-    async def list_destinations(request: Request, token: Inspector) -> dict[str, Any]:
+    async def list_destinations(request: Request, token: Operator) -> dict[str, Any]:
         return {"items": [d.public() for d in await box(request).list_destinations()]}
 
     @app.delete(
@@ -504,11 +503,11 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
         return JSONResponse(grant.public(), status_code=201 if created else 200)
 
     @app.get("/v1/grants/{grant_id}", tags=["grants"], summary="A grant")
-    async def get_grant(request: Request, grant_id: str, token: Inspector) -> dict[str, Any]:
+    async def get_grant(request: Request, grant_id: str, token: Operator) -> dict[str, Any]:
         return (await box(request).get_grant(grant_id)).public()
 
     @app.get("/v1/grants", tags=["grants"], summary="Every grant")
-    async def list_grants(request: Request, token: Inspector) -> dict[str, Any]:
+    async def list_grants(request: Request, token: Operator) -> dict[str, Any]:
         return {"items": [g.public() for g in await box(request).list_grants()]}
 
     @app.delete("/v1/grants/{grant_id}", tags=["grants"], status_code=204,
