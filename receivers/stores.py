@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import aiosqlite
 
 from outbox.errors import StoreUnavailable
-from outbox.store.committer import GroupCommitter, on_thread
+from outbox.store.committer import GroupCommitter, connect, on_thread
 from outbox.store.queries import load
 from outbox.store.sqlite import from_us, to_us
 
@@ -143,25 +143,13 @@ class SqliteRecordStore:
         #: Identities seen completed here: their duplicates are answered from the reader.
         self._completed: dict[str, None] = {}
 
-    async def _connect(self, script: str) -> aiosqlite.Connection:
-        try:
-            db = await aiosqlite.connect(self.path, isolation_level=None)
-        except sqlite3.Error as exc:
-            raise StoreUnavailable(f"cannot open SQLite record store {str(self.path)!r}: {exc}") from exc
-        try:
-            db.row_factory = sqlite3.Row
-            await db.executescript(load("sqlite")["pragmas"].format(busy_timeout_ms=self._busy_timeout_ms) + script)
-        except sqlite3.Error as exc:
-            await db.close()
-            raise StoreUnavailable(f"cannot open SQLite record store {str(self.path)!r}: {exc}") from exc
-        return db
-
     async def open(self) -> None:
         if self._committer is not None:
             return
-        writer = await self._connect(self._sql["create"])
+        writer = await connect(self.path, busy_timeout_ms=self._busy_timeout_ms, script=self._sql["create"])
         try:
-            self._reader = await self._connect("PRAGMA query_only = ON;")
+            self._reader = await connect(self.path, busy_timeout_ms=self._busy_timeout_ms,
+                                         script="PRAGMA query_only = ON;")
         except StoreUnavailable:
             await writer.close()
             raise

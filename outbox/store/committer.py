@@ -1,7 +1,8 @@
-"""Group commit on one aiosqlite connection: concurrent writers share a transaction and its fsync.
+"""SQLite plumbing shared by every SQLite store: durable connections, one-hop transactions, and
+group commit, where concurrent writers share a transaction and its fsync.
 
-Each write job runs in its own savepoint, so one job's failure undoes only that job, and each
-writer is answered only after the commit that made its write durable.
+One job's failure undoes only that job, and each writer is answered only after the commit that
+made its write durable.
 """
 
 from __future__ import annotations
@@ -9,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import aiosqlite
 
 from ..errors import StoreUnavailable
+from .queries import load
 
 T = TypeVar("T")
 #: sqlite3 messages that mean "not now" rather than "wrong": answered 503, retried by callers.
@@ -44,6 +47,10 @@ async def on_thread(db: aiosqlite.Connection, fn: Callable[..., T], *args: Any) 
         raise mapped from exc
 
 
+class _JobFailed(Exception):
+    """A job raised while the jobs ran side by side (its cause is the job's error)."""
+
+
 def _apply_batch(
     conn: sqlite3.Connection, jobs: Sequence[Callable[[sqlite3.Connection], Any]]
 ) -> list[tuple[bool, Any]]:
@@ -53,46 +60,64 @@ def _apply_batch(
     rolled back and run again with a savepoint around each job, so that one's failure undoes
     only its own writes.
     """
-    conn.execute("BEGIN IMMEDIATE")
     try:
-        results = [(True, job(conn)) for job in jobs]
-    except Exception:
-        conn.execute("ROLLBACK")
-    else:
-        try:
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        return results
-    return _apply_isolated(conn, jobs)
+        return _transaction(conn, jobs, _together)
+    except _JobFailed:
+        return _transaction(conn, jobs, _isolated)
 
 
-def _apply_isolated(
-    conn: sqlite3.Connection, jobs: Sequence[Callable[[sqlite3.Connection], Any]]
-) -> list[tuple[bool, Any]]:
-    """Run write jobs in one transaction, each in its own savepoint, then commit once."""
+Runner = Callable[[sqlite3.Connection, Sequence[Callable[[sqlite3.Connection], Any]]], list[tuple[bool, Any]]]
+
+
+def _transaction(conn: sqlite3.Connection, jobs: Sequence[Callable[[sqlite3.Connection], Any]],
+                 run: Runner) -> list[tuple[bool, Any]]:
     conn.execute("BEGIN IMMEDIATE")
-    results: list[tuple[bool, Any]] = []
     try:
-        for job in jobs:
-            conn.execute("SAVEPOINT job")
-            try:
-                value = job(conn)
-            except Exception as exc:  # one job's failure must not undo the others
-                conn.execute("ROLLBACK TO job")
-                conn.execute("RELEASE job")
-                results.append((False, exc))
-            else:
-                conn.execute("RELEASE job")
-                results.append((True, value))
+        results = run(conn, jobs)
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
     return results
+
+
+def _together(conn: sqlite3.Connection, jobs: Sequence[Callable[[sqlite3.Connection], Any]]) -> list[tuple[bool, Any]]:
+    try:
+        return [(True, job(conn)) for job in jobs]
+    except Exception as exc:
+        raise _JobFailed from exc
+
+
+def _isolated(conn: sqlite3.Connection, jobs: Sequence[Callable[[sqlite3.Connection], Any]]) -> list[tuple[bool, Any]]:
+    results: list[tuple[bool, Any]] = []
+    for job in jobs:
+        conn.execute("SAVEPOINT job")
+        try:
+            value = job(conn)
+        except Exception as exc:  # one job's failure must not undo the others
+            conn.execute("ROLLBACK TO job")
+            results.append((False, exc))
+        else:
+            results.append((True, value))
+        conn.execute("RELEASE job")
+    return results
+
+
+async def connect(path: Path, *, busy_timeout_ms: int, script: str = "") -> aiosqlite.Connection:
+    """A connection with the durable pragmas (WAL, ``synchronous=FULL``), then ``script``.
+    Raises StoreUnavailable, naming the file."""
+    try:
+        db = await aiosqlite.connect(path, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise StoreUnavailable(f"cannot open SQLite database {str(path)!r}: {exc}") from exc
+    db.row_factory = sqlite3.Row
+    try:
+        await db.executescript(load("sqlite")["pragmas"].format(busy_timeout_ms=busy_timeout_ms) + script)
+    except sqlite3.Error as exc:
+        await db.close()
+        raise StoreUnavailable(f"cannot use SQLite database {str(path)!r}: {exc}") from exc
+    return db
 
 
 class GroupCommitter:

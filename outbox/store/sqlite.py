@@ -47,7 +47,7 @@ from ..model import (
 )
 from ..tokens import TokenInfo
 from . import queries
-from .committer import GroupCommitter, on_thread, unavailable
+from .committer import GroupCommitter, connect, on_thread, unavailable
 from .protocol import UPDATABLE, History, IntentQuery, Page
 
 T = TypeVar("T")
@@ -286,27 +286,14 @@ class SqliteStore:
 
     # -- connections ---------------------------------------------------------------------
 
-    async def _connect(self, *, read_only: bool) -> aiosqlite.Connection:
-        try:
-            db = await aiosqlite.connect(self.path, isolation_level=None)
-        except sqlite3.Error as exc:
-            raise StoreUnavailable(f"cannot open SQLite database {str(self.path)!r}: {exc}") from exc
-        db.row_factory = sqlite3.Row
-        pragmas = SQL["pragmas"].format(busy_timeout_ms=self._busy_timeout_ms)
-        try:
-            await db.executescript(pragmas + ("PRAGMA query_only = ON;" if read_only else ""))
-        except sqlite3.Error as exc:
-            await db.close()
-            raise StoreUnavailable(f"cannot use SQLite database {str(self.path)!r}: {exc}") from exc
-        return db
-
     async def open(self) -> None:
         if self._writer is not None:
             return
         if self.path.parent and not self.path.parent.exists():
             raise StoreUnavailable(f"directory {str(self.path.parent)!r} does not exist")
-        self._writer = await self._connect(read_only=False)
-        self._reader = await self._connect(read_only=True)
+        self._writer = await connect(self.path, busy_timeout_ms=self._busy_timeout_ms)
+        self._reader = await connect(self.path, busy_timeout_ms=self._busy_timeout_ms,
+                                     script="PRAGMA query_only = ON;")
         self._committer = GroupCommitter(self._writer, max_batch=self.max_batch)
 
     async def close(self) -> None:
