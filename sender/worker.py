@@ -236,17 +236,17 @@ class Worker:
                 return
             decision = await self.authority.check(AuthorityRequest(
                 intent.scope, intent.channel.value, intent.destination, intent.action_id))
-            checked = Event("authority_checked", self.clock.now(), self.id, decision.reason,
-                            {"verdict": decision.verdict.value, "provider": decision.provider,
-                             "revision": decision.revision})
-            if decision.verdict is Verdict.UNAVAILABLE:
-                wait = self.policy.backoff.delay(intent.fence)  # backs off over repeated outages
-                await self._release(intent, decision.reason, self.clock.now() + timedelta(seconds=wait),
-                                    extra=[checked])
-                return
-            if decision.verdict is Verdict.DENY:
-                self.outbox.metrics.authority_denials.inc()
-                await self._settle(intent, Fate(Status.REVOKED, "revoked", decision.reason), [checked])
+            if decision.verdict is not Verdict.ALLOW:  # an allow is recorded on attempt_started
+                checked = Event("authority_checked", self.clock.now(), self.id, decision.reason,
+                                {"verdict": decision.verdict.value, "provider": decision.provider,
+                                 "revision": decision.revision})
+                if decision.verdict is Verdict.UNAVAILABLE:
+                    wait = self.policy.backoff.delay(intent.fence)  # backs off over repeated outages
+                    await self._release(intent, decision.reason, self.clock.now() + timedelta(seconds=wait),
+                                        extra=[checked])
+                else:
+                    self.outbox.metrics.authority_denials.inc()
+                    await self._settle(intent, Fate(Status.REVOKED, "revoked", decision.reason), [checked])
                 return
             attempt = Attempt(
                 attempt_id=uuid7(), number=intent.attempts + 1, fence=intent.fence, worker=self.id,
