@@ -55,18 +55,24 @@ async def statuses(url: str) -> dict[str, tuple[Status, list[Submission | None]]
         return found
 
 
-def test_in_flight_sends_finish_within_the_drain_and_nothing_more_is_claimed(tmp_path, receiver):
+def terminate_mid_batch(tmp_path, receiver, *, reply: Reply, drain: float):
+    """Six intents, a worker of concurrency 4: SIGTERM once four sends are in flight. Returns
+    every intent's status and attempt submissions after the worker exited (it must exit 0)."""
     url = f"sqlite:///{tmp_path / 'o.db'}"
-    receiver.script("/hook", Reply(200, delay=1.0))
+    receiver.script("/hook", reply)
     asyncio.run(prepare(url, f"{receiver.url}/hook", 6))
-    worker = start_worker(url, drain=10)
+    worker = start_worker(url, drain=drain)
     try:
         receiver.wait_for_requests_blocking(4, timeout=20)
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=20) == 0, worker.stdout.read() if worker.stdout else ""
     finally:
         worker.kill()
-    found = asyncio.run(statuses(url))
+    return asyncio.run(statuses(url))
+
+
+def test_in_flight_sends_finish_within_the_drain_and_nothing_more_is_claimed(tmp_path, receiver):
+    found = terminate_mid_batch(tmp_path, receiver, reply=Reply(200, delay=1.0), drain=10)
     delivered = [k for k, (status, _) in found.items() if status is Status.DELIVERED]
     untouched = [k for k, (status, attempts) in found.items() if status is Status.PENDING and not attempts]
     assert len(delivered) == 4 and len(untouched) == 2
@@ -74,17 +80,7 @@ def test_in_flight_sends_finish_within_the_drain_and_nothing_more_is_claimed(tmp
 
 
 def test_sends_cut_by_a_short_drain_are_recorded_as_maybe_submitted(tmp_path, receiver):
-    url = f"sqlite:///{tmp_path / 'o.db'}"
-    receiver.script("/hook", Reply(200, delay=30))
-    asyncio.run(prepare(url, f"{receiver.url}/hook", 6))
-    worker = start_worker(url, drain=0.2)
-    try:
-        receiver.wait_for_requests_blocking(4, timeout=20)
-        worker.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=10) == 0
-    finally:
-        worker.kill()
-    found = asyncio.run(statuses(url))
+    found = terminate_mid_batch(tmp_path, receiver, reply=Reply(200, delay=30), drain=0.2)
     cut = [v for v in found.values() if v[1] == [Submission.MAYBE_SUBMITTED]]
     assert len(cut) == 4
     # the receiver declares idempotency, so a possibly-sent request is scheduled to retry
