@@ -129,3 +129,37 @@ def closed_port() -> Iterator[int]:
         yield sock.getsockname()[1]
     finally:
         sock.close()
+
+
+@pytest.fixture
+def unanswered_port() -> Iterator[int]:
+    """A loopback port whose TCP handshake never completes, so a connect to it can only time out.
+
+    The socket listens with backlog 0 and never accepts; a few non-blocking connects fill its
+    accept queue, after which Linux drops further SYNs (syncookies or not). That it really does
+    is checked here, so a kernel that completes the handshake anyway fails the test, never skips it.
+    """
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    fillers: list[socket.socket] = []
+    try:
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)
+        port: int = server.getsockname()[1]
+        for _ in range(3):
+            filler = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", port))
+            fillers.append(filler)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.settimeout(0.2)
+            try:
+                probe.connect(("127.0.0.1", port))
+            except TimeoutError:
+                pass
+            else:
+                pytest.fail("a connect to a full accept queue completed: no way to make a real connect timeout here")
+        yield port
+    finally:
+        for filler in fillers:
+            filler.close()
+        server.close()
