@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable
 from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from outbox import (
     Attempt,
@@ -33,7 +34,14 @@ from outbox.ids import uuid7
 from outbox.model import SETTLED
 from outbox.model import Channel as ChannelKind
 
-from .authority import Authority, AuthorityRequest, CachedAuthority, Verdict, authority_from_setting
+from .authority import (
+    Authority,
+    AuthorityRequest,
+    CachedAuthority,
+    Decision,
+    Verdict,
+    authority_from_setting,
+)
 from .backoff import Backoff
 from .channel import Channel, SendResult
 from .decision import Fate, Policy, decide
@@ -47,6 +55,10 @@ DESTINATION_CACHE_SECONDS = 2.0
 PRUNE_SECONDS = 3600.0
 #: A disabled or missing destination's intents are looked at again after this long.
 PARKED_SECONDS = 60.0
+#: Leases a worker holds per send slot: while some sends run, the next intents are being
+#: claimed and their attempts recorded, and finished ones' outcomes committed, so recording
+#: never leaves a slot idle.
+LEASES_PER_SLOT = 2
 
 
 class Worker:
@@ -77,11 +89,14 @@ class Worker:
             authority or authority_from_setting(settings.authority, outbox), settings.authority_seconds
         )
         self.channels = channels or {ChannelKind.WEBHOOK: WebhookChannel(concurrency=self.concurrency)}
-        self._in_flight: dict[str, tuple[int, asyncio.Task[None]]] = {}
+        self.leases = LEASES_PER_SLOT * self.concurrency
+        self._sends = asyncio.Semaphore(self.concurrency)
+        self._in_flight: dict[str, tuple[int, asyncio.Task[None]]] = {}  # every lease held
         self._settling: set[str] = set()  # final write under way: the lease is given back, not lost
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
         self._destinations: dict[str, tuple[float, Destination | None]] = {}
+        self._attempt_counters: dict[Outcome, Any] = {}
         self.stale_writes = 0  # fenced writes this worker had rejected (also logged)
 
     # -- running ---------------------------------------------------------------------------
@@ -91,12 +106,15 @@ class Worker:
         log.info("worker %s started (concurrency %d)", self.id, self.concurrency)
         helpers = [asyncio.create_task(self._heartbeat()), asyncio.create_task(self._sweep_forever())]
         try:
+            # claim in batches: once a quarter of the leases are free, or when there are none
+            batch = max(1, self.concurrency // 4)
             while not self._stopping.is_set():
-                if len(self._in_flight) >= self.concurrency:
+                free = self.leases - len(self._in_flight)
+                if free < batch and self._in_flight:
                     self._slot_free.clear()
                     await self._wait(self._slot_free.wait(), None)
                     continue
-                claimed = await self._claim(self.concurrency - len(self._in_flight))
+                claimed = await self._claim(free)
                 if not claimed:
                     await self._idle()
         finally:
@@ -214,57 +232,34 @@ class Worker:
         return found
 
     async def _deliver(self, intent: Intent) -> None:
+        """One leased intent: wait for a send slot, make the attempt, then record its outcome
+        outside the slot, so the next send need not wait for this one's commit."""
         attempt: Attempt | None = None
         try:
-            destination = await self._destination(intent.destination)
-            now = self.clock.now()
-            if destination is None or destination.disabled:
-                why = "is not registered" if destination is None else "is disabled"
-                # parked, looking again less often the longer it stays so (the fence counts claims)
-                wait = max(PARKED_SECONDS, self.policy.backoff.delay(intent.fence))
-                await self._release(intent, f"destination {intent.destination!r} {why}",
-                                    now + timedelta(seconds=wait))
-                return
-            if intent.expires_at is not None and now >= intent.expires_at:
-                await self._settle(intent, Fate(Status.DEAD, "dead_lettered", "expired before it could be sent"), [])
-                return
-            if destination.requires_approval and (refusal := _approval_refusal(intent, now)):
+            async with self._sends:
+                if self._stopping.is_set():
+                    await self._release(intent, "worker stopped before sending", self.clock.now())
+                    return
+                ready = await self._ready(intent)
+                if ready is None:
+                    return
+                destination, decision = ready
+                now = self.clock.now()
+                attempt = Attempt(uuid7(), intent.attempts + 1, intent.fence, self.id, now,
+                                  None, None, None, None, None, None, None, None)
                 await self.store.update_intent(
-                    intent.action_id, fetch=False, expected=Status.LEASED, status=Status.HELD, fence=intent.fence,
-                    changes={"lease_owner": None, "lease_expires_at": None, "last_error": refusal},
-                    events=[Event("held", now, self.id, refusal)])
-                return
-            decision = await self.authority.check(AuthorityRequest(
-                intent.scope, intent.channel.value, intent.destination, intent.action_id))
-            if decision.verdict is not Verdict.ALLOW:  # an allow is recorded on attempt_started
-                checked = Event("authority_checked", self.clock.now(), self.id, decision.reason,
-                                {"verdict": decision.verdict.value, "provider": decision.provider,
-                                 "revision": decision.revision})
-                if decision.verdict is Verdict.UNAVAILABLE:
-                    wait = self.policy.backoff.delay(intent.fence)  # backs off over repeated outages
-                    await self._release(intent, decision.reason, self.clock.now() + timedelta(seconds=wait),
-                                        extra=[checked])
-                else:
-                    self.outbox.metrics.authority_denials.inc()
-                    await self._settle(intent, Fate(Status.REVOKED, "revoked", decision.reason), [checked])
-                return
-            attempt = Attempt(
-                attempt_id=uuid7(), number=intent.attempts + 1, fence=intent.fence, worker=self.id,
-                started_at=self.clock.now(), finished_at=None, submission=None, outcome=None,
-                status_code=None, reply=None, external_id=None, error=None, duration_ms=None,
-            )
-            await self.store.update_intent(
-                intent.action_id, fetch=False, expected=Status.LEASED, status=Status.LEASED, fence=intent.fence,
-                changes={"attempts": attempt.number}, attempt=attempt,
-                events=[Event("attempt_started", attempt.started_at, self.id, None,
-                              {"attempt_id": attempt.attempt_id, "number": attempt.number,
-                               "fence": intent.fence, "authority": decision.reason,
-                               "authority_revision": decision.revision})],
-            )
-            started = time.perf_counter()
-            result = await self.channels[intent.channel].send(
-                intent, destination, attempt_id=attempt.attempt_id, fence=intent.fence)
-            await self._finish(intent, destination, attempt, result, time.perf_counter() - started)
+                    intent.action_id, fetch=False, expected=Status.LEASED, status=Status.LEASED,
+                    fence=intent.fence, changes={"attempts": attempt.number}, attempt=attempt,
+                    events=[Event("attempt_started", now, self.id, None,
+                                  {"attempt_id": attempt.attempt_id, "number": attempt.number,
+                                   "fence": intent.fence, "authority": decision.reason,
+                                   "authority_revision": decision.revision})],
+                )
+                started = time.perf_counter()
+                result = await self.channels[intent.channel].send(
+                    intent, destination, attempt_id=attempt.attempt_id, fence=intent.fence)
+                seconds = time.perf_counter() - started
+            await self._finish(intent, destination, attempt, result, seconds)
         except StaleWrite as exc:
             self.stale_writes += 1
             log.warning("fenced write rejected: action_id=%s fence=%d worker=%s: %s",
@@ -276,25 +271,61 @@ class Worker:
             log.exception("delivery failed unexpectedly: action_id=%s", intent.action_id)
             await asyncio.shield(self._abandon(intent, attempt))
 
+    async def _ready(self, intent: Intent) -> tuple[Destination, Decision] | None:
+        """The checks before an attempt, authority last; None when they settled the intent or
+        gave it back (nothing sent)."""
+        destination = await self._destination(intent.destination)
+        now = self.clock.now()
+        if destination is None or destination.disabled:
+            why = "is not registered" if destination is None else "is disabled"
+            # parked, looking again less often the longer it stays so (the fence counts claims)
+            wait = max(PARKED_SECONDS, self.policy.backoff.delay(intent.fence))
+            await self._release(intent, f"destination {intent.destination!r} {why}",
+                                now + timedelta(seconds=wait))
+            return None
+        if intent.expires_at is not None and now >= intent.expires_at:
+            await self._settle(intent, Fate(Status.DEAD, "dead_lettered", "expired before it could be sent"), [])
+            return None
+        if destination.requires_approval and (refusal := _approval_refusal(intent, now)):
+            await self.store.update_intent(
+                intent.action_id, fetch=False, expected=Status.LEASED, status=Status.HELD, fence=intent.fence,
+                changes={"lease_owner": None, "lease_expires_at": None, "last_error": refusal},
+                events=[Event("held", now, self.id, refusal)])
+            return None
+        decision = await self.authority.check(AuthorityRequest(
+            intent.scope, intent.channel.value, intent.destination, intent.action_id))
+        if decision.verdict is Verdict.ALLOW:  # recorded on attempt_started
+            return destination, decision
+        checked = Event("authority_checked", self.clock.now(), self.id, decision.reason,
+                        {"verdict": decision.verdict.value, "provider": decision.provider,
+                         "revision": decision.revision})
+        if decision.verdict is Verdict.UNAVAILABLE:
+            wait = self.policy.backoff.delay(intent.fence)  # backs off over repeated outages
+            await self._release(intent, decision.reason, self.clock.now() + timedelta(seconds=wait),
+                                extra=[checked])
+        else:
+            self.outbox.metrics.authority_denials.inc()
+            await self._settle(intent, Fate(Status.REVOKED, "revoked", decision.reason), [checked])
+        return None
+
     async def _finish(self, intent: Intent, destination: Destination, attempt: Attempt,
                       result: SendResult, seconds: float) -> None:
-        finished = replace(
-            attempt, finished_at=self.clock.now(), submission=result.submission,
-            outcome=result.outcome, status_code=result.status_code, reply=result.reply,
-            external_id=result.external_id, error=result.error, duration_ms=round(seconds * 1000, 3),
-        )
+        now = self.clock.now()
+        finished = Attempt(attempt.attempt_id, attempt.number, attempt.fence, attempt.worker, attempt.started_at,
+                           now, result.submission, result.outcome, result.status_code, result.reply,
+                           result.external_id, result.error, round(seconds * 1000, 3))
+        if result.disable_destination:  # before the outcome, so whoever sees the 410 sees it disabled
+            await self.store.disable_destination(destination.id, now)
+            self._destinations.pop(destination.id, None)
+            log.warning("destination %s disabled: it answered 410 Gone", destination.id)
         first = await self.store.first_submission_at(intent.action_id) \
             if result.outcome is Outcome.UNKNOWN else None
         fate = decide(intent, destination, result, attempts_made=attempt.number,
-                      first_submission_at=first, now=self.clock.now(), policy=self.policy)
+                      first_submission_at=first, now=now, policy=self.policy)
         fate, reconciled, fence = await self._reconcile(intent, destination, fate, intent.fence)
-        self.outbox.metrics.attempts.labels(result.outcome.value).inc()
+        self._count_attempt(result.outcome)
         await self._settle(intent, fate, [_finished_event(finished, self.id), *reconciled],
                            attempt=finished, new_fence=fence if reconciled else None)
-        if result.disable_destination:
-            await self.store.disable_destination(destination.id, self.clock.now())
-            self._destinations.pop(destination.id, None)
-            log.warning("destination %s disabled: it answered 410 Gone", destination.id)
 
     async def _reconcile(self, intent: Intent, destination: Destination, fate: Fate,
                          fence: int) -> tuple[Fate, list[Event], int]:
@@ -326,6 +357,12 @@ class Worker:
         else:
             fate = Fate(Status.UNKNOWN, "unknown", f"{fate.reason}; {answer.error}")
         return fate, [event], probe_fence
+
+    def _count_attempt(self, outcome: Outcome) -> None:
+        counter = self._attempt_counters.get(outcome)
+        if counter is None:  # a labelled child is looked up once, not per attempt
+            counter = self._attempt_counters[outcome] = self.outbox.metrics.attempts.labels(outcome.value)
+        counter.inc()
 
     async def _settle(self, intent: Intent, fate: Fate, events: list[Event], *,
                       attempt: Attempt | None = None, new_fence: int | None = None) -> None:
@@ -409,7 +446,7 @@ class Worker:
             fate = decide(intent, destination, result, attempts_made=attempt.number,
                           first_submission_at=first, now=self.clock.now(), policy=self.policy)
             fate, reconciled, fence = await self._reconcile(intent, destination, fate, intent.fence + 1)
-            self.outbox.metrics.attempts.labels(result.outcome.value).inc()
+            self._count_attempt(result.outcome)
             await self._settle(intent, fate, [Event("lease_expired", self.clock.now(), self.id, reason,
                                                     {"fence": intent.fence}), *reconciled],
                                attempt=finished, new_fence=fence)

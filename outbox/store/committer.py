@@ -47,6 +47,27 @@ async def on_thread(db: aiosqlite.Connection, fn: Callable[..., T], *args: Any) 
         raise mapped from exc
 
 
+class SetJob:
+    """A write job that runs together with the other jobs of its class in a few set-wide
+    statements rather than a few statements each.
+
+    sqlite3 gives the GIL up around every statement step and the writer thread must win it back
+    from the event loop each time, so the cost of a batch follows its steps, not its rows.
+    """
+
+    @classmethod
+    def run_many(cls, conn: sqlite3.Connection, jobs: Sequence[Any]) -> list[tuple[bool, Any]]:
+        """Run ``jobs`` (all of this class) and return each one's (ok, value or exception);
+        a job that fails on its own merits is reported, not raised, so the others stand."""
+        raise NotImplementedError
+
+    def __call__(self, conn: sqlite3.Connection) -> Any:
+        ok, value = type(self).run_many(conn, [self])[0]
+        if not ok:
+            raise value
+        return value
+
+
 class _JobFailed(Exception):
     """A job raised while the jobs ran side by side (its cause is the job's error)."""
 
@@ -83,10 +104,22 @@ def _transaction(conn: sqlite3.Connection, jobs: Sequence[Callable[[sqlite3.Conn
 
 
 def _together(conn: sqlite3.Connection, jobs: Sequence[Callable[[sqlite3.Connection], Any]]) -> list[tuple[bool, Any]]:
+    """Plain jobs in order, then each class of SetJob at once. Jobs in one batch were submitted
+    concurrently, so running a later one first is as valid an order as the queue's."""
+    results: list[tuple[bool, Any]] = [(False, None)] * len(jobs)
+    sets: dict[type[SetJob], list[int]] = {}
     try:
-        return [(True, job(conn)) for job in jobs]
+        for i, job in enumerate(jobs):
+            if isinstance(job, SetJob):
+                sets.setdefault(type(job), []).append(i)
+            else:
+                results[i] = (True, job(conn))
+        for kind, indexes in sets.items():
+            for i, result in zip(indexes, kind.run_many(conn, [jobs[i] for i in indexes]), strict=True):
+                results[i] = result
     except Exception as exc:
         raise _JobFailed from exc
+    return results
 
 
 def _isolated(conn: sqlite3.Connection, jobs: Sequence[Callable[[sqlite3.Connection], Any]]) -> list[tuple[bool, Any]]:

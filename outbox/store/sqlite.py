@@ -8,10 +8,12 @@ commit that made it durable. Reads use a second connection, which WAL lets run b
 from __future__ import annotations
 
 import contextvars
+import functools
 import json
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from importlib.resources import files
 from pathlib import Path
@@ -47,7 +49,7 @@ from ..model import (
 )
 from ..tokens import TokenInfo
 from . import queries
-from .committer import GroupCommitter, connect, on_thread, unavailable
+from .committer import GroupCommitter, SetJob, connect, on_thread, unavailable
 from .protocol import UPDATABLE, History, IntentQuery, Page
 
 T = TypeVar("T")
@@ -172,15 +174,13 @@ def _grant(row: sqlite3.Row) -> Grant:
     )
 
 
-def _put_attempt(conn: sqlite3.Connection, seq: int, a: Attempt) -> None:
-    conn.execute(
-        SQL["put_attempt"],
-        (
-            a.attempt_id, seq, a.number, a.fence, a.worker, to_us(a.started_at), to_us(a.finished_at),
-            a.submission.value if a.submission else None, a.outcome.value if a.outcome else None,
-            a.status_code, a.reply, a.external_id, a.error, a.duration_ms,
-        ),
-    )
+def _attempt_row(seq: int, a: Attempt) -> list[Any]:
+    """An attempt as a ``put_attempts`` row."""
+    return [
+        a.attempt_id, seq, a.number, a.fence, a.worker, to_us(a.started_at), to_us(a.finished_at),
+        a.submission.value if a.submission else None, a.outcome.value if a.outcome else None,
+        a.status_code, a.reply, a.external_id, a.error, a.duration_ms,
+    ]
 
 
 def _append_event(conn: sqlite3.Connection, seq: int, event: Event) -> None:
@@ -255,6 +255,71 @@ def _new_intent(seq: int, new: NewIntent, channel: Channel, status: Status) -> I
         lease_owner=None, lease_expires_at=None, fence=0, created_at=new.created_at,
         updated_at=new.created_at, last_error=None,
     )
+
+
+@functools.cache
+def _update_sql(columns: tuple[str, ...]) -> str:
+    """The set-wide UPDATE for one combination of columns (names from UPDATABLE, never input)."""
+    return SQL["update_intents"].format(
+        assignments=", ".join(f"{name} = json_extract(u.value, '$[{i}]')" for i, name in enumerate(columns, 1)))
+
+
+@dataclass(slots=True, eq=False)
+class _IntentUpdate(SetJob):
+    """One conditional intent update (``update_intent``); updates committed together run as a
+    set: a handful of statements for the lot, whatever their number."""
+
+    action_id: str
+    expected: str
+    fence: int | None
+    values: dict[str, Any]  # column -> stored value, status and updated_at included
+    attempt: Attempt | None
+    events: list[list[Any]]  # [kind, at, actor, reason, data]
+    fetch: bool
+
+    @classmethod
+    def run_many(cls, conn: sqlite3.Connection, jobs: Sequence[Any]) -> list[tuple[bool, Any]]:
+        results: list[tuple[bool, Any]] = [(False, None)] * len(jobs)
+        waiting = list(range(len(jobs)))
+        while waiting:  # an intent named twice is updated in turn, the second seeing the first
+            ready: list[int] = []
+            later: list[int] = []
+            named: set[str] = set()
+            for i in waiting:
+                (later if jobs[i].action_id in named else ready).append(i)
+                named.add(jobs[i].action_id)
+            cls._apply(conn, [(i, jobs[i]) for i in ready], results)
+            waiting = later
+        return results
+
+    @staticmethod
+    def _apply(conn: sqlite3.Connection, jobs: list[tuple[int, _IntentUpdate]],
+               results: list[tuple[bool, Any]]) -> None:
+        found = conn.execute(SQL["update_targets"], (json.dumps([job.action_id for _, job in jobs]),)).fetchone()
+        live: list[tuple[int, _IntentUpdate, int]] = []
+        for position, seq, status, fence in json.loads(found[0]):
+            i, job = jobs[position]
+            if seq is None:
+                results[i] = (False, NotFound(f"intent {job.action_id!r} does not exist"))
+            elif status != job.expected or (job.fence is not None and fence != job.fence):
+                results[i] = (False, StaleWrite(
+                    f"intent {job.action_id!r} is {status} at fence {fence}, not {job.expected}"
+                    + (f" at fence {job.fence}" if job.fence is not None else "") + "; the write was not applied"))
+            else:
+                live.append((i, job, seq))
+        by_columns: dict[tuple[str, ...], list[list[Any]]] = {}
+        for _, job, seq in live:
+            by_columns.setdefault(tuple(job.values), []).append([seq, *job.values.values()])
+        for columns, rows in by_columns.items():
+            conn.execute(_update_sql(columns), (json.dumps(rows),))
+        attempts = [_attempt_row(seq, job.attempt) for _, job, seq in live if job.attempt is not None]
+        if attempts:
+            conn.execute(SQL["put_attempts"], (json.dumps(attempts),))
+        events = [[seq, *event] for _, job, seq in live for event in job.events]
+        if events:
+            conn.execute(SQL["insert_events"], (json.dumps(events),))
+        for i, job, seq in live:
+            results[i] = (True, _intent(conn.execute(SQL["intent_by_seq"], (seq,)).fetchone()) if job.fetch else None)
 
 
 class _SqliteTransaction:
@@ -496,43 +561,20 @@ class SqliteStore:
             check_transition(expected, status)
         if not events:
             raise ValueError("every change to an intent appends at least one event")
-        changes = dict(changes or {})
-        unknown = set(changes) - UPDATABLE
+        unknown = set(changes or ()) - UPDATABLE
         if unknown:
             raise ValueError(f"columns {sorted(unknown)} cannot be updated")
         values = {
             name: to_us(value) if isinstance(value, datetime) else value
-            for name, value in changes.items()
+            for name, value in (changes or {}).items()
         }
         values["status"] = status.value
         values["updated_at"] = to_us(events[-1].at)
-        sql = SQL["update_intent"].format(
-            assignments=", ".join(f"{name} = ?" for name in values),
-            fence_check="AND fence = ?" if fence is not None else "",
-            returning="*" if fetch else "seq",
+        job = _IntentUpdate(
+            action_id, expected.value, fence, values, attempt,
+            [[e.kind, to_us(e.at), e.actor, e.reason, dict(e.data) if e.data else {}] for e in events], fetch,
         )
-        params = [*values.values(), action_id, expected.value]
-        if fence is not None:
-            params.append(fence)
-
-        def run(conn: sqlite3.Connection) -> Intent | None:
-            row = conn.execute(sql, params).fetchone()
-            if row is None:
-                current = conn.execute(SQL["intent_by_action"], (action_id,)).fetchone()
-                if current is None:
-                    raise NotFound(f"intent {action_id!r} does not exist")
-                raise StaleWrite(
-                    f"intent {action_id!r} is {current['status']} at fence {current['fence']}, "
-                    f"not {expected.value}" + (f" at fence {fence}" if fence is not None else "")
-                    + "; the write was not applied"
-                )
-            if attempt is not None:
-                _put_attempt(conn, row["seq"], attempt)
-            for event in events:
-                _append_event(conn, row["seq"], event)
-            return _intent(row) if fetch else None
-
-        return await self._write(run)
+        return await self._write(job)
 
     # -- the sender's work -----------------------------------------------------------------
 
@@ -543,11 +585,12 @@ class SqliteStore:
         at, until = to_us(now), to_us(lease_until)
 
         def run(conn: sqlite3.Connection) -> list[Intent]:
-            rows = conn.execute(SQL["claim_due"], (owner, until, at, at, limit)).fetchall()
-            conn.executemany(
-                SQL["insert_event"],
-                [(r["seq"], "leased", at, owner, None, json.dumps({"fence": r["fence"]})) for r in rows],
-            )
+            seqs = conn.execute(SQL["due_seqs"], (at, limit)).fetchone()[0]
+            if seqs == "[]":
+                return []
+            conn.execute(SQL["lease"], (owner, until, at, seqs))
+            conn.execute(SQL["leased_events"], (at, owner, seqs))
+            rows = json.loads(conn.execute(SQL["intents_json"], (seqs,)).fetchone()[0])
             return sorted((_intent(r) for r in rows), key=lambda i: i.next_attempt_at)
 
         return await self._write(run)

@@ -62,13 +62,35 @@ SELECT kind, at, actor, reason, data FROM events WHERE intent_seq = ? ORDER BY i
 SELECT * FROM intents INDEXED BY intents_due
 WHERE status = 'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?;
 
--- name: claim_due
--- Lease the oldest due intents to a worker, bumping each one's fence.
+-- name: due_seqs
+-- The oldest due intents' seqs, as one JSON array (the sender's claim picks these).
+SELECT json_group_array(seq) FROM (
+    SELECT seq FROM intents INDEXED BY intents_due
+    WHERE status = 'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?);
+
+-- name: lease
+-- Lease intents (a JSON array of seqs) to a worker, bumping each one's fence.
 UPDATE intents SET status = 'leased', lease_owner = ?, lease_expires_at = ?, fence = fence + 1,
                    updated_at = ?
-WHERE seq IN (SELECT seq FROM intents INDEXED BY intents_due
-              WHERE status = 'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?)
-RETURNING *;
+WHERE seq IN (SELECT value FROM json_each(?));
+
+-- name: leased_events
+-- The "leased" event of each intent just leased, with the fence it was leased at.
+INSERT INTO events (intent_seq, kind, at, actor, reason, data)
+SELECT seq, 'leased', ?, ?, NULL, json_object('fence', fence)
+FROM intents WHERE seq IN (SELECT value FROM json_each(?)) ORDER BY seq;
+
+-- name: intents_json
+-- Intents (a JSON array of seqs) as one JSON array of objects: one step, however many rows.
+SELECT json_group_array(json_object(
+    'seq', seq, 'action_id', action_id, 'scope', scope, 'destination', destination,
+    'channel', channel, 'payload', payload, 'payload_digest', payload_digest, 'status', status,
+    'attempts', attempts, 'max_attempts', max_attempts, 'next_attempt_at', next_attempt_at,
+    'not_before', not_before, 'expires_at', expires_at, 'lease_owner', lease_owner,
+    'lease_expires_at', lease_expires_at, 'fence', fence, 'created_at', created_at,
+    'updated_at', updated_at, 'last_error', last_error, 'approved_digest', approved_digest,
+    'approval_expires_at', approval_expires_at, 'approved_by', approved_by))
+FROM intents WHERE seq IN (SELECT value FROM json_each(?));
 
 -- name: renew_lease
 -- Heartbeat: extend a lease the worker still holds at this fence.
@@ -113,15 +135,27 @@ SELECT status, channel, count(*) FROM intents GROUP BY status, channel;
 -- When the oldest due intent fell due (metrics: how far behind delivery is).
 SELECT min(next_attempt_at) FROM intents INDEXED BY intents_due WHERE status = 'pending' AND next_attempt_at <= ?;
 
--- name: put_attempt
--- Record an attempt, or its outcome once known.
+-- name: put_attempts
+-- Record attempts, or their outcomes once known, from a JSON array of rows in column order.
 INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at, finished_at,
                       submission, outcome, status_code, reply, external_id, error, duration_ms)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'),
+       json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]'),
+       json_extract(value, '$[6]'), json_extract(value, '$[7]'), json_extract(value, '$[8]'),
+       json_extract(value, '$[9]'), json_extract(value, '$[10]'), json_extract(value, '$[11]'),
+       json_extract(value, '$[12]'), json_extract(value, '$[13]')
+FROM json_each(?) WHERE true
 ON CONFLICT (attempt_id) DO UPDATE SET
     finished_at = excluded.finished_at, submission = excluded.submission,
     outcome = excluded.outcome, status_code = excluded.status_code, reply = excluded.reply,
     external_id = excluded.external_id, error = excluded.error, duration_ms = excluded.duration_ms;
+
+-- name: insert_events
+-- Append events from a JSON array of [intent_seq, kind, at, actor, reason, data] rows, in order.
+INSERT INTO events (intent_seq, kind, at, actor, reason, data)
+SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'),
+       json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]')
+FROM json_each(?);  -- json_each yields the rows in array order
 
 -- name: first_submission
 -- When an intent's first attempt that may have reached the receiver started.
@@ -163,9 +197,19 @@ ORDER BY destination = '*', revision DESC LIMIT 1;
 -- A page of intents, newest first, after a cursor.
 SELECT * FROM intents WHERE {where} ORDER BY seq DESC LIMIT ?;
 
--- name: update_intent
--- Move an intent from a status it is known to be in; no row back means it had moved on.
-UPDATE intents SET {assignments} WHERE action_id = ? AND status = ? {fence_check} RETURNING {returning};
+-- name: update_targets
+-- Where each of a set of conditional updates (a JSON array of action_ids) stands:
+-- [position, seq, status, fence] per update, seq null for an intent that does not exist.
+SELECT json_group_array(json_array(u.key, i.seq, i.status, i.fence))
+FROM json_each(?) AS u LEFT JOIN intents AS i ON i.action_id = u.value;
+
+-- name: update_intents
+-- Set columns of several intents from a JSON array of [seq, value, ...] rows.
+UPDATE intents SET {assignments} FROM json_each(?) AS u WHERE intents.seq = json_extract(u.value, '$[0]');
+
+-- name: intent_by_seq
+-- One intent by its seq.
+SELECT * FROM intents WHERE seq = ?;
 
 -- name: put_destination
 -- Register or replace a destination.
