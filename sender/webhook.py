@@ -12,12 +12,14 @@ import hashlib
 import ipaddress
 import json
 import socket
+from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
+from yarl import URL
 
 from outbox import Destination, Intent, Outcome, Submission
 from outbox.clock import Clock, SystemClock
@@ -26,6 +28,8 @@ from outbox.signing import signature
 from .channel import REPLY_BYTES, ProbeAnswer, SendResult
 
 USER_AGENT = "outbox-delivery/0.1"
+#: Prepared destinations kept (a destination's new URL or timeout is a new entry).
+MAX_TARGETS = 1024
 #: Response headers kept with an attempt (never cookies or credentials).
 KEPT_HEADERS = ("content-type", "retry-after", "external-id", "idempotent-replayed", "location")
 
@@ -99,12 +103,24 @@ def retry_after_seconds(value: str | None, now: float) -> float | None:
 def _external_id(headers: dict[str, str], body: bytes) -> str | None:
     if headers.get("external-id"):
         return headers["external-id"][:255]
+    if b"external_id" not in body:
+        return None
     try:
         data = json.loads(body)
     except ValueError:
         return None
     found = data.get("external_id") if isinstance(data, dict) else None
     return str(found)[:255] if found is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """What a send to one destination reuses: its parsed URL, the per-request timeout, and why
+    it is refused (a literal non-public address the destination does not allow), if it is."""
+
+    url: URL
+    timeout: aiohttp.ClientTimeout
+    refusal: str | None
 
 
 class WebhookChannel:
@@ -114,6 +130,7 @@ class WebhookChannel:
         self._concurrency = concurrency
         self._clock = clock or SystemClock()
         self._sessions: dict[bool, aiohttp.ClientSession] = {}
+        self._targets: dict[tuple[str, str, bool, float], _Target] = {}
 
     def _session(self, allow_private: bool) -> aiohttp.ClientSession:
         session = self._sessions.get(allow_private)
@@ -129,27 +146,37 @@ class WebhookChannel:
             self._sessions[allow_private] = session
         return session
 
+    def _target(self, destination: Destination) -> _Target:
+        key = (destination.id, destination.url, destination.allow_private_network, destination.timeout_seconds)
+        target = self._targets.get(key)
+        if target is None:
+            if len(self._targets) >= MAX_TARGETS:
+                self._targets.clear()
+            host = urlsplit(destination.url).hostname or ""
+            refusal = None
+            if not destination.allow_private_network and _is_ip(host) and is_private(host):
+                refusal = (f"refused: {host} is not a public address and destination "
+                           f"{destination.id!r} does not allow the private network")
+            limit = destination.timeout_seconds
+            target = self._targets[key] = _Target(
+                URL(destination.url), aiohttp.ClientTimeout(total=limit * 2, connect=limit, sock_read=limit), refusal)
+        return target
+
     async def send(self, intent: Intent, destination: Destination, *, attempt_id: str, fence: int) -> SendResult:
-        host = urlsplit(destination.url).hostname or ""
-        if not destination.allow_private_network and _is_ip(host) and is_private(host):
-            return SendResult(
-                Submission.NOT_SUBMITTED, Outcome.REJECTED,
-                error=f"refused: {host} is not a public address and destination "
-                      f"{destination.id!r} does not allow the private network",
-            )
+        target = self._target(destination)
+        if target.refusal:
+            return SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, error=target.refusal)
         body = intent.payload_json.encode()
         now = self._clock.now().timestamp()
-        headers = {
-            **self._signed(intent.action_id, destination, body, int(now)),
-            "Content-Digest": content_digest(body),
-            "Outbox-Attempt-Id": attempt_id,
-            "Outbox-Fence": str(fence),
-        }
+        headers = self._signed(intent.action_id, destination, body, int(now))
+        headers["Content-Digest"] = content_digest(body)
+        headers["Outbox-Attempt-Id"] = attempt_id
+        headers["Outbox-Fence"] = str(fence)
         session = self._session(destination.allow_private_network)
         note = None
         try:
-            async with session.post(destination.url, data=body, headers=headers,
-                                    timeout=_timeout(destination), allow_redirects=False) as response:
+            async with session.post(target.url, data=body, headers=headers,
+                                    timeout=target.timeout, allow_redirects=False) as response:
                 # The status line is the receiver's answer; a body that then fails to arrive
                 # does not make that answer unknown.
                 status = response.status
@@ -182,9 +209,10 @@ class WebhookChannel:
         headers = {**self._signed(intent.action_id, destination, b"", int(self._clock.now().timestamp())),
                    "Outbox-Reconcile": "probe", "Outbox-Fence": str(fence)}
         session = self._session(destination.allow_private_network)
+        target = self._target(destination)
         try:
-            async with session.post(destination.url, data=b"", headers=headers,
-                                    timeout=_timeout(destination), allow_redirects=False) as response:
+            async with session.post(target.url, data=b"", headers=headers,
+                                    timeout=target.timeout, allow_redirects=False) as response:
                 raw = await _read_up_to(response.content, REPLY_BYTES * 4)
                 status = response.status
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
@@ -222,11 +250,6 @@ class WebhookChannel:
         self._sessions.clear()
 
 
-def _timeout(destination: Destination) -> aiohttp.ClientTimeout:
-    limit = destination.timeout_seconds
-    return aiohttp.ClientTimeout(total=limit * 2, connect=limit, sock_read=limit)
-
-
 def _is_ip(host: str) -> bool:
     try:
         ipaddress.ip_address(host.split("%", 1)[0])
@@ -238,7 +261,7 @@ def _is_ip(host: str) -> bool:
 async def _read_up_to(content: aiohttp.StreamReader, limit: int) -> bytes:
     """Up to ``limit`` bytes of a body, however many pieces it arrives in."""
     chunks, size = [], 0
-    while size < limit:
+    while size < limit and not content.at_eof():
         chunk = await content.read(limit - size)
         if not chunk:
             break
