@@ -20,6 +20,7 @@ from outbox import (
     DestinationInUse,
     Event,
     IllegalTransition,
+    Intent,
     IntentConflict,
     IntentQuery,
     NotFound,
@@ -212,6 +213,32 @@ async def test_a_write_from_a_stale_status_or_fence_is_rejected(store):
     assert done.status is Status.DELIVERED
     with pytest.raises(NotFound):
         await store.update_intent("ghost", expected=Status.PENDING, status=Status.LEASED, events=[ev])
+
+
+async def test_updates_committed_together_are_each_conditional(store):
+    """Concurrent updates share a transaction; each is still checked against the intent as
+    the updates before it left it, and a rejected one writes nothing."""
+    for i in range(6):
+        await store.insert_intent(*new(f"c{i}"))
+    lease = {"fence": 1, "lease_owner": "w"}
+
+    def lease_update(action_id: str, fence: int | None = None):
+        return store.update_intent(action_id, expected=Status.PENDING, status=Status.LEASED, fence=fence,
+                                   changes=lease, events=[Event(kind="leased", at=T0, actor="w")])
+
+    # the same intent twice in one batch: exactly one wins
+    results = await asyncio.gather(lease_update("c0"), lease_update("c0"), return_exceptions=True)
+    assert sorted(type(r).__name__ for r in results) == ["Intent", "StaleWrite"]
+    # a batch mixing good, stale (wrong fence) and missing intents
+    results = await asyncio.gather(
+        lease_update("c1"), lease_update("c2", fence=9), lease_update("ghost"), lease_update("c3", fence=0),
+        return_exceptions=True)
+    assert [type(r).__name__ for r in results] == ["Intent", "StaleWrite", "NotFound", "Intent"]
+    assert isinstance(results[0], Intent) and results[0].lease_owner == "w" and results[0].fence == 1
+    statuses = {i: (await store.get_intent(f"c{i}")).status for i in range(4)}
+    assert statuses == {0: Status.LEASED, 1: Status.LEASED, 2: Status.PENDING, 3: Status.LEASED}
+    assert [e.kind for e in (await store.history("c0")).events] == ["enqueued", "leased"]
+    assert [e.kind for e in (await store.history("c2")).events] == ["enqueued"]
 
 
 async def test_only_known_columns_can_be_updated(store):
