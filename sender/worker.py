@@ -15,7 +15,6 @@ import os
 import socket
 import time
 from collections.abc import Awaitable
-from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -311,21 +310,26 @@ class Worker:
     async def _finish(self, intent: Intent, destination: Destination, attempt: Attempt,
                       result: SendResult, seconds: float) -> None:
         now = self.clock.now()
-        finished = Attempt(attempt.attempt_id, attempt.number, attempt.fence, attempt.worker, attempt.started_at,
-                           now, result.submission, result.outcome, result.status_code, result.reply,
-                           result.external_id, result.error, round(seconds * 1000, 3))
+        finished = _finished(attempt, result, now, round(seconds * 1000, 3))
         if result.disable_destination:  # before the outcome, so whoever sees the 410 sees it disabled
             await self.store.disable_destination(destination.id, now)
             self._destinations.pop(destination.id, None)
             log.warning("destination %s disabled: it answered 410 Gone", destination.id)
+        await self._conclude(intent, destination, result, finished, _finished_event(finished, self.id), intent.fence)
+
+    async def _conclude(self, intent: Intent, destination: Destination, result: SendResult, finished: Attempt,
+                        event: Event, fence: int) -> None:
+        """Decide what a finished attempt means (reconciling an unknown outcome where the
+        receiver answers the probe) and record it with ``event``; ``fence`` is the one the
+        intent moves to (a probe raises it further)."""
         first = await self.store.first_submission_at(intent.action_id) \
             if result.outcome is Outcome.UNKNOWN else None
-        fate = decide(intent, destination, result, attempts_made=attempt.number,
-                      first_submission_at=first, now=now, policy=self.policy)
-        fate, reconciled, fence = await self._reconcile(intent, destination, fate, intent.fence)
+        fate = decide(intent, destination, result, attempts_made=finished.number,
+                      first_submission_at=first, now=self.clock.now(), policy=self.policy)
+        fate, reconciled, fence = await self._reconcile(intent, destination, fate, fence)
         self._count_attempt(result.outcome)
-        await self._settle(intent, fate, [_finished_event(finished, self.id), *reconciled],
-                           attempt=finished, new_fence=fence if reconciled else None)
+        await self._settle(intent, fate, [event, *reconciled], attempt=finished,
+                           new_fence=fence if fence != intent.fence else None)
 
     async def _reconcile(self, intent: Intent, destination: Destination, fate: Fate,
                          fence: int) -> tuple[Fate, list[Event], int]:
@@ -440,16 +444,10 @@ class Worker:
                 return
             result = SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN,
                                 error=reason + " while its attempt was in flight; it may have been sent")
-            finished = replace(attempt, finished_at=self.clock.now(), submission=result.submission,
-                               outcome=result.outcome, error=result.error)
-            first = await self.store.first_submission_at(intent.action_id)
-            fate = decide(intent, destination, result, attempts_made=attempt.number,
-                          first_submission_at=first, now=self.clock.now(), policy=self.policy)
-            fate, reconciled, fence = await self._reconcile(intent, destination, fate, intent.fence + 1)
-            self._count_attempt(result.outcome)
-            await self._settle(intent, fate, [Event("lease_expired", self.clock.now(), self.id, reason,
-                                                    {"fence": intent.fence}), *reconciled],
-                               attempt=finished, new_fence=fence)
+            now = self.clock.now()
+            await self._conclude(intent, destination, result, _finished(attempt, result, now),
+                                 Event("lease_expired", now, self.id, reason, {"fence": intent.fence}),
+                                 intent.fence + 1)
             self._recovered(intent)
         except StaleWrite:
             pass  # the holder finished or another sweeper got there first
@@ -468,6 +466,13 @@ def _approval_refusal(intent: Intent, now: datetime) -> str | None:
     if intent.approval_expires_at is None or now >= intent.approval_expires_at:
         return "the approval expired before the send; approve it again"
     return None
+
+
+def _finished(attempt: Attempt, result: SendResult, at: datetime, duration_ms: float | None = None) -> Attempt:
+    """``attempt`` with its result recorded."""
+    return Attempt(attempt.attempt_id, attempt.number, attempt.fence, attempt.worker, attempt.started_at, at,
+                   result.submission, result.outcome, result.status_code, result.reply, result.external_id,
+                   result.error, duration_ms)
 
 
 def _finished_event(attempt: Attempt, worker: str) -> Event:
