@@ -288,11 +288,19 @@ async def test_a_410_dead_letters_and_disables_the_destination(env: SenderEnv, r
     assert len(receiver.requests()) == 1
 
 
-# -- 7. connection refused -------------------------------------------------------------------------
+# -- 7. connection refused or timed out---------------------------------------------------------------
 
 
-async def test_a_refused_connection_is_not_submitted_and_retried(env: SenderEnv, closed_port: int):
-    await env.destination(f"http://127.0.0.1:{closed_port}/hook")
+@pytest.mark.parametrize(("port", "error"), [
+    ("closed_port", "ClientConnectorError"),  # refused
+    ("unanswered_port", "ConnectionTimeoutError"),  # the handshake never completes
+])
+async def test_a_connection_never_made_is_not_submitted_and_retried(
+        env: SenderEnv, request: pytest.FixtureRequest, port: str, error: str):
+    """Refused or timed out while connecting, not a byte of the request can have been written:
+    'not submitted' and retried, unlike a timeout after the request was sent (section 8), which
+    is 'maybe submitted'."""
+    await env.destination(f"http://127.0.0.1:{request.getfixturevalue(port)}/hook", timeout_seconds=0.3)
     await env.enqueue("a1")
     await env.worker().run_once()
 
@@ -302,26 +310,8 @@ async def test_a_refused_connection_is_not_submitted_and_retried(env: SenderEnv,
     [attempt] = (await env.box.history("a1")).attempts
     assert (attempt.submission, attempt.outcome) == (Submission.NOT_SUBMITTED, Outcome.RETRYABLE)
     assert attempt.status_code is None and attempt.reply is None
-    assert "ClientConnectorError" in attempt.error
-    assert intent.last_error.startswith("retryable: ClientConnectorError")
-
-
-async def test_a_connect_timeout_is_not_submitted_and_retried(env: SenderEnv, unanswered_port: int):
-    """The TCP handshake never completes, so not a byte of the request can have been written: a
-    connect timeout must be 'not submitted' and retried, unlike a timeout after the request was
-    sent (section 8), which is 'maybe submitted'."""
-    await env.destination(f"http://127.0.0.1:{unanswered_port}/hook", timeout_seconds=0.3)
-    await env.enqueue("a1")
-    await env.worker().run_once()
-
-    intent = await env.box.get("a1")
-    assert intent.status is Status.PENDING and intent.attempts == 1
-    assert 0.5 <= await env.due_in("a1") <= 1.0
-    [attempt] = (await env.box.history("a1")).attempts
-    assert (attempt.submission, attempt.outcome) == (Submission.NOT_SUBMITTED, Outcome.RETRYABLE)
-    assert attempt.status_code is None and attempt.reply is None
-    assert attempt.error is not None and attempt.error.startswith("ConnectionTimeoutError")
-    assert intent.last_error is not None and intent.last_error.startswith("retryable: ConnectionTimeoutError")
+    assert attempt.error is not None and attempt.error.startswith(error)
+    assert intent.last_error is not None and intent.last_error.startswith(f"retryable: {error}")
 
 
 # -- 8. answered too late: maybe submitted, outcome unknown ----------------------------------------
