@@ -288,7 +288,7 @@ async def test_a_410_dead_letters_and_disables_the_destination(env: SenderEnv, r
     assert len(receiver.requests()) == 1
 
 
-# -- 7. connection refused or timed out---------------------------------------------------------------
+# -- 7. connection refused or timed out ----------------------------------------------------------
 
 
 @pytest.mark.parametrize(("port", "error"), [
