@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -276,41 +276,49 @@ async def test_purge_deletes_only_expired_records(store: Any) -> None:
 # -- concurrency ---------------------------------------------------------------------------
 
 
+async def on_threads(count: int, body: Callable[[threading.Barrier], Awaitable[Any]]) -> list[Any]:
+    """``body`` on ``count`` threads, each with its own event loop (as close to that many receiver
+    processes as one test gets), released together when each waits on the barrier it is given.
+    Returns each one's result; fails if any raised."""
+    barrier = threading.Barrier(count)
+    results: list[Any] = [None] * count
+    errors: list[BaseException] = []
+
+    def one(index: int) -> None:
+        try:
+            results[index] = asyncio.run(body(barrier))
+        except BaseException as exc:
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        await asyncio.to_thread(thread.join, 60)
+    assert not errors, errors
+    return results
+
+
 async def test_twenty_concurrent_claims_of_one_identity_claim_exactly_once(backend: Backend) -> None:
     if backend.kind == "memory":
         shared = await backend.open()
         results = await asyncio.gather(*(claim(shared, "hot") for _ in range(20)))
     else:
-        # twenty stores (connections) on twenty threads, each with its own event loop, released
-        # together: as close to twenty receiver processes as one test gets (the table exists
-        # already: concurrent creation is its own test below)
+        # twenty stores (connections) released together (the table exists already: concurrent
+        # creation is its own test below)
         await backend.open()
-        barrier = threading.Barrier(20)
-        results: list[Any] = [None] * 20
-        errors: list[BaseException] = []
 
-        def one(index: int) -> None:
-            async def run() -> None:
-                store = backend.new()
-                await store.open()
-                try:
-                    barrier.wait(timeout=20)
-                    results[index] = await claim(store, "hot")
-                finally:
-                    await store.close()
-
+        async def run(barrier: threading.Barrier) -> Any:
+            store = backend.new()
+            await store.open()
             try:
-                asyncio.run(run())
-            except BaseException as exc:
-                errors.append(exc)
-                barrier.abort()
+                barrier.wait(timeout=20)
+                return await claim(store, "hot")
+            finally:
+                await store.close()
 
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(20)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            await asyncio.to_thread(thread.join, 60)
-        assert not errors, errors
+        results = await on_threads(20, run)
     claimed = [r for r in results if isinstance(r, Claimed)]
     assert claimed == [Claimed(1)]
     assert all(isinstance(r, Busy) for r in results if not isinstance(r, Claimed)), results
@@ -321,30 +329,17 @@ async def test_twenty_concurrent_claims_of_one_identity_claim_exactly_once(backe
 async def test_concurrent_opens_on_a_fresh_database_all_succeed(backend: Backend) -> None:
     """Several receiver processes starting together on a fresh database must all get a store
     (each one creates the table "if not exists")."""
-    barrier = threading.Barrier(8)
-    errors: list[BaseException] = []
 
-    def one() -> None:
-        async def run() -> None:
-            store = backend.new()
-            barrier.wait(timeout=20)
-            try:
-                await store.open()
-                await claim(store, "opened")
-            finally:
-                await store.close()
-
+    async def run(barrier: threading.Barrier) -> None:
+        store = backend.new()
+        barrier.wait(timeout=20)
         try:
-            asyncio.run(run())
-        except BaseException as exc:
-            errors.append(exc)
+            await store.open()
+            await claim(store, "opened")
+        finally:
+            await store.close()
 
-    threads = [threading.Thread(target=one) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        await asyncio.to_thread(thread.join, 60)
-    assert errors == []
+    await on_threads(8, run)
 
 
 # -- what is stored ------------------------------------------------------------------------
