@@ -371,11 +371,12 @@ def expect_records(db_path: Path, expected: Counter[str], load: Load) -> None:
 # -- the cases ---------------------------------------------------------------------------------
 
 
-async def bare_case(workdir: Path, n: int) -> Load:
-    """Case 1: the bare app; the Idempotency-Key header is sent and ignored."""
-    plan = Plan.fresh("bare", 4 * CONCURRENCY + n)
+async def fresh_keys(prefix: str, mode: str, workdir: Path, n: int,
+                     server_profile: Path | None = None) -> tuple[Server, Load]:
+    """Warm-up, then n timed requests, every one with a key not sent before, to a ``mode`` server."""
+    plan = Plan.fresh(prefix, 4 * CONCURRENCY + n)
     load = Load()
-    server = Server("bare", workdir)
+    server = Server(mode, workdir, profile_out=server_profile)
     async with server, harness.client_session(CONCURRENCY) as session:
         url = f"{server.base}/hook"
         load.warm_ok = await fire(session, url, plan, 0, 4 * CONCURRENCY, load, replay=False)
@@ -383,21 +384,17 @@ async def bare_case(workdir: Path, n: int) -> Load:
                    timed=True, server=server)
         server.alive()
     check_stopped(server, load)
-    return load
+    return server, load
+
+
+async def bare_case(workdir: Path, n: int) -> Load:
+    """Case 1: the bare app; the Idempotency-Key header is sent and ignored."""
+    return (await fresh_keys("bare", "bare", workdir, n))[1]
 
 
 async def first_time_case(workdir: Path, n: int, server_profile: Path | None = None) -> Load:
     """Case 2: every request a new key: a durable claim and a durable completion each."""
-    plan = Plan.fresh("new", 4 * CONCURRENCY + n)
-    load = Load()
-    server = Server("idem", workdir, profile_out=server_profile)
-    async with server, harness.client_session(CONCURRENCY) as session:
-        url = f"{server.base}/hook"
-        load.warm_ok = await fire(session, url, plan, 0, 4 * CONCURRENCY, load, replay=False)
-        await fire(session, url, plan, 4 * CONCURRENCY, len(plan.keys), load, replay=False,
-                   timed=True, server=server)
-        server.alive()
-    check_stopped(server, load)
+    server, load = await fresh_keys("new", "idem", workdir, n, server_profile)
     if server.loop_returned:  # else it was killed and may not have recorded its last completions
         expect_records(server.db_path, Counter(completed=load.warm_ok + load.ok), load)
     return load
