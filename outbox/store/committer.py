@@ -52,7 +52,8 @@ class SetJob:
     statements rather than a few statements each.
 
     sqlite3 gives the GIL up around every statement step and the writer thread must win it back
-    from the event loop each time, so the cost of a batch follows its steps, not its rows.
+    from the event loop each time; a batch taking a few steps rather than a few per row keeps
+    the commit, and every writer waiting on it, from stretching while the loop is busy.
     """
 
     @classmethod

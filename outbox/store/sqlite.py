@@ -1,8 +1,9 @@
 """The embedded SQLite store (aiosqlite, WAL, ``synchronous=FULL``).
 
 Writes go through one connection and are group-committed: concurrent writers share a
-transaction and its fsync, each isolated in a savepoint, and each is acknowledged only after the
-commit that made it durable. Reads use a second connection, which WAL lets run beside the writer.
+transaction and its fsync (one writer's failure undoes only its own writes), conditional intent
+updates in it run as one set, and each writer is acknowledged only after the commit that made
+its write durable. Reads use a second connection, which WAL lets run beside the writer.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ def from_us(value: int | None) -> datetime | None:
     return None if value is None else EPOCH + timedelta(microseconds=value)
 
 
-def _intent(row: sqlite3.Row) -> Intent:
+def _intent(row: sqlite3.Row | Mapping[str, Any]) -> Intent:
+    """An intent from a row, or from the JSON object a claim reads it as."""
     return Intent(
         seq=row["seq"],
         action_id=row["action_id"],
