@@ -16,7 +16,6 @@ import socket
 import time
 from collections.abc import Awaitable
 from datetime import datetime, timedelta
-from typing import Any
 
 from outbox import (
     Attempt,
@@ -95,7 +94,6 @@ class Worker:
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
         self._destinations: dict[str, tuple[float, Destination | None]] = {}
-        self._attempt_counters: dict[Outcome, Any] = {}
         self.stale_writes = 0  # fenced writes this worker had rejected (also logged)
 
     # -- running ---------------------------------------------------------------------------
@@ -327,7 +325,7 @@ class Worker:
         fate = decide(intent, destination, result, attempts_made=finished.number,
                       first_submission_at=first, now=self.clock.now(), policy=self.policy)
         fate, reconciled, fence = await self._reconcile(intent, destination, fate, fence)
-        self._count_attempt(result.outcome)
+        self.outbox.metrics.attempts.labels(result.outcome.value).inc()
         await self._settle(intent, fate, [event, *reconciled], attempt=finished,
                            new_fence=fence if fence != intent.fence else None)
 
@@ -361,12 +359,6 @@ class Worker:
         else:
             fate = Fate(Status.UNKNOWN, "unknown", f"{fate.reason}; {answer.error}")
         return fate, [event], probe_fence
-
-    def _count_attempt(self, outcome: Outcome) -> None:
-        counter = self._attempt_counters.get(outcome)
-        if counter is None:  # a labelled child is looked up once, not per attempt
-            counter = self._attempt_counters[outcome] = self.outbox.metrics.attempts.labels(outcome.value)
-        counter.inc()
 
     async def _settle(self, intent: Intent, fate: Fate, events: list[Event], *,
                       attempt: Attempt | None = None, new_fence: int | None = None) -> None:
