@@ -24,11 +24,11 @@ from .destinations import DestinationSpec
 from .errors import OutboxError
 from .grants import GrantSpec
 from .ids import ACTION_ID, DESTINATION_ID, check
-from .model import SETTLED, Channel, Role, Status
+from .model import SETTLED, Channel, Intent, Role, Status
 from .outbox import MAX_PAGE, Outbox, history_json, intent_json
 from .problems import Problem, from_error
 from .settings import Settings
-from .store import IntentQuery
+from .store import History, IntentQuery
 from .tokens import TokenInfo
 
 log = logging.getLogger("outbox.api")
@@ -385,46 +385,51 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
         except OutboxError as exc:
             raise Problem(422, "invalid-input", "Invalid input", exc.message) from None
 
-    async def acted(request: Request, action_id: str) -> dict[str, Any]:
-        intent = await box(request).get(action_id)
-        return {**intent_json(intent), **history_json(await box(request).history(action_id))}
+    async def acted(request: Request, intent: Intent, kind: str) -> dict[str, Any]:
+        """The intent as the operator's action left it. A worker may have moved it on since, so
+        the history stops at the action's own event (``kind``) and the attempts started by then."""
+        history = await box(request).history(intent.action_id)
+        last = max(i for i, event in enumerate(history.events) if event.kind == kind)
+        events = history.events[: last + 1]
+        started = sum(event.kind == "attempt_started" for event in events)
+        return {**intent_json(intent), **history_json(History(history.attempts[:started], events))}
 
     @app.post("/v1/intents/{action_id}/replay", tags=["operators"],
               summary="Send a dead, revoked or unknown intent again (same action_id)")
     async def replay(request: Request, action_id: str, token: Operator) -> dict[str, Any]:
         spec = await parsed(request, ReplayIn)
-        await operations.replay(box(request), action_id, actor(token, spec.reason),
+        intent = await operations.replay(box(request), action_id, actor(token, spec.reason),
                                 authorize=request.app.state.authorize,
                                 accept_duplicate_risk=spec.accept_duplicate_risk)
-        return await acted(request, action_id)
+        return await acted(request, intent, "replayed")
 
     @app.post("/v1/intents/{action_id}/resolve", tags=["operators"],
               summary="Settle an unknown intent with evidence: delivered, retry or dead")
     async def resolve(request: Request, action_id: str, token: Operator) -> dict[str, Any]:
         spec = await parsed(request, ResolveIn)
-        await operations.resolve(box(request), action_id, spec.resolution, actor(token, spec.reason),
+        intent = await operations.resolve(box(request), action_id, spec.resolution, actor(token, spec.reason),
                                  external_id=spec.external_id)
-        return await acted(request, action_id)
+        return await acted(request, intent, "resolved")
 
     @app.post("/v1/intents/{action_id}/cancel", tags=["operators"], summary="Withdraw an intent")
     async def cancel(request: Request, action_id: str, token: Operator) -> dict[str, Any]:
         spec = await parsed(request, ReasonIn)
-        await operations.cancel(box(request), action_id, actor(token, spec.reason))
-        return await acted(request, action_id)
+        intent = await operations.cancel(box(request), action_id, actor(token, spec.reason))
+        return await acted(request, intent, "cancelled")
 
     @app.post("/v1/intents/{action_id}/approve", tags=["operators"],
               summary="Approve a held intent's exact payload digest, for a limited time")
     async def approve(request: Request, action_id: str, token: Operator) -> dict[str, Any]:
         spec = await parsed(request, ApproveIn)
-        await operations.approve(box(request), action_id, actor(token, spec.reason),
+        intent = await operations.approve(box(request), action_id, actor(token, spec.reason),
                                  payload_digest=spec.payload_digest, valid_seconds=spec.valid_seconds)
-        return await acted(request, action_id)
+        return await acted(request, intent, "approved")
 
     @app.post("/v1/intents/{action_id}/reject", tags=["operators"], summary="Refuse a held intent")
     async def reject(request: Request, action_id: str, token: Operator) -> dict[str, Any]:
         spec = await parsed(request, ReasonIn)
-        await operations.reject(box(request), action_id, actor(token, spec.reason))
-        return await acted(request, action_id)
+        intent = await operations.reject(box(request), action_id, actor(token, spec.reason))
+        return await acted(request, intent, "rejected")
 
     @app.post("/v1/replay", tags=["operators"],
               summary="Replay every dead, revoked or unknown intent matching a filter (dry_run first)")
