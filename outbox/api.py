@@ -337,8 +337,9 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
             raise Problem(404, "not-found", "Not found", f"intent {action_id!r} does not exist")
         if wait:
             intent = await outbox_.wait(action_id, wait)
-        return {**intent_json(intent), "settled": intent.status in SETTLED,
-                **history_json(await outbox_.history(action_id))}
+        history = await outbox_.history(action_id)
+        intent = history.intent or intent  # as the history's own read saw it
+        return {**intent_json(intent), "settled": intent.status in SETTLED, **history_json(history)}
 
     @app.get("/v1/intents", tags=["intents"], summary="List intents, newest first")
     async def list_intents(

@@ -142,6 +142,7 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
         except (NotFound, OutboxError) as exc:
             return _page("Not found", f"<p>{escape(exc.message)}</p>", status=404)
         history = await outbox.history(action_id)
+        intent = history.intent or intent  # as the history's own read saw it
         token = request.cookies[COOKIE]
         csrf = f"<input type='hidden' name='csrf' value='{csrf_for(token)}'>"
         target = f"/console/intents/{quote(action_id)}"

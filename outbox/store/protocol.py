@@ -58,10 +58,12 @@ class Page:
 
 @dataclass(frozen=True, slots=True)
 class History:
-    """An intent's attempts and events, in order."""
+    """An intent's attempts and events, in order, and the intent as the same read saw it (so a
+    caller never shows a history newer than the status beside it)."""
 
     attempts: list[Attempt] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    intent: Intent | None = None
 
 
 class Transaction(Protocol):

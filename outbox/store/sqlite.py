@@ -492,14 +492,19 @@ class SqliteStore:
 
     async def history(self, action_id: str) -> History:
         def run(conn: sqlite3.Connection) -> History:
-            row = conn.execute(SQL["intent_by_action"], (action_id,)).fetchone()
-            if row is None:
-                return History()
-            seq = row["seq"]
-            return History(
-                attempts=[_attempt(r) for r in conn.execute(SQL["attempts_of"], (seq,))],
-                events=[_event(r) for r in conn.execute(SQL["events_of"], (seq,))],
-            )
+            conn.execute("BEGIN")  # one snapshot for the intent and its history
+            try:
+                row = conn.execute(SQL["intent_by_action"], (action_id,)).fetchone()
+                if row is None:
+                    return History()
+                seq = row["seq"]
+                return History(
+                    attempts=[_attempt(r) for r in conn.execute(SQL["attempts_of"], (seq,))],
+                    events=[_event(r) for r in conn.execute(SQL["events_of"], (seq,))],
+                    intent=_intent(row),
+                )
+            finally:
+                conn.execute("COMMIT")
 
         return await self._read(run)
 

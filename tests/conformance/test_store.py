@@ -350,7 +350,45 @@ async def test_a_conflicting_enqueue_inside_a_transaction_rolls_back_the_callers
 
 async def test_history_of_an_unknown_intent_is_empty(store):
     history = await store.history("ghost")
-    assert history.attempts == [] and history.events == []
+    assert history.attempts == [] and history.events == [] and history.intent is None
+
+
+async def test_history_is_one_snapshot_of_the_intent_and_its_events(store):
+    """Read while a writer moves the intent back and forth: each history's intent is the one its
+    last event left (an update stamps the intent with its event's time), never older or newer."""
+    await store.insert_intent(*new("snap"))
+    moves = 150
+
+    async def writer() -> None:
+        for n in range(1, moves + 1):
+            at = T0 + timedelta(milliseconds=n)
+            if n % 2:
+                await store.update_intent("snap", expected=Status.PENDING, status=Status.LEASED,
+                                          events=[Event(kind="leased", at=at, actor="w")])
+            else:
+                await store.update_intent("snap", expected=Status.LEASED, status=Status.PENDING,
+                                          events=[Event(kind="released", at=at, actor="w")])
+
+    async def reader() -> int:
+        seen = 0
+        while not done.is_set() or not seen:
+            history = await store.history("snap")
+            last = history.events[-1]
+            assert history.intent is not None
+            assert (history.intent.updated_at, history.intent.status) == (
+                last.at, Status.LEASED if last.kind == "leased" else Status.PENDING), last
+            seen += 1
+        return seen
+
+    done = asyncio.Event()
+    task = asyncio.create_task(writer())
+    task.add_done_callback(lambda _: done.set())
+    try:
+        reads = await asyncio.gather(reader(), reader())
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert min(reads) > 1
 
 
 # -- the sender's operations ---------------------------------------------------------------
