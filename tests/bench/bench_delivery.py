@@ -18,6 +18,10 @@ ratio to it:
    this process (event loop and SQLite writer thread) and of the receiver for both loops, and
    the sender's warnings, counted rather than printed.
 
+   Where the worker's time goes, measured in the same round: the webhook channel alone
+   (``WebhookChannel.send`` at the same concurrency, no store: the HTTP side's own ceiling)
+   and the worker with a no-op channel (claims, checks, attempt and outcome writes, no HTTP).
+
 Beside it, two scaling checks:
 
 4. peak RSS of a fresh child process that opens an outbox holding 100,000 pending intents and
@@ -68,6 +72,7 @@ CONCURRENCY = 64
 BATCH = 1_000  # enqueue_many batch while filling the outbox (untimed)
 HOOK_PATH = "/hook"
 BASELINE_PATH = "/baseline"
+CHANNEL_PATH = "/channel"
 #: Untimed requests before the baseline's timed loop (connection set-up, first allocations).
 WARMUP = 4 * CONCURRENCY
 POLL_SECONDS = 0.2
@@ -306,8 +311,65 @@ class LogCounter(logging.Handler):
 
 
 
-async def outbox_delivery(workdir: Path, receiver: Receiver, n: int) -> Delivery:
-    """Enqueue n intents (untimed), run a Worker until every one is delivered, check the counts."""
+class NoopChannel:
+    """Answers every send "delivered" without sending: the worker's own cost, store included,
+    without the HTTP client's (a measurement aid, never a test of delivery)."""
+
+    async def send(self, intent: Any, destination: Any, *, attempt_id: str, fence: int) -> Any:
+        from outbox import Outcome, Submission
+        from sender.channel import SendResult
+
+        await asyncio.sleep(0)  # a real send yields to the loop at least once
+        return SendResult(Submission.SUBMITTED, Outcome.DELIVERED, status_code=200)
+
+    async def probe(self, *args: Any, **kwargs: Any) -> Any:
+        raise BenchError("the no-op channel was asked to reconcile")
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def channel_alone(receiver: Receiver, n: int) -> Load:
+    """``WebhookChannel.send`` with no store around it: CONCURRENCY sends in flight on one
+    channel, n timed, each a signed POST like the worker's (the channel's own ceiling)."""
+    from datetime import UTC, datetime
+
+    from outbox import Destination, Intent, OnUnknown, Status
+    from outbox.model import Channel
+    from sender.webhook import WebhookChannel
+
+    now = datetime.now(UTC)
+    destination = Destination(DESTINATION, Channel.WEBHOOK, receiver.base + CHANNEL_PATH, (SECRET,), False, 3600,
+                              OnUnknown.DECLARED, 10.0, False, True, False, now, now)
+    intents = [Intent(i, f"channel-{i}", SCOPE, DESTINATION, Channel.WEBHOOK,
+                      json.dumps(payload(i), separators=(",", ":")), "sha256:-", Status.LEASED, 0, 1, now,
+                      None, None, "bench", now, 1, now, now, None) for i in range(WARMUP + n)]
+    load = Load()
+    channel = WebhookChannel(concurrency=CONCURRENCY)
+    try:
+
+        async def one(i: int) -> bool:
+            result = await channel.send(intents[i], destination, attempt_id=f"attempt-{i}", fence=1)
+            if result.status_code == 200:
+                return True
+            load.failures[result.error or result.outcome.value] += 1
+            return False
+
+        await harness.fan_out(CONCURRENCY, 0, WARMUP, one)
+        cpu = receiver.cpu()
+        load.ok, load.seconds = await harness.fan_out(CONCURRENCY, WARMUP, WARMUP + n, one)
+        load.cpu = Cpu.measure(cpu, receiver.cpu(), n)
+    finally:
+        await channel.aclose()
+    if sum(load.failures.values()):
+        raise BenchError(f"channel alone: {sum(load.failures.values())} sends failed: {dict(load.failures)}")
+    return load
+
+
+async def outbox_delivery(workdir: Path, receiver: Receiver, n: int, *, noop: bool = False) -> Delivery:
+    """Enqueue n intents (untimed), run a Worker until every one is delivered, check the counts.
+    With ``noop``, the worker's channel sends nothing (see NoopChannel)."""
+    from outbox.model import Channel
     from sender import Worker
 
     before = (await receiver.counts())[HOOK_PATH]
@@ -346,7 +408,7 @@ async def outbox_delivery(workdir: Path, receiver: Receiver, n: int) -> Delivery
         logger = logging.getLogger("outbox.sender")
         logger.addHandler(sender_log)
         logger.propagate = False  # counted and summarised, not printed line by line
-        worker = Worker(box)
+        worker = Worker(box, channels={Channel.WEBHOOK: NoopChannel()} if noop else None)
         delivered_sql = "SELECT count(*) FROM intents WHERE status = 'delivered'"
         try:
             cpu = receiver.cpu()
@@ -396,8 +458,8 @@ async def outbox_delivery(workdir: Path, receiver: Receiver, n: int) -> Delivery
     finally:
         await box.close()
     received = (await receiver.counts())[HOOK_PATH] - before
-    if received != n:
-        raise BenchError(f"the receiver counted {received} deliveries, expected exactly {n}")
+    if received != (0 if noop else n):
+        raise BenchError(f"the receiver counted {received} deliveries, expected exactly {0 if noop else n}")
     return Delivery(n / seconds, seconds, observed, calls["claims"], calls["claimed"],
                     calls["commits"] if apply is not None else None, calls["jobs"], used,
                     dict(sender_log.counts), sender_log.samples, lease_lost)
@@ -592,6 +654,10 @@ async def run(args: argparse.Namespace) -> int:
     base_loads: list[Load] = []
     deliveries: list[Delivery] = []
     ratios: list[float] = []
+    channel_loads: list[Load] = []
+    channel_ratios: list[float] = []
+    noops: list[Delivery] = []
+    noop_ratios: list[float] = []
     rss: dict[int, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-delivery-", dir=args.dir) as tmp:
         root = Path(tmp)
@@ -611,11 +677,23 @@ async def run(args: argparse.Namespace) -> int:
                     base_loads.append(load)
                     progress(f"round {round_}", f"bare aiohttp client, {CONCURRENCY} in flight",
                              f"{load.rate:>9,.0f} req/s")
+                    alone = await channel_alone(receiver, n)
+                    channel_loads.append(alone)
+                    channel_ratios.append(alone.rate / load.rate)
+                    progress(f"round {round_}", "webhook channel alone, no store",
+                             f"{alone.rate:>9,.0f} req/s ({alone.rate / load.rate:.2f}x)")
                     got = await outbox_delivery(workdir, receiver, n)
                     deliveries.append(got)
                     ratios.append(got.rate / load.rate)
                     progress(f"round {round_}", f"outbox Worker, concurrency {CONCURRENCY}",
                              f"{got.rate:>9,.0f} deliveries/s ({got.rate / load.rate:.2f}x)")
+                    shutil.rmtree(workdir, ignore_errors=True)
+                    workdir = harness.fresh_dir(root, "round")
+                    idle = await outbox_delivery(workdir, receiver, n, noop=True)
+                    noops.append(idle)
+                    noop_ratios.append(idle.rate / load.rate)
+                    progress(f"round {round_}", "outbox Worker, no-op channel",
+                             f"{idle.rate:>9,.0f} deliveries/s ({idle.rate / load.rate:.2f}x)")
                 except BenchError as exc:
                     problems.append(f"delivery round {round_}: {exc}")
                     print(f"round {round_}: FAILED: {exc}", flush=True)
@@ -625,6 +703,9 @@ async def run(args: argparse.Namespace) -> int:
             if counts[BASELINE_PATH] != rounds * (WARMUP + n):
                 problems.append(f"the receiver counted {counts[BASELINE_PATH]} baseline requests, "
                                 f"expected {rounds * (WARMUP + n)}")
+            if counts[CHANNEL_PATH] != len(channel_loads) * (WARMUP + n):
+                problems.append(f"the receiver counted {counts[CHANNEL_PATH]} channel-alone requests, "
+                                f"expected {len(channel_loads) * (WARMUP + n)}")
 
             if base_rates:
                 rows.append(Row(f"bare aiohttp client -> receiver ({CONCURRENCY} in flight)",
@@ -635,6 +716,14 @@ async def run(args: argparse.Namespace) -> int:
                                 f"{statistics.median(d.rate for d in deliveries):,.0f}", "deliveries/s",
                                 median, spread, ">= 0.5x",
                                 "met" if statistics.median(ratios) >= 0.5 else "NOT MET"))
+            if channel_loads:  # where the worker's time goes: the HTTP channel, and the rest
+                median, spread = harness.fmt_ratio(channel_ratios)
+                rows.append(Row("  apart: the webhook channel alone, no store",
+                                f"{statistics.median(c.rate for c in channel_loads):,.0f}", "req/s", median, spread))
+            if noops:
+                median, spread = harness.fmt_ratio(noop_ratios)
+                rows.append(Row("  apart: the Worker with a no-op channel (no HTTP)",
+                                f"{statistics.median(d.rate for d in noops):,.0f}", "deliveries/s", median, spread))
 
             # 4: peak RSS
             if not args.skip_rss:
@@ -709,6 +798,9 @@ async def run(args: argparse.Namespace) -> int:
             print(f"CPU per request, last round: bare client {b.own_us:,.0f} us (receiver {b.receiver_us:,.0f} us); "
                   f"worker process {d.cpu.own_us:,.0f} us per delivery, event loop and SQLite writer "
                   f"thread together (receiver {d.cpu.receiver_us:,.0f} us)")
+        if channel_loads and channel_loads[-1].cpu and noops:
+            print(f"  apart, last round: the webhook channel alone {channel_loads[-1].cpu.own_us:,.0f} us per "
+                  f"request; the worker with a no-op channel {noops[-1].cpu.own_us:,.0f} us per delivery")
         for round_, got in enumerate(deliveries, 1):
             if got.warnings:
                 print(f"worker warnings, round {round_}: {got.warnings}; e.g. {got.warning_samples[:1]}")
