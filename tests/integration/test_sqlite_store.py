@@ -40,15 +40,15 @@ async def test_a_database_from_a_newer_release_is_refused(db_path, db_url):
         await Outbox.open(db_url)
 
 
-async def test_next_due_and_expired_lease_lookups_use_their_partial_indexes(box: Outbox):
+async def test_the_claim_and_expired_lease_lookups_use_their_partial_indexes(box: Outbox):
     from outbox.store.sqlite import SQL
 
     def plan(conn: sqlite3.Connection, name: str) -> str:
         return " ".join(row[-1] for row in conn.execute("EXPLAIN QUERY PLAN " + SQL[name], (0, 10)))
 
-    for name, index in (("due_intents", "intents_due"), ("expired_leases", "intents_lease")):
+    for name, index in (("due_seqs", "intents_due"), ("expired_leases", "intents_lease")):
         used = await box.store._read(plan, name)
-        assert index in used and "SCAN" not in used and "TEMP B-TREE" not in used, used
+        assert index in used and "SCAN intents" not in used and "TEMP B-TREE" not in used, used
 
 
 async def test_an_acknowledged_enqueue_is_there_after_reopening(db_url):

@@ -56,14 +56,9 @@ SELECT * FROM attempts WHERE intent_seq = ? ORDER BY number;
 -- An intent's history, oldest first.
 SELECT kind, at, actor, reason, data FROM events WHERE intent_seq = ? ORDER BY id;
 
--- name: due_intents
--- Intents whose next attempt is due, oldest first (the sender's claim). The index is named so the
--- planner never trades it for intents_status on a table without statistics.
-SELECT * FROM intents INDEXED BY intents_due
-WHERE status = 'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?;
-
 -- name: due_seqs
--- The oldest due intents' seqs, as one JSON array (the sender's claim picks these).
+-- The oldest due intents' seqs, as one JSON array (the sender's claim picks these). The index is
+-- named so the planner never trades it for intents_status on a table without statistics.
 SELECT json_group_array(seq) FROM (
     SELECT seq FROM intents INDEXED BY intents_due
     WHERE status = 'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?);
