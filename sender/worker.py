@@ -15,6 +15,7 @@ import os
 import socket
 import time
 from collections.abc import Awaitable
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from outbox import (
@@ -462,9 +463,9 @@ def _approval_refusal(intent: Intent, now: datetime) -> str | None:
 
 def _finished(attempt: Attempt, result: SendResult, at: datetime, duration_ms: float | None = None) -> Attempt:
     """``attempt`` with its result recorded."""
-    return Attempt(attempt.attempt_id, attempt.number, attempt.fence, attempt.worker, attempt.started_at, at,
-                   result.submission, result.outcome, result.status_code, result.reply, result.external_id,
-                   result.error, duration_ms)
+    return replace(attempt, finished_at=at, submission=result.submission, outcome=result.outcome,
+                   status_code=result.status_code, reply=result.reply, external_id=result.external_id,
+                   error=result.error, duration_ms=duration_ms)
 
 
 def _finished_event(attempt: Attempt, worker: str) -> Event:
