@@ -80,23 +80,13 @@ async def serve_in_loop(app: FastAPI) -> AsyncIterator[str]:
         await asyncio.wait_for(task, 20)
 
 
-@dataclass
-class Ops:
-    """One test's outbox, API, receiver and tokens."""
+class Filled:
+    """What the API's and the CLI's tests share: an outbox the test fills with the library, a
+    receiver its destinations point at, and in-process workers run until intents settle."""
 
     box: Outbox
-    url: str
     receiver: Receiver
-    admin: str
-    operator: str
-    operator_actor: str  # how events name the operator token
-    producer: str  # scopes acme and globex
     clock: ManualClock | None
-    workers: list[Worker] = field(default_factory=list)
-
-    def client(self, token: str | None) -> httpx.AsyncClient:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=60)
 
     async def destination(self, destination_id: str, path: str, **spec: Any) -> None:
         """A webhook destination at the receiver's ``path`` (loopback allowed, 1 s timeout,
@@ -113,38 +103,70 @@ class Ops:
     async def status(self, action_id: str) -> Status:
         return (await self.box.get(action_id)).status
 
+    async def deliver(self, action_ids: Iterable[str], *, timeout: float = 30, worker: Worker | None = None) -> None:
+        """Run a worker (``run_once``; a fresh one unless given) until none of these intents
+        waits any more."""
+        own = worker is None
+        worker = worker or Worker(self.box)
+        ids = list(action_ids)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                waiting = [i for i in ids if await self.status(i) in WAITING]
+                if not waiting:
+                    return
+                assert time.monotonic() < deadline, f"still waiting after {timeout}s: {waiting[:5]}"
+                if not await worker.run_once():
+                    if self.clock is not None:  # a manual clock: move it to the next due intent
+                        due = await self.box.store.next_due_at()
+                        if due is not None and due > self.clock.now():
+                            self.clock.advance((due - self.clock.now()).total_seconds())
+                            continue
+                    await asyncio.sleep(0.02)  # a backoff of tens of milliseconds is running out
+        finally:
+            if own:
+                await worker.aclose()
+
+    async def dead_letters(self, *action_ids: str) -> Switch:
+        """Intents to ``hook`` (a receiver answering 503 until fixed) with one attempt each:
+        dead letters. Returns the switch that fixes the receiver."""
+        switch = Switch()
+        self.receiver.script("/flaky", switch)
+        await self.destination("hook", "/flaky")
+        for action_id in action_ids:
+            await self.enqueue(action_id, max_attempts=1)
+        await self.deliver(action_ids)
+        for action_id in action_ids:
+            assert await self.status(action_id) is Status.DEAD
+        return switch
+
+
+@dataclass
+class Ops(Filled):
+    """One test's outbox, API, receiver and tokens."""
+
+    box: Outbox
+    url: str
+    receiver: Receiver
+    admin: str
+    operator: str
+    operator_actor: str  # how events name the operator token
+    producer: str  # scopes acme and globex
+    clock: ManualClock | None
+    workers: list[Worker] = field(default_factory=list)
+
+    def client(self, token: str | None) -> httpx.AsyncClient:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=60)
+
     def worker(self, **options: Any) -> Worker:
         """An in-process Worker on this outbox (its connections are closed after the test)."""
         worker = Worker(self.box, **options)
         self.workers.append(worker)
         return worker
 
-    async def deliver(self, action_ids: Iterable[str], *, timeout: float = 30, worker: Worker | None = None) -> None:
-        """Run a worker (``run_once``) until none of these intents waits any more."""
-        worker = worker or self.worker()
-        ids = list(action_ids)
-        deadline = time.monotonic() + timeout
-        while True:
-            waiting = [i for i in ids if await self.status(i) in WAITING]
-            if not waiting:
-                return
-            assert time.monotonic() < deadline, f"still waiting after {timeout}s: {waiting[:5]}"
-            if not await worker.run_once():
-                if self.clock is not None:  # a manual clock: move it to the next due intent
-                    due = await self.box.store.next_due_at()
-                    if due is not None and due > self.clock.now():
-                        self.clock.advance((due - self.clock.now()).total_seconds())
-                        continue
-                await asyncio.sleep(0.02)  # a backoff of tens of milliseconds is running out
-
     async def events(self, action_id: str) -> list[Any]:
         return (await self.box.history(action_id)).events
-
-
-async def close_worker(worker: Worker) -> None:
-    for channel in worker.channels.values():
-        await channel.aclose()
-    await worker.authority.aclose()
 
 
 OpenOps = Callable[..., Awaitable[Ops]]
@@ -180,7 +202,7 @@ async def open_ops(tmp_path: Path) -> AsyncIterator[OpenOps]:
             await served.__aexit__(None, None, None)
         finally:
             for worker in ops.workers:
-                await close_worker(worker)
+                await worker.aclose()
             ops.receiver.stop()
             await ops.box.close()
 

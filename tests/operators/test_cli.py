@@ -3,7 +3,6 @@ SQLite file that the test prepares with the library and a real receiver."""
 
 from __future__ import annotations
 
-import asyncio
 import getpass
 import json
 import os
@@ -17,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from outbox import DestinationSpec, ManualClock, Outbox, Settings, Status
+from outbox import ManualClock, Outbox, Settings, Status
 from outbox.grants import GrantSpec
 
-from ..conftest import SECRET, snapshot
+from ..conftest import snapshot
 from ..receiver import Receiver, Reply
-from .conftest import WAITING, Switch, close_worker
+from .conftest import Filled
 
 pytestmark = pytest.mark.acceptance
 OUTBOX = str(Path(sys.executable).parent / "outbox")
@@ -30,7 +29,7 @@ ACTOR = f"cli:{getpass.getuser()}"
 
 
 @dataclass
-class Shell:
+class Shell(Filled):
     """An outbox database that the test fills with the library and the CLI acts on."""
 
     cwd: Path
@@ -51,37 +50,6 @@ class Shell:
 
     def json(self, *args: str, code: int = 0, env: dict[str, str] | None = None) -> Any:
         return json.loads(self.run("--json", *args, code=code, env=env).stdout)
-
-    async def destination(self, destination_id: str, path: str, **spec: Any) -> None:
-        options: dict[str, Any] = {"secret": SECRET, "allow_private_network": True, "timeout_seconds": 1, **spec}
-        await self.box.put_destination(destination_id, DestinationSpec(url=self.receiver.url + path, **options))
-
-    async def enqueue(self, action_id: str, destination: str = "hook", scope: str = "acme", **options: Any) -> None:
-        await self.box.enqueue(destination=destination, scope=scope, action_id=action_id,
-                               payload={"action": action_id}, **options)
-
-    async def deliver(self, *action_ids: str) -> None:
-        """Run an in-process worker until none of these intents waits any more."""
-        from sender import Worker
-
-        worker = Worker(self.box)
-        try:
-            for _ in range(500):
-                if not [i for i in action_ids if (await self.box.get(i)).status in WAITING]:
-                    return
-                if not await worker.run_once():
-                    if self.clock is not None:
-                        due = await self.box.store.next_due_at()
-                        if due is not None and due > self.clock.now():
-                            self.clock.advance((due - self.clock.now()).total_seconds())
-                            continue
-                    await asyncio.sleep(0.02)
-            raise AssertionError(f"not settled: {action_ids}")
-        finally:
-            await close_worker(worker)
-
-    async def status(self, action_id: str) -> Status:
-        return (await self.box.get(action_id)).status
 
 
 async def _open(tmp_path: Path, clock: ManualClock | None = None) -> Shell:
@@ -114,23 +82,11 @@ async def old_shell(tmp_path: Path) -> AsyncIterator[Shell]:
         await sh.box.close()
 
 
-async def _dead_letters(shell: Shell, *action_ids: str) -> Switch:
-    switch = Switch()
-    shell.receiver.script("/flaky", switch)
-    await shell.destination("hook", "/flaky")
-    for action_id in action_ids:
-        await shell.enqueue(action_id, max_attempts=1)
-    await shell.deliver(*action_ids)
-    for action_id in action_ids:
-        assert await shell.status(action_id) is Status.DEAD
-    return switch
-
-
 # -- replay ------------------------------------------------------------------------------------
 
 
 async def test_replay_one_intent(shell: Shell):
-    switch = await _dead_letters(shell, "one-1", "one-2")
+    switch = await shell.dead_letters("one-1", "one-2")
     before = snapshot(shell.db)
     missing = shell.run("replay", "one-1", code=2)
     assert "--reason" in missing.stderr
@@ -157,7 +113,7 @@ async def test_replay_one_intent(shell: Shell):
     assert text_error.stderr.strip() == "error: intent 'nope-1' does not exist"
 
     switch.fix()
-    await shell.deliver("one-1", "one-2")
+    await shell.deliver(["one-1", "one-2"])
     assert switch.successes() == {"one-1": 1, "one-2": 1}
 
 
@@ -168,7 +124,7 @@ async def test_replay_checks_authority_and_duplicate_risk(shell: Shell):
     await shell.destination("slow", "/slow", timeout_seconds=0.3)
     await shell.enqueue("auth-1", scope="globex")
     await shell.enqueue("dup-1", destination="slow")
-    await shell.deliver("auth-1", "dup-1")
+    await shell.deliver(["auth-1", "dup-1"])
     assert await shell.status("auth-1") is Status.REVOKED
     assert await shell.status("dup-1") is Status.UNKNOWN
 
@@ -187,9 +143,9 @@ async def test_replay_checks_authority_and_duplicate_risk(shell: Shell):
 
 async def test_bulk_replay_dry_run_then_real_run(shell: Shell):
     ids = [f"bulk-{n}" for n in range(5)]
-    switch = await _dead_letters(shell, *ids)
+    switch = await shell.dead_letters(*ids)
     await shell.enqueue("bulk-rev", scope="globex")
-    await shell.deliver("bulk-rev")
+    await shell.deliver(["bulk-rev"])
     assert await shell.status("bulk-rev") is Status.REVOKED
     before = snapshot(shell.db)
 
@@ -223,7 +179,7 @@ async def test_bulk_replay_dry_run_then_real_run(shell: Shell):
     assert "no live grant" in result["refused"]["bulk-rev"]
 
     switch.fix()
-    await shell.deliver(*ids)
+    await shell.deliver(ids)
     assert switch.successes() == dict.fromkeys(ids, 1)
 
 
@@ -238,7 +194,7 @@ async def test_resolve_cancel_approve_and_reject(shell: Shell):
     await shell.destination("approvals", "/ok", requires_approval=True)
     await shell.enqueue("res-1", destination="slow")
     await shell.enqueue("res-2", destination="slow")
-    await shell.deliver("res-1", "res-2")
+    await shell.deliver(["res-1", "res-2"])
     shell.receiver.script("/slow", Reply(200))
     await shell.enqueue("can-1")
     await shell.enqueue("hold-1", destination="approvals")
@@ -273,7 +229,7 @@ async def test_resolve_cancel_approve_and_reject(shell: Shell):
     assert await shell.status("hold-2") is Status.CANCELLED
     assert (await shell.box.history("hold-2")).events[-1].kind == "rejected"
 
-    await shell.deliver("res-2", "hold-1")
+    await shell.deliver(["res-2", "hold-1"])
     assert await shell.status("res-2") is Status.DELIVERED and await shell.status("hold-1") is Status.DELIVERED
     assert sorted(r.headers["idempotency-key"] for r in shell.receiver.requests("/ok")) == ["hold-1"]
 
@@ -296,10 +252,10 @@ async def _history_over_ten_days(shell: Shell) -> None:
     await shell.enqueue("old-dead", destination="refuses")
     await shell.enqueue("old-cancel", not_before=shell.clock.now() + timedelta(hours=1))
     await operations.cancel(shell.box, "old-cancel", operations.Actor("test", "not needed"))
-    await shell.deliver("old-1", "old-2", "old-dead")
+    await shell.deliver(["old-1", "old-2", "old-dead"])
     shell.clock.advance(timedelta(days=10).total_seconds() - 5)
     await shell.enqueue("new-1")
-    await shell.deliver("new-1")
+    await shell.deliver(["new-1"])
     await shell.enqueue("new-2", not_before=datetime.now(UTC) + timedelta(days=1))
     statuses = {i: (await shell.box.get(i)).status.value for i in
                 ("old-1", "old-2", "old-dead", "old-cancel", "new-1", "new-2")}

@@ -24,7 +24,7 @@ from sender import Worker
 from ..conftest import SECRET
 from ..receiver import Receiver, Reply
 from ..servers import Served
-from .conftest import close_worker, serve_in_loop
+from .conftest import serve_in_loop
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
@@ -81,7 +81,7 @@ async def scene(tmp_path: Path) -> AsyncIterator[Scene]:
         async with serve_in_loop(create_app(outbox=box)) as url, httpx.AsyncClient(base_url=url, timeout=30) as c:
             yield Scene(box, clock, worker, receiver, c)
     finally:
-        await close_worker(worker)
+        await worker.aclose()
         receiver.stop()
         await box.close()
 

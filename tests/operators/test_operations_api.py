@@ -13,19 +13,6 @@ from ..receiver import Reply
 from .conftest import OpenOps, Ops, Switch, assert_problem
 
 
-async def _dead_letter(ops: Ops, *action_ids: str) -> Switch:
-    """Intents to ``hook`` (a receiver answering 503) with one attempt each: dead letters."""
-    switch = Switch()
-    ops.receiver.script("/flaky", switch)
-    await ops.destination("hook", "/flaky")
-    for action_id in action_ids:
-        await ops.enqueue(action_id, max_attempts=1)
-    await ops.deliver(action_ids)
-    for action_id in action_ids:
-        assert await ops.status(action_id) is Status.DEAD
-    return switch
-
-
 async def _unknown(ops: Ops, *action_ids: str, destination: str = "slow", **spec) -> None:
     """Intents whose one attempt timed out at a receiver that answers late: outcome unknown."""
     ops.receiver.script("/slow", Reply(200, delay=2))
@@ -43,7 +30,7 @@ async def _unknown(ops: Ops, *action_ids: str, destination: str = "slow", **spec
 
 
 async def test_replay_of_a_dead_letter_records_who_and_why_and_it_is_delivered(ops: Ops):
-    switch = await _dead_letter(ops, "dead-1")
+    switch = await ops.dead_letters("dead-1")
     async with ops.client(ops.operator) as c:
         replayed = await c.post("/v1/intents/dead-1/replay", json={"reason": "receiver fixed (INC-7)"})
     assert replayed.status_code == 200, replayed.text
@@ -340,7 +327,7 @@ async def test_reject_cancels_a_held_intent_for_good(ops: Ops):
 
 
 async def test_roles_and_reasons_are_checked(ops: Ops):
-    await _dead_letter(ops, "role-1")
+    await ops.dead_letters("role-1")
     spec = {"url": ops.receiver.url + "/x", "secret": "whsec_" + "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0NTY3ODk="}
     async with ops.client(ops.producer) as producer:
         for verb in ("replay", "cancel", "reject"):
@@ -371,7 +358,7 @@ async def test_roles_and_reasons_are_checked(ops: Ops):
 
 
 async def test_bulk_replay_dry_run_changes_nothing_and_the_real_run_replays(ops: Ops, tmp_path):
-    await _dead_letter(ops, "bulk-1", "bulk-2", "bulk-3")
+    await ops.dead_letters("bulk-1", "bulk-2", "bulk-3")
     await ops.enqueue("bulk-rev", scope="globex")
     await ops.deliver(["bulk-rev"])
     assert await ops.status("bulk-rev") is Status.REVOKED
