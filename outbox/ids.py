@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import time
+import uuid
 
 from .errors import InvalidInput
 
@@ -24,8 +25,7 @@ def uuid7() -> str:
     value |= ((rand >> 62) & 0xFFF) << 64  # rand_a, 12 bits
     value |= 0b10 << 62  # variant
     value |= rand & ((1 << 62) - 1)  # rand_b, 62 bits
-    hex_ = f"{value:032x}"  # formatted directly: uuid.UUID would validate what is built valid
-    return f"{hex_[:8]}-{hex_[8:12]}-{hex_[12:16]}-{hex_[16:20]}-{hex_[20:]}"
+    return str(uuid.UUID(int=value))
 
 
 def check(pattern: re.Pattern[str], value: str, what: str) -> str:
