@@ -17,6 +17,7 @@ from functools import wraps
 from typing import Any, TypeVar
 
 import click
+from pydantic import ValidationError
 
 from . import operations
 from .clock import iso
@@ -39,9 +40,13 @@ class Context:
         self.overrides = overrides
         self.as_json = as_json
 
-    @property
-    def settings(self) -> Settings:
-        return Settings(**self.overrides)
+    def settings(self, **options: Any) -> Settings:
+        """The settings with this command's options; a bad value is a usage error naming the
+        variable it came from, not a traceback."""
+        try:
+            return Settings(**self.overrides, **options)
+        except ValidationError as exc:
+            raise click.UsageError(_invalid_settings(exc)) from None
 
     def emit(self, value: Any, text: str | Callable[[], str]) -> None:
         """Print ``value`` as JSON under --json, else the human text."""
@@ -58,7 +63,7 @@ def _run(fn: Callable[..., Awaitable[T]]) -> Callable[..., T]:
     @wraps(fn)
     def command(ctx: Context, *args: Any, **kwargs: Any) -> T:
         async def main() -> T:
-            async with await Outbox.open(settings=ctx.settings) as box:
+            async with await Outbox.open(settings=ctx.settings()) as box:
                 return await fn(ctx, box, *args, **kwargs)
 
         try:
@@ -71,6 +76,15 @@ def _run(fn: Callable[..., Awaitable[T]]) -> Callable[..., T]:
             sys.exit(1)
 
     return command
+
+
+def _invalid_settings(exc: ValidationError) -> str:
+    """Each bad setting as ``OUTBOX_NAME`` (or ``name`` in outbox.toml), its value and why."""
+    lines = []
+    for error in exc.errors():
+        name = ".".join(str(part) for part in error["loc"])
+        lines.append(f"OUTBOX_{name.upper()} (or {name} in outbox.toml) = {error.get('input')!r}: {error['msg']}")
+    return "invalid settings:\n  " + "\n  ".join(lines)
 
 
 def _env(name: str) -> dict[str, Any]:
@@ -114,7 +128,7 @@ def serve(ctx: Context, host: str | None, port: int | None, log_level: str | Non
     }
     if worker is not None:
         overrides["worker"] = worker
-    settings = Settings(**ctx.overrides, **overrides)
+    settings = ctx.settings(**overrides)
     logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
 
     async def bootstrap() -> str | None:
@@ -159,7 +173,7 @@ def worker(ctx: Context, concurrency: int | None, log_level: str | None) -> None
     overrides: dict[str, Any] = {"worker_concurrency": concurrency} if concurrency else {}
     if log_level:
         overrides["log_level"] = log_level
-    settings = Settings(**ctx.overrides, **overrides)
+    settings = ctx.settings(**overrides)
     logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
 
     async def run() -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -57,7 +59,14 @@ class Settings(BaseSettings):
     delivered_retention_seconds: float = Field(
         default=7 * 86_400, gt=0, description="delivered and cancelled intents are pruned after this"
     )
-    log_level: str = Field(default="info", description="debug, info, warning or error")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="debug, info, warning or error"
+    )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
 
     @classmethod
     def settings_customise_sources(

@@ -310,3 +310,18 @@ async def test_list_created_after(old_shell: Shell):
     assert len(paged["items"]) + len(rest["items"]) == 6
     bad = shell.run("list", "--created-after", "yesterday", code=2)
     assert "--created-after" in bad.stderr
+
+
+async def test_a_bad_setting_is_a_usage_error_that_names_it(shell: Shell):
+    cases = (("OUTBOX_PORT", "abc", "valid integer"),
+             ("OUTBOX_LOG_LEVEL", "verbose", "'debug', 'info', 'warning' or 'error'"),
+             ("OUTBOX_LEASE_SECONDS", "-1", "greater than 0"))
+    for variable, value, why in cases:
+        done = shell.run("worker", code=2, env=shell.env(**{variable: value}))
+        assert f"{variable} (or " in done.stderr and repr(value) in done.stderr and why in done.stderr
+        assert "Traceback" not in done.stderr
+    (shell.cwd / "outbox.toml").write_text("prot = 9001\n")
+    done = shell.run("list", code=2)
+    assert "OUTBOX_PROT (or prot in outbox.toml)" in done.stderr and "Extra inputs" in done.stderr
+    (shell.cwd / "outbox.toml").unlink()
+    assert shell.json("list", env=shell.env(OUTBOX_LOG_LEVEL="WARNING")) == {"items": [], "next_seq": None}
