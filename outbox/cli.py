@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import click
 from pydantic import ValidationError
 
-from . import operations
+from . import logs, operations
 from .clock import iso
 from .destinations import DestinationSpec, new_secret
 from .errors import InvalidInput, OutboxError
@@ -112,9 +112,12 @@ def main(click_ctx: click.Context, database_url: str | None, as_json: bool) -> N
 @click.option("--host", help="Listen address [default: 127.0.0.1]", **_env("host"))
 @click.option("--port", type=int, help="Listen port [default: 8080]", **_env("port"))
 @click.option("--log-level", help="debug, info, warning, error [default: info]", **_env("log_level"))
+@click.option("--log-format", type=click.Choice(["text", "json"], case_sensitive=False),
+              help="text, or json: one object per line [default: text]", **_env("log_format"))
 @click.option("--worker/--no-worker", default=None, help="Run an embedded sender [default: --worker]", **_env("worker"))
 @click.pass_obj
-def serve(ctx: Context, host: str | None, port: int | None, log_level: str | None, worker: bool | None) -> None:
+def serve(ctx: Context, host: str | None, port: int | None, log_level: str | None, log_format: str | None,
+          worker: bool | None) -> None:
     """Run the HTTP API and an embedded sender (migrating the database first).
 
     On first start, when no admin token exists, one is created and printed once.
@@ -124,12 +127,12 @@ def serve(ctx: Context, host: str | None, port: int | None, log_level: str | Non
     from .api import create_app
 
     overrides: dict[str, Any] = {
-        k: v for k, v in (("host", host), ("port", port), ("log_level", log_level)) if v
+        k: v for k, v in (("host", host), ("port", port), ("log_level", log_level), ("log_format", log_format)) if v
     }
     if worker is not None:
         overrides["worker"] = worker
     settings = ctx.settings(**overrides)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    logs.configure(settings.log_level, settings.log_format)
 
     async def bootstrap() -> str | None:
         async with await Outbox.open(settings=settings) as box:
@@ -154,6 +157,7 @@ def serve(ctx: Context, host: str | None, port: int | None, log_level: str | Non
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        log_config=None,  # the server's own lines go through logs.configure's handler too
         loop="auto",
         http="auto",
         proxy_headers=False,
@@ -163,18 +167,19 @@ def serve(ctx: Context, host: str | None, port: int | None, log_level: str | Non
 @main.command()
 @click.option("--concurrency", type=int, help="Sends in flight [default: 64]", **_env("worker_concurrency"))
 @click.option("--log-level", help="debug, info, warning, error [default: info]", **_env("log_level"))
+@click.option("--log-format", type=click.Choice(["text", "json"], case_sensitive=False),
+              help="text, or json: one object per line [default: text]", **_env("log_format"))
 @click.pass_obj
-def worker(ctx: Context, concurrency: int | None, log_level: str | None) -> None:
+def worker(ctx: Context, concurrency: int | None, log_level: str | None, log_format: str | None) -> None:
     """Run a sender without the API; SIGTERM drains in-flight sends and stops."""
     import signal
 
     from sender import Worker
 
     overrides: dict[str, Any] = {"worker_concurrency": concurrency} if concurrency else {}
-    if log_level:
-        overrides["log_level"] = log_level
+    overrides.update({k: v for k, v in (("log_level", log_level), ("log_format", log_format)) if v})
     settings = ctx.settings(**overrides)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    logs.configure(settings.log_level, settings.log_format)
 
     async def run() -> None:
         async with await Outbox.open(settings=settings) as box:

@@ -62,8 +62,11 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info", description="debug, info, warning or error"
     )
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="text lines, or one JSON object per line for log pipelines"
+    )
 
-    @field_validator("log_level", mode="before")
+    @field_validator("log_level", "log_format", mode="before")
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value

@@ -186,11 +186,12 @@ class Worker:
                     if action_id not in self._settling]
             if held:
                 lost = await self.store.renew_leases(held, self.clock.now() + self.lease)
+                fences = dict(held)
                 for action_id in lost:
                     if action_id not in self._in_flight or action_id in self._settling:
                         continue  # it finished while we renewed
-                    log.warning("lease lost: action_id=%s worker=%s; its writes will be rejected",
-                                action_id, self.id)
+                    log.warning("lease lost; this worker's writes for it will be rejected",
+                                extra={"action_id": action_id, "fence": fences[action_id], "worker": self.id})
 
     async def _sweep_forever(self) -> None:
         interval = min(5.0, self.lease.total_seconds() / 2)
@@ -260,13 +261,12 @@ class Worker:
             await self._finish(intent, destination, attempt, result, seconds)
         except StaleWrite as exc:
             self.stale_writes += 1
-            log.warning("fenced write rejected: action_id=%s fence=%d worker=%s: %s",
-                        intent.action_id, intent.fence, self.id, exc)
+            log.warning("fenced write rejected: %s", exc, extra=self._fields(intent, attempt))
         except asyncio.CancelledError:
             await asyncio.shield(self._abandon(intent, attempt))
             raise
         except Exception:
-            log.exception("delivery failed unexpectedly: action_id=%s", intent.action_id)
+            log.exception("delivery failed unexpectedly", extra=self._fields(intent, attempt))
             await asyncio.shield(self._abandon(intent, attempt))
 
     async def _ready(self, intent: Intent) -> tuple[Destination, Decision] | None:
@@ -280,6 +280,7 @@ class Worker:
             wait = max(PARKED_SECONDS, self.policy.backoff.delay(intent.fence))
             await self._release(intent, f"destination {intent.destination!r} {why}",
                                 now + timedelta(seconds=wait))
+            log.info("not sent: destination %s; parked for %.0fs", why, wait, extra=self._fields(intent))
             return None
         if intent.expires_at is not None and now >= intent.expires_at:
             await self._settle(intent, Fate(Status.DEAD, "dead_lettered", "expired before it could be sent"), [])
@@ -289,6 +290,7 @@ class Worker:
                 intent.action_id, fetch=False, expected=Status.LEASED, status=Status.HELD, fence=intent.fence,
                 changes={"lease_owner": None, "lease_expires_at": None, "last_error": refusal},
                 events=[Event("held", now, self.id, refusal)])
+            log.info("held: %s", refusal, extra=self._fields(intent))
             return None
         decision = await self.authority.check(AuthorityRequest(
             intent.scope, intent.channel.value, intent.destination, intent.action_id))
@@ -301,6 +303,8 @@ class Worker:
             wait = self.policy.backoff.delay(intent.fence)  # backs off over repeated outages
             await self._release(intent, decision.reason, self.clock.now() + timedelta(seconds=wait),
                                 extra=[checked])
+            log.warning("not sent: authority unavailable (%s); again in %.0fs", decision.reason, wait,
+                        extra=self._fields(intent))
         else:
             self.outbox.metrics.authority_denials.inc()
             await self._settle(intent, Fate(Status.REVOKED, "revoked", decision.reason), [checked])
@@ -313,7 +317,8 @@ class Worker:
         if result.disable_destination:  # before the outcome, so whoever sees the 410 sees it disabled
             await self.store.disable_destination(destination.id, now)
             self._destinations.pop(destination.id, None)
-            log.warning("destination %s disabled: it answered 410 Gone", destination.id)
+            log.warning("destination %s disabled: it answered 410 Gone", destination.id,
+                        extra=self._fields(intent, attempt))
         await self._conclude(intent, destination, result, finished, _finished_event(finished, self.id), intent.fence)
 
     async def _conclude(self, intent: Intent, destination: Destination, result: SendResult, finished: Attempt,
@@ -383,10 +388,17 @@ class Worker:
         metrics = self.outbox.metrics
         if fate.status is Status.DELIVERED:
             metrics.latency.observe(max(0.0, (now - intent.created_at).total_seconds()))
-        elif fate.status is Status.DEAD:
-            metrics.dead_lettered.inc()
-        elif fate.status is Status.UNKNOWN:
-            metrics.unknown.inc()
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("delivered", extra=self._fields(intent, attempt))
+        elif fate.status is Status.PENDING:
+            log.info("%s; next attempt at %s", fate.reason, data.get("next_attempt_at"),
+                     extra=self._fields(intent, attempt))
+        else:  # dead, unknown, revoked: what someone will be asked about
+            if fate.status is Status.DEAD:
+                metrics.dead_lettered.inc()
+            elif fate.status is Status.UNKNOWN:
+                metrics.unknown.inc()
+            log.warning("%s: %s", fate.status.value, fate.reason, extra=self._fields(intent, attempt))
         if fate.status in SETTLED:
             self.outbox.settled.notify()
 
@@ -418,10 +430,9 @@ class Worker:
             await self._finish(intent, destination, attempt, result, 0.0)
         except StaleWrite:
             self.stale_writes += 1
-            log.warning("fenced write rejected while abandoning action_id=%s", intent.action_id)
+            log.warning("fenced write rejected while abandoning the send", extra=self._fields(intent, attempt))
         except Exception:
-            log.exception("could not record the abandoned send of action_id=%s; the sweeper will",
-                          intent.action_id)
+            log.exception("could not record the abandoned send; the sweeper will", extra=self._fields(intent, attempt))
 
     async def _recover(self, intent: Intent, attempt: Attempt | None) -> None:
         """The sweeper's work on one expired lease; bumps the fence so the old holder is shut out."""
@@ -433,7 +444,7 @@ class Worker:
                 await self._release(intent, reason + (" before any attempt started" if attempt is None
                                                       else " and its destination is gone"),
                                     self.clock.now(), new_fence=intent.fence + 1, kind="lease_expired")
-                self._recovered(intent)
+                self._recovered(intent, attempt)
                 return
             result = SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN,
                                 error=reason + " while its attempt was in flight; it may have been sent")
@@ -441,13 +452,18 @@ class Worker:
             await self._conclude(intent, destination, result, _finished(attempt, result, now),
                                  Event("lease_expired", now, self.id, reason, {"fence": intent.fence}),
                                  intent.fence + 1)
-            self._recovered(intent)
+            self._recovered(intent, attempt)
         except StaleWrite:
             pass  # the holder finished or another sweeper got there first
 
-    def _recovered(self, intent: Intent) -> None:
+    def _recovered(self, intent: Intent, attempt: Attempt | None) -> None:
         self.outbox.metrics.lease_expiries.inc()
-        log.warning("recovered expired lease: action_id=%s fence=%d", intent.action_id, intent.fence)
+        log.warning("recovered an expired lease of %s", intent.lease_owner, extra=self._fields(intent, attempt))
+
+    def _fields(self, intent: Intent, attempt: Attempt | None = None) -> dict[str, object]:
+        """The identities a log record about ``intent`` carries (see outbox.logs)."""
+        return {"action_id": intent.action_id, "attempt_id": attempt.attempt_id if attempt else None,
+                "fence": intent.fence, "worker": self.id, "destination": intent.destination}
 
 
 def _approval_refusal(intent: Intent, now: datetime) -> str | None:

@@ -132,6 +132,20 @@ def test_a_producer_enqueues_over_http_and_an_operator_reads_with_the_cli(workdi
     assert "order-7" in text and "pending" in text
 
 
+def test_json_logs_make_every_line_of_the_service_one_object(workdir: Path):
+    cli(workdir, "tokens", "create", "--role", "admin")  # so no first-start token is printed
+    svc = Service(workdir, env={"OUTBOX_LOG_FORMAT": "json"})
+    try:
+        assert httpx.get(svc.url + "/healthz").status_code == 200
+    finally:
+        svc.stop()
+    records = [json.loads(line) for line in svc.log.read_text().splitlines()]
+    by_logger = {r["logger"] for r in records}
+    assert {"uvicorn.error", "uvicorn.access", "outbox.sender"} <= by_logger
+    assert any(r["logger"] == "uvicorn.access" and "/healthz" in r["message"] for r in records)
+    assert not any("\x1b" in json.dumps(r, ensure_ascii=False) for r in records)  # no terminal colours
+
+
 def test_cli_errors_are_clear_and_exit_nonzero(workdir: Path):
     missing = cli(workdir, "show", "nothing-here", check=False)
     assert missing.returncode == 1
@@ -152,7 +166,7 @@ def test_cli_errors_are_clear_and_exit_nonzero(workdir: Path):
 def test_help_names_the_environment_variable_behind_each_option(workdir: Path):
     assert "OUTBOX_DATABASE_URL" in cli(workdir, "--help").stdout
     serve_help = cli(workdir, "serve", "--help").stdout
-    for name in ("OUTBOX_HOST", "OUTBOX_PORT", "OUTBOX_LOG_LEVEL", "OUTBOX_WORKER"):
+    for name in ("OUTBOX_HOST", "OUTBOX_PORT", "OUTBOX_LOG_LEVEL", "OUTBOX_LOG_FORMAT", "OUTBOX_WORKER"):
         assert name in serve_help
     for command in (["tokens", "create"], ["enqueue"], ["show"], ["list"], ["destinations", "put"]):
         assert cli(workdir, *command, "--help").stdout.startswith("Usage: outbox")

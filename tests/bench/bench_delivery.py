@@ -303,8 +303,8 @@ class LogCounter(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
-        if message.startswith("lease lost: action_id="):
-            self.lease_lost.append(message.removeprefix("lease lost: action_id=").split(" ")[0])
+        if message.startswith("lease lost"):
+            self.lease_lost.append(record.__dict__["action_id"])
         self.counts[" ".join(message.split(":")[0].split()[:3])] += 1
         if len(self.samples) < 3:
             self.samples.append(message)
