@@ -135,8 +135,11 @@ def _decode_cursor(cursor: str) -> int:
         ) from None
 
 
-def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None) -> FastAPI:
-    """The API application. Opens the outbox from ``settings`` unless one is given."""
+def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None,
+               probes_only: bool = False) -> FastAPI:
+    """The API application. Opens the outbox from ``settings`` unless one is given. With
+    ``probes_only``, just ``/healthz``, ``/readyz`` and ``/metrics``: what ``outbox worker
+    --metrics-port`` serves beside its sender."""
     settings = settings or (outbox.settings if outbox else Settings())
     body_limit = settings.max_payload_bytes + ENVELOPE_BYTES
 
@@ -293,6 +296,15 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
         await box(request).store.ping()
         return {"status": "ready"}
 
+    @app.get("/metrics", tags=["probes"], summary="Prometheus metrics")
+    async def metrics(request: Request) -> Response:
+        outbox_ = box(request)
+        body = await outbox_.metrics.render(outbox_.store, outbox_.clock.now())
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    if probes_only:
+        return app
+
     # -- intents ---------------------------------------------------------------------------
 
     @app.post(
@@ -441,12 +453,6 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
             authorize=request.app.state.authorize, accept_duplicate_risk=spec.accept_duplicate_risk)
         return {"dry_run": spec.dry_run, "matched": len(result.matched), "action_ids": result.matched,
                 "replayed": len(result.replayed), "refused": result.refused}
-
-    @app.get("/metrics", tags=["probes"], summary="Prometheus metrics")
-    async def metrics(request: Request) -> Response:
-        outbox_ = box(request)
-        body = await outbox_.metrics.render(outbox_.store, outbox_.clock.now())
-        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     app.include_router(console.router(box, lambda request: request.app.state.authorize))
 

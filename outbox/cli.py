@@ -169,8 +169,12 @@ def serve(ctx: Context, host: str | None, port: int | None, log_level: str | Non
 @click.option("--log-level", help="debug, info, warning, error [default: info]", **_env("log_level"))
 @click.option("--log-format", type=click.Choice(["text", "json"], case_sensitive=False),
               help="text, or json: one object per line [default: text]", **_env("log_format"))
+@click.option("--metrics-port", type=int,
+              help="Also serve /metrics, /healthz and /readyz on this port [default: none]",
+              **_env("metrics_port"))
 @click.pass_obj
-def worker(ctx: Context, concurrency: int | None, log_level: str | None, log_format: str | None) -> None:
+def worker(ctx: Context, concurrency: int | None, log_level: str | None, log_format: str | None,
+           metrics_port: int | None) -> None:
     """Run a sender without the API; SIGTERM drains in-flight sends and stops."""
     import signal
 
@@ -178,8 +182,20 @@ def worker(ctx: Context, concurrency: int | None, log_level: str | None, log_for
 
     overrides: dict[str, Any] = {"worker_concurrency": concurrency} if concurrency else {}
     overrides.update({k: v for k, v in (("log_level", log_level), ("log_format", log_format)) if v})
+    if metrics_port is not None:
+        overrides["metrics_port"] = metrics_port
     settings = ctx.settings(**overrides)
     logs.configure(settings.log_level, settings.log_format)
+    if settings.metrics_port is not None:
+        import uvicorn
+
+        from .api import create_app
+
+        # the server owns SIGTERM here: its shutdown stops the sender, which drains as below
+        uvicorn.run(create_app(settings.model_copy(update={"worker": True}), probes_only=True),
+                    host=settings.host, port=settings.metrics_port, log_level=settings.log_level,
+                    log_config=None, access_log=False)
+        return
 
     async def run() -> None:
         async with await Outbox.open(settings=settings) as box:

@@ -38,6 +38,10 @@ class Settings(BaseSettings):
         default=1.0, ge=0, description="how long a valid API token is trusted without a lookup"
     )
     worker: bool = Field(default=True, description="`outbox serve` runs an embedded sender")
+    metrics_port: int | None = Field(
+        default=None, ge=0, le=65535,
+        description="`outbox worker` serves /metrics, /healthz and /readyz on this port (on `host`)",
+    )
     worker_concurrency: int = Field(default=64, ge=1, le=4096, description="sends in flight per worker")
     lease_seconds: float = Field(default=30.0, gt=0, description="how long a claim lasts unless renewed")
     poll_seconds: float = Field(

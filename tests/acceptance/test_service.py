@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ..conftest import SECRET
+from ..conftest import SECRET, free_port
 
 pytestmark = pytest.mark.acceptance
 OUTBOX = str(Path(sys.executable).parent / "outbox")
@@ -31,12 +30,6 @@ def cli(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProces
     if check:
         assert done.returncode == 0, done.stderr
     return done
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Service:
