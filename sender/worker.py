@@ -234,6 +234,8 @@ class Worker:
         """One leased intent: wait for a send slot, make the attempt, then record its outcome
         outside the slot, so the next send need not wait for this one's commit."""
         attempt: Attempt | None = None
+        sent = False  # once the channel has the request, it may have gone out
+        result: SendResult | None = None
         try:
             async with self._sends:
                 if self._stopping.is_set():
@@ -255,6 +257,7 @@ class Worker:
                                    "authority_revision": decision.revision})],
                 )
                 started = time.perf_counter()
+                sent = True
                 result = await self.channels[intent.channel].send(
                     intent, destination, attempt_id=attempt.attempt_id, fence=intent.fence)
                 seconds = time.perf_counter() - started
@@ -263,11 +266,11 @@ class Worker:
             self.stale_writes += 1
             log.warning("fenced write rejected: %s", exc, extra=self._fields(intent, attempt))
         except asyncio.CancelledError:
-            await asyncio.shield(self._abandon(intent, attempt))
+            await asyncio.shield(self._abandon(intent, attempt, sent, result, "the worker stopped"))
             raise
-        except Exception:
+        except Exception as exc:
             log.exception("delivery failed unexpectedly", extra=self._fields(intent, attempt))
-            await asyncio.shield(self._abandon(intent, attempt))
+            await asyncio.shield(self._abandon(intent, attempt, sent, result, f"{type(exc).__name__}: {exc}"))
 
     async def _ready(self, intent: Intent) -> tuple[Destination, Decision] | None:
         """The checks before an attempt, authority last; None when they settled the intent or
@@ -373,6 +376,8 @@ class Worker:
                                       "last_error": None if fate.status is Status.DELIVERED else fate.reason}
         if fate.next_attempt_at is not None:
             changes["next_attempt_at"] = fate.next_attempt_at
+        if attempt is not None:  # counted even when its start could not be recorded
+            changes["attempts"] = attempt.number
         if new_fence is not None:
             changes["fence"] = new_fence
         data = {"next_attempt_at": fate.next_attempt_at.isoformat()} if fate.next_attempt_at else {}
@@ -416,14 +421,22 @@ class Worker:
                                           {"next_attempt_at": due.isoformat()})],
         )
 
-    async def _abandon(self, intent: Intent, attempt: Attempt | None) -> None:
-        """Record what is known when a send is cut short (shutdown, crash in our own code)."""
+    async def _abandon(self, intent: Intent, attempt: Attempt | None, sent: bool,
+                       result: SendResult | None, why: str) -> None:
+        """Record what is known when a delivery is cut short (shutdown, a failure of our own code
+        or of the store). Before its attempt started, the lease is given back. Started but never
+        handed to the channel, the attempt is ``not_submitted``: our own refusal before the send
+        is proof. Handed over, it keeps the result that came back, or else is ``maybe_submitted``."""
         try:
             if attempt is None:
-                await self._release(intent, "worker stopped before sending", self.clock.now())
+                await self._release(intent, f"{why} before an attempt started", self.clock.now())
                 return
-            result = SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN,
-                                error="the worker stopped while the request was in flight")
+            if not sent:
+                result = SendResult(Submission.NOT_SUBMITTED, Outcome.RETRYABLE,
+                                    error=f"{why} before the request was sent")
+            elif result is None:
+                result = SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN,
+                                    error=f"{why} while the request was in flight")
             destination = await self._destination(intent.destination)
             if destination is None:
                 return

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
-from outbox import Outcome, Status, Submission
+from outbox import Outcome, Status, StoreUnavailable, Submission
 from sender import CallableAuthority
 
 from ..receiver import Gate, Receiver, Reply
@@ -208,3 +208,72 @@ async def test_stopping_lets_an_in_flight_send_finish_within_the_drain(open_env,
     await asyncio.wait_for(running, 10)
     assert (await env.box.get("a1")).status is Status.DELIVERED
     assert len(receiver.requests()) == 1
+
+
+def fault_attempt_write(env: SenderEnv, fault: BaseException | None, *, outcome: bool = False) -> asyncio.Event:
+    """Make the store's next attempt-start write (or, with ``outcome``, attempt-outcome write)
+    fail with ``fault``, or (None) wait forever without writing; returns an event set once that
+    write was reached. Every other write passes."""
+    reached = asyncio.Event()
+    update = env.box.store.update_intent
+
+    async def faulty(*args, **kwargs):
+        attempt = kwargs.get("attempt")
+        if attempt is not None and (attempt.finished_at is not None) is outcome and not reached.is_set():
+            reached.set()
+            if fault is not None:
+                raise fault
+            await asyncio.Event().wait()
+        return await update(*args, **kwargs)
+
+    env.box.store.update_intent = faulty  # type: ignore[method-assign]
+    return reached
+
+
+async def test_a_failed_attempt_start_is_recorded_as_not_submitted(env: SenderEnv, receiver: Receiver):
+    receiver.script("/hook", Reply(200))
+    await env.destination(f"{receiver.url}/hook", idempotent=False)
+    await env.enqueue("a1")
+    fault_attempt_write(env, StoreUnavailable("disk I/O error"))
+    assert await env.worker(worker_id="w1").run_once() == 1
+
+    assert receiver.requests() == []
+    intent = await env.box.get("a1")
+    assert intent.status is Status.PENDING and intent.attempts == 1  # retried: nothing went out
+    [attempt] = (await env.box.history("a1")).attempts
+    assert (attempt.submission, attempt.outcome) == (Submission.NOT_SUBMITTED, Outcome.RETRYABLE)
+    assert "before" in attempt.error and "sent" in attempt.error
+
+
+async def test_stopping_while_the_attempt_start_is_written_records_not_submitted(open_env, receiver: Receiver):
+    env: SenderEnv = await open_env(drain_seconds=0)
+    receiver.script("/hook", Reply(200))
+    await env.destination(f"{receiver.url}/hook", idempotent=False)
+    await env.enqueue("a1")
+    reached = fault_attempt_write(env, None)
+    worker = env.worker(worker_id="w1")
+    running = asyncio.create_task(worker.run())
+    await asyncio.wait_for(reached.wait(), 10)
+    worker.stop()  # no drain time: the stalled start is cut short
+    await asyncio.wait_for(running, 10)
+
+    assert receiver.requests() == []
+    intent = await env.box.get("a1")
+    assert intent.status is Status.PENDING and intent.lease_owner is None
+    [attempt] = (await env.box.history("a1")).attempts
+    assert (attempt.submission, attempt.outcome) == (Submission.NOT_SUBMITTED, Outcome.RETRYABLE)
+
+
+async def test_an_outcome_write_that_failed_once_is_recorded_with_the_real_result(env: SenderEnv, receiver: Receiver):
+    receiver.script("/hook", Reply(200, headers={"External-Id": "r-1"}))
+    await env.destination(f"{receiver.url}/hook", idempotent=False)
+    await env.enqueue("a1")
+    fault_attempt_write(env, StoreUnavailable("database is locked"), outcome=True)
+    assert await env.worker(worker_id="w1").run_once() == 1
+
+    assert len(receiver.requests("/hook")) == 1
+    intent = await env.box.get("a1")
+    assert intent.status is Status.DELIVERED and intent.attempts == 1  # the 200 was not thrown away
+    [attempt] = (await env.box.history("a1")).attempts
+    assert (attempt.submission, attempt.outcome, attempt.external_id) == (
+        Submission.SUBMITTED, Outcome.DELIVERED, "r-1")
