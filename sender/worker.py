@@ -27,6 +27,7 @@ from outbox import (
     Outcome,
     StaleWrite,
     Status,
+    StoreUnavailable,
     Submission,
 )
 from outbox.ids import uuid7
@@ -112,9 +113,14 @@ class Worker:
                     self._slot_free.clear()
                     await self._wait(self._slot_free.wait(), None)
                     continue
-                claimed = await self._claim(free)
-                if not claimed:
-                    await self._idle()
+                try:
+                    if not await self._claim(free):
+                        await self._idle()
+                except Exception as exc:  # a store hiccup must not end the worker
+                    pause = self.outbox.settings.poll_seconds
+                    log.error("claiming failed (%s); trying again in %.1fs", exc, pause,
+                              exc_info=not isinstance(exc, StoreUnavailable))
+                    await self._wait(asyncio.sleep(pause), pause)
         finally:
             await self._drain()
             for helper in helpers:
@@ -185,7 +191,12 @@ class Worker:
             held = [(action_id, fence) for action_id, (fence, _) in self._in_flight.items()
                     if action_id not in self._settling]
             if held:
-                lost = await self.store.renew_leases(held, self.clock.now() + self.lease)
+                try:
+                    lost = await self.store.renew_leases(held, self.clock.now() + self.lease)
+                except Exception as exc:  # the next beat tries again, well inside the lease
+                    log.error("renewing %d leases failed (%s); trying again in %.1fs", len(held), exc, interval,
+                              exc_info=not isinstance(exc, StoreUnavailable))
+                    continue
                 fences = dict(held)
                 for action_id in lost:
                     if action_id not in self._in_flight or action_id in self._settling:

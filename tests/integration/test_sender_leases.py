@@ -277,3 +277,64 @@ async def test_an_outcome_write_that_failed_once_is_recorded_with_the_real_resul
     [attempt] = (await env.box.history("a1")).attempts
     assert (attempt.submission, attempt.outcome, attempt.external_id) == (
         Submission.SUBMITTED, Outcome.DELIVERED, "r-1")
+
+
+def fail_once(env: SenderEnv, method: str, fault: BaseException) -> list[int]:
+    """Make the store's ``method`` raise ``fault`` on its first call only; returns a list that
+    counts the calls that went through."""
+    real = getattr(env.box.store, method)
+    passed: list[int] = []
+
+    async def flaky(*args, **kwargs):
+        if not passed and not getattr(flaky, "failed", False):
+            flaky.failed = True  # type: ignore[attr-defined]
+            raise fault
+        passed.append(1)
+        return await real(*args, **kwargs)
+
+    setattr(env.box.store, method, flaky)
+    return passed
+
+
+async def test_a_failed_claim_is_retried_and_the_worker_keeps_running(open_env, receiver: Receiver):
+    env: SenderEnv = await open_env(poll_seconds=0.05)
+    receiver.script("/hook", Reply(200))
+    await env.destination(f"{receiver.url}/hook")
+    await env.enqueue("a1")
+    fail_once(env, "claim", StoreUnavailable("database is locked"))
+    worker = env.worker(worker_id="w1")
+    running = asyncio.create_task(worker.run())
+    try:
+        await receiver.wait_for_requests(1, "/hook")
+        for _ in range(100):
+            if (await env.box.get("a1")).status is Status.DELIVERED:
+                break
+            await asyncio.sleep(0.02)
+        assert (await env.box.get("a1")).status is Status.DELIVERED
+        assert not running.done()  # the failed claim did not end the worker
+    finally:
+        worker.stop()
+        await asyncio.wait_for(running, 10)
+
+
+async def test_a_failed_heartbeat_is_retried_so_the_lease_is_kept(open_env, receiver: Receiver):
+    env: SenderEnv = await open_env(lease_seconds=0.3)
+    gate = Gate()
+    receiver.script("/hook", Reply(200, gate=gate))
+    await env.destination(f"{receiver.url}/hook", timeout_seconds=10)
+    await env.enqueue("a1")
+    renewed = fail_once(env, "renew_leases", StoreUnavailable("database is locked"))
+    worker = env.worker(worker_id="w1")
+    running = asyncio.create_task(worker.run())
+    try:
+        await receiver.wait_for_requests(1, "/hook")
+        for _ in range(100):  # heartbeats come every 0.1 s: the first fails, later ones must not stop
+            if renewed:
+                break
+            await asyncio.sleep(0.02)
+        assert renewed, "no heartbeat renewed the lease after the failed one"
+    finally:
+        gate.open()
+        worker.stop()
+        await asyncio.wait_for(running, 10)
+    assert (await env.box.get("a1")).status is Status.DELIVERED
