@@ -281,7 +281,8 @@ class Worker:
             raise
         except Exception as exc:
             log.exception("delivery failed unexpectedly", extra=self._fields(intent, attempt))
-            await asyncio.shield(self._abandon(intent, attempt, sent, result, f"{type(exc).__name__}: {exc}"))
+            await asyncio.shield(self._abandon(intent, attempt, sent, result, f"{type(exc).__name__}: {exc}",
+                                               retry_in=self.policy.backoff.delay(intent.fence)))
 
     async def _ready(self, intent: Intent) -> tuple[Destination, Decision] | None:
         """The checks before an attempt, authority last; None when they settled the intent or
@@ -433,14 +434,17 @@ class Worker:
         )
 
     async def _abandon(self, intent: Intent, attempt: Attempt | None, sent: bool,
-                       result: SendResult | None, why: str) -> None:
+                       result: SendResult | None, why: str, *, retry_in: float = 0.0) -> None:
         """Record what is known when a delivery is cut short (shutdown, a failure of our own code
-        or of the store). Before its attempt started, the lease is given back. Started but never
-        handed to the channel, the attempt is ``not_submitted``: our own refusal before the send
-        is proof. Handed over, it keeps the result that came back, or else is ``maybe_submitted``."""
+        or of the store). Before its attempt started, the lease is given back, due again in
+        ``retry_in`` seconds (a failure would otherwise be claimed again at once, in a loop).
+        Started but never handed to the channel, the attempt is ``not_submitted``: our own
+        refusal before the send is proof. Handed over, it keeps the result that came back, or
+        else is ``maybe_submitted``."""
         try:
             if attempt is None:
-                await self._release(intent, f"{why} before an attempt started", self.clock.now())
+                await self._release(intent, f"{why} before an attempt started",
+                                    self.clock.now() + timedelta(seconds=retry_in))
                 return
             if not sent:
                 result = SendResult(Submission.NOT_SUBMITTED, Outcome.RETRYABLE,

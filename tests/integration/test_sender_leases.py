@@ -338,3 +338,18 @@ async def test_a_failed_heartbeat_is_retried_so_the_lease_is_kept(open_env, rece
         worker.stop()
         await asyncio.wait_for(running, 10)
     assert (await env.box.get("a1")).status is Status.DELIVERED
+
+
+async def test_an_error_before_the_attempt_gives_the_intent_back_with_a_backoff(env: SenderEnv, receiver: Receiver):
+    receiver.script("/hook", Reply(200))
+    await env.destination(f"{receiver.url}/hook")
+    await env.enqueue("a1")
+    fail_once(env, "get_destination", RuntimeError("a bug of ours"))
+    assert await env.worker(worker_id="w1").run_once() == 1
+
+    assert receiver.requests() == []
+    intent = await env.box.get("a1")
+    assert intent.status is Status.PENDING and intent.attempts == 0
+    assert await env.due_in("a1") > 0  # not claimed again at once, in a loop, while the bug lasts
+    released = only(await env.box.history("a1"), "released")
+    assert released.reason == "RuntimeError: a bug of ours before an attempt started"
