@@ -135,6 +135,20 @@ def _decode_cursor(cursor: str) -> int:
         ) from None
 
 
+def _ended_by(task: asyncio.Task[None]) -> str:
+    if task.cancelled():
+        return "cancelled"
+    exc = task.exception()
+    return "it returned" if exc is None else f"{type(exc).__name__}: {exc}"
+
+
+def _sender_ended(task: asyncio.Task[None]) -> None:
+    """Say at once, not at shutdown, that the embedded sender is gone (``/healthz`` says so too)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.critical("the embedded sender stopped: %s; nothing is being delivered", _ended_by(task),
+                     exc_info=task.exception())
+
+
 def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None,
                probes_only: bool = False) -> FastAPI:
     """The API application. Opens the outbox from ``settings`` unless one is given. With
@@ -154,7 +168,8 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
             from sender import Worker  # the sender builds on this package, not the reverse
 
             worker = Worker(app.state.outbox)
-            worker_task = asyncio.create_task(worker.run())
+            worker_task = app.state.worker_task = asyncio.create_task(worker.run())
+            worker_task.add_done_callback(_sender_ended)
         try:
             yield
         finally:
@@ -287,8 +302,12 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
 
     # -- probes ----------------------------------------------------------------------------
 
-    @app.get("/healthz", tags=["probes"], summary="The process is up")
-    async def healthz() -> dict[str, str]:
+    @app.get("/healthz", tags=["probes"], summary="The process is up, and so is its embedded sender")
+    async def healthz(request: Request) -> dict[str, str]:
+        task: asyncio.Task[None] | None = getattr(request.app.state, "worker_task", None)
+        if task is not None and task.done():  # only a crash ends it before shutdown: restart
+            raise Problem(503, "sender-stopped", "Sender stopped",
+                          f"the embedded sender stopped: {_ended_by(task)}; restart the process")
         return {"status": "ok"}
 
     @app.get("/readyz", tags=["probes"], summary="The store answers and is migrated")

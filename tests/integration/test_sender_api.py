@@ -100,3 +100,26 @@ async def test_a_410_shows_as_a_disabled_destination_and_later_intents_are_parke
         released = [e for e in second["events"] if e["kind"] == "released"][-1]
         assert released["reason"] == "destination 'hook' is disabled"
     assert [r.headers["idempotency-key"] for r in receiver.requests()] == ["gone-1"]
+
+
+async def test_healthz_fails_once_the_embedded_sender_has_crashed(tmp_path: Path, serve_api, monkeypatch, caplog):
+    from sender import Worker
+
+    async def crash(self: Worker) -> None:
+        raise RuntimeError("a bug in the sender")
+
+    monkeypatch.setattr(Worker, "run", crash)  # the precise fault: the sender's task ends by itself
+    url = serve_api(Settings(database_url=f"sqlite:///{tmp_path / 'api.db'}", worker=True))
+    async with httpx.AsyncClient(base_url=url, timeout=10) as c:
+        health = await c.get("/healthz")
+        assert health.status_code == 503 and health.headers["content-type"] == "application/problem+json"
+        assert health.json()["detail"] == ("the embedded sender stopped: RuntimeError: a bug in the sender; "
+                                           "restart the process")
+        assert (await c.get("/readyz")).status_code == 200  # the store is fine; the process is not
+    assert "the embedded sender stopped: RuntimeError: a bug in the sender" in caplog.text
+
+
+async def test_healthz_is_ok_while_the_embedded_sender_runs(tmp_path: Path, serve_api):
+    url = serve_api(Settings(database_url=f"sqlite:///{tmp_path / 'api.db'}", worker=True))
+    async with httpx.AsyncClient(base_url=url, timeout=10) as c:
+        assert (await c.get("/healthz")).json() == {"status": "ok"}
