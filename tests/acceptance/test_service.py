@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,13 +13,9 @@ import httpx
 import pytest
 
 from ..conftest import SECRET, free_port
+from .conftest import OUTBOX, clean_env
 
 pytestmark = pytest.mark.acceptance
-OUTBOX = str(Path(sys.executable).parent / "outbox")
-
-
-def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
 
 
 def cli(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -42,7 +36,7 @@ class Service:
         self.log = cwd / f"serve-{self.port}.log"
         with self.log.open("w") as out:
             self.proc = subprocess.Popen([OUTBOX, "serve", "--port", str(self.port), *args], cwd=cwd,
-                                         env={**clean_env(), **(env or {})}, stdout=out,
+                                         env=clean_env(**(env or {})), stdout=out,
                                          stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while True:

@@ -13,7 +13,6 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -40,9 +39,9 @@ from outbox.model import SETTLED
 from sender import Worker
 
 from ..conftest import SECRET, snapshot
+from .conftest import OUTBOX, clean_env
 
 pytestmark = pytest.mark.acceptance
-OUTBOX = str(Path(sys.executable).parent / "outbox")
 
 INTENTS = 40
 CONCURRENCY = 8
@@ -117,8 +116,7 @@ def receiver() -> Iterator[Receiver]:
 
 
 def worker_env(url: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
-    env.update(OUTBOX_DATABASE_URL=url, OUTBOX_AUTHORITY="allow-all",
+    env = clean_env(OUTBOX_DATABASE_URL=url, OUTBOX_AUTHORITY="allow-all",
                OUTBOX_LEASE_SECONDS=str(LEASE_SECONDS), OUTBOX_WORKER_CONCURRENCY=str(CONCURRENCY),
                OUTBOX_POLL_SECONDS=str(POLL_SECONDS))
     return env

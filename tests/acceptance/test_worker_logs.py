@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,17 +17,10 @@ from outbox import Attempt, DestinationSpec, Outbox, Status
 
 from ..conftest import SECRET
 from ..receiver import Receiver, Reply
+from .conftest import OUTBOX, clean_env
 
 pytestmark = pytest.mark.acceptance
-OUTBOX = str(Path(sys.executable).parent / "outbox")
 REPLIES = {"ok": Reply(200), "busy": Reply(503), "bad": Reply(400)}
-
-
-@pytest.fixture
-def receiver():
-    started = Receiver().start()
-    yield started
-    started.stop()
 
 
 async def prepare(url: str, base: str) -> None:
@@ -56,8 +47,7 @@ async def settled(url: str) -> dict[str, tuple[Status, list[Attempt]]] | None:
 
 def run_worker(url: str, log_format: str) -> tuple[str, dict[str, tuple[Status, list[Attempt]]]]:
     """Run ``outbox worker`` until the three intents have their outcomes; its stderr and them."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
-    env.update(OUTBOX_DATABASE_URL=url, OUTBOX_AUTHORITY="allow-all", OUTBOX_POLL_SECONDS="0.1",
+    env = clean_env(OUTBOX_DATABASE_URL=url, OUTBOX_AUTHORITY="allow-all", OUTBOX_POLL_SECONDS="0.1",
                OUTBOX_BACKOFF_INITIAL_SECONDS="600")
     worker = subprocess.Popen([OUTBOX, "worker", "--log-format", log_format], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

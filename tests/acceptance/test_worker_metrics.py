@@ -4,12 +4,9 @@ SIGTERM still drains its in-flight sends."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -17,17 +14,10 @@ import pytest
 from outbox import DestinationSpec, Outbox, Status
 
 from ..conftest import SECRET, free_port
-from ..receiver import Receiver, Reply
+from ..receiver import Reply
+from .conftest import OUTBOX, clean_env
 
 pytestmark = pytest.mark.acceptance
-OUTBOX = str(Path(sys.executable).parent / "outbox")
-
-
-@pytest.fixture
-def receiver():
-    started = Receiver().start()
-    yield started
-    started.stop()
 
 
 async def prepare(url: str, base: str) -> None:
@@ -65,8 +55,7 @@ def test_a_worker_serves_its_metrics_and_probes_and_drains_on_sigterm(tmp_path, 
     asyncio.run(prepare(url, receiver.url))
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
-    env.update(OUTBOX_DATABASE_URL=url, OUTBOX_AUTHORITY="allow-all", OUTBOX_POLL_SECONDS="0.1",
+    env = clean_env(OUTBOX_DATABASE_URL=url, OUTBOX_AUTHORITY="allow-all", OUTBOX_POLL_SECONDS="0.1",
                OUTBOX_WORKER="false")  # the command runs its sender whatever serve would do
     worker = subprocess.Popen([OUTBOX, "worker", "--metrics-port", str(port)], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -3,28 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from outbox import DestinationSpec, Outbox, Status, Submission
 
 from ..conftest import SECRET
-from ..receiver import Receiver, Reply
+from ..receiver import Reply
+from .conftest import OUTBOX, clean_env
 
 pytestmark = pytest.mark.acceptance
-OUTBOX = str(Path(sys.executable).parent / "outbox")
-
-
-@pytest.fixture
-def receiver():
-    started = Receiver().start()
-    yield started
-    started.stop()
 
 
 async def prepare(url: str, hook: str, count: int) -> None:
@@ -38,8 +28,7 @@ async def prepare(url: str, hook: str, count: int) -> None:
 
 
 def start_worker(url: str, drain: float) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
-    env.update(OUTBOX_DATABASE_URL=url, OUTBOX_AUTHORITY="allow-all", OUTBOX_WORKER_CONCURRENCY="4",
+    env = clean_env(OUTBOX_DATABASE_URL=url, OUTBOX_AUTHORITY="allow-all", OUTBOX_WORKER_CONCURRENCY="4",
                OUTBOX_DRAIN_SECONDS=str(drain), OUTBOX_POLL_SECONDS="0.1")
     return subprocess.Popen([OUTBOX, "worker"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
