@@ -149,6 +149,22 @@ def _sender_ended(task: asyncio.Task[None]) -> None:
                      exc_info=task.exception())
 
 
+def begin_shutdown(app: FastAPI) -> None:
+    """Start shutting down as soon as the server is told to, not once its open requests have
+    ended: the embedded sender stops claiming and drains, and long polls answer at once. Safe to
+    call from a signal handler (``outbox serve`` calls it on SIGTERM and SIGINT)."""
+
+    def begin() -> None:
+        app.state.outbox.begin_closing()
+        worker = getattr(app.state, "worker", None)
+        if worker is not None:
+            worker.stop()
+
+    loop: asyncio.AbstractEventLoop | None = getattr(app.state, "loop", None)
+    if loop is not None and not loop.is_closed():
+        loop.call_soon_threadsafe(begin)
+
+
 def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None,
                probes_only: bool = False) -> FastAPI:
     """The API application. Opens the outbox from ``settings`` unless one is given. With
@@ -159,6 +175,7 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.loop = asyncio.get_running_loop()
         app.state.outbox = outbox or await Outbox.open(settings=settings)
         from sender.authority import authorizer  # the sender builds on this package, not the reverse
 
@@ -167,7 +184,7 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
         if settings.worker:
             from sender import Worker  # the sender builds on this package, not the reverse
 
-            worker = Worker(app.state.outbox)
+            worker = app.state.worker = Worker(app.state.outbox)
             worker_task = app.state.worker_task = asyncio.create_task(worker.run())
             worker_task.add_done_callback(_sender_ended)
         try:

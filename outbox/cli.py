@@ -14,7 +14,8 @@ import sys
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from functools import wraps
-from typing import Any, TypeVar
+from types import FrameType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from pydantic import ValidationError
@@ -28,6 +29,9 @@ from .model import Channel, OnUnknown, Role, Status
 from .outbox import Outbox, history_json, intent_json
 from .settings import Settings
 from .store import IntentQuery
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 from .tokens import TokenInfo
 
 T = TypeVar("T")
@@ -122,8 +126,6 @@ def serve(ctx: Context, host: str | None, port: int | None, log_level: str | Non
 
     On first start, when no admin token exists, one is created and printed once.
     """
-    import uvicorn
-
     from .api import create_app
 
     overrides: dict[str, Any] = {
@@ -152,16 +154,28 @@ def serve(ctx: Context, host: str | None, port: int | None, log_level: str | Non
             "Keep it secret; create more with `outbox tokens create`.\n",
             err=True,
         )
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        log_config=None,  # the server's own lines go through logs.configure's handler too
-        loop="auto",
-        http="auto",
-        proxy_headers=False,
-    )
+    _serve(create_app(settings), settings, settings.port, proxy_headers=False)
+
+
+def _serve(app: FastAPI, settings: Settings, port: int, **options: Any) -> None:
+    """Run ``app`` under uvicorn until SIGTERM or SIGINT. The signal itself starts the app's
+    shutdown (``api.begin_shutdown``): uvicorn's own waits for open requests to end first."""
+    import uvicorn
+
+    from .api import begin_shutdown
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            super().handle_exit(sig, frame)
+            begin_shutdown(app)
+
+    config = uvicorn.Config(app, host=settings.host, port=port, log_level=settings.log_level,
+                            log_config=None,  # its lines go through logs.configure's handler too
+                            **options)
+    server = Server(config)
+    server.run()
+    if not server.started:
+        sys.exit(3)  # as uvicorn.run: the server could not start (the log says why)
 
 
 @main.command()
@@ -187,14 +201,11 @@ def worker(ctx: Context, concurrency: int | None, log_level: str | None, log_for
     settings = ctx.settings(**overrides)
     logs.configure(settings.log_level, settings.log_format)
     if settings.metrics_port is not None:
-        import uvicorn
-
         from .api import create_app
 
-        # the server owns SIGTERM here: its shutdown stops the sender, which drains as below
-        uvicorn.run(create_app(settings.model_copy(update={"worker": True}), probes_only=True),
-                    host=settings.host, port=settings.metrics_port, log_level=settings.log_level,
-                    log_config=None, access_log=False)
+        # the server owns SIGTERM here: it stops the sender, which drains as below
+        _serve(create_app(settings.model_copy(update={"worker": True}), probes_only=True), settings,
+               settings.metrics_port, access_log=False)
         return
 
     async def run() -> None:

@@ -46,6 +46,8 @@ class Outbox:
         self.enqueued = Signal()
         #: Wakes long polls when an intent here reaches a settled status.
         self.settled = Signal()
+        #: Set once the serving process starts to shut down: long polls answer at once.
+        self.closing = asyncio.Event()
 
     @classmethod
     async def open(
@@ -172,9 +174,15 @@ class Outbox:
         while True:
             intent = await self.get(action_id)
             remaining = deadline - asyncio.get_running_loop().time()
-            if intent.status in SETTLED or remaining <= 0:
+            if intent.status in SETTLED or remaining <= 0 or self.closing.is_set():
                 return intent
             await self.settled.wait(min(remaining, poll_seconds))
+
+    def begin_closing(self) -> None:
+        """End every long poll now, with the intent as it stands (the process is shutting down,
+        and a poll may otherwise hold it up for a minute)."""
+        self.closing.set()
+        self.settled.notify()
 
     async def history(self, action_id: str) -> History:
         """An intent's attempts and events."""

@@ -7,12 +7,14 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
 from ..conftest import SECRET, free_port
+from ..receiver import Receiver, Reply
 from .conftest import OUTBOX, clean_env
 
 pytestmark = pytest.mark.acceptance
@@ -131,6 +133,33 @@ def test_json_logs_make_every_line_of_the_service_one_object(workdir: Path):
     assert {"uvicorn.error", "uvicorn.access", "outbox.sender"} <= by_logger
     assert any(r["logger"] == "uvicorn.access" and "/healthz" in r["message"] for r in records)
     assert not any("\x1b" in json.dumps(r, ensure_ascii=False) for r in records)  # no terminal colours
+
+
+def test_sigterm_answers_long_polls_and_stops_the_sender_at_once(workdir: Path, receiver: Receiver):
+    receiver.script("/hook", Reply(503))  # the intent keeps being retried: never settled
+    cli(workdir, "destinations", "put", "hook", "--url", f"{receiver.url}/hook", "--allow-private-network")
+    cli(workdir, "enqueue", "--destination", "hook", "--scope", "acme", "--payload", "{}", "--action-id", "a1")
+    admin = json.loads(cli(workdir, "--json", "tokens", "create", "--role", "admin").stdout)["token"]
+    svc = Service(workdir, env={"OUTBOX_AUTHORITY": "allow-all"})  # retries 0.5-1 s apart
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            poll = pool.submit(httpx.get, svc.url + "/v1/intents/a1", params={"wait": 60},
+                               headers={"Authorization": f"Bearer {admin}"}, timeout=70)
+            receiver.wait_for_requests_blocking(1, "/hook", timeout=20)  # the sender is busy with it
+            signalled = time.monotonic()
+            svc.proc.send_signal(signal.SIGTERM)
+            answer = poll.result(timeout=70)
+            assert time.monotonic() - signalled < 5  # not the minute the poll asked for
+            assert answer.status_code == 200 and answer.json()["status"] == "pending"
+            assert svc.proc.wait(timeout=15) in (0, -signal.SIGTERM)
+        assert time.monotonic() - signalled < 10
+        sent = len(receiver.requests("/hook"))
+        time.sleep(1.5)  # past the next retry's time
+        assert len(receiver.requests("/hook")) == sent  # nothing more was claimed or sent
+        assert "Application shutdown complete" in svc.log.read_text()
+    finally:
+        if svc.proc.poll() is None:
+            svc.proc.kill()
 
 
 def test_cli_errors_are_clear_and_exit_nonzero(workdir: Path):
