@@ -21,6 +21,9 @@ Authorize = Callable[[Intent], Awaitable[str | None]]
 
 REPLAYABLE = frozenset({Status.DEAD, Status.REVOKED, Status.UNKNOWN})
 
+#: Intents deleted per transaction when pruning, so other writers never wait long behind it.
+PRUNE_BATCH = 10_000
+
 
 class Resolution(str, enum.Enum):
     """How an operator settles an ``unknown`` intent."""
@@ -209,6 +212,15 @@ async def bulk_replay(
 
 async def prune(box: Outbox, *, older_than: timedelta, dry_run: bool) -> list[str]:
     """Delete delivered and cancelled intents finished more than ``older_than`` ago (dead and
-    unknown intents stay until an operator acts on them)."""
-    return await box.store.prune(box.clock.now() - older_than, dry_run=dry_run)
+    unknown intents stay until an operator acts on them); returns their action_ids. Deletes
+    ``PRUNE_BATCH`` at a time, each batch its own transaction, until none is left."""
+    before = box.clock.now() - older_than
+    if dry_run:
+        return await box.store.prune(before, dry_run=True, limit=None)
+    gone: list[str] = []
+    while True:
+        batch = await box.store.prune(before, dry_run=False, limit=PRUNE_BATCH)
+        gone += batch
+        if len(batch) < PRUNE_BATCH:
+            return gone
 

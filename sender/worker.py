@@ -29,6 +29,7 @@ from outbox import (
     Status,
     StoreUnavailable,
     Submission,
+    operations,
 )
 from outbox.ids import uuid7
 from outbox.model import SETTLED
@@ -212,7 +213,7 @@ class Worker:
             try:
                 await self.sweep()
                 if time.monotonic() >= next_prune:
-                    pruned = await self.store.prune(self.clock.now() - retention, dry_run=False)
+                    pruned = await operations.prune(self.outbox, older_than=retention, dry_run=False)
                     if pruned:
                         log.info("pruned %d delivered/cancelled intents past their retention", len(pruned))
                     next_prune = time.monotonic() + PRUNE_SECONDS

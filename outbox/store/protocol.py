@@ -183,9 +183,10 @@ class Store(Protocol):
         """When the soonest pending intent falls due, or None."""
         ...
 
-    async def prune(self, before: datetime, *, dry_run: bool, limit: int = 10_000) -> list[str]:
-        """Delete up to ``limit`` delivered or cancelled intents last changed before ``before``,
-        with their attempts and events; returns their action_ids (nothing deleted on a dry run)."""
+    async def prune(self, before: datetime, *, dry_run: bool, limit: int | None) -> list[str]:
+        """Delete up to ``limit`` (None: all) delivered or cancelled intents last changed before
+        ``before``, oldest first, with their attempts and events, in one transaction; returns
+        their action_ids (nothing deleted on a dry run)."""
         ...
 
     async def count_by_status(self) -> list[tuple[str, str, int]]:

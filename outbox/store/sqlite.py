@@ -636,9 +636,10 @@ class SqliteStore:
     async def next_due_at(self) -> datetime | None:
         return await self._read(lambda conn: from_us(conn.execute(SQL["next_due_at"]).fetchone()[0]))
 
-    async def prune(self, before: datetime, *, dry_run: bool, limit: int = 10_000) -> list[str]:
+    async def prune(self, before: datetime, *, dry_run: bool, limit: int | None) -> list[str]:
         def find(conn: sqlite3.Connection) -> list[tuple[int, str]]:
-            return [(r[0], r[1]) for r in conn.execute(SQL["prunable"], (to_us(before), limit))]
+            rows = conn.execute(SQL["prunable"], (to_us(before), -1 if limit is None else limit))  # -1: no limit
+            return [(r[0], r[1]) for r in rows]
 
         if dry_run:
             return [action_id for _, action_id in await self._read(find)]

@@ -3,6 +3,7 @@ SQLite file that the test prepares with the library and a real receiver."""
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import json
 import os
@@ -291,6 +292,41 @@ async def test_prune_dry_run_then_real_run(old_shell: Shell):
     assert not [row for row in after["events"] if row not in before["events"]]  # nothing new was written
     assert len(after["events"]) < len(before["events"]) and len(after["attempts"]) < len(before["attempts"])
     assert shell.run("prune", "--older-than-days", "5").stdout.strip() == "pruned 0 intent(s)"
+
+
+PAST_RETENTION = ["old-1", "old-2", "old-cancel"]
+
+
+async def test_prune_takes_as_many_batches_as_it_needs(old_shell: Shell, monkeypatch):
+    """Three intents are past retention and a batch holds two: all three go."""
+    from outbox import operations
+
+    monkeypatch.setattr(operations, "PRUNE_BATCH", 2)
+    await _history_over_ten_days(old_shell)
+    five_days = timedelta(days=5)
+    assert sorted(await operations.prune(old_shell.box, older_than=five_days, dry_run=True)) == PAST_RETENTION
+    assert sorted(await operations.prune(old_shell.box, older_than=five_days, dry_run=False)) == PAST_RETENTION
+    assert await operations.prune(old_shell.box, older_than=five_days, dry_run=False) == []
+
+
+async def test_the_workers_prune_takes_as_many_batches_as_it_needs(old_shell: Shell, monkeypatch):
+    from outbox import operations
+    from sender import Worker
+
+    monkeypatch.setattr(operations, "PRUNE_BATCH", 2)
+    await _history_over_ten_days(old_shell)
+    worker = Worker(old_shell.box)  # retention: the default 7 days
+    running = asyncio.create_task(worker.run())
+    try:
+        for _ in range(200):
+            left = [i for i in PAST_RETENTION if await old_shell.box.store.get_intent(i) is not None]
+            if not left:
+                break
+            await asyncio.sleep(0.05)
+        assert not left, f"the worker's prune left {left}"
+    finally:
+        worker.stop()
+        await asyncio.wait_for(running, 10)
 
 
 async def test_list_created_after(old_shell: Shell):
