@@ -54,6 +54,8 @@ log = logging.getLogger("outbox.sender")
 DESTINATION_CACHE_SECONDS = 2.0
 #: How often a worker prunes finished intents past their retention.
 PRUNE_SECONDS = 3600.0
+#: Expired leases read per round of a sweep.
+SWEEP_BATCH = 100
 #: A disabled or missing destination's intents are looked at again after this long.
 PARKED_SECONDS = 60.0
 #: Leases a worker holds per send slot: while some sends run, the next intents are being
@@ -149,11 +151,16 @@ class Worker:
         return claimed
 
     async def sweep(self) -> int:
-        """Recover intents whose lease expired; returns how many."""
-        expired = await self.store.expired_leases(self.clock.now(), 100)
-        for intent, attempt in expired:
-            await self._recover(intent, attempt)
-        return len(expired)
+        """Recover every intent whose lease has expired, ``SWEEP_BATCH`` at a time (each one
+        recovered leaves the expired set); returns how many."""
+        recovered = 0
+        while True:
+            expired = await self.store.expired_leases(self.clock.now(), SWEEP_BATCH)
+            for intent, attempt in expired:
+                await self._recover(intent, attempt)
+            recovered += len(expired)
+            if len(expired) < SWEEP_BATCH:
+                return recovered
 
     # -- claiming --------------------------------------------------------------------------
 

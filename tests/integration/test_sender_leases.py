@@ -353,3 +353,20 @@ async def test_an_error_before_the_attempt_gives_the_intent_back_with_a_backoff(
     assert await env.due_in("a1") > 0  # not claimed again at once, in a loop, while the bug lasts
     released = only(await env.box.history("a1"), "released")
     assert released.reason == "RuntimeError: a bug of ours before an attempt started"
+
+
+async def test_one_sweep_recovers_every_expired_lease_batch_after_batch(env: SenderEnv, monkeypatch):
+    import sender.worker
+
+    monkeypatch.setattr(sender.worker, "SWEEP_BATCH", 2)
+    await env.destination("http://127.0.0.1:9/hook")
+    for n in range(5):
+        await env.enqueue(f"a{n}")
+    now = env.clock.now()
+    claimed = await env.box.store.claim("vanished", now=now, lease_until=now + timedelta(seconds=30), limit=5)
+    assert len(claimed) == 5  # a worker claimed them, then vanished before any attempt
+    env.clock.advance(31)
+    assert await env.worker(worker_id="w2").sweep() == 5
+    for n in range(5):
+        intent = await env.box.get(f"a{n}")
+        assert intent.status is Status.PENDING and intent.lease_owner is None and intent.fence == 2
