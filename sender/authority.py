@@ -166,6 +166,11 @@ class CallableAuthority:
         return None
 
 
+#: Decisions a CachedAuthority keeps at most: one per (scope, channel, destination) seen lately,
+#: so a harness with a scope per user does not grow it without end.
+MAX_CACHED = 4096
+
+
 class CachedAuthority:
     """Remembers ALLOW and DENY decisions for at most ``seconds`` per (scope, channel, destination)."""
 
@@ -192,6 +197,8 @@ class CachedAuthority:
         try:
             decision = await self.inner.check(request)
             if decision.verdict is not Verdict.UNAVAILABLE:
+                if len(self._cache) >= MAX_CACHED:
+                    self._forget_stale(now)
                 self._cache[key] = (now, decision)
             future.set_result(decision)
             return decision
@@ -201,6 +208,13 @@ class CachedAuthority:
             raise
         finally:
             del self._pending[key]
+
+    def _forget_stale(self, now: float) -> None:
+        """Drop the decisions too old to be used; if that is not enough, the oldest half."""
+        fresh = {k: v for k, v in self._cache.items() if now - v[0] < self.seconds}
+        if len(fresh) >= MAX_CACHED:
+            fresh = dict(sorted(fresh.items(), key=lambda item: item[1][0])[MAX_CACHED // 2:])
+        self._cache = fresh
 
     async def aclose(self) -> None:
         await self.inner.aclose()
