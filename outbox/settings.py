@@ -43,6 +43,12 @@ class Settings(BaseSettings):
         description="`outbox worker` serves /metrics, /healthz and /readyz on this port (on `host`)",
     )
     worker_concurrency: int = Field(default=64, ge=1, le=4096, description="sends in flight per worker")
+    circuit_failures: int = Field(
+        default=5, ge=0, description="sends in a row without an answer that pause a destination (0: never)"
+    )
+    circuit_pause_seconds: float = Field(
+        default=5.0, gt=0, description="a paused destination's first pause; each next one twice as long, up to 300 s"
+    )
     lease_seconds: float = Field(default=30.0, gt=0, description="how long a claim lasts unless renewed")
     poll_seconds: float = Field(
         default=1.0, gt=0, description="longest a worker waits before looking for work again"

@@ -45,6 +45,7 @@ from .authority import (
 )
 from .backoff import Backoff
 from .channel import Channel, SendResult
+from .circuit import Circuits
 from .decision import Fate, Policy, decide
 from .webhook import WebhookChannel
 
@@ -99,6 +100,7 @@ class Worker:
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
         self._destinations: dict[str, tuple[float, Destination | None]] = {}
+        self.circuits = Circuits(settings.circuit_failures, settings.circuit_pause_seconds)
         self.stale_writes = 0  # fenced writes this worker had rejected (also logged)
 
     # -- running ---------------------------------------------------------------------------
@@ -280,6 +282,8 @@ class Worker:
                 result = await self.channels[intent.channel].send(
                     intent, destination, attempt_id=attempt.attempt_id, fence=intent.fence)
                 seconds = time.perf_counter() - started
+            if changed := self.circuits.record(destination.id, result, self.clock.now()):
+                log.log(*changed, extra={"destination": destination.id, "worker": self.id})
             await self._finish(intent, destination, attempt, result, seconds)
         except StaleWrite as exc:
             self.stale_writes += 1
@@ -307,6 +311,9 @@ class Worker:
             return None
         if intent.expires_at is not None and now >= intent.expires_at:
             await self._settle(intent, Fate(Status.DEAD, "dead_lettered", "expired before it could be sent"), [])
+            return None
+        if (paused := self.circuits.hold(destination.id, now)) is not None:
+            await self._release(intent, paused[1], paused[0])  # nothing sent, no attempt made
             return None
         if destination.requires_approval and (refusal := _approval_refusal(intent, now)):
             await self.store.update_intent(

@@ -370,3 +370,31 @@ async def test_one_sweep_recovers_every_expired_lease_batch_after_batch(env: Sen
     for n in range(5):
         intent = await env.box.get(f"a{n}")
         assert intent.status is Status.PENDING and intent.lease_owner is None and intent.fence == 2
+
+
+async def test_a_receiver_that_stops_answering_is_paused_and_the_others_go_on(
+        open_env, receiver: Receiver, closed_port: int):
+    env: SenderEnv = await open_env(circuit_failures=3, circuit_pause_seconds=30)
+    receiver.script("/hook", Reply(200))
+    await env.destination(f"http://127.0.0.1:{closed_port}/hook", "down")
+    await env.destination(f"{receiver.url}/hook", "up")
+    for n in range(6):
+        await env.enqueue(f"down-{n}", destination="down")
+    await env.enqueue("up-0", destination="up")
+    assert await env.worker(worker_id="w1", concurrency=1).run_once(limit=7) == 7  # one send at a time
+
+    assert (await env.box.get("up-0")).status is Status.DELIVERED
+    tried, paused = [], []
+    for n in range(6):
+        history = await env.box.history(f"down-{n}")
+        assert history.intent.status is Status.PENDING
+        (tried if history.attempts else paused).append(history)
+    assert len(tried) == 3 and len(paused) == 3  # three refused in a row, then no more sends
+    for history in tried:
+        [attempt] = history.attempts
+        assert attempt.submission is Submission.NOT_SUBMITTED
+    resume = env.clock.now() + timedelta(seconds=30)
+    for history in paused:
+        released = only(history, "released")
+        assert "'down' is not answering (3 sends in a row got no answer)" in released.reason
+        assert resume <= history.intent.next_attempt_at <= resume + timedelta(seconds=30)
