@@ -38,6 +38,8 @@ from .records import (
 
 T = TypeVar("T")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+#: Expired records a SQLite store deletes per transaction when purging.
+PURGE_BATCH = 5_000
 
 
 def _table(name: str) -> str:
@@ -251,8 +253,15 @@ class SqliteRecordStore:
         return await on_thread(self._committer.db, self._read, identity)
 
     async def purge(self, now: datetime) -> int:
-        cutoff = to_us(now)
-        return await self._write(lambda conn: conn.execute(self._sql["purge"], (cutoff,)).rowcount)
+        """In batches of PURGE_BATCH, each its own transaction, so claims that arrive meanwhile
+        commit between them instead of waiting for the whole purge."""
+        params = (to_us(now), PURGE_BATCH)
+        purged = 0
+        while True:
+            gone: int = await self._write(lambda conn: conn.execute(self._sql["purge"], params).rowcount)
+            purged += gone
+            if gone < PURGE_BATCH:
+                return purged
 
 
 class PostgresRecordStore:

@@ -29,5 +29,5 @@ INSERT OR REPLACE INTO {table} (identity, fingerprint, state, epoch, min_fence, 
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
 
 -- name: purge
--- Delete records whose retention ran out.
-DELETE FROM {table} WHERE expires_at <= ?;
+-- Delete up to a number of records whose retention ran out (a batch: claims wait behind it).
+DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE expires_at <= ? LIMIT ?);

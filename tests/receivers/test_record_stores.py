@@ -273,6 +273,20 @@ async def test_purge_deletes_only_expired_records(store: Any) -> None:
     assert await store.purge(now) == 0
 
 
+async def test_purge_takes_every_expired_record_batch_after_batch(store: Any, monkeypatch) -> None:
+    import receivers.stores
+
+    monkeypatch.setattr(receivers.stores, "PURGE_BATCH", 2)  # a SQLite store deletes 2 per transaction
+    now = T0 + timedelta(hours=5)
+    for n in range(5):
+        await claim(store, f"old-{n}")
+        await store.complete(f"old-{n}", 1, OK, expires_at=now - US)
+    await claim(store, "kept", retention=timedelta(hours=10))
+    assert await store.purge(now) == 5
+    assert [await store.get(f"old-{n}") for n in range(5)] == [None] * 5
+    assert await store.get("kept") is not None
+
+
 # -- concurrency ---------------------------------------------------------------------------
 
 
