@@ -31,6 +31,9 @@ class Metrics:
         self.lease_expiries = Counter("outbox_lease_expiries_total", "Leases recovered by the sweeper.", registry=r)
         self.authority_denials = Counter("outbox_authority_denials_total", "Sends refused by the authority.",
                                          registry=r)
+        self.paused_destinations = Gauge("outbox_paused_destinations",
+                                         "Destinations this process's sender has paused: they stopped answering.",
+                                         registry=r)
 
     async def render(self, store: Store, now: datetime) -> bytes:
         """Refresh the backlog gauges from the store, then the exposition text."""

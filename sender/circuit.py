@@ -58,6 +58,11 @@ class Circuits:
         return due, (f"destination {destination_id!r} is not answering ({circuit.failures} sends in a row "
                      f"got no answer); its sends are paused until {resume.isoformat()}")
 
+    @property
+    def paused(self) -> int:
+        """How many destinations are paused or being probed now."""
+        return sum(1 for circuit in self._circuits.values() if circuit.until is not None)
+
     def record(self, destination_id: str, result: SendResult, now: datetime) -> tuple[int, str] | None:
         """Count a send's result; returns what changed (the circuit opened or closed) as a log
         level and message, if anything did."""

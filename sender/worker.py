@@ -284,6 +284,7 @@ class Worker:
                 seconds = time.perf_counter() - started
             if changed := self.circuits.record(destination.id, result, self.clock.now()):
                 log.log(*changed, extra={"destination": destination.id, "worker": self.id})
+                self.outbox.metrics.paused_destinations.set(self.circuits.paused)
             await self._finish(intent, destination, attempt, result, seconds)
         except StaleWrite as exc:
             self.stale_writes += 1

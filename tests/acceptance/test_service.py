@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -141,11 +142,20 @@ def test_sigterm_answers_long_polls_and_stops_the_sender_at_once(workdir: Path, 
     cli(workdir, "enqueue", "--destination", "hook", "--scope", "acme", "--payload", "{}", "--action-id", "a1")
     admin = json.loads(cli(workdir, "--json", "tokens", "create", "--role", "admin").stdout)["token"]
     svc = Service(workdir, env={"OUTBOX_AUTHORITY": "allow-all"})  # retries 0.5-1 s apart
+    connected = threading.Event()
+
+    def long_poll() -> httpx.Response:
+        with httpx.Client(base_url=svc.url, headers={"Authorization": f"Bearer {admin}"}, timeout=70) as c:
+            c.get("/healthz")  # the server has accepted this connection; the poll reuses it
+            connected.set()
+            return c.get("/v1/intents/a1", params={"wait": 60})
+
     try:
         with ThreadPoolExecutor(1) as pool:
-            poll = pool.submit(httpx.get, svc.url + "/v1/intents/a1", params={"wait": 60},
-                               headers={"Authorization": f"Bearer {admin}"}, timeout=70)
+            poll = pool.submit(long_poll)
             receiver.wait_for_requests_blocking(1, "/hook", timeout=20)  # the sender is busy with it
+            assert connected.wait(20)
+            time.sleep(0.5)  # the poll's request is read and waiting
             signalled = time.monotonic()
             svc.proc.send_signal(signal.SIGTERM)
             answer = poll.result(timeout=70)

@@ -382,6 +382,7 @@ async def test_a_receiver_that_stops_answering_is_paused_and_the_others_go_on(
         await env.enqueue(f"down-{n}", destination="down")
     await env.enqueue("up-0", destination="up")
     assert await env.worker(worker_id="w1", concurrency=1).run_once(limit=7) == 7  # one send at a time
+    assert env.box.metrics.registry.get_sample_value("outbox_paused_destinations") == 1
 
     assert (await env.box.get("up-0")).status is Status.DELIVERED
     tried, paused = [], []
