@@ -277,10 +277,10 @@ class Worker:
                                    "fence": intent.fence, "authority": decision.reason,
                                    "authority_revision": decision.revision})],
                 )
+                channel = self.channels[intent.channel]
                 started = time.perf_counter()
                 sent = True
-                result = await self.channels[intent.channel].send(
-                    intent, destination, attempt_id=attempt.attempt_id, fence=intent.fence)
+                result = await channel.send(intent, destination, attempt_id=attempt.attempt_id, fence=intent.fence)
                 seconds = time.perf_counter() - started
             if changed := self.circuits.record(destination.id, result, self.clock.now()):
                 log.log(*changed, extra={"destination": destination.id, "worker": self.id})
