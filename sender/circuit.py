@@ -6,6 +6,7 @@ whole timeout, and every other destination's intents wait behind them. Once ``th
 in a row get no answer (refused, timed out, reset), its intents are given back unsent, due after
 a pause, and the slots go to the others. When the pause ends, one send probes the receiver. If
 it answers, sending resumes; if not, the next pause is twice as long, up to ``max_pause``.
+A destination given a new URL starts afresh.
 """
 
 from __future__ import annotations
@@ -15,15 +16,16 @@ import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from outbox import Outcome
+from outbox import Destination, Outcome
 
 from .channel import SendResult
 
 
 @dataclass
 class Circuit:
-    """What one worker has seen of one destination lately."""
+    """What one worker has seen of one destination (at one URL) lately."""
 
+    url: str
     failures: int = 0  # sends in a row that got no answer
     pauses: int = 0  # pauses in a row; each is twice the one before
     until: datetime | None = None  # paused until then (None: closed)
@@ -42,10 +44,17 @@ class Circuits:
         self.max_pause_seconds = max_pause_seconds
         self._circuits: dict[str, Circuit] = {}
 
-    def hold(self, destination_id: str, now: datetime) -> tuple[datetime, str] | None:
+    def _circuit(self, destination: Destination) -> Circuit | None:
+        circuit = self._circuits.get(destination.id)
+        if circuit is not None and circuit.url != destination.url:  # moved: what we saw is moot
+            del self._circuits[destination.id]
+            return None
+        return circuit
+
+    def hold(self, destination: Destination, now: datetime) -> tuple[datetime, str] | None:
         """None if a send to the destination may go now; else when its intent should be looked
         at again (spread over the pause, so they do not all come back at once) and why."""
-        circuit = self._circuits.get(destination_id)
+        circuit = self._circuit(destination)
         if circuit is None or circuit.until is None:
             return None
         pause = circuit.pause_seconds(self.pause_seconds, self.max_pause_seconds)
@@ -55,7 +64,7 @@ class Circuits:
             return None
         resume = max(circuit.until, now)
         due = resume + timedelta(seconds=random.uniform(0, pause))
-        return due, (f"destination {destination_id!r} is not answering ({circuit.failures} sends in a row "
+        return due, (f"destination {destination.id!r} is not answering ({circuit.failures} sends in a row "
                      f"got no answer); its sends are paused until {resume.isoformat()}")
 
     @property
@@ -63,19 +72,22 @@ class Circuits:
         """How many destinations are paused or being probed now."""
         return sum(1 for circuit in self._circuits.values() if circuit.until is not None)
 
-    def record(self, destination_id: str, result: SendResult, now: datetime) -> tuple[int, str] | None:
+    def record(self, destination: Destination, result: SendResult, now: datetime) -> tuple[int, str] | None:
         """Count a send's result; returns what changed (the circuit opened or closed) as a log
         level and message, if anything did."""
         if self.threshold <= 0:
             return None
+        circuit = self._circuit(destination)
         if result.status_code is not None:  # the receiver answered, whatever it said: forget
-            was = self._circuits.pop(destination_id, None)
-            if was is not None and was.until is not None:
-                return logging.INFO, f"destination {destination_id!r} answers again; its sends resume"
-            return None
+            if circuit is None:
+                return None
+            del self._circuits[destination.id]
+            return (logging.INFO, f"destination {destination.id!r} answers again; its sends resume"
+                    ) if circuit.until is not None else None
         if result.outcome not in (Outcome.RETRYABLE, Outcome.UNKNOWN):
             return None  # refused by us (the SSRF guard), not by the receiver's silence
-        circuit = self._circuits.setdefault(destination_id, Circuit())
+        if circuit is None:
+            circuit = self._circuits[destination.id] = Circuit(destination.url)
         circuit.failures += 1
         circuit.probe_at = None
         if circuit.failures < self.threshold or (circuit.until is not None and now < circuit.until):
@@ -83,5 +95,5 @@ class Circuits:
         circuit.pauses += 1
         pause = circuit.pause_seconds(self.pause_seconds, self.max_pause_seconds)
         circuit.until = now + timedelta(seconds=pause)
-        return logging.WARNING, (f"destination {destination_id!r} stopped answering ({circuit.failures} sends "
+        return logging.WARNING, (f"destination {destination.id!r} stopped answering ({circuit.failures} sends "
                                  f"in a row got no answer: {result.error}); its sends are paused for {pause:.0f}s")

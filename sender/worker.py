@@ -101,6 +101,7 @@ class Worker:
         self._stopping = asyncio.Event()
         self._destinations: dict[str, tuple[float, Destination | None]] = {}
         self.circuits = Circuits(settings.circuit_failures, settings.circuit_pause_seconds)
+        outbox.metrics.paused_destinations.set_function(lambda: self.circuits.paused)
         self.stale_writes = 0  # fenced writes this worker had rejected (also logged)
 
     # -- running ---------------------------------------------------------------------------
@@ -282,9 +283,8 @@ class Worker:
                 sent = True
                 result = await channel.send(intent, destination, attempt_id=attempt.attempt_id, fence=intent.fence)
                 seconds = time.perf_counter() - started
-            if changed := self.circuits.record(destination.id, result, self.clock.now()):
+            if changed := self.circuits.record(destination, result, self.clock.now()):
                 log.log(*changed, extra={"destination": destination.id, "worker": self.id})
-                self.outbox.metrics.paused_destinations.set(self.circuits.paused)
             await self._finish(intent, destination, attempt, result, seconds)
         except StaleWrite as exc:
             self.stale_writes += 1
@@ -313,7 +313,7 @@ class Worker:
         if intent.expires_at is not None and now >= intent.expires_at:
             await self._settle(intent, Fate(Status.DEAD, "dead_lettered", "expired before it could be sent"), [])
             return None
-        if (paused := self.circuits.hold(destination.id, now)) is not None:
+        if (paused := self.circuits.hold(destination, now)) is not None:
             await self._release(intent, paused[1], paused[0])  # nothing sent, no attempt made
             return None
         if destination.requires_approval and (refusal := _approval_refusal(intent, now)):

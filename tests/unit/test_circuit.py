@@ -5,11 +5,20 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, timedelta
 
-from outbox import Outcome, Submission
+from outbox import Destination, OnUnknown, Outcome, Submission
+from outbox.model import Channel
 from sender.channel import SendResult
 from sender.circuit import Circuits
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def destination(name: str, url: str = "https://receiver.example/hook") -> Destination:
+    return Destination(name, Channel.WEBHOOK, url, ("whsec_x",), True, 86_400, OnUnknown.DECLARED, 10.0,
+                       False, False, False, T0, T0)
+
+
+D, OTHER = destination("d"), destination("other")
 REFUSED = SendResult(Submission.NOT_SUBMITTED, Outcome.RETRYABLE, error="ClientConnectorError: refused")
 TIMED_OUT = SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, error="TimeoutError")
 ANSWERED_503 = SendResult(Submission.SUBMITTED, Outcome.RETRYABLE, status_code=503, error="receiver answered 503")
@@ -22,66 +31,75 @@ def at(seconds: float) -> datetime:
 
 def test_it_opens_after_the_threshold_and_holds_sends_spread_over_the_pause():
     circuits = Circuits(3, 10.0)
-    assert circuits.record("d", REFUSED, at(0)) is None
-    assert circuits.record("d", TIMED_OUT, at(1)) is None
-    assert circuits.hold("d", at(1)) is None  # still closed
-    level, message = circuits.record("d", REFUSED, at(2))
+    assert circuits.record(D, REFUSED, at(0)) is None
+    assert circuits.record(D, TIMED_OUT, at(1)) is None
+    assert circuits.hold(D, at(1)) is None  # still closed
+    level, message = circuits.record(D, REFUSED, at(2))
     assert level == logging.WARNING and "stopped answering (3 sends in a row" in message and "10s" in message
     dues = []
     for _ in range(50):
-        due, why = circuits.hold("d", at(3))
+        due, why = circuits.hold(D, at(3))
         dues.append(due)
         assert "'d' is not answering" in why and at(12).isoformat() in why
     assert min(dues) >= at(12) and max(dues) <= at(22) and len(set(dues)) > 1
-    assert circuits.hold("other", at(3)) is None  # one destination's silence pauses only it
+    assert circuits.hold(OTHER, at(3)) is None  # one destination's silence pauses only it
 
 
 def test_answers_of_any_status_and_our_own_refusals_do_not_count_as_silence():
     circuits = Circuits(2, 10.0)
-    circuits.record("d", REFUSED, at(0))
-    circuits.record("d", ANSWERED_503, at(1))  # it answered: the run of silence is over
-    circuits.record("d", REFUSED, at(2))
-    assert circuits.hold("d", at(2)) is None
-    circuits.record("d", SSRF, at(3))  # refused by us, not by the receiver
-    assert circuits.hold("d", at(3)) is None
-    assert Circuits(0, 10.0).record("d", REFUSED, at(0)) is None  # 0: never pause
+    circuits.record(D, REFUSED, at(0))
+    circuits.record(D, ANSWERED_503, at(1))  # it answered: the run of silence is over
+    circuits.record(D, REFUSED, at(2))
+    assert circuits.hold(D, at(2)) is None
+    circuits.record(D, SSRF, at(3))  # refused by us, not by the receiver
+    assert circuits.hold(D, at(3)) is None
+    assert Circuits(0, 10.0).record(D, REFUSED, at(0)) is None  # 0: never pause
 
 
 def test_late_failures_of_sends_already_in_flight_do_not_extend_the_pause():
     circuits = Circuits(2, 10.0)
-    circuits.record("d", REFUSED, at(0))
-    circuits.record("d", REFUSED, at(0))
-    assert circuits.record("d", TIMED_OUT, at(5)) is None
-    assert circuits.hold("d", at(9)) is not None and circuits.hold("d", at(10)) is None
+    circuits.record(D, REFUSED, at(0))
+    circuits.record(D, REFUSED, at(0))
+    assert circuits.record(D, TIMED_OUT, at(5)) is None
+    assert circuits.hold(D, at(9)) is not None and circuits.hold(D, at(10)) is None
 
 
 def test_after_the_pause_one_send_probes_a_failed_probe_doubles_the_pause_and_an_answer_closes_it():
     circuits = Circuits(2, 10.0)
-    circuits.record("d", REFUSED, at(0))
-    circuits.record("d", REFUSED, at(0))
-    assert circuits.hold("d", at(10)) is None  # the probe
-    assert circuits.hold("d", at(10.5)) is not None  # the others wait for its answer
-    level, message = circuits.record("d", TIMED_OUT, at(11))
+    circuits.record(D, REFUSED, at(0))
+    circuits.record(D, REFUSED, at(0))
+    assert circuits.hold(D, at(10)) is None  # the probe
+    assert circuits.hold(D, at(10.5)) is not None  # the others wait for its answer
+    level, message = circuits.record(D, TIMED_OUT, at(11))
     assert level == logging.WARNING and "paused for 20s" in message
-    assert circuits.hold("d", at(30)) is not None and circuits.hold("d", at(31)) is None  # the next probe
-    level, message = circuits.record("d", ANSWERED_503, at(31.5))
+    assert circuits.hold(D, at(30)) is not None and circuits.hold(D, at(31)) is None  # the next probe
+    level, message = circuits.record(D, ANSWERED_503, at(31.5))
     assert level == logging.INFO and "'d' answers again" in message
-    assert circuits.hold("d", at(32)) is None and circuits.hold("d", at(32)) is None
+    assert circuits.hold(D, at(32)) is None and circuits.hold(D, at(32)) is None
 
 
 def test_a_probe_that_never_reports_back_is_replaced_after_a_pause():
     circuits = Circuits(1, 10.0)
-    circuits.record("d", REFUSED, at(0))
-    assert circuits.hold("d", at(10)) is None  # a probe, whose send then never happened
-    assert circuits.hold("d", at(15)) is not None
-    assert circuits.hold("d", at(20)) is None  # another probe
+    circuits.record(D, REFUSED, at(0))
+    assert circuits.hold(D, at(10)) is None  # a probe, whose send then never happened
+    assert circuits.hold(D, at(15)) is not None
+    assert circuits.hold(D, at(20)) is None  # another probe
 
 
 def test_pauses_stop_growing_at_the_longest():
     circuits = Circuits(1, 100.0, max_pause_seconds=300.0)
     now = at(0)
     for _ in range(5):
-        _, message = circuits.record("d", REFUSED, now)
+        _, message = circuits.record(D, REFUSED, now)
         now += timedelta(seconds=1000)
-        assert circuits.hold("d", now) is None
+        assert circuits.hold(D, now) is None
     assert message.endswith("paused for 300s")
+
+
+def test_a_destination_given_a_new_url_starts_afresh():
+    circuits = Circuits(1, 10.0)
+    circuits.record(D, REFUSED, at(0))
+    assert circuits.hold(D, at(1)) is not None and circuits.paused == 1
+    moved = destination("d", "https://new-home.example/hook")
+    assert circuits.hold(moved, at(1)) is None  # the operator fixed it: no waiting out the pause
+    assert circuits.paused == 0
