@@ -384,9 +384,8 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
         if intent is None or not token.may_act_in(intent.scope):
             raise Problem(404, "not-found", "Not found", f"intent {action_id!r} does not exist")
         if wait:
-            intent = await outbox_.wait(action_id, wait)
-        history = await outbox_.history(action_id)
-        intent = history.intent or intent  # as the history's own read saw it
+            await outbox_.wait(action_id, wait)
+        intent, history = await outbox_.show(action_id)
         return {**intent_json(intent), "settled": intent.status in SETTLED, **history_json(history)}
 
     @app.get("/v1/intents", tags=["intents"], summary="List intents, newest first")

@@ -350,9 +350,8 @@ async def enqueue(
 @_run
 async def show(ctx: Context, box: Outbox, action_id: str) -> None:
     """Show an intent with its attempts and events."""
-    intent = await box.get(action_id)
-    history = await box.history(action_id)
-    data = {**intent_json(history.intent or intent), **history_json(history)}
+    intent, history = await box.show(action_id)
+    data = {**intent_json(intent), **history_json(history)}
 
     def text() -> str:
         lines = [f"{k:<16} {json.dumps(v) if isinstance(v, dict | list) else v}"

@@ -138,11 +138,9 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             return to_login()
         outbox = box(request)
         try:
-            intent = await outbox.get(action_id)
+            intent, history = await outbox.show(action_id)
         except (NotFound, OutboxError) as exc:
             return _page("Not found", f"<p>{escape(exc.message)}</p>", status=404)
-        history = await outbox.history(action_id)
-        intent = history.intent or intent  # as the history's own read saw it
         token = request.cookies[COOKIE]
         csrf = f"<input type='hidden' name='csrf' value='{csrf_for(token)}'>"
         target = f"/console/intents/{quote(action_id)}"

@@ -188,6 +188,15 @@ class Outbox:
         """An intent's attempts and events."""
         return await self.store.history(action_id)
 
+    async def show(self, action_id: str) -> tuple[Intent, History]:
+        """An intent with its attempts and events, from one read, so the status shown is never
+        older than the history beside it. Raises NotFound."""
+        check(ACTION_ID, action_id, "action_id")
+        history = await self.store.history(action_id)
+        if history.intent is None:
+            raise NotFound(f"intent {action_id!r} does not exist")
+        return history.intent, history
+
     async def list_intents(self, query: IntentQuery) -> Page:
         """A page of intents, newest first."""
         if not 1 <= query.limit <= MAX_PAGE:
