@@ -29,10 +29,10 @@ from .model import Channel, OnUnknown, Role, Status
 from .outbox import Outbox, history_json, intent_json
 from .settings import Settings
 from .store import IntentQuery
+from .tokens import TokenInfo
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
-from .tokens import TokenInfo
 
 T = TypeVar("T")
 
@@ -45,10 +45,11 @@ class Context:
         self.as_json = as_json
 
     def settings(self, **options: Any) -> Settings:
-        """The settings with this command's options; a bad value is a usage error naming the
-        variable it came from, not a traceback."""
+        """The settings with this command's options (those given: not None); a bad value is a
+        usage error naming the variable it came from, not a traceback."""
+        given = {name: value for name, value in options.items() if value is not None}
         try:
-            return Settings(**self.overrides, **options)
+            return Settings(**self.overrides, **given)
         except ValidationError as exc:
             raise click.UsageError(_invalid_settings(exc)) from None
 
@@ -95,6 +96,15 @@ def _env(name: str) -> dict[str, Any]:
     return {"envvar": f"OUTBOX_{name.upper()}", "show_envvar": True}
 
 
+def _log_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--log-level and --log-format, for the commands that keep running."""
+    command = click.option("--log-format", type=click.Choice(["text", "json"], case_sensitive=False),
+                           help="text, or json: one object per line [default: text]",
+                           **_env("log_format"))(command)
+    return click.option("--log-level", help="debug, info, warning, error [default: info]",
+                        **_env("log_level"))(command)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--database-url", help="sqlite:///path.db [default: sqlite:///./outbox.db]", **_env("database_url"))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
@@ -115,9 +125,7 @@ def main(click_ctx: click.Context, database_url: str | None, as_json: bool) -> N
 @main.command()
 @click.option("--host", help="Listen address [default: 127.0.0.1]", **_env("host"))
 @click.option("--port", type=int, help="Listen port [default: 8080]", **_env("port"))
-@click.option("--log-level", help="debug, info, warning, error [default: info]", **_env("log_level"))
-@click.option("--log-format", type=click.Choice(["text", "json"], case_sensitive=False),
-              help="text, or json: one object per line [default: text]", **_env("log_format"))
+@_log_options
 @click.option("--worker/--no-worker", default=None, help="Run an embedded sender [default: --worker]", **_env("worker"))
 @click.pass_obj
 def serve(ctx: Context, host: str | None, port: int | None, log_level: str | None, log_format: str | None,
@@ -128,12 +136,7 @@ def serve(ctx: Context, host: str | None, port: int | None, log_level: str | Non
     """
     from .api import create_app
 
-    overrides: dict[str, Any] = {
-        k: v for k, v in (("host", host), ("port", port), ("log_level", log_level), ("log_format", log_format)) if v
-    }
-    if worker is not None:
-        overrides["worker"] = worker
-    settings = ctx.settings(**overrides)
+    settings = ctx.settings(host=host, port=port, log_level=log_level, log_format=log_format, worker=worker)
     logs.configure(settings.log_level, settings.log_format)
 
     async def bootstrap() -> str | None:
@@ -180,9 +183,7 @@ def _serve(app: FastAPI, settings: Settings, port: int, **options: Any) -> None:
 
 @main.command()
 @click.option("--concurrency", type=int, help="Sends in flight [default: 64]", **_env("worker_concurrency"))
-@click.option("--log-level", help="debug, info, warning, error [default: info]", **_env("log_level"))
-@click.option("--log-format", type=click.Choice(["text", "json"], case_sensitive=False),
-              help="text, or json: one object per line [default: text]", **_env("log_format"))
+@_log_options
 @click.option("--metrics-port", type=int,
               help="Also serve /metrics, /healthz and /readyz on this port [default: none]",
               **_env("metrics_port"))
@@ -194,11 +195,8 @@ def worker(ctx: Context, concurrency: int | None, log_level: str | None, log_for
 
     from sender import Worker
 
-    overrides: dict[str, Any] = {"worker_concurrency": concurrency} if concurrency else {}
-    overrides.update({k: v for k, v in (("log_level", log_level), ("log_format", log_format)) if v})
-    if metrics_port is not None:
-        overrides["metrics_port"] = metrics_port
-    settings = ctx.settings(**overrides)
+    settings = ctx.settings(worker_concurrency=concurrency, log_level=log_level, log_format=log_format,
+                            metrics_port=metrics_port)
     logs.configure(settings.log_level, settings.log_format)
     if settings.metrics_port is not None:
         from .api import create_app
