@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import socket
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Iterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,18 @@ from outbox.api import create_app
 from .servers import Served
 
 SECRET = "whsec_" + "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0NTY3ODk="
+
+
+async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout: float = 5.0) -> bool:
+    """Whether ``check()`` comes true within ``timeout`` seconds, asked every 10 ms."""
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = check()
+        if await answer if inspect.isawaitable(answer) else answer:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
 
 
 def free_port() -> int:

@@ -3,16 +3,18 @@ sender's integration tests."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from outbox import Destination, DestinationSpec, Intent, ManualClock, Outbox, Settings
+from outbox import Destination, DestinationSpec, Intent, ManualClock, Outbox, Settings, Status
 from outbox.grants import GrantSpec
 from sender import Worker
 
@@ -60,6 +62,21 @@ class SenderEnv:
         worker = Worker(self.box, **options)
         self.workers.append(worker)
         return worker
+
+    @asynccontextmanager
+    async def running(self, **options: Any) -> AsyncIterator[tuple[Worker, asyncio.Task[None]]]:
+        """A Worker running (``run()``) while the block lasts, then stopped and awaited, its
+        drain included; the block gets the worker and its task."""
+        worker = self.worker(**options)
+        task = asyncio.create_task(worker.run())
+        try:
+            yield worker, task
+        finally:
+            worker.stop()
+            await asyncio.wait_for(task, 10)
+
+    async def status_is(self, action_id: str, status: Status) -> bool:
+        return (await self.box.get(action_id)).status is status
 
     async def destination(self, url: str, destination_id: str = "hook", **spec: Any) -> Destination:
         """Register a webhook destination; by default loopback is allowed, timeout 1 s,

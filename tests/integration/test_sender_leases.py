@@ -11,8 +11,18 @@ from datetime import timedelta
 from outbox import Outcome, Status, StoreUnavailable, Submission
 from sender import CallableAuthority
 
+from ..conftest import eventually
 from ..receiver import Gate, Receiver, Reply
 from .conftest import SenderEnv
+
+
+async def held_send(env: SenderEnv, receiver: Receiver, **spec: object) -> Gate:
+    """Intent a1 to a destination whose receiver holds its 200 until the returned gate opens."""
+    gate = Gate()
+    receiver.script("/hook", Reply(200, gate=gate))
+    await env.destination(f"{receiver.url}/hook", timeout_seconds=10, **spec)
+    await env.enqueue("a1")
+    return gate
 
 
 def kinds(history) -> list[str]:
@@ -79,10 +89,7 @@ async def test_a_send_slower_than_its_lease_is_fenced_out(env: SenderEnv, receiv
 
 
 async def test_a_non_idempotent_send_slower_than_its_lease_becomes_unknown(env: SenderEnv, receiver: Receiver):
-    gate = Gate()
-    receiver.script("/hook", Reply(200, gate=gate))
-    await env.destination(f"{receiver.url}/hook", timeout_seconds=10, idempotent=False)
-    await env.enqueue("a1")
+    gate = await held_send(env, receiver, idempotent=False)
     slow, sweeper = env.worker(worker_id="w1"), env.worker(worker_id="w2")
     sending = asyncio.create_task(slow.run_once())
     await receiver.wait_for_requests(1, "/hook")
@@ -141,32 +148,24 @@ async def test_a_worker_whose_lease_expired_before_it_sent_never_sends(env: Send
 
 async def test_heartbeats_keep_a_long_send_leased(open_env, receiver: Receiver):
     env: SenderEnv = await open_env(lease_seconds=0.3)  # heartbeat every 0.1 s (real time)
-    gate = Gate()
-    receiver.script("/hook", Reply(200, gate=gate))
-    await env.destination(f"{receiver.url}/hook", timeout_seconds=10)
-    await env.enqueue("a1")
-    worker, sweeper = env.worker(worker_id="w1"), env.worker(worker_id="w2")
-    running = asyncio.create_task(worker.run())
-    try:
-        await receiver.wait_for_requests(1, "/hook")
-        for _ in range(3):  # each time: move on 0.2 s, wait for the renewal, no sweep recovers it
-            env.clock.advance(0.2)
-            renewed = env.clock.now() + timedelta(seconds=0.3)
-            for _ in range(500):
-                if (await env.box.get("a1")).lease_expires_at == renewed:
-                    break
-                await asyncio.sleep(0.01)
-            assert (await env.box.get("a1")).lease_expires_at == renewed
-            assert await sweeper.sweep() == 0
-        gate.open()
-        for _ in range(500):
-            if (await env.box.get("a1")).status is Status.DELIVERED:
-                break
-            await asyncio.sleep(0.01)
-    finally:
-        gate.open()
-        worker.stop()
-        await asyncio.wait_for(running, 10)
+    gate = await held_send(env, receiver)
+    sweeper = env.worker(worker_id="w2")
+    async with env.running(worker_id="w1") as (worker, _):
+        try:
+            await receiver.wait_for_requests(1, "/hook")
+            for _ in range(3):  # each time: move on 0.2 s, wait for the renewal, no sweep recovers it
+                env.clock.advance(0.2)
+                renewed = env.clock.now() + timedelta(seconds=0.3)
+
+                async def renewed_to(at=renewed):
+                    return (await env.box.get("a1")).lease_expires_at == at
+
+                assert await eventually(renewed_to)
+                assert await sweeper.sweep() == 0
+            gate.open()
+            await eventually(lambda: env.status_is("a1", Status.DELIVERED))
+        finally:
+            gate.open()
     intent = await env.box.get("a1")
     assert intent.status is Status.DELIVERED and intent.fence == 1
     assert worker.stale_writes == 0
@@ -175,16 +174,10 @@ async def test_heartbeats_keep_a_long_send_leased(open_env, receiver: Receiver):
 
 async def test_stopping_mid_send_records_what_may_have_happened(open_env, receiver: Receiver):
     env: SenderEnv = await open_env(drain_seconds=0)
-    gate = Gate()
-    receiver.script("/hook", Reply(200, gate=gate))
-    await env.destination(f"{receiver.url}/hook", timeout_seconds=10, idempotent=False)
-    await env.enqueue("a1")
-    worker = env.worker(worker_id="w1")
-    running = asyncio.create_task(worker.run())
-    await receiver.wait_for_requests(1, "/hook")
-    worker.stop()  # no drain time: the send is cut short
-    await asyncio.wait_for(running, 10)
-    gate.open()
+    gate = await held_send(env, receiver, idempotent=False)
+    async with env.running(worker_id="w1"):
+        await receiver.wait_for_requests(1, "/hook")
+    gate.open()  # the worker stopped with no drain time: the send was cut short
 
     intent = await env.box.get("a1")
     assert intent.status is Status.UNKNOWN and intent.lease_owner is None and intent.attempts == 1
@@ -195,17 +188,12 @@ async def test_stopping_mid_send_records_what_may_have_happened(open_env, receiv
 
 async def test_stopping_lets_an_in_flight_send_finish_within_the_drain(open_env, receiver: Receiver):
     env: SenderEnv = await open_env(drain_seconds=10)
-    gate = Gate()
-    receiver.script("/hook", Reply(200, gate=gate))
-    await env.destination(f"{receiver.url}/hook", timeout_seconds=10)
-    await env.enqueue("a1")
-    worker = env.worker(worker_id="w1")
-    running = asyncio.create_task(worker.run())
-    await receiver.wait_for_requests(1, "/hook")
-    worker.stop()
-    await asyncio.sleep(0)  # let the loop see the stop before the answer comes
-    gate.open()
-    await asyncio.wait_for(running, 10)
+    gate = await held_send(env, receiver)
+    async with env.running(worker_id="w1") as (worker, _):
+        await receiver.wait_for_requests(1, "/hook")
+        worker.stop()
+        await asyncio.sleep(0)  # let the loop see the stop before the answer comes
+        gate.open()
     assert (await env.box.get("a1")).status is Status.DELIVERED
     assert len(receiver.requests()) == 1
 
@@ -251,11 +239,9 @@ async def test_stopping_while_the_attempt_start_is_written_records_not_submitted
     await env.destination(f"{receiver.url}/hook", idempotent=False)
     await env.enqueue("a1")
     reached = fault_attempt_write(env, None)
-    worker = env.worker(worker_id="w1")
-    running = asyncio.create_task(worker.run())
-    await asyncio.wait_for(reached.wait(), 10)
-    worker.stop()  # no drain time: the stalled start is cut short
-    await asyncio.wait_for(running, 10)
+    async with env.running(worker_id="w1"):
+        await asyncio.wait_for(reached.wait(), 10)
+    # the worker stopped with no drain time: the stalled start was cut short
 
     assert receiver.requests() == []
     intent = await env.box.get("a1")
@@ -302,41 +288,22 @@ async def test_a_failed_claim_is_retried_and_the_worker_keeps_running(open_env, 
     await env.destination(f"{receiver.url}/hook")
     await env.enqueue("a1")
     fail_once(env, "claim", StoreUnavailable("database is locked"))
-    worker = env.worker(worker_id="w1")
-    running = asyncio.create_task(worker.run())
-    try:
-        await receiver.wait_for_requests(1, "/hook")
-        for _ in range(100):
-            if (await env.box.get("a1")).status is Status.DELIVERED:
-                break
-            await asyncio.sleep(0.02)
-        assert (await env.box.get("a1")).status is Status.DELIVERED
-        assert not running.done()  # the failed claim did not end the worker
-    finally:
-        worker.stop()
-        await asyncio.wait_for(running, 10)
+    async with env.running(worker_id="w1") as (_, task):
+        assert await eventually(lambda: env.status_is("a1", Status.DELIVERED))
+        assert not task.done()  # the failed claim did not end the worker
 
 
 async def test_a_failed_heartbeat_is_retried_so_the_lease_is_kept(open_env, receiver: Receiver):
     env: SenderEnv = await open_env(lease_seconds=0.3)
-    gate = Gate()
-    receiver.script("/hook", Reply(200, gate=gate))
-    await env.destination(f"{receiver.url}/hook", timeout_seconds=10)
-    await env.enqueue("a1")
+    gate = await held_send(env, receiver)
     renewed = fail_once(env, "renew_leases", StoreUnavailable("database is locked"))
-    worker = env.worker(worker_id="w1")
-    running = asyncio.create_task(worker.run())
-    try:
-        await receiver.wait_for_requests(1, "/hook")
-        for _ in range(100):  # heartbeats come every 0.1 s: the first fails, later ones must not stop
-            if renewed:
-                break
-            await asyncio.sleep(0.02)
-        assert renewed, "no heartbeat renewed the lease after the failed one"
-    finally:
-        gate.open()
-        worker.stop()
-        await asyncio.wait_for(running, 10)
+    async with env.running(worker_id="w1"):
+        try:
+            await receiver.wait_for_requests(1, "/hook")
+            # heartbeats come every 0.1 s: the first fails, later ones must not stop
+            assert await eventually(lambda: bool(renewed)), "no heartbeat renewed the lease after the failed one"
+        finally:
+            gate.open()
     assert (await env.box.get("a1")).status is Status.DELIVERED
 
 

@@ -20,7 +20,7 @@ import pytest
 from outbox import ManualClock, Outbox, Settings, Status
 from outbox.grants import GrantSpec
 
-from ..conftest import snapshot
+from ..conftest import eventually, snapshot
 from ..receiver import Receiver, Reply
 from .conftest import Filled
 
@@ -317,13 +317,15 @@ async def test_the_workers_prune_takes_as_many_batches_as_it_needs(old_shell: Sh
     await _history_over_ten_days(old_shell)
     worker = Worker(old_shell.box)  # retention: the default 7 days
     running = asyncio.create_task(worker.run())
+
+    async def left() -> list[str]:
+        return [i for i in PAST_RETENTION if await old_shell.box.store.get_intent(i) is not None]
+
+    async def all_gone() -> bool:
+        return not await left()
+
     try:
-        for _ in range(200):
-            left = [i for i in PAST_RETENTION if await old_shell.box.store.get_intent(i) is not None]
-            if not left:
-                break
-            await asyncio.sleep(0.05)
-        assert not left, f"the worker's prune left {left}"
+        assert await eventually(all_gone, timeout=10), f"the worker's prune left {await left()}"
     finally:
         worker.stop()
         await asyncio.wait_for(running, 10)
