@@ -73,6 +73,8 @@ BATCH = 1_000  # enqueue_many batch while filling the outbox (untimed)
 HOOK_PATH = "/hook"
 BASELINE_PATH = "/baseline"
 CHANNEL_PATH = "/channel"
+#: POSTs here are counted and never answered (bench_paused.py).
+SILENT_PATH = "/silent"
 #: Untimed requests before the baseline's timed loop (connection set-up, first allocations).
 WARMUP = 4 * CONCURRENCY
 POLL_SECONDS = 0.2
@@ -90,8 +92,9 @@ RSS_SMALL_PENDING = 1_000
 
 
 def serve_receiver(port: int) -> None:
-    """uvicorn (uvloop, httptools) serving a bare ASGI app: 200 ``{"ok":true}`` to any POST,
-    counted per path; ``GET /counts`` answers the counts, ``GET /healthz`` 200."""
+    """uvicorn (uvloop, httptools) serving a bare ASGI app: 200 ``{"ok":true}`` to any POST
+    but those to SILENT_PATH (never answered), counted per path; ``GET /counts`` answers the
+    counts, ``GET /healthz`` 200."""
     import uvicorn
 
     counts: Counter[str] = Counter()
@@ -107,6 +110,8 @@ def serve_receiver(port: int) -> None:
             more = message.get("more_body", False)
         if scope["method"] == "POST":
             counts[scope["path"]] += 1
+            if scope["path"] == SILENT_PATH:  # a receiver that has stopped answering
+                await asyncio.Event().wait()
             body = ok
         elif scope["path"] == "/counts":
             body = json.dumps(counts).encode()
