@@ -9,14 +9,15 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from outbox import DestinationSpec, Outcome, Status, Submission
-from sender import Backoff
+from outbox import DestinationSpec, Outcome, Status, Submission, operations
+from sender import Backoff, CallableAuthority
 
 from ..receiver import Receiver, Reply
 from .conftest import SECRET, SECRET_NEW, SECRET_OTHER, SenderEnv
@@ -496,3 +497,40 @@ async def test_a_final_attempt_that_may_have_been_delivered_is_not_reported_dead
     assert (attempt.submission, attempt.outcome) == (Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN)
     assert len(receiver.requests()) == 1
     assert (await env.box.wait("a1", timeout=5)).status is Status.UNKNOWN
+
+
+async def test_what_on_call_is_asked_about_gets_a_log_line_naming_the_intent(env: SenderEnv, caplog):
+    """The README's list of what the worker logs, beyond deliveries, retries and dead letters
+    (those are checked against a real `outbox worker` process in the acceptance tests)."""
+    caplog.set_level(logging.INFO, logger="outbox.sender")
+    now = env.clock.now()
+    await env.destination("http://127.0.0.1:9/hook", "off")
+    await env.box.store.disable_destination("off", now)
+    await env.enqueue("parked", destination="off")
+    await env.destination("http://127.0.0.1:9/hook", "approve", requires_approval=True)
+    held = await env.enqueue("lapsed", destination="approve")
+    await operations.approve(env.box, "lapsed", operations.Actor("ops", "checked"),
+                             payload_digest=held.payload_digest, valid_seconds=1)
+    await env.destination("http://127.0.0.1:9/hook", "hook")
+    await env.enqueue("rogue", scope="globex")  # the env's grant covers scope acme only
+    env.clock.advance(2)  # past the approval
+    assert await env.worker(worker_id="w1").run_once() == 3
+    await env.enqueue("undecided")
+    unavailable = CallableAuthority(lambda request: 1 / 0)  # a broken policy cannot decide
+    assert await env.worker(worker_id="w2", authority=unavailable).run_once() == 1
+    await env.enqueue("lost")
+    [claimed] = await env.box.store.claim("vanished", now=env.clock.now(),
+                                          lease_until=env.clock.now() + timedelta(seconds=30), limit=5)
+    assert claimed.action_id == "lost"
+    env.clock.advance(31)
+    assert await env.worker(worker_id="w3").sweep() == 1
+
+    lines = {(r.__dict__.get("action_id"), r.levelname): r.getMessage() for r in caplog.records}
+    assert lines[("parked", "INFO")] == "not sent: destination is disabled; parked for 60s"
+    assert lines[("lapsed", "INFO")] == "held: the approval expired before the send; approve it again"
+    assert lines[("rogue", "WARNING")] == "revoked: no live grant lets scope 'globex' reach destination 'hook'"
+    assert lines[("undecided", "WARNING")].startswith("not sent: authority unavailable (policy function raised")
+    assert lines[("lost", "WARNING")] == "recovered an expired lease of vanished"
+    for record in caplog.records:
+        if record.__dict__.get("action_id"):
+            assert record.__dict__["worker"] in ("w1", "w2", "w3") and record.__dict__["fence"] >= 1
