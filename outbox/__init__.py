@@ -4,6 +4,7 @@ from .clock import Clock, ManualClock, SystemClock
 from .destinations import Destination, DestinationSpec
 from .digest import canonical_json, payload_digest
 from .errors import (
+    AmbiguousActionId,
     DestinationInUse,
     IllegalTransition,
     IntentConflict,
@@ -35,6 +36,7 @@ from .store import IntentQuery, Page
 
 __all__ = [
     "TRANSITIONS",
+    "AmbiguousActionId",
     "Attempt",
     "Channel",
     "Clock",

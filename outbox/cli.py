@@ -343,12 +343,17 @@ async def enqueue(
     )
 
 
+#: Action ids are unique per scope: the scope is needed only when one is used in several.
+SCOPE = click.option("--scope", help="The intent's scope; needed only when its action id is used in several scopes.")
+
+
 @main.command()
 @click.argument("action_id")
+@SCOPE
 @_run
-async def show(ctx: Context, box: Outbox, action_id: str) -> None:
+async def show(ctx: Context, box: Outbox, action_id: str, scope: str | None) -> None:
     """Show an intent with its attempts and events."""
-    intent, history = await box.show(action_id)
+    intent, history = await box.show(action_id, scope=scope)
     data = {**intent_json(intent), **history_json(history)}
 
     def text() -> str:
@@ -430,7 +435,9 @@ REASON = click.option("--reason", required=True, help="Why (recorded with the ac
 @click.option("--status", "statuses", multiple=True, type=click.Choice([s.value for s in operations.REPLAYABLE]),
               help="Bulk: replay intents in this status (repeat; default dead, revoked and unknown).")
 @click.option("--destination", help="Bulk: only this destination.")
-@click.option("--scope", "scopes", multiple=True, help="Bulk: only these scopes (repeat).")
+@click.option("--scope", "scopes", multiple=True,
+              help="The intent's scope (needed only when its action id is used in several); bulk: only these "
+                   "scopes (repeat).")
 @click.option("--dry-run", is_flag=True, help="Bulk: say how many and which, change nothing.")
 @click.option("--accept-duplicate-risk", is_flag=True,
               help="Replay even where an earlier attempt may have taken effect and the destination does not dedupe.")
@@ -447,9 +454,10 @@ async def replay(ctx: Context, box: Outbox, action_id: str | None, statuses: tup
 
     who = _operator(reason)
     if action_id:
-        if statuses or destination or scopes or dry_run:
-            raise click.UsageError("give an ACTION_ID or bulk filters, not both")
-        intent = await operations.replay(box, action_id, who, authorize=authorizer(box),
+        if statuses or destination or len(scopes) > 1 or dry_run:
+            raise click.UsageError("give an ACTION_ID (and at most one --scope) or bulk filters, not both")
+        intent = await operations.replay(box, action_id, who, scope=scopes[0] if scopes else None,
+                                         authorize=authorizer(box),
                                          accept_duplicate_risk=accept_duplicate_risk)
         ctx.emit(intent_json(intent), f"replayed {action_id} (now {intent.status.value})")
         return
@@ -479,23 +487,25 @@ async def replay(ctx: Context, box: Outbox, action_id: str | None, statuses: tup
 @click.option("--as", "resolution", required=True, type=click.Choice([r.value for r in operations.Resolution]),
               help="delivered (it took effect), retry (it did not), dead (give up).")
 @click.option("--external-id", help="The receiver's id for the work, as evidence.")
+@SCOPE
 @REASON
 @_run
 async def resolve(ctx: Context, box: Outbox, action_id: str, resolution: str, external_id: str | None,
-                  reason: str) -> None:
+                  scope: str | None, reason: str) -> None:
     """Settle an unknown intent with your evidence."""
     intent = await operations.resolve(box, action_id, operations.Resolution(resolution), _operator(reason),
-                                      external_id=external_id)
+                                      scope=scope, external_id=external_id)
     ctx.emit(intent_json(intent), f"resolved {action_id}: {intent.status.value}")
 
 
 @main.command()
 @click.argument("action_id")
+@SCOPE
 @REASON
 @_run
-async def cancel(ctx: Context, box: Outbox, action_id: str, reason: str) -> None:
+async def cancel(ctx: Context, box: Outbox, action_id: str, scope: str | None, reason: str) -> None:
     """Withdraw an intent that is not being sent right now."""
-    intent = await operations.cancel(box, action_id, _operator(reason))
+    intent = await operations.cancel(box, action_id, _operator(reason), scope=scope)
     ctx.emit(intent_json(intent), f"cancelled {action_id}")
 
 
@@ -503,22 +513,25 @@ async def cancel(ctx: Context, box: Outbox, action_id: str, reason: str) -> None
 @click.argument("action_id")
 @click.option("--digest", required=True, help="The payload_digest you reviewed (see `outbox show`).")
 @click.option("--valid-seconds", type=float, default=3600, show_default=True, help="How long the approval lasts.")
+@SCOPE
 @REASON
 @_run
-async def approve(ctx: Context, box: Outbox, action_id: str, digest: str, valid_seconds: float, reason: str) -> None:
+async def approve(ctx: Context, box: Outbox, action_id: str, digest: str, valid_seconds: float,
+                  scope: str | None, reason: str) -> None:
     """Approve a held intent's exact payload, for a limited time."""
     intent = await operations.approve(box, action_id, _operator(reason), payload_digest=digest,
-                                      valid_seconds=valid_seconds)
+                                      valid_seconds=valid_seconds, scope=scope)
     ctx.emit(intent_json(intent), f"approved {action_id} until {iso(intent.approval_expires_at)}")
 
 
 @main.command()
 @click.argument("action_id")
+@SCOPE
 @REASON
 @_run
-async def reject(ctx: Context, box: Outbox, action_id: str, reason: str) -> None:
+async def reject(ctx: Context, box: Outbox, action_id: str, scope: str | None, reason: str) -> None:
     """Refuse a held intent; it is never sent."""
-    intent = await operations.reject(box, action_id, _operator(reason))
+    intent = await operations.reject(box, action_id, _operator(reason), scope=scope)
     ctx.emit(intent_json(intent), f"rejected {action_id}")
 
 

@@ -9,9 +9,32 @@ import rfc8785
 
 from .errors import InvalidInput
 
+#: How deep a payload's arrays and objects may nest. Canonicalising and validating JSON recurse,
+#: so a deeper value (a megabyte of "[" fits under the size limit) is refused up front.
+MAX_NESTING = 64
+
+
+def nesting(value: Any, limit: int = MAX_NESTING) -> int:
+    """How deep ``value``'s arrays and objects nest (a scalar is 0), counted without recursion
+    and only up to ``limit + 1``: enough to tell a value over the limit."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list | tuple) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if depth > limit:
+            break
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list | tuple))
+    return deepest
+
 
 def canonical_json(value: Any) -> bytes:
     """Serialize ``value`` as RFC 8785 (JCS) canonical JSON, or raise InvalidInput."""
+    if nesting(value) > MAX_NESTING:
+        raise InvalidInput(f"payload nests arrays and objects deeper than {MAX_NESTING} levels")
     try:
         return rfc8785.dumps(value)
     except rfc8785.IntegerDomainError as exc:

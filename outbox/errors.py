@@ -5,7 +5,8 @@
     │   └── PayloadTooLarge     the canonical payload exceeds the configured limit
     ├── NotFound                no such intent, destination or token
     ├── UnknownDestination      enqueue named a destination that is not registered
-    ├── IntentConflict          same action_id, another scope, destination or payload digest
+    ├── IntentConflict          same scope and action_id, another destination or payload digest
+    ├── AmbiguousActionId       an action id used in several scopes was named without its scope
     ├── DestinationInUse        a destination still has intents waiting to be delivered
     ├── IllegalTransition       a status change the lifecycle does not allow
     ├── StaleWrite              the row changed under us (status or fence moved on)
@@ -49,7 +50,11 @@ class UnknownDestination(OutboxError):
 
 
 class IntentConflict(OutboxError):
-    """An intent with this action_id exists with another scope, destination or payload."""
+    """An intent with this scope and action_id exists with another destination or payload."""
+
+
+class AmbiguousActionId(OutboxError):
+    """This action id is used in several scopes; name the scope too."""
 
 
 class DestinationInUse(OutboxError):

@@ -1,4 +1,8 @@
-"""Identifiers: generated action and attempt ids, and the shapes accepted from callers."""
+"""Identifiers: generated action and attempt ids, and the shapes accepted from callers.
+
+Every pattern here is applied with ``re.fullmatch``: ``$`` would also accept a trailing newline,
+which then breaks a ``Location`` header, a log line or a request header far from the check.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +13,19 @@ import uuid
 
 from .errors import InvalidInput
 
-#: action_id travels as an Idempotency-Key, an URL path segment and a Message-ID local part,
-#: so it is restricted to characters that are safe in all three.
-ACTION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:~-]{0,199}$")
-SCOPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:~/@-]{0,199}$")
-DESTINATION_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+#: action_id travels in an Idempotency-Key, an URL path segment and a Message-ID local part,
+#: so it is restricted to characters that are safe in all three (never ``/``: see KEY_SEPARATOR).
+ACTION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:~-]{0,199}")
+SCOPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:~/@-]{0,199}")
+DESTINATION_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+#: A token's label: any printable text (it is shown in `outbox tokens list`).
+TOKEN_LABEL = re.compile(r"[^\x00-\x1f\x7f]{1,200}")
+
+#: The key receivers deduplicate on is ``scope/action_id``: an action id never holds ``/``, so
+#: the last ``/`` splits it unambiguously even when the scope holds some.
+KEY_SEPARATOR = "/"
+#: Receivers accept keys of at most this many characters (the Idempotency-Key draft's common limit).
+MAX_KEY_LENGTH = 255
 
 
 def uuid7() -> str:
@@ -28,9 +40,15 @@ def uuid7() -> str:
     return str(uuid.UUID(int=value))
 
 
+def intent_key(scope: str, action_id: str) -> str:
+    """The key an intent is known by to receivers and in the store: unique across scopes, so
+    two tenants may use the same action id without meeting."""
+    return f"{scope}{KEY_SEPARATOR}{action_id}"
+
+
 def check(pattern: re.Pattern[str], value: str, what: str) -> str:
-    """Return ``value`` if it matches ``pattern``; otherwise raise InvalidInput naming ``what``."""
-    if not isinstance(value, str) or not pattern.match(value):
+    """Return ``value`` if it matches ``pattern`` whole; otherwise raise InvalidInput naming ``what``."""
+    if not isinstance(value, str) or not pattern.fullmatch(value):
         raise InvalidInput(
             f"{what} {value!r} is malformed: expected 1-{_max_len(pattern)} characters "
             f"matching {pattern.pattern}"
@@ -39,5 +57,7 @@ def check(pattern: re.Pattern[str], value: str, what: str) -> str:
 
 
 def _max_len(pattern: re.Pattern[str]) -> int:
-    upper = re.search(r"\{0,(\d+)\}\$$", pattern.pattern)
-    return int(upper.group(1)) + 1 if upper else 0
+    upper = re.search(r"\{[01],(\d+)\}$", pattern.pattern)
+    if upper is None:
+        return 0
+    return int(upper.group(1)) + (1 if "{0," in upper.group(0) else 0)

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from .errors import IllegalTransition
+from .ids import intent_key
 
 
 class Status(str, enum.Enum):
@@ -147,6 +148,11 @@ class Intent:
         """The payload as Python values."""
         return json.loads(self.payload_json)
 
+    @property
+    def key(self) -> str:
+        """``scope/action_id``: unique across scopes, and the key receivers deduplicate on."""
+        return intent_key(self.scope, self.action_id)
+
 
 @dataclass(frozen=True, slots=True)
 class NewIntent:
@@ -162,6 +168,11 @@ class NewIntent:
     not_before: datetime | None
     expires_at: datetime | None
     created_at: datetime
+
+    @property
+    def key(self) -> str:
+        """``scope/action_id`` (see ``Intent.key``)."""
+        return intent_key(self.scope, self.action_id)
 
 
 @dataclass(frozen=True, slots=True)

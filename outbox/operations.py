@@ -46,19 +46,19 @@ class Actor:
 
 
 async def _may_have_taken_effect(box: Outbox, intent: Intent) -> bool:
-    history = await box.history(intent.action_id)
+    history = await box.history(intent.action_id, scope=intent.scope)
     return any(a.submission in (Submission.MAYBE_SUBMITTED, None) for a in history.attempts) or (
         intent.status is Status.UNKNOWN
     )
 
 
 async def replay(
-    box: Outbox, action_id: str, actor: Actor, *, authorize: Authorize | None = None,
+    box: Outbox, action_id: str, actor: Actor, *, scope: str | None = None, authorize: Authorize | None = None,
     accept_duplicate_risk: bool = False,
 ) -> Intent:
     """Send a dead, revoked or unknown intent again, under the same action_id (receivers
     deduplicate on it) and with a fresh budget of attempts, after a fresh authority check."""
-    intent = await box.get(action_id)
+    intent = await box.get(action_id, scope=scope)
     if intent.status not in REPLAYABLE:
         raise IllegalTransition(
             f"only dead, revoked or unknown intents can be replayed; {action_id!r} is {intent.status.value}")
@@ -74,7 +74,7 @@ async def replay(
         raise AuthorityDenied(f"authority does not allow {action_id!r} now: {denied}")
     now = box.clock.now()
     replayed = await box.store.update_intent(
-        action_id, expected=intent.status, status=Status.PENDING,
+        intent.key, expected=intent.status, status=Status.PENDING,
         changes={"next_attempt_at": now, "max_attempts": intent.attempts + box.settings.default_max_attempts,
                  "last_error": None},
         events=[Event("replayed", now, actor.name, actor.reason,
@@ -85,10 +85,11 @@ async def replay(
 
 
 async def resolve(
-    box: Outbox, action_id: str, resolution: Resolution, actor: Actor, *, external_id: str | None = None,
+    box: Outbox, action_id: str, resolution: Resolution, actor: Actor, *, scope: str | None = None,
+    external_id: str | None = None,
 ) -> Intent:
     """Settle an ``unknown`` intent with the operator's evidence."""
-    intent = await box.get(action_id)
+    intent = await box.get(action_id, scope=scope)
     if intent.status is not Status.UNKNOWN:
         raise IllegalTransition(f"only unknown intents can be resolved; {action_id!r} is {intent.status.value}")
     now = box.clock.now()
@@ -98,7 +99,7 @@ async def resolve(
     if status is Status.PENDING:  # a fresh budget, as for a replay
         changes = {"next_attempt_at": now, "max_attempts": intent.attempts + box.settings.default_max_attempts}
     resolved = await box.store.update_intent(
-        action_id, expected=Status.UNKNOWN, status=status, changes=changes,
+        intent.key, expected=Status.UNKNOWN, status=status, changes=changes,
         events=[Event("resolved", now, actor.name, actor.reason,
                       {"resolution": resolution.value, "external_id": external_id})],
     )
@@ -106,13 +107,13 @@ async def resolve(
     return resolved
 
 
-async def cancel(box: Outbox, action_id: str, actor: Actor) -> Intent:
+async def cancel(box: Outbox, action_id: str, actor: Actor, *, scope: str | None = None) -> Intent:
     """Withdraw an intent that is not in flight and not finished."""
-    intent = await box.get(action_id)
+    intent = await box.get(action_id, scope=scope)
     if intent.status is Status.LEASED:
         raise IllegalTransition(f"{action_id!r} is being sent right now; cancel it after this attempt")
     cancelled = await box.store.update_intent(
-        action_id, expected=intent.status, status=Status.CANCELLED,
+        intent.key, expected=intent.status, status=Status.CANCELLED,
         events=[Event("cancelled", box.clock.now(), actor.name, actor.reason, {"from": intent.status.value})],
     )
     box.settled.notify()
@@ -121,10 +122,11 @@ async def cancel(box: Outbox, action_id: str, actor: Actor) -> Intent:
 
 async def approve(
     box: Outbox, action_id: str, actor: Actor, *, payload_digest: str, valid_seconds: float = 3600,
+    scope: str | None = None,
 ) -> Intent:
     """Approve a held intent: the approval binds the exact payload digest the operator saw and
     expires; the sender re-checks both right before sending."""
-    intent = await box.get(action_id)
+    intent = await box.get(action_id, scope=scope)
     if intent.status is not Status.HELD:
         raise IllegalTransition(f"only held intents can be approved; {action_id!r} is {intent.status.value}")
     if payload_digest != intent.payload_digest:
@@ -135,7 +137,7 @@ async def approve(
     now = box.clock.now()
     until = now + timedelta(seconds=valid_seconds)
     approved = await box.store.update_intent(
-        action_id, expected=Status.HELD, status=Status.PENDING,
+        intent.key, expected=Status.HELD, status=Status.PENDING,
         changes={"approved_digest": payload_digest, "approval_expires_at": until, "approved_by": actor.name,
                  "next_attempt_at": now},
         events=[Event("approved", now, actor.name, actor.reason,
@@ -145,13 +147,13 @@ async def approve(
     return approved
 
 
-async def reject(box: Outbox, action_id: str, actor: Actor) -> Intent:
+async def reject(box: Outbox, action_id: str, actor: Actor, *, scope: str | None = None) -> Intent:
     """Refuse a held intent: it is cancelled and never sent."""
-    intent = await box.get(action_id)
+    intent = await box.get(action_id, scope=scope)
     if intent.status is not Status.HELD:
         raise IllegalTransition(f"only held intents can be rejected; {action_id!r} is {intent.status.value}")
     rejected = await box.store.update_intent(
-        action_id, expected=Status.HELD, status=Status.CANCELLED,
+        intent.key, expected=Status.HELD, status=Status.CANCELLED,
         events=[Event("rejected", box.clock.now(), actor.name, actor.reason)],
     )
     box.settled.notify()
@@ -199,7 +201,7 @@ async def bulk_replay(
         return result
     for intent in found:
         try:
-            await replay(box, intent.action_id, actor, authorize=authorize,
+            await replay(box, intent.action_id, actor, scope=intent.scope, authorize=authorize,
                          accept_duplicate_risk=accept_duplicate_risk)
         except OutboxError as exc:
             result.refused[intent.action_id] = exc.message

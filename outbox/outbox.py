@@ -20,9 +20,9 @@ from typing import Any
 from .clock import Clock, SystemClock, iso
 from .destinations import Destination, DestinationSpec
 from .digest import canonical_json, digest_of
-from .errors import InvalidInput, NotFound, PayloadTooLarge
+from .errors import AmbiguousActionId, InvalidInput, NotFound, PayloadTooLarge
 from .grants import Grant, GrantSpec
-from .ids import ACTION_ID, DESTINATION_ID, SCOPE, check, uuid7
+from .ids import ACTION_ID, DESTINATION_ID, MAX_KEY_LENGTH, SCOPE, TOKEN_LABEL, check, intent_key, uuid7
 from .metrics import Metrics
 from .model import SETTLED, Channel, Enqueued, Event, Intent, NewIntent, Role
 from .settings import Settings
@@ -100,6 +100,10 @@ class Outbox:
         check(DESTINATION_ID, destination, "destination")
         check(SCOPE, scope, "scope")
         action_id = check(ACTION_ID, action_id, "action_id") if action_id is not None else uuid7()
+        if len(intent_key(scope, action_id)) > MAX_KEY_LENGTH:
+            raise InvalidInput(
+                f"scope and action_id together are {len(scope) + len(action_id)} characters; receivers get "
+                f"them as one key, scope/action_id, of at most {MAX_KEY_LENGTH}: shorten one of them")
         canonical = canonical_json(payload)
         if len(canonical) > self.settings.max_payload_bytes:
             raise PayloadTooLarge(
@@ -131,9 +135,9 @@ class Outbox:
     async def enqueue(self, **intent: Any) -> Enqueued:
         """Record an intent durably; returns once it survives power loss.
 
-        Same action_id, scope, destination and payload again returns the existing intent
-        (``created=False``); anything else under that action_id raises IntentConflict.
-        Keywords are those of ``prepare``.
+        Same scope, action_id, destination and payload again returns the existing intent
+        (``created=False``); anything else under that scope and action_id raises IntentConflict.
+        Another scope's action ids never meet this one's. Keywords are those of ``prepare``.
         """
         new, event = self.prepare(**intent)
         result = await self.store.insert_intent(new, event)
@@ -156,23 +160,39 @@ class Outbox:
 
     # -- reading -------------------------------------------------------------------------
 
-    async def get(self, action_id: str) -> Intent:
-        """One intent. Raises NotFound."""
+    async def get(self, action_id: str, *, scope: str | None = None,
+                  scopes: Sequence[str] | None = None) -> Intent:
+        """The intent an action id names: in ``scope`` when given, else the one among ``scopes``
+        (None: every scope) that uses it. Raises NotFound, or AmbiguousActionId when several of
+        those scopes use it."""
         check(ACTION_ID, action_id, "action_id")
-        intent = await self.store.get_intent(action_id)
-        if intent is None:
-            raise NotFound(f"intent {action_id!r} does not exist")
-        return intent
+        if scope is not None:
+            check(SCOPE, scope, "scope")
+            intent = await self.store.get_intent(intent_key(scope, action_id))
+            found = [intent] if intent is not None and (scopes is None or scope in scopes) else []
+        else:
+            found = [i for i in await self.store.intents_named(action_id) if scopes is None or i.scope in scopes]
+        if not found:
+            raise NotFound(f"intent {action_id!r} does not exist" + (f" in scope {scope!r}" if scope else ""))
+        if len(found) > 1:
+            raise AmbiguousActionId(
+                f"action_id {action_id!r} is used in {len(found)} scopes ({', '.join(i.scope for i in found)}); "
+                "name the scope too")
+        return found[0]
 
-    async def wait(self, action_id: str, timeout: float, *, poll_seconds: float = 0.5) -> Intent:
+    async def wait(self, action_id: str, timeout: float, *, scope: str | None = None,
+                   poll_seconds: float = 0.5) -> Intent:
         """The intent once it is settled (delivered, dead, revoked, unknown, cancelled) or when
-        ``timeout`` seconds have passed, whichever is first. Raises NotFound.
+        ``timeout`` seconds have passed, whichever is first. Raises NotFound, AmbiguousActionId.
 
         An ``unknown`` intent is returned as unknown: its attempts say what may have happened.
         """
         deadline = asyncio.get_running_loop().time() + timeout
+        key = (await self.get(action_id, scope=scope)).key
         while True:
-            intent = await self.get(action_id)
+            intent = await self.store.get_intent(key)
+            if intent is None:
+                raise NotFound(f"intent {action_id!r} does not exist")
             remaining = deadline - asyncio.get_running_loop().time()
             if intent.status in SETTLED or remaining <= 0 or self.closing.is_set():
                 return intent
@@ -184,15 +204,16 @@ class Outbox:
         self.closing.set()
         self.settled.notify()
 
-    async def history(self, action_id: str) -> History:
-        """An intent's attempts and events."""
-        return await self.store.history(action_id)
+    async def history(self, action_id: str, *, scope: str | None = None) -> History:
+        """An intent's attempts and events. Raises NotFound, AmbiguousActionId (see ``get``)."""
+        return await self.store.history((await self.get(action_id, scope=scope)).key)
 
-    async def show(self, action_id: str) -> tuple[Intent, History]:
+    async def show(self, action_id: str, *, scope: str | None = None,
+                   scopes: Sequence[str] | None = None) -> tuple[Intent, History]:
         """An intent with its attempts and events, from one read, so the status shown is never
-        older than the history beside it. Raises NotFound."""
-        check(ACTION_ID, action_id, "action_id")
-        history = await self.store.history(action_id)
+        older than the history beside it. Raises NotFound, AmbiguousActionId (see ``get``)."""
+        key = (await self.get(action_id, scope=scope, scopes=scopes)).key
+        history = await self.store.history(key)
         if history.intent is None:
             raise NotFound(f"intent {action_id!r} does not exist")
         return history.intent, history
@@ -295,6 +316,8 @@ class Outbox:
         for scope in scopes:
             if scope != "*":
                 check(SCOPE, scope, "scope")
+        if label is not None:
+            check(TOKEN_LABEL, label, "label")
         token_id, token = new_token()
         info = TokenInfo(
             id=token_id,
@@ -361,6 +384,7 @@ def intent_json(intent: Intent) -> dict[str, Any]:
     return {
         "action_id": intent.action_id,
         "scope": intent.scope,
+        "idempotency_key": intent.key,
         "destination": intent.destination,
         "channel": intent.channel.value,
         "status": intent.status.value,

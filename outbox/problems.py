@@ -57,6 +57,7 @@ _ANSWERS: list[tuple[type[errors.OutboxError], int, str, str]] = [
     (errors.NotFound, 404, "not-found", "Not found"),
     (errors.UnknownDestination, 422, "unknown-destination", "Unknown destination"),
     (errors.IntentConflict, 409, "intent-conflict", "Action id already used for another operation"),
+    (errors.AmbiguousActionId, 409, "ambiguous-action-id", "Action id used in several scopes"),
     (errors.DestinationInUse, 409, "destination-in-use", "Destination in use"),
     (errors.IllegalTransition, 409, "illegal-transition", "Illegal status change"),
     (errors.StaleWrite, 409, "stale-write", "The intent changed meanwhile"),

@@ -172,12 +172,12 @@ class Worker:
         intents = await self.store.claim(self.id, now=now, lease_until=now + self.lease, limit=limit)
         for intent in intents:
             task = asyncio.create_task(self._deliver(intent))
-            self._in_flight[intent.action_id] = (intent.fence, task)
-            task.add_done_callback(functools.partial(self._done, intent.action_id))
+            self._in_flight[intent.key] = (intent.fence, task)
+            task.add_done_callback(functools.partial(self._done, intent.key))
         return len(intents)
 
-    def _done(self, action_id: str, _: object = None) -> None:
-        self._in_flight.pop(action_id, None)
+    def _done(self, key: str, _: object = None) -> None:
+        self._in_flight.pop(key, None)
         self._slot_free.set()
 
     async def _idle(self) -> None:
@@ -199,8 +199,7 @@ class Worker:
         interval = self.lease.total_seconds() / 3
         while True:
             await asyncio.sleep(interval)
-            held = [(action_id, fence) for action_id, (fence, _) in self._in_flight.items()
-                    if action_id not in self._settling]
+            held = [(key, fence) for key, (fence, _) in self._in_flight.items() if key not in self._settling]
             if held:
                 try:
                     lost = await self.store.renew_leases(held, self.clock.now() + self.lease)
@@ -209,11 +208,11 @@ class Worker:
                               exc_info=not isinstance(exc, StoreUnavailable))
                     continue
                 fences = dict(held)
-                for action_id in lost:
-                    if action_id not in self._in_flight or action_id in self._settling:
+                for key in lost:
+                    if key not in self._in_flight or key in self._settling:
                         continue  # it finished while we renewed
                     log.warning("lease lost; this worker's writes for it will be rejected",
-                                extra={"action_id": action_id, "fence": fences[action_id], "worker": self.id})
+                                extra={"action_id": key.rpartition("/")[2], "fence": fences[key], "worker": self.id})
 
     async def _sweep_forever(self) -> None:
         interval = min(5.0, self.lease.total_seconds() / 2)
@@ -271,7 +270,7 @@ class Worker:
                 attempt = Attempt(uuid7(), intent.attempts + 1, intent.fence, self.id, now,
                                   None, None, None, None, None, None, None, None)
                 await self.store.update_intent(
-                    intent.action_id, fetch=False, expected=Status.LEASED, status=Status.LEASED,
+                    intent.key, fetch=False, expected=Status.LEASED, status=Status.LEASED,
                     fence=intent.fence, changes={"attempts": attempt.number}, attempt=attempt,
                     events=[Event("attempt_started", now, self.id, None,
                                   {"attempt_id": attempt.attempt_id, "number": attempt.number,
@@ -318,7 +317,7 @@ class Worker:
             return None
         if destination.requires_approval and (refusal := _approval_refusal(intent, now)):
             await self.store.update_intent(
-                intent.action_id, fetch=False, expected=Status.LEASED, status=Status.HELD, fence=intent.fence,
+                intent.key, fetch=False, expected=Status.LEASED, status=Status.HELD, fence=intent.fence,
                 changes={"lease_owner": None, "lease_expires_at": None, "last_error": refusal},
                 events=[Event("held", now, self.id, refusal)])
             log.info("held: %s", refusal, extra=self._fields(intent))
@@ -357,7 +356,7 @@ class Worker:
         """Decide what a finished attempt means (reconciling an unknown outcome where the
         receiver answers the probe) and record it with ``event``; ``fence`` is the one the
         intent moves to (a probe raises it further)."""
-        first = await self.store.first_submission_at(intent.action_id) \
+        first = await self.store.first_submission_at(intent.key) \
             if result.outcome is Outcome.UNKNOWN else None
         fate = decide(intent, destination, result, attempts_made=finished.number,
                       first_submission_at=first, now=self.clock.now(), policy=self.policy)
@@ -409,15 +408,15 @@ class Worker:
         if new_fence is not None:
             changes["fence"] = new_fence
         data = {"next_attempt_at": fate.next_attempt_at.isoformat()} if fate.next_attempt_at else {}
-        self._settling.add(intent.action_id)
+        self._settling.add(intent.key)
         try:
             await self.store.update_intent(
-                intent.action_id, fetch=False, expected=Status.LEASED, status=fate.status, fence=intent.fence,
+                intent.key, fetch=False, expected=Status.LEASED, status=fate.status, fence=intent.fence,
                 changes=changes, attempt=attempt,
                 events=[*events, Event(fate.event, now, self.id, fate.reason, data)],
             )
         finally:
-            self._settling.discard(intent.action_id)
+            self._settling.discard(intent.key)
         metrics = self.outbox.metrics
         if fate.status is Status.DELIVERED:
             metrics.latency.observe(max(0.0, (now - intent.created_at).total_seconds()))
@@ -443,7 +442,7 @@ class Worker:
         if new_fence is not None:
             changes["fence"] = new_fence
         await self.store.update_intent(
-            intent.action_id, fetch=False, expected=Status.LEASED, status=Status.PENDING, fence=intent.fence,
+            intent.key, fetch=False, expected=Status.LEASED, status=Status.PENDING, fence=intent.fence,
             changes=changes,
             events=[*(extra or []), Event(kind, self.clock.now(), self.id, reason,
                                           {"next_attempt_at": due.isoformat()})],

@@ -105,7 +105,7 @@ class Store(Protocol):
 
     async def insert_intent(self, new: NewIntent, event: Event) -> Enqueued:
         """Create an intent (pending, or held if its destination requires approval) with its
-        first event; the same action_id, scope, destination and digest returns the existing one.
+        first event; the same key (scope/action_id), destination and digest returns the existing one.
         Raises UnknownDestination, IntentConflict."""
         ...
 
@@ -113,11 +113,15 @@ class Store(Protocol):
         """``insert_intent`` for many, all in one transaction: every one is recorded, or none."""
         ...
 
-    async def get_intent(self, action_id: str) -> Intent | None:
+    async def get_intent(self, key: str) -> Intent | None:
         """One intent, or None."""
         ...
 
-    async def history(self, action_id: str) -> History:
+    async def intents_named(self, action_id: str) -> list[Intent]:
+        """Every scope's intent with this action id (at most one per scope), by scope."""
+        ...
+
+    async def history(self, key: str) -> History:
         """An intent's attempts and events; empty if it does not exist."""
         ...
 
@@ -127,21 +131,21 @@ class Store(Protocol):
 
     @overload
     async def update_intent(
-        self, action_id: str, *, expected: Status, status: Status, events: Sequence[Event],
+        self, key: str, *, expected: Status, status: Status, events: Sequence[Event],
         changes: Mapping[str, Any] | None = None, fence: int | None = None, attempt: Attempt | None = None,
         fetch: Literal[True] = True,
     ) -> Intent: ...
 
     @overload
     async def update_intent(
-        self, action_id: str, *, expected: Status, status: Status, events: Sequence[Event],
+        self, key: str, *, expected: Status, status: Status, events: Sequence[Event],
         changes: Mapping[str, Any] | None = None, fence: int | None = None, attempt: Attempt | None = None,
         fetch: Literal[False],
     ) -> None: ...
 
     async def update_intent(
         self,
-        action_id: str,
+        key: str,
         *,
         expected: Status,
         status: Status,
@@ -168,14 +172,14 @@ class Store(Protocol):
         ...
 
     async def renew_leases(self, held: Sequence[tuple[str, int]], until: datetime) -> list[str]:
-        """Extend the leases ``(action_id, fence)`` still held; returns the action_ids lost."""
+        """Extend the leases ``(key, fence)`` still held; returns the keys lost."""
         ...
 
     async def expired_leases(self, now: datetime, limit: int) -> list[tuple[Intent, Attempt | None]]:
         """Leased intents whose lease ran out, each with its unfinished attempt (if one started)."""
         ...
 
-    async def first_submission_at(self, action_id: str) -> datetime | None:
+    async def first_submission_at(self, key: str) -> datetime | None:
         """When the intent's first attempt that may have reached the receiver started."""
         ...
 

@@ -211,6 +211,7 @@ def _insert_intent(
     row = conn.execute(
         SQL["insert_intent"],
         (
+            new.key,
             new.action_id,
             new.scope,
             new.destination,
@@ -229,11 +230,12 @@ def _insert_intent(
     if row is not None:
         _append_event(conn, row[0], event)
         return Enqueued(_new_intent(row[0], new, Channel(found["channel"]), status), created=True)
-    existing = _intent(conn.execute(SQL["intent_by_action"], (new.action_id,)).fetchone())
+    # The same scope by construction (the key holds it), so naming what differs tells the caller
+    # nothing about any other tenant.
+    existing = _intent(conn.execute(SQL["intent_by_key"], (new.key,)).fetchone())
     differences = [
         f"{name} {theirs!r} (this request: {ours!r})"
         for name, theirs, ours in (
-            ("scope", existing.scope, new.scope),
             ("destination", existing.destination, new.destination),
             ("payload_digest", existing.payload_digest, new.payload_digest),
         )
@@ -241,7 +243,7 @@ def _insert_intent(
     ]
     if differences:
         raise IntentConflict(
-            f"action_id {new.action_id!r} already exists with " + ", ".join(differences)
+            f"action_id {new.action_id!r} already exists in scope {new.scope!r} with " + ", ".join(differences)
             + "; an action_id names one operation and is never reused for another"
         )
     return Enqueued(existing, created=False)
@@ -271,7 +273,7 @@ class _IntentUpdate(SetJob):
     """One conditional intent update (``update_intent``); updates committed together run as a
     set: a handful of statements for the lot, whatever their number."""
 
-    action_id: str
+    key: str
     expected: str
     fence: int | None
     values: dict[str, Any]  # column -> stored value, status and updated_at included
@@ -288,8 +290,8 @@ class _IntentUpdate(SetJob):
             later: list[int] = []
             named: set[str] = set()
             for i in waiting:
-                (later if jobs[i].action_id in named else ready).append(i)
-                named.add(jobs[i].action_id)
+                (later if jobs[i].key in named else ready).append(i)
+                named.add(jobs[i].key)
             cls._apply(conn, [(i, jobs[i]) for i in ready], results)
             waiting = later
         return results
@@ -297,15 +299,15 @@ class _IntentUpdate(SetJob):
     @staticmethod
     def _apply(conn: sqlite3.Connection, jobs: list[tuple[int, _IntentUpdate]],
                results: list[tuple[bool, Any]]) -> None:
-        found = conn.execute(SQL["update_targets"], (json.dumps([job.action_id for _, job in jobs]),)).fetchone()
+        found = conn.execute(SQL["update_targets"], (json.dumps([job.key for _, job in jobs]),)).fetchone()
         live: list[tuple[int, _IntentUpdate, int]] = []
         for position, seq, status, fence in json.loads(found[0]):
             i, job = jobs[position]
             if seq is None:
-                results[i] = (False, NotFound(f"intent {job.action_id!r} does not exist"))
+                results[i] = (False, NotFound(f"intent {job.key!r} does not exist"))
             elif status != job.expected or (job.fence is not None and fence != job.fence):
                 results[i] = (False, StaleWrite(
-                    f"intent {job.action_id!r} is {status} at fence {fence}, not {job.expected}"
+                    f"intent {job.key!r} is {status} at fence {fence}, not {job.expected}"
                     + (f" at fence {job.fence}" if job.fence is not None else "") + "; the write was not applied"))
             else:
                 live.append((i, job, seq))
@@ -483,18 +485,21 @@ class SqliteStore:
 
         return await self._write(run)
 
-    async def get_intent(self, action_id: str) -> Intent | None:
+    async def get_intent(self, key: str) -> Intent | None:
         def run(conn: sqlite3.Connection) -> Intent | None:
-            row = conn.execute(SQL["intent_by_action"], (action_id,)).fetchone()
+            row = conn.execute(SQL["intent_by_key"], (key,)).fetchone()
             return None if row is None else _intent(row)
 
         return await self._read(run)
 
-    async def history(self, action_id: str) -> History:
+    async def intents_named(self, action_id: str) -> list[Intent]:
+        return await self._read(lambda conn: [_intent(r) for r in conn.execute(SQL["intents_by_action"], (action_id,))])
+
+    async def history(self, key: str) -> History:
         def run(conn: sqlite3.Connection) -> History:
             conn.execute("BEGIN")  # one snapshot for the intent and its history
             try:
-                row = conn.execute(SQL["intent_by_action"], (action_id,)).fetchone()
+                row = conn.execute(SQL["intent_by_key"], (key,)).fetchone()
                 if row is None:
                     return History()
                 seq = row["seq"]
@@ -540,21 +545,21 @@ class SqliteStore:
 
     @overload
     async def update_intent(
-        self, action_id: str, *, expected: Status, status: Status, events: Sequence[Event],
+        self, key: str, *, expected: Status, status: Status, events: Sequence[Event],
         changes: Mapping[str, Any] | None = None, fence: int | None = None, attempt: Attempt | None = None,
         fetch: Literal[True] = True,
     ) -> Intent: ...
 
     @overload
     async def update_intent(
-        self, action_id: str, *, expected: Status, status: Status, events: Sequence[Event],
+        self, key: str, *, expected: Status, status: Status, events: Sequence[Event],
         changes: Mapping[str, Any] | None = None, fence: int | None = None, attempt: Attempt | None = None,
         fetch: Literal[False],
     ) -> None: ...
 
     async def update_intent(
         self,
-        action_id: str,
+        key: str,
         *,
         expected: Status,
         status: Status,
@@ -578,7 +583,7 @@ class SqliteStore:
         values["status"] = status.value
         values["updated_at"] = to_us(events[-1].at)
         job = _IntentUpdate(
-            action_id, expected.value, fence, values, attempt,
+            key, expected.value, fence, values, attempt,
             [[e.kind, to_us(e.at), e.actor, e.reason, dict(e.data) if e.data else {}] for e in events], fetch,
         )
         return await self._write(job)
@@ -607,9 +612,9 @@ class SqliteStore:
 
         def run(conn: sqlite3.Connection) -> list[str]:
             return [
-                action_id
-                for action_id, fence in held
-                if conn.execute(SQL["renew_lease"], (deadline, action_id, fence)).rowcount == 0
+                key
+                for key, fence in held
+                if conn.execute(SQL["renew_lease"], (deadline, key, fence)).rowcount == 0
             ]
 
         return await self._write(run)
@@ -624,9 +629,9 @@ class SqliteStore:
 
         return await self._read(run)
 
-    async def first_submission_at(self, action_id: str) -> datetime | None:
+    async def first_submission_at(self, key: str) -> datetime | None:
         def run(conn: sqlite3.Connection) -> datetime | None:
-            row = conn.execute(SQL["intent_by_action"], (action_id,)).fetchone()
+            row = conn.execute(SQL["intent_by_key"], (key,)).fetchone()
             if row is None:
                 return None
             return from_us(conn.execute(SQL["first_submission"], (row["seq"],)).fetchone()[0])

@@ -239,7 +239,7 @@ async def test_kill_9_mid_batch_loses_nothing_and_fences_out_the_dead_worker(
         before_rows = snapshot(db)
         with pytest.raises(StaleWrite):
             await box.store.update_intent(
-                victim, expected=Status.LEASED, status=Status.DELIVERED, fence=crash[victim].fence,
+                f"acme/{victim}", expected=Status.LEASED, status=Status.DELIVERED, fence=crash[victim].fence,
                 events=[Event("delivered", box.clock.now(), "the-dead-worker", "a late write")])
         assert snapshot(db) == before_rows
 
@@ -264,7 +264,7 @@ async def test_a_write_under_a_superseded_fence_is_refused_even_when_the_status_
         before = snapshot(tmp_path / "outbox.db")
         late = Event("delivered", box.clock.now(), "the-dead-worker", "a late write")
         with pytest.raises(StaleWrite):
-            await box.store.update_intent("probe", expected=Status.LEASED, status=Status.DELIVERED,
+            await box.store.update_intent("acme/probe", expected=Status.LEASED, status=Status.DELIVERED,
                                           events=[late], fence=old.fence)
         assert snapshot(tmp_path / "outbox.db") == before
         history = await box.history("probe")
@@ -272,7 +272,7 @@ async def test_a_write_under_a_superseded_fence_is_refused_even_when_the_status_
         assert history.events[2].data["next_attempt_at"]
 
         # the holder of the current fence may write
-        done = await box.store.update_intent("probe", expected=Status.LEASED, status=Status.DELIVERED,
+        done = await box.store.update_intent("acme/probe", expected=Status.LEASED, status=Status.DELIVERED,
                                              events=[Event("delivered", box.clock.now(), "successor")],
                                              fence=new.fence)
         assert done.status is Status.DELIVERED

@@ -108,8 +108,8 @@ async def test_insert_creates_a_pending_intent_with_its_first_event(store):
     intent = result.intent
     assert (intent.status, intent.fence, intent.attempts, intent.payload) == (Status.PENDING, 0, 0, {"n": 1})
     assert intent.created_at == T0 and intent.next_attempt_at == T0  # microseconds survive
-    assert await store.get_intent("a1") == intent
-    history = await store.history("a1")
+    assert await store.get_intent("acme/a1") == intent
+    history = await store.history("acme/a1")
     assert [(e.kind, e.actor) for e in history.events] == [("enqueued", "test")]
     assert history.attempts == []
 
@@ -119,26 +119,35 @@ async def test_the_same_operation_again_returns_the_existing_intent(store):
     again = await store.insert_intent(*new("a1", at=T0 + timedelta(seconds=5)))
     assert not again.created
     assert again.intent == first.intent
-    assert len((await store.history("a1")).events) == 1
+    assert len((await store.history("acme/a1")).events) == 1
 
 
 @pytest.mark.parametrize(
     "changes,named",
-    [({"digest": "sha256:bb"}, "payload_digest"), ({"scope": "globex"}, "scope"),
-     ({"dest": "approvals"}, "destination")],
+    [({"digest": "sha256:bb"}, "payload_digest"), ({"dest": "approvals"}, "destination")],
 )
 async def test_another_operation_under_the_same_action_id_is_a_conflict(store, changes, named):
     await store.insert_intent(*new("a1"))
     with pytest.raises(IntentConflict, match=named):
         await store.insert_intent(*new("a1", **changes))
-    assert (await store.get_intent("a1")).payload_digest == "sha256:aa"
-    assert len((await store.history("a1")).events) == 1
+    assert (await store.get_intent("acme/a1")).payload_digest == "sha256:aa"
+    assert len((await store.history("acme/a1")).events) == 1
+
+
+async def test_action_ids_are_unique_per_scope_not_across_scopes(store):
+    ours = await store.insert_intent(*new("a1"))
+    theirs = await store.insert_intent(*new("a1", scope="globex", digest="sha256:bb"))
+    assert theirs.created and theirs.intent.seq != ours.intent.seq
+    assert (await store.get_intent("globex/a1")).payload_digest == "sha256:bb"
+    assert (await store.get_intent("acme/a1")).payload_digest == "sha256:aa"
+    assert [i.scope for i in await store.intents_named("a1")] == ["acme", "globex"]
+    assert await store.intents_named("nobody") == []
 
 
 async def test_unknown_destination_is_refused_and_nothing_is_written(store):
     with pytest.raises(UnknownDestination, match="'nowhere' is not registered"):
         await store.insert_intent(*new("a1", dest="nowhere"))
-    assert await store.get_intent("a1") is None
+    assert await store.get_intent("acme/a1") is None
 
 
 async def test_destinations_requiring_approval_hold_new_intents(store):
@@ -168,7 +177,7 @@ async def test_a_batch_is_recorded_whole_or_not_at_all(store):
     await store.insert_intent(*new("taken"))
     with pytest.raises(IntentConflict):
         await store.insert_intents([new("b1"), new("b2"), new("taken", digest="sha256:zz")])
-    assert await store.get_intent("b1") is None
+    assert await store.get_intent("acme/b1") is None
     results = await store.insert_intents([new("b1"), new("b2")])
     assert [r.created for r in results] == [True, True]
 
@@ -177,13 +186,13 @@ async def test_update_moves_status_applies_changes_and_appends_an_event(store):
     await store.insert_intent(*new("a1"))
     later = T0 + timedelta(seconds=1)
     intent = await store.update_intent(
-        "a1", expected=Status.PENDING, status=Status.LEASED,
+        "acme/a1", expected=Status.PENDING, status=Status.LEASED,
         events=[Event(kind="leased", at=later, actor="worker-1", data={"fence": 1})],
         changes={"lease_owner": "worker-1", "lease_expires_at": later + timedelta(seconds=30), "fence": 1},
     )
     assert (intent.status, intent.lease_owner, intent.fence, intent.updated_at) == (
         Status.LEASED, "worker-1", 1, later)
-    events = (await store.history("a1")).events
+    events = (await store.history("acme/a1")).events
     assert [e.kind for e in events] == ["enqueued", "leased"]
     assert events[-1].data == {"fence": 1}
 
@@ -191,28 +200,28 @@ async def test_update_moves_status_applies_changes_and_appends_an_event(store):
 async def test_an_illegal_transition_raises_and_writes_nothing(store):
     before = (await store.insert_intent(*new("a1"))).intent
     with pytest.raises(IllegalTransition, match="'pending' to 'delivered'"):
-        await store.update_intent("a1", expected=Status.PENDING, status=Status.DELIVERED,
+        await store.update_intent("acme/a1", expected=Status.PENDING, status=Status.DELIVERED,
                                   events=[Event(kind="delivered", at=T0, actor="x")])
-    assert await store.get_intent("a1") == before
-    assert len((await store.history("a1")).events) == 1
+    assert await store.get_intent("acme/a1") == before
+    assert len((await store.history("acme/a1")).events) == 1
 
 
 async def test_a_write_from_a_stale_status_or_fence_is_rejected(store):
     await store.insert_intent(*new("a1"))
     ev = Event(kind="leased", at=T0, actor="w")
-    await store.update_intent("a1", expected=Status.PENDING, status=Status.LEASED, events=[ev],
+    await store.update_intent("acme/a1", expected=Status.PENDING, status=Status.LEASED, events=[ev],
                               changes={"fence": 1})
     with pytest.raises(StaleWrite, match="leased at fence 1"):
-        await store.update_intent("a1", expected=Status.PENDING, status=Status.LEASED, events=[ev])
+        await store.update_intent("acme/a1", expected=Status.PENDING, status=Status.LEASED, events=[ev])
     with pytest.raises(StaleWrite, match="not leased at fence 7"):
-        await store.update_intent("a1", expected=Status.LEASED, status=Status.DELIVERED,
+        await store.update_intent("acme/a1", expected=Status.LEASED, status=Status.DELIVERED,
                                   events=[ev], fence=7)
-    assert (await store.get_intent("a1")).status is Status.LEASED
-    done = await store.update_intent("a1", expected=Status.LEASED, status=Status.DELIVERED,
+    assert (await store.get_intent("acme/a1")).status is Status.LEASED
+    done = await store.update_intent("acme/a1", expected=Status.LEASED, status=Status.DELIVERED,
                                      events=[ev], fence=1)
     assert done.status is Status.DELIVERED
     with pytest.raises(NotFound):
-        await store.update_intent("ghost", expected=Status.PENDING, status=Status.LEASED, events=[ev])
+        await store.update_intent("acme/ghost", expected=Status.PENDING, status=Status.LEASED, events=[ev])
 
 
 async def test_updates_committed_together_are_each_conditional(store):
@@ -223,7 +232,7 @@ async def test_updates_committed_together_are_each_conditional(store):
     lease = {"fence": 1, "lease_owner": "w"}
 
     def lease_update(action_id: str, fence: int | None = None):
-        return store.update_intent(action_id, expected=Status.PENDING, status=Status.LEASED, fence=fence,
+        return store.update_intent(f"acme/{action_id}", expected=Status.PENDING, status=Status.LEASED, fence=fence,
                                    changes=lease, events=[Event(kind="leased", at=T0, actor="w")])
 
     # the same intent twice in one batch: exactly one wins
@@ -235,16 +244,16 @@ async def test_updates_committed_together_are_each_conditional(store):
         return_exceptions=True)
     assert [type(r).__name__ for r in results] == ["Intent", "StaleWrite", "NotFound", "Intent"]
     assert isinstance(results[0], Intent) and results[0].lease_owner == "w" and results[0].fence == 1
-    statuses = {i: (await store.get_intent(f"c{i}")).status for i in range(4)}
+    statuses = {i: (await store.get_intent(f"acme/c{i}")).status for i in range(4)}
     assert statuses == {0: Status.LEASED, 1: Status.LEASED, 2: Status.PENDING, 3: Status.LEASED}
-    assert [e.kind for e in (await store.history("c0")).events] == ["enqueued", "leased"]
-    assert [e.kind for e in (await store.history("c2")).events] == ["enqueued"]
+    assert [e.kind for e in (await store.history("acme/c0")).events] == ["enqueued", "leased"]
+    assert [e.kind for e in (await store.history("acme/c2")).events] == ["enqueued"]
 
 
 async def test_only_known_columns_can_be_updated(store):
     await store.insert_intent(*new("a1"))
     with pytest.raises(ValueError, match="payload"):
-        await store.update_intent("a1", expected=Status.PENDING, status=Status.LEASED,
+        await store.update_intent("acme/a1", expected=Status.PENDING, status=Status.LEASED,
                                   events=[Event(kind="x", at=T0, actor="x")], changes={"payload": "{}"})
 
 
@@ -285,7 +294,7 @@ async def test_a_destination_is_deleted_only_when_nothing_refers_to_it(store):
     await store.insert_intent(*new("a1"))
     with pytest.raises(DestinationInUse, match="1 intent"):
         await store.delete_destination("billing")
-    await store.update_intent("a1", expected=Status.PENDING, status=Status.CANCELLED,
+    await store.update_intent("acme/a1", expected=Status.PENDING, status=Status.CANCELLED,
                               events=[Event(kind="cancelled", at=T0, actor="op")])
     with pytest.raises(DestinationInUse, match="disable it instead"):
         await store.delete_destination("billing")
@@ -318,7 +327,7 @@ async def test_callers_sql_and_enqueue_commit_together(store):
         assert (await tx.insert_intent(*new("order-1"))).created
     async with store.transaction() as tx:
         assert (await tx.execute(sql["count"]))[0][0] == 1
-    assert (await store.get_intent("order-1")).status is Status.PENDING
+    assert (await store.get_intent("acme/order-1")).status is Status.PENDING
 
 
 async def test_callers_sql_and_enqueue_roll_back_together(store):
@@ -330,7 +339,7 @@ async def test_callers_sql_and_enqueue_roll_back_together(store):
             await tx.execute(sql["insert"], (1, 100))
             await tx.insert_intent(*new("order-1"))
             raise RuntimeError("payment failed")
-    assert await store.get_intent("order-1") is None
+    assert await store.get_intent("acme/order-1") is None
     async with store.transaction() as tx:
         assert (await tx.execute(sql["count"]))[0][0] == 0
 
@@ -349,7 +358,7 @@ async def test_a_conflicting_enqueue_inside_a_transaction_rolls_back_the_callers
 
 
 async def test_history_of_an_unknown_intent_is_empty(store):
-    history = await store.history("ghost")
+    history = await store.history("acme/ghost")
     assert history.attempts == [] and history.events == [] and history.intent is None
 
 
@@ -363,16 +372,16 @@ async def test_history_is_one_snapshot_of_the_intent_and_its_events(store):
         for n in range(1, moves + 1):
             at = T0 + timedelta(milliseconds=n)
             if n % 2:
-                await store.update_intent("snap", expected=Status.PENDING, status=Status.LEASED,
+                await store.update_intent("acme/snap", expected=Status.PENDING, status=Status.LEASED,
                                           events=[Event(kind="leased", at=at, actor="w")])
             else:
-                await store.update_intent("snap", expected=Status.LEASED, status=Status.PENDING,
+                await store.update_intent("acme/snap", expected=Status.LEASED, status=Status.PENDING,
                                           events=[Event(kind="released", at=at, actor="w")])
 
     async def reader() -> int:
         seen = 0
         while not done.is_set() or not seen:
-            history = await store.history("snap")
+            history = await store.history("acme/snap")
             last = history.events[-1]
             assert history.intent is not None
             assert (history.intent.updated_at, history.intent.status) == (
@@ -410,7 +419,7 @@ async def test_claim_leases_due_intents_oldest_first_and_bumps_their_fence(store
     assert [i.action_id for i in claimed] == ["c1", "c2", "c0"]  # c3 is not due yet
     assert all(i.status is Status.LEASED and i.fence == 1 and i.lease_owner == "w1" for i in claimed)
     assert claimed[0].lease_expires_at == now + timedelta(seconds=30)
-    assert [e.kind for e in (await store.history("c1")).events] == ["enqueued", "leased"]
+    assert [e.kind for e in (await store.history("acme/c1")).events] == ["enqueued", "leased"]
     assert await store.claim("w2", now=now, lease_until=now, limit=10) == []
     assert await store.next_due_at() == T0 + timedelta(minutes=60)
 
@@ -427,29 +436,29 @@ async def test_attempts_are_recorded_fenced_and_finished(store):
     [intent] = await store.claim("w1", now=T0, lease_until=T0 + timedelta(seconds=30), limit=1)
     started = attempt(1, intent.fence)
     ev = [Event(kind="attempt_started", at=T0, actor="w1")]
-    await store.update_intent("a1", expected=Status.LEASED, status=Status.LEASED, events=ev,
+    await store.update_intent("acme/a1", expected=Status.LEASED, status=Status.LEASED, events=ev,
                               fence=intent.fence, changes={"attempts": 1}, attempt=started)
-    assert (await store.history("a1")).attempts == [started]
-    assert await store.first_submission_at("a1") == T0
+    assert (await store.history("acme/a1")).attempts == [started]
+    assert await store.first_submission_at("acme/a1") == T0
     done = replace(started, finished_at=T0 + timedelta(seconds=1), submission=Submission.SUBMITTED,
                    outcome=Outcome.DELIVERED, status_code=200, external_id="ext-9")
     with pytest.raises(StaleWrite):
-        await store.update_intent("a1", expected=Status.LEASED, status=Status.DELIVERED, events=ev,
+        await store.update_intent("acme/a1", expected=Status.LEASED, status=Status.DELIVERED, events=ev,
                                   fence=intent.fence + 1, attempt=done)
-    assert (await store.history("a1")).attempts == [started]
-    final = await store.update_intent("a1", expected=Status.LEASED, status=Status.DELIVERED, events=ev,
+    assert (await store.history("acme/a1")).attempts == [started]
+    final = await store.update_intent("acme/a1", expected=Status.LEASED, status=Status.DELIVERED, events=ev,
                                       fence=intent.fence, attempt=done)
     assert final.status is Status.DELIVERED and final.attempts == 1
-    assert (await store.history("a1")).attempts == [done]
+    assert (await store.history("acme/a1")).attempts == [done]
 
 
 async def test_leases_are_renewed_only_while_held_and_expired_ones_are_found(store):
     await store.insert_intents([new("l1"), new("l2")])
     claimed = await store.claim("w1", now=T0, lease_until=T0 + timedelta(seconds=10), limit=2)
-    held = [(i.action_id, i.fence) for i in claimed]
+    held = [(i.key, i.fence) for i in claimed]
     assert await store.renew_leases(held, T0 + timedelta(seconds=60)) == []
-    assert await store.renew_leases([("l1", 99)], T0 + timedelta(seconds=90)) == ["l1"]
-    await store.update_intent("l2", expected=Status.LEASED, status=Status.LEASED,
+    assert await store.renew_leases([("acme/l1", 99)], T0 + timedelta(seconds=90)) == ["acme/l1"]
+    await store.update_intent("acme/l2", expected=Status.LEASED, status=Status.LEASED,
                               events=[Event(kind="attempt_started", at=T0, actor="w1")],
                               fence=1, attempt=attempt(1, 1))
     assert await store.expired_leases(T0 + timedelta(seconds=59), 10) == []
@@ -462,13 +471,13 @@ async def test_first_submission_ignores_attempts_that_provably_never_left(store)
     await store.insert_intent(*new("a1"))
     await store.claim("w1", now=T0, lease_until=T0, limit=1)
     never = attempt(1, 1, finished_at=T0, submission=Submission.NOT_SUBMITTED, outcome=Outcome.RETRYABLE)
-    await store.update_intent("a1", expected=Status.LEASED, status=Status.LEASED, fence=1,
+    await store.update_intent("acme/a1", expected=Status.LEASED, status=Status.LEASED, fence=1,
                               events=[Event(kind="attempt_finished", at=T0, actor="w1")], attempt=never)
-    assert await store.first_submission_at("a1") is None
+    assert await store.first_submission_at("acme/a1") is None
     later = attempt(2, 1, at=T0 + timedelta(seconds=5))
-    await store.update_intent("a1", expected=Status.LEASED, status=Status.LEASED, fence=1,
+    await store.update_intent("acme/a1", expected=Status.LEASED, status=Status.LEASED, fence=1,
                               events=[Event(kind="attempt_started", at=T0, actor="w1")], attempt=later)
-    assert await store.first_submission_at("a1") == T0 + timedelta(seconds=5)
+    assert await store.first_submission_at("acme/a1") == T0 + timedelta(seconds=5)
 
 
 async def test_a_destination_can_be_disabled(store):

@@ -48,7 +48,7 @@ async def test_a_long_poll_answers_once_the_worker_has_delivered(tmp_path: Path,
     assert attempt["status_code"] == 200 and attempt["external_id"] == "rcpt-1"
     assert attempt["attempt_id"] == request.headers["outbox-attempt-id"]
     assert [e["kind"] for e in shown["events"]][-1] == "delivered"
-    assert request.headers["idempotency-key"] == "inv-1"
+    assert request.headers["idempotency-key"] == "acme/inv-1"
     assert request.json() == {"invoice": 1}
 
 
@@ -99,7 +99,7 @@ async def test_a_410_shows_as_a_disabled_destination_and_later_intents_are_parke
         assert second["attempts"] == [] and second["attempt_count"] == 0
         released = [e for e in second["events"] if e["kind"] == "released"][-1]
         assert released["reason"] == "destination 'hook' is disabled"
-    assert [r.headers["idempotency-key"] for r in receiver.requests()] == ["gone-1"]
+    assert [r.headers["idempotency-key"] for r in receiver.requests()] == ["acme/gone-1"]
 
 
 async def test_healthz_fails_once_the_embedded_sender_has_crashed(tmp_path: Path, serve_api, monkeypatch, caplog):

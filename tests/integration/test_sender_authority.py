@@ -80,7 +80,7 @@ async def test_grants_are_checked_at_send_time_not_enqueue_time(env: SenderEnv, 
     assert await worker.run_once() == 1
     later = await env.box.get("later")
     assert later.status is Status.REVOKED  # the grant had expired by the time it was due
-    assert [r.headers["idempotency-key"] for r in receiver.requests()] == ["now"]
+    assert [r.headers["idempotency-key"] for r in receiver.requests()] == ["acme/now"]
 
 
 # -- 12. an HTTP policy endpoint -------------------------------------------------------------------
@@ -113,7 +113,7 @@ async def test_an_http_policy_endpoint_allows_and_denies(open_env, start_receive
     assert history.attempts == []
     assert only(history, "authority_checked").data == {"verdict": "deny", "provider": "http", "revision": None}
 
-    assert [r.headers["idempotency-key"] for r in hooks.requests()] == ["a-ok"]
+    assert [r.headers["idempotency-key"] for r in hooks.requests()] == ["acme/a-ok"]
     asked = sorted((r.json() for r in policy.requests("/policy")), key=lambda b: b["action_id"])
     assert asked == [
         {"scope": "shop", "channel": "webhook", "destination": "hook", "action_id": "a-no"},
@@ -197,7 +197,7 @@ async def test_a_python_policy_function(open_env, receiver: Receiver):
     assert only(await env.box.history("a-no"), "authority_checked").data["provider"] == "python"
     assert sorted(asked, key=lambda r: r.action_id) == [
         AuthorityRequest("acme", "webhook", "hook", "a-no"), AuthorityRequest("acme", "webhook", "hook", "a-ok")]
-    assert [r.headers["idempotency-key"] for r in receiver.requests()] == ["a-ok"]
+    assert [r.headers["idempotency-key"] for r in receiver.requests()] == ["acme/a-ok"]
 
 
 async def test_an_async_policy_returning_decisions_and_one_that_raises(open_env, receiver: Receiver):
@@ -237,7 +237,7 @@ async def test_a_python_policy_named_in_the_settings(open_env, receiver: Receive
     await env.worker().run_once()
     assert (await env.box.get("a-acme")).status is Status.DELIVERED
     assert (await env.box.get("a-shop")).status is Status.REVOKED
-    assert [r.headers["idempotency-key"] for r in receiver.requests()] == ["a-acme"]
+    assert [r.headers["idempotency-key"] for r in receiver.requests()] == ["acme/a-acme"]
 
 
 async def test_a_revocation_takes_effect_within_authority_seconds(open_env, receiver: Receiver):

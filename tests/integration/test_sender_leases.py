@@ -83,7 +83,7 @@ async def test_a_send_slower_than_its_lease_is_fenced_out(env: SenderEnv, receiv
     assert [(a.fence, a.outcome, a.external_id) for a in attempts] == [
         (1, Outcome.UNKNOWN, None), (3, Outcome.DELIVERED, "second")]
     first, second = receiver.requests("/hook")
-    assert first.headers["idempotency-key"] == second.headers["idempotency-key"] == "a1"
+    assert first.headers["idempotency-key"] == second.headers["idempotency-key"] == "acme/a1"
     assert (first.headers["outbox-fence"], second.headers["outbox-fence"]) == ("1", "3")
     assert sweeper.stale_writes == 0
 

@@ -43,7 +43,7 @@ class Switch:
         self._fixed.set()
 
     def __call__(self, request: Received) -> Reply:
-        key = request.headers.get("idempotency-key", "")
+        key = request.headers.get("idempotency-key", "").rpartition("/")[2]  # scope/action_id: kept by action id
         fixed = self._fixed.is_set()
         reply = Reply(200, headers={"External-Id": f"rcpt-{key}"}) if fixed else Reply(503, body="down")
         with self._lock:

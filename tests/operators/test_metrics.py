@@ -192,7 +192,7 @@ async def _vanish(scene: Scene, action_id: str, *, mid_send: bool) -> None:
                           started_at=s.clock.now(), finished_at=None, submission=None, outcome=None,
                           status_code=None, reply=None, external_id=None, error=None, duration_ms=None)
         await s.box.store.update_intent(
-            action_id, expected=Status.LEASED, status=Status.LEASED, fence=claimed.fence,
+            claimed.key, expected=Status.LEASED, status=Status.LEASED, fence=claimed.fence,
             changes={"attempts": 1}, attempt=attempt,
             events=[Event("attempt_started", s.clock.now(), "vanished-worker", None, {"number": 1})])
     s.clock.advance(60)

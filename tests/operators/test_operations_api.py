@@ -117,7 +117,7 @@ async def test_replay_of_a_revoked_intent_waits_for_authority(ops: Ops):
     assert body["events"][-1]["data"]["from"] == "revoked"
     await ops.deliver(["rev-1"])
     assert await ops.status("rev-1") is Status.DELIVERED
-    assert [r.headers["idempotency-key"] for r in ops.receiver.requests("/ok")] == ["rev-1"]
+    assert [r.headers["idempotency-key"] for r in ops.receiver.requests("/ok")] == ["globex/rev-1"]
 
 
 async def test_replay_of_an_unknown_outcome_needs_accepting_the_duplicate_risk(ops: Ops):
@@ -194,7 +194,7 @@ async def test_resolve_settles_unknown_intents_with_evidence(ops: Ops):
     assert await ops.status("res-retry") is Status.DELIVERED
     assert await ops.status("res-delivered") is Status.DELIVERED
     assert await ops.status("res-dead") is Status.DEAD
-    assert [r.headers["idempotency-key"] for r in ops.receiver.requests("/slow")[sent_before:]] == ["res-retry"]
+    assert [r.headers["idempotency-key"] for r in ops.receiver.requests("/slow")[sent_before:]] == ["acme/res-retry"]
 
 
 # -- cancel ------------------------------------------------------------------------------------
@@ -269,7 +269,7 @@ async def test_approval_binds_the_payload_digest_and_the_worker_delivers_it(open
         done = (await c.get("/v1/intents/app-1", params={"wait": 20})).json()
     assert done["status"] == "delivered"
     [request] = ops.receiver.requests("/ok")
-    assert request.json() == {"wire": 5000} and request.headers["idempotency-key"] == "app-1"
+    assert request.json() == {"wire": 5000} and request.headers["idempotency-key"] == "acme/app-1"
 
 
 async def test_an_expired_approval_is_refused_at_send_time(open_ops: OpenOps):
@@ -320,7 +320,7 @@ async def test_reject_cancels_a_held_intent_for_good(ops: Ops):
     assert (event["kind"], event["actor"], event["reason"]) == ("rejected", ops.operator_actor, "not what we agreed")
     await ops.deliver(["rej-pending"])
     assert await ops.status("rej-1") is Status.CANCELLED
-    assert [r.headers["idempotency-key"] for r in ops.receiver.requests("/ok")] == ["rej-pending"]
+    assert [r.headers["idempotency-key"] for r in ops.receiver.requests("/ok")] == ["acme/rej-pending"]
 
 
 # -- roles and input ---------------------------------------------------------------------------

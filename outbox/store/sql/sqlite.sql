@@ -33,16 +33,20 @@ SELECT 1;
 SELECT channel, requires_approval FROM destinations WHERE id = ?;
 
 -- name: insert_intent
--- Create an intent unless its action_id exists; returns the new seq, or nothing.
-INSERT INTO intents (action_id, scope, destination, channel, payload, payload_digest, status,
+-- Create an intent unless its key (scope/action_id) exists; returns the new seq, or nothing.
+INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
                      max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (action_id) DO NOTHING
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (intent_key) DO NOTHING
 RETURNING seq;
 
--- name: intent_by_action
--- One intent by its action_id.
-SELECT * FROM intents WHERE action_id = ?;
+-- name: intent_by_key
+-- One intent by its key (scope/action_id).
+SELECT * FROM intents WHERE intent_key = ?;
+
+-- name: intents_by_action
+-- The intents of every scope that use an action id (at most one per scope).
+SELECT * FROM intents WHERE action_id = ? ORDER BY scope;
 
 -- name: insert_event
 -- Append to an intent's history.
@@ -78,7 +82,7 @@ FROM intents WHERE seq IN (SELECT value FROM json_each(?)) ORDER BY seq;
 -- name: intents_json
 -- Intents (a JSON array of seqs) as one JSON array of objects: one step, however many rows.
 SELECT json_group_array(json_object(
-    'seq', seq, 'action_id', action_id, 'scope', scope, 'destination', destination,
+    'seq', seq, 'intent_key', intent_key, 'action_id', action_id, 'scope', scope, 'destination', destination,
     'channel', channel, 'payload', payload, 'payload_digest', payload_digest, 'status', status,
     'attempts', attempts, 'max_attempts', max_attempts, 'next_attempt_at', next_attempt_at,
     'not_before', not_before, 'expires_at', expires_at, 'lease_owner', lease_owner,
@@ -89,7 +93,7 @@ FROM intents WHERE seq IN (SELECT value FROM json_each(?));
 
 -- name: renew_lease
 -- Heartbeat: extend a lease the worker still holds at this fence.
-UPDATE intents SET lease_expires_at = ? WHERE action_id = ? AND status = 'leased' AND fence = ?;
+UPDATE intents SET lease_expires_at = ? WHERE intent_key = ? AND status = 'leased' AND fence = ?;
 
 -- name: expired_leases
 -- Leases that ran out (the sweeper's work).
@@ -193,10 +197,10 @@ ORDER BY destination = '*', revision DESC LIMIT 1;
 SELECT * FROM intents WHERE {where} ORDER BY seq DESC LIMIT ?;
 
 -- name: update_targets
--- Where each of a set of conditional updates (a JSON array of action_ids) stands:
+-- Where each of a set of conditional updates (a JSON array of intent keys) stands:
 -- [position, seq, status, fence] per update, seq null for an intent that does not exist.
 SELECT json_group_array(json_array(u.key, i.seq, i.status, i.fence))
-FROM json_each(?) AS u LEFT JOIN intents AS i ON i.action_id = u.value;
+FROM json_each(?) AS u LEFT JOIN intents AS i ON i.intent_key = u.value;
 
 -- name: update_intents
 -- Set columns of several intents from a JSON array of [seq, value, ...] rows.
