@@ -617,6 +617,8 @@ def destinations() -> None:
               help="Allow loopback/private addresses (turns off the SSRF guard).")
 @click.option("--disabled", is_flag=True, help="Register it disabled.")
 @click.option("--reconcile", is_flag=True, help="The receiver answers the reconcile probe (our middleware).")
+@click.option("--drop-previous-secrets", is_flag=True,
+              help="Keep only the newest secret: the end of a rotation, once the receiver has the new one.")
 @_run
 async def destinations_put(ctx: Context, box: Outbox, destination_id: str, secret: str | None, **spec: Any) -> None:
     """Register or replace a destination."""

@@ -20,7 +20,7 @@ from typing import Any
 from .clock import Clock, SystemClock, iso
 from .destinations import Destination, DestinationSpec
 from .digest import canonical_json, digest_of
-from .errors import AmbiguousActionId, InvalidInput, NotFound, PayloadTooLarge
+from .errors import AmbiguousActionId, InvalidInput, NotFound, PayloadTooLarge, UnknownDestination
 from .grants import Grant, GrantSpec
 from .ids import ACTION_ID, DESTINATION_ID, MAX_KEY_LENGTH, SCOPE, TOKEN_LABEL, check, intent_key, uuid7
 from .metrics import Metrics
@@ -230,7 +230,8 @@ class Outbox:
         """Register or replace a destination; returns it and whether it was new.
 
         Without a secret a new destination is refused and an existing one keeps its secrets.
-        A new secret goes first; the previous ones stay for rotation (at most three kept).
+        A new secret goes first; the previous ones stay for rotation (at most three kept) until
+        ``drop_previous_secrets`` ends the rotation.
         """
         check(DESTINATION_ID, destination_id, "destination id")
         existing = await self.store.get_destination(destination_id)
@@ -239,6 +240,8 @@ class Outbox:
         secrets: tuple[str, ...] = existing.secrets if existing else ()
         if spec.secret is not None and spec.secret not in secrets[:1]:
             secrets = (spec.secret, *(s for s in secrets if s != spec.secret))[:3]
+        if spec.drop_previous_secrets:
+            secrets = secrets[:1]
         now = self.clock.now()
         destination = Destination(
             id=destination_id,
@@ -284,6 +287,9 @@ class Outbox:
         check(SCOPE, spec.scope, "scope")
         if spec.destination != "*":
             check(DESTINATION_ID, spec.destination, "destination")
+            if await self.store.get_destination(spec.destination) is None:
+                raise UnknownDestination(f"destination {spec.destination!r} is not registered; register it first "
+                                         "(a grant for it would silently apply to whatever is registered later)")
         return await self.store.put_grant(grant_id, spec, self.clock.now())
 
     async def get_grant(self, grant_id: str) -> Grant:

@@ -8,6 +8,7 @@ made its write durable.
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -138,12 +139,23 @@ def _isolated(conn: sqlite3.Connection, jobs: Sequence[Callable[[sqlite3.Connect
     return results
 
 
-async def connect(path: Path, *, busy_timeout_ms: int, script: str = "") -> aiosqlite.Connection:
-    """A connection with the durable pragmas (WAL, ``synchronous=FULL``), then ``script``.
-    Raises StoreUnavailable, naming the file."""
+def create_private(path: Path) -> None:
+    """Create the database file readable by its owner only (0600) unless it exists: it holds
+    payloads and signing secrets. SQLite gives its -wal and -shm files the same mode."""
     try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        pass
+
+
+async def connect(path: Path, *, busy_timeout_ms: int, script: str = "") -> aiosqlite.Connection:
+    """A connection with the durable pragmas (WAL, ``synchronous=FULL``), then ``script``; a new
+    database file is created 0600. Raises StoreUnavailable, naming the file."""
+    try:
+        if str(path) != ":memory:":
+            create_private(Path(path))
         db = await aiosqlite.connect(path, isolation_level=None)
-    except sqlite3.Error as exc:
+    except (sqlite3.Error, OSError) as exc:
         raise StoreUnavailable(f"cannot open SQLite database {str(path)!r}: {exc}") from exc
     db.row_factory = sqlite3.Row
     try:

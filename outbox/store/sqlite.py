@@ -761,6 +761,12 @@ class SqliteStore:
                     f"destination {destination_id!r} is named by intents in the history; "
                     "disable it instead (disabled: true)"
                 )
+            grants = [row[0] for row in conn.execute(SQL["grants_for_destination"], (destination_id,))]
+            if grants:
+                raise DestinationInUse(
+                    f"destination {destination_id!r} is named by grants {', '.join(map(repr, grants))}; delete them "
+                    "first, or a destination registered later under this id would inherit them"
+                )
             conn.execute(SQL["delete_destination"], (destination_id,))
 
         await self._write(run)

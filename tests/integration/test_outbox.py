@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -51,6 +52,11 @@ async def test_bad_input_is_refused_before_anything_is_written(db_path, box: Out
         (dict(payload={"n": 2**64}), InvalidInput, "I-JSON"),
         (dict(not_before=datetime(2030, 1, 1)), InvalidInput, "timezone"),
         (dict(max_attempts=0), InvalidInput, "max_attempts"),
+        (dict(action_id="nl-1\n"), InvalidInput, "action_id"),
+        (dict(scope="acme\n"), InvalidInput, "scope"),
+        (dict(scope="s" * 60, action_id="a" * 200), InvalidInput, "at most 255"),
+        (dict(payload=json.loads("[" * 65 + "]" * 65)),
+         InvalidInput, "deeper than 64"),
     ]
     for override, error, words in cases:
         intent = dict(destination="billing", scope="acme", payload={"ok": 1}) | override

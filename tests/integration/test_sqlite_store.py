@@ -104,3 +104,23 @@ def test_database_urls_are_checked():
         store_for_url("sqlite://host/x.db")
     with pytest.raises(InvalidInput, match="unsupported scheme"):
         store_for_url("mysql://x")
+
+
+async def test_a_new_database_and_its_wal_files_are_readable_by_their_owner_only(db_path, db_url):
+    """The file holds payloads and signing secrets: no other local user may read it."""
+    async with await Outbox.open(db_url) as box:
+        await box.list_intents(IntentQuery())
+        files = [db_path, db_path.with_name(db_path.name + "-wal"), db_path.with_name(db_path.name + "-shm")]
+        assert all(f.exists() for f in files)
+        assert {oct(f.stat().st_mode & 0o777) for f in files} == {"0o600"}
+
+
+async def test_the_receivers_record_database_is_readable_by_its_owner_only(tmp_path):
+    from receivers import SqliteRecordStore
+
+    store = SqliteRecordStore(tmp_path / "idempotency.db")
+    await store.open()
+    try:
+        assert oct((tmp_path / "idempotency.db").stat().st_mode & 0o777) == "0o600"
+    finally:
+        await store.close()

@@ -241,6 +241,10 @@ SELECT count(*) FROM intents WHERE destination = ? AND status IN ('pending', 'le
 -- Whether any intent, even finished, names the destination (its history keeps the reference).
 SELECT 1 FROM intents WHERE destination = ? LIMIT 1;
 
+-- name: grants_for_destination
+-- The grants that name a destination (it may not be deleted under them).
+SELECT id FROM grants WHERE destination = ? ORDER BY id;
+
 -- name: delete_destination
 -- Remove a destination.
 DELETE FROM destinations WHERE id = ?;
