@@ -205,13 +205,19 @@ class WebhookChannel:
         )
 
     async def probe(self, intent: Intent, destination: Destination, *, fence: int) -> ProbeAnswer:
-        """POST the reconcile probe (``Outbox-Reconcile: probe``) to the destination's URL."""
-        headers = {**self._signed(intent.action_id, destination, b"", int(self._clock.now().timestamp())),
+        """POST the reconcile probe (``Outbox-Reconcile: probe``) to the destination's URL.
+
+        Its body ``{"key": K, "fence": F}`` is signed like a delivery (``webhook-id`` K), so the
+        receiver knows the probe comes from us and asks about this key with this fence.
+        """
+        key = intent.action_id  # the Idempotency-Key the deliveries carry
+        body = json.dumps({"key": key, "fence": fence}).encode()
+        headers = {**self._signed(key, destination, body, int(self._clock.now().timestamp())),
                    "Outbox-Reconcile": "probe", "Outbox-Fence": str(fence)}
         session = self._session(destination.allow_private_network)
         target = self._target(destination)
         try:
-            async with session.post(target.url, data=b"", headers=headers,
+            async with session.post(target.url, data=body, headers=headers,
                                     timeout=target.timeout, allow_redirects=False) as response:
                 raw = await _read_up_to(response.content, REPLY_BYTES * 4)
                 status = response.status
@@ -219,9 +225,13 @@ class WebhookChannel:
             return ProbeAnswer(None, error=f"probe failed: {_describe(exc)}")
         try:
             answer = json.loads(raw)
-            state = answer["state"]
-        except (ValueError, KeyError, TypeError):
-            return ProbeAnswer(None, error=f"probe answered {status} without a state")
+        except (ValueError, RecursionError):
+            answer = None
+        if not isinstance(answer, dict) or "state" not in answer:
+            detail = answer.get("detail") if isinstance(answer, dict) else None  # a problem+json refusal
+            return ProbeAnswer(None, error=f"probe answered {status} without a state"
+                               + (f": {str(detail)[:300]}" if detail else ""))
+        state = answer["state"]
         if status != 200 or state not in ("completed", "in_progress", "absent"):
             return ProbeAnswer(None, error=f"probe answered {status} with state {state!r}")
         stored = answer.get("response") or {}
