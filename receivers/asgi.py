@@ -1,6 +1,6 @@
 """``IdempotencyMiddleware`` for any ASGI app (Starlette, FastAPI, plain ASGI): no framework needed.
 
-    app = IdempotencyMiddleware(app, store=SqliteRecordStore("idempotency.db"))
+    app = IdempotencyMiddleware(app, store=SqliteRecordStore("idempotency.db"), secrets="whsec_...")
 
 The handler reads ``scope["state"]["idempotency"]`` (Starlette: ``request.state.idempotency``),
 an ``IdempotencyContext(scope, key, epoch)``, to fence its own downstream effects.
@@ -21,8 +21,9 @@ class IdempotencyMiddleware:
     """At-least-once requests in, at-most-once effects out (DESIGN.md section 6)."""
 
     def __init__(self, app: Any, store: RecordStore, **options: Any) -> None:
-        """``options`` are those of ``receivers.engine.Idempotency`` (scope_resolver, methods,
-        required, retention_seconds, lease_seconds, max_body_bytes, max_stored_bytes, clock)."""
+        """``options`` are those of ``receivers.engine.Idempotency`` (secrets, scope_resolver,
+        methods, required, retention_seconds, lease_seconds, max_body_bytes, max_stored_bytes,
+        max_json_depth, signature_tolerance_seconds, clock)."""
         self.app = app
         self.idempotency = Idempotency(store, **options)
 
@@ -43,7 +44,8 @@ class IdempotencyMiddleware:
             await self.app(scope, receive, send)
             return
         declared = request.values("content-length")
-        if declared and declared[0].isdigit() and int(declared[0]) > self.idempotency.max_body_bytes:
+        if (declared and declared[0].isascii() and declared[0].isdigit()  # "²".isdigit() too
+                and int(declared[0]) > self.idempotency.max_body_bytes):
             await _answer(send, self.idempotency.too_large(int(declared[0])))
             return
         try:

@@ -17,15 +17,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from .keys import MalformedKey, fingerprint, identity, parse_key
+from .keys import MAX_JSON_DEPTH, InvalidJsonBody, MalformedKey, fingerprint, identity, parse_key
 from .records import Busy, Claimed, Mismatch, ProbeResult, RecordStore, Replay, StaleFence, StoredResponse
 from .signature import InvalidSignature, verify_signature
 
 log = logging.getLogger("receivers.idempotency")
 
 PROBE_HEADER = "outbox-reconcile"
-#: A fence is a non-negative integer that fits every store's 64-bit column.
-_FENCE = re.compile(r"^[0-9]{1,18}$")
+#: A fence is an integer from 0 to 10**18-1: it fits every store's 64-bit column.
+_FENCE = re.compile(r"[0-9]{1,18}")
 FENCE_HEADER = "outbox-fence"
 #: Never stored or replayed: credentials, cookies and hop-by-hop headers (and what the server sets).
 UNSTORED = frozenset({
@@ -112,6 +112,7 @@ class Idempotency:
         purge_seconds: float = 300,
         secrets: str | Sequence[str] | None = None,
         signature_tolerance_seconds: float = 300,
+        max_json_depth: int = MAX_JSON_DEPTH,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.store = store
@@ -124,9 +125,16 @@ class Idempotency:
         self.max_stored_bytes = max_stored_bytes
         self.purge_seconds = purge_seconds
         #: With secrets, Standard Webhooks signatures are checked before anything is claimed, so
-        #: a forged request can never complete (and so poison) a real sender's key.
+        #: a forged request can never complete (and so poison) a real sender's key. Without them
+        #: the reconcile probe is off: an unsigned probe could read or fence anyone's key.
         self.secrets = secrets
         self.signature_tolerance_seconds = signature_tolerance_seconds
+        #: JSON bodies nested deeper are refused with 400 before anything is claimed.
+        self.max_json_depth = max_json_depth
+        if secrets is None:
+            log.warning("idempotency middleware set up without secrets=: signatures are not checked and the "
+                        "reconcile probe is off; pass the destination's whsec_ secret(s) as secrets= to turn "
+                        "both on")
         self.clock = clock
         self._opening: asyncio.Lock | None = None
         self._purger: asyncio.Task[None] | None = None
@@ -170,51 +178,44 @@ class Idempotency:
 
     async def begin(self, request: Request, body: bytes) -> Answer | Run | None:
         """Decide before the handler: an answer to send, a claim to run under, or None when the
-        contract does not apply (pass through)."""
+        contract does not apply (pass through).
+
+        Only a failing record store answers 503 (retry later). Everything decided from the request
+        alone (key, fence, size, signature, a JSON body that cannot be fingerprinted) is a 4xx
+        answered before anything is claimed, and never stored.
+        """
+        if request.values(PROBE_HEADER):  # a probe never reaches the app, whatever else it carries
+            return await self._probe(request, body)
         try:
             key = parse_key(request.values("idempotency-key"))
         except MalformedKey as exc:
             return problem(400, "malformed-idempotency-key", "Malformed Idempotency-Key", str(exc))
-        fence_values = request.values(FENCE_HEADER)
-        if fence_values and (len(fence_values) > 1 or not _FENCE.match(fence_values[0].strip())):
-            return problem(400, "malformed-fence", "Malformed Outbox-Fence",
-                           "Outbox-Fence must be one integer between 0 and 10**18")
-        fence = int(fence_values[0].strip()) if fence_values else None
+        fence = _fence(request)
+        if isinstance(fence, Answer):
+            return fence
         if key is None:
-            if not self.required and not request.values(PROBE_HEADER):  # a probe never reaches the app
+            if not self.required:
                 return None
             return problem(400, "missing-idempotency-key", "Missing Idempotency-Key",
                            f"{request.method} {request.path} needs an Idempotency-Key header")
         if len(body) > self.max_body_bytes:
             return self.too_large(len(body))
-        if self.secrets is not None:
-            try:
-                verify_signature(self.secrets, dict(request.headers), body,
-                                 tolerance_seconds=self.signature_tolerance_seconds,
-                                 now=self.clock().timestamp())
-            except InvalidSignature as exc:
-                return problem(401, "invalid-signature", "Invalid signature", str(exc))
+        if (forged := self._check_signature(request, body)) is not None:
+            return forged
         try:
-            await self.ready()
-        except Exception as exc:
-            log.error("idempotency store unavailable: %r", exc)
-            return _unavailable()
-        scope = self.scope_resolver(request)
-        if inspect.isawaitable(scope):
-            scope = await scope
-        assert isinstance(scope, str)
+            fp = fingerprint(request.method, request.path, request.query, request.media_type, body,
+                                 max_json_depth=self.max_json_depth)
+        except InvalidJsonBody as exc:
+            return problem(400, "invalid-json-body", "Invalid JSON body",
+                           f"{exc}; the same body can never be accepted, so do not retry it")
+        if (unavailable := await self._open()) is not None:
+            return unavailable
+        scope = await self._scope(request)
         ident = identity(scope, key)
         now = self.clock()
         try:
-            if request.values(PROBE_HEADER):
-                if fence is None:
-                    return problem(400, "missing-fence", "Missing Outbox-Fence",
-                                   "a reconcile probe must carry the sender's new Outbox-Fence")
-                return _probe_answer(key, await self.store.probe(ident, fence, now=now,
-                                                                 expires_at=now + self.retention))
-            found = await self.store.claim(
-                ident, fingerprint(request.method, request.path, request.query, request.media_type, body),
-                fence=fence, now=now, lease_until=now + self.lease, expires_at=now + self.retention)
+            found = await self.store.claim(ident, fp, fence=fence, now=now, lease_until=now + self.lease,
+                                           expires_at=now + self.retention)
         except Exception as exc:  # any store failure: refuse rather than run unprotected
             log.error("idempotency store unavailable: %r", exc)
             return _unavailable()
@@ -239,6 +240,89 @@ class Idempotency:
                        f"Outbox-Fence {fence} is lower than {found.min_fence}, already seen for this key; "
                        "a newer attempt superseded this one")
 
+    async def _probe(self, request: Request, body: bytes) -> Answer:
+        """Answer a reconcile probe: a signed ``POST`` whose body ``{"key": K, "fence": F}`` names
+        the key it asks about (``webhook-id`` and ``Idempotency-Key`` K, ``Outbox-Fence`` F).
+
+        It raises the key's minimum fence to F and tells the key's state, with the stored response
+        when the request completed. That response is disclosed only to a caller that could have
+        made the original request: the probe must verify against the same secrets as the
+        deliveries, the signature binds it to this key and fence (a signed probe for one key cannot
+        be replayed for another, nor with another fence), and the key is looked up in the scope
+        the same ``scope_resolver`` gives the probe, so credentials for one scope never read
+        another's records. Without secrets nothing could prove that, so the probe is refused.
+        """
+        if request.method.upper() != "POST":
+            return problem(405, "method-not-allowed", "Method not allowed",
+                           f"a reconcile probe (Outbox-Reconcile) must be a POST, not {request.method}",
+                           allow="POST")
+        if self.secrets is None:
+            return problem(403, "probe-disabled", "Reconcile probe disabled",
+                           "this receiver checks no webhook signatures, so it answers no reconcile probe "
+                           "(an unsigned probe could read or fence any key); configure the middleware "
+                           "with secrets= (the destination's whsec_ secrets) to turn the probe on")
+        try:
+            key = parse_key(request.values("idempotency-key"))
+        except MalformedKey as exc:
+            return problem(400, "malformed-idempotency-key", "Malformed Idempotency-Key", str(exc))
+        if key is None:
+            return problem(400, "missing-idempotency-key", "Missing Idempotency-Key",
+                           "a reconcile probe must name its key in an Idempotency-Key header")
+        fence = _fence(request)
+        if isinstance(fence, Answer):
+            return fence
+        if fence is None:
+            return problem(400, "missing-fence", "Missing Outbox-Fence",
+                           "a reconcile probe must carry the sender's new Outbox-Fence")
+        if len(body) > self.max_body_bytes:
+            return self.too_large(len(body))
+        if (forged := self._check_signature(request, body)) is not None:
+            return forged
+        if (unbound := _unbound_probe(request, body, key, fence)) is not None:
+            return problem(400, "invalid-probe", "Invalid reconcile probe",
+                           f"{unbound}; a probe's signed body is {{\"key\": <Idempotency-Key>, \"fence\": "
+                           "<Outbox-Fence>}, with webhook-id the same key")
+        if (unavailable := await self._open()) is not None:
+            return unavailable
+        ident = identity(await self._scope(request), key)
+        now = self.clock()
+        try:
+            result = await self.store.probe(ident, fence, now=now, expires_at=now + self.retention)
+        except Exception as exc:
+            log.error("idempotency store unavailable: %r", exc)
+            return _unavailable()
+        return _probe_answer(key, result)
+
+    def _check_signature(self, request: Request, body: bytes) -> Answer | None:
+        """A 401 unless the request is signed with one of ``secrets`` (None when none are set)."""
+        if self.secrets is None:
+            return None
+        try:
+            verify_signature(self.secrets, dict(request.headers), body,
+                             tolerance_seconds=self.signature_tolerance_seconds, now=self.clock().timestamp())
+        except InvalidSignature as exc:
+            return problem(401, "invalid-signature", "Invalid signature", str(exc))
+        return None
+
+    async def _open(self) -> Answer | None:
+        """A 503 if the record store cannot be opened (None when it is open)."""
+        try:
+            await self.ready()
+        except Exception as exc:
+            log.error("idempotency store unavailable: %r", exc)
+            return _unavailable()
+        return None
+
+    async def _scope(self, request: Request) -> str:
+        """The request's scope. The resolver is the application's code: what it raises is the
+        application's error, never reported as an unavailable store."""
+        scope = self.scope_resolver(request)
+        if inspect.isawaitable(scope):
+            scope = await scope
+        if not isinstance(scope, str):
+            raise TypeError(f"scope_resolver returned {type(scope).__name__}, not a str")
+        return scope
+
     async def finish(self, run: Run, status: int | None, headers: Headers, body: bytes | None) -> None:
         """Complete the record with a 2xx-4xx response; release it on 5xx, on an exception
         (``status`` None) or when no response was sent. ``body`` None: not stored (too large)."""
@@ -256,6 +340,34 @@ class Idempotency:
         except Exception:
             log.exception("could not record the outcome for key %r; it stays claimed until its lease "
                           "expires", run.context.key)
+
+
+def _fence(request: Request) -> int | Answer | None:
+    """The request's Outbox-Fence (None when absent), or the 400 for a malformed one."""
+    values = request.values(FENCE_HEADER)
+    if not values:
+        return None
+    if len(values) > 1 or not _FENCE.fullmatch(values[0].strip()):
+        return problem(400, "malformed-fence", "Malformed Outbox-Fence",
+                       "Outbox-Fence must be one integer from 0 to 10**18-1")
+    return int(values[0].strip())
+
+
+def _unbound_probe(request: Request, body: bytes, key: str, fence: int) -> str | None:
+    """Why a (signed) probe's body does not name the key and fence its headers ask about, or None."""
+    try:
+        asked = json.loads(body)
+    except (ValueError, RecursionError):
+        return "the body is not JSON"
+    if not isinstance(asked, dict) or not isinstance(asked.get("key"), str) or type(asked.get("fence")) is not int:
+        return 'the body is not a JSON object with a string "key" and an integer "fence"'
+    if asked["key"] != key:
+        return "the body's key is not the Idempotency-Key"
+    if dict(request.headers).get("webhook-id") != key:
+        return "webhook-id is not the Idempotency-Key"
+    if asked["fence"] != fence:
+        return "the body's fence is not the Outbox-Fence"
+    return None
 
 
 def _unavailable() -> Answer:

@@ -2,6 +2,18 @@
 
 A store's job is only to read a record and write the decided one back atomically; what a claim
 or a probe *means* is decided here, once, for every backend.
+
+Fences (``Outbox-Fence``, 0 to 10**18-1) follow one rule, so that a fence far above anything the
+sender issued cannot lock a key out for ever:
+
+a. A fence only stops a handler from *running*. A completed request is replayed to a request
+   with the same fingerprint whatever its fence (another fingerprint is still a mismatch), and a
+   request still running under a valid lease is answered busy whatever its fence.
+b. Only a claim (a request let through to run the handler) or a reconcile probe raises the key's
+   minimum fence; a replay, a busy answer, a mismatch or a stale-fence refusal writes nothing.
+c. The minimum fence is a field of the key's record, so it lives exactly as long as the record
+   (``expires_at``, the receiver's retention): a probe or a release never extends a record's
+   retention, and once it has expired the key reads as absent, fence and all.
 """
 
 from __future__ import annotations
@@ -100,25 +112,27 @@ def decide_claim(
     found: Record | None, identity: str, fingerprint: str, *, fence: int | None, now: datetime,
     lease_until: datetime, expires_at: datetime,
 ) -> tuple[ClaimResult, Record | None]:
-    """What a claim finds, and the record to write (None: leave it as it is)."""
+    """What a claim finds, and the record to write (None: leave it as it is).
+
+    The fence is consulted only when the handler would run (rule a in the module docstring): a
+    completed request replays and a running one is busy whatever the fence, and neither raises it.
+    """
     record = live(found, now)
-    min_fence = record.min_fence if record else 0
-    if fence is not None and fence < min_fence:
-        return StaleFence(min_fence), None
-    raised = max(min_fence, fence or 0)
     if record is not None and record.state is not State.ABSENT:
         if record.fingerprint != fingerprint:
             return Mismatch(), None
         if record.state is State.COMPLETED:
             assert record.response is not None
-            return Replay(record.response), (replace(record, min_fence=raised) if raised > min_fence else None)
+            return Replay(record.response), None
         assert record.lease_expires_at is not None
         if now < record.lease_expires_at:
-            retry = max(1.0, (record.lease_expires_at - now).total_seconds())
-            return Busy(retry), (replace(record, min_fence=raised) if raised > min_fence else None)
+            return Busy(max(1.0, (record.lease_expires_at - now).total_seconds())), None
+    min_fence = record.min_fence if record else 0
+    if fence is not None and fence < min_fence:
+        return StaleFence(min_fence), None
     epoch = (found.epoch if found else 0) + 1  # a takeover or a fresh claim: always a new epoch
-    return Claimed(epoch), Record(identity, fingerprint, State.IN_PROGRESS, epoch, raised, lease_until,
-                                  expires_at)
+    return Claimed(epoch), Record(identity, fingerprint, State.IN_PROGRESS, epoch, max(min_fence, fence or 0),
+                                  lease_until, expires_at)
 
 
 def decide_complete(
@@ -145,7 +159,9 @@ def decide_probe(
 
     A request still running under a valid lease is ``in_progress``. One whose lease ran out is
     taken over (its epoch moves on, so its late completion is refused) and reported ``absent``:
-    the old request can no longer take effect through this record.
+    the old request can no longer take effect through this record. The record keeps its
+    ``expires_at`` (a probe never extends retention); only a key without a live record gets a
+    new one, expiring at ``expires_at``.
     """
     record = live(found, now)
     raised = max(fence, record.min_fence if record else 0)

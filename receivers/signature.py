@@ -34,7 +34,7 @@ def verify_signature(
     except ValueError:
         raise InvalidSignature("webhook-timestamp is not an integer") from None
     current = time.time() if now is None else now
-    if abs(current - timestamp) > tolerance_seconds:
+    if abs(timestamp) > 2**53 or abs(current - timestamp) > tolerance_seconds:  # 2**53: comparable as a float
         raise InvalidSignature(f"webhook-timestamp is more than {tolerance_seconds:.0f}s from now")
     offered = [s.split(",", 1)[1] for s in signatures.split() if s.startswith("v1,") and s.isascii()]
     for secret in [secrets] if isinstance(secrets, str) else secrets:

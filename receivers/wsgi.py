@@ -1,6 +1,6 @@
 """``IdempotencyMiddleware`` for WSGI apps (Flask, Django): the same contract as the ASGI one.
 
-    app.wsgi_app = IdempotencyMiddleware(app.wsgi_app, store=SqliteRecordStore("idempotency.db"))
+    app.wsgi_app = IdempotencyMiddleware(app.wsgi_app, store=SqliteRecordStore("idempotency.db"), secrets="whsec_...")
 
 The record store is async; it runs on one background event loop owned by the middleware. The
 handler reads ``environ["idempotency"]``, an ``IdempotencyContext(scope, key, epoch)``.
@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from http import HTTPStatus
 from typing import Any, TypeVar
 
-from .engine import Answer, Idempotency, Request, Run
+from .engine import Answer, Idempotency, Request, Run, problem
 from .records import RecordStore
 
 T = TypeVar("T")
@@ -58,7 +58,11 @@ class IdempotencyMiddleware:
                           environ.get("QUERY_STRING", ""), headers)
         if not self.idempotency.applies(request):
             return self.app(environ, start_response)
-        length = int(environ.get("CONTENT_LENGTH") or 0)
+        declared = (environ.get("CONTENT_LENGTH") or "0").strip()
+        if not (declared.isascii() and declared.isdigit()):
+            return _answer(start_response, problem(400, "malformed-content-length", "Malformed Content-Length",
+                                                   "Content-Length must be a non-negative integer"))
+        length = int(declared)
         if length > self.idempotency.max_body_bytes:
             return _answer(start_response, self.idempotency.too_large(length))
         body = environ["wsgi.input"].read(length) if length else b""

@@ -90,7 +90,7 @@ class Effects:
 async def world(tmp_path) -> AsyncIterator[tuple[Outbox, Network, Effects]]:
     effects = Effects()
     store = SqliteRecordStore(tmp_path / "records.db")
-    network = Network(IdempotencyMiddleware(effects, store))
+    network = Network(IdempotencyMiddleware(effects, store, secrets=SECRET))  # the probe needs them
     served = Served(network)
     clock = ManualClock()
     box = await Outbox.open(f"sqlite:///{tmp_path / 'outbox.db'}", clock=clock,

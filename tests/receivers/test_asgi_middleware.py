@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -32,6 +34,16 @@ from receivers.keys import identity
 from .conftest import Clock, Watched
 
 JSON = {"content-type": "application/json"}
+SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
+OTHER_SECRET = "whsec_" + base64.b64encode(b"o" * 32).decode()
+
+
+def signed(key: str, body: bytes, at: float, *secrets: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    from sender.webhook import sign
+
+    stamp = int(at)
+    return {**JSON, "idempotency-key": key, "webhook-id": key, "webhook-timestamp": str(stamp),
+            "webhook-signature": sign(secrets or (SECRET,), key, stamp, body), **(extra or {})}
 
 
 # -- the app: a handler whose executions are the side effect ---------------------------------
@@ -101,6 +113,7 @@ class Harness:
     store: Any
     effects: Effects
     clock: Clock
+    secret: str | None = None  # requests are signed with it when the middleware checks signatures
 
     async def record(self, key: str, scope: str = "default") -> Any:
         await self.store.open()  # a no-op once the middleware opened it
@@ -108,26 +121,39 @@ class Harness:
 
     async def post(self, key: str | None, payload: Any = None, *, path: str = "/items", method: str = "POST",
                    mode: str | None = None, fence: int | str | None = None, headers: Any = None,
-                   content: bytes | None = None) -> httpx.Response:
+                   content: bytes | None = None, sign: bool = True) -> httpx.Response:
         sent: dict[str, Any] = dict(JSON)
+        if content is None:
+            content = json.dumps({"invoice": 42} if payload is None else payload).encode()
         if key is not None:
             sent["idempotency-key"] = key
+            if sign and self.secret is not None:
+                sent = signed(key, content, self.clock.now.timestamp(), self.secret)
         if mode is not None:
             sent["x-mode"] = mode
         if fence is not None:
             sent["outbox-fence"] = str(fence)
         sent.update(headers or {})
-        if content is None:
-            content = json.dumps({"invoice": 42} if payload is None else payload).encode()
         return await self.client.request(method, path, content=content, headers=sent)
 
-    async def probe(self, key: str | None, fence: int | None) -> httpx.Response:
-        headers = {"outbox-reconcile": "probe", **JSON}
+    async def probe(self, key: str | None, fence: int | None, *, method: str = "POST", secret: str | None = None,
+                    body: Any = None, webhook_id: str | None = None, headers: Any = None) -> httpx.Response:
+        """A reconcile probe as the sender makes it: ``{"key", "fence"}`` signed with ``secret``
+        (the harness's by default; pass ``body``/``webhook_id`` to make it lie)."""
+        content = body if isinstance(body, bytes) else json.dumps(
+            {"key": key, "fence": fence} if body is None else body).encode()
+        sent: dict[str, str] = {"outbox-reconcile": "probe", **JSON}
         if key is not None:
-            headers["idempotency-key"] = key
+            sent["idempotency-key"] = key
         if fence is not None:
-            headers["outbox-fence"] = str(fence)
-        return await self.client.post("/items", content=b"", headers=headers)
+            sent["outbox-fence"] = str(fence)
+        secret = secret or self.secret
+        if secret is not None:
+            msg_id = webhook_id if webhook_id is not None else key or ""
+            sent.update({k: v for k, v in signed(msg_id, content, self.clock.now.timestamp(), secret).items()
+                         if k.startswith("webhook-")})
+        sent.update(headers or {})
+        return await self.client.request(method, "/items", content=content, headers=sent)
 
 
 @pytest.fixture
@@ -139,7 +165,9 @@ async def make_harness(clock: Clock) -> AsyncIterator[Callable[..., Awaitable[Ha
         app = IdempotencyMiddleware(make_app(effects), store, clock=clock, **options)
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app, raise_app_exceptions=False),
                                    base_url="http://receiver.test")
-        harness = Harness(app, client, store, effects, clock)
+        secrets = options.get("secrets")
+        harness = Harness(app, client, store, effects, clock,
+                          secrets if isinstance(secrets, str) or secrets is None else secrets[0])
         made.append(harness)
         return harness
 
@@ -585,18 +613,103 @@ async def test_a_sqlite_store_that_cannot_open_is_503(make_harness: Any, tmp_pat
         await asyncio.to_thread(thread.join, 5)
 
 
-async def test_a_lower_outbox_fence_than_seen_is_409_stale_fence(build: Any) -> None:
+# -- what only the request decides is a 4xx, never a 503 ----------------------------------------
+
+
+@pytest.mark.parametrize("body", [
+    pytest.param(b"[" * 100_000, id="100000-brackets"),
+    pytest.param(b'{"a":' * 50_000 + b"1" + b"}" * 50_000, id="50000-objects"),
+    pytest.param(b"[" * 65 + b"]" * 65, id="65-levels"),
+    pytest.param(b'{"name": "\\ud800"}', id="lone-surrogate"),
+    pytest.param(b'["\\udfff", 1]', id="lone-low-surrogate"),
+    pytest.param(b'{"\\ud800": 1}', id="lone-surrogate-as-a-name"),
+])
+async def test_a_json_body_that_cannot_be_fingerprinted_is_400_not_503(build: Any, body: bytes) -> None:
+    """Such a body can never succeed, so it is a client error, not a store outage to retry."""
     h = await build()
-    assert (await h.post("k", fence=5)).status_code == 201
+    for _ in range(2):  # and nothing was stored: the same answer again
+        response = await h.post("k", content=body, fence=3)
+        problem = assert_problem(response, 400, "invalid-json-body")
+        assert "retry-after" not in response.headers
+        assert "deeper than 64" in problem["detail"] or "surrogate" in problem["detail"]
+    assert h.effects.count == 0
+    assert await h.record("k") is None
+    assert (await h.post("k", fence=1)).status_code == 201  # no fence was raised either
+
+
+async def test_the_json_depth_limit_is_max_json_depth_and_counts_only_real_nesting(build: Any) -> None:
+    h = await build()
+    assert (await h.post("64", content=b"[" * 64 + b"]" * 64)).status_code == 201
+    assert (await h.post("mixed", content=b'{"a": ' * 32 + b"[" * 32 + b"1" + b"]" * 32 + b"}" * 32)).status_code == 201
+    # brackets inside strings, escaped quotes included, are text, not nesting
+    text = json.dumps({"s": "[{" * 5000 + '\\"[[[', "t": ['"]]]', "[" * 300]}).encode()
+    assert (await h.post("text", content=text)).status_code == 201
+    # a body that is not declared JSON is fingerprinted as bytes, whatever it holds
+    raw = await h.post("raw", content=b"[" * 100_000, headers={"content-type": "application/octet-stream"})
+    assert raw.status_code == 201 and replayed(await h.post("raw", content=b"[" * 100_000,
+                                                            headers={"content-type": "application/octet-stream"}))
+    # so is declared JSON that does not parse (as before): the app decides what it means
+    assert (await h.post("broken", content=b'{"a": [1, 2')).status_code == 201
+    shallow = await build(max_json_depth=2)
+    assert (await shallow.post("2", content=b'{"a": [1]}')).status_code == 201
+    assert_problem(await shallow.post("3", content=b'{"a": [[1]]}'), 400, "invalid-json-body")
+    assert_problem(await shallow.post("3+", content=b'{"a": [[1]]}', headers={"content-type": "application/x+json"}),
+                   400, "invalid-json-body")
+
+
+async def test_a_scope_resolver_that_raises_is_the_apps_error_not_a_503(make_harness: Any) -> None:
+    def resolver(request: Any) -> str:
+        return request.values("x-tenant")[0]  # IndexError without the header
+
+    store = MemoryRecordStore()
+    h = await make_harness(store, scope_resolver=resolver)
+    with pytest.raises(IndexError):
+        await drive(h.app, "POST", "/items", [(b"idempotency-key", b"k")], [{"type": "http.request", "body": b"1"}])
+    odd = await make_harness(MemoryRecordStore(), scope_resolver=lambda request: 42)
+    with pytest.raises(TypeError, match="scope_resolver returned int"):
+        await drive(odd.app, "POST", "/items", [(b"idempotency-key", b"k")], [{"type": "http.request", "body": b"1"}])
+    assert h.effects.count == odd.effects.count == 0
+    assert await store.get(identity("default", "k")) is None
+
+
+async def test_a_signature_timestamp_too_large_for_a_float_is_401_not_500(build: Any) -> None:
+    h = await build(secrets=SECRET)
+    response = await h.post("k", headers={"webhook-timestamp": "1" + "0" * 400})
+    assert_problem(response, 401, "invalid-signature")
+    assert h.effects.count == 0
+
+
+async def test_a_content_length_of_non_ascii_digits_is_not_a_500(build: Any) -> None:
+    h = await build()
+    status, _, _ = await drive(h.app, "POST", "/items", [
+        (b"idempotency-key", b"k"), (b"content-type", b"application/json"), (b"content-length", "²".encode("latin-1"))],
+        [{"type": "http.request", "body": b"{}"}])
+    assert status == 201
+
+
+async def test_a_lower_outbox_fence_than_seen_is_409_stale_fence_when_the_handler_would_run(build: Any) -> None:
+    h = await build()
+    assert (await h.post("k", fence=5, mode="503")).status_code == 503  # ran, released: the key is free
     stale = await h.post("k", fence=4)
     problem = assert_problem(stale, 409, "stale-fence")
     assert "4" in problem["detail"] and "5" in problem["detail"]
     assert h.effects.count == 1
-    assert replayed(await h.post("k", fence=7))  # a newer fence replays and raises the minimum
-    assert_problem(await h.post("k", fence=6), 409, "stale-fence")
-    assert replayed(await h.post("k"))  # no fence: not fenced
+    assert (await h.post("k", fence=5)).status_code == 201  # the same fence is not lower
+    assert h.effects.count == 2
+    assert (await h.record("k")).min_fence == 5
+
+
+async def test_a_completed_request_is_replayed_whatever_its_fence(build: Any) -> None:
+    """A fence stops a handler from running; it never turns a completed effect into a refusal
+    (else a sender that lost the answer would be told 409 for ever), and a replay raises nothing."""
+    h = await build()
+    first = await h.post("k", fence=5)
+    for fence in (4, 0, 7, 999_999_999_999_999_999, None):
+        again = await h.post("k", fence=fence)
+        assert replayed(again) and again.content == first.content, fence
     assert h.effects.count == 1
-    assert (await h.record("k")).min_fence == 7
+    assert (await h.record("k")).min_fence == 5
+    assert_problem(await h.post("k", {"other": 1}, fence=1), 422, "idempotency-key-reused")
 
 
 @pytest.mark.parametrize("raw", [b"abc", b"-1", b"1.5", b"", b"\xb2"], ids=["word", "negative", "decimal",
@@ -619,7 +732,7 @@ async def test_a_fence_beyond_64_bits_is_a_client_error_not_an_unavailable_store
 
 
 async def test_the_probe_after_a_completed_request_answers_its_response(build: Any) -> None:
-    h = await build()
+    h = await build(secrets=SECRET)
     first = await h.post("k", fence=1)
     probe = await h.probe("k", 2)
     assert probe.status_code == 200
@@ -631,11 +744,12 @@ async def test_the_probe_after_a_completed_request_answers_its_response(build: A
     assert ["x-custom", "kept"] in answer["response"]["headers"]
     assert not any(name.lower() in ("set-cookie", "authorization") for name, _ in answer["response"]["headers"])
     assert h.effects.count == 1  # the app never saw the probe
-    assert_problem(await h.post("k", fence=1), 409, "stale-fence")
+    assert (await h.record("k")).min_fence == 2
+    assert replayed(await h.post("k", fence=1))  # the earlier attempt, late: still the same effect
 
 
 async def test_the_probe_before_any_request_is_absent_and_fences_out_the_late_request(build: Any) -> None:
-    h = await build()
+    h = await build(secrets=SECRET)
     answer = (await h.probe("k", 3)).json()
     assert answer == {"state": "absent", "key": "k", "fence": 3}
     assert h.effects.count == 0
@@ -645,7 +759,7 @@ async def test_the_probe_before_any_request_is_absent_and_fences_out_the_late_re
 
 
 async def test_the_probe_while_running_is_in_progress_and_after_an_expired_lease_absent(build: Any) -> None:
-    h = await build(lease_seconds=30)
+    h = await build(lease_seconds=30, secrets=SECRET, signature_tolerance_seconds=3600)
     running = asyncio.create_task(h.post("k", mode="gate", fence=1))
     assert await asyncio.to_thread(h.effects.entered.wait, 10)
     assert (await h.probe("k", 2)).json() == {"state": "in_progress", "key": "k", "fence": 2}
@@ -660,18 +774,114 @@ async def test_the_probe_while_running_is_in_progress_and_after_an_expired_lease
 
 
 async def test_a_probe_without_a_fence_is_400(build: Any) -> None:
-    h = await build()
+    h = await build(secrets=SECRET)
     assert_problem(await h.probe("k", None), 400, "missing-fence")
     assert_problem(await h.probe(None, 1), 400, "missing-idempotency-key")
     assert h.effects.count == 0
 
 
-async def test_a_probe_is_never_passed_to_the_app_even_when_keys_are_optional(build: Any) -> None:
-    h = await build(required=False)
+@pytest.mark.parametrize("secrets", [None, SECRET], ids=["no-secrets", "secrets"])
+async def test_a_probe_is_never_passed_to_the_app_even_when_keys_are_optional(build: Any, secrets: Any) -> None:
+    h = await build(required=False, secrets=secrets)
     response = await h.probe(None, 1)
     assert h.effects.count == 0, "the reconcile probe reached the app, which ran its handler (the side effect)"
-    assert response.status_code == 400
+    assert response.status_code in (400, 403)
     assert response.headers["content-type"] == "application/problem+json"
+
+
+@pytest.mark.parametrize("method", ["GET", "PUT", "PATCH", "DELETE", "HEAD"])
+@pytest.mark.parametrize("secrets", [None, SECRET], ids=["no-secrets", "secrets"])
+async def test_a_probe_with_another_method_than_post_is_405(build: Any, method: str, secrets: Any) -> None:
+    h = await build(secrets=secrets)
+    await h.post("k")
+    response = await h.probe("k", 999_999_999_999_999_999, method=method)
+    assert response.status_code == 405, (response.status_code, response.text)
+    assert response.headers["allow"] == "POST"
+    if method != "HEAD":
+        assert_problem(response, 405, "method-not-allowed")
+    assert h.effects.count == 1  # only the first post ran
+    assert (await h.record("k")).min_fence == 0
+    assert b"invoice" not in response.content
+
+
+async def test_without_secrets_the_probe_is_off_so_nobody_reads_or_fences_a_key(build: Any) -> None:
+    h = await build()
+    first = await h.post("k", fence=1)
+    refused = await h.probe("k", 2)
+    problem = assert_problem(refused, 403, "probe-disabled")
+    assert "secrets=" in problem["detail"]
+    assert first.content not in refused.content and "response" not in problem
+    # the lock-out: a probe with the highest fence on a key the sender has not used yet
+    assert_problem(await h.probe("later", 999_999_999_999_999_999), 403, "probe-disabled")
+    assert await h.record("later") is None
+    assert (await h.post("later", fence=1)).status_code == 201
+    assert h.effects.count == 2
+
+
+async def test_the_middleware_warns_at_start_up_when_it_has_no_secrets(
+        caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="receivers.idempotency"):
+        IdempotencyMiddleware(make_app(Effects()), MemoryRecordStore())
+    [warning] = [r for r in caplog.records if r.name == "receivers.idempotency"]
+    assert warning.levelno == logging.WARNING
+    assert "signatures are not checked" in warning.message and "probe is off" in warning.message
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="receivers.idempotency"):
+        IdempotencyMiddleware(make_app(Effects()), MemoryRecordStore(), secrets=SECRET)
+    assert not [r for r in caplog.records if r.name == "receivers.idempotency"]
+
+
+async def test_an_unsigned_or_forged_probe_is_401_and_neither_reads_nor_fences(build: Any) -> None:
+    h = await build(secrets=SECRET)
+    first = await h.post("k", fence=1)
+    before = await h.record("k")
+    for response in (await h.probe("k", 2, secret=OTHER_SECRET),
+                     await h.probe("k", 2, headers={"webhook-signature": "v1,AAAA"}),
+                     await h.client.post("/items", content=b"", headers={
+                         **JSON, "outbox-reconcile": "probe", "idempotency-key": "k", "outbox-fence": "2"})):
+        assert_problem(response, 401, "invalid-signature")
+        assert first.content not in response.content
+    assert await h.record("k") == before
+    assert_problem(await h.probe("unused", 999_999_999_999_999_999, secret=OTHER_SECRET), 401, "invalid-signature")
+    assert await h.record("unused") is None
+
+
+@pytest.mark.parametrize(("case", "body", "webhook_id", "headers"), [
+    ("another key in the body", {"key": "other", "fence": 2}, "other", None),
+    ("webhook-id not the key", {"key": "k", "fence": 2}, "other", None),
+    ("another fence in the body", {"key": "k", "fence": 3}, None, None),
+    ("the fence as a string", {"key": "k", "fence": "2"}, None, None),
+    ("the fence as a boolean", {"key": "k", "fence": True}, None, {"outbox-fence": "1"}),
+    ("no fence in the body", {"key": "k"}, None, None),
+    ("a list", ["k", 2], None, None),
+    ("the old empty body", b"", None, None),
+    ("not JSON", b"key=k&fence=2", None, None),
+    ("deep JSON", b"[" * 100_000, None, None),
+])
+async def test_a_signed_probe_must_name_its_key_and_fence_in_its_signed_body(
+        build: Any, case: str, body: Any, webhook_id: str | None, headers: Any) -> None:
+    """A probe signed for one key or fence cannot be used to ask about another: its signature
+    covers the body, and the body must name what the headers ask about."""
+    h = await build(secrets=SECRET)
+    await h.post("k", fence=1)
+    before = await h.record("k")
+    response = await h.probe("k", 2, body=body, webhook_id=webhook_id, headers=headers)
+    problem = assert_problem(response, 400, "invalid-probe")
+    assert "key" in problem["detail"] and "fence" in problem["detail"], case
+    assert "response" not in response.text
+    assert await h.record("k") == before
+    assert (await h.probe("k", 2)).json()["state"] == "completed"  # the well-formed probe is answered
+
+
+async def test_a_probe_reads_only_the_records_of_its_own_scope(build: Any) -> None:
+    h = await build(secrets=SECRET, scope_resolver=lambda request: request.values("x-tenant")[0])
+    secret = await h.post("k", {"salary": 123_456}, headers={"x-tenant": "a"})
+    assert secret.status_code == 201
+    other = await h.probe("k", 5, headers={"x-tenant": "b"})
+    assert other.json() == {"state": "absent", "key": "k", "fence": 5}
+    assert (await h.record("k", scope="a")).min_fence == 0
+    own = (await h.probe("k", 5, headers={"x-tenant": "a"})).json()
+    assert own["state"] == "completed" and base64.b64decode(own["response"]["body"]) == secret.content
 
 
 async def test_expiry_at_the_exact_retention_boundary(build: Any) -> None:
@@ -680,7 +890,7 @@ async def test_expiry_at_the_exact_retention_boundary(build: Any) -> None:
     assert (await h.post("k", fence=4)).json()["epoch"] == 1
     h.clock.set(start + timedelta(seconds=100) - timedelta(microseconds=1))
     assert replayed(await h.post("k"))
-    assert_problem(await h.post("k", fence=3), 409, "stale-fence")
+    assert replayed(await h.post("k", fence=3))
     h.clock.set(start + timedelta(seconds=100))  # now == expires_at: gone
     again = await h.post("k", fence=1)  # and its fence is forgotten with it
     assert again.status_code == 201 and not replayed(again) and again.json()["epoch"] == 2
@@ -703,31 +913,25 @@ async def test_the_retention_runs_from_completion(build: Any) -> None:
 
 
 async def test_middleware_answers_are_never_stored(build: Any) -> None:
-    h = await build(max_body_bytes=50)
+    h = await build(max_body_bytes=50, max_json_depth=8)
     assert_problem(await h.post("k", content=b"x" * 60), 413, "payload-too-large")
     assert await h.record("k") is None
     assert (await h.post("k", fence=2)).status_code == 201
     completed = await h.record("k")
     assert_problem(await h.post("k", {"other": 1}, fence=3), 422, "idempotency-key-reused")
-    assert_problem(await h.post("k", fence=1), 409, "stale-fence")
+    assert_problem(await h.post("k", content=b"[" * 20), 400, "invalid-json-body")
     assert_problem(await h.post("k", headers={"idempotency-key": '"a b"'}), 400, "malformed-idempotency-key")
+    assert_problem(await h.probe("k", 9), 403, "probe-disabled")
     assert await h.record("k") == completed
+    assert (await h.post("released", fence=2, mode="503")).status_code == 503
+    released = await h.record("released")
+    assert_problem(await h.post("released", fence=1), 409, "stale-fence")
+    assert await h.record("released") == released
     again = await h.post("k")
     assert replayed(again) and again.status_code == 201
 
 
 # -- signatures checked before claiming (``secrets=``) ------------------------------------------
-
-SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
-OTHER_SECRET = "whsec_" + base64.b64encode(b"o" * 32).decode()
-
-
-def signed(key: str, body: bytes, at: float, *secrets: str, extra: dict[str, str] | None = None) -> dict[str, str]:
-    from sender.webhook import sign
-
-    stamp = int(at)
-    return {**JSON, "idempotency-key": key, "webhook-id": key, "webhook-timestamp": str(stamp),
-            "webhook-signature": sign(secrets or (SECRET,), key, stamp, body), **(extra or {})}
 
 
 async def test_signed_requests_run_and_forged_ones_are_401_before_claiming(build: Any) -> None:
@@ -742,7 +946,7 @@ async def test_signed_requests_run_and_forged_ones_are_401_before_claiming(build
     assert await h.record("k2") is None
     tampered = await h.client.post("/items", content=b'{"invoice": 43}', headers=signed("k3", body, now))
     assert_problem(tampered, 401, "invalid-signature")
-    assert_problem(await h.post("k4"), 401, "invalid-signature")  # unsigned
+    assert_problem(await h.post("k4", sign=False), 401, "invalid-signature")  # unsigned
     assert h.effects.count == 1
     real = await h.client.post("/items", content=body, headers=signed("k2", body, now))
     assert real.status_code == 201 and not replayed(real)
@@ -774,13 +978,15 @@ async def test_a_signature_header_with_non_ascii_bytes_is_401_not_500(build: Any
 
 
 async def test_a_signed_probe_is_answered(build: Any) -> None:
+    """The wire format, by hand: POST, signed body {"key", "fence"}, webhook-id the key."""
     h = await build(secrets=[SECRET])
     now = h.clock.now.timestamp()
-    probe = await h.client.post("/items", content=b"", headers=signed(
-        "k", b"", now, extra={"outbox-reconcile": "probe", "outbox-fence": "4"}))
+    body = b'{"key": "k", "fence": 4}'
+    probe = await h.client.post("/items", content=body, headers=signed(
+        "k", body, now, extra={"outbox-reconcile": "probe", "outbox-fence": "4"}))
+    assert probe.status_code == 200 and probe.headers["content-type"] == "application/json"
     assert probe.json() == {"state": "absent", "key": "k", "fence": 4}
-    unsigned = await h.probe("k", 5)
-    assert_problem(unsigned, 401, "invalid-signature")
+    assert (await h.record("k")).min_fence == 4
     assert h.effects.count == 0
 
 
@@ -905,19 +1111,25 @@ async def test_end_to_end_probe_and_fences_over_a_socket(serve: Any, tmp_path: P
     effects = Effects()
     inner = SqliteRecordStore(tmp_path / "probe.db")
     store = Watched(inner)
-    server = serve(IdempotencyMiddleware(make_app(effects), store))
-    probe = {**JSON, "outbox-reconcile": "probe"}
+    server = serve(IdempotencyMiddleware(make_app(effects), store, secrets=SECRET))
+
+    def probe(key: str, fence: int) -> tuple[bytes, dict[str, str]]:
+        body = json.dumps({"key": key, "fence": fence}).encode()
+        return body, signed(key, body, time.time(), extra={"outbox-reconcile": "probe", "outbox-fence": str(fence)})
+
+    def request(key: str, body: bytes, fence: int) -> dict[str, str]:
+        return signed(key, body, time.time(), extra={"outbox-fence": str(fence)})
+
     async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
-        absent = await client.post("/items", content=b"", headers={**probe, "idempotency-key": "p1",
-                                                                   "outbox-fence": "2"})
+        body, headers = probe("p1", 2)
+        absent = await client.post("/items", content=body, headers=headers)
         assert absent.json() == {"state": "absent", "key": "p1", "fence": 2}
-        assert_problem(await client.post("/items", json={"n": 1}, headers={"idempotency-key": "p1",
-                                                                           "outbox-fence": "1"}),
+        assert_problem(await client.post("/items", content=b'{"n": 1}', headers=request("p1", b'{"n": 1}', 1)),
                        409, "stale-fence")
-        done = await client.post("/items", json={"n": 2}, headers={"idempotency-key": "p2", "outbox-fence": "1"})
+        done = await client.post("/items", content=b'{"n": 2}', headers=request("p2", b'{"n": 2}', 1))
         await store.wait_finished(1)
-        completed = (await client.post("/items", content=b"", headers={**probe, "idempotency-key": "p2",
-                                                                       "outbox-fence": "2"})).json()
+        body, headers = probe("p2", 2)
+        completed = (await client.post("/items", content=body, headers=headers)).json()
         assert completed["state"] == "completed" and completed["response"]["status"] == 201
         assert base64.b64decode(completed["response"]["body"]) == done.content
     assert effects.count == 1

@@ -173,28 +173,80 @@ async def test_release_lets_the_next_claim_run(store: Any) -> None:
 # -- fences --------------------------------------------------------------------------------
 
 
-async def test_a_fence_lower_than_the_highest_seen_is_stale(store: Any) -> None:
+async def test_a_fence_lower_than_the_highest_seen_is_stale_when_the_handler_would_run(store: Any) -> None:
     assert await claim(store, "k", fence=5) == Claimed(1)
+    assert await store.release("k", 1) is True  # free to run again, its fence kept
     before = await store.get("k")
     assert await claim(store, "k", at=T0 + timedelta(seconds=1), fence=4) == StaleFence(5)
     assert await store.get("k") == before
-    # the same fence is not lower: the usual answer (busy)
-    assert isinstance(await claim(store, "k", at=T0 + timedelta(seconds=1), fence=5), Busy)
+    # the same fence is not lower
+    assert await claim(store, "k", at=T0 + timedelta(seconds=1), fence=5) == Claimed(2)
+    # nor may a lower fence take over an expired lease
+    assert await claim(store, "k", at=T0 + timedelta(seconds=1) + LEASE, fence=4) == StaleFence(5)
+    assert isinstance(await claim(store, "k", at=T0 + timedelta(seconds=1) + LEASE), Claimed)  # no fence
 
 
-async def test_higher_fences_raise_the_minimum(store: Any) -> None:
+async def test_a_fence_never_turns_a_completed_or_running_request_into_a_refusal(store: Any) -> None:
+    assert await claim(store, "k", fence=5) == Claimed(1)
+    running = await store.get("k")
+    assert isinstance(await claim(store, "k", at=T0 + timedelta(seconds=1), fence=4), Busy)
+    assert await store.get("k") == running
+    assert await store.complete("k", 1, OK, expires_at=T0 + RETENTION)
+    done = await store.get("k")
+    for fence in (0, 4, None):
+        assert await claim(store, "k", at=T0 + timedelta(seconds=2), fence=fence) == Replay(OK)
+    assert await claim(store, "k", FP_B, at=T0 + timedelta(seconds=2), fence=4) == Mismatch()
+    assert await store.get("k") == done
+
+
+async def test_only_a_claim_or_a_probe_raises_the_minimum_fence(store: Any) -> None:
     assert await claim(store, "k", fence=5) == Claimed(1)
     assert isinstance(await claim(store, "k", at=T0 + timedelta(seconds=1), fence=8), Busy)
-    assert (await store.get("k")).min_fence == 8
-    assert await claim(store, "k", at=T0 + timedelta(seconds=2), fence=7) == StaleFence(8)
+    assert await claim(store, "k", FP_B, at=T0 + timedelta(seconds=1), fence=9) == Mismatch()
+    assert (await store.get("k")).min_fence == 5  # neither a busy answer nor a mismatch raised it
     assert await store.complete("k", 1, OK, expires_at=T0 + RETENTION)
     assert await claim(store, "k", at=T0 + timedelta(seconds=3), fence=10) == Replay(OK)
-    assert (await store.get("k")).min_fence == 10
-    assert await claim(store, "k", at=T0 + timedelta(seconds=4), fence=9) == StaleFence(10)
-    # a takeover keeps the raised fence too
-    await claim(store, "t", fence=2)
+    assert (await store.get("k")).min_fence == 5  # nor a replay
+    assert (await store.probe("k", 12, now=T0 + timedelta(seconds=4), expires_at=T0 + RETENTION)).fence == 12
+    assert (await store.get("k")).min_fence == 12  # a probe does
+    # a claim does: a fresh one, and a takeover
+    assert await claim(store, "t", fence=2) == Claimed(1)
     assert await claim(store, "t", at=T0 + LEASE, fence=6) == Claimed(2)
+    assert (await store.get("t")).min_fence == 6
+    assert await store.release("t", 2) is True
     assert await claim(store, "t", at=T0 + LEASE, fence=3) == StaleFence(6)
+    # a claim without a fence keeps the minimum it found
+    assert await claim(store, "t", at=T0 + LEASE) == Claimed(3)
+    assert (await store.get("t")).min_fence == 6
+
+
+async def test_a_raised_fence_lives_only_as_long_as_its_record(store: Any) -> None:
+    """The highest fence a store holds (10**18-1) cannot lock a key out past its retention, and
+    neither a probe nor a release extends that retention."""
+    top = 10**18 - 1
+    expires = T0 + RETENTION
+    # made by a probe on a key never used
+    assert await store.probe("probed", top, now=T0, expires_at=expires) == ProbeResult(State.ABSENT, top, None)
+    # made by a release of a claim with that fence
+    assert await claim(store, "released", fence=top) == Claimed(1)
+    assert await store.release("released", 1) is True
+    # probed again later, on a released record and on a completed one
+    assert await claim(store, "done", fence=1) == Claimed(1)
+    assert await store.complete("done", 1, OK, expires_at=expires)
+    later = T0 + timedelta(minutes=30)
+    for ident in ("released", "done"):
+        await store.probe(ident, top, now=later, expires_at=later + RETENTION)
+    for ident in ("probed", "released", "done"):
+        record = await store.get(ident)
+        assert (record.min_fence, record.expires_at) == (top, expires), ident  # the retention did not move
+    assert await claim(store, "probed", at=expires - US, fence=1) == StaleFence(top)
+    assert await claim(store, "released", at=expires - US, fence=1) == StaleFence(top)
+    assert await claim(store, "done", at=expires - US, fence=1) == Replay(OK)
+    # at expires_at the records read as absent, fence and all
+    for ident in ("probed", "released", "done"):
+        result = await claim(store, ident, at=expires, fence=1)
+        assert isinstance(result, Claimed), (ident, result)
+        assert (await store.get(ident)).min_fence == 1
 
 
 async def test_probe_on_nothing_is_absent_and_fences_out_a_late_request(store: Any) -> None:
@@ -210,8 +262,10 @@ async def test_probe_on_completed_answers_the_stored_response(store: Any) -> Non
     assert result == ProbeResult(State.COMPLETED, 2, OK)
     record = await store.get("k")
     assert (record.state, record.response, record.min_fence) == (State.COMPLETED, OK, 2)
-    assert await claim(store, "k", at=T0 + timedelta(seconds=2), fence=1) == StaleFence(2)
+    # the earlier attempt, arriving late, is the same request: replayed, not refused
+    assert await claim(store, "k", at=T0 + timedelta(seconds=2), fence=1) == Replay(OK)
     assert await claim(store, "k", at=T0 + timedelta(seconds=2), fence=2) == Replay(OK)
+    assert (await store.get("k")).min_fence == 2
 
 
 async def test_probe_on_in_progress_with_a_valid_lease_is_in_progress(store: Any) -> None:

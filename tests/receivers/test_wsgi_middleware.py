@@ -26,6 +26,14 @@ from receivers.wsgi import IdempotencyMiddleware
 from .conftest import Clock, Watched
 
 JSON = "application/json"
+SECRET = "whsec_" + base64.b64encode(b"w" * 32).decode()
+
+
+def signature_headers(key: str, body: bytes, at: float, secret: str = SECRET) -> dict[str, str]:
+    from sender.webhook import sign
+
+    stamp = int(at)
+    return {"webhook-id": key, "webhook-timestamp": str(stamp), "webhook-signature": sign((secret,), key, stamp, body)}
 
 
 @dataclass
@@ -88,14 +96,22 @@ class Harness:
              fence: int | None = None, method: str = "POST", data: bytes | None = None,
              headers: dict[str, str] | None = None) -> Any:
         sent = dict(headers or {})
+        body = data if data is not None else json.dumps({"invoice": 42} if payload is None else payload).encode()
         if key is not None:
             sent["Idempotency-Key"] = key
+            if self.middleware.idempotency.secrets is not None:
+                sent.update(signature_headers(key, body, self.clock.now.timestamp()))
         if mode is not None:
             sent["X-Mode"] = mode
         if fence is not None:
             sent["Outbox-Fence"] = str(fence)
-        body = data if data is not None else json.dumps({"invoice": 42} if payload is None else payload).encode()
         return self.client.open(path, method=method, data=body, headers=sent, content_type=JSON)
+
+    def probe(self, key: str, fence: int, *, method: str = "POST") -> Any:
+        body = json.dumps({"key": key, "fence": fence}).encode()
+        headers = {"Outbox-Reconcile": "probe", "Idempotency-Key": key, "Outbox-Fence": str(fence),
+                   **signature_headers(key, body, self.clock.now.timestamp())}
+        return self.client.open("/items", method=method, data=body, headers=headers, content_type=JSON)
 
     def record(self, key: str, scope: str = "default") -> Any:
         """The record as another process sharing the store would read it."""
@@ -236,23 +252,55 @@ def test_a_4xx_response_completes_and_is_replayed(build: Any) -> None:
 
 
 def test_fences_probe_and_retention_with_an_injected_clock(build: Any) -> None:
-    h = build(retention_seconds=100)
+    h = build(retention_seconds=100, secrets=SECRET, signature_tolerance_seconds=3600)
     first = h.post("k", fence=3)
-    assert_problem(h.post("k", fence=2), 409, "stale-fence")
-    probe = h.client.post("/items", data=b"", content_type=JSON,
-                          headers={"Outbox-Reconcile": "probe", "Idempotency-Key": "k", "Outbox-Fence": "4"})
-    answer = probe.get_json()
+    assert replayed(h.post("k", fence=2))  # completed: replayed whatever the fence
+    answer = h.probe("k", 4).get_json()
     assert (answer["state"], answer["fence"], answer["response"]["status"]) == ("completed", 4, 201)
     assert base64.b64decode(answer["response"]["body"]) == first.get_data()
-    absent = h.client.post("/items", data=b"", content_type=JSON,
-                           headers={"Outbox-Reconcile": "probe", "Idempotency-Key": "new", "Outbox-Fence": "1"})
-    assert absent.get_json() == {"state": "absent", "key": "new", "fence": 1}
+    assert h.probe("new", 5).get_json() == {"state": "absent", "key": "new", "fence": 5}
+    assert_problem(h.post("new", fence=1), 409, "stale-fence")  # it would run: fenced out
     assert h.effects.count == 1
     h.clock.advance(100, microseconds=-1)
     assert replayed(h.post("k", fence=4))
-    h.clock.advance(microseconds=1)
+    assert_problem(h.post("new", fence=1), 409, "stale-fence")
+    h.clock.advance(microseconds=1)  # both records' retention is over: fence and all
     assert h.post("k", fence=1).get_json()["epoch"] == 2
-    assert h.effects.count == 2
+    assert h.post("new", fence=1).status_code == 201
+    assert h.effects.count == 3
+
+
+def test_the_probe_is_post_only_signed_and_off_without_secrets(build: Any) -> None:
+    h = build(secrets=SECRET)
+    h.post("k")
+    for method in ("GET", "PUT", "PATCH"):
+        response = h.probe("k", 9, method=method)
+        assert_problem(response, 405, "method-not-allowed")
+        assert response.headers["Allow"] == "POST"
+    unsigned = h.client.post("/items", data=b'{"key": "k", "fence": 9}', content_type=JSON,
+                             headers={"Outbox-Reconcile": "probe", "Idempotency-Key": "k", "Outbox-Fence": "9"})
+    assert_problem(unsigned, 401, "invalid-signature")
+    assert h.record("k").min_fence == 0
+    off = build()
+    assert_problem(off.probe("k", 9), 403, "probe-disabled")
+    assert off.record("k") is None
+    assert h.effects.count == 1 and off.effects.count == 0
+
+
+def test_a_json_body_that_cannot_be_fingerprinted_is_400_not_503(build: Any) -> None:
+    h = build()
+    for body in (b"[" * 100_000, b'{"a": "\\ud800"}'):
+        assert_problem(h.post("k", data=body), 400, "invalid-json-body")
+    assert h.record("k") is None and h.effects.count == 0
+
+
+def test_a_malformed_content_length_is_400_not_500(build: Any) -> None:
+    h = build()
+    for value in ("abc", "-1", "²"):
+        response = h.client.post("/items", data=b"{}", content_type=JSON,
+                                 environ_overrides={"CONTENT_LENGTH": value}, headers={"Idempotency-Key": "k"})
+        assert_problem(response, 400, "malformed-content-length")
+    assert h.effects.count == 0
 
 
 def test_a_body_over_the_limit_is_413_and_an_unavailable_store_503(build: Any) -> None:
