@@ -81,9 +81,14 @@ async def test_the_fastapi_receiver_makes_one_effect_and_refuses_forgeries(tmp_p
 def test_the_flask_receiver_makes_one_effect(tmp_path: Path):
     example = load("flask-receiver", tmp_path)
     client = example["app"].test_client()
-    first = client.post("/webhooks/shipping", json={"parcel": 7}, headers={"Idempotency-Key": "parcel-7"})
-    again = client.post("/webhooks/shipping", json={"parcel": 7}, headers={"Idempotency-Key": "parcel-7"})
+    body, stamp = b'{"parcel": 7}', int(time.time())
+    signed = {"Content-Type": "application/json", "Idempotency-Key": "parcel-7", "webhook-id": "parcel-7",
+              "webhook-timestamp": str(stamp), "webhook-signature": sign((example["SECRET"],), "parcel-7", stamp, body)}
+    first = client.post("/webhooks/shipping", data=body, headers=signed)
+    again = client.post("/webhooks/shipping", data=body, headers=signed)
+    unsigned = client.post("/webhooks/shipping", json={"parcel": 8}, headers={"Idempotency-Key": "parcel-8"})
     assert first.status_code == again.status_code == 201
+    assert unsigned.status_code == 401
     assert first.get_json() == again.get_json() == {"shipment": 1}
     assert again.headers["Idempotent-Replayed"] == "true"
     assert example["shipped"] == ["parcel-7"]
