@@ -119,7 +119,7 @@ async def test_a_lost_response_is_reconciled_as_delivered_without_a_second_effec
     assert [a.submission for a in history.attempts] == [Submission.MAYBE_SUBMITTED]
     reconciled = [e for e in history.events if e.kind == "reconciled"]
     assert reconciled[0].data["state"] == "completed" and reconciled[0].data["external_id"] == "rcpt-1"
-    assert effects.made == [("order-1", 1)]
+    assert effects.made == [("acme/order-1", 1)]
     await worker.aclose()
 
 
@@ -143,5 +143,5 @@ async def test_a_probe_before_the_request_arrives_fences_the_late_request_out(wo
     box.clock.advance(1)  # type: ignore[attr-defined]
     await worker.run_once()
     assert (await box.get("order-2")).status is Status.DELIVERED
-    assert effects.made == [("order-2", 1)]
+    assert effects.made == [("acme/order-2", 1)]
     await worker.aclose()
