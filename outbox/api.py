@@ -30,6 +30,7 @@ from .problems import Problem, from_error
 from .settings import Settings
 from .store import History, IntentQuery
 from .tokens import TokenInfo
+from .web import allowed_methods
 
 log = logging.getLogger("outbox.api")
 M = TypeVar("M", bound=BaseModel)
@@ -227,6 +228,8 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
         }.get(exc.status_code, str(exc.detail))
         problem = Problem(exc.status_code, kinds.get(exc.status_code, "http"), str(exc.detail), detail)
         problem.headers.update(exc.headers or {})
+        if exc.status_code == 405:
+            problem.headers["Allow"] = allowed_methods(request)
         return problem.response(request.url.path)
 
     @app.exception_handler(Exception)

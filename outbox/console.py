@@ -25,6 +25,7 @@ from .model import Role, Status
 from .outbox import Outbox
 from .store import IntentQuery
 from .tokens import TokenInfo
+from .web import ConsoleRoute, secure_cookie
 
 COOKIE = "outbox_console"
 STYLE = """
@@ -37,7 +38,7 @@ th{background:#eaeef2} .pill{padding:1px 8px;border-radius:10px;background:#ddf4
 .dead,.revoked{background:#ffebe9} .unknown,.held{background:#fff8c5} .delivered{background:#dafbe1}
 form.inline{display:inline-block;margin:4px 8px 4px 0;padding:6px;border:1px solid #d0d7de;background:#fff}
 .flash{padding:8px;background:#dafbe1;border:1px solid #4ac26b} .error{background:#ffebe9;border-color:#ff8182}
-code{font-size:12px}
+code{font-size:12px} header form{margin:0}
 """
 
 
@@ -47,11 +48,12 @@ def csrf_for(token: str) -> str:
 
 
 def _page(title: str, body: str, *, signed_in: bool = True, status: int = 200) -> HTMLResponse:
-    nav = ('<a href="/console">Overview</a><form method="post" action="/console/logout" style="margin:0">'
+    nav = ('<a href="/console">Overview</a><form method="post" action="/console/logout">'
            '<button>Sign out</button></form>') if signed_in else ""
     return HTMLResponse(
         f"<!doctype html><html><head><meta charset='utf-8'><title>{escape(title)} · outbox</title>"
-        f"<style>{STYLE}</style></head><body><header><strong>outbox console</strong>{nav}</header>"
+        f"<link rel='stylesheet' href='/console/style.css'></head>"
+        f"<body><header><strong>outbox console</strong>{nav}</header>"
         f"<main><h1>{escape(title)}</h1>{body}</main></body></html>",
         status_code=status,
     )
@@ -63,7 +65,7 @@ def _status(value: str) -> str:
 
 def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]) -> APIRouter:
     """The console's routes, reading the outbox and the replay authority from the app."""
-    pages = APIRouter(prefix="/console", include_in_schema=False)
+    pages = APIRouter(prefix="/console", include_in_schema=False, route_class=ConsoleRoute)
 
     async def session(request: Request) -> TokenInfo | None:
         token = request.cookies.get(COOKIE)
@@ -78,6 +80,10 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
 
     def to_login() -> Response:
         return RedirectResponse("/console/login", status_code=303)
+
+    @pages.get("/style.css")
+    async def style() -> Response:
+        return Response(STYLE, media_type="text/css; charset=utf-8", headers={"Cache-Control": "max-age=3600"})
 
     @pages.get("/login")
     async def login_page(request: Request, error: str = "") -> Response:
@@ -95,13 +101,14 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             return RedirectResponse("/console/login?error=" + quote("that is not an operator or admin token"),
                                     status_code=303)
         response = RedirectResponse("/console", status_code=303)
-        response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/console")
+        response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/console",
+                            secure=secure_cookie(request))
         return response
 
     @pages.post("/logout")
     async def logout(request: Request) -> Response:
         response = to_login()
-        response.delete_cookie(COOKIE, path="/console")
+        response.delete_cookie(COOKIE, path="/console", secure=secure_cookie(request))
         return response
 
     @pages.get("")

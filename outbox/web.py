@@ -1,0 +1,55 @@
+"""HTTP details the API and the console share: the methods a path allows, and the headers that
+keep the console's pages from being framed, leaking their URLs or running injected code."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import Request
+from fastapi.routing import APIRoute
+from starlette.responses import Response
+from starlette.routing import Match
+
+#: Sent with every console answer. The pages load only their own stylesheet and post their
+#: forms only to themselves; no script runs on them.
+CONSOLE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+        "frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method the request's path answers, for a 405's ``Allow`` (Starlette names only
+    those of the first route matching the path, and FastAPI makes one route per method)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        route_methods = getattr(route, "methods", None)
+        if route_methods and route.matches(request.scope)[0] is not Match.NONE:
+            methods |= route_methods
+    return ", ".join(sorted(methods))
+
+
+class ConsoleRoute(APIRoute):
+    """A console route: its answers carry ``CONSOLE_HEADERS``."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handle = super().get_route_handler()
+
+        async def hardened(request: Request) -> Response:
+            response = await handle(request)
+            response.headers.update(CONSOLE_HEADERS)
+            return response
+
+        return hardened
+
+
+def secure_cookie(request: Request) -> bool:
+    """Whether a cookie set in answer to ``request`` must be ``Secure``: it came over TLS (as
+    the server saw it, including a proxy's ``X-Forwarded-Proto`` that uvicorn trusts)."""
+    return request.url.scheme == "https"

@@ -1,0 +1,24 @@
+"""A method a path does not answer is a 405 problem whose Allow names every method it does."""
+
+from __future__ import annotations
+
+import httpx
+
+from outbox import Settings
+from outbox.api import create_app
+
+PROBLEM = "application/problem+json"
+
+
+async def test_a_wrong_method_is_a_problem_naming_every_allowed_method(box):
+    app = create_app(Settings(worker=False), outbox=box)  # routing answers before any route runs
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://outbox") as c:
+        wrong = await c.post("/v1/destinations/billing", json={})
+        intents = await c.delete("/v1/intents")
+        probe = await c.post("/healthz")
+    assert wrong.status_code == 405 and wrong.headers["content-type"] == PROBLEM
+    assert wrong.headers["allow"] == "DELETE, GET, PUT"  # three routes, one per method
+    assert wrong.json()["type"] == "urn:outbox:problem:method-not-allowed"
+    assert "POST is not allowed on /v1/destinations/billing" in wrong.json()["detail"]
+    assert intents.status_code == 405 and intents.headers["allow"] == "GET, POST"
+    assert probe.status_code == 405 and probe.headers["allow"] == "GET"

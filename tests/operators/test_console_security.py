@@ -1,0 +1,114 @@
+"""The console's pages cannot be framed, leak no URL in a Referer, run no script and load nothing
+but their own stylesheet; its session cookie is Secure when the console is reached over TLS.
+Served by a real uvicorn (whose proxy headers it trusts from 127.0.0.1, as by default)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from outbox import DestinationSpec, Outbox, Role, Settings
+from outbox.api import create_app
+from outbox.console import COOKIE
+
+from ..conftest import SECRET
+from ..servers import Served
+from .test_console_browser import chromium
+
+
+@dataclass
+class Site:
+    url: str
+    operator: str
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Iterator[Site]:
+    """The service without a sender, with one pending intent and an operator token."""
+    db_url = f"sqlite:///{tmp_path / 'console.db'}"
+
+    async def prepare() -> str:
+        async with await Outbox.open(db_url) as box:
+            await box.put_destination("billing", DestinationSpec(url="https://billing.example/", secret=SECRET))
+            await box.enqueue(action_id="inv-1", scope="acme", destination="billing", payload={"n": 1})
+            operator, _ = await box.create_token(Role.OPERATOR)
+        return operator
+
+    operator = asyncio.run(prepare())
+    served = Served(create_app(Settings(database_url=db_url, worker=False)))
+    try:
+        yield Site(served.url, operator)
+    finally:
+        served.stop()
+
+
+def _directives(policy: str) -> dict[str, str]:
+    return {part.strip().split(" ", 1)[0]: part.strip().partition(" ")[2] for part in policy.split(";")}
+
+
+def test_every_console_answer_forbids_framing_referrers_and_inline_code(site: Site):
+    with httpx.Client(base_url=site.url, timeout=10) as http:
+        answers = [http.get("/console"), http.get("/console/login"), http.get("/console/style.css")]
+        answers.append(http.post("/console/login", data={"token": site.operator}))
+        answers += [http.get("/console"), http.get("/console/intents/inv-1"), http.get("/console/intents/nope")]
+        answers.append(http.post("/console/intents/inv-1/cancel", data={"reason": "x", "csrf": "forged"}))
+    assert [a.status_code for a in answers] == [303, 200, 200, 303, 200, 200, 404, 403]
+    for answer in answers:
+        where = answer.request.url.path
+        assert answer.headers["x-frame-options"] == "DENY", where
+        assert answer.headers["referrer-policy"] == "no-referrer", where
+        policy = _directives(answer.headers["content-security-policy"])
+        assert policy["frame-ancestors"] == "'none'" and policy["default-src"] == "'none'", where
+        assert policy["style-src"] == "'self'" and "script-src" not in policy, where
+        assert "unsafe" not in answer.headers["content-security-policy"]
+        if answer.headers.get("content-type", "").startswith("text/html"):
+            page = answer.text.lower()
+            assert "<style" not in page and " style=" not in page and "<script" not in page, where
+            assert "<link rel='stylesheet' href='/console/style.css'>" in page, where
+    assert answers[2].headers["content-type"] == "text/css; charset=utf-8"
+    assert "header{" in answers[2].text
+
+
+def test_the_session_cookie_is_secure_over_tls_only(site: Site):
+    with httpx.Client(base_url=site.url, timeout=10) as http:
+        plain = http.post("/console/login", data={"token": site.operator})
+        # a TLS-terminating proxy on 127.0.0.1: uvicorn takes its X-Forwarded-Proto
+        proxied = http.post("/console/login", data={"token": site.operator},
+                            headers={"X-Forwarded-Proto": "https"})
+        out = http.post("/console/logout", headers={"X-Forwarded-Proto": "https"})
+    for answer in (plain, proxied, out):
+        assert answer.status_code == 303
+    assert plain.headers["set-cookie"].startswith(f"{COOKIE}=")
+    assert "secure" not in plain.headers["set-cookie"].lower()
+    attributes = [part.strip().lower() for part in proxied.headers["set-cookie"].split(";")]
+    assert {"secure", "httponly", "samesite=strict", "path=/console"} <= set(attributes)
+    assert "secure" in [part.strip().lower() for part in out.headers["set-cookie"].split(";")]
+
+
+def test_the_console_renders_under_its_policy_in_a_browser(site: Site):
+    """Chromium reports a violation of the page's Content-Security-Policy on its console; there
+    is none, and the stylesheet the policy allows is applied."""
+    with chromium() as browser:
+        page = browser.new_context().new_page()
+        page.set_default_timeout(15_000)
+        messages: list[str] = []
+        page.on("console", lambda message: messages.append(message.text))
+        page.on("pageerror", lambda error: messages.append(str(error)))
+        page.goto(site.url + "/console/login")
+        page.fill("input[name=token]", site.operator)
+        page.get_by_role("button", name="Sign in").click()
+        page.wait_for_url(site.url + "/console")
+        page.goto(site.url + "/console/intents/inv-1")
+        assert page.locator("h1").inner_text() == "Intent inv-1"
+        background = page.evaluate("getComputedStyle(document.querySelector('header')).backgroundColor")
+        assert background == "rgb(36, 41, 47)"  # from /console/style.css
+        margin = page.evaluate("getComputedStyle(document.querySelector('header form')).marginTop")
+        assert margin == "0px"
+        page.get_by_role("button", name="Sign out").click()
+        page.wait_for_url(site.url + "/console/login")
+    assert not [m for m in messages if "Content Security Policy" in m or "Refused" in m], messages
