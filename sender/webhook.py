@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import ipaddress
 import json
+import re
 import socket
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
@@ -21,7 +21,7 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from yarl import URL
 
-from outbox import Destination, Intent, Outcome, Submission
+from outbox import Destination, Intent, Outcome, Submission, hosts
 from outbox.clock import Clock, SystemClock
 from outbox.signing import signature
 
@@ -32,23 +32,20 @@ USER_AGENT = "outbox-delivery/0.1"
 MAX_TARGETS = 1024
 #: Response headers kept with an attempt (never cookies or credentials).
 KEPT_HEADERS = ("content-type", "retry-after", "external-id", "idempotent-replayed", "location")
+#: What aiohttp refuses in a header name or value (RFC 9110 5.5: controls other than HTAB). It
+#: raises ValueError once the connection is already taken, so such a request is refused first.
+FORBIDDEN_IN_HEADERS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 class PrivateAddressRefused(OSError):
-    """The destination resolves only to loopback/private addresses and is not allowed them."""
-
-
-def is_private(address: str) -> bool:
-    """Whether an address is loopback, private, link-local, multicast or otherwise not public."""
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
-        ip = ip.ipv4_mapped
-    return not ip.is_global or ip.is_multicast
+    """The SSRF guard refused a connection: the destination resolves only to non-public
+    addresses, or the address about to be connected to is not public."""
 
 
 class GuardedResolver(AbstractResolver):
     """Resolves names and drops non-public addresses, so a name cannot smuggle a request inside
-    (the SSRF guard); the addresses it returns are the ones connected to."""
+    (the SSRF guard); the addresses it returns are the ones connected to, and ``guarded_socket``
+    checks each again as it is connected to."""
 
     def __init__(self) -> None:
         self._inner = aiohttp.ThreadedResolver()
@@ -56,13 +53,30 @@ class GuardedResolver(AbstractResolver):
     async def resolve(
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
     ) -> list[ResolveResult]:
-        public = [r for r in await self._inner.resolve(host, port, family) if not is_private(r["host"])]
+        public = [r for r in await self._inner.resolve(host, port, family) if hosts.is_public(r["host"])]
         if not public:
             raise PrivateAddressRefused(f"{host} resolves only to non-public addresses")
         return public
 
     async def close(self) -> None:
         await self._inner.close()
+
+
+def guarded_socket(addr_info: tuple[Any, ...]) -> socket.socket:
+    """The socket for one connect of a destination without the private network (aiohttp's
+    ``TCPConnector(socket_factory=...)``), refused if the address it is for is not public.
+
+    This is the check on the address actually connected to: aiohttp connects to an IP literal
+    without asking the resolver, and whatever a resolver returned arrives here, so no host
+    spelling and no change of DNS answer between a check and the connect gets past it. The
+    message is the same for every address, so aiohttp (which merges the errors of several
+    addresses tried in turn unless they read alike) still raises this exception, not a plain
+    OSError.
+    """
+    family, kind, proto, _, sockaddr = addr_info
+    if not hosts.is_public(sockaddr[0]):
+        raise PrivateAddressRefused("the address to connect to is not public")
+    return socket.socket(family, kind, proto)
 
 
 def sign(secrets: tuple[str, ...], msg_id: str, timestamp: int, body: bytes) -> str:
@@ -138,6 +152,7 @@ class WebhookChannel:
             connector = aiohttp.TCPConnector(
                 limit=self._concurrency,
                 resolver=None if allow_private else GuardedResolver(),
+                socket_factory=None if allow_private else guarded_socket,
                 ttl_dns_cache=60,
             )
             session = aiohttp.ClientSession(
@@ -152,14 +167,10 @@ class WebhookChannel:
         if target is None:
             if len(self._targets) >= MAX_TARGETS:
                 self._targets.clear()
-            host = urlsplit(destination.url).hostname or ""
-            refusal = None
-            if not destination.allow_private_network and _is_ip(host) and is_private(host):
-                refusal = (f"refused: {host} is not a public address and destination "
-                           f"{destination.id!r} does not allow the private network")
+            url, refusal = _judged(destination)
             limit = destination.timeout_seconds
             target = self._targets[key] = _Target(
-                URL(destination.url), aiohttp.ClientTimeout(total=limit * 2, connect=limit, sock_read=limit), refusal)
+                url, aiohttp.ClientTimeout(total=limit * 2, connect=limit, sock_read=limit), refusal)
         return target
 
     async def send(self, intent: Intent, destination: Destination, *, attempt_id: str, fence: int) -> SendResult:
@@ -172,6 +183,8 @@ class WebhookChannel:
         headers["Content-Digest"] = content_digest(body)
         headers["Outbox-Attempt-Id"] = attempt_id
         headers["Outbox-Fence"] = str(fence)
+        if unsendable := _unsendable(headers):
+            return SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, error=unsendable)
         session = self._session(destination.allow_private_network)
         note = None
         try:
@@ -189,6 +202,10 @@ class WebhookChannel:
             # The connection was never established: nothing of the request was written.
             outcome, error = _refusal(exc)
             return SendResult(Submission.NOT_SUBMITTED, outcome, error=error)
+        except (aiohttp.InvalidURL, aiohttp.NonHttpUrlClientError) as exc:
+            # aiohttp refused the URL before connecting (no host, a numeric host that is not a
+            # canonical IPv4 address, a scheme other than http(s)), as it always will.
+            return SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, error=f"refused: {_describe(exc)}")
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             # Connected, so the request may have been written and acted on.
             return SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, error=_describe(exc))
@@ -216,6 +233,8 @@ class WebhookChannel:
                    "Outbox-Reconcile": "probe", "Outbox-Fence": str(fence)}
         session = self._session(destination.allow_private_network)
         target = self._target(destination)
+        if refused := target.refusal or _unsendable(headers):  # as a send would be
+            return ProbeAnswer(None, error=f"probe not sent: {refused}")
         try:
             async with session.post(target.url, data=body, headers=headers,
                                     timeout=target.timeout, allow_redirects=False) as response:
@@ -260,12 +279,42 @@ class WebhookChannel:
         self._sessions.clear()
 
 
-def _is_ip(host: str) -> bool:
+def _judged(destination: Destination) -> tuple[URL, str | None]:
+    """The destination's URL as the client will use it, and why it is refused, if it is.
+
+    Refused: a literal non-public address (after the client's normalisation, so full-width
+    digits or ideographic full stops do not hide one) that the destination does not allow; a
+    host that is neither an ordinary hostname nor a canonical IP address (rows stored before
+    registration checked hosts); or a URL the client cannot parse. Each is permanent.
+    """
     try:
-        ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return False
-    return True
+        url = URL(destination.url)
+    except ValueError as exc:
+        return URL(), f"refused: the url of destination {destination.id!r} cannot be used: {exc}"
+    connected = url.raw_host or ""
+    if (not destination.allow_private_network and hosts.ip_literal(connected) is not None
+            and not hosts.is_public(connected)):
+        written = urlsplit(destination.url).hostname
+        shown = connected if written == connected else f"{connected} (the url's host {written!r})"
+        return url, (f"refused: {shown} is not a public address and destination {destination.id!r} "
+                     "does not allow the private network")
+    try:
+        host = hosts.url_host(destination.url)
+    except hosts.HostRefused as exc:
+        return url, f"refused: the url of destination {destination.id!r} cannot be used: {exc}"
+    if host != connected:  # the rule and the client read the host differently: trust neither
+        return url, (f"refused: the url of destination {destination.id!r} names {host!r}, but the client would "
+                     f"connect to {connected!r}")
+    return url, None
+
+
+def _unsendable(headers: dict[str, str]) -> str | None:
+    """Why these headers can never be sent (a control character, say from an action id stored
+    before ids were checked), or None."""
+    for name, value in headers.items():
+        if FORBIDDEN_IN_HEADERS.search(name) or FORBIDDEN_IN_HEADERS.search(value):
+            return f"refused: the {name} header would hold a control character, which HTTP cannot carry"
+    return None
 
 
 async def _read_up_to(content: aiohttp.StreamReader, limit: int) -> bytes:

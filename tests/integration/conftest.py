@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import socket
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ class SenderEnv:
     box: Outbox
     clock: ManualClock
     workers: list[Worker] = field(default_factory=list)
+    path: Path | None = None  # the SQLite file
 
     def worker(self, **options: Any) -> Worker:
         """A Worker on this outbox (closed after the test)."""
@@ -85,6 +87,18 @@ class SenderEnv:
                                    "idempotent": True, "retention_seconds": 3600, **spec}
         destination, _ = await self.box.put_destination(destination_id, DestinationSpec(url=url, **options))
         return destination
+
+    async def legacy_destination(self, url: str, destination_id: str = "hook", *,
+                                 allow_private_network: bool = False, **spec: Any) -> None:
+        """A destination row as stored before registration checked what it checks now: registered
+        with a placeholder URL, then its url and allow_private_network written straight into the
+        SQLite table."""
+        await self.destination("https://placeholder.example/", destination_id, **spec)
+        assert self.path is not None
+        with sqlite3.connect(self.path, timeout=10) as conn:
+            conn.execute("UPDATE destinations SET url = ?, allow_private_network = ? WHERE id = ?",
+                         (url, int(allow_private_network), destination_id))
+        conn.close()
 
     async def enqueue(self, action_id: str, payload: Any = None, *, destination: str = "hook",
                       scope: str = "acme", **options: Any) -> Intent:
@@ -120,7 +134,7 @@ async def open_env(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Send
         values: dict[str, Any] = {"authority": "grants", "authority_seconds": 0, "lease_seconds": 30,
                                   **settings}
         box = await Outbox.open(f"sqlite:///{tmp_path / 'o.db'}", settings=Settings(**values), clock=clock)
-        env = SenderEnv(box, clock)
+        env = SenderEnv(box, clock, path=tmp_path / "o.db")
         opened.append(env)
         if grant:
             await box.put_grant("g1", GrantSpec(scope="acme", destination="*"))
@@ -135,6 +149,36 @@ async def open_env(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Send
 async def env(open_env: Callable[..., Awaitable[SenderEnv]]) -> SenderEnv:
     """The default SenderEnv."""
     return await open_env()
+
+
+@dataclass
+class Listener:
+    """A plain TCP listener on 127.0.0.1: counts every connection it accepts (a request or not)
+    and answers whatever arrives with a 200."""
+
+    port: int
+    connections: int = 0
+
+
+@pytest.fixture
+async def listener() -> AsyncIterator[Listener]:
+    """A running Listener, closed after the test."""
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        found.connections += 1
+        try:
+            await reader.read(65536)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            await writer.drain()
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    found = Listener(server.sockets[0].getsockname()[1])
+    try:
+        yield found
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 @pytest.fixture

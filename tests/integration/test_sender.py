@@ -10,17 +10,20 @@ import base64
 import hashlib
 import json
 import logging
+import socket
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
+import aiohttp
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from outbox import DestinationSpec, Outcome, Status, Submission, operations
-from sender import Backoff, CallableAuthority
+from sender import Backoff, CallableAuthority, webhook
 
 from ..receiver import Receiver, Reply
-from .conftest import SECRET, SECRET_NEW, SECRET_OTHER, SenderEnv
+from .conftest import SECRET, SECRET_NEW, SECRET_OTHER, Listener, SenderEnv
 
 
 def kinds(history) -> list[str]:
@@ -427,26 +430,152 @@ async def test_an_intent_that_would_expire_before_its_retry_is_dead_lettered(env
 # -- 14. the SSRF guard --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("host", "words"), [
-    ("127.0.0.1", "does not allow the private network"),
-    ("[::ffff:127.0.0.1]", "does not allow the private network"),
-    ("localhost", "resolves only to non-public addresses"),
+async def assert_refused(env: SenderEnv, action_id: str, *words: str) -> None:
+    """One attempt, never sent, rejected: the intent is dead and says why (an operator must see
+    it was the guard, not the receiver)."""
+    intent = await env.box.get(action_id)
+    assert intent.status is Status.DEAD and intent.attempts == 1
+    [attempt] = (await env.box.history(action_id)).attempts
+    assert (attempt.submission, attempt.outcome) == (Submission.NOT_SUBMITTED, Outcome.REJECTED)
+    assert attempt.status_code is None and attempt.reply is None
+    for word in words:
+        assert word in intent.last_error and word in attempt.error, (word, attempt.error)
+
+
+NOT_PUBLIC = ("is not a public address", "does not allow the private network")
+
+
+@pytest.mark.parametrize("host", [
+    "127.0.0.1",
+    "[::ffff:127.0.0.1]",
+    "１２７.０.０.１",  # full-width digits: the client maps them (IDNA/UTS-46) to 127.0.0.1
+    "127。0。0。1",  # ideographic full stops, likewise
+    "127．0．0．1",  # full-width full stops
 ])
-async def test_a_private_address_is_refused_without_sending(env: SenderEnv, receiver: Receiver,
-                                                            host: str, words: str):
-    receiver.script("/hook", Reply(200))
-    await env.destination(f"http://{host}:{receiver.port}/hook", allow_private_network=False)
+async def test_a_stored_url_naming_a_loopback_address_is_refused_without_a_connection(
+        env: SenderEnv, listener: Listener, host: str):
+    """Registration refuses these now; a row stored before is judged by the host the client
+    would connect to, not by its text."""
+    await env.legacy_destination(f"http://{host}:{listener.port}/hook")
     await env.enqueue("a1")
     await env.worker().run_once()
 
-    assert receiver.requests() == []
-    intent = await env.box.get("a1")
-    assert intent.status is Status.DEAD and intent.attempts == 1
-    [attempt] = (await env.box.history("a1")).attempts
-    assert (attempt.submission, attempt.outcome) == (Submission.NOT_SUBMITTED, Outcome.REJECTED)
-    assert attempt.status_code is None
-    # the dead letter says why: an operator must see it was the SSRF guard
-    assert words in intent.last_error and words in attempt.error
+    assert listener.connections == 0
+    await assert_refused(env, "a1", *NOT_PUBLIC)
+
+
+@pytest.mark.parametrize(("host", "allow_private_network", "words"), [
+    ("2130706433", False, "looks like an IPv4 address"),
+    ("127.1", False, "looks like an IPv4 address"),
+    ("0177.0.0.1", False, "looks like an IPv4 address"),
+    ("0x7f000001", False, "looks like an IPv4 address"),
+    ("0", False, "looks like an IPv4 address"),
+    ("127.0.0.1.", False, "empty label"),
+    # Allowed the private network, these still cannot be sent as written (0x7f000001 would be).
+    ("127.1", True, "looks like an IPv4 address"),
+    ("0x7f000001", True, "looks like an IPv4 address"),
+])
+async def test_a_stored_url_whose_host_is_no_canonical_address_is_refused_not_maybe_sent(
+        env: SenderEnv, listener: Listener, host: str, allow_private_network: bool, words: str):
+    """aiohttp refuses most of these itself (InvalidUrlClientError, before connecting), which
+    used to be recorded as maybe_submitted; the C resolver reads 0x7f000001 as 127.0.0.1."""
+    await env.legacy_destination(f"http://{host}:{listener.port}/hook", allow_private_network=allow_private_network)
+    await env.enqueue("a1")
+    await env.worker().run_once()
+
+    assert listener.connections == 0
+    await assert_refused(env, "a1", "cannot be used", words)
+
+
+@pytest.mark.parametrize(("url", "words"), [
+    ("ftp://127.0.0.1:{port}/hook", "NonHttpUrlClientError"),  # aiohttp's InvalidURL, raised before connecting
+    ("http://127.0.0.1:99999/hook", "Port out of range"),  # yarl cannot parse it
+])
+async def test_a_stored_url_the_client_refuses_is_not_submitted(
+        env: SenderEnv, listener: Listener, url: str, words: str):
+    await env.legacy_destination(url.format(port=listener.port), allow_private_network=True)
+    await env.enqueue("a1")
+    await env.worker().run_once()
+
+    assert listener.connections == 0
+    await assert_refused(env, "a1", "refused", words)
+
+
+async def test_a_name_resolving_to_loopback_is_refused_without_a_connection(env: SenderEnv, listener: Listener):
+    """A name is registered as it is; the resolver drops its non-public addresses when it is sent."""
+    await env.destination(f"http://localhost:{listener.port}/hook", allow_private_network=False)
+    await env.enqueue("a1")
+    await env.worker().run_once()
+
+    assert listener.connections == 0
+    await assert_refused(env, "a1", "localhost resolves only to non-public addresses",
+                         "does not allow the private network")
+
+
+async def test_the_address_connected_to_is_checked_even_if_the_resolver_let_it_through(
+        env: SenderEnv, listener: Listener, monkeypatch: pytest.MonkeyPatch):
+    """With the resolver's filter gone (a rebinding answer, or a path that skips the resolver,
+    as aiohttp does for IP literals), the socket for the connect itself is refused."""
+    monkeypatch.setattr(webhook, "GuardedResolver", aiohttp.ThreadedResolver)
+    await env.destination(f"http://localhost:{listener.port}/hook", allow_private_network=False)
+    await env.enqueue("a1")
+    await env.worker().run_once()
+
+    assert listener.connections == 0
+    await assert_refused(env, "a1", "the address to connect to is not public", "does not allow the private network")
+
+
+@pytest.mark.parametrize("address", [
+    "127.0.0.1", "10.0.0.1", "169.254.169.254", "0.0.0.0", "::1", "::ffff:127.0.0.1", "fe80::1%lo",
+])
+def test_the_socket_factory_refuses_a_non_public_address(address: str):
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with pytest.raises(webhook.PrivateAddressRefused):
+        webhook.guarded_socket((family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (address, 80)))
+
+
+def test_the_socket_factory_gives_a_public_address_a_socket_and_does_not_connect():
+    sock = webhook.guarded_socket((socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("8.8.8.8", 443)))
+    try:
+        assert (sock.family, sock.type) == (socket.AF_INET, socket.SOCK_STREAM)
+        with pytest.raises(OSError):
+            sock.getpeername()  # not connected
+    finally:
+        sock.close()
+
+
+async def test_the_probe_is_refused_like_a_send(env: SenderEnv, listener: Listener):
+    """The reconcile probe goes to the same URL: a stored loopback host in disguise is refused
+    there too, before any connection."""
+    registered = await env.destination(f"http://127.0.0.1:{listener.port}/hook", reconcile=True)
+    stored = replace(registered, url=f"http://１２７.０.０.１:{listener.port}/hook", allow_private_network=False)
+    intent = await env.enqueue("a1")
+    channel = webhook.WebhookChannel()
+    try:
+        answer = await channel.probe(intent, stored, fence=2)
+    finally:
+        await channel.aclose()
+
+    assert answer.state is None and answer.error is not None
+    assert all(word in answer.error for word in NOT_PUBLIC), answer.error
+    assert listener.connections == 0
+
+
+async def test_a_header_that_cannot_be_sent_is_refused_before_connecting(env: SenderEnv, listener: Listener):
+    """aiohttp connects first and then refuses the header (ValueError): nothing is written, but
+    it used to leave the attempt maybe_submitted. An action id stored before ids were checked
+    could hold a line break."""
+    destination = await env.destination(f"http://127.0.0.1:{listener.port}/hook")
+    intent = replace(await env.enqueue("a1"), action_id="a1\r\nX-Injected: 1")
+    channel = webhook.WebhookChannel()
+    try:
+        result = await channel.send(intent, destination, attempt_id="attempt-1", fence=1)
+    finally:
+        await channel.aclose()
+
+    assert (result.submission, result.outcome) == (Submission.NOT_SUBMITTED, Outcome.REJECTED)
+    assert result.error is not None and "control character" in result.error
+    assert listener.connections == 0
 
 
 async def test_private_network_allowed_per_destination(env: SenderEnv, receiver: Receiver):
@@ -454,7 +583,7 @@ async def test_private_network_allowed_per_destination(env: SenderEnv, receiver:
     receiver.script("/open", Reply(200))
     receiver.script("/guarded", Reply(200))
     await env.destination(f"{receiver.url}/open", "open")
-    await env.destination(f"{receiver.url}/guarded", "guarded", allow_private_network=False)
+    await env.destination(f"http://localhost:{receiver.port}/guarded", "guarded", allow_private_network=False)
     await env.enqueue("a-open", destination="open")
     await env.enqueue("a-guarded", destination="guarded")
     await env.worker().run_once()
