@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, ValidationError
 from starlette.exceptions import HTTPException
 
-from . import console, operations
+from . import console, openapi, operations
 from .destinations import DestinationSpec
 from .errors import OutboxError
 from .grants import GrantSpec
@@ -202,8 +202,10 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
         version="0.1.0",
         description="Durable intents delivered at least once, with honest outcomes.",
         lifespan=lifespan,
-        docs_url="/docs",
+        docs_url=None,  # served by openapi.install, from local assets
+        redoc_url=None,
     )
+    openapi.install(app)
 
     # -- errors ----------------------------------------------------------------------------
 
@@ -322,7 +324,9 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
 
     # -- probes ----------------------------------------------------------------------------
 
-    @app.get("/healthz", tags=["probes"], summary="The process is up, and so is its embedded sender")
+    @app.get("/healthz", tags=["probes"], summary="The process is up, and so is its embedded sender",
+             **openapi.doc({200: openapi.Health}, token=False, errors={
+                 503: "`sender-stopped`: the embedded sender stopped by itself; restart the process"}))
     async def healthz(request: Request) -> dict[str, str]:
         task: asyncio.Task[None] | None = getattr(request.app.state, "worker_task", None)
         if task is not None and task.done():  # only a crash ends it before shutdown: restart
@@ -330,12 +334,15 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
                           f"the embedded sender stopped: {_ended_by(task)}; restart the process")
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["probes"], summary="The store answers and is migrated")
+    @app.get("/readyz", tags=["probes"], summary="The store answers and is migrated",
+             **openapi.doc({200: openapi.Ready}, token=False, errors=[503]))
     async def readyz(request: Request) -> dict[str, str]:
         await box(request).store.ping()
         return {"status": "ready"}
 
-    @app.get("/metrics", tags=["probes"], summary="Prometheus metrics")
+    @app.get("/metrics", tags=["probes"], summary="Prometheus metrics",
+             **openapi.doc({200: "the Prometheus text exposition format"}, token=False, errors=[503],
+                           media_type="text/plain"))
     async def metrics(request: Request) -> Response:
         outbox_ = box(request)
         body = await outbox_.metrics.render(outbox_.store, outbox_.clock.now())
@@ -351,14 +358,9 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
         tags=["intents"],
         status_code=201,
         summary="Enqueue an intent (idempotent on action_id)",
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": IntentIn.model_json_schema()}},
-            }
-        },
-        responses={200: {"description": "the same intent already exists"},
-                   409: {"description": "the action_id names another operation"}},
+        **openapi.doc(
+            {201: (openapi.Intent, "enqueued"), 200: (openapi.Intent, "the same intent already exists")},
+            body=IntentIn, errors=[*openapi.BODY_ERRORS, 409], headers=dict.fromkeys((200, 201), openapi.LOCATION)),
     )
     async def enqueue(request: Request, token: Producer) -> Response:
         spec = await parsed(request, IntentIn)
@@ -372,7 +374,8 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
             headers={"Location": f"/v1/intents/{result.intent.action_id}"},
         )
 
-    @app.get("/v1/intents/{action_id}", tags=["intents"], summary="An intent with attempts and events")
+    @app.get("/v1/intents/{action_id}", tags=["intents"], summary="An intent with attempts and events",
+             **openapi.doc({200: openapi.IntentDetail}, errors=[404, 409, 422, 503]))
     async def show(
         request: Request,
         action_id: str,
@@ -391,7 +394,8 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
         intent, history = await outbox_.show(action_id)
         return {**intent_json(intent), "settled": intent.status in SETTLED, **history_json(history)}
 
-    @app.get("/v1/intents", tags=["intents"], summary="List intents, newest first")
+    @app.get("/v1/intents", tags=["intents"], summary="List intents, newest first",
+             **openapi.doc({200: openapi.IntentPage}, errors=[400, 403, 422, 503]))
     async def list_intents(
         request: Request,
         token: Reader,
@@ -446,7 +450,8 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
         return {**intent_json(intent), **history_json(History(history.attempts[:started], events))}
 
     @app.post("/v1/intents/{action_id}/replay", tags=["operators"],
-              summary="Send a dead, revoked or unknown intent again (same action_id)")
+              summary="Send a dead, revoked or unknown intent again (same action_id)",
+              **openapi.action(ReplayIn))
     async def replay(request: Request, action_id: str, token: Operator) -> dict[str, Any]:
         spec = await parsed(request, ReplayIn)
         intent = await operations.replay(box(request), action_id, actor(token, spec.reason),
@@ -455,35 +460,40 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
         return await acted(request, intent, "replayed")
 
     @app.post("/v1/intents/{action_id}/resolve", tags=["operators"],
-              summary="Settle an unknown intent with evidence: delivered, retry or dead")
+              summary="Settle an unknown intent with evidence: delivered, retry or dead",
+              **openapi.action(ResolveIn))
     async def resolve(request: Request, action_id: str, token: Operator) -> dict[str, Any]:
         spec = await parsed(request, ResolveIn)
         intent = await operations.resolve(box(request), action_id, spec.resolution, actor(token, spec.reason),
                                  external_id=spec.external_id)
         return await acted(request, intent, "resolved")
 
-    @app.post("/v1/intents/{action_id}/cancel", tags=["operators"], summary="Withdraw an intent")
+    @app.post("/v1/intents/{action_id}/cancel", tags=["operators"], summary="Withdraw an intent",
+              **openapi.action(ReasonIn))
     async def cancel(request: Request, action_id: str, token: Operator) -> dict[str, Any]:
         spec = await parsed(request, ReasonIn)
         intent = await operations.cancel(box(request), action_id, actor(token, spec.reason))
         return await acted(request, intent, "cancelled")
 
     @app.post("/v1/intents/{action_id}/approve", tags=["operators"],
-              summary="Approve a held intent's exact payload digest, for a limited time")
+              summary="Approve a held intent's exact payload digest, for a limited time",
+              **openapi.action(ApproveIn))
     async def approve(request: Request, action_id: str, token: Operator) -> dict[str, Any]:
         spec = await parsed(request, ApproveIn)
         intent = await operations.approve(box(request), action_id, actor(token, spec.reason),
                                  payload_digest=spec.payload_digest, valid_seconds=spec.valid_seconds)
         return await acted(request, intent, "approved")
 
-    @app.post("/v1/intents/{action_id}/reject", tags=["operators"], summary="Refuse a held intent")
+    @app.post("/v1/intents/{action_id}/reject", tags=["operators"], summary="Refuse a held intent",
+              **openapi.action(ReasonIn))
     async def reject(request: Request, action_id: str, token: Operator) -> dict[str, Any]:
         spec = await parsed(request, ReasonIn)
         intent = await operations.reject(box(request), action_id, actor(token, spec.reason))
         return await acted(request, intent, "rejected")
 
     @app.post("/v1/replay", tags=["operators"],
-              summary="Replay every dead, revoked or unknown intent matching a filter (dry_run first)")
+              summary="Replay every dead, revoked or unknown intent matching a filter (dry_run first)",
+              **openapi.doc({200: openapi.BulkReplayResult}, body=BulkReplayIn, errors=openapi.BODY_ERRORS))
     async def bulk_replay(request: Request, token: Operator) -> dict[str, Any]:
         spec = await parsed(request, BulkReplayIn)
         result = await operations.bulk_replay(
@@ -500,12 +510,8 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
         "/v1/destinations/{destination_id}",
         tags=["destinations"],
         summary="Register or replace a destination (admin)",
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": DestinationSpec.model_json_schema()}},
-            }
-        },
+        **openapi.doc({201: (openapi.Destination, "registered"), 200: (openapi.Destination, "replaced")},
+                      body=DestinationSpec, errors=openapi.BODY_ERRORS),
     )
     async def put_destination(request: Request, destination_id: str, token: Admin) -> Response:
         check(DESTINATION_ID, destination_id, "destination id")
@@ -514,11 +520,13 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
         log.info("destination %s %s by %s", destination_id, "created" if created else "replaced", token.actor)
         return JSONResponse(destination.public(), status_code=201 if created else 200)
 
-    @app.get("/v1/destinations/{destination_id}", tags=["destinations"], summary="A destination")
+    @app.get("/v1/destinations/{destination_id}", tags=["destinations"], summary="A destination",
+             **openapi.doc({200: openapi.Destination}, errors=[403, 404, 422, 503]))
     async def get_destination(request: Request, destination_id: str, token: Operator) -> dict[str, Any]:
         return (await box(request).get_destination(destination_id)).public()
 
-    @app.get("/v1/destinations", tags=["destinations"], summary="Every destination")
+    @app.get("/v1/destinations", tags=["destinations"], summary="Every destination",
+             **openapi.doc({200: openapi.DestinationList}, errors=[403, 503]))
     async def list_destinations(request: Request, token: Operator) -> dict[str, Any]:
         return {"items": [d.public() for d in await box(request).list_destinations()]}
 
@@ -527,6 +535,7 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
         tags=["destinations"],
         status_code=204,
         summary="Remove a destination no intent refers to (admin)",
+        **openapi.doc({204: "deleted"}, errors=[403, 404, 409, 422, 503]),
     )
     async def delete_destination(request: Request, destination_id: str, token: Admin) -> Response:
         await box(request).delete_destination(destination_id)
@@ -539,12 +548,8 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
         "/v1/grants/{grant_id}",
         tags=["grants"],
         summary="Create or replace a grant (admin); its revision goes up",
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": GrantSpec.model_json_schema()}},
-            }
-        },
+        **openapi.doc({201: (openapi.Grant, "created"), 200: (openapi.Grant, "replaced")},
+                      body=GrantSpec, errors=openapi.BODY_ERRORS),
     )
     async def put_grant(request: Request, grant_id: str, token: Admin) -> Response:
         spec = await parsed(request, GrantSpec)
@@ -552,16 +557,19 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
         log.info("grant %s %s by %s", grant_id, "created" if created else "replaced", token.actor)
         return JSONResponse(grant.public(), status_code=201 if created else 200)
 
-    @app.get("/v1/grants/{grant_id}", tags=["grants"], summary="A grant")
+    @app.get("/v1/grants/{grant_id}", tags=["grants"], summary="A grant",
+             **openapi.doc({200: openapi.Grant}, errors=[403, 404, 422, 503]))
     async def get_grant(request: Request, grant_id: str, token: Operator) -> dict[str, Any]:
         return (await box(request).get_grant(grant_id)).public()
 
-    @app.get("/v1/grants", tags=["grants"], summary="Every grant")
+    @app.get("/v1/grants", tags=["grants"], summary="Every grant",
+             **openapi.doc({200: openapi.GrantList}, errors=[403, 503]))
     async def list_grants(request: Request, token: Operator) -> dict[str, Any]:
         return {"items": [g.public() for g in await box(request).list_grants()]}
 
     @app.delete("/v1/grants/{grant_id}", tags=["grants"], status_code=204,
-                summary="Remove a grant (admin): later sends it allowed become revoked")
+                summary="Remove a grant (admin): later sends it allowed become revoked",
+                **openapi.doc({204: "deleted"}, errors=[403, 404, 422, 503]))
     async def delete_grant(request: Request, grant_id: str, token: Admin) -> Response:
         await box(request).delete_grant(grant_id)
         log.info("grant %s deleted by %s", grant_id, token.actor)

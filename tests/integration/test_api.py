@@ -237,6 +237,7 @@ async def test_probes_and_openapi(api: Api):
         schema = (await c.get("/openapi.json")).json()
         assert "/v1/intents" in schema["paths"] and "/v1/destinations/{destination_id}" in schema["paths"]
         body = schema["paths"]["/v1/intents"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        body = schema["components"]["schemas"][body["$ref"].removeprefix("#/components/schemas/")]
         assert set(body["required"]) == {"scope", "destination", "payload"}
         assert (await c.get("/docs")).status_code == 200
 
