@@ -13,8 +13,9 @@ from datetime import datetime
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from . import hosts
 from .clock import iso
 from .model import Channel, OnUnknown
 
@@ -89,7 +90,7 @@ class DestinationSpec(BaseModel):
     timeout_seconds: float = Field(default=10.0, gt=0, le=300)
     requires_approval: bool = False
     allow_private_network: bool = Field(
-        default=False, description="allow loopback and private addresses (off: SSRF guard)"
+        default=False, validate_default=True, description="allow loopback and private addresses (off: SSRF guard)"
     )
     disabled: bool = False
     reconcile: bool = Field(
@@ -105,7 +106,23 @@ class DestinationSpec(BaseModel):
             raise ValueError(f"url {url!r} must be an absolute http:// or https:// URL")
         if parts.username or parts.password:
             raise ValueError("url must not carry credentials; put them in the secret")
+        hosts.url_host(url)  # a HostRefused (ValueError) says what is wrong with the host
         return url
+
+    @field_validator("allow_private_network")
+    @classmethod
+    def _public_unless_allowed(cls, allowed: bool, info: ValidationInfo) -> bool:
+        # Here, after url, so a literal address the sender would refuse is refused now; a name is
+        # judged by what it resolves to when the request is made.
+        url: str | None = info.data.get("url")  # absent when the url itself was refused
+        if allowed or url is None:
+            return allowed
+        address = hosts.ip_literal(hosts.url_host(url))
+        if address is not None and not hosts.is_public(str(address)):
+            raise ValueError(f"the url's host {urlsplit(url).hostname} is not a public address (loopback, private, "
+                             "link-local or reserved): set allow_private_network (--allow-private-network) to send "
+                             "there")
+        return allowed
 
     @field_validator("secret")
     @classmethod

@@ -171,6 +171,28 @@ async def test_destinations_are_managed_by_admins_and_never_show_secrets(api: Ap
         assert_problem(await c.get("/v1/destinations/crm"), 404, "not-found", "crm")
 
 
+@pytest.mark.parametrize(("spec", "words"), [
+    ({"url": "http://１２７.０.０.１:8080/hook"},
+     "url: Value error, host '１２７.０.０.１' is read as the address '127.0.0.1'"),
+    ({"url": "http://127。0。0。1:8080/hook", "allow_private_network": True}, "read as the address '127.0.0.1'"),
+    ({"url": "http://１６９.２５４.１６９.２５４/latest/meta-data/"}, "read as the address '169.254.169.254'"),
+    ({"url": "http://0x7f000001/"}, "url: Value error, host '0x7f000001' looks like an IPv4 address"),
+    ({"url": "http://10.0.0.1/"},
+     "allow_private_network: Value error, the url's host 10.0.0.1 is not a public address"),
+    ({"url": "http://169.254.169.254/"}, "169.254.169.254 is not a public address"),
+])
+async def test_a_destination_whose_host_the_sender_would_refuse_is_refused_at_registration(api: Api, spec, words):
+    """A 422 problem that says what is wrong, and nothing is stored."""
+    async with api.client(api.admin) as c:
+        body = assert_problem(await c.put("/v1/destinations/internal", json={**spec, "secret": SECRET}),
+                              422, "invalid-input", words)
+        assert [e["field"] for e in body["errors"]] in (["url"], ["allow_private_network"])
+        assert_problem(await c.get("/v1/destinations/internal"), 404, "not-found")
+        allowed = await c.put("/v1/destinations/internal", json={"url": "http://10.0.0.1/", "secret": SECRET,
+                                                                  "allow_private_network": True})
+        assert allowed.status_code == 201  # a literal private address, allowed: stored (never sent here)
+
+
 @pytest.mark.parametrize(
     "body,headers,status,kind,words",
     [

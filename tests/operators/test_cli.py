@@ -363,3 +363,17 @@ async def test_a_bad_setting_is_a_usage_error_that_names_it(shell: Shell):
     assert "OUTBOX_PROT (or prot in outbox.toml)" in done.stderr and "Extra inputs" in done.stderr
     (shell.cwd / "outbox.toml").unlink()
     assert shell.json("list", env=shell.env(OUTBOX_LOG_LEVEL="WARNING")) == {"items": [], "next_seq": None}
+
+
+async def test_destinations_put_refuses_a_host_the_sender_would_refuse(shell: Shell):
+    before = snapshot(shell.db)
+    disguised = shell.run("destinations", "put", "internal", "--url", "http://１２７.０.０.１:8080/hook", code=1)
+    assert "host '１２７.０.０.１' is read as the address '127.0.0.1'" in disguised.stderr
+    numeric = shell.run("--json", "destinations", "put", "internal", "--url", "http://0x7f000001:8080/hook",
+                        "--allow-private-network", code=1)
+    error = json.loads(numeric.stderr)
+    assert error["error"] == "InvalidInput" and "looks like an IPv4 address" in error["detail"]
+    private = shell.run("destinations", "put", "internal", "--url", "http://10.0.0.1/hook", code=1)
+    assert "10.0.0.1 is not a public address" in private.stderr and "--allow-private-network" in private.stderr
+    assert "Traceback" not in disguised.stderr + private.stderr
+    assert snapshot(shell.db) == before
