@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationInfo, field_validator
 
 from . import hosts
 from .clock import iso
@@ -80,7 +80,11 @@ class DestinationSpec(BaseModel):
         default=None,
         description="whsec_ signing secret; write-only. Omitted on update: the current one stays.",
     )
-    idempotent: bool = Field(
+    drop_previous_secrets: StrictBool = Field(
+        default=False,
+        description="keep only the newest secret: the end of a rotation, once the receiver has the new one",
+    )
+    idempotent: StrictBool = Field(
         default=False, description="the receiver deduplicates on Idempotency-Key"
     )
     retention_seconds: int = Field(
@@ -88,12 +92,12 @@ class DestinationSpec(BaseModel):
     )
     on_unknown: OnUnknown = OnUnknown.DECLARED
     timeout_seconds: float = Field(default=10.0, gt=0, le=300)
-    requires_approval: bool = False
-    allow_private_network: bool = Field(
+    requires_approval: StrictBool = False
+    allow_private_network: StrictBool = Field(
         default=False, validate_default=True, description="allow loopback and private addresses (off: SSRF guard)"
     )
-    disabled: bool = False
-    reconcile: bool = Field(
+    disabled: StrictBool = False
+    reconcile: StrictBool = Field(
         default=False,
         description="the receiver answers the reconcile probe (the receivers' idempotency middleware)",
     )

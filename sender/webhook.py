@@ -179,7 +179,7 @@ class WebhookChannel:
             return SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, error=target.refusal)
         body = intent.payload_json.encode()
         now = self._clock.now().timestamp()
-        headers = self._signed(intent.action_id, destination, body, int(now))
+        headers = self._signed(intent.key, destination, body, int(now))
         headers["Content-Digest"] = content_digest(body)
         headers["Outbox-Attempt-Id"] = attempt_id
         headers["Outbox-Fence"] = str(fence)
@@ -227,7 +227,7 @@ class WebhookChannel:
         Its body ``{"key": K, "fence": F}`` is signed like a delivery (``webhook-id`` K), so the
         receiver knows the probe comes from us and asks about this key with this fence.
         """
-        key = intent.action_id  # the Idempotency-Key the deliveries carry
+        key = intent.key  # the Idempotency-Key the deliveries carry
         body = json.dumps({"key": key, "fence": fence}).encode()
         headers = {**self._signed(key, destination, body, int(self._clock.now().timestamp())),
                    "Outbox-Reconcile": "probe", "Outbox-Fence": str(fence)}

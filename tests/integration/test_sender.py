@@ -73,7 +73,7 @@ async def test_a_200_delivers_once_with_every_header_and_the_external_id(env: Se
     assert json.loads(request.body) == payload
     headers = request.headers
     assert headers["content-type"] == "application/json"
-    assert headers["idempotency-key"] == headers["webhook-id"] == "a1"
+    assert headers["idempotency-key"] == headers["webhook-id"] == "acme/a1"
     assert headers["webhook-timestamp"].isdigit()
     assert headers["webhook-signature"].startswith("v1,") and " " not in headers["webhook-signature"]
     assert headers["content-digest"] == content_digest(request.body)
@@ -124,7 +124,7 @@ async def test_signatures_verify_with_standard_webhooks(env: SenderEnv, receiver
     with pytest.raises(WebhookVerificationError):  # the signature covers the body
         Webhook(SECRET).verify(request.body.replace(b"1.5", b"2.5"), request.headers)
     with pytest.raises(WebhookVerificationError):  # ... and the id
-        Webhook(SECRET).verify(request.body, {**request.headers, "webhook-id": "a2"})
+        Webhook(SECRET).verify(request.body, {**request.headers, "webhook-id": "acme/a2"})
 
 
 async def test_after_a_rotation_both_secrets_verify(env: SenderEnv, receiver: Receiver):
@@ -188,7 +188,7 @@ async def test_a_503_is_retried_after_backoff_then_delivered(env: SenderEnv, rec
     assert history.attempts[1].external_id == "x-2"
 
     one, two = receiver.requests("/hook")
-    assert one.headers["idempotency-key"] == two.headers["idempotency-key"] == "a1"
+    assert one.headers["idempotency-key"] == two.headers["idempotency-key"] == "acme/a1"
     assert one.body == two.body
     assert [one.headers["outbox-attempt-id"], two.headers["outbox-attempt-id"]] == [
         a.attempt_id for a in history.attempts]

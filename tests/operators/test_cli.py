@@ -232,7 +232,7 @@ async def test_resolve_cancel_approve_and_reject(shell: Shell):
 
     await shell.deliver(["res-2", "hold-1"])
     assert await shell.status("res-2") is Status.DELIVERED and await shell.status("hold-1") is Status.DELIVERED
-    assert sorted(r.headers["idempotency-key"] for r in shell.receiver.requests("/ok")) == ["hold-1"]
+    assert sorted(r.headers["idempotency-key"] for r in shell.receiver.requests("/ok")) == ["acme/hold-1"]
 
 
 # -- prune and list ----------------------------------------------------------------------------
@@ -319,7 +319,7 @@ async def test_the_workers_prune_takes_as_many_batches_as_it_needs(old_shell: Sh
     running = asyncio.create_task(worker.run())
 
     async def left() -> list[str]:
-        return [i for i in PAST_RETENTION if await old_shell.box.store.get_intent(i) is not None]
+        return [i for i in PAST_RETENTION if await old_shell.box.store.intents_named(i)]
 
     async def all_gone() -> bool:
         return not await left()
