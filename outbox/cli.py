@@ -18,7 +18,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from . import logs, operations
 from .clock import iso
@@ -566,10 +566,7 @@ def grants() -> None:
 async def grants_put(ctx: Context, box: Outbox, grant_id: str, scope: str, destination: str,
                      expires_at: datetime | None, note: str | None) -> None:
     """Create or replace a grant (its revision goes up)."""
-    try:
-        spec = GrantSpec(scope=scope, destination=destination, expires_at=expires_at, note=note)
-    except ValueError as exc:
-        raise InvalidInput(str(exc)) from None
+    spec = _validated(GrantSpec, scope=scope, destination=destination, expires_at=expires_at, note=note)
     grant, created = await box.put_grant(grant_id, spec)
     ctx.emit(grant.public(), f"{'granted' if created else 'replaced'} {grant.id}: "
                              f"{grant.scope} -> {grant.destination} (revision {grant.revision})")
@@ -595,6 +592,20 @@ async def grants_delete(ctx: Context, box: Outbox, grant_id: str) -> None:
 
 
 # -- destinations --------------------------------------------------------------------------
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _validated(model: type[M], **fields: Any) -> M:
+    """``model`` built from options, or InvalidInput with one line per problem (pydantic's own
+    text carries input values and links that mean nothing on a command line)."""
+    try:
+        return model(**fields)
+    except ValidationError as exc:
+        raise InvalidInput("; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg'].removeprefix('Value error, ')}"
+            for e in exc.errors())) from None
 
 
 @main.group()
@@ -625,10 +636,7 @@ async def destinations_put(ctx: Context, box: Outbox, destination_id: str, secre
     generated = None
     if secret is None and await box.store.get_destination(destination_id) is None:
         secret = generated = new_secret()
-    try:
-        parsed = DestinationSpec(channel="webhook", secret=secret, **spec)
-    except ValueError as exc:
-        raise InvalidInput(str(exc)) from None
+    parsed = _validated(DestinationSpec, channel="webhook", secret=secret, **spec)
     destination, created = await box.put_destination(destination_id, parsed)
     data = {**destination.public(), "created": created}
     if generated:
