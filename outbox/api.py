@@ -12,18 +12,20 @@ import logging
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, TypeVar
+from urllib.parse import quote
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, ValidationError
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, StrictBool, ValidationError
 from starlette.exceptions import HTTPException
 
 from . import console, openapi, operations
 from .destinations import DestinationSpec
+from .digest import MAX_NESTING, nesting
 from .errors import OutboxError
 from .grants import GrantSpec
-from .ids import ACTION_ID, DESTINATION_ID, check
+from .ids import DESTINATION_ID, check
 from .model import SETTLED, Channel, Intent, Role, Status
 from .outbox import MAX_PAGE, Outbox, history_json, intent_json
 from .problems import Problem, from_error
@@ -40,6 +42,10 @@ MAX_WAIT_SECONDS = 60.0
 #: Room for the envelope around the payload before a body is refused unread.
 ENVELOPE_BYTES = 64 * 1024
 JSON_TYPES = ("application/json",)
+#: A request body is the payload inside an envelope (and a filter object inside it).
+BODY_NESTING = MAX_NESTING + 2
+ScopeParam = Annotated[str | None, Query(description=(
+    "the intent's scope; needed only when the action id is used in several scopes you can read"))]
 
 
 class IntentIn(BaseModel):
@@ -68,7 +74,7 @@ class ReasonIn(BaseModel):
 class ReplayIn(ReasonIn):
     """A replay; duplicates must be accepted explicitly where the destination does not dedupe."""
 
-    accept_duplicate_risk: bool = False
+    accept_duplicate_risk: StrictBool = False
 
 
 class ResolveIn(ReasonIn):
@@ -106,7 +112,7 @@ class BulkReplayIn(ReplayIn):
     """A bulk replay."""
 
     filter: ReplayFilter = Field(default_factory=ReplayFilter)
-    dry_run: bool = True
+    dry_run: StrictBool = True
 
 
 def _validation_problem(errors: Sequence[Mapping[str, Any]]) -> Problem:
@@ -117,6 +123,11 @@ def _validation_problem(errors: Sequence[Mapping[str, Any]]) -> Problem:
     ]
     detail = "; ".join(f"{e['field'] or 'body'}: {e['message']}" for e in shown[:5])
     return Problem(422, "invalid-input", "Invalid input", detail, errors=shown)
+
+
+def _location(intent: Intent) -> str:
+    """Where an intent is read: action ids are unique per scope, so the scope is part of it."""
+    return f"/v1/intents/{intent.action_id}?scope={quote(intent.scope, safe='')}"
 
 
 def _encode_cursor(seq: int) -> str:
@@ -279,6 +290,10 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
     Admin = Annotated[TokenInfo, Depends(role(Role.ADMIN))]
     Operator = Annotated[TokenInfo, Depends(role(Role.OPERATOR))]
 
+    def readable(token: TokenInfo) -> list[str] | None:
+        """The scopes whose intents a token may read (None: every scope)."""
+        return None if token.role is not Role.PRODUCER or "*" in token.scopes else list(token.scopes)
+
     def in_scope(token: TokenInfo, scope: str) -> None:
         if not token.may_act_in(scope):
             raise Problem(
@@ -310,9 +325,19 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
                 )
             chunks.append(chunk)
         try:
-            return json.loads(b"".join(chunks))
+            body = json.loads(b"".join(chunks))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise Problem(400, "invalid-json", "Invalid JSON", f"the body is not JSON: {exc}") from None
+        except RecursionError:
+            body = None  # far too deep to parse: refused below like any body over the limit
+            depth = BODY_NESTING + 1
+        else:
+            depth = nesting(body, BODY_NESTING)
+        if depth > BODY_NESTING:
+            raise Problem(422, "invalid-input", "Invalid input",
+                          f"the body nests arrays and objects deeper than allowed: a payload may nest "
+                          f"{MAX_NESTING} levels")
+        return body
 
     async def parsed(request: Request, model: type[M]) -> M:
         """The JSON body validated as ``model``, or the problem saying what is wrong."""
@@ -365,13 +390,11 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
     async def enqueue(request: Request, token: Producer) -> Response:
         spec = await parsed(request, IntentIn)
         in_scope(token, spec.scope)
-        result = await box(request).enqueue(
-            actor=token.actor, **spec.model_dump(exclude_none=True)
-        )
+        result = await box(request).enqueue(actor=token.actor, **spec.model_dump(exclude_unset=True))
         return JSONResponse(
             intent_json(result.intent),
             status_code=201 if result.created else 200,
-            headers={"Location": f"/v1/intents/{result.intent.action_id}"},
+            headers={"Location": _location(result.intent)},
         )
 
     @app.get("/v1/intents/{action_id}", tags=["intents"], summary="An intent with attempts and events",
@@ -380,18 +403,16 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
         request: Request,
         action_id: str,
         token: Reader,
+        scope: ScopeParam = None,
         wait: Annotated[float, Query(ge=0, le=MAX_WAIT_SECONDS, description=(
             "long-poll: answer once the intent is delivered, dead, revoked, unknown or "
             "cancelled, or after this many seconds"))] = 0,
     ) -> dict[str, Any]:
-        check(ACTION_ID, action_id, "action_id")
         outbox_ = box(request)
-        intent = await outbox_.store.get_intent(action_id)
-        if intent is None or not token.may_act_in(intent.scope):
-            raise Problem(404, "not-found", "Not found", f"intent {action_id!r} does not exist")
+        intent = await outbox_.get(action_id, scope=scope, scopes=readable(token))
         if wait:
-            await outbox_.wait(action_id, wait)
-        intent, history = await outbox_.show(action_id)
+            await outbox_.wait(action_id, wait, scope=intent.scope)
+        intent, history = await outbox_.show(action_id, scope=intent.scope)
         return {**intent_json(intent), "settled": intent.status in SETTLED, **history_json(history)}
 
     @app.get("/v1/intents", tags=["intents"], summary="List intents, newest first",
@@ -443,7 +464,7 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
     async def acted(request: Request, intent: Intent, kind: str) -> dict[str, Any]:
         """The intent as the operator's action left it. A worker may have moved it on since, so
         the history stops at the action's own event (``kind``) and the attempts started by then."""
-        history = await box(request).history(intent.action_id)
+        history = await box(request).history(intent.action_id, scope=intent.scope)
         last = max(i for i, event in enumerate(history.events) if event.kind == kind)
         events = history.events[: last + 1]
         started = sum(event.kind == "attempt_started" for event in events)
@@ -452,9 +473,9 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
     @app.post("/v1/intents/{action_id}/replay", tags=["operators"],
               summary="Send a dead, revoked or unknown intent again (same action_id)",
               **openapi.action(ReplayIn))
-    async def replay(request: Request, action_id: str, token: Operator) -> dict[str, Any]:
+    async def replay(request: Request, action_id: str, token: Operator, scope: ScopeParam = None) -> dict[str, Any]:
         spec = await parsed(request, ReplayIn)
-        intent = await operations.replay(box(request), action_id, actor(token, spec.reason),
+        intent = await operations.replay(box(request), action_id, actor(token, spec.reason), scope=scope,
                                 authorize=request.app.state.authorize,
                                 accept_duplicate_risk=spec.accept_duplicate_risk)
         return await acted(request, intent, "replayed")
@@ -462,33 +483,33 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
     @app.post("/v1/intents/{action_id}/resolve", tags=["operators"],
               summary="Settle an unknown intent with evidence: delivered, retry or dead",
               **openapi.action(ResolveIn))
-    async def resolve(request: Request, action_id: str, token: Operator) -> dict[str, Any]:
+    async def resolve(request: Request, action_id: str, token: Operator, scope: ScopeParam = None) -> dict[str, Any]:
         spec = await parsed(request, ResolveIn)
         intent = await operations.resolve(box(request), action_id, spec.resolution, actor(token, spec.reason),
-                                 external_id=spec.external_id)
+                                          scope=scope, external_id=spec.external_id)
         return await acted(request, intent, "resolved")
 
     @app.post("/v1/intents/{action_id}/cancel", tags=["operators"], summary="Withdraw an intent",
               **openapi.action(ReasonIn))
-    async def cancel(request: Request, action_id: str, token: Operator) -> dict[str, Any]:
+    async def cancel(request: Request, action_id: str, token: Operator, scope: ScopeParam = None) -> dict[str, Any]:
         spec = await parsed(request, ReasonIn)
-        intent = await operations.cancel(box(request), action_id, actor(token, spec.reason))
+        intent = await operations.cancel(box(request), action_id, actor(token, spec.reason), scope=scope)
         return await acted(request, intent, "cancelled")
 
     @app.post("/v1/intents/{action_id}/approve", tags=["operators"],
               summary="Approve a held intent's exact payload digest, for a limited time",
               **openapi.action(ApproveIn))
-    async def approve(request: Request, action_id: str, token: Operator) -> dict[str, Any]:
+    async def approve(request: Request, action_id: str, token: Operator, scope: ScopeParam = None) -> dict[str, Any]:
         spec = await parsed(request, ApproveIn)
-        intent = await operations.approve(box(request), action_id, actor(token, spec.reason),
+        intent = await operations.approve(box(request), action_id, actor(token, spec.reason), scope=scope,
                                  payload_digest=spec.payload_digest, valid_seconds=spec.valid_seconds)
         return await acted(request, intent, "approved")
 
     @app.post("/v1/intents/{action_id}/reject", tags=["operators"], summary="Refuse a held intent",
               **openapi.action(ReasonIn))
-    async def reject(request: Request, action_id: str, token: Operator) -> dict[str, Any]:
+    async def reject(request: Request, action_id: str, token: Operator, scope: ScopeParam = None) -> dict[str, Any]:
         spec = await parsed(request, ReasonIn)
-        intent = await operations.reject(box(request), action_id, actor(token, spec.reason))
+        intent = await operations.reject(box(request), action_id, actor(token, spec.reason), scope=scope)
         return await acted(request, intent, "rejected")
 
     @app.post("/v1/replay", tags=["operators"],

@@ -13,7 +13,7 @@ import json
 from collections.abc import Awaitable, Callable
 from html import escape
 from typing import Any
-from urllib.parse import parse_qs, quote
+from urllib.parse import parse_qs, quote, urlencode
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -125,7 +125,7 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
                               (Status.REVOKED, "Revoked"), (Status.HELD, "Held for approval")):
             page = await outbox.list_intents(IntentQuery(statuses=[status], limit=100))
             rows = "".join(
-                f"<tr><td><a href='/console/intents/{quote(i.action_id)}'>{escape(i.action_id)}</a></td>"
+                f"<tr><td><a href='{escape(_intent_url(i.action_id, i.scope))}'>{escape(i.action_id)}</a></td>"
                 f"<td>{escape(i.destination)}</td><td>{escape(i.scope)}</td><td>{i.attempts}</td>"
                 f"<td>{escape(iso(i.updated_at) or '')}</td><td>{escape(i.last_error or '')}</td></tr>"
                 for i in page.intents)
@@ -139,21 +139,21 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
                                          f"{backlog}</table>" + "".join(sections))
 
     @pages.get("/intents/{action_id}")
-    async def intent_page(request: Request, action_id: str, done: str = "", error: str = "") -> Response:
+    async def intent_page(request: Request, action_id: str, scope: str | None = None, done: str = "",
+                          error: str = "") -> Response:
         who = await session(request)
         if who is None:
             return to_login()
         outbox = box(request)
         try:
-            intent, history = await outbox.show(action_id)
+            intent, history = await outbox.show(action_id, scope=scope)
         except (NotFound, OutboxError) as exc:
             return _page("Not found", f"<p>{escape(exc.message)}</p>", status=404)
         token = request.cookies[COOKIE]
         csrf = f"<input type='hidden' name='csrf' value='{csrf_for(token)}'>"
-        target = f"/console/intents/{quote(action_id)}"
-
         def action(name: str, label: str, extra: str = "") -> str:
-            return (f"<form class='inline' method='post' action='{target}/{name}'>{csrf}{extra}"
+            target = escape(_intent_url(action_id, intent.scope, name))
+            return (f"<form class='inline' method='post' action='{target}'>{csrf}{extra}"
                     f"<input name='reason' placeholder='reason' required size='28'> "
                     f"<button type='submit' name='action' value='{name}'>{label}</button></form>")
 
@@ -199,7 +199,7 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             f"<h2>Timeline</h2><table><tr><th>at</th><th>event</th><th>actor</th><th>reason</th><th>data</th></tr>"
             f"{events}</table>"))
 
-    async def act(request: Request, action_id: str, name: str,
+    async def act(request: Request, action_id: str, scope: str | None, name: str,
                   run: Callable[[Outbox, operations.Actor, dict[str, str]], Awaitable[object]]) -> Response:
         who = await session(request)
         if who is None:
@@ -208,41 +208,51 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
         if not hmac.compare_digest(fields.get("csrf", ""), csrf_for(request.cookies[COOKIE])):
             return _page("Refused", "<p>the form is stale or was not sent from this console; reload and retry</p>",
                          status=403)
-        target = f"/console/intents/{quote(action_id)}"
         try:
             await run(box(request), operations.Actor(who.actor, fields.get("reason", "")), fields)
         except OutboxError as exc:
-            return RedirectResponse(f"{target}?error={quote(exc.message)}", status_code=303)
-        return RedirectResponse(f"{target}?done={quote(name + ' done')}", status_code=303)
+            return RedirectResponse(_intent_url(action_id, scope, error=exc.message), status_code=303)
+        return RedirectResponse(_intent_url(action_id, scope, done=name + " done"), status_code=303)
 
     @pages.post("/intents/{action_id}/replay")
-    async def replay(request: Request, action_id: str) -> Response:
-        return await act(request, action_id, "replay", lambda b, who, f: operations.replay(
-            b, action_id, who, authorize=authorize(request),
+    async def replay(request: Request, action_id: str, scope: str | None = None) -> Response:
+        return await act(request, action_id, scope, "replay", lambda b, who, f: operations.replay(
+            b, action_id, who, scope=scope, authorize=authorize(request),
             accept_duplicate_risk=f.get("accept_duplicate_risk") == "yes"))
 
     @pages.post("/intents/{action_id}/resolve")
-    async def resolve(request: Request, action_id: str) -> Response:
+    async def resolve(request: Request, action_id: str, scope: str | None = None) -> Response:
         async def run(b: Outbox, who: operations.Actor, f: dict[str, str]) -> object:
             try:
                 resolution = operations.Resolution(f.get("resolution", ""))
             except ValueError:
                 raise OutboxError("choose delivered, retry or dead") from None
-            return await operations.resolve(b, action_id, resolution, who, external_id=f.get("external_id") or None)
+            return await operations.resolve(b, action_id, resolution, who, scope=scope,
+                                            external_id=f.get("external_id") or None)
 
-        return await act(request, action_id, "resolve", run)
+        return await act(request, action_id, scope, "resolve", run)
 
     @pages.post("/intents/{action_id}/cancel")
-    async def cancel(request: Request, action_id: str) -> Response:
-        return await act(request, action_id, "cancel", lambda b, who, f: operations.cancel(b, action_id, who))
+    async def cancel(request: Request, action_id: str, scope: str | None = None) -> Response:
+        return await act(request, action_id, scope, "cancel",
+                         lambda b, who, f: operations.cancel(b, action_id, who, scope=scope))
 
     @pages.post("/intents/{action_id}/approve")
-    async def approve(request: Request, action_id: str) -> Response:
-        return await act(request, action_id, "approve", lambda b, who, f: operations.approve(
-            b, action_id, who, payload_digest=f.get("payload_digest", "")))
+    async def approve(request: Request, action_id: str, scope: str | None = None) -> Response:
+        return await act(request, action_id, scope, "approve", lambda b, who, f: operations.approve(
+            b, action_id, who, scope=scope, payload_digest=f.get("payload_digest", "")))
 
     @pages.post("/intents/{action_id}/reject")
-    async def reject(request: Request, action_id: str) -> Response:
-        return await act(request, action_id, "reject", lambda b, who, f: operations.reject(b, action_id, who))
+    async def reject(request: Request, action_id: str, scope: str | None = None) -> Response:
+        return await act(request, action_id, scope, "reject",
+                         lambda b, who, f: operations.reject(b, action_id, who, scope=scope))
 
     return pages
+
+
+def _intent_url(action_id: str, scope: str | None, action: str = "", **query: str) -> str:
+    """An intent's console page (or one of its actions), naming its scope: action ids are unique
+    per scope only."""
+    path = f"/console/intents/{quote(action_id, safe='')}" + (f"/{action}" if action else "")
+    params = ({"scope": scope} if scope else {}) | query
+    return path + ("?" + urlencode(params) if params else "")

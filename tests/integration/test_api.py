@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -55,7 +56,7 @@ async def test_enqueue_is_idempotent_on_action_id(api: Api):
     async with api.client(api.producer) as c:
         created = await c.post("/v1/intents", json={**INTENT, "action_id": "inv-42"})
         assert created.status_code == 201
-        assert created.headers["location"] == "/v1/intents/inv-42"
+        assert created.headers["location"] == "/v1/intents/inv-42?scope=acme"
         body = created.json()
         assert body["status"] == "pending" and body["payload"] == INTENT["payload"]
         same = await c.post("/v1/intents", json={**INTENT, "action_id": "inv-42",
@@ -63,8 +64,32 @@ async def test_enqueue_is_idempotent_on_action_id(api: Api):
         assert same.status_code == 200 and same.json()["payload_digest"] == body["payload_digest"]
         other = await c.post("/v1/intents", json={**INTENT, "action_id": "inv-42", "payload": {"invoice": 43}})
         assert_problem(other, 409, "intent-conflict", "payload_digest")
-        scope = await c.post("/v1/intents", json={**INTENT, "action_id": "inv-42", "scope": "shop"})
-        assert_problem(scope, 409, "intent-conflict", "scope")
+        other_scope = await c.post("/v1/intents", json={**INTENT, "action_id": "inv-42", "scope": "shop"})
+        assert other_scope.status_code == 201 and other_scope.json()["idempotency_key"] == "shop/inv-42"
+
+
+async def test_one_tenant_can_neither_block_nor_learn_of_another_tenants_action_ids(api: Api):
+    """Action ids are unique per scope: a tenant posting an id another tenant uses gets its own
+    intent, and no answer names or confirms the other scope."""
+    async with await Outbox.open(f"sqlite:///{api.db_path}") as box:
+        rival, _ = await box.create_token(Role.PRODUCER, ["rival"])
+    async with api.client(api.producer) as ours, api.client(rival) as theirs:
+        assert (await ours.post("/v1/intents", json={**INTENT, "action_id": "inv-7"})).status_code == 201
+        squat = await theirs.post("/v1/intents", json={**INTENT, "scope": "rival", "action_id": "inv-7",
+                                                       "payload": {"squat": True}})
+        assert squat.status_code == 201 and "acme" not in squat.text
+        again = await theirs.post("/v1/intents", json={**INTENT, "scope": "rival", "action_id": "inv-7",
+                                                       "payload": {"other": 1}})
+        assert_problem(again, 409, "intent-conflict", "in scope 'rival'")
+        assert "acme" not in again.text
+        mine = (await theirs.get("/v1/intents/inv-7")).json()
+        assert (mine["scope"], mine["payload"]) == ("rival", {"squat": True})
+        assert (await ours.get("/v1/intents/inv-7")).json()["payload"] == INTENT["payload"]
+        assert_problem(await theirs.get("/v1/intents/inv-7?scope=acme"), 404, "not-found")
+    async with api.client(api.operator) as operator:
+        both = await operator.get("/v1/intents/inv-7")
+        assert_problem(both, 409, "ambiguous-action-id", "name the scope")
+        assert (await operator.get("/v1/intents/inv-7?scope=rival")).json()["payload"] == {"squat": True}
 
 
 async def test_show_has_attempts_and_events(api: Api):
@@ -214,6 +239,14 @@ async def test_a_destination_whose_host_the_sender_would_refuse_is_refused_at_re
         (b'[1, 2]', {}, 422, "invalid-input", ""),
         (b'{"scope": "acme", "destination": "billing", "payload": {}, "not_before": "2030-01-01T00:00:00"}',
          {}, 422, "invalid-input", "not_before"),
+        (b'{"scope": "acme", "destination": "billing", "payload": {}, "action_id": "nl-1\\n"}', {}, 422,
+         "invalid-input", "action_id"),
+        (b'{"scope": "acme", "destination": "billing", "payload": ' + b"[" * 60_000, {}, 422,
+         "invalid-input", "a payload may nest 64 levels"),
+        (b'{"scope": "acme", "destination": "billing", "payload": ' + b"[" * 65 + b"]" * 65 + b"}", {}, 422,
+         "invalid-input", "deeper than 64 levels"),
+        (b'{"scope": "acme", "destination": "billing", "payload": ' + b"[" * 900 + b"]" * 900 + b"}", {}, 422,
+         "invalid-input", "a payload may nest 64 levels"),
     ],
 )
 async def test_bad_input_gets_a_problem_and_leaves_the_store_unchanged(api: Api, body, headers, status, kind, words):
@@ -223,6 +256,56 @@ async def test_bad_input_gets_a_problem_and_leaves_the_store_unchanged(api: Api,
                                 headers={"content-type": "application/json", **headers})
     assert_problem(response, status, kind, words)
     assert snapshot(api.db_path) == before
+
+
+@pytest.mark.parametrize("payload", [None, 0, "text", json.loads("[" * 64 + "]" * 64)])
+async def test_any_json_payload_up_to_the_nesting_limit_is_taken(api: Api, payload):
+    """null is JSON too (it was a 500), and 64 levels of nesting are allowed."""
+    async with api.client(api.producer) as c:
+        created = await c.post("/v1/intents", json={**INTENT, "payload": payload})
+        assert created.status_code == 201, created.text
+        assert created.json()["payload"] == payload
+        assert (await c.get(created.headers["location"])).json()["payload"] == payload
+
+
+async def test_operator_booleans_are_strict(api: Api):
+    """A 0 or "no" for dry_run used to be taken as false and ran a real bulk replay."""
+    before = snapshot(api.db_path)
+    async with api.client(api.operator) as c:
+        for value in (0, "false", "no", None):
+            refused = await c.post("/v1/replay", json={"reason": "r", "dry_run": value})
+            assert_problem(refused, 422, "invalid-input", "dry_run")
+        assert_problem(await c.post("/v1/intents/x/replay", json={"reason": "r", "accept_duplicate_risk": 1}),
+                       422, "invalid-input", "accept_duplicate_risk")
+    async with api.client(api.admin) as c:
+        loose = await c.put("/v1/destinations/d", json={"url": "https://d.example/", "secret": SECRET,
+                                                        "idempotent": "yes"})
+        assert_problem(loose, 422, "invalid-input", "idempotent")
+    assert snapshot(api.db_path) == before
+
+
+async def test_a_rotation_ends_by_dropping_the_previous_secrets(api: Api):
+    other = "whsec_" + "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="
+    async with api.client(api.admin) as c:
+        rotated = await c.put("/v1/destinations/billing", json={"url": "https://billing.example/", "secret": other})
+        assert rotated.json()["signing_secrets"] == 2
+        ended = await c.put("/v1/destinations/billing", json={"url": "https://billing.example/",
+                                                               "drop_previous_secrets": True})
+        assert ended.json()["signing_secrets"] == 1
+    async with await Outbox.open(f"sqlite:///{api.db_path}") as box:
+        assert (await box.get_destination("billing")).secrets == (other,)
+
+
+async def test_grants_name_registered_destinations_and_keep_them_from_being_deleted(api: Api):
+    before = snapshot(api.db_path)
+    async with api.client(api.admin) as c:
+        missing = await c.put("/v1/grants/g", json={"scope": "acme", "destination": "nowhere"})
+        assert_problem(missing, 422, "unknown-destination", "'nowhere' is not registered")
+        assert snapshot(api.db_path) == before
+        assert (await c.put("/v1/grants/g", json={"scope": "acme", "destination": "billing"})).status_code == 201
+        assert_problem(await c.delete("/v1/destinations/billing"), 409, "destination-in-use", "grants 'g'")
+        assert (await c.delete("/v1/grants/g")).status_code == 204
+        assert (await c.delete("/v1/destinations/billing")).status_code == 204
 
 
 async def test_malformed_ids_and_unknown_routes_are_problems(api: Api):
