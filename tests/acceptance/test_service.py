@@ -210,5 +210,5 @@ def test_demo_delivers_on_a_fresh_machine_and_tells_each_outcome(workdir: Path):
     outcome = {line.split()[0]: line.split()[1] for line in lines[lines.index("outcomes:") + 1:]}
     assert outcome == {"order-1": "delivered", "report-1": "delivered", "legacy-1": "dead",
                        "rogue-1": "revoked"}
-    assert "external id rcpt-order-1" in done.stdout
+    assert "external id rcpt-demo/order-1" in done.stdout
     assert list(workdir.iterdir()) == []  # it leaves nothing behind
