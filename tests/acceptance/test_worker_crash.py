@@ -204,8 +204,8 @@ async def test_kill_9_mid_batch_loses_nothing_and_fences_out_the_dead_worker(
         assert worker.stale_writes == 0
 
         # nothing lost: the receiver saw every key, and only a possibly-sent one twice
-        assert set(receiver.app.seen) == set(ids)
-        repeated = {key for key, n in receiver.app.seen.items() if n > 1}
+        assert set(receiver.app.seen) == {f"acme/{action_id}" for action_id in ids}
+        repeated = {key.removeprefix("acme/") for key, n in receiver.app.seen.items() if n > 1}
         assert repeated <= set(in_flight), (repeated, set(in_flight))
 
         for action_id in ids:
