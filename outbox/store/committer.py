@@ -139,6 +139,10 @@ def _isolated(conn: sqlite3.Connection, jobs: Sequence[Callable[[sqlite3.Connect
     return results
 
 
+#: Times a new connection's setup (pragmas, tables) is tried while the file is "locked".
+SETUP_TRIES = 5
+
+
 def create_private(path: Path) -> None:
     """Create the database file readable by its owner only (0600) unless it exists: it holds
     payloads and signing secrets. SQLite gives its -wal and -shm files the same mode."""
@@ -158,12 +162,20 @@ async def connect(path: Path, *, busy_timeout_ms: int, script: str = "") -> aios
     except (sqlite3.Error, OSError) as exc:
         raise StoreUnavailable(f"cannot open SQLite database {str(path)!r}: {exc}") from exc
     db.row_factory = sqlite3.Row
-    try:
-        await db.executescript(load("sqlite")["pragmas"].format(busy_timeout_ms=busy_timeout_ms) + script)
-    except sqlite3.Error as exc:
-        await db.close()
-        raise StoreUnavailable(f"cannot use SQLite database {str(path)!r}: {exc}") from exc
-    return db
+    setup = load("sqlite")["pragmas"].format(busy_timeout_ms=busy_timeout_ms) + script
+    for attempt in range(SETUP_TRIES):
+        try:
+            await db.executescript(setup)
+            return db
+        except sqlite3.Error as exc:
+            # Processes opening a new file together race to switch it to WAL, and SQLite answers
+            # that race "locked" without waiting (waiting could deadlock): the setup is idempotent.
+            if unavailable(exc) is not None and attempt + 1 < SETUP_TRIES:
+                await asyncio.sleep(0.05 * (attempt + 1))
+                continue
+            await db.close()
+            raise StoreUnavailable(f"cannot use SQLite database {str(path)!r}: {exc}") from exc
+    raise AssertionError("unreachable")
 
 
 class GroupCommitter:
