@@ -34,8 +34,9 @@ CHECKS = ",".join([
 SEED = 20261130
 HOOKS = Path(__file__).with_name("schemathesis_hooks.py")
 EXAMPLES_PER_OPERATION = 10
-#: Both runs together, wall clock.
-BUDGET_SECONDS = 45
+#: Both runs together, wall clock: a guard against a hang, not a measure of speed (they take about
+#: 20 s on two idle cores), so it is generous enough for a loaded CI machine.
+BUDGET_SECONDS = 240
 
 
 @dataclass
