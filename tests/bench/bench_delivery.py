@@ -485,9 +485,10 @@ async def build_db(db_path: Path, hook: str, n: int) -> float:
         if n > seed:
             sql = """
                 WITH RECURSIVE k(i) AS (SELECT ? UNION ALL SELECT i + 1 FROM k WHERE i < ?)
-                INSERT INTO intents (action_id, scope, destination, channel, payload, payload_digest,
+                INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest,
                                      status, max_attempts, next_attempt_at, created_at, updated_at)
-                SELECT printf('bench-%09d', k.i), t.scope, t.destination, t.channel, t.payload,
+                SELECT t.scope || printf('/bench-%09d', k.i), printf('bench-%09d', k.i), t.scope, t.destination,
+                       t.channel, t.payload,
                        t.payload_digest, 'pending', t.max_attempts, t.next_attempt_at + k.i,
                        t.created_at, t.updated_at
                 FROM k, (SELECT * FROM intents ORDER BY seq LIMIT 1) AS t
