@@ -16,25 +16,15 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from importlib.resources import files
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
 import aiosqlite
 
 from ..destinations import Destination
-from ..errors import (
-    DestinationInUse,
-    IntentConflict,
-    NotFound,
-    SchemaTooNew,
-    StaleWrite,
-    StoreUnavailable,
-    UnknownDestination,
-)
+from ..errors import NotFound, StoreUnavailable
 from ..grants import Grant, GrantSpec
 from ..model import (
-    INITIAL,
     Attempt,
     Channel,
     Enqueued,
@@ -46,12 +36,21 @@ from ..model import (
     Role,
     Status,
     Submission,
-    check_transition,
 )
 from ..tokens import TokenInfo
 from . import queries
 from .committer import GroupCommitter, SetJob, connect, on_thread, unavailable
-from .protocol import UPDATABLE, History, IntentQuery, Page
+from .migrator import Migration, run_migrations, scripts_for
+from .protocol import History, IntentQuery, Page
+from .rules import (
+    check_claim,
+    decide_destination_delete,
+    decide_existing,
+    decide_initial_status,
+    decide_target,
+    decide_update,
+    inserted_intent,
+)
 
 T = TypeVar("T")
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -66,6 +65,13 @@ def to_us(value: datetime | None) -> int | None:
         return None
     delta = value - EPOCH
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def _stored(value: Any) -> Any:
+    """A column's value as SQLite stores it: times as ``to_us``, statuses by name."""
+    if isinstance(value, datetime):
+        return to_us(value)
+    return value.value if isinstance(value, Status) else value
 
 
 @overload
@@ -196,17 +202,15 @@ def _append_event(conn: sqlite3.Connection, seq: int, event: Event) -> None:
 def _insert_intent(
     conn: sqlite3.Connection, new: NewIntent, event: Event, seen: dict[str, sqlite3.Row] | None = None
 ) -> Enqueued:
-    """The enqueue, run inside a write transaction: destination check, insert or compare.
-    ``seen`` remembers destinations across the intents of one batch."""
+    """The enqueue, run inside a write transaction: destination check, insert or compare (the
+    rules are ``rules.decide_initial_status`` and ``rules.decide_existing``). ``seen`` remembers
+    destinations across the intents of one batch."""
     found = seen.get(new.destination) if seen is not None else None
     if found is None:
         found = conn.execute(SQL["destination_for_enqueue"], (new.destination,)).fetchone()
-        if found is None:
-            raise UnknownDestination(f"destination {new.destination!r} is not registered")
-        if seen is not None:
+        if found is not None and seen is not None:
             seen[new.destination] = found
-    status = Status.HELD if found["requires_approval"] else Status.PENDING
-    assert status in INITIAL
+    status = decide_initial_status(new, None if found is None else bool(found["requires_approval"]))
     created = to_us(new.created_at)
     row = conn.execute(
         SQL["insert_intent"],
@@ -229,36 +233,8 @@ def _insert_intent(
     ).fetchone()
     if row is not None:
         _append_event(conn, row[0], event)
-        return Enqueued(_new_intent(row[0], new, Channel(found["channel"]), status), created=True)
-    # The same scope by construction (the key holds it), so naming what differs tells the caller
-    # nothing about any other tenant.
-    existing = _intent(conn.execute(SQL["intent_by_key"], (new.key,)).fetchone())
-    differences = [
-        f"{name} {theirs!r} (this request: {ours!r})"
-        for name, theirs, ours in (
-            ("destination", existing.destination, new.destination),
-            ("payload_digest", existing.payload_digest, new.payload_digest),
-        )
-        if theirs != ours
-    ]
-    if differences:
-        raise IntentConflict(
-            f"action_id {new.action_id!r} already exists in scope {new.scope!r} with " + ", ".join(differences)
-            + "; an action_id names one operation and is never reused for another"
-        )
-    return Enqueued(existing, created=False)
-
-
-def _new_intent(seq: int, new: NewIntent, channel: Channel, status: Status) -> Intent:
-    """The intent just inserted, built from what was written rather than read back."""
-    return Intent(
-        seq=seq, action_id=new.action_id, scope=new.scope, destination=new.destination,
-        channel=channel, payload_json=new.payload_json, payload_digest=new.payload_digest,
-        status=status, attempts=0, max_attempts=new.max_attempts,
-        next_attempt_at=new.next_attempt_at, not_before=new.not_before, expires_at=new.expires_at,
-        lease_owner=None, lease_expires_at=None, fence=0, created_at=new.created_at,
-        updated_at=new.created_at, last_error=None,
-    )
+        return Enqueued(inserted_intent(row[0], new, Channel(found["channel"]), status), created=True)
+    return decide_existing(_intent(conn.execute(SQL["intent_by_key"], (new.key,)).fetchone()), new)
 
 
 @functools.cache
@@ -274,7 +250,7 @@ class _IntentUpdate(SetJob):
     set: a handful of statements for the lot, whatever their number."""
 
     key: str
-    expected: str
+    expected: Status
     fence: int | None
     values: dict[str, Any]  # column -> stored value, status and updated_at included
     attempt: Attempt | None
@@ -303,12 +279,10 @@ class _IntentUpdate(SetJob):
         live: list[tuple[int, _IntentUpdate, int]] = []
         for position, seq, status, fence in json.loads(found[0]):
             i, job = jobs[position]
-            if seq is None:
-                results[i] = (False, NotFound(f"intent {job.key!r} does not exist"))
-            elif status != job.expected or (job.fence is not None and fence != job.fence):
-                results[i] = (False, StaleWrite(
-                    f"intent {job.key!r} is {status} at fence {fence}, not {job.expected}"
-                    + (f" at fence {job.fence}" if job.fence is not None else "") + "; the write was not applied"))
+            refused = decide_target(job.key, None if seq is None else (status, fence),
+                                    expected=job.expected, fence=job.fence)
+            if refused is not None:
+                results[i] = (False, refused)
             else:
                 live.append((i, job, seq))
         by_columns: dict[tuple[str, ...], list[list[Any]]] = {}
@@ -338,6 +312,33 @@ class _SqliteTransaction:
 
     async def insert_intent(self, new: NewIntent, event: Event) -> Enqueued:
         return await on_thread(self._db, _insert_intent, new, event)
+
+
+def _begin_migration(conn: sqlite3.Connection) -> None:
+    conn.execute(SQL["create_migrations_table"])
+    conn.execute("BEGIN IMMEDIATE")  # one migrator at a time, across processes
+
+
+def _run_script(conn: sqlite3.Connection, script: str) -> None:
+    for statement in _statements(script):
+        conn.execute(statement)
+
+
+class _SqliteMigration:
+    """The migration runner's view of the writer connection, inside the migration's transaction."""
+
+    def __init__(self, db: aiosqlite.Connection) -> None:
+        self._db = db
+
+    async def applied_versions(self) -> set[int]:
+        return await on_thread(self._db, lambda conn: {row[0] for row in conn.execute(SQL["applied_migrations"])})
+
+    async def run_script(self, script: str) -> None:
+        await on_thread(self._db, _run_script, script)
+
+    async def record(self, migration: Migration, at: datetime) -> None:
+        params = (migration.version, migration.name, to_us(at))
+        await on_thread(self._db, lambda conn: conn.execute(SQL["record_migration"], params) and None)
 
 
 class SqliteStore:
@@ -428,40 +429,17 @@ class SqliteStore:
     # -- schema ----------------------------------------------------------------------------
 
     async def migrate(self) -> list[str]:
-        scripts = sorted(
-            (int(item.name.split("_", 1)[0]), item.name.removesuffix(".sql"), item.read_text())
-            for item in files(__package__).joinpath("migrations/sqlite").iterdir()
-            if item.name.endswith(".sql")
-        )
-        known = max((version for version, _, _ in scripts), default=0)
-        now = to_us(datetime.now(UTC))
-
-        def run(conn: sqlite3.Connection) -> list[str]:
-            conn.execute(SQL["create_migrations_table"])
-            applied: list[str] = []
-            conn.execute("BEGIN IMMEDIATE")  # one migrator at a time, across processes
+        async with self._c.lock:  # no group commit meanwhile
+            db = self._c.db
+            await on_thread(db, _begin_migration)
             try:
-                done = {row[0] for row in conn.execute(SQL["applied_migrations"])}
-                if done and max(done) > known:
-                    raise SchemaTooNew(
-                        f"the database is at schema version {max(done)}, this release knows "
-                        f"up to {known}; upgrade outbox-delivery"
-                    )
-                for version, name, script in scripts:
-                    if version in done:
-                        continue
-                    for statement in _statements(script):
-                        conn.execute(statement)
-                    conn.execute(SQL["record_migration"], (version, name, now))
-                    applied.append(name)
-                conn.execute("COMMIT")
+                applied = await run_migrations(_SqliteMigration(db), scripts_for(self.dialect))
+                await on_thread(db, lambda conn: conn.execute("COMMIT") and None)
             except BaseException:
-                conn.execute("ROLLBACK")
+                if db.in_transaction:
+                    await on_thread(db, lambda conn: conn.execute("ROLLBACK") and None)
                 raise
             return applied
-
-        async with self._c.lock:
-            return await on_thread(self._c.db, run)
 
     async def ping(self) -> None:
         def run(conn: sqlite3.Connection) -> None:
@@ -569,21 +547,9 @@ class SqliteStore:
         attempt: Attempt | None = None,
         fetch: bool = True,
     ) -> Intent | None:
-        if status is not expected or status is not Status.LEASED:  # only a lease is updated in place
-            check_transition(expected, status)
-        if not events:
-            raise ValueError("every change to an intent appends at least one event")
-        unknown = set(changes or ()) - UPDATABLE
-        if unknown:
-            raise ValueError(f"columns {sorted(unknown)} cannot be updated")
-        values = {
-            name: to_us(value) if isinstance(value, datetime) else value
-            for name, value in (changes or {}).items()
-        }
-        values["status"] = status.value
-        values["updated_at"] = to_us(events[-1].at)
+        values = {name: _stored(value) for name, value in decide_update(expected, status, events, changes).items()}
         job = _IntentUpdate(
-            key, expected.value, fence, values, attempt,
+            key, expected, fence, values, attempt,
             [[e.kind, to_us(e.at), e.actor, e.reason, dict(e.data) if e.data else {}] for e in events], fetch,
         )
         return await self._write(job)
@@ -593,7 +559,7 @@ class SqliteStore:
     async def claim(
         self, owner: str, *, now: datetime, lease_until: datetime, limit: int
     ) -> list[Intent]:
-        check_transition(Status.PENDING, Status.LEASED)
+        check_claim()
         at, until = to_us(now), to_us(lease_until)
 
         def run(conn: sqlite3.Connection) -> list[Intent]:
@@ -748,25 +714,13 @@ class SqliteStore:
 
     async def delete_destination(self, destination_id: str) -> None:
         def run(conn: sqlite3.Connection) -> None:
-            if conn.execute(SQL["destination_by_id"], (destination_id,)).fetchone() is None:
-                raise NotFound(f"destination {destination_id!r} is not registered")
-            waiting = conn.execute(SQL["open_intents_for_destination"], (destination_id,)).fetchone()[0]
-            if waiting:
-                raise DestinationInUse(
-                    f"destination {destination_id!r} has {waiting} intent(s) still waiting; "
-                    "cancel or deliver them first"
-                )
-            if conn.execute(SQL["any_intent_for_destination"], (destination_id,)).fetchone():
-                raise DestinationInUse(
-                    f"destination {destination_id!r} is named by intents in the history; "
-                    "disable it instead (disabled: true)"
-                )
-            grants = [row[0] for row in conn.execute(SQL["grants_for_destination"], (destination_id,))]
-            if grants:
-                raise DestinationInUse(
-                    f"destination {destination_id!r} is named by grants {', '.join(map(repr, grants))}; delete them "
-                    "first, or a destination registered later under this id would inherit them"
-                )
+            decide_destination_delete(
+                destination_id,
+                exists=conn.execute(SQL["destination_by_id"], (destination_id,)).fetchone() is not None,
+                waiting=conn.execute(SQL["open_intents_for_destination"], (destination_id,)).fetchone()[0],
+                in_history=conn.execute(SQL["any_intent_for_destination"], (destination_id,)).fetchone() is not None,
+                grants=[row[0] for row in conn.execute(SQL["grants_for_destination"], (destination_id,))],
+            )
             conn.execute(SQL["delete_destination"], (destination_id,))
 
         await self._write(run)

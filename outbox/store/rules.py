@@ -1,0 +1,132 @@
+"""The store's domain rules, decided once for every dialect.
+
+A dialect reads what a rule needs inside its own transaction, asks the function here, and
+writes what it decided; it holds SQL and connection handling only. Every function is pure (no
+I/O, no clock), so a dialect may call it inside a job that already runs on a database thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..errors import DestinationInUse, IntentConflict, NotFound, StaleWrite, UnknownDestination
+from ..model import INITIAL, Channel, Enqueued, Event, Intent, NewIntent, Status, check_transition
+from .protocol import UPDATABLE
+
+# -- enqueue ----------------------------------------------------------------------------------
+
+
+def decide_initial_status(new: NewIntent, requires_approval: bool | None) -> Status:
+    """The status a new intent starts in: held if its destination requires approval, else
+    pending. ``requires_approval`` is None when the destination is not registered: raises
+    UnknownDestination."""
+    if requires_approval is None:
+        raise UnknownDestination(f"destination {new.destination!r} is not registered")
+    status = Status.HELD if requires_approval else Status.PENDING
+    assert status in INITIAL
+    return status
+
+
+def inserted_intent(seq: int, new: NewIntent, channel: Channel, status: Status) -> Intent:
+    """The intent just inserted under ``seq``, built from what was written rather than read back."""
+    return Intent(
+        seq=seq, action_id=new.action_id, scope=new.scope, destination=new.destination,
+        channel=channel, payload_json=new.payload_json, payload_digest=new.payload_digest,
+        status=status, attempts=0, max_attempts=new.max_attempts,
+        next_attempt_at=new.next_attempt_at, not_before=new.not_before, expires_at=new.expires_at,
+        lease_owner=None, lease_expires_at=None, fence=0, created_at=new.created_at,
+        updated_at=new.created_at, last_error=None,
+    )
+
+
+def decide_existing(existing: Intent, new: NewIntent) -> Enqueued:
+    """An enqueue that found its key (scope/action_id) taken: the same destination and payload
+    digest is the same operation, answered with the existing intent (not created); anything else
+    raises IntentConflict naming what differs."""
+    # The same scope by construction (the key holds it), so naming what differs tells the caller
+    # nothing about any other tenant.
+    differences = [
+        f"{name} {theirs!r} (this request: {ours!r})"
+        for name, theirs, ours in (
+            ("destination", existing.destination, new.destination),
+            ("payload_digest", existing.payload_digest, new.payload_digest),
+        )
+        if theirs != ours
+    ]
+    if differences:
+        raise IntentConflict(
+            f"action_id {new.action_id!r} already exists in scope {new.scope!r} with " + ", ".join(differences)
+            + "; an action_id names one operation and is never reused for another"
+        )
+    return Enqueued(existing, created=False)
+
+
+# -- updates ----------------------------------------------------------------------------------
+
+
+def decide_update(
+    expected: Status, status: Status, events: Sequence[Event], changes: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """Check an ``update_intent`` before anything is written, and return the columns it sets:
+    ``changes``, then ``status`` and ``updated_at`` (the last event's time), as Python values.
+
+    The move must be in TRANSITIONS, except that a leased intent may stay leased (only a lease
+    is updated in place, to record its attempt); at least one event is appended; only columns
+    in UPDATABLE change. Raises IllegalTransition, ValueError."""
+    if status is not expected or status is not Status.LEASED:  # only a lease is updated in place
+        check_transition(expected, status)
+    if not events:
+        raise ValueError("every change to an intent appends at least one event")
+    unknown = set(changes or ()) - UPDATABLE
+    if unknown:
+        raise ValueError(f"columns {sorted(unknown)} cannot be updated")
+    return {**(changes or {}), "status": status, "updated_at": events[-1].at}
+
+
+def decide_target(
+    key: str, found: tuple[str, int] | None, *, expected: Status, fence: int | None
+) -> NotFound | StaleWrite | None:
+    """Whether a conditional update may apply to the intent it found as ``(status, fence)``
+    (None: no such intent): None if it may, else the error to answer (the write is not applied).
+    Returned rather than raised, so a set of updates reports each one's refusal."""
+    if found is None:
+        return NotFound(f"intent {key!r} does not exist")
+    status, current = found
+    if status != expected.value or (fence is not None and current != fence):
+        return StaleWrite(
+            f"intent {key!r} is {status} at fence {current}, not {expected.value}"
+            + (f" at fence {fence}" if fence is not None else "") + "; the write was not applied")
+    return None
+
+
+def check_claim() -> None:
+    """A claim moves each due intent from pending to leased (bumping its fence and appending a
+    ``leased`` event); raises IllegalTransition should TRANSITIONS ever forbid that move."""
+    check_transition(Status.PENDING, Status.LEASED)
+
+
+# -- destinations -----------------------------------------------------------------------------
+
+
+def decide_destination_delete(
+    destination_id: str, *, exists: bool, waiting: int, in_history: bool, grants: Sequence[str]
+) -> None:
+    """Whether a destination may be deleted: it exists, no intent waits on it or names it in its
+    history, and no grant names it (a destination registered later under this id would inherit
+    it). Raises NotFound, DestinationInUse."""
+    if not exists:
+        raise NotFound(f"destination {destination_id!r} is not registered")
+    if waiting:
+        raise DestinationInUse(
+            f"destination {destination_id!r} has {waiting} intent(s) still waiting; cancel or deliver them first"
+        )
+    if in_history:
+        raise DestinationInUse(
+            f"destination {destination_id!r} is named by intents in the history; disable it instead (disabled: true)"
+        )
+    if grants:
+        raise DestinationInUse(
+            f"destination {destination_id!r} is named by grants {', '.join(map(repr, grants))}; delete them "
+            "first, or a destination registered later under this id would inherit them"
+        )
