@@ -1,0 +1,43 @@
+"""The backends the store conformance suite (``test_store.py``) runs against.
+
+A new backend joins by appending an async factory to STORE_FACTORIES and its dialect's caller
+SQL to CALLER_SQL; the suite's tests stay as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from outbox.store import SqliteStore, Store
+
+#: Makes a fresh, empty, unopened store; ``directory`` is a new empty directory it may use. Its
+#: ``__name__`` names the backend in test ids.
+StoreFactory = Callable[[Path], Awaitable[Store]]
+
+
+@dataclass(frozen=True, slots=True)
+class CallerSql:
+    """An application's own statements in one dialect, run through ``Store.transaction()``."""
+
+    create: str  # creates the table ``orders (id, total)``
+    insert: str  # inserts one order; two parameters: id, total
+    count: str  # counts the orders
+
+
+async def sqlite(directory: Path) -> Store:
+    return SqliteStore(directory / "conformance.db")
+
+
+#: Every backend the suite runs against.
+STORE_FACTORIES: list[StoreFactory] = [sqlite]
+
+#: The caller's SQL for each ``Store.dialect`` in STORE_FACTORIES.
+CALLER_SQL: dict[str, CallerSql] = {
+    "sqlite": CallerSql(
+        create="CREATE TABLE orders (id INTEGER PRIMARY KEY, total INTEGER NOT NULL)",
+        insert="INSERT INTO orders (id, total) VALUES (?, ?)",
+        count="SELECT count(*) FROM orders",
+    ),
+}
