@@ -24,6 +24,10 @@ from datetime import datetime
 from typing import Protocol
 
 
+class StoreUnavailable(Exception):
+    """The record store cannot be reached or used right now (locked, full, down); retry later."""
+
+
 class State(str, enum.Enum):
     """Where a key's request is."""
 

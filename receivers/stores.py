@@ -2,7 +2,7 @@
 
 Each reads the current record and writes back what ``receivers.records`` decides, atomically:
 SQLite inside a group-committed transaction (durable before the handler runs), PostgreSQL under
-``SELECT … FOR UPDATE``, memory under a lock.
+``SELECT … FOR UPDATE``, memory under a lock. A store imports its driver when it is opened.
 """
 
 from __future__ import annotations
@@ -10,19 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import sqlite3
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import aiosqlite
-
-from outbox.errors import StoreUnavailable
-from outbox.store.committer import GroupCommitter, connect, on_thread
-from outbox.store.queries import load
-from outbox.store.sqlite import from_us, to_us
-
+from ._sql import Queries
+from ._sqlite import SQLITE, GroupCommitter, from_us, to_us
 from .records import (
     ClaimResult,
     ProbeResult,
@@ -30,13 +24,20 @@ from .records import (
     Replay,
     State,
     StoredResponse,
+    StoreUnavailable,
     decide_claim,
     decide_complete,
     decide_probe,
     decide_release,
 )
 
+if TYPE_CHECKING:
+    import sqlite3
+
+    import aiosqlite
+
 T = TypeVar("T")
+_QUERIES = Queries(__package__)
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 #: Expired records a SQLite store deletes per transaction when purging.
 PURGE_BATCH = 5_000
@@ -138,7 +139,7 @@ class SqliteRecordStore:
     def __init__(self, path: str | Path, *, table: str = "idempotency_records", busy_timeout_ms: int = 5000):
         self.path = Path(path).absolute()  # where it was named, whatever the cwd at first request
         self.table = _table(table)
-        self._sql = {k: v.format(table=self.table) for k, v in load("sqlite", "receivers").items()}
+        self._sql = {k: v.format(table=self.table) for k, v in _QUERIES.load("sqlite").items()}
         self._busy_timeout_ms = busy_timeout_ms
         self._committer: GroupCommitter | None = None
         self._reader: aiosqlite.Connection | None = None
@@ -148,10 +149,10 @@ class SqliteRecordStore:
     async def open(self) -> None:
         if self._committer is not None:
             return
-        writer = await connect(self.path, busy_timeout_ms=self._busy_timeout_ms, script=self._sql["create"])
+        writer = await SQLITE.connect(self.path, busy_timeout_ms=self._busy_timeout_ms, script=self._sql["create"])
         try:
-            self._reader = await connect(self.path, busy_timeout_ms=self._busy_timeout_ms,
-                                         script="PRAGMA query_only = ON;")
+            self._reader = await SQLITE.connect(self.path, busy_timeout_ms=self._busy_timeout_ms,
+                                                script="PRAGMA query_only = ON;")
         except StoreUnavailable:
             await writer.close()
             raise
@@ -196,7 +197,7 @@ class SqliteRecordStore:
         # A duplicate of a completed request changes nothing: answer it from the reader instead
         # of queueing behind durable writes. Keys not known to be completed go straight to a write.
         if identity in self._completed and self._reader is not None:
-            result, new = await on_thread(self._reader, decide)
+            result, new = await SQLITE.on_thread(self._reader, decide)
             if new is None:
                 return result
 
@@ -250,7 +251,7 @@ class SqliteRecordStore:
     async def get(self, identity: str) -> Record | None:
         if self._committer is None:
             raise StoreUnavailable("the record store is not open")
-        return await on_thread(self._committer.db, self._read, identity)
+        return await SQLITE.on_thread(self._committer.db, self._read, identity)
 
     async def purge(self, now: datetime) -> int:
         """In batches of PURGE_BATCH, each its own transaction, so claims that arrive meanwhile
@@ -270,7 +271,7 @@ class PostgresRecordStore:
     def __init__(self, dsn: str, *, table: str = "idempotency_records", pool_size: int = 10):
         self.dsn = dsn
         self.table = _table(table)
-        self._sql = {k: v.format(table=self.table) for k, v in load("postgres", "receivers").items()}
+        self._sql = {k: v.format(table=self.table) for k, v in _QUERIES.load("postgres").items()}
         self._pool_size = pool_size
         self._pool: Any = None
 

@@ -21,6 +21,8 @@ from typing import Any, Literal, TypeVar, overload
 
 import aiosqlite
 
+from receivers._sqlite import SetJob
+
 from ..destinations import Destination
 from ..errors import NotFound, StoreUnavailable
 from ..grants import Grant, GrantSpec
@@ -38,9 +40,8 @@ from ..model import (
     Submission,
 )
 from ..tokens import TokenInfo
-from . import queries
-from .committer import GroupCommitter, SetJob, connect, on_thread, unavailable
 from .migrator import Migration, run_migrations, scripts_for
+from .plumbing import GroupCommitter, connect, on_thread, queries, unavailable
 from .protocol import History, IntentQuery, Page
 from .rules import (
     check_claim,

@@ -214,7 +214,7 @@ async def scalar(box: Any, sql: str, params: tuple[Any, ...] = ()) -> Any:
     return await box.store._read(lambda conn: conn.execute(sql, params).fetchone()[0])
 
 
-# -- 2. baseline -------------------------------------------------------------------------------
+# -- baseline -------------------------------------------------------------------------------
 
 
 @dataclass
@@ -263,7 +263,7 @@ async def baseline(receiver: Receiver, n: int) -> Load:
     return load
 
 
-# -- 3. the outbox -----------------------------------------------------------------------------
+# -- the outbox -----------------------------------------------------------------------------
 
 
 @dataclass
@@ -287,7 +287,7 @@ def commit_module() -> Any:
     used only to count commits; the count is left out if it moves)."""
     import importlib
 
-    for name in ("outbox.store.committer", "outbox.store.sqlite"):
+    for name in ("receivers._sqlite", "outbox.store.sqlite"):
         try:
             module = importlib.import_module(name)
         except ImportError:
@@ -470,7 +470,7 @@ async def outbox_delivery(workdir: Path, receiver: Receiver, n: int, *, noop: bo
                     dict(sender_log.counts), sender_log.samples, lease_lost)
 
 
-# -- 4. peak RSS in a fresh child ----------------------------------------------------------------
+# -- peak RSS in a fresh child ----------------------------------------------------------------
 
 
 async def build_db(db_path: Path, hook: str, n: int) -> float:
@@ -555,7 +555,7 @@ def measure_rss(db_path: Path, workdir: Path) -> dict[str, Any]:
     return result
 
 
-# -- 5. claim latency at 10k and 1M pending ------------------------------------------------------
+# -- claim latency at 10k and 1M pending ------------------------------------------------------
 
 
 @dataclass
@@ -567,8 +567,7 @@ class ClaimTimes:
 async def claim_latency(small: Path, big: Path, hook: str) -> tuple[ClaimTimes, ClaimTimes]:
     """CLAIMS store.claim(limit=CONCURRENCY) per database, interleaved in chunks; then the claim's
     pick and lease statements alone on a plain connection, rolled back each time (no fsync)."""
-    from outbox.store import queries
-    from outbox.store.sqlite import to_us
+    from outbox.store.sqlite import SQL, to_us
 
     times = {small: ClaimTimes(), big: ClaimTimes()}
     boxes = {path: await open_box(path, hook) for path in (small, big)}
@@ -590,7 +589,7 @@ async def claim_latency(small: Path, big: Path, hook: str) -> tuple[ClaimTimes, 
         for box in boxes.values():
             await box.close()
 
-    sql = queries.load("sqlite")
+    sql = SQL
     conns = {path: sqlite3.connect(path, isolation_level=None) for path in (small, big)}
     try:
         for _ in range(CLAIMS // CLAIM_CHUNK):

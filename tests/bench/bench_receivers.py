@@ -576,7 +576,7 @@ async def profile_pass(root: Path, n: int, top: int) -> None:
                         if line.strip() and not line.startswith(("   Ordered", "         "))))
         stream = io.StringIO()
         stats.stream = stream
-        stats.sort_stats("cumulative").print_stats(r"receivers|committer|keys|rfc8785|aiosqlite", top)
+        stats.sort_stats("cumulative").print_stats(r"receivers|keys|rfc8785|aiosqlite", top)
         print("-- same, receivers/outbox/aiosqlite functions by cumulative time --")
         print("\n".join(line for line in stream.getvalue().splitlines()
                         if line.strip() and not line.startswith(("   Ordered", "         "))))

@@ -1,4 +1,4 @@
-"""The receivers' idempotency contract (DESIGN.md section 6) through the ASGI middleware.
+"""The receivers' idempotency contract (the README's "The contract") through the ASGI middleware.
 
 A Starlette app whose handler counts its executions (the side effect) sits behind
 ``receivers.IdempotencyMiddleware``. The contract table runs through ``httpx.ASGITransport``
@@ -27,9 +27,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from outbox.errors import StoreUnavailable
 from receivers import IdempotencyMiddleware, MemoryRecordStore, PostgresRecordStore, SqliteRecordStore, State
 from receivers.keys import identity
+from receivers.records import StoreUnavailable
 
 from .conftest import Clock, Watched
 
@@ -39,7 +39,7 @@ OTHER_SECRET = "whsec_" + base64.b64encode(b"o" * 32).decode()
 
 
 def signed(key: str, body: bytes, at: float, *secrets: str, extra: dict[str, str] | None = None) -> dict[str, str]:
-    from sender.webhook import sign
+    from receivers.wire import sign
 
     stamp = int(at)
     return {**JSON, "idempotency-key": key, "webhook-id": key, "webhook-timestamp": str(stamp),

@@ -1,13 +1,6 @@
 -- The SQLite dialect. Each statement is a named block: "-- name: NAME" then a one-line purpose.
 -- {placeholders} in braces are filled from fixed fragments in Python, never from user input.
 
--- name: pragmas
--- Durable, concurrent-reader settings for every connection: an acknowledged write survives power loss.
-PRAGMA journal_mode = WAL;
-PRAGMA synchronous = FULL;
-PRAGMA foreign_keys = ON;
-PRAGMA busy_timeout = {busy_timeout_ms};
-
 -- name: create_migrations_table
 -- The record of applied migrations.
 CREATE TABLE IF NOT EXISTS schema_migrations (

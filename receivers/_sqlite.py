@@ -1,8 +1,11 @@
-"""SQLite plumbing shared by every SQLite store: durable connections, one-hop transactions, and
-group commit, where concurrent writers share a transaction and its fsync.
+"""SQLite plumbing shared by every SQLite store (the receivers' record store, the outbox's
+store): durable connections, one-hop transactions, group commit, where concurrent writers share
+a transaction and its fsync, and times kept as integer microseconds.
 
 One job's failure undoes only that job, and each writer is answered only after the commit that
-made its write durable.
+made its write durable. SQLite answering "not now" (locked, busy, full) raises the error of the
+``Sqlite`` in use: each store names its own StoreUnavailable. aiosqlite is imported when a
+connection is opened, not with this module.
 """
 
 from __future__ import annotations
@@ -11,41 +14,118 @@ import asyncio
 import os
 import sqlite3
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, overload
 
-import aiosqlite
+from .records import StoreUnavailable
 
-from ..errors import StoreUnavailable
-from .queries import load
+if TYPE_CHECKING:
+    import aiosqlite
 
 T = TypeVar("T")
 #: sqlite3 messages that mean "not now" rather than "wrong": answered 503, retried by callers.
 UNAVAILABLE = ("locked", "busy", "full", "disk i/o", "unable to open", "readonly")
+#: Durable, concurrent-reader settings for every connection: an acknowledged write survives power loss.
+PRAGMAS = """
+PRAGMA journal_mode = WAL;
+PRAGMA synchronous = FULL;
+PRAGMA foreign_keys = ON;
+PRAGMA busy_timeout = {busy_timeout_ms};
+"""
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
 
 
-def unavailable(exc: sqlite3.Error) -> StoreUnavailable | None:
-    """The StoreUnavailable an sqlite3 error stands for, if it is one of "not now"."""
-    text = str(exc).lower()
-    if isinstance(exc, sqlite3.OperationalError) and any(word in text for word in UNAVAILABLE):
-        return StoreUnavailable(f"the SQLite database is unavailable: {exc}")
-    return None
+@overload
+def to_us(value: datetime) -> int: ...
+@overload
+def to_us(value: None) -> None: ...
+def to_us(value: datetime | None) -> int | None:
+    """A time as integer microseconds since the epoch, how the SQLite stores keep time (None stays None)."""
+    return None if value is None else (value - EPOCH) // _MICROSECOND
 
 
-async def on_thread(db: aiosqlite.Connection, fn: Callable[..., T], *args: Any) -> T:
-    """Run ``fn(connection, *args)`` on the connection's own thread, as one hop.
+@overload
+def from_us(value: int) -> datetime: ...
+@overload
+def from_us(value: None) -> None: ...
+def from_us(value: int | None) -> datetime | None:
+    """The time ``to_us`` gave ``value`` for (None stays None)."""
+    return None if value is None else EPOCH + value * _MICROSECOND
 
-    aiosqlite would hop threads once per statement; a whole transaction in one hop is what lets
-    a write cost little more than its fsync. This leans on aiosqlite's worker queue, hence the
-    narrow version pin in pyproject.toml.
-    """
+
+#: Times a new connection's setup (pragmas, tables) is tried while the file is "locked".
+SETUP_TRIES = 5
+
+
+def create_private(path: Path) -> None:
+    """Create the database file readable by its owner only (0600) unless it exists: it holds
+    payloads and signing secrets. SQLite gives its -wal and -shm files the same mode."""
     try:
-        return await db._execute(fn, db._conn, *args)
-    except sqlite3.Error as exc:
-        mapped = unavailable(exc)
-        if mapped is None:
-            raise
-        raise mapped from exc
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        pass
+
+
+class Sqlite:
+    """The plumbing's entry points, raising ``error(message)`` when SQLite answers "not now"."""
+
+    def __init__(self, error: Callable[[str], Exception] = StoreUnavailable) -> None:
+        self.error = error
+
+    def unavailable(self, exc: sqlite3.Error) -> Exception | None:
+        """The error an sqlite3 error stands for, if it is one of "not now"."""
+        text = str(exc).lower()
+        if isinstance(exc, sqlite3.OperationalError) and any(word in text for word in UNAVAILABLE):
+            return self.error(f"the SQLite database is unavailable: {exc}")
+        return None
+
+    async def on_thread(self, db: aiosqlite.Connection, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(connection, *args)`` on the connection's own thread, as one hop.
+
+        aiosqlite would hop threads once per statement; a whole transaction in one hop is what lets
+        a write cost little more than its fsync. This leans on aiosqlite's worker queue, hence the
+        narrow version pin in pyproject.toml.
+        """
+        try:
+            return await db._execute(fn, db._conn, *args)
+        except sqlite3.Error as exc:
+            mapped = self.unavailable(exc)
+            if mapped is None:
+                raise
+            raise mapped from exc
+
+    async def connect(self, path: Path, *, busy_timeout_ms: int, script: str = "") -> aiosqlite.Connection:
+        """A connection with the durable pragmas (WAL, ``synchronous=FULL``), then ``script``; a new
+        database file is created 0600. Raises the "not now" error, naming the file."""
+        import aiosqlite  # the driver, only once a SQLite store is opened
+
+        try:
+            if str(path) != ":memory:":
+                create_private(Path(path))
+            db = await aiosqlite.connect(path, isolation_level=None)
+        except (sqlite3.Error, OSError) as exc:
+            raise self.error(f"cannot open SQLite database {str(path)!r}: {exc}") from exc
+        db.row_factory = sqlite3.Row
+        setup = PRAGMAS.format(busy_timeout_ms=busy_timeout_ms) + script
+        for attempt in range(SETUP_TRIES):
+            try:
+                await db.executescript(setup)
+                return db
+            except sqlite3.Error as exc:
+                # Processes opening a new file together race to switch it to WAL, and SQLite answers
+                # that race "locked" without waiting (waiting could deadlock): the setup is idempotent.
+                if self.unavailable(exc) is not None and attempt + 1 < SETUP_TRIES:
+                    await asyncio.sleep(0.05 * (attempt + 1))
+                    continue
+                await db.close()
+                raise self.error(f"cannot use SQLite database {str(path)!r}: {exc}") from exc
+        raise AssertionError("unreachable")
+
+
+#: The plumbing of the receivers' record store: "not now" is ``receivers.records.StoreUnavailable``.
+SQLITE = Sqlite()
 
 
 class SetJob:
@@ -139,47 +219,11 @@ def _isolated(conn: sqlite3.Connection, jobs: Sequence[Callable[[sqlite3.Connect
     return results
 
 
-#: Times a new connection's setup (pragmas, tables) is tried while the file is "locked".
-SETUP_TRIES = 5
-
-
-def create_private(path: Path) -> None:
-    """Create the database file readable by its owner only (0600) unless it exists: it holds
-    payloads and signing secrets. SQLite gives its -wal and -shm files the same mode."""
-    try:
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-    except FileExistsError:
-        pass
-
-
-async def connect(path: Path, *, busy_timeout_ms: int, script: str = "") -> aiosqlite.Connection:
-    """A connection with the durable pragmas (WAL, ``synchronous=FULL``), then ``script``; a new
-    database file is created 0600. Raises StoreUnavailable, naming the file."""
-    try:
-        if str(path) != ":memory:":
-            create_private(Path(path))
-        db = await aiosqlite.connect(path, isolation_level=None)
-    except (sqlite3.Error, OSError) as exc:
-        raise StoreUnavailable(f"cannot open SQLite database {str(path)!r}: {exc}") from exc
-    db.row_factory = sqlite3.Row
-    setup = load("sqlite")["pragmas"].format(busy_timeout_ms=busy_timeout_ms) + script
-    for attempt in range(SETUP_TRIES):
-        try:
-            await db.executescript(setup)
-            return db
-        except sqlite3.Error as exc:
-            # Processes opening a new file together race to switch it to WAL, and SQLite answers
-            # that race "locked" without waiting (waiting could deadlock): the setup is idempotent.
-            if unavailable(exc) is not None and attempt + 1 < SETUP_TRIES:
-                await asyncio.sleep(0.05 * (attempt + 1))
-                continue
-            await db.close()
-            raise StoreUnavailable(f"cannot use SQLite database {str(path)!r}: {exc}") from exc
-    raise AssertionError("unreachable")
-
-
 class GroupCommitter:
     """Queues write jobs for one connection and commits them in shared transactions."""
+
+    #: Whose "not now" error a failed commit raises (a store's subclass names its own).
+    sqlite: ClassVar[Sqlite] = SQLITE
 
     def __init__(self, db: aiosqlite.Connection, *, max_batch: int = 256) -> None:
         self.db = db
@@ -207,7 +251,7 @@ class GroupCommitter:
             batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
             try:
                 async with self.lock:
-                    results = await on_thread(self.db, _apply_batch, [job for job, _ in batch])
+                    results = await self.sqlite.on_thread(self.db, _apply_batch, [job for job, _ in batch])
             except BaseException as exc:  # the whole transaction failed: nobody's write landed
                 for _, future in batch:
                     if not future.done():
@@ -221,5 +265,5 @@ class GroupCommitter:
                 if ok:
                     future.set_result(value)
                 else:
-                    mapped = unavailable(value) if isinstance(value, sqlite3.Error) else None
+                    mapped = self.sqlite.unavailable(value) if isinstance(value, sqlite3.Error) else None
                     future.set_exception(mapped or value)

@@ -1,0 +1,20 @@
+"""The receivers' SQLite plumbing and named-SQL loader as the outbox's store uses them: SQLite
+answering "not now" raises the outbox's StoreUnavailable (answered 503), and the statements are
+the outbox's own, in ``outbox/store/sql/``."""
+
+from __future__ import annotations
+
+from receivers import _sqlite
+from receivers._sql import Queries
+
+from ..errors import StoreUnavailable
+
+SQLITE = _sqlite.Sqlite(StoreUnavailable)
+connect, on_thread, unavailable = SQLITE.connect, SQLITE.on_thread, SQLITE.unavailable
+queries = Queries(__package__)
+
+
+class GroupCommitter(_sqlite.GroupCommitter):
+    """Group commit whose failed commits raise the outbox's StoreUnavailable."""
+
+    sqlite = SQLITE
