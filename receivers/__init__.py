@@ -3,8 +3,8 @@
 from .asgi import IdempotencyMiddleware
 from .engine import Idempotency, IdempotencyContext
 from .records import RecordStore, State, StoredResponse
-from .signature import InvalidSignature, verify_signature
 from .stores import MemoryRecordStore, PostgresRecordStore, SqliteRecordStore
+from .wire import InvalidSignature, verify_signature
 
 __all__ = [
     "Idempotency",

@@ -1,4 +1,4 @@
-"""The receivers' idempotency contract (DESIGN.md section 6), independent of ASGI or WSGI.
+"""The receivers' idempotency contract (the README's "The contract"), independent of ASGI or WSGI.
 
 A middleware describes the request, asks ``begin`` what to do — answer at once (a problem, a
 replay, a probe's answer) or run the handler under a claim — and reports the handler's response
@@ -19,14 +19,23 @@ from datetime import UTC, datetime, timedelta
 
 from .keys import MAX_JSON_DEPTH, InvalidJsonBody, MalformedKey, fingerprint, identity, parse_key
 from .records import Busy, Claimed, Mismatch, ProbeResult, RecordStore, Replay, StaleFence, StoredResponse
-from .signature import InvalidSignature, verify_signature
+from .wire import (
+    BODY_OMITTED,
+    FENCE,
+    IDEMPOTENCY_KEY,
+    RECONCILE,
+    REPLAYED,
+    WEBHOOK_ID,
+    InvalidSignature,
+    Problem,
+    problem_type,
+    verify_signature,
+)
 
 log = logging.getLogger("receivers.idempotency")
 
-PROBE_HEADER = "outbox-reconcile"
 #: A fence is an integer from 0 to 10**18-1: it fits every store's 64-bit column.
 _FENCE = re.compile(r"[0-9]{1,18}")
-FENCE_HEADER = "outbox-fence"
 #: Never stored or replayed: credentials, cookies and hop-by-hop headers (and what the server sets).
 UNSTORED = frozenset({
     "set-cookie", "authorization", "proxy-authorization", "proxy-authenticate", "connection",
@@ -46,6 +55,7 @@ class Request:
     headers: Headers
 
     def values(self, name: str) -> list[str]:
+        name = name.lower()
         return [v for k, v in self.headers if k == name]
 
     @property
@@ -85,7 +95,7 @@ ScopeResolver = Callable[[Request], "str | Awaitable[str]"]
 
 def problem(status: int, kind: str, title: str, detail: str, **headers: str) -> Answer:
     """An RFC 9457 problem answer (never stored)."""
-    body = json.dumps({"type": f"urn:outbox:problem:{kind}", "title": title, "status": status,
+    body = json.dumps({"type": problem_type(kind), "title": title, "status": status,
                        "detail": detail}).encode()
     extra = tuple((k.replace("_", "-").lower(), v) for k, v in headers.items())
     return Answer(status, (("content-type", "application/problem+json"), *extra), body)
@@ -170,10 +180,10 @@ class Idempotency:
 
     def applies(self, request: Request) -> bool:
         """Whether the contract covers this request (a probe always is)."""
-        return request.method.upper() in self.methods or bool(request.values(PROBE_HEADER))
+        return request.method.upper() in self.methods or bool(request.values(RECONCILE))
 
     def too_large(self, declared: int) -> Answer:
-        return problem(413, "payload-too-large", "Payload too large",
+        return problem(413, Problem.PAYLOAD_TOO_LARGE, "Payload too large",
                        f"the body is {declared} bytes or more; the limit is {self.max_body_bytes}")
 
     async def begin(self, request: Request, body: bytes) -> Answer | Run | None:
@@ -184,19 +194,19 @@ class Idempotency:
         alone (key, fence, size, signature, a JSON body that cannot be fingerprinted) is a 4xx
         answered before anything is claimed, and never stored.
         """
-        if request.values(PROBE_HEADER):  # a probe never reaches the app, whatever else it carries
+        if request.values(RECONCILE):  # a probe never reaches the app, whatever else it carries
             return await self._probe(request, body)
         try:
-            key = parse_key(request.values("idempotency-key"))
+            key = parse_key(request.values(IDEMPOTENCY_KEY))
         except MalformedKey as exc:
-            return problem(400, "malformed-idempotency-key", "Malformed Idempotency-Key", str(exc))
+            return problem(400, Problem.MALFORMED_KEY, "Malformed Idempotency-Key", str(exc))
         fence = _fence(request)
         if isinstance(fence, Answer):
             return fence
         if key is None:
             if not self.required:
                 return None
-            return problem(400, "missing-idempotency-key", "Missing Idempotency-Key",
+            return problem(400, Problem.MISSING_KEY, "Missing Idempotency-Key",
                            f"{request.method} {request.path} needs an Idempotency-Key header")
         if len(body) > self.max_body_bytes:
             return self.too_large(len(body))
@@ -206,7 +216,7 @@ class Idempotency:
             fp = fingerprint(request.method, request.path, request.query, request.media_type, body,
                                  max_json_depth=self.max_json_depth)
         except InvalidJsonBody as exc:
-            return problem(400, "invalid-json-body", "Invalid JSON body",
+            return problem(400, Problem.INVALID_JSON_BODY, "Invalid JSON body",
                            f"{exc}; the same body can never be accepted, so do not retry it")
         if (unavailable := await self._open()) is not None:
             return unavailable
@@ -223,20 +233,20 @@ class Idempotency:
             return Run(ident, IdempotencyContext(scope, key, found.epoch))
         if isinstance(found, Replay):
             stored = found.response
-            headers = (*stored.headers, ("idempotent-replayed", "true"))
+            headers = (*stored.headers, (REPLAYED.lower(), "true"))
             if stored.body is None:
-                headers = (*headers, ("idempotent-body-omitted", "true"))
+                headers = (*headers, (BODY_OMITTED.lower(), "true"))
             return Answer(stored.status, headers, stored.body or b"")
         if isinstance(found, Mismatch):
-            return problem(422, "idempotency-key-reused", "Idempotency-Key reused",
+            return problem(422, Problem.KEY_REUSED, "Idempotency-Key reused",
                            "this Idempotency-Key was used for a different request (method, route, "
                            "query, media type or body); use a new key for a new request")
         if isinstance(found, Busy):
-            return problem(409, "request-in-progress", "Request in progress",
+            return problem(409, Problem.IN_PROGRESS, "Request in progress",
                            "a request with this Idempotency-Key is still being processed; retry later",
                            retry_after=str(int(found.retry_after)))
         assert isinstance(found, StaleFence)
-        return problem(409, "stale-fence", "Stale fence",
+        return problem(409, Problem.STALE_FENCE, "Stale fence",
                        f"Outbox-Fence {fence} is lower than {found.min_fence}, already seen for this key; "
                        "a newer attempt superseded this one")
 
@@ -253,33 +263,33 @@ class Idempotency:
         another's records. Without secrets nothing could prove that, so the probe is refused.
         """
         if request.method.upper() != "POST":
-            return problem(405, "method-not-allowed", "Method not allowed",
+            return problem(405, Problem.METHOD_NOT_ALLOWED, "Method not allowed",
                            f"a reconcile probe (Outbox-Reconcile) must be a POST, not {request.method}",
                            allow="POST")
         if self.secrets is None:
-            return problem(403, "probe-disabled", "Reconcile probe disabled",
+            return problem(403, Problem.PROBE_DISABLED, "Reconcile probe disabled",
                            "this receiver checks no webhook signatures, so it answers no reconcile probe "
                            "(an unsigned probe could read or fence any key); configure the middleware "
                            "with secrets= (the destination's whsec_ secrets) to turn the probe on")
         try:
-            key = parse_key(request.values("idempotency-key"))
+            key = parse_key(request.values(IDEMPOTENCY_KEY))
         except MalformedKey as exc:
-            return problem(400, "malformed-idempotency-key", "Malformed Idempotency-Key", str(exc))
+            return problem(400, Problem.MALFORMED_KEY, "Malformed Idempotency-Key", str(exc))
         if key is None:
-            return problem(400, "missing-idempotency-key", "Missing Idempotency-Key",
+            return problem(400, Problem.MISSING_KEY, "Missing Idempotency-Key",
                            "a reconcile probe must name its key in an Idempotency-Key header")
         fence = _fence(request)
         if isinstance(fence, Answer):
             return fence
         if fence is None:
-            return problem(400, "missing-fence", "Missing Outbox-Fence",
+            return problem(400, Problem.MISSING_FENCE, "Missing Outbox-Fence",
                            "a reconcile probe must carry the sender's new Outbox-Fence")
         if len(body) > self.max_body_bytes:
             return self.too_large(len(body))
         if (forged := self._check_signature(request, body)) is not None:
             return forged
         if (unbound := _unbound_probe(request, body, key, fence)) is not None:
-            return problem(400, "invalid-probe", "Invalid reconcile probe",
+            return problem(400, Problem.INVALID_PROBE, "Invalid reconcile probe",
                            f"{unbound}; a probe's signed body is {{\"key\": <Idempotency-Key>, \"fence\": "
                            "<Outbox-Fence>}, with webhook-id the same key")
         if (unavailable := await self._open()) is not None:
@@ -301,7 +311,7 @@ class Idempotency:
             verify_signature(self.secrets, dict(request.headers), body,
                              tolerance_seconds=self.signature_tolerance_seconds, now=self.clock().timestamp())
         except InvalidSignature as exc:
-            return problem(401, "invalid-signature", "Invalid signature", str(exc))
+            return problem(401, Problem.INVALID_SIGNATURE, "Invalid signature", str(exc))
         return None
 
     async def _open(self) -> Answer | None:
@@ -344,11 +354,11 @@ class Idempotency:
 
 def _fence(request: Request) -> int | Answer | None:
     """The request's Outbox-Fence (None when absent), or the 400 for a malformed one."""
-    values = request.values(FENCE_HEADER)
+    values = request.values(FENCE)
     if not values:
         return None
     if len(values) > 1 or not _FENCE.fullmatch(values[0].strip()):
-        return problem(400, "malformed-fence", "Malformed Outbox-Fence",
+        return problem(400, Problem.MALFORMED_FENCE, "Malformed Outbox-Fence",
                        "Outbox-Fence must be one integer from 0 to 10**18-1")
     return int(values[0].strip())
 
@@ -363,7 +373,7 @@ def _unbound_probe(request: Request, body: bytes, key: str, fence: int) -> str |
         return 'the body is not a JSON object with a string "key" and an integer "fence"'
     if asked["key"] != key:
         return "the body's key is not the Idempotency-Key"
-    if dict(request.headers).get("webhook-id") != key:
+    if dict(request.headers).get(WEBHOOK_ID) != key:
         return "webhook-id is not the Idempotency-Key"
     if asked["fence"] != fence:
         return "the body's fence is not the Outbox-Fence"
@@ -371,7 +381,7 @@ def _unbound_probe(request: Request, body: bytes, key: str, fence: int) -> str |
 
 
 def _unavailable() -> Answer:
-    return problem(503, "store-unavailable", "Idempotency store unavailable",
+    return problem(503, Problem.STORE_UNAVAILABLE, "Idempotency store unavailable",
                    "the idempotency record store cannot be reached; the request was not run",
                    retry_after="1")
 

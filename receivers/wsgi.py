@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from .engine import Answer, Idempotency, Request, Run, problem
 from .records import RecordStore
+from .wire import Problem
 
 T = TypeVar("T")
 StartResponse = Callable[..., Any]
@@ -60,7 +61,7 @@ class IdempotencyMiddleware:
             return self.app(environ, start_response)
         declared = (environ.get("CONTENT_LENGTH") or "0").strip()
         if not (declared.isascii() and declared.isdigit()):
-            return _answer(start_response, problem(400, "malformed-content-length", "Malformed Content-Length",
+            return _answer(start_response, problem(400, Problem.MALFORMED_CONTENT_LENGTH, "Malformed Content-Length",
                                                    "Content-Length must be a non-negative integer"))
         length = int(declared)
         if length > self.idempotency.max_body_bytes:

@@ -16,8 +16,8 @@ from aiohttp import web
 from outbox import DestinationSpec, Outbox, Settings
 from outbox.destinations import new_secret
 from outbox.grants import GrantSpec
+from receivers.wire import sign
 
-from .webhook import sign
 from .worker import Worker
 
 

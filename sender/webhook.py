@@ -8,7 +8,6 @@ HTTP client, not the receiver, the limit of delivery.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import re
 import socket
@@ -23,7 +22,7 @@ from yarl import URL
 
 from outbox import Destination, Intent, Outcome, Submission, hosts
 from outbox.clock import Clock, SystemClock
-from outbox.signing import signature
+from receivers import wire
 
 from .channel import REPLY_BYTES, ProbeAnswer, SendResult
 
@@ -31,7 +30,7 @@ USER_AGENT = "outbox-delivery/0.1"
 #: Prepared destinations kept (a destination's new URL or timeout is a new entry).
 MAX_TARGETS = 1024
 #: Response headers kept with an attempt (never cookies or credentials).
-KEPT_HEADERS = ("content-type", "retry-after", "external-id", "idempotent-replayed", "location")
+KEPT_HEADERS = ("content-type", "retry-after", wire.EXTERNAL_ID.lower(), wire.REPLAYED.lower(), "location")
 #: What aiohttp refuses in a header name or value (RFC 9110 5.5: controls other than HTAB). It
 #: raises ValueError once the connection is already taken, so such a request is refused first.
 FORBIDDEN_IN_HEADERS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
@@ -79,19 +78,9 @@ def guarded_socket(addr_info: tuple[Any, ...]) -> socket.socket:
     return socket.socket(family, kind, proto)
 
 
-def sign(secrets: tuple[str, ...], msg_id: str, timestamp: int, body: bytes) -> str:
-    """The Standard Webhooks ``webhook-signature`` value: one ``v1,<signature>`` per secret
-    (several during a rotation), space-separated."""
-    return " ".join("v1," + signature(secret, msg_id, timestamp, body) for secret in secrets)
-
-
-def content_digest(body: bytes) -> str:
-    """RFC 9530 ``Content-Digest`` for a body."""
-    return "sha-256=:" + base64.b64encode(hashlib.sha256(body).digest()).decode() + ":"
-
-
 def classify_status(status: int) -> Outcome:
-    """What a receiver's status code means for the intent (DESIGN.md section 5)."""
+    """What a receiver's status code means for the intent, as the README's "What a webhook
+    receiver gets" tells receivers."""
     if 200 <= status < 300:
         return Outcome.DELIVERED
     if status in (408, 409, 429) or status >= 500:
@@ -115,8 +104,8 @@ def retry_after_seconds(value: str | None, now: float) -> float | None:
 
 
 def _external_id(headers: dict[str, str], body: bytes) -> str | None:
-    if headers.get("external-id"):
-        return headers["external-id"][:255]
+    if found := headers.get(wire.EXTERNAL_ID.lower()):
+        return found[:255]
     if b"external_id" not in body:
         return None
     try:
@@ -180,9 +169,9 @@ class WebhookChannel:
         body = intent.payload_json.encode()
         now = self._clock.now().timestamp()
         headers = self._signed(intent.key, destination, body, int(now))
-        headers["Content-Digest"] = content_digest(body)
-        headers["Outbox-Attempt-Id"] = attempt_id
-        headers["Outbox-Fence"] = str(fence)
+        headers[wire.CONTENT_DIGEST] = wire.content_digest(body)
+        headers[wire.ATTEMPT_ID] = attempt_id
+        headers[wire.FENCE] = str(fence)
         if unsendable := _unsendable(headers):
             return SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, error=unsendable)
         session = self._session(destination.allow_private_network)
@@ -230,7 +219,7 @@ class WebhookChannel:
         key = intent.key  # the Idempotency-Key the deliveries carry
         body = json.dumps({"key": key, "fence": fence}).encode()
         headers = {**self._signed(key, destination, body, int(self._clock.now().timestamp())),
-                   "Outbox-Reconcile": "probe", "Outbox-Fence": str(fence)}
+                   wire.RECONCILE: wire.PROBE, wire.FENCE: str(fence)}
         session = self._session(destination.allow_private_network)
         target = self._target(destination)
         if refused := target.refusal or _unsendable(headers):  # as a send would be
@@ -267,10 +256,10 @@ class WebhookChannel:
     def _signed(self, msg_id: str, destination: Destination, body: bytes, timestamp: int) -> dict[str, str]:
         return {
             "Content-Type": "application/json",
-            "Idempotency-Key": msg_id,
-            "webhook-id": msg_id,
-            "webhook-timestamp": str(timestamp),
-            "webhook-signature": sign(destination.secrets, msg_id, timestamp, body),
+            wire.IDEMPOTENCY_KEY: msg_id,
+            wire.WEBHOOK_ID: msg_id,
+            wire.WEBHOOK_TIMESTAMP: str(timestamp),
+            wire.WEBHOOK_SIGNATURE: wire.sign(destination.secrets, msg_id, timestamp, body),
         }
 
     async def aclose(self) -> None:

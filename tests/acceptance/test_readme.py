@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from receivers import IdempotencyMiddleware
-from sender.webhook import sign
+from receivers.wire import sign
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 
 from receivers import IdempotencyMiddleware, MemoryRecordStore, SqliteRecordStore
 from receivers.keys import MalformedKey, identity, json_depth_exceeds, parse_key
+from receivers.wire import sign
 from receivers.wsgi import IdempotencyMiddleware as WsgiIdempotencyMiddleware
-from sender.webhook import sign
 
 from .conftest import T0, Clock
 

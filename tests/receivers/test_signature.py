@@ -10,7 +10,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from receivers import InvalidSignature, verify_signature
-from sender.webhook import sign
+from receivers.wire import sign
 
 OLD = "whsec_" + base64.b64encode(bytes(range(32))).decode()
 NEW = "whsec_" + base64.b64encode(bytes(range(100, 132))).decode()

@@ -30,7 +30,7 @@ SECRET = "whsec_" + base64.b64encode(b"w" * 32).decode()
 
 
 def signature_headers(key: str, body: bytes, at: float, secret: str = SECRET) -> dict[str, str]:
-    from sender.webhook import sign
+    from receivers.wire import sign
 
     stamp = int(at)
     return {"webhook-id": key, "webhook-timestamp": str(stamp), "webhook-signature": sign((secret,), key, stamp, body)}

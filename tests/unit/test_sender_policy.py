@@ -10,8 +10,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from outbox import Channel, Destination, Intent, OnUnknown, Outcome, Status, Submission
+from receivers.wire import content_digest, sign
 from sender import Backoff, Policy, SendResult, decide
-from sender.webhook import classify_status, content_digest, retry_after_seconds, sign
+from sender.webhook import classify_status, retry_after_seconds
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 DEST = Destination("hook", Channel.WEBHOOK, "https://h.example/", ("whsec_" + "A" * 44,), True, 3600,
