@@ -178,7 +178,7 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             f"<td>{escape(a.external_id or '')}</td><td>{a.duration_ms or ''}</td><td>{escape(a.error or '')}</td>"
             f"<td><code>{escape((a.reply or '')[:300])}</code></td></tr>" for a in history.attempts)
         events = "".join(
-            f"<tr><td>{escape(iso(e.at) or '')}</td><td>{escape(e.kind)}</td><td>{escape(e.actor)}</td>"
+            f"<tr><td>{escape(iso(e.at) or '')}</td><td>{escape(e.kind.value)}</td><td>{escape(e.actor)}</td>"
             f"<td>{escape(e.reason or '')}</td><td><code>{escape(json.dumps(dict(e.data)) if e.data else '')}</code>"
             f"</td></tr>"
             for e in history.events)

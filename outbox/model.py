@@ -18,46 +18,65 @@ from .ids import intent_key
 
 
 class Status(str, enum.Enum):
-    """Where an intent is in its lifecycle (DESIGN.md section 3)."""
+    """Where an intent is in its lifecycle: what each status means is ``MEANING``, the moves
+    between them ``MOVES`` (the README's "Intent lifecycle" is generated from both)."""
 
-    PENDING = "pending"  # waiting for next_attempt_at; a worker leases it
-    LEASED = "leased"  # a worker holds it under lease_owner / lease_expires_at / fence
-    HELD = "held"  # waits for an operator to approve this exact payload digest
-    DELIVERED = "delivered"  # the receiver acknowledged the effect (terminal)
-    UNKNOWN = "unknown"  # an attempt may have taken effect; nobody may retry blindly
-    REVOKED = "revoked"  # authority was denied at send time; nothing was sent
-    DEAD = "dead"  # dead-lettered: exhausted, rejected, conflicting or expired
-    CANCELLED = "cancelled"  # withdrawn by an operator before delivery (terminal)
+    PENDING = "pending"
+    LEASED = "leased"
+    HELD = "held"
+    DELIVERED = "delivered"
+    UNKNOWN = "unknown"
+    REVOKED = "revoked"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
 
 
-#: The statuses an intent may be created in.
+#: What each status means.
+MEANING: Mapping[Status, str] = {
+    Status.PENDING: "waiting for `next_attempt_at`, when a worker leases it",
+    Status.LEASED: "a worker holds it (`lease_owner`, `lease_expires_at`, `fence`)",
+    Status.HELD: "waits for an operator's approval of this exact payload digest",
+    Status.DELIVERED: "the receiver acknowledged the effect",
+    Status.UNKNOWN: "an attempt may have taken effect; nobody may retry it blindly",
+    Status.REVOKED: "authority was denied at send time; nothing was sent",
+    Status.DEAD: "dead-lettered: rejected, conflicting, out of attempts or expired",
+    Status.CANCELLED: "withdrawn by an operator before delivery",
+}
+
+#: The statuses an intent may be created in (``held`` when its destination requires approval).
 INITIAL: frozenset[Status] = frozenset({Status.PENDING, Status.HELD})
 
+_UNUSED = "allowed, though nothing makes this move today"
+
 #: Every legal status change, and who makes it. Nothing else may move an intent.
+MOVES: Mapping[tuple[Status, Status], str] = {
+    (Status.PENDING, Status.LEASED): "a worker's claim",
+    (Status.PENDING, Status.CANCELLED): "an operator's cancel",
+    (Status.PENDING, Status.DEAD): _UNUSED,
+    (Status.LEASED, Status.DELIVERED): "the worker, on the receiver's acknowledgement; the worker or the sweeper, "
+                                       "when a reconcile probe finds it completed",
+    (Status.LEASED, Status.PENDING): "the worker, retrying after backoff or giving the lease back unsent; the "
+                                     "sweeper, after the lease expired",
+    (Status.LEASED, Status.UNKNOWN): "the worker or the sweeper, when an attempt may have taken effect and no "
+                                     "blind retry is allowed",
+    (Status.LEASED, Status.REVOKED): "the worker, when authority is denied right before the send",
+    (Status.LEASED, Status.DEAD): "the worker: rejected, conflicting, out of attempts or expired",
+    (Status.LEASED, Status.HELD): "the worker, when the destination requires approval and no live approval "
+                                  "covers this payload",
+    (Status.HELD, Status.PENDING): "an operator's approval",
+    (Status.HELD, Status.DEAD): _UNUSED,
+    (Status.HELD, Status.CANCELLED): "an operator's reject or cancel",
+    (Status.UNKNOWN, Status.DELIVERED): "an operator's resolve as delivered",
+    (Status.UNKNOWN, Status.PENDING): "an operator's resolve as retry, or a replay",
+    (Status.UNKNOWN, Status.DEAD): "an operator's resolve as dead",
+    (Status.REVOKED, Status.PENDING): "an operator's replay (after a fresh authority check)",
+    (Status.REVOKED, Status.CANCELLED): "an operator's cancel",
+    (Status.DEAD, Status.PENDING): "an operator's replay",
+}
+
+#: The statuses each status may move to: ``MOVES`` without the who.
 TRANSITIONS: Mapping[Status, frozenset[Status]] = {
-    # a worker leases it; an operator cancels it; the sweeper dead-letters it once expired
-    Status.PENDING: frozenset({Status.LEASED, Status.CANCELLED, Status.DEAD}),
-    # the worker records the outcome, or the sweeper recovers an expired lease
-    Status.LEASED: frozenset(
-        {
-            Status.DELIVERED,
-            Status.PENDING,
-            Status.UNKNOWN,
-            Status.REVOKED,
-            Status.DEAD,
-            Status.HELD,
-        }
-    ),
-    # an operator approves, rejects or cancels
-    Status.HELD: frozenset({Status.PENDING, Status.DEAD, Status.CANCELLED}),
-    # reconcile or an operator's resolve: delivered, retry or dead
-    Status.UNKNOWN: frozenset({Status.DELIVERED, Status.PENDING, Status.DEAD}),
-    # an operator replays after a re-grant
-    Status.REVOKED: frozenset({Status.PENDING, Status.CANCELLED}),
-    # an operator replays
-    Status.DEAD: frozenset({Status.PENDING}),
-    Status.DELIVERED: frozenset(),
-    Status.CANCELLED: frozenset(),
+    status: frozenset(new for old, new in MOVES if old is status) for status in Status
 }
 
 TERMINAL: frozenset[Status] = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
@@ -73,6 +92,26 @@ def check_transition(current: Status, new: Status) -> None:
     """Raise IllegalTransition unless ``current -> new`` is in TRANSITIONS."""
     if new not in TRANSITIONS[current]:
         raise IllegalTransition(f"an intent cannot go from {current.value!r} to {new.value!r}")
+
+
+def lifecycle_table() -> str:
+    """The README's "Intent lifecycle" section (below its heading), rendered from ``MEANING``,
+    ``INITIAL``, ``TERMINAL`` and ``MOVES``: paste it there when they change."""
+
+    def code(status: Status) -> str:
+        return f"`{status.value}`"
+
+    lines = ["<!-- generated by outbox.model.lifecycle_table(): edit MEANING and MOVES there, not here -->", "",
+             "| status | meaning |", "|---|---|"]
+    lines += [f"| {code(s)} | {MEANING[s]}{' (terminal)' if s in TERMINAL else ''} |" for s in Status]
+    lines += ["", f"An intent starts {' or '.join(code(s) for s in Status if s in INITIAL)}. "
+              "The moves it may make, and who makes each:", "",
+              "| from | to | who |", "|---|---|---|"]
+    lines += [f"| {code(old)} | {code(new)} | {MOVES[old, new]} |"
+              for old in Status for new in Status if new in TRANSITIONS[old]]
+    lines += ["", "They are one table, `outbox.model.TRANSITIONS`; any other status change is an",
+              "`IllegalTransition` error and writes nothing."]
+    return "\n".join(lines) + "\n"
 
 
 class Submission(str, enum.Enum):
@@ -194,15 +233,44 @@ class Attempt:
     duration_ms: float | None
 
 
+class EventKind(str, enum.Enum):
+    """What an entry of an intent's history records; stores keep the plain value."""
+
+    ENQUEUED = "enqueued"  # the library's enqueue, when it creates the intent
+    LEASED = "leased"  # the store's claim (its SQL writes the value), when a worker leases the intent
+    HELD = "held"  # the worker, when the destination requires approval and no live approval covers it
+    AUTHORITY_CHECKED = "authority_checked"  # the worker, when authority denies the send or cannot answer
+    ATTEMPT_STARTED = "attempt_started"  # the worker, durably before it sends
+    ATTEMPT_FINISHED = "attempt_finished"  # the worker, with what its attempt came back with, or was cut short by
+    RECONCILED = "reconciled"  # the worker or the sweeper, with the receiver's answer to the reconcile probe
+    DELIVERED = "delivered"  # the worker or the sweeper, when the receiver has the effect (its Fate)
+    SCHEDULED_RETRY = "scheduled_retry"  # the worker or the sweeper, when another attempt is due later (its Fate)
+    DEAD_LETTERED = "dead_lettered"  # the worker, when the intent is rejected, conflicting, exhausted or expired
+    UNKNOWN = "unknown"  # the worker or the sweeper, when an attempt may have taken effect and no retry is allowed
+    REVOKED = "revoked"  # the worker, when authority denies the send (after authority_checked)
+    RELEASED = "released"  # the worker, when it gives a lease back before any attempt started
+    LEASE_EXPIRED = "lease_expired"  # the sweeper, when it recovers an intent whose lease expired
+    REPLAYED = "replayed"  # an operator's replay of a dead, revoked or unknown intent
+    RESOLVED = "resolved"  # an operator's resolve of an unknown intent
+    CANCELLED = "cancelled"  # an operator's cancel
+    APPROVED = "approved"  # an operator's approval of a held intent's payload digest
+    REJECTED = "rejected"  # an operator's rejection of a held intent
+
+
 @dataclass(frozen=True, slots=True)
 class Event:
-    """One entry of an intent's append-only history."""
+    """One entry of an intent's append-only history. A store reads ``kind`` back as its plain
+    string value; it becomes the EventKind here (an unknown value raises ValueError)."""
 
-    kind: str
+    kind: EventKind
     at: datetime
     actor: str
     reason: str | None = None
     data: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if type(self.kind) is not EventKind:
+            object.__setattr__(self, "kind", EventKind(self.kind))
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 
 from .errors import AuthorityDenied, DuplicateRisk, IllegalTransition, InvalidInput, OutboxError
-from .model import Event, Intent, Status, Submission
+from .model import Event, EventKind, Intent, Status, Submission
 from .outbox import Outbox
 from .store import IntentQuery
 
@@ -77,7 +77,7 @@ async def replay(
         intent.key, expected=intent.status, status=Status.PENDING,
         changes={"next_attempt_at": now, "max_attempts": intent.attempts + box.settings.default_max_attempts,
                  "last_error": None},
-        events=[Event("replayed", now, actor.name, actor.reason,
+        events=[Event(EventKind.REPLAYED, now, actor.name, actor.reason,
                       {"from": intent.status.value, "accept_duplicate_risk": accept_duplicate_risk})],
     )
     box.enqueued.notify()
@@ -100,7 +100,7 @@ async def resolve(
         changes = {"next_attempt_at": now, "max_attempts": intent.attempts + box.settings.default_max_attempts}
     resolved = await box.store.update_intent(
         intent.key, expected=Status.UNKNOWN, status=status, changes=changes,
-        events=[Event("resolved", now, actor.name, actor.reason,
+        events=[Event(EventKind.RESOLVED, now, actor.name, actor.reason,
                       {"resolution": resolution.value, "external_id": external_id})],
     )
     (box.enqueued if status is Status.PENDING else box.settled).notify()
@@ -114,7 +114,7 @@ async def cancel(box: Outbox, action_id: str, actor: Actor, *, scope: str | None
         raise IllegalTransition(f"{action_id!r} is being sent right now; cancel it after this attempt")
     cancelled = await box.store.update_intent(
         intent.key, expected=intent.status, status=Status.CANCELLED,
-        events=[Event("cancelled", box.clock.now(), actor.name, actor.reason, {"from": intent.status.value})],
+        events=[Event(EventKind.CANCELLED, box.clock.now(), actor.name, actor.reason, {"from": intent.status.value})],
     )
     box.settled.notify()
     return cancelled
@@ -140,7 +140,7 @@ async def approve(
         intent.key, expected=Status.HELD, status=Status.PENDING,
         changes={"approved_digest": payload_digest, "approval_expires_at": until, "approved_by": actor.name,
                  "next_attempt_at": now},
-        events=[Event("approved", now, actor.name, actor.reason,
+        events=[Event(EventKind.APPROVED, now, actor.name, actor.reason,
                       {"payload_digest": payload_digest, "expires_at": until.isoformat()})],
     )
     box.enqueued.notify()
@@ -154,7 +154,7 @@ async def reject(box: Outbox, action_id: str, actor: Actor, *, scope: str | None
         raise IllegalTransition(f"only held intents can be rejected; {action_id!r} is {intent.status.value}")
     rejected = await box.store.update_intent(
         intent.key, expected=Status.HELD, status=Status.CANCELLED,
-        events=[Event("rejected", box.clock.now(), actor.name, actor.reason)],
+        events=[Event(EventKind.REJECTED, box.clock.now(), actor.name, actor.reason)],
     )
     box.settled.notify()
     return rejected

@@ -24,7 +24,7 @@ from .errors import AmbiguousActionId, InvalidInput, NotFound, PayloadTooLarge, 
 from .grants import Grant, GrantSpec
 from .ids import ACTION_ID, DESTINATION_ID, MAX_KEY_LENGTH, SCOPE, TOKEN_LABEL, check, intent_key, uuid7
 from .metrics import Metrics
-from .model import SETTLED, Channel, Enqueued, Event, Intent, NewIntent, Role
+from .model import SETTLED, Channel, Enqueued, Event, EventKind, Intent, NewIntent, Role
 from .settings import Settings
 from .signals import Signal
 from .store import History, IntentQuery, Page, Store, Transaction, store_for_url
@@ -130,7 +130,7 @@ class Outbox:
             expires_at=expires_at,
             created_at=now,
         )
-        return new, Event(kind="enqueued", at=now, actor=actor)
+        return new, Event(kind=EventKind.ENQUEUED, at=now, actor=actor)
 
     async def enqueue(self, **intent: Any) -> Enqueued:
         """Record an intent durably; returns once it survives power loss.
@@ -432,7 +432,7 @@ def history_json(history: History) -> dict[str, Any]:
             for a in history.attempts
         ],
         "events": [
-            {"kind": e.kind, "at": iso(e.at), "actor": e.actor, "reason": e.reason, "data": dict(e.data)}
+            {"kind": e.kind.value, "at": iso(e.at), "actor": e.actor, "reason": e.reason, "data": dict(e.data)}
             for e in history.events
         ],
     }

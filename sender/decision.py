@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from outbox import Destination, Intent, OnUnknown, Outcome, Status
+from outbox import Destination, EventKind, Intent, OnUnknown, Outcome, Status
 
 from .backoff import Backoff
 from .channel import SendResult
@@ -16,7 +16,7 @@ class Fate:
     """The intent's next status, when it is next due (if pending), and the event that says why."""
 
     status: Status
-    event: str  # delivered | scheduled_retry | dead_lettered | unknown
+    event: EventKind  # delivered, scheduled_retry, dead_lettered, unknown or revoked
     reason: str
     next_attempt_at: datetime | None = None
 
@@ -42,15 +42,15 @@ def decide(
 ) -> Fate:
     """Decide the intent's fate after attempt number ``attempts_made``."""
     if result.outcome is Outcome.DELIVERED:
-        return Fate(Status.DELIVERED, "delivered", f"receiver answered {result.status_code}")
+        return Fate(Status.DELIVERED, EventKind.DELIVERED, f"receiver answered {result.status_code}")
     if result.outcome in (Outcome.REJECTED, Outcome.CONFLICT):
-        return Fate(Status.DEAD, "dead_lettered", f"{result.outcome.value}: {result.error}")
+        return Fate(Status.DEAD, EventKind.DEAD_LETTERED, f"{result.outcome.value}: {result.error}")
     if result.outcome is Outcome.DENIED:
-        return Fate(Status.REVOKED, "revoked", result.error or "authority denied")
+        return Fate(Status.REVOKED, EventKind.REVOKED, result.error or "authority denied")
     if result.outcome is Outcome.UNKNOWN:
         reason = _unknown_blocks_retry(destination, first_submission_at, now, policy)
         if reason:
-            return Fate(Status.UNKNOWN, "unknown", f"{result.error}; {reason}")
+            return Fate(Status.UNKNOWN, EventKind.UNKNOWN, f"{result.error}; {reason}")
     return _retry(intent, destination, result, attempts_made, first_submission_at, now, policy)
 
 
@@ -71,16 +71,17 @@ def _retry(
         why_not = f"expires at {intent.expires_at.isoformat()} before the next attempt"
     if why_not and result.outcome is Outcome.UNKNOWN:
         # The last attempt may have taken effect: that is not a dead letter's "not delivered".
-        return Fate(Status.UNKNOWN, "unknown", f"{why_not}; the last attempt may have taken effect: {result.error}")
+        return Fate(Status.UNKNOWN, EventKind.UNKNOWN,
+                    f"{why_not}; the last attempt may have taken effect: {result.error}")
     if why_not:
-        return Fate(Status.DEAD, "dead_lettered", f"{why_not}; last: {result.error}")
+        return Fate(Status.DEAD, EventKind.DEAD_LETTERED, f"{why_not}; last: {result.error}")
     if (result.outcome is Outcome.UNKNOWN and destination.on_unknown is OnUnknown.DECLARED
             and first_submission_at is not None
             and due >= _retention_end(destination, first_submission_at, policy)):
-        return Fate(Status.UNKNOWN, "unknown",
+        return Fate(Status.UNKNOWN, EventKind.UNKNOWN,
                        f"{result.error}; the next attempt would fall outside the receiver's "
                        f"declared retention of {destination.retention_seconds}s")
-    return Fate(Status.PENDING, "scheduled_retry", f"{result.outcome.value}: {result.error}", due)
+    return Fate(Status.PENDING, EventKind.SCHEDULED_RETRY, f"{result.outcome.value}: {result.error}", due)
 
 
 def _retention_end(destination: Destination, first: datetime, policy: Policy) -> datetime:

@@ -22,6 +22,7 @@ from outbox import (
     Attempt,
     Destination,
     Event,
+    EventKind,
     Intent,
     Outbox,
     Outcome,
@@ -272,7 +273,7 @@ class Worker:
                 await self.store.update_intent(
                     intent.key, fetch=False, expected=Status.LEASED, status=Status.LEASED,
                     fence=intent.fence, changes={"attempts": attempt.number}, attempt=attempt,
-                    events=[Event("attempt_started", now, self.id, None,
+                    events=[Event(EventKind.ATTEMPT_STARTED, now, self.id, None,
                                   {"attempt_id": attempt.attempt_id, "number": attempt.number,
                                    "fence": intent.fence, "authority": decision.reason,
                                    "authority_revision": decision.revision})],
@@ -310,7 +311,8 @@ class Worker:
             log.info("not sent: destination %s; parked for %.0fs", why, wait, extra=self._fields(intent))
             return None
         if intent.expires_at is not None and now >= intent.expires_at:
-            await self._settle(intent, Fate(Status.DEAD, "dead_lettered", "expired before it could be sent"), [])
+            expired = Fate(Status.DEAD, EventKind.DEAD_LETTERED, "expired before it could be sent")
+            await self._settle(intent, expired, [])
             return None
         if (paused := self.circuits.hold(destination, now)) is not None:
             await self._release(intent, paused[1], paused[0])  # nothing sent, no attempt made
@@ -319,14 +321,14 @@ class Worker:
             await self.store.update_intent(
                 intent.key, fetch=False, expected=Status.LEASED, status=Status.HELD, fence=intent.fence,
                 changes={"lease_owner": None, "lease_expires_at": None, "last_error": refusal},
-                events=[Event("held", now, self.id, refusal)])
+                events=[Event(EventKind.HELD, now, self.id, refusal)])
             log.info("held: %s", refusal, extra=self._fields(intent))
             return None
         decision = await self.authority.check(AuthorityRequest(
             intent.scope, intent.channel.value, intent.destination, intent.action_id))
         if decision.verdict is Verdict.ALLOW:  # recorded on attempt_started
             return destination, decision
-        checked = Event("authority_checked", self.clock.now(), self.id, decision.reason,
+        checked = Event(EventKind.AUTHORITY_CHECKED, self.clock.now(), self.id, decision.reason,
                         {"verdict": decision.verdict.value, "provider": decision.provider,
                          "revision": decision.revision})
         if decision.verdict is Verdict.UNAVAILABLE:
@@ -337,7 +339,7 @@ class Worker:
                         extra=self._fields(intent))
         else:
             self.outbox.metrics.authority_denials.inc()
-            await self._settle(intent, Fate(Status.REVOKED, "revoked", decision.reason), [checked])
+            await self._settle(intent, Fate(Status.REVOKED, EventKind.REVOKED, decision.reason), [checked])
         return None
 
     async def _finish(self, intent: Intent, destination: Destination, attempt: Attempt,
@@ -379,21 +381,21 @@ class Worker:
         probe_fence = fence + 1
         answer = await self.channels[intent.channel].probe(intent, destination, fence=probe_fence)
         now = self.clock.now()
-        event = Event("reconciled", now, self.id, answer.error,
+        event = Event(EventKind.RECONCILED, now, self.id, answer.error,
                       {"state": answer.state, "fence": probe_fence, "status_code": answer.status_code,
                        "external_id": answer.external_id})
         if answer.state == "completed":
-            fate = Fate(Status.DELIVERED, "delivered",
+            fate = Fate(Status.DELIVERED, EventKind.DELIVERED,
                         f"reconciled: the receiver completed it (answered {answer.status_code})")
         elif answer.state == "absent":
-            fate = Fate(Status.PENDING, "scheduled_retry",
+            fate = Fate(Status.PENDING, EventKind.SCHEDULED_RETRY,
                         "reconciled: the receiver never ran it and now refuses the earlier attempt; "
                         "retrying is safe", now)
         elif answer.state == "in_progress":
-            fate = Fate(Status.PENDING, "scheduled_retry", "reconciled: still in progress at the receiver",
+            fate = Fate(Status.PENDING, EventKind.SCHEDULED_RETRY, "reconciled: still in progress at the receiver",
                         now + timedelta(seconds=self.policy.backoff.delay(1)))
         else:
-            fate = Fate(Status.UNKNOWN, "unknown", f"{fate.reason}; {answer.error}")
+            fate = Fate(Status.UNKNOWN, EventKind.UNKNOWN, f"{fate.reason}; {answer.error}")
         return fate, [event], probe_fence
 
     async def _settle(self, intent: Intent, fate: Fate, events: list[Event], *,
@@ -436,7 +438,7 @@ class Worker:
 
     async def _release(self, intent: Intent, reason: str, due: datetime, *,
                        extra: list[Event] | None = None, new_fence: int | None = None,
-                       kind: str = "released") -> None:
+                       kind: EventKind = EventKind.RELEASED) -> None:
         """Give a lease back without an attempt having started: nothing was sent."""
         changes: dict[str, object] = {"lease_owner": None, "lease_expires_at": None, "next_attempt_at": due}
         if new_fence is not None:
@@ -486,14 +488,14 @@ class Worker:
                 # nothing was sent (or there is nowhere to judge it against): give the intent back
                 await self._release(intent, reason + (" before any attempt started" if attempt is None
                                                       else " and its destination is gone"),
-                                    self.clock.now(), new_fence=intent.fence + 1, kind="lease_expired")
+                                    self.clock.now(), new_fence=intent.fence + 1, kind=EventKind.LEASE_EXPIRED)
                 self._recovered(intent, attempt)
                 return
             result = SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN,
                                 error=reason + " while its attempt was in flight; it may have been sent")
             now = self.clock.now()
             await self._conclude(intent, destination, result, _finished(attempt, result, now),
-                                 Event("lease_expired", now, self.id, reason, {"fence": intent.fence}),
+                                 Event(EventKind.LEASE_EXPIRED, now, self.id, reason, {"fence": intent.fence}),
                                  intent.fence + 1)
             self._recovered(intent, attempt)
         except StaleWrite:
@@ -528,7 +530,7 @@ def _finished(attempt: Attempt, result: SendResult, at: datetime, duration_ms: f
 
 
 def _finished_event(attempt: Attempt, worker: str) -> Event:
-    return Event("attempt_finished", attempt.finished_at or attempt.started_at, worker, attempt.error, {
+    return Event(EventKind.ATTEMPT_FINISHED, attempt.finished_at or attempt.started_at, worker, attempt.error, {
         "attempt_id": attempt.attempt_id,
         "submission": attempt.submission.value if attempt.submission else None,
         "outcome": attempt.outcome.value if attempt.outcome else None,
