@@ -286,7 +286,7 @@ async def test_only_known_columns_can_be_updated(store):
     await store.insert_intent(*new("a1"))
     with pytest.raises(ValueError, match="payload"):
         await store.update_intent("acme/a1", expected=Status.PENDING, status=Status.LEASED,
-                                  events=[Event(kind="x", at=T0, actor="x")], changes={"payload": "{}"})
+                                  events=[Event(kind="leased", at=T0, actor="x")], changes={"payload": "{}"})
 
 
 async def test_listing_filters_and_pages_newest_first_without_gaps(store):
