@@ -3,7 +3,7 @@ prove it exercises every method of ``outbox.store.protocol``."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -21,40 +21,36 @@ REQUIRED: frozenset[str] = frozenset(
 )
 
 
-def _recorded(calls: set[str], name: str, method: Callable[..., Any]) -> Callable[..., Any]:
-    def call(*args: Any, **kwargs: Any) -> Any:
-        calls.add(name)
-        return method(*args, **kwargs)
+class Recording:
+    """An object whose protocol method calls are added to ``calls`` (as ``prefix`` + the method's
+    name); anything else passes through."""
 
-    return call
-
-
-class RecordingTransaction:
-    """A transaction whose protocol method calls are added to ``calls``."""
-
-    def __init__(self, tx: Transaction, calls: set[str]) -> None:
-        self._tx = tx
+    def __init__(self, target: Any, calls: set[str], prefix: str = "") -> None:
+        self._target = target
         self._calls = calls
+        self._prefix = prefix
 
     def __getattr__(self, name: str) -> Any:
-        value = getattr(self._tx, name)
-        label = f"transaction().{name}"
-        return _recorded(self._calls, label, value) if label in REQUIRED else value
+        value = getattr(self._target, name)
+        label = self._prefix + name
+        if label not in REQUIRED:
+            return value
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self._calls.add(label)
+            return value(*args, **kwargs)
+
+        return call
 
 
-class RecordingStore:
-    """A store whose protocol method calls are added to ``calls``; anything else passes through."""
+class RecordingStore(Recording):
+    """A store whose protocol method calls, its transactions' included, are added to ``calls``."""
 
     def __init__(self, store: Store, calls: set[str]) -> None:
-        self._store = store
-        self._calls = calls
-
-    def __getattr__(self, name: str) -> Any:
-        value = getattr(self._store, name)
-        return _recorded(self._calls, name, value) if name in REQUIRED else value
+        super().__init__(store, calls)
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[RecordingTransaction]:
+    async def transaction(self) -> AsyncIterator[Recording]:
         self._calls.add("transaction")
-        async with self._store.transaction() as tx:
-            yield RecordingTransaction(tx, self._calls)
+        async with self._target.transaction() as tx:
+            yield Recording(tx, self._calls, "transaction().")
