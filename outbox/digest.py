@@ -1,4 +1,6 @@
-"""The payload digest: what "the same operation" means (DESIGN.md section 2)."""
+"""The payload digest: what "the same operation" means. An action id sent again in its scope,
+to the same destination with the same digest, is the same intent; with another digest it is a
+conflict (the README's "Producers")."""
 
 from __future__ import annotations
 

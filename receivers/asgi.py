@@ -18,7 +18,7 @@ Message = dict[str, Any]
 
 
 class IdempotencyMiddleware:
-    """At-least-once requests in, at-most-once effects out (DESIGN.md section 6)."""
+    """At-least-once requests in, at-most-once effects out: the contract of ``receivers.engine``."""
 
     def __init__(self, app: Any, store: RecordStore, **options: Any) -> None:
         """``options`` are those of ``receivers.engine.Idempotency`` (secrets, scope_resolver,

@@ -38,7 +38,7 @@ def content_digest(body: bytes) -> str:
     return "sha-256=:" + base64.b64encode(hashlib.sha256(body).digest()).decode() + ":"
 
 
-# -- 1. success ------------------------------------------------------------------------------
+# -- success ------------------------------------------------------------------------------
 
 
 async def test_a_200_delivers_once_with_every_header_and_the_external_id(env: SenderEnv, receiver: Receiver):
@@ -108,7 +108,7 @@ async def test_a_reply_streamed_in_pieces_is_kept_whole(env: SenderEnv, receiver
     assert attempt.external_id == "E-1"
 
 
-# -- 2. signatures ----------------------------------------------------------------------------
+# -- signatures ----------------------------------------------------------------------------
 
 
 async def test_signatures_verify_with_standard_webhooks(env: SenderEnv, receiver: Receiver):
@@ -153,7 +153,7 @@ async def test_after_a_rotation_both_secrets_verify(env: SenderEnv, receiver: Re
         Webhook(SECRET).verify(request.body, only_new)
 
 
-# -- 3. 5xx, then success ------------------------------------------------------------------------
+# -- 5xx, then success ------------------------------------------------------------------------
 
 
 async def test_a_503_is_retried_after_backoff_then_delivered(env: SenderEnv, receiver: Receiver):
@@ -196,7 +196,7 @@ async def test_a_503_is_retried_after_backoff_then_delivered(env: SenderEnv, rec
     assert (one.headers["outbox-fence"], two.headers["outbox-fence"]) == ("1", "2")
 
 
-# -- 4. Retry-After --------------------------------------------------------------------------
+# -- Retry-After --------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("retry_after", "expected"), [("120", 120.0), ("99999", 3600.0)])
@@ -225,7 +225,7 @@ async def test_retry_after_as_an_http_date(env: SenderEnv, receiver: Receiver):
     assert 290 <= await env.due_in("a1") <= 300
 
 
-# -- 5. permanent refusals ---------------------------------------------------------------------
+# -- permanent refusals ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("status", "outcome"), [
@@ -261,7 +261,7 @@ async def test_a_redirect_is_not_followed(env: SenderEnv, receiver: Receiver):
     assert [r.path for r in receiver.requests()] == ["/hook"]
 
 
-# -- 6. 410 Gone -------------------------------------------------------------------------------
+# -- 410 Gone -------------------------------------------------------------------------------
 
 
 async def test_a_410_dead_letters_and_disables_the_destination(env: SenderEnv, receiver: Receiver):
@@ -292,7 +292,7 @@ async def test_a_410_dead_letters_and_disables_the_destination(env: SenderEnv, r
     assert len(receiver.requests()) == 1
 
 
-# -- 7. connection refused or timed out ----------------------------------------------------------
+# -- connection refused or timed out ----------------------------------------------------------
 
 
 @pytest.mark.parametrize(("port", "error"), [
@@ -302,7 +302,7 @@ async def test_a_410_dead_letters_and_disables_the_destination(env: SenderEnv, r
 async def test_a_connection_never_made_is_not_submitted_and_retried(
         env: SenderEnv, request: pytest.FixtureRequest, port: str, error: str):
     """Refused or timed out while connecting, not a byte of the request can have been written:
-    'not submitted' and retried, unlike a timeout after the request was sent (section 8), which
+    'not submitted' and retried, unlike a timeout after the request was sent ("answered too late" below), which
     is 'maybe submitted'."""
     await env.destination(f"http://127.0.0.1:{request.getfixturevalue(port)}/hook", timeout_seconds=0.3)
     await env.enqueue("a1")
@@ -318,7 +318,7 @@ async def test_a_connection_never_made_is_not_submitted_and_retried(
     assert intent.last_error is not None and intent.last_error.startswith(f"retryable: {error}")
 
 
-# -- 8. answered too late: maybe submitted, outcome unknown ----------------------------------------
+# -- answered too late: maybe submitted, outcome unknown ----------------------------------------
 
 
 @pytest.mark.parametrize(("idempotent", "on_unknown", "expected"), [
@@ -374,7 +374,7 @@ async def test_unknown_outcomes_are_retried_only_inside_the_declared_retention(
     assert len(receiver.requests("/hook")) == 2
 
 
-# -- 11. the backoff schedule and dead letters ------------------------------------------------------
+# -- the backoff schedule and dead letters ------------------------------------------------------
 
 
 def test_backoff_bounds():
@@ -427,7 +427,7 @@ async def test_an_intent_that_would_expire_before_its_retry_is_dead_lettered(env
     assert len(receiver.requests()) == 1
 
 
-# -- 14. the SSRF guard --------------------------------------------------------------------------
+# -- the SSRF guard --------------------------------------------------------------------------
 
 
 async def assert_refused(env: SenderEnv, action_id: str, *words: str) -> None:

@@ -28,7 +28,7 @@ def deny_shop(request: AuthorityRequest) -> bool:
     return request.scope != "shop"
 
 
-# -- 10. grants ------------------------------------------------------------------------------------
+# -- grants ------------------------------------------------------------------------------------
 
 
 async def test_a_grant_deleted_while_intents_wait_revokes_them_unsent(env: SenderEnv, receiver: Receiver):
@@ -83,7 +83,7 @@ async def test_grants_are_checked_at_send_time_not_enqueue_time(env: SenderEnv, 
     assert [r.headers["idempotency-key"] for r in receiver.requests()] == ["acme/now"]
 
 
-# -- 12. an HTTP policy endpoint -------------------------------------------------------------------
+# -- an HTTP policy endpoint -------------------------------------------------------------------
 
 
 async def test_an_http_policy_endpoint_allows_and_denies(open_env, start_receiver):
@@ -175,7 +175,7 @@ async def test_a_policy_that_cannot_decide_releases_then_a_later_answer_counts(
     assert len(hooks.requests()) == 1 and len(policy.requests()) == 2
 
 
-# -- 12. Python callables ----------------------------------------------------------------------------
+# -- Python callables ----------------------------------------------------------------------------
 
 
 async def test_a_python_policy_function(open_env, receiver: Receiver):
