@@ -3,13 +3,14 @@ keep the console's pages from being framed, leaking their URLs or running inject
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
+import fastapi.routing
 from fastapi import Request
 from fastapi.routing import APIRoute
 from starlette.responses import Response
-from starlette.routing import Match
+from starlette.routing import BaseRoute, Match
 
 #: Sent with every console answer. The pages load only their own stylesheet and post their
 #: forms only to themselves; no script runs on them.
@@ -28,11 +29,19 @@ def allowed_methods(request: Request) -> str:
     """Every method the request's path answers, for a 405's ``Allow`` (Starlette names only
     those of the first route matching the path, and FastAPI makes one route per method)."""
     methods: set[str] = set()
-    for route in request.app.router.routes:
+    for route in _routes(request.app.router.routes):
         route_methods = getattr(route, "methods", None)
         if route_methods and route.matches(request.scope)[0] is not Match.NONE:
             methods |= route_methods
     return ", ".join(sorted(methods))
+
+
+def _routes(routes: list[BaseRoute]) -> Iterable[Any]:
+    """The routes, with those of the included routers: recent FastAPI (0.165) keeps an included
+    router as one route, whose routes ``iter_route_contexts`` yields; earlier releases copied
+    them into the app."""
+    flatten = getattr(fastapi.routing, "iter_route_contexts", None)
+    return routes if flatten is None else flatten(routes)
 
 
 class ConsoleRoute(APIRoute):

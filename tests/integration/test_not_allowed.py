@@ -22,3 +22,12 @@ async def test_a_wrong_method_is_a_problem_naming_every_allowed_method(box):
     assert "POST is not allowed on /v1/destinations/billing" in wrong.json()["detail"]
     assert intents.status_code == 405 and intents.headers["allow"] == "GET, POST"
     assert probe.status_code == 405 and probe.headers["allow"] == "GET"
+
+
+async def test_a_wrong_method_on_a_console_page_names_its_methods_too(box):
+    app = create_app(Settings(worker=False), outbox=box)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://outbox") as c:
+        logout = await c.get("/console/logout")
+        login = await c.put("/console/login")
+    assert logout.status_code == 405 and logout.headers["allow"] == "POST"
+    assert login.status_code == 405 and login.headers["allow"] == "GET, POST"
