@@ -134,7 +134,7 @@ def serve(ctx: Context, host: str | None, port: int | None, log_level: str | Non
 
     On first start, when no admin token exists, one is created and printed once.
     """
-    from .api import create_app
+    from .service import create_service
 
     settings = ctx.settings(host=host, port=port, log_level=log_level, log_format=log_format, worker=worker)
     logs.configure(settings.log_level, settings.log_format)
@@ -157,7 +157,7 @@ def serve(ctx: Context, host: str | None, port: int | None, log_level: str | Non
             "Keep it secret; create more with `outbox tokens create`.\n",
             err=True,
         )
-    _serve(create_app(settings), settings, settings.port, proxy_headers=False)
+    _serve(create_service(settings), settings, settings.port, proxy_headers=False)
 
 
 def _serve(app: FastAPI, settings: Settings, port: int, **options: Any) -> None:
@@ -199,10 +199,10 @@ def worker(ctx: Context, concurrency: int | None, log_level: str | None, log_for
                             metrics_port=metrics_port)
     logs.configure(settings.log_level, settings.log_format)
     if settings.metrics_port is not None:
-        from .api import create_app
+        from .service import create_service
 
         # the server owns SIGTERM here: it stops the sender, which drains as below
-        _serve(create_app(settings.model_copy(update={"worker": True}), probes_only=True), settings,
+        _serve(create_service(settings.model_copy(update={"worker": True}), probes_only=True), settings,
                settings.metrics_port, access_log=False)
         return
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from outbox import DestinationSpec, Outbox, Settings
-from outbox.api import create_app
+from outbox.service import create_service
 
 from .servers import Served
 
@@ -69,7 +69,7 @@ def serve_api() -> Iterator[Callable[[Settings], str]]:
     running: list[Served] = []
 
     def start(settings: Settings) -> str:
-        running.append(Served(create_app(settings)))
+        running.append(Served(create_service(settings)))
         return running[-1].url
 
     yield start

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from outbox import DestinationSpec, Outbox, Role, Settings
-from outbox.api import begin_shutdown, create_app
+from outbox.api import begin_shutdown
 from outbox.grants import GrantSpec
+from outbox.service import create_service
 
 from ..conftest import SECRET
 from ..servers import Served
@@ -63,7 +64,7 @@ def target(tmp_path: Path) -> Iterator[Target]:
         return admin, producer
 
     admin, producer = asyncio.run(prepare())
-    app = create_app(Settings(database_url=db_url, worker=False, authority="grants"))
+    app = create_service(Settings(database_url=db_url, worker=False, authority="grants"))
     served = Served(app)
     workdir = tmp_path / "schemathesis"
     workdir.mkdir()

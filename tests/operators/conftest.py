@@ -19,8 +19,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from outbox import DestinationSpec, Intent, ManualClock, Outbox, Role, Settings, Status
-from outbox.api import create_app
 from outbox.grants import GrantSpec
+from outbox.service import create_service
 from sender import Worker
 
 from ..conftest import SECRET
@@ -190,7 +190,7 @@ async def open_ops(tmp_path: Path) -> AsyncIterator[OpenOps]:
         admin, _ = await box.create_token(Role.ADMIN)
         operator, info = await box.create_token(Role.OPERATOR)
         producer, _ = await box.create_token(Role.PRODUCER, ["acme", "globex"])
-        served = serve_in_loop(create_app(outbox=box))
+        served = serve_in_loop(create_service(outbox=box))
         api_url = await served.__aenter__()
         ops = Ops(box, api_url, receiver, admin, operator, info.actor, producer, clock)
         stack.append((ops, served))

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from outbox import DestinationSpec, Outbox, Role, Settings
-from outbox.api import create_app
+from outbox.service import create_service
 
 from ..conftest import SECRET
 from ..receiver import Receiver
@@ -83,7 +83,7 @@ def console(tmp_path: Path) -> Iterator[Console]:
         return operator, info.actor, producer
 
     operator, actor, producer = asyncio.run(prepare())
-    served = Served(create_app(Settings(database_url=db_url, worker=True, authority="allow-all")))
+    served = Served(create_service(Settings(database_url=db_url, worker=True, authority="allow-all")))
     try:
         yield Console(served.url, operator, actor, producer, switch, receiver)
     finally:

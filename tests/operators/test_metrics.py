@@ -17,8 +17,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from outbox import Attempt, DestinationSpec, Event, ManualClock, Outbox, Role, Settings, Status
-from outbox.api import create_app
 from outbox.grants import GrantSpec
+from outbox.service import create_service
 from sender import Worker
 
 from ..conftest import SECRET
@@ -78,7 +78,7 @@ async def scene(tmp_path: Path) -> AsyncIterator[Scene]:
     receiver = Receiver().start()
     worker = Worker(box)
     try:
-        async with serve_in_loop(create_app(outbox=box)) as url, httpx.AsyncClient(base_url=url, timeout=30) as c:
+        async with serve_in_loop(create_service(outbox=box)) as url, httpx.AsyncClient(base_url=url, timeout=30) as c:
             yield Scene(box, clock, worker, receiver, c)
     finally:
         await worker.aclose()
@@ -226,7 +226,7 @@ async def test_a_lease_recovered_mid_send_is_counted(scene: Scene):
 
 
 async def test_the_embedded_worker_counts_into_the_served_metrics(tmp_path: Path):
-    """``outbox serve`` wiring: create_app(settings) opens its own outbox and runs the worker on it."""
+    """``outbox serve`` wiring: create_service(settings) opens its own outbox and runs the worker on it."""
     receiver = Receiver().start()
     db_url = f"sqlite:///{tmp_path / 'e.db'}"
     async with await Outbox.open(db_url) as box:
@@ -234,7 +234,7 @@ async def test_the_embedded_worker_counts_into_the_served_metrics(tmp_path: Path
                                                           allow_private_network=True))
         token, _ = await box.create_token(Role.PRODUCER, ["acme"])
     receiver.script("/ok", Reply(200))
-    served = Served(create_app(Settings(database_url=db_url, worker=True, authority="allow-all")))
+    served = Served(create_service(Settings(database_url=db_url, worker=True, authority="allow-all")))
     try:
         async with httpx.AsyncClient(base_url=served.url, timeout=30,
                                      headers={"Authorization": f"Bearer {token}"}) as c:

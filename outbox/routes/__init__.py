@@ -1,0 +1,14 @@
+"""The HTTP API's routes, one module per noun, and what they share. ``outbox.api.create_app``
+assembles them into the application.
+
+- ``auth``: the bearer token's role and scopes, as route dependencies
+- ``bodies``: the bounded, strictly parsed JSON request body
+- ``handlers``: every error answered as problem+json
+- ``probes``: ``/healthz``, ``/readyz``, ``/metrics``
+- ``intents``: enqueue, show (long poll), list
+- ``operators``: replay, resolve, cancel, approve, reject, bulk replay
+- ``registry``: destinations and grants
+
+None of them knows the sender: what the operators' replays ask the authority provider is
+handed to the app as ``app.state.authorize`` (see ``outbox.service``).
+"""

@@ -1,0 +1,75 @@
+"""Request bodies: the routes read them themselves, so a body is refused by its declared or
+streamed size before it is parsed, must be JSON (``application/json`` or ``+json``), and may
+nest no deeper than a payload may plus its envelope."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from ..digest import MAX_NESTING, nesting
+from ..problems import Problem
+from ..settings import Settings
+from .handlers import validation_problem
+
+M = TypeVar("M", bound=BaseModel)
+
+#: Room for the envelope around the payload before a body is refused unread.
+ENVELOPE_BYTES = 64 * 1024
+JSON_TYPES = ("application/json",)
+#: A request body is the payload inside an envelope (and a filter object inside it).
+BODY_NESTING = MAX_NESTING + 2
+
+
+async def json_body(request: Request) -> Any:
+    """The request's JSON body, or the problem saying why it is refused (415, 413, 400, 422)."""
+    settings: Settings = request.app.state.settings
+    body_limit = settings.max_payload_bytes + ENVELOPE_BYTES
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type not in JSON_TYPES and not media_type.endswith("+json"):
+        raise Problem(
+            415, "unsupported-media-type", "Unsupported media type",
+            f"send the body as application/json, not {media_type or 'nothing'!r}",
+        )
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > body_limit:
+        raise Problem(
+            413, "payload-too-large", "Payload too large",
+            f"body is {declared} bytes; the limit is {body_limit} "
+            f"(payload {settings.max_payload_bytes} + envelope)",
+        )
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > body_limit:
+            raise Problem(
+                413, "payload-too-large", "Payload too large",
+                f"body exceeds the limit of {body_limit} bytes",
+            )
+        chunks.append(chunk)
+    try:
+        body = json.loads(b"".join(chunks))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise Problem(400, "invalid-json", "Invalid JSON", f"the body is not JSON: {exc}") from None
+    except RecursionError:
+        body = None  # far too deep to parse: refused below like any body over the limit
+        depth = BODY_NESTING + 1
+    else:
+        depth = nesting(body, BODY_NESTING)
+    if depth > BODY_NESTING:
+        raise Problem(422, "invalid-input", "Invalid input",
+                      f"the body nests arrays and objects deeper than allowed: a payload may nest "
+                      f"{MAX_NESTING} levels")
+    return body
+
+
+async def parsed(request: Request, model: type[M]) -> M:
+    """The JSON body validated as ``model``, or the problem saying what is wrong."""
+    raw = await json_body(request)
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise validation_problem(exc.errors()) from None

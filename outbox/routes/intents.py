@@ -1,0 +1,144 @@
+"""What producers do: enqueue an intent, read one back (long-polling until it is settled), and
+list them; a producer's token reaches only its own scopes."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Annotated, Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
+
+from .. import openapi
+from ..ids import DESTINATION_ID, check
+from ..model import SETTLED, Channel, Intent, Role, Status
+from ..outbox import MAX_PAGE, history_json, intent_json
+from ..problems import Problem
+from ..store import IntentQuery
+from .auth import Producer, Reader, box, in_scope, readable
+from .bodies import parsed
+
+router = APIRouter(tags=["intents"])
+
+#: The longest a client may long-poll one intent.
+MAX_WAIT_SECONDS = 60.0
+ScopeParam = Annotated[str | None, Query(description=(
+    "the intent's scope; needed only when the action id is used in several scopes you can read"))]
+
+
+class IntentIn(BaseModel):
+    """An intent as a producer sends it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    action_id: str | None = Field(
+        default=None, description="your operation id; generated (UUIDv7) when omitted"
+    )
+    scope: str = Field(description="tenant/account on whose authority the effect is made")
+    destination: str = Field(description="id of a registered destination")
+    payload: JsonValue = Field(description="the JSON the destination receives")
+    not_before: AwareDatetime | None = None
+    expires_at: AwareDatetime | None = None
+    max_attempts: int | None = Field(default=None, ge=1, le=1000)
+
+
+def location(intent: Intent) -> str:
+    """Where an intent is read: action ids are unique per scope, so the scope is part of it."""
+    return f"/v1/intents/{intent.action_id}?scope={quote(intent.scope, safe='')}"
+
+
+def encode_cursor(seq: int) -> str:
+    return base64.urlsafe_b64encode(f"seq:{seq}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> int:
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        kind, _, value = text.partition(":")
+        if kind != "seq":
+            raise ValueError(kind)
+        return int(value)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise Problem(
+            400, "bad-cursor", "Bad cursor", "cursor is malformed; pass next_cursor back unchanged"
+        ) from None
+
+
+@router.post(
+    "/v1/intents",
+    status_code=201,
+    summary="Enqueue an intent (idempotent on action_id)",
+    **openapi.doc(
+        {201: (openapi.Intent, "enqueued"), 200: (openapi.Intent, "the same intent already exists")},
+        body=IntentIn, errors=[*openapi.BODY_ERRORS, 409], headers=dict.fromkeys((200, 201), openapi.LOCATION)),
+)
+async def enqueue(request: Request, token: Producer) -> Response:
+    spec = await parsed(request, IntentIn)
+    in_scope(token, spec.scope)
+    result = await box(request).enqueue(actor=token.actor, **spec.model_dump(exclude_unset=True))
+    return JSONResponse(
+        intent_json(result.intent),
+        status_code=201 if result.created else 200,
+        headers={"Location": location(result.intent)},
+    )
+
+
+@router.get("/v1/intents/{action_id}", summary="An intent with attempts and events",
+            **openapi.doc({200: openapi.IntentDetail}, errors=[404, 409, 422, 503]))
+async def show(
+    request: Request,
+    action_id: str,
+    token: Reader,
+    scope: ScopeParam = None,
+    wait: Annotated[float, Query(ge=0, le=MAX_WAIT_SECONDS, description=(
+        "long-poll: answer once the intent is delivered, dead, revoked, unknown or "
+        "cancelled, or after this many seconds"))] = 0,
+) -> dict[str, Any]:
+    outbox_ = box(request)
+    intent = await outbox_.get(action_id, scope=scope, scopes=readable(token))
+    if wait:
+        await outbox_.wait(action_id, wait, scope=intent.scope)
+    intent, history = await outbox_.show(action_id, scope=intent.scope)
+    return {**intent_json(intent), "settled": intent.status in SETTLED, **history_json(history)}
+
+
+@router.get("/v1/intents", summary="List intents, newest first",
+            **openapi.doc({200: openapi.IntentPage}, errors=[400, 403, 422, 503]))
+async def list_intents(
+    request: Request,
+    token: Reader,
+    status: Annotated[list[Status] | None, Query(description="repeat for several")] = None,
+    scope: Annotated[list[str] | None, Query(description="repeat for several")] = None,
+    destination: str | None = None,
+    channel: Channel | None = None,
+    created_after: AwareDatetime | None = None,
+    created_before: AwareDatetime | None = None,
+    cursor: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+) -> dict[str, Any]:
+    scopes: list[str] | None = scope
+    if token.role is Role.PRODUCER and "*" not in token.scopes:
+        for wanted in scope or []:
+            in_scope(token, wanted)
+        scopes = scope or list(token.scopes)
+    if destination is not None:
+        check(DESTINATION_ID, destination, "destination")
+    page = await box(request).list_intents(
+        IntentQuery(
+            statuses=status,
+            scopes=scopes,
+            destination=destination,
+            channel=channel,
+            created_after=created_after,
+            created_before=created_before,
+            before_seq=decode_cursor(cursor) if cursor else None,
+            limit=limit,
+        )
+    )
+    return {
+        "items": [intent_json(i) for i in page.intents],
+        "next_cursor": encode_cursor(page.next_seq) if page.next_seq else None,
+    }

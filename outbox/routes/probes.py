@@ -1,0 +1,51 @@
+"""The probes and metrics, open without a token: ``/healthz`` (liveness, and the embedded
+sender's), ``/readyz`` (the store answers) and ``/metrics`` (Prometheus). They are all that
+``outbox worker --metrics-port`` serves."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from .. import openapi
+from ..problems import Problem
+from .auth import box
+
+router = APIRouter(tags=["probes"])
+
+
+def ended_by(task: asyncio.Task[None]) -> str:
+    """How a finished task ended, in words."""
+    if task.cancelled():
+        return "cancelled"
+    exc = task.exception()
+    return "it returned" if exc is None else f"{type(exc).__name__}: {exc}"
+
+
+@router.get("/healthz", summary="The process is up, and so is its embedded sender",
+            **openapi.doc({200: openapi.Health}, token=False, errors={
+                503: "`sender-stopped`: the embedded sender stopped by itself; restart the process"}))
+async def healthz(request: Request) -> dict[str, str]:
+    task: asyncio.Task[None] | None = getattr(request.app.state, "worker_task", None)
+    if task is not None and task.done():  # only a crash ends it before shutdown: restart
+        raise Problem(503, "sender-stopped", "Sender stopped",
+                      f"the embedded sender stopped: {ended_by(task)}; restart the process")
+    return {"status": "ok"}
+
+
+@router.get("/readyz", summary="The store answers and is migrated",
+            **openapi.doc({200: openapi.Ready}, token=False, errors=[503]))
+async def readyz(request: Request) -> dict[str, str]:
+    await box(request).store.ping()
+    return {"status": "ready"}
+
+
+@router.get("/metrics", summary="Prometheus metrics",
+            **openapi.doc({200: "the Prometheus text exposition format"}, token=False, errors=[503],
+                          media_type="text/plain"))
+async def metrics(request: Request) -> Response:
+    outbox_ = box(request)
+    body = await outbox_.metrics.render(outbox_.store, outbox_.clock.now())
+    return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -1,0 +1,100 @@
+"""The registry admins manage and operators read: destinations (where effects may go) and
+grants (which scope may reach which destination)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from .. import openapi
+from ..destinations import DestinationSpec
+from ..grants import GrantSpec
+from ..ids import DESTINATION_ID, check
+from .auth import Admin, Operator, box
+from .bodies import parsed
+
+log = logging.getLogger("outbox.api")
+
+destinations = APIRouter(tags=["destinations"])
+grants = APIRouter(tags=["grants"])
+
+
+# -- destinations --------------------------------------------------------------------------
+
+
+@destinations.put(
+    "/v1/destinations/{destination_id}",
+    summary="Register or replace a destination (admin)",
+    **openapi.doc({201: (openapi.Destination, "registered"), 200: (openapi.Destination, "replaced")},
+                  body=DestinationSpec, errors=openapi.BODY_ERRORS),
+)
+async def put_destination(request: Request, destination_id: str, token: Admin) -> Response:
+    check(DESTINATION_ID, destination_id, "destination id")
+    spec = await parsed(request, DestinationSpec)
+    destination, created = await box(request).put_destination(destination_id, spec)
+    log.info("destination %s %s by %s", destination_id, "created" if created else "replaced", token.actor)
+    return JSONResponse(destination.public(), status_code=201 if created else 200)
+
+
+@destinations.get("/v1/destinations/{destination_id}", summary="A destination",
+                  **openapi.doc({200: openapi.Destination}, errors=[403, 404, 422, 503]))
+async def get_destination(request: Request, destination_id: str, token: Operator) -> dict[str, Any]:
+    return (await box(request).get_destination(destination_id)).public()
+
+
+@destinations.get("/v1/destinations", summary="Every destination",
+                  **openapi.doc({200: openapi.DestinationList}, errors=[403, 503]))
+async def list_destinations(request: Request, token: Operator) -> dict[str, Any]:
+    return {"items": [d.public() for d in await box(request).list_destinations()]}
+
+
+@destinations.delete(
+    "/v1/destinations/{destination_id}",
+    status_code=204,
+    summary="Remove a destination no intent refers to (admin)",
+    **openapi.doc({204: "deleted"}, errors=[403, 404, 409, 422, 503]),
+)
+async def delete_destination(request: Request, destination_id: str, token: Admin) -> Response:
+    await box(request).delete_destination(destination_id)
+    log.info("destination %s deleted by %s", destination_id, token.actor)
+    return Response(status_code=204)
+
+
+# -- grants --------------------------------------------------------------------------------
+
+
+@grants.put(
+    "/v1/grants/{grant_id}",
+    summary="Create or replace a grant (admin); its revision goes up",
+    **openapi.doc({201: (openapi.Grant, "created"), 200: (openapi.Grant, "replaced")},
+                  body=GrantSpec, errors=openapi.BODY_ERRORS),
+)
+async def put_grant(request: Request, grant_id: str, token: Admin) -> Response:
+    spec = await parsed(request, GrantSpec)
+    grant, created = await box(request).put_grant(grant_id, spec)
+    log.info("grant %s %s by %s", grant_id, "created" if created else "replaced", token.actor)
+    return JSONResponse(grant.public(), status_code=201 if created else 200)
+
+
+@grants.get("/v1/grants/{grant_id}", summary="A grant",
+            **openapi.doc({200: openapi.Grant}, errors=[403, 404, 422, 503]))
+async def get_grant(request: Request, grant_id: str, token: Operator) -> dict[str, Any]:
+    return (await box(request).get_grant(grant_id)).public()
+
+
+@grants.get("/v1/grants", summary="Every grant",
+            **openapi.doc({200: openapi.GrantList}, errors=[403, 503]))
+async def list_grants(request: Request, token: Operator) -> dict[str, Any]:
+    return {"items": [g.public() for g in await box(request).list_grants()]}
+
+
+@grants.delete("/v1/grants/{grant_id}", status_code=204,
+               summary="Remove a grant (admin): later sends it allowed become revoked",
+               **openapi.doc({204: "deleted"}, errors=[403, 404, 422, 503]))
+async def delete_grant(request: Request, grant_id: str, token: Admin) -> Response:
+    await box(request).delete_grant(grant_id)
+    log.info("grant %s deleted by %s", grant_id, token.actor)
+    return Response(status_code=204)
