@@ -15,13 +15,13 @@ import sqlite3
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
 import aiosqlite
 
-from receivers._sqlite import SetJob
+from receivers._sqlite import SetJob, from_us, to_us
 
 from ..destinations import Destination
 from ..errors import NotFound, StoreUnavailable
@@ -54,18 +54,9 @@ from .rules import (
 )
 
 T = TypeVar("T")
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 SQL = queries.load("sqlite")
 #: Set while this task holds a caller's transaction: a group-committed write would wait for it.
 _IN_TRANSACTION: contextvars.ContextVar[bool] = contextvars.ContextVar("in_tx", default=False)
-
-
-def to_us(value: datetime | None) -> int | None:
-    """A timestamp as integer microseconds since the epoch (how SQLite stores time here)."""
-    if value is None:
-        return None
-    delta = value - EPOCH
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
 def _stored(value: Any) -> Any:
@@ -73,15 +64,6 @@ def _stored(value: Any) -> Any:
     if isinstance(value, datetime):
         return to_us(value)
     return value.value if isinstance(value, Status) else value
-
-
-@overload
-def from_us(value: int) -> datetime: ...
-@overload
-def from_us(value: None) -> None: ...
-def from_us(value: int | None) -> datetime | None:
-    """Inverse of ``to_us``."""
-    return None if value is None else EPOCH + timedelta(microseconds=value)
 
 
 def _intent(row: sqlite3.Row | Mapping[str, Any]) -> Intent:
