@@ -23,6 +23,9 @@ class SendResult:
     error: str | None = None
     retry_after: float | None = None  # seconds the receiver asked us to wait
     disable_destination: bool = False  # the receiver said the endpoint is gone for good
+    #: The receiver answered, whatever it said (an HTTP status, an SMTP reply, a broker's error):
+    #: a destination's circuit counts only sends that got no answer at all.
+    answered: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,7 +78,7 @@ class Circuits:
         if self.threshold <= 0:
             return None
         circuit = self._circuit(destination)
-        if result.status_code is not None:  # the receiver answered, whatever it said: forget
+        if result.answered:  # whatever it said: forget
             if circuit is None:
                 return None
             del self._circuits[destination.id]

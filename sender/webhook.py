@@ -208,6 +208,7 @@ class WebhookChannel:
             error=note if outcome is Outcome.DELIVERED else f"receiver answered {status}",
             retry_after=retry_after_seconds(kept.get("retry-after"), now),
             disable_destination=status == 410,
+            answered=True,
         )
 
     async def probe(self, intent: Intent, destination: Destination, *, fence: int) -> ProbeAnswer:

@@ -21,7 +21,8 @@ def destination(name: str, url: str = "https://receiver.example/hook") -> Destin
 D, OTHER = destination("d"), destination("other")
 REFUSED = SendResult(Submission.NOT_SUBMITTED, Outcome.RETRYABLE, error="ClientConnectorError: refused")
 TIMED_OUT = SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, error="TimeoutError")
-ANSWERED_503 = SendResult(Submission.SUBMITTED, Outcome.RETRYABLE, status_code=503, error="receiver answered 503")
+ANSWERED_503 = SendResult(Submission.SUBMITTED, Outcome.RETRYABLE, status_code=503, error="receiver answered 503",
+                          answered=True)
 SSRF = SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, error="refused: 10.0.0.1 is not a public address")
 
 
@@ -54,6 +55,17 @@ def test_answers_of_any_status_and_our_own_refusals_do_not_count_as_silence():
     circuits.record(D, SSRF, at(3))  # refused by us, not by the receiver
     assert circuits.hold(D, at(3)) is None
     assert Circuits(0, 10.0).record(D, REFUSED, at(0)) is None  # 0: never pause
+
+
+def test_the_channel_says_whether_the_receiver_answered_not_the_http_status():
+    """An answer without an HTTP status (an SMTP server's 451, a broker's error) ends a run of
+    silence too: the channel says it answered."""
+    smtp_451 = SendResult(Submission.SUBMITTED, Outcome.RETRYABLE, error="451 try again later", answered=True)
+    circuits = Circuits(2, 10.0)
+    circuits.record(D, REFUSED, at(0))
+    circuits.record(D, smtp_451, at(1))
+    circuits.record(D, REFUSED, at(2))
+    assert circuits.hold(D, at(2)) is None
 
 
 def test_late_failures_of_sends_already_in_flight_do_not_extend_the_pause():
