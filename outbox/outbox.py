@@ -165,11 +165,9 @@ class Outbox:
         """The intent an action id names: in ``scope`` when given, else the one among ``scopes``
         (None: every scope) that uses it. Raises NotFound, or AmbiguousActionId when several of
         those scopes use it."""
-        check(ACTION_ID, action_id, "action_id")
-        if scope is not None:
-            check(SCOPE, scope, "scope")
-            intent = await self.store.get_intent(intent_key(scope, action_id))
-            found = [intent] if intent is not None and (scopes is None or scope in scopes) else []
+        key = self._named_key(action_id, scope, scopes)
+        if key is not None:
+            found = [i for i in [await self.store.get_intent(key)] if i is not None]
         else:
             found = [i for i in await self.store.intents_named(action_id) if scopes is None or i.scope in scopes]
         if not found:
@@ -206,17 +204,31 @@ class Outbox:
 
     async def history(self, action_id: str, *, scope: str | None = None) -> History:
         """An intent's attempts and events. Raises NotFound, AmbiguousActionId (see ``get``)."""
-        return await self.store.history((await self.get(action_id, scope=scope)).key)
+        return (await self.show(action_id, scope=scope))[1]
 
     async def show(self, action_id: str, *, scope: str | None = None,
                    scopes: Sequence[str] | None = None) -> tuple[Intent, History]:
         """An intent with its attempts and events, from one read, so the status shown is never
-        older than the history beside it. Raises NotFound, AmbiguousActionId (see ``get``)."""
-        key = (await self.get(action_id, scope=scope, scopes=scopes)).key
+        older than the history beside it (with the scope named, that read is all it costs).
+        Raises NotFound, AmbiguousActionId (see ``get``)."""
+        key = self._named_key(action_id, scope, scopes) or (await self.get(action_id, scopes=scopes)).key
         history = await self.store.history(key)
         if history.intent is None:
-            raise NotFound(f"intent {action_id!r} does not exist")
+            raise NotFound(f"intent {action_id!r} does not exist" + (f" in scope {scope!r}" if scope else ""))
         return history.intent, history
+
+    @staticmethod
+    def _named_key(action_id: str, scope: str | None, scopes: Sequence[str] | None) -> str | None:
+        """The key of ``action_id`` in ``scope`` when a scope is named (checked, no read needed),
+        else None: the scopes using the action id must be looked up. Raises NotFound for a named
+        scope outside ``scopes``."""
+        check(ACTION_ID, action_id, "action_id")
+        if scope is None:
+            return None
+        check(SCOPE, scope, "scope")
+        if scopes is not None and scope not in scopes:
+            raise NotFound(f"intent {action_id!r} does not exist in scope {scope!r}")
+        return intent_key(scope, action_id)
 
     async def list_intents(self, query: IntentQuery) -> Page:
         """A page of intents, newest first."""

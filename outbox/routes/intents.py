@@ -14,7 +14,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
 
 from .. import openapi
 from ..ids import DESTINATION_ID, check
-from ..model import SETTLED, Channel, Intent, Role, Status
+from ..model import SETTLED, Channel, Intent, Status
 from ..outbox import MAX_PAGE, history_json, intent_json
 from ..problems import Problem
 from ..store import IntentQuery
@@ -78,7 +78,8 @@ def decode_cursor(cursor: str) -> int:
 async def enqueue(request: Request, token: Producer) -> Response:
     spec = await parsed(request, IntentIn)
     in_scope(token, spec.scope)
-    result = await box(request).enqueue(actor=token.actor, **spec.model_dump(exclude_unset=True))
+    sent = {name: getattr(spec, name) for name in spec.model_fields_set}  # null included; no copy of the payload
+    result = await box(request).enqueue(actor=token.actor, **sent)
     return JSONResponse(
         intent_json(result.intent),
         status_code=201 if result.created else 200,
@@ -98,10 +99,10 @@ async def show(
         "cancelled, or after this many seconds"))] = 0,
 ) -> dict[str, Any]:
     outbox_ = box(request)
-    intent = await outbox_.get(action_id, scope=scope, scopes=readable(token))
     if wait:
-        await outbox_.wait(action_id, wait, scope=intent.scope)
-    intent, history = await outbox_.show(action_id, scope=intent.scope)
+        scope = (await outbox_.get(action_id, scope=scope, scopes=readable(token))).scope
+        await outbox_.wait(action_id, wait, scope=scope)
+    intent, history = await outbox_.show(action_id, scope=scope, scopes=readable(token))
     return {**intent_json(intent), "settled": intent.status in SETTLED, **history_json(history)}
 
 
@@ -120,10 +121,10 @@ async def list_intents(
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
 ) -> dict[str, Any]:
     scopes: list[str] | None = scope
-    if token.role is Role.PRODUCER and "*" not in token.scopes:
+    if (allowed := readable(token)) is not None:
         for wanted in scope or []:
             in_scope(token, wanted)
-        scopes = scope or list(token.scopes)
+        scopes = scope or allowed
     if destination is not None:
         check(DESTINATION_ID, destination, "destination")
     page = await box(request).list_intents(
