@@ -411,13 +411,12 @@ def install(app: FastAPI) -> None:
     """Complete ``app``'s OpenAPI document and serve ``/docs`` from local assets (create the
     app with ``docs_url=None, redoc_url=None``)."""
     generate: Callable[[], dict[str, Any]] = app.openapi
-    finished: list[dict[str, Any]] = []
 
     def openapi() -> dict[str, Any]:
-        document = generate()  # FastAPI caches it until the routes change
-        if not finished or finished[-1] is not document:
-            finished[:] = [complete(document)]
-        return document
+        if app.openapi_schema is None:  # generate() keeps what it made there; complete it once
+            complete(generate())
+        assert app.openapi_schema is not None
+        return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
     assets = swagger_ui_dir()
