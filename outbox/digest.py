@@ -9,11 +9,13 @@ from typing import Any
 
 import rfc8785
 
+from receivers.keys import MAX_JSON_DEPTH
+
 from .errors import InvalidInput
 
 #: How deep a payload's arrays and objects may nest. Canonicalising and validating JSON recurse,
 #: so a deeper value (a megabyte of "[" fits under the size limit) is refused up front.
-MAX_NESTING = 64
+MAX_NESTING = MAX_JSON_DEPTH  # what receivers accept: a payload the outbox takes must never get a 400 there
 
 
 def nesting(value: Any, limit: int = MAX_NESTING) -> int:

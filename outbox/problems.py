@@ -8,10 +8,11 @@ from typing import Any
 
 from starlette.responses import Response
 
+from receivers.wire import PROBLEM_TYPE_PREFIX as TYPE_PREFIX  # one namespace: the API's and the receivers' problems
+
 from . import errors
 
 MEDIA_TYPE = "application/problem+json"
-TYPE_PREFIX = "urn:outbox:problem:"
 
 
 class Problem(Exception):

@@ -35,7 +35,7 @@ async def json_body(request: Request) -> Any:
             f"send the body as application/json, not {media_type or 'nothing'!r}",
         )
     declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > body_limit:
+    if declared and declared.isascii() and declared.isdigit() and int(declared) > body_limit:
         raise Problem(
             413, "payload-too-large", "Payload too large",
             f"body is {declared} bytes; the limit is {body_limit} "

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from outbox import DestinationSpec, Outbox, Role, Settings
+from outbox.api import create_app
 
 from ..conftest import SECRET, snapshot
 
@@ -306,6 +307,30 @@ async def test_grants_name_registered_destinations_and_keep_them_from_being_dele
         assert_problem(await c.delete("/v1/destinations/billing"), 409, "destination-in-use", "grants 'g'")
         assert (await c.delete("/v1/grants/g")).status_code == 204
         assert (await c.delete("/v1/destinations/billing")).status_code == 204
+
+
+async def test_a_content_length_of_non_ascii_digits_is_refused_not_a_500(db_url):
+    """'²'.isdigit() is true but int('²') raises. uvicorn refuses such a header itself, so the
+    app is called as a server that passes it on would call it."""
+    async with await Outbox.open(db_url) as box:
+        producer, _ = await box.create_token(Role.PRODUCER, ["acme"])
+        app = create_app(outbox=box)
+        sent: list[dict] = []
+
+        async def receive() -> dict:
+            return {"type": "http.request", "body": b"{}", "more_body": False}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": "/v1/intents", "raw_path": b"/v1/intents", "query_string": b"",
+                 "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+                 "headers": [(b"authorization", b"Bearer " + producer.encode()),
+                             (b"content-type", b"application/json"), (b"content-length", b"\xb2")]}
+        async with app.router.lifespan_context(app):
+            await app(scope, receive, send)
+    assert sent[0]["status"] < 500, sent
 
 
 async def test_malformed_ids_and_unknown_routes_are_problems(api: Api):
