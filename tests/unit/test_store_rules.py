@@ -22,7 +22,6 @@ from outbox import (
 from outbox.model import Channel, NewIntent
 from outbox.store.protocol import UPDATABLE
 from outbox.store.rules import (
-    check_claim,
     decide_destination_delete,
     decide_existing,
     decide_initial_status,
@@ -129,11 +128,6 @@ def test_a_conditional_update_applies_only_to_the_status_and_fence_it_expects():
     fenced = decide_target("acme/a1", ("leased", 4), expected=Status.LEASED, fence=3)
     assert isinstance(fenced, StaleWrite)
     assert fenced.message == "intent 'acme/a1' is leased at fence 4, not leased at fence 3; the write was not applied"
-
-
-def test_a_claim_is_a_legal_move():
-    check_claim()
-    assert Status.LEASED in TRANSITIONS[Status.PENDING]
 
 
 # -- destinations -----------------------------------------------------------------------------

@@ -75,7 +75,7 @@ FROM intents WHERE seq IN (SELECT value FROM json_each(?)) ORDER BY seq;
 -- name: intents_json
 -- Intents (a JSON array of seqs) as one JSON array of objects: one step, however many rows.
 SELECT json_group_array(json_object(
-    'seq', seq, 'intent_key', intent_key, 'action_id', action_id, 'scope', scope, 'destination', destination,
+    'seq', seq, 'action_id', action_id, 'scope', scope, 'destination', destination,
     'channel', channel, 'payload', payload, 'payload_digest', payload_digest, 'status', status,
     'attempts', attempts, 'max_attempts', max_attempts, 'next_attempt_at', next_attempt_at,
     'not_before', not_before, 'expires_at', expires_at, 'lease_owner', lease_owner,
