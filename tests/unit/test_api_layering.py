@@ -4,51 +4,22 @@ is composed with the API only by ``outbox.service`` and the CLI."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
-OUTBOX = Path(__file__).resolve().parents[2] / "outbox"
+from .imports import OUTBOX, import_targets, module_file
+
 API = ["api.py", *sorted(str(p.relative_to(OUTBOX)) for p in (OUTBOX / "routes").glob("*.py"))]
-
-
-def module_file(parts: list[str]) -> Path | None:
-    """The file of the outbox module named by ``parts`` (below the package), if there is one."""
-    base = OUTBOX.joinpath(*parts)
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
 
 
 def imports(path: Path) -> tuple[set[str], set[Path]]:
     """What a file imports: the top-level packages outside outbox, and the outbox files."""
-    package = list(path.relative_to(OUTBOX).parent.parts)
     outside: set[str] = set()
     inside: set[Path] = set()
-
-    def within(parts: list[str], names: list[str]) -> None:
-        for found in [module_file(parts), *(module_file([*parts, name]) for name in names)]:
-            if found is not None:
-                inside.add(found)
-
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                top, *rest = alias.name.split(".")
-                if top == "outbox":
-                    within(rest, [])
-                else:
-                    outside.add(top)
-        elif isinstance(node, ast.ImportFrom):
-            names = [alias.name for alias in node.names]
-            module = (node.module or "").split(".") if node.module else []
-            if node.level:
-                parts = package[: len(package) - (node.level - 1)] + module
-                within(parts, names)
-            elif module[0] == "outbox":
-                within(module[1:], names)
-            else:
-                outside.add(module[0])
+    for _, target in import_targets(path):
+        if target[0] != "outbox":
+            outside.add(target[0])
+        elif (found := module_file(target[1:])) is not None:
+            inside.add(found)
     return outside, inside
 
 

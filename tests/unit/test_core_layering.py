@@ -9,7 +9,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-OUTBOX = Path(__file__).resolve().parents[2] / "outbox"
+from .imports import OUTBOX, import_targets
+
 #: The app layer, as paths below ``outbox/`` without ``.py`` (a folder stands for everything in it).
 APP_LAYER = {"api", "console", "cli", "openapi", "web", "routes", "service"}
 SENDER = "sender"
@@ -25,24 +26,8 @@ def core_modules() -> list[Path]:
 
 def offending_imports(path: Path, source: str | None = None) -> list[str]:
     """The imports in ``path`` (anywhere in it, lazy ones too) of ``sender`` or of the app layer."""
-    package = path.relative_to(OUTBOX).parent.parts
-    found: list[str] = []
-    for node in ast.walk(ast.parse(path.read_text() if source is None else source, str(path))):
-        if isinstance(node, ast.Import):
-            targets = [alias.name.split(".") for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            module = node.module.split(".") if node.module else []
-            # a relative import is resolved against this file's package
-            base = ["outbox", *package[: len(package) - (node.level - 1)], *module] if node.level else module
-            # ``from outbox import api`` names the module in the imported names
-            targets = [base] + [[*base, alias.name] for alias in node.names]
-        else:
-            continue
-        for target in targets:
-            if target[:1] == [SENDER] or (target[:1] == ["outbox"] and app_layer(tuple(target[1:]))):
-                found.append(f"line {node.lineno}: {ast.unparse(node)}")
-                break
-    return found
+    return sorted({f"line {node.lineno}: {ast.unparse(node)}" for node, target in import_targets(path, source)
+                   if target[:1] == [SENDER] or (target[:1] == ["outbox"] and app_layer(tuple(target[1:])))})
 
 
 def test_core_modules_import_neither_the_sender_nor_the_app_layer():
