@@ -32,7 +32,7 @@ from outbox import (
     Submission,
     operations,
 )
-from outbox.ids import uuid7
+from outbox.ids import KEY_SEPARATOR, uuid7
 from outbox.model import SETTLED
 from outbox.model import Channel as ChannelKind
 
@@ -213,7 +213,8 @@ class Worker:
                     if key not in self._in_flight or key in self._settling:
                         continue  # it finished while we renewed
                     log.warning("lease lost; this worker's writes for it will be rejected",
-                                extra={"action_id": key.rpartition("/")[2], "fence": fences[key], "worker": self.id})
+                                extra={"action_id": key.rpartition(KEY_SEPARATOR)[2], "fence": fences[key],
+                                       "worker": self.id})
 
     async def _sweep_forever(self) -> None:
         interval = min(5.0, self.lease.total_seconds() / 2)
