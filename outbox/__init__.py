@@ -20,7 +20,6 @@ from .errors import (
 from .model import (
     TRANSITIONS,
     Attempt,
-    Channel,
     Enqueued,
     Event,
     EventKind,
@@ -39,7 +38,6 @@ __all__ = [
     "TRANSITIONS",
     "AmbiguousActionId",
     "Attempt",
-    "Channel",
     "Clock",
     "Destination",
     "DestinationInUse",

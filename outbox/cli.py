@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 from pydantic import BaseModel, ValidationError
 
-from . import logs, operations
+from . import channels, logs, operations
 from .clock import iso
-from .destinations import DestinationSpec, new_secret
+from .destinations import DestinationSpec
 from .errors import InvalidInput, OutboxError
 from .grants import GrantSpec
-from .model import Channel, OnUnknown, Role, Status
+from .model import OnUnknown, Role, Status
 from .outbox import Outbox, history_json, intent_json
 from .settings import Settings
 from .store import IntentQuery
@@ -375,7 +375,7 @@ async def show(ctx: Context, box: Outbox, action_id: str, scope: str | None) -> 
               help="Repeat for several.")
 @click.option("--scope", "scopes", multiple=True, help="Repeat for several.")
 @click.option("--destination")
-@click.option("--channel", type=click.Choice([c.value for c in Channel]))
+@click.option("--channel", help="An installed channel's name.")
 @click.option("--created-after", type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z"]), help="With timezone.")
 @click.option("--created-before", type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z"]), help="With timezone.")
 @click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True)
@@ -399,7 +399,7 @@ async def list_(
             statuses=[Status(s) for s in statuses] or None,
             scopes=list(scopes) or None,
             destination=destination,
-            channel=Channel(channel) if channel else None,
+            channel=channel,
             created_after=created_after,
             created_before=created_before,
             before_seq=before_seq,
@@ -613,10 +613,25 @@ def destinations() -> None:
     """Register, inspect and remove destinations."""
 
 
+def _setting(text: str) -> tuple[str, Any]:
+    """``NAME=VALUE`` as a setting: the value read as JSON if it is JSON (587, true, ["a"]), else as text."""
+    name, equals, value = text.partition("=")
+    if not equals or not name:
+        raise InvalidInput(f"--set takes NAME=VALUE, not {text!r}")
+    try:
+        return name, json.loads(value)
+    except ValueError:
+        return name, value
+
+
 @destinations.command("put")
 @click.argument("destination_id")
-@click.option("--url", required=True, help="Where the webhook is POSTed.")
-@click.option("--secret", help="whsec_ signing secret [default: keep the current one, or generate and print one].")
+@click.option("--channel", default=channels.DEFAULT, show_default=True, help="The channel that delivers to it.")
+@click.option("--url", help="A webhook's URL (the same as --set url=URL).")
+@click.option("--set", "settings", multiple=True, metavar="NAME=VALUE",
+              help="One of the channel's own settings; a JSON value (587, true) or else text. Repeat for several.")
+@click.option("--secret", help="The channel's secret, e.g. a webhook's whsec_ signing secret [default: keep the "
+                               "current one, or generate and print one if the channel makes its own].")
 @click.option("--idempotent/--not-idempotent", default=False, show_default=True,
               help="The receiver deduplicates on Idempotency-Key.")
 @click.option("--retention-seconds", type=int, default=86_400, show_default=True,
@@ -631,19 +646,28 @@ def destinations() -> None:
 @click.option("--drop-previous-secrets", is_flag=True,
               help="Keep only the newest secret: the end of a rotation, once the receiver has the new one.")
 @_run
-async def destinations_put(ctx: Context, box: Outbox, destination_id: str, secret: str | None, **spec: Any) -> None:
-    """Register or replace a destination."""
+async def destinations_put(
+    ctx: Context, box: Outbox, destination_id: str, channel: str, url: str | None, settings: tuple[str, ...],
+    secret: str | None, **spec: Any,
+) -> None:
+    """Register or replace a destination: the shared options, and the channel's own settings
+    (a webhook's --url) as --set NAME=VALUE."""
+    kind = channels.get(channel)
+    own = dict(map(_setting, settings)) | ({"url": url} if url is not None else {})
     generated = None
-    if secret is None and await box.store.get_destination(destination_id) is None:
-        secret = generated = new_secret()
-    parsed = _validated(DestinationSpec, channel="webhook", secret=secret, **spec)
+    if secret is None and kind.new_secret is not None and await box.store.get_destination(destination_id) is None:
+        secret = generated = kind.new_secret()
+    if shared := sorted(own.keys() & {*DestinationSpec.model_fields, "channel", "secret"}):
+        raise InvalidInput(f"--set {shared[0]}=... names a shared option; use --{shared[0].replace('_', '-')}")
+    parsed = _validated(kind.spec, **own, **spec, channel=channel, secret=secret)
     destination, created = await box.put_destination(destination_id, parsed)
     data = {**destination.public(), "created": created}
     if generated:
         data["generated_secret"] = generated
+    where = " ".join(map(str, destination.settings.values()))
     ctx.emit(
         data,
-        f"{'registered' if created else 'replaced'} {destination.id} -> {destination.url}"
+        f"{'registered' if created else 'replaced'} {destination.id} -> {where}"
         + (f"\nsigning secret (shown once; give it to the receiver): {generated}" if generated else ""),
     )
 
@@ -665,7 +689,8 @@ async def destinations_list(ctx: Context, box: Outbox) -> None:
     ctx.emit(
         [d.public() for d in items],
         lambda: "\n".join(
-            f"{d.id:<20} {d.channel.value:<8} {d.url}{'  (disabled)' if d.disabled else ''}" for d in items
+            f"{d.id:<20} {d.channel:<8} {' '.join(map(str, d.settings.values()))}"
+            f"{'  (disabled)' if d.disabled else ''}" for d in items
         ) or "no destinations",
     )
 

@@ -1,39 +1,32 @@
 """The destination registry's record: where a channel delivers, and what the receiver declares.
 
 Producers name a destination by id, never a raw URL, so the registry is the one place that
-decides where effects may go and holds the secrets to sign them.
+decides where effects may go and holds the secrets to sign them. The fields here are the ones
+every channel shares; a channel's own settings (a webhook's URL, a mail server's host) are its
+spec's (``outbox.channels``), kept with the record as ``settings``.
 """
 
 from __future__ import annotations
 
-import base64
-import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
-from urllib.parse import urlsplit
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from . import hosts
 from .clock import iso
-from .model import Channel, OnUnknown
-
-SECRET_PREFIX = "whsec_"
-
-
-def new_secret() -> str:
-    """A fresh Standard Webhooks signing secret (``whsec_`` + 32 random bytes, base64)."""
-    return SECRET_PREFIX + base64.b64encode(os.urandom(32)).decode()
+from .model import OnUnknown
 
 
 @dataclass(frozen=True, slots=True)
 class Destination:
-    """A registered destination. ``secrets`` is never serialized by the API or logged."""
+    """A registered destination. ``secrets`` (newest first) is never serialized by the API or
+    logged; ``settings`` are the channel's own, as its spec validated them."""
 
     id: str
-    channel: Channel
-    url: str
+    channel: str
+    settings: Mapping[str, Any]
     secrets: tuple[str, ...]
     idempotent: bool
     retention_seconds: int
@@ -47,11 +40,12 @@ class Destination:
     reconcile: bool = False
 
     def public(self) -> dict[str, Any]:
-        """The destination as the API shows it: everything but the secrets."""
+        """The destination as the API shows it: everything but the secrets, the channel's
+        settings beside the shared fields."""
         return {
             "id": self.id,
-            "channel": self.channel.value,
-            "url": self.url,
+            "channel": self.channel,
+            **self.settings,
             "signing_secrets": len(self.secrets),
             "idempotent": self.idempotent,
             "retention_seconds": self.retention_seconds,
@@ -66,19 +60,21 @@ class Destination:
         }
 
     def __repr__(self) -> str:  # keep secrets out of logs and tracebacks
-        return f"Destination(id={self.id!r}, channel={self.channel.value!r}, url={self.url!r})"
+        return f"Destination(id={self.id!r}, channel={self.channel!r}, settings={dict(self.settings)!r})"
 
 
 class DestinationSpec(BaseModel):
-    """What an admin sends to register or replace a destination."""
+    """What an admin sends to register or replace a destination: the fields every channel
+    shares. The channel's own settings ride along as further fields; registering checks them
+    with the channel's spec, a subclass of this one that forbids anything else."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
 
-    channel: Literal["webhook"] = "webhook"
-    url: str = Field(max_length=2048, description="http(s) URL the webhook is POSTed to")
+    channel: str = Field(default="webhook", description="how it is delivered: an installed channel's name")
     secret: str | None = Field(
         default=None,
-        description="whsec_ signing secret; write-only. Omitted on update: the current one stays.",
+        description="write-only credential in the channel's form (a webhook's whsec_ signing secret). "
+                    "Omitted on update: the current one stays.",
     )
     drop_previous_secrets: StrictBool = Field(
         default=False,
@@ -94,7 +90,7 @@ class DestinationSpec(BaseModel):
     timeout_seconds: float = Field(default=10.0, gt=0, le=300)
     requires_approval: StrictBool = False
     allow_private_network: StrictBool = Field(
-        default=False, validate_default=True, description="allow loopback and private addresses (off: SSRF guard)"
+        default=False, description="allow loopback and private addresses (off: SSRF guard)"
     )
     disabled: StrictBool = False
     reconcile: StrictBool = Field(
@@ -102,43 +98,6 @@ class DestinationSpec(BaseModel):
         description="the receiver answers the reconcile probe (the receivers' idempotency middleware)",
     )
 
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, url: str) -> str:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"url {url!r} must be an absolute http:// or https:// URL")
-        if parts.username or parts.password:
-            raise ValueError("url must not carry credentials; put them in the secret")
-        hosts.url_host(url)  # a HostRefused (ValueError) says what is wrong with the host
-        return url
-
-    @field_validator("allow_private_network")
-    @classmethod
-    def _public_unless_allowed(cls, allowed: bool, info: ValidationInfo) -> bool:
-        # Here, after url, so a literal address the sender would refuse is refused now; a name is
-        # judged by what it resolves to when the request is made.
-        url: str | None = info.data.get("url")  # absent when the url itself was refused
-        if allowed or url is None:
-            return allowed
-        address = hosts.ip_literal(hosts.url_host(url))
-        if address is not None and not hosts.is_public(str(address)):
-            raise ValueError(f"the url's host {urlsplit(url).hostname} is not a public address (loopback, private, "
-                             "link-local or reserved): set allow_private_network (--allow-private-network) to send "
-                             "there")
-        return allowed
-
-    @field_validator("secret")
-    @classmethod
-    def _whsec(cls, secret: str | None) -> str | None:
-        if secret is None:
-            return None
-        if not secret.startswith(SECRET_PREFIX):
-            raise ValueError(f"secret must start with {SECRET_PREFIX!r}")
-        try:
-            raw = base64.b64decode(secret[len(SECRET_PREFIX):], validate=True)
-        except ValueError:
-            raise ValueError("secret must be whsec_ followed by base64") from None
-        if not 24 <= len(raw) <= 64:
-            raise ValueError("secret must hold 24 to 64 bytes")
-        return secret
+    def settings(self) -> dict[str, Any]:
+        """The channel's own settings: every field but the shared ones, as JSON values."""
+        return self.model_dump(mode="json", exclude=set(DestinationSpec.model_fields))

@@ -7,7 +7,8 @@ from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from .model import Channel, Status
+from . import channels
+from .model import Status
 from .store import Store
 
 #: Enqueue-to-delivered latency buckets, from instant to the retry schedule's hours.
@@ -38,9 +39,10 @@ class Metrics:
     async def render(self, store: Store, now: datetime) -> bytes:
         """Refresh the backlog gauges from the store, then the exposition text."""
         counts = {(status, channel): n for status, channel, n in await store.count_by_status()}
-        for status in Status:
-            for channel in Channel:
-                self.intents.labels(status.value, channel.value).set(counts.get((status.value, channel.value), 0))
+        # every installed channel (and any still named by stored intents) has its zeros
+        for channel in sorted({*channels.names(), *(channel for _, channel in counts)}):
+            for status in Status:
+                self.intents.labels(status.value, channel).set(counts.get((status.value, channel), 0))
         oldest = await store.oldest_due_at(now)
         self.oldest_due_age.set(0 if oldest is None else max(0.0, (now - oldest).total_seconds()))
         return generate_latest(self.registry)

@@ -141,12 +141,6 @@ class OnUnknown(str, enum.Enum):
     ALWAYS = "always"  # retry regardless; the operator accepted possible duplicates
 
 
-class Channel(str, enum.Enum):
-    """How an intent is delivered."""
-
-    WEBHOOK = "webhook"
-
-
 class Role(str, enum.Enum):
     """What an API token may do."""
 
@@ -163,7 +157,7 @@ class Intent:
     action_id: str
     scope: str
     destination: str
-    channel: Channel
+    channel: str  # its destination's channel, as the channel registry names it
     payload_json: str  # RFC 8785 canonical JSON: the exact bytes a receiver gets
     payload_digest: str
     status: Status

@@ -23,8 +23,9 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
 from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException
 
+from . import channels
 from .ids import ACTION_ID, DESTINATION_ID, SCOPE
-from .model import Channel, OnUnknown, Outcome, Status, Submission
+from .model import OnUnknown, Outcome, Status, Submission
 from .problems import MEDIA_TYPE as PROBLEM_MEDIA_TYPE
 from .problems import TYPE_PREFIX
 
@@ -41,7 +42,7 @@ class Intent(BaseModel):
     scope: str
     idempotency_key: str = Field(description="what receivers deduplicate on: scope/action_id")
     destination: str
-    channel: Channel
+    channel: str
     status: Status
     payload: JsonValue = Field(description="the JSON the destination receives")
     payload_digest: str = Field(description="sha256: over the RFC 8785 canonical payload")
@@ -108,11 +109,13 @@ class IntentPage(BaseModel):
 
 
 class Destination(BaseModel):
-    """A destination as the API shows it: everything but its secrets."""
+    """A destination as the API shows it: everything but its secrets, the channel's own
+    settings (a webhook's ``url``) beside the shared fields."""
+
+    model_config = ConfigDict(extra="allow")
 
     id: str
-    channel: Channel
-    url: str
+    channel: str
     signing_secrets: int = Field(description="how many signing secrets it has (never the secrets)")
     idempotent: bool
     retention_seconds: int
@@ -318,7 +321,6 @@ FIELD_PATTERNS: dict[str, dict[str, str]] = {
     "IntentIn": {"action_id": ecma(ACTION_ID), "scope": ecma(SCOPE), "destination": ecma(DESTINATION_ID)},
     "GrantSpec": {"scope": ecma(SCOPE), "destination": ecma("*", DESTINATION_ID)},
     "ReplayFilter": {"scope": ecma(SCOPE), "destination": ecma(DESTINATION_ID)},
-    "DestinationSpec": {"url": "^[Hh][Tt][Tt][Pp][Ss]?://"},
 }
 #: Request bodies as a client would send them (the README's examples).
 EXAMPLES: dict[str, dict[str, Any]] = {
@@ -383,6 +385,16 @@ def complete(document: dict[str, Any]) -> dict[str, Any]:
         for field, pattern in fields.items():
             for string in _strings(properties.get(field, {})):
                 string["pattern"] = pattern
+    if "DestinationSpec" in schemas:  # one schema per installed channel, told apart by ``channel``
+        kinds = [channels.get(name) for name in channels.names()]
+        _, generated = models_json_schema([(kind.spec, "validation") for kind in kinds],
+                                          ref_template=SCHEMAS + "{model}")
+        for name, schema in generated.get("$defs", {}).items():
+            schemas.setdefault(name, schema)
+        schemas["DestinationSpec"] = {
+            "description": "What an admin sends to register or replace a destination: the spec of one "
+                           f"installed channel, named by `channel` ({channels.DEFAULT} when omitted).",
+            "oneOf": [{"$ref": SCHEMAS + kind.spec.__name__} for kind in kinds]}
     components.setdefault("securitySchemes", {})[BEARER] = {
         "type": "http", "scheme": "bearer",
         "description": "an API token (`outbox tokens create`): producer, operator or admin"}

@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
 
+from . import channels
 from .clock import Clock, SystemClock, iso
 from .destinations import Destination, DestinationSpec
 from .digest import canonical_json, digest_of
@@ -24,7 +25,7 @@ from .errors import AmbiguousActionId, InvalidInput, NotFound, PayloadTooLarge, 
 from .grants import Grant, GrantSpec
 from .ids import ACTION_ID, DESTINATION_ID, MAX_KEY_LENGTH, SCOPE, TOKEN_LABEL, check, intent_key, uuid7
 from .metrics import Metrics
-from .model import SETTLED, Channel, Enqueued, Event, EventKind, Intent, NewIntent, Role
+from .model import SETTLED, Enqueued, Event, EventKind, Intent, NewIntent, Role
 from .settings import Settings
 from .signals import Signal
 from .store import History, IntentQuery, Page, Store, Transaction, store_for_url
@@ -234,6 +235,9 @@ class Outbox:
         """A page of intents, newest first."""
         if not 1 <= query.limit <= MAX_PAGE:
             raise InvalidInput(f"limit must be between 1 and {MAX_PAGE}")
+        if query.channel is not None and query.channel not in channels.names():
+            raise channels.UnknownChannel(f"there is no channel {query.channel!r}; installed: "
+                                          + ", ".join(channels.names()))
         return await self.store.list_intents(query)
 
     # -- destinations --------------------------------------------------------------------
@@ -241,14 +245,23 @@ class Outbox:
     async def put_destination(self, destination_id: str, spec: DestinationSpec) -> tuple[Destination, bool]:
         """Register or replace a destination; returns it and whether it was new.
 
-        Without a secret a new destination is refused and an existing one keeps its secrets.
-        A new secret goes first; the previous ones stay for rotation (at most three kept) until
-        ``drop_previous_secrets`` ends the rotation.
+        ``spec`` is checked by its channel's spec (a plain DestinationSpec carrying the channel's
+        settings as further fields is checked here; raises pydantic's ValidationError). A
+        destination keeps its channel: its intents' payloads were checked for that channel.
+        Without a secret a new destination of a channel that needs one is refused and an
+        existing one keeps its secrets. A new secret goes first; the previous ones stay for
+        rotation (at most three kept) until ``drop_previous_secrets`` ends the rotation.
         """
         check(DESTINATION_ID, destination_id, "destination id")
+        kind = channels.get(spec.channel)
+        if not isinstance(spec, kind.spec):
+            spec = kind.spec.model_validate(spec.model_dump(exclude_unset=True))
         existing = await self.store.get_destination(destination_id)
-        if spec.secret is None and existing is None:
-            raise InvalidInput(f"destination {destination_id!r} is new: it needs a whsec_ secret")
+        if existing is not None and existing.channel != spec.channel:
+            raise InvalidInput(f"destination {destination_id!r} is a {existing.channel} destination; a destination "
+                               "keeps its channel: register the new one under another id")
+        if spec.secret is None and existing is None and kind.needs_secret:
+            raise InvalidInput(f"destination {destination_id!r} is new: it needs {kind.secret_form}")
         secrets: tuple[str, ...] = existing.secrets if existing else ()
         if spec.secret is not None and spec.secret not in secrets[:1]:
             secrets = (spec.secret, *(s for s in secrets if s != spec.secret))[:3]
@@ -257,8 +270,8 @@ class Outbox:
         now = self.clock.now()
         destination = Destination(
             id=destination_id,
-            channel=Channel(spec.channel),
-            url=spec.url,
+            channel=spec.channel,
+            settings=spec.settings(),
             secrets=secrets,
             idempotent=spec.idempotent,
             retention_seconds=spec.retention_seconds,
@@ -404,7 +417,7 @@ def intent_json(intent: Intent) -> dict[str, Any]:
         "scope": intent.scope,
         "idempotency_key": intent.key,
         "destination": intent.destination,
-        "channel": intent.channel.value,
+        "channel": intent.channel,
         "status": intent.status.value,
         "payload": intent.payload,
         "payload_digest": intent.payload_digest,

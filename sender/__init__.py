@@ -13,9 +13,9 @@ from .authority import (
     authority_from_setting,
 )
 from .backoff import Backoff
-from .channel import Channel, SendResult
+from .channel import Channel, ChannelModule, SendResult
 from .decision import Fate, Policy, decide
-from .webhook import WebhookChannel
+from .webhook import WebhookChannel, WebhookSpec
 from .worker import Worker
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "CachedAuthority",
     "CallableAuthority",
     "Channel",
+    "ChannelModule",
     "Decision",
     "Fate",
     "GrantsAuthority",
@@ -34,6 +35,7 @@ __all__ = [
     "SendResult",
     "Verdict",
     "WebhookChannel",
+    "WebhookSpec",
     "Worker",
     "authority_from_setting",
     "decide",

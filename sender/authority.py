@@ -227,7 +227,7 @@ def authorizer(outbox: Outbox) -> Callable[[Intent], Awaitable[str | None]]:
 
     async def authorize(intent: Intent) -> str | None:
         decision = await provider.check(
-            AuthorityRequest(intent.scope, intent.channel.value, intent.destination, intent.action_id))
+            AuthorityRequest(intent.scope, intent.channel, intent.destination, intent.action_id))
         return None if decision.allowed else decision.reason
 
     return authorize

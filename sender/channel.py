@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from outbox import Destination, Intent, Outcome, Submission
+from outbox.channels import ChannelKind
 
 #: How much of a receiver's reply is kept with an attempt.
 REPLY_BYTES = 2048
@@ -54,3 +56,12 @@ class Channel(Protocol):
     async def aclose(self) -> None:
         """Release connections."""
         ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChannelModule(ChannelKind):
+    """What a channel's module registers (``outbox.channels``): the core's declaration plus
+    ``open``, which builds the implementation one worker sends through, ``concurrency`` sends
+    at once. A channel's driver is imported by its module, so only when the channel is named."""
+
+    open: Callable[[int], Channel]

@@ -6,15 +6,18 @@ whole timeout, and every other destination's intents wait behind them. Once ``th
 in a row get no answer (refused, timed out, reset), its intents are given back unsent, due after
 a pause, and the slots go to the others. When the pause ends, one send probes the receiver. If
 it answers, sending resumes; if not, the next pause is twice as long, up to ``max_pause``.
-A destination given a new URL starts afresh.
+A destination given new settings (a webhook's new URL) starts afresh. Whether a send got an
+answer at all is the channel's to say (``SendResult.answered``).
 """
 
 from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from outbox import Destination, Outcome
 
@@ -23,9 +26,9 @@ from .channel import SendResult
 
 @dataclass
 class Circuit:
-    """What one worker has seen of one destination (at one URL) lately."""
+    """What one worker has seen of one destination (with these settings) lately."""
 
-    url: str
+    settings: Mapping[str, Any]
     failures: int = 0  # sends in a row that got no answer
     pauses: int = 0  # pauses in a row; each is twice the one before
     until: datetime | None = None  # paused until then (None: closed)
@@ -46,7 +49,7 @@ class Circuits:
 
     def _circuit(self, destination: Destination) -> Circuit | None:
         circuit = self._circuits.get(destination.id)
-        if circuit is not None and circuit.url != destination.url:  # moved: what we saw is moot
+        if circuit is not None and circuit.settings != destination.settings:  # moved: what we saw is moot
             del self._circuits[destination.id]
             return None
         return circuit
@@ -87,7 +90,7 @@ class Circuits:
         if result.outcome not in (Outcome.RETRYABLE, Outcome.UNKNOWN):
             return None  # refused by us (the SSRF guard), not by the receiver's silence
         if circuit is None:
-            circuit = self._circuits[destination.id] = Circuit(destination.url)
+            circuit = self._circuits[destination.id] = Circuit(destination.settings)
         circuit.failures += 1
         circuit.probe_at = None
         if circuit.failures < self.threshold or (circuit.until is not None and now < circuit.until):

@@ -13,11 +13,11 @@ from pathlib import Path
 
 from aiohttp import web
 
-from outbox import DestinationSpec, Outbox, Settings
-from outbox.destinations import new_secret
+from outbox import Outbox, Settings
 from outbox.grants import GrantSpec
 from receivers.wire import sign
 
+from .webhook import WebhookSpec, new_secret
 from .worker import Worker
 
 
@@ -57,7 +57,7 @@ async def run_demo(echo: Callable[[str], None]) -> int:
                             backoff_initial_seconds=0.5, poll_seconds=0.2)
         async with await Outbox.open(settings=settings) as box:
             for name, path in (("orders", "/orders"), ("flaky", "/flaky"), ("gone", "/gone")):
-                await box.put_destination(name, DestinationSpec(
+                await box.put_destination(name, WebhookSpec(
                     url=f"http://127.0.0.1:{port}{path}", secret=secret, allow_private_network=True))
             await box.put_grant("demo", GrantSpec(scope="demo", destination="*", note="the demo"))
             echo(f"receiver on 127.0.0.1:{port}; scope 'demo' is granted every destination")

@@ -9,23 +9,26 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import socket
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 from yarl import URL
 
-from outbox import Destination, Intent, Outcome, Submission, hosts
+from outbox import Destination, DestinationSpec, Intent, Outcome, Submission, hosts
 from outbox.clock import Clock, SystemClock
 from receivers import wire
 
-from .channel import REPLY_BYTES, ProbeAnswer, SendResult
+from .channel import REPLY_BYTES, ChannelModule, ProbeAnswer, SendResult
 
+SECRET_PREFIX = "whsec_"
 USER_AGENT = "outbox-delivery/0.1"
 #: Prepared destinations kept (a destination's new URL or timeout is a new entry).
 MAX_TARGETS = 1024
@@ -34,6 +37,55 @@ KEPT_HEADERS = ("content-type", "retry-after", wire.EXTERNAL_ID.lower(), wire.RE
 #: What aiohttp refuses in a header name or value (RFC 9110 5.5: controls other than HTAB). It
 #: raises ValueError once the connection is already taken, so such a request is refused first.
 FORBIDDEN_IN_HEADERS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def new_secret() -> str:
+    """A fresh Standard Webhooks signing secret (``whsec_`` + 32 random bytes, base64)."""
+    return SECRET_PREFIX + base64.b64encode(os.urandom(32)).decode()
+
+
+class WebhookSpec(DestinationSpec):
+    """A webhook destination: the URL its intents are POSTed to, signed with a whsec_ secret."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    channel: Literal["webhook"] = "webhook"
+    url: str = Field(max_length=2048, description="http(s) URL the webhook is POSTed to",
+                     json_schema_extra={"pattern": "^[Hh][Tt][Tt][Pp][Ss]?://"})
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str, info: ValidationInfo) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"url {url!r} must be an absolute http:// or https:// URL")
+        if parts.username or parts.password:
+            raise ValueError("url must not carry credentials; put them in the secret")
+        host = hosts.url_host(url)  # a HostRefused (ValueError) says what is wrong with the host
+        # A literal address the sender would refuse is refused now; a name is judged by what it
+        # resolves to when the request is made.
+        address = hosts.ip_literal(host)
+        if (address is not None and not hosts.is_public(str(address))
+                and not info.data.get("allow_private_network", True)):
+            raise ValueError(f"the url's host {parts.hostname} is not a public address (loopback, private, "
+                             "link-local or reserved): set allow_private_network (--allow-private-network) to "
+                             "send there")
+        return url
+
+    @field_validator("secret")
+    @classmethod
+    def _whsec(cls, secret: str | None) -> str | None:
+        if secret is None:
+            return None
+        if not secret.startswith(SECRET_PREFIX):
+            raise ValueError(f"secret must start with {SECRET_PREFIX!r}")
+        try:
+            raw = base64.b64decode(secret[len(SECRET_PREFIX):], validate=True)
+        except ValueError:
+            raise ValueError("secret must be whsec_ followed by base64") from None
+        if not 24 <= len(raw) <= 64:
+            raise ValueError("secret must hold 24 to 64 bytes")
+        return secret
 
 
 class PrivateAddressRefused(OSError):
@@ -151,7 +203,8 @@ class WebhookChannel:
         return session
 
     def _target(self, destination: Destination) -> _Target:
-        key = (destination.id, destination.url, destination.allow_private_network, destination.timeout_seconds)
+        key = (destination.id, destination.settings["url"], destination.allow_private_network,
+               destination.timeout_seconds)
         target = self._targets.get(key)
         if target is None:
             if len(self._targets) >= MAX_TARGETS:
@@ -277,19 +330,20 @@ def _judged(destination: Destination) -> tuple[URL, str | None]:
     host that is neither an ordinary hostname nor a canonical IP address (rows stored before
     registration checked hosts); or a URL the client cannot parse. Each is permanent.
     """
+    written_url: str = destination.settings["url"]
     try:
-        url = URL(destination.url)
+        url = URL(written_url)
     except ValueError as exc:
         return URL(), f"refused: the url of destination {destination.id!r} cannot be used: {exc}"
     connected = url.raw_host or ""
     if (not destination.allow_private_network and hosts.ip_literal(connected) is not None
             and not hosts.is_public(connected)):
-        written = urlsplit(destination.url).hostname
+        written = urlsplit(written_url).hostname
         shown = connected if written == connected else f"{connected} (the url's host {written!r})"
         return url, (f"refused: {shown} is not a public address and destination {destination.id!r} "
                      "does not allow the private network")
     try:
-        host = hosts.url_host(destination.url)
+        host = hosts.url_host(written_url)
     except hosts.HostRefused as exc:
         return url, f"refused: the url of destination {destination.id!r} cannot be used: {exc}"
     if host != connected:  # the rule and the client read the host differently: trust neither
@@ -332,3 +386,7 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:500]
 
 
+CHANNEL = ChannelModule(
+    name="webhook", spec=WebhookSpec, secret_form="a whsec_ secret", new_secret=new_secret,
+    open=lambda concurrency: WebhookChannel(concurrency=concurrency),
+)

@@ -14,7 +14,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -30,11 +30,11 @@ from outbox import (
     Status,
     StoreUnavailable,
     Submission,
+    channels,
     operations,
 )
 from outbox.ids import KEY_SEPARATOR, uuid7
 from outbox.model import SETTLED
-from outbox.model import Channel as ChannelKind
 
 from .authority import (
     Authority,
@@ -45,10 +45,9 @@ from .authority import (
     authority_from_setting,
 )
 from .backoff import Backoff
-from .channel import Channel, SendResult
+from .channel import Channel, ChannelModule, SendResult
 from .circuit import Circuits
 from .decision import Fate, Policy, decide
-from .webhook import WebhookChannel
 
 log = logging.getLogger("outbox.sender")
 
@@ -74,7 +73,7 @@ class Worker:
         outbox: Outbox,
         *,
         authority: Authority | None = None,
-        channels: dict[ChannelKind, Channel] | None = None,
+        channels: Mapping[str, Channel] | None = None,
         worker_id: str | None = None,
         concurrency: int | None = None,
         policy: Policy | None = None,
@@ -93,7 +92,7 @@ class Worker:
         self.authority: Authority = CachedAuthority(
             authority or authority_from_setting(settings.authority, outbox), settings.authority_seconds
         )
-        self.channels = channels or {ChannelKind.WEBHOOK: WebhookChannel(concurrency=self.concurrency)}
+        self.channels: dict[str, Channel] = dict(channels or {})  # the rest are opened when first needed
         self.leases = LEASES_PER_SLOT * self.concurrency
         self._sends = asyncio.Semaphore(self.concurrency)
         self._in_flight: dict[str, tuple[int, asyncio.Task[None]]] = {}  # every lease held
@@ -135,6 +134,16 @@ class Worker:
             await asyncio.gather(*helpers, return_exceptions=True)
             await self.aclose()
             log.info("worker %s stopped", self.id)
+
+    def _channel(self, name: str) -> Channel:
+        """The channel called ``name``, opened from the registry the first time it is needed."""
+        channel = self.channels.get(name)
+        if channel is None:
+            kind = channels.get(name)
+            if not isinstance(kind, ChannelModule):
+                raise TypeError(f"channel {name!r} is installed without a sender (a ChannelModule)")
+            channel = self.channels[name] = kind.open(self.concurrency)
+        return channel
 
     async def aclose(self) -> None:
         """Release the channels' connections and the authority provider's (``run`` does this
@@ -279,7 +288,7 @@ class Worker:
                                    "fence": intent.fence, "authority": decision.reason,
                                    "authority_revision": decision.revision})],
                 )
-                channel = self.channels[intent.channel]
+                channel = self._channel(intent.channel)
                 started = time.perf_counter()
                 sent = True
                 result = await channel.send(intent, destination, attempt_id=attempt.attempt_id, fence=intent.fence)
@@ -326,7 +335,7 @@ class Worker:
             log.info("held: %s", refusal, extra=self._fields(intent))
             return None
         decision = await self.authority.check(AuthorityRequest(
-            intent.scope, intent.channel.value, intent.destination, intent.action_id))
+            intent.scope, intent.channel, intent.destination, intent.action_id))
         if decision.verdict is Verdict.ALLOW:  # recorded on attempt_started
             return destination, decision
         checked = Event(EventKind.AUTHORITY_CHECKED, self.clock.now(), self.id, decision.reason,
@@ -380,7 +389,7 @@ class Worker:
         if fate.status is not Status.UNKNOWN or not destination.reconcile:
             return fate, [], fence
         probe_fence = fence + 1
-        answer = await self.channels[intent.channel].probe(intent, destination, fence=probe_fence)
+        answer = await self._channel(intent.channel).probe(intent, destination, fence=probe_fence)
         now = self.clock.now()
         event = Event(EventKind.RECONCILED, now, self.id, answer.error,
                       {"state": answer.state, "fence": probe_fence, "status_code": answer.status_code,

@@ -68,7 +68,11 @@ async def json_body(request: Request) -> Any:
 
 async def parsed(request: Request, model: type[M]) -> M:
     """The JSON body validated as ``model``, or the problem saying what is wrong."""
-    raw = await json_body(request)
+    return validated(model, await json_body(request))
+
+
+def validated(model: type[M], raw: Any) -> M:
+    """``raw`` (a parsed body) validated as ``model``, or the problem saying what is wrong."""
     try:
         return model.model_validate(raw)
     except ValidationError as exc:

@@ -14,7 +14,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
 
 from .. import openapi
 from ..ids import DESTINATION_ID, check
-from ..model import SETTLED, Channel, Intent, Status
+from ..model import SETTLED, Intent, Status
 from ..outbox import MAX_PAGE, history_json, intent_json
 from ..problems import Problem
 from ..store import IntentQuery
@@ -114,7 +114,7 @@ async def list_intents(
     status: Annotated[list[Status] | None, Query(description="repeat for several")] = None,
     scope: Annotated[list[str] | None, Query(description="repeat for several")] = None,
     destination: str | None = None,
-    channel: Channel | None = None,
+    channel: Annotated[str | None, Query(description="an installed channel's name")] = None,
     created_after: AwareDatetime | None = None,
     created_before: AwareDatetime | None = None,
     cursor: str | None = None,

@@ -11,7 +11,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictBool
 
 from .. import openapi, operations
 from ..errors import OutboxError
-from ..model import Channel, EventKind, Intent, Status
+from ..model import EventKind, Intent, Status
 from ..outbox import history_json, intent_json
 from ..problems import Problem
 from ..store import History, IntentQuery
@@ -57,7 +57,7 @@ class ReplayFilter(BaseModel):
     status: list[Status] | None = None
     scope: list[str] | None = None
     destination: str | None = None
-    channel: Channel | None = None
+    channel: str | None = Field(default=None, description="an installed channel's name")
     created_after: AwareDatetime | None = None
     created_before: AwareDatetime | None = None
 

@@ -9,12 +9,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from .. import openapi
+from .. import channels, openapi
 from ..destinations import DestinationSpec
 from ..grants import GrantSpec
 from ..ids import DESTINATION_ID, check
 from .auth import Admin, Operator, box
-from .bodies import parsed
+from .bodies import json_body, parsed, validated
 
 log = logging.getLogger("outbox.api")
 
@@ -33,7 +33,10 @@ grants = APIRouter(tags=["grants"])
 )
 async def put_destination(request: Request, destination_id: str, token: Admin) -> Response:
     check(DESTINATION_ID, destination_id, "destination id")
-    spec = await parsed(request, DestinationSpec)
+    raw = await json_body(request)
+    named = raw.get("channel", channels.DEFAULT) if isinstance(raw, dict) else channels.DEFAULT
+    # the channel's spec checks its settings and its secret's form (and a channel that is no name)
+    spec = validated(channels.get(named if isinstance(named, str) else channels.DEFAULT).spec, raw)
     destination, created = await box(request).put_destination(destination_id, spec)
     log.info("destination %s %s by %s", destination_id, "created" if created else "replaced", token.actor)
     return JSONResponse(destination.public(), status_code=201 if created else 200)

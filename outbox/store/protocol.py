@@ -17,7 +17,7 @@ from typing import Any, Literal, Protocol, overload
 
 from ..destinations import Destination
 from ..grants import Grant, GrantSpec
-from ..model import Attempt, Channel, Enqueued, Event, Intent, NewIntent, Status
+from ..model import Attempt, Enqueued, Event, Intent, NewIntent, Status
 from ..tokens import TokenInfo
 
 #: Columns an intent update may set, besides ``status`` and ``updated_at``.
@@ -44,7 +44,7 @@ class IntentQuery:
     statuses: Sequence[Status] | None = None
     scopes: Sequence[str] | None = None
     destination: str | None = None
-    channel: Channel | None = None
+    channel: str | None = None
     created_after: datetime | None = None
     created_before: datetime | None = None
     before_seq: int | None = None  # the cursor: only intents older than this one

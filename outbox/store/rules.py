@@ -7,11 +7,13 @@ I/O, no clock), so a dialect may call it inside a job that already runs on a dat
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import DestinationInUse, IntentConflict, NotFound, StaleWrite, UnknownDestination
-from ..model import INITIAL, Channel, Enqueued, Event, Intent, NewIntent, Status, check_transition
+from .. import channels
+from ..errors import DestinationInUse, IntentConflict, InvalidInput, NotFound, StaleWrite, UnknownDestination
+from ..model import INITIAL, Enqueued, Event, Intent, NewIntent, Status, check_transition
 from .protocol import UPDATABLE
 
 # -- enqueue ----------------------------------------------------------------------------------
@@ -28,7 +30,19 @@ def decide_initial_status(new: NewIntent, requires_approval: bool | None) -> Sta
     return status
 
 
-def inserted_intent(seq: int, new: NewIntent, channel: Channel, status: Status) -> Intent:
+def check_payload(new: NewIntent, channel: str) -> None:
+    """Refuse (InvalidInput) a payload its destination's channel could never deliver, before
+    anything is written, rather than dead-letter it later."""
+    check = channels.get(channel).check_payload
+    if check is None:
+        return
+    try:
+        check(json.loads(new.payload_json))
+    except ValueError as exc:
+        raise InvalidInput(f"the payload cannot be sent by the {channel} channel: {exc}") from None
+
+
+def inserted_intent(seq: int, new: NewIntent, channel: str, status: Status) -> Intent:
     """The intent just inserted under ``seq``, built from what was written rather than read back."""
     return Intent(
         seq=seq, action_id=new.action_id, scope=new.scope, destination=new.destination,

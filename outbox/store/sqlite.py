@@ -28,7 +28,6 @@ from ..errors import NotFound, StoreUnavailable
 from ..grants import Grant, GrantSpec
 from ..model import (
     Attempt,
-    Channel,
     Enqueued,
     Event,
     Intent,
@@ -45,6 +44,7 @@ from .plumbing import GroupCommitter, connect, on_thread, queries, unavailable
 from .protocol import History, IntentQuery, Page
 from .rules import (
     check_claim,
+    check_payload,
     decide_destination_delete,
     decide_existing,
     decide_initial_status,
@@ -73,7 +73,7 @@ def _intent(row: sqlite3.Row | Mapping[str, Any]) -> Intent:
         action_id=row["action_id"],
         scope=row["scope"],
         destination=row["destination"],
-        channel=Channel(row["channel"]),
+        channel=row["channel"],
         payload_json=row["payload"],
         payload_digest=row["payload_digest"],
         status=Status(row["status"]),
@@ -125,8 +125,8 @@ def _event(row: sqlite3.Row) -> Event:
 def _destination(row: sqlite3.Row) -> Destination:
     return Destination(
         id=row["id"],
-        channel=Channel(row["channel"]),
-        url=row["url"],
+        channel=row["channel"],
+        settings=json.loads(row["settings"]),
         secrets=tuple(json.loads(row["secrets"])),
         idempotent=bool(row["idempotent"]),
         retention_seconds=row["retention_seconds"],
@@ -194,6 +194,7 @@ def _insert_intent(
         if found is not None and seen is not None:
             seen[new.destination] = found
     status = decide_initial_status(new, None if found is None else bool(found["requires_approval"]))
+    check_payload(new, found["channel"])
     created = to_us(new.created_at)
     row = conn.execute(
         SQL["insert_intent"],
@@ -216,7 +217,7 @@ def _insert_intent(
     ).fetchone()
     if row is not None:
         _append_event(conn, row[0], event)
-        return Enqueued(inserted_intent(row[0], new, Channel(found["channel"]), status), created=True)
+        return Enqueued(inserted_intent(row[0], new, found["channel"], status), created=True)
     return decide_existing(_intent(conn.execute(SQL["intent_by_key"], (new.key,)).fetchone()), new)
 
 
@@ -485,7 +486,7 @@ class SqliteStore:
             params.extend(query.scopes)
         for column, value in (
             ("destination = ?", query.destination),
-            ("channel = ?", query.channel.value if query.channel else None),
+            ("channel = ?", query.channel),
             ("created_at >= ?", to_us(query.created_after)),
             ("created_at < ?", to_us(query.created_before)),
             ("seq < ?", query.before_seq),
@@ -663,8 +664,8 @@ class SqliteStore:
                 SQL["put_destination"],
                 (
                     d.id,
-                    d.channel.value,
-                    d.url,
+                    d.channel,
+                    json.dumps(dict(d.settings)),
                     json.dumps(list(d.secrets)),
                     int(d.idempotent),
                     d.retention_seconds,

@@ -340,13 +340,12 @@ async def channel_alone(receiver: Receiver, n: int) -> Load:
     from datetime import UTC, datetime
 
     from outbox import Destination, Intent, OnUnknown, Status
-    from outbox.model import Channel
     from sender.webhook import WebhookChannel
 
     now = datetime.now(UTC)
-    destination = Destination(DESTINATION, Channel.WEBHOOK, receiver.base + CHANNEL_PATH, (SECRET,), False, 3600,
+    destination = Destination(DESTINATION, "webhook", {"url": receiver.base + CHANNEL_PATH}, (SECRET,), False, 3600,
                               OnUnknown.DECLARED, 10.0, False, True, False, now, now)
-    intents = [Intent(i, f"channel-{i}", SCOPE, DESTINATION, Channel.WEBHOOK,
+    intents = [Intent(i, f"channel-{i}", SCOPE, DESTINATION, "webhook",
                       json.dumps(payload(i), separators=(",", ":")), "sha256:-", Status.LEASED, 0, 1, now,
                       None, None, "bench", now, 1, now, now, None) for i in range(WARMUP + n)]
     load = Load()
@@ -374,7 +373,6 @@ async def channel_alone(receiver: Receiver, n: int) -> Load:
 async def outbox_delivery(workdir: Path, receiver: Receiver, n: int, *, noop: bool = False) -> Delivery:
     """Enqueue n intents (untimed), run a Worker until every one is delivered, check the counts.
     With ``noop``, the worker's channel sends nothing (see NoopChannel)."""
-    from outbox.model import Channel
     from sender import Worker
 
     before = (await receiver.counts())[HOOK_PATH]
@@ -413,7 +411,7 @@ async def outbox_delivery(workdir: Path, receiver: Receiver, n: int, *, noop: bo
         logger = logging.getLogger("outbox.sender")
         logger.addHandler(sender_log)
         logger.propagate = False  # counted and summarised, not printed line by line
-        worker = Worker(box, channels={Channel.WEBHOOK: NoopChannel()} if noop else None)
+        worker = Worker(box, channels={"webhook": NoopChannel()} if noop else None)
         delivered_sql = "SELECT count(*) FROM intents WHERE status = 'delivered'"
         try:
             cpu = receiver.cpu()

@@ -21,7 +21,6 @@ import pytest
 
 from outbox import (
     Attempt,
-    Channel,
     DestinationInUse,
     Event,
     IllegalTransition,
@@ -100,7 +99,7 @@ async def store(open_store: Callable[[], Awaitable[Store]]) -> Store:
 
 def destination(id: str, **changes) -> Destination:
     base = Destination(
-        id=id, channel=Channel.WEBHOOK, url=f"https://{id}.example/hook", secrets=("whsec_x",),
+        id=id, channel="webhook", settings={"url": f"https://{id}.example/hook"}, secrets=("whsec_x",),
         idempotent=True, retention_seconds=3600, on_unknown=OnUnknown.DECLARED,
         timeout_seconds=5.0, requires_approval=False, allow_private_network=False,
         disabled=False, created_at=T0, updated_at=T0,
@@ -309,15 +308,16 @@ async def test_listing_filters_and_pages_newest_first_without_gaps(store):
     assert await ids(statuses=[Status.HELD]) == ["held"]
     assert await ids(scopes=["acme"], destination="billing") == ["i5", "i3", "i1"]
     assert await ids(scopes=[]) == []
-    assert await ids(channel=Channel.WEBHOOK, limit=2) == ["held", "i6"]
+    assert await ids(channel="webhook", limit=2) == ["held", "i6"]
     assert await ids(created_after=T0 + timedelta(minutes=2), created_before=T0 + timedelta(minutes=4)) == ["i3", "i2"]
 
 
 async def test_destinations_are_registered_replaced_and_listed(store):
     assert await store.put_destination(destination("crm")) is True
-    assert await store.put_destination(destination("crm", url="https://crm.example/v2")) is False
+    settings = {"url": "https://crm.example/v2", "nested": {"ports": [25, 587], "tls": True, "none": None}}
+    assert await store.put_destination(destination("crm", settings=settings)) is False
     found = await store.get_destination("crm")
-    assert found.url == "https://crm.example/v2" and found.secrets == ("whsec_x",)
+    assert found.settings == settings and found.secrets == ("whsec_x",)
     assert [d.id for d in await store.list_destinations()] == ["approvals", "billing", "crm"]
     assert await store.get_destination("nope") is None
 

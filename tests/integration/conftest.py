@@ -96,8 +96,8 @@ class SenderEnv:
         await self.destination("https://placeholder.example/", destination_id, **spec)
         assert self.path is not None
         with sqlite3.connect(self.path, timeout=10) as conn:
-            conn.execute("UPDATE destinations SET url = ?, allow_private_network = ? WHERE id = ?",
-                         (url, int(allow_private_network), destination_id))
+            conn.execute("UPDATE destinations SET settings = json_object('url', ?), allow_private_network = ? "
+                         "WHERE id = ?", (url, int(allow_private_network), destination_id))
         conn.close()
 
     async def enqueue(self, action_id: str, payload: Any = None, *, destination: str = "hook",

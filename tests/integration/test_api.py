@@ -204,7 +204,7 @@ async def test_destinations_are_managed_by_admins_and_never_show_secrets(api: Ap
     ({"url": "http://１６９.２５４.１６９.２５４/latest/meta-data/"}, "read as the address '169.254.169.254'"),
     ({"url": "http://0x7f000001/"}, "url: Value error, host '0x7f000001' looks like an IPv4 address"),
     ({"url": "http://10.0.0.1/"},
-     "allow_private_network: Value error, the url's host 10.0.0.1 is not a public address"),
+     "url: Value error, the url's host 10.0.0.1 is not a public address"),
     ({"url": "http://169.254.169.254/"}, "169.254.169.254 is not a public address"),
 ])
 async def test_a_destination_whose_host_the_sender_would_refuse_is_refused_at_registration(api: Api, spec, words):

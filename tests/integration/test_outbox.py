@@ -126,7 +126,7 @@ async def test_business_row_and_intent_roll_back_together(box: Outbox):
 
 
 async def test_destination_secrets_rotate_and_are_kept_on_update(box: Outbox):
-    from outbox.destinations import new_secret
+    from sender.webhook import new_secret
 
     spec = DestinationSpec(url="https://b.example/v2")
     updated, created = await box.put_destination("billing", spec)

@@ -548,7 +548,8 @@ async def test_the_probe_is_refused_like_a_send(env: SenderEnv, listener: Listen
     """The reconcile probe goes to the same URL: a stored loopback host in disguise is refused
     there too, before any connection."""
     registered = await env.destination(f"http://127.0.0.1:{listener.port}/hook", reconcile=True)
-    stored = replace(registered, url=f"http://１２７.０.０.１:{listener.port}/hook", allow_private_network=False)
+    stored = replace(registered, settings={"url": f"http://１２７.０.０.１:{listener.port}/hook"},
+                     allow_private_network=False)
     intent = await env.enqueue("a1")
     channel = webhook.WebhookChannel()
     try:

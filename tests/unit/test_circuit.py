@@ -6,7 +6,6 @@ import logging
 from datetime import UTC, datetime, timedelta
 
 from outbox import Destination, OnUnknown, Outcome, Submission
-from outbox.model import Channel
 from sender.channel import SendResult
 from sender.circuit import Circuits
 
@@ -14,7 +13,7 @@ T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
 def destination(name: str, url: str = "https://receiver.example/hook") -> Destination:
-    return Destination(name, Channel.WEBHOOK, url, ("whsec_x",), True, 86_400, OnUnknown.DECLARED, 10.0,
+    return Destination(name, "webhook", {"url": url}, ("whsec_x",), True, 86_400, OnUnknown.DECLARED, 10.0,
                        False, False, False, T0, T0)
 
 

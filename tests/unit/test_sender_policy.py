@@ -9,15 +9,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from outbox import Channel, Destination, Intent, OnUnknown, Outcome, Status, Submission
+from outbox import Destination, Intent, OnUnknown, Outcome, Status, Submission
 from receivers.wire import content_digest, sign
 from sender import Backoff, Policy, SendResult, decide
 from sender.webhook import classify_status, retry_after_seconds
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
-DEST = Destination("hook", Channel.WEBHOOK, "https://h.example/", ("whsec_" + "A" * 44,), True, 3600,
+DEST = Destination("hook", "webhook", {"url": "https://h.example/"}, ("whsec_" + "A" * 44,), True, 3600,
                    OnUnknown.DECLARED, 5.0, False, False, False, NOW, NOW)
-INTENT = Intent(1, "a1", "acme", "hook", Channel.WEBHOOK, "{}", "sha256:x", Status.LEASED, 1, 5,
+INTENT = Intent(1, "a1", "acme", "hook", "webhook", "{}", "sha256:x", Status.LEASED, 1, 5,
                 NOW, None, None, "w", NOW, 1, NOW, NOW, None)
 POLICY = Policy(Backoff(1.0, 3600.0), retention_margin_seconds=300)
 

@@ -19,7 +19,7 @@ from outbox import (
     Status,
     UnknownDestination,
 )
-from outbox.model import Channel, NewIntent
+from outbox.model import NewIntent
 from outbox.store.protocol import UPDATABLE
 from outbox.store.rules import (
     decide_destination_delete,
@@ -34,7 +34,7 @@ T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 NEW = NewIntent(action_id="a1", scope="acme", destination="billing", payload_json='{"n":1}',
                 payload_digest="sha256:aa", max_attempts=5, next_attempt_at=T0, not_before=None,
                 expires_at=T0 + timedelta(days=1), created_at=T0)
-EXISTING = inserted_intent(7, NEW, Channel.WEBHOOK, Status.PENDING)
+EXISTING = inserted_intent(7, NEW, "webhook", Status.PENDING)
 
 
 def leased(at: datetime = T0) -> list[Event]:

@@ -205,12 +205,12 @@ SELECT * FROM intents WHERE seq = ?;
 
 -- name: put_destination
 -- Register or replace a destination.
-INSERT INTO destinations (id, channel, url, secrets, idempotent, retention_seconds, on_unknown,
+INSERT INTO destinations (id, channel, settings, secrets, idempotent, retention_seconds, on_unknown,
                           timeout_seconds, requires_approval, allow_private_network, disabled,
                           created_at, updated_at, reconcile)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (id) DO UPDATE SET
-    channel = excluded.channel, url = excluded.url, secrets = excluded.secrets,
+    channel = excluded.channel, settings = excluded.settings, secrets = excluded.secrets,
     idempotent = excluded.idempotent, retention_seconds = excluded.retention_seconds,
     on_unknown = excluded.on_unknown, timeout_seconds = excluded.timeout_seconds,
     requires_approval = excluded.requires_approval,

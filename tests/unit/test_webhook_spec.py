@@ -1,14 +1,13 @@
 import pytest
 from pydantic import ValidationError
 
-from outbox import DestinationSpec
-from outbox.destinations import new_secret
+from sender.webhook import WebhookSpec, new_secret
 
 SECRET = new_secret()
 
 
 def test_new_secret_is_a_valid_standard_webhooks_secret():
-    assert DestinationSpec(url="https://x.example/h", secret=SECRET).secret == SECRET
+    assert WebhookSpec(url="https://x.example/h", secret=SECRET).secret == SECRET
 
 
 @pytest.mark.parametrize(
@@ -16,7 +15,7 @@ def test_new_secret_is_a_valid_standard_webhooks_secret():
 )
 def test_urls_must_be_absolute_http_without_credentials(url):
     with pytest.raises(ValidationError):
-        DestinationSpec(url=url, secret=SECRET)
+        WebhookSpec(url=url, secret=SECRET)
 
 
 @pytest.mark.parametrize(("url", "words"), [
@@ -38,7 +37,7 @@ def test_a_host_that_is_no_ordinary_hostname_or_canonical_address_is_refused(url
     """Whether or not the private network is allowed: the client would connect to another host
     than the one written."""
     with pytest.raises(ValidationError) as refused:
-        DestinationSpec(url=url, secret=SECRET, allow_private_network=allow_private_network)
+        WebhookSpec(url=url, secret=SECRET, allow_private_network=allow_private_network)
     [error] = refused.value.errors()
     assert error["loc"] == ("url",) and words in error["msg"], error
 
@@ -49,39 +48,39 @@ def test_a_host_that_is_no_ordinary_hostname_or_canonical_address_is_refused(url
 ])
 def test_a_literal_non_public_address_needs_allow_private_network(url):
     with pytest.raises(ValidationError) as refused:
-        DestinationSpec(url=url, secret=SECRET)
+        WebhookSpec(url=url, secret=SECRET)
     [error] = refused.value.errors()
-    assert error["loc"] == ("allow_private_network",), error
+    assert error["loc"] == ("url",), error
     assert "is not a public address" in error["msg"] and "set allow_private_network" in error["msg"]
-    assert DestinationSpec(url=url, secret=SECRET, allow_private_network=True).allow_private_network
+    assert WebhookSpec(url=url, secret=SECRET, allow_private_network=True).allow_private_network
 
 
 def test_ordinary_hosts_register_without_the_private_network_and_look_alikes_do_not():
     for url in ("https://billing.example.com/webhooks", "https://bücher.example/h", "http://8.8.8.8:8080/",
                 "http://[2606:4700::1111]/", "http://localhost:8080/"):  # a name is judged when it is resolved
-        assert DestinationSpec(url=url, secret=SECRET).url == url
+        assert WebhookSpec(url=url, secret=SECRET).url == url
     with pytest.raises(ValidationError, match="read as 'localhost'"):
-        DestinationSpec(url="http://ｌｏｃａｌｈｏｓｔ:8080/", secret=SECRET)
+        WebhookSpec(url="http://ｌｏｃａｌｈｏｓｔ:8080/", secret=SECRET)
 
 
 @pytest.mark.parametrize("secret", ["plain", "whsec_!!!", "whsec_" + "QQ=="])
 def test_secrets_must_be_whsec_base64_of_sensible_length(secret):
     with pytest.raises(ValidationError):
-        DestinationSpec(url="https://x.example/", secret=secret)
+        WebhookSpec(url="https://x.example/", secret=secret)
 
 
 def test_unknown_fields_are_refused():
     with pytest.raises(ValidationError, match="extra"):
-        DestinationSpec(url="https://x.example/", secret=SECRET, colour="red")
+        WebhookSpec(url="https://x.example/", secret=SECRET, colour="red")
 
 
 def test_repr_and_public_view_never_show_secrets():
     from datetime import UTC, datetime
 
-    from outbox import Channel, Destination, OnUnknown
+    from outbox import Destination, OnUnknown
 
     now = datetime.now(UTC)
-    d = Destination("b", Channel.WEBHOOK, "https://x.example/", (SECRET,), False, 60,
+    d = Destination("b", "webhook", {"url": "https://x.example/"}, (SECRET,), False, 60,
                     OnUnknown.DECLARED, 5.0, False, False, False, now, now)
     assert SECRET not in repr(d)
     assert SECRET not in str(d.public())

@@ -1,0 +1,88 @@
+"""The channel registry: which channels exist, and what the core must know of each.
+
+A channel is one module (the webhook channel is ``sender.webhook``) that declares itself under
+the ``outbox.channels`` entry-point group of its distribution. The core never imports a
+channel by name: it asks this registry, which loads a channel's module the first time that
+channel is named, so a process that only ever sends webhooks never imports another channel's
+driver.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+from .destinations import DestinationSpec
+from .errors import InvalidInput
+
+#: The entry-point group a channel's module registers its ``ChannelKind`` under.
+ENTRY_POINTS = "outbox.channels"
+#: The channel of a destination registered without naming one.
+DEFAULT = "webhook"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChannelKind:
+    """What the core needs of a channel: its ``name``, the ``spec`` a destination of it is
+    registered with (the common fields plus its own settings and the form of its secret),
+    whether a new destination must be given a secret (``secret_form`` names it for an error
+    message) and how to make one if the channel can
+    (a signing key), and ``check_payload``, which raises
+    ValueError for a payload the channel could never deliver, so it is refused at enqueue
+    rather than dead-lettered later. The sender's half (how to send) extends this class."""
+
+    name: str
+    spec: type[DestinationSpec]
+    needs_secret: bool = True
+    secret_form: str = "a secret"
+    new_secret: Callable[[], str] | None = None
+    check_payload: Callable[[Any], None] | None = None  # None: every JSON payload is deliverable
+
+
+class UnknownChannel(InvalidInput):
+    """No channel of this name is installed."""
+
+
+_kinds: dict[str, ChannelKind] = {}
+_lock = threading.Lock()
+
+
+@functools.cache
+def _declared() -> dict[str, EntryPoint]:
+    """The channels installed distributions declare, read once per process."""
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINTS)}
+
+
+def names() -> tuple[str, ...]:
+    """Every installed channel's name, sorted; loads none of them."""
+    return tuple(sorted({*_kinds, *_declared()}))
+
+
+def get(name: str) -> ChannelKind:
+    """The channel called ``name``, loading its module the first time. Raises UnknownChannel."""
+    kind = _kinds.get(name)
+    if kind is not None:
+        return kind
+    with _lock:
+        if name not in _kinds:
+            declared = _declared().get(name)
+            if declared is None:
+                raise UnknownChannel(
+                    f"there is no channel {name!r}; installed: {', '.join(names()) or 'none'}")
+            loaded = declared.load()
+            if not isinstance(loaded, ChannelKind) or loaded.name != name:
+                raise TypeError(f"entry point {name!r} of {ENTRY_POINTS} is {loaded!r}, "
+                                f"not the ChannelKind named {name!r}")
+            _kinds[name] = loaded
+        return _kinds[name]
+
+
+def register(kind: ChannelKind) -> None:
+    """Install a channel that no distribution declares (an application's own, or a test's);
+    it replaces one of the same name."""
+    with _lock:
+        _kinds[kind.name] = kind
