@@ -21,11 +21,7 @@ log = logging.getLogger("outbox.api")
 
 def validation_problem(errors: Sequence[Mapping[str, Any]]) -> Problem:
     """The 422 for pydantic's errors: each refused field, and the first five in the detail."""
-    shown = [
-        {"field": ".".join(str(part) for part in e["loc"] if part not in ("body", "query", "path")),
-         "message": e["msg"]}
-        for e in errors
-    ]
+    shown = [{"field": ".".join(str(part) for part in e["loc"]), "message": e["msg"]} for e in errors]
     detail = "; ".join(f"{e['field'] or 'body'}: {e['message']}" for e in shown[:5])
     return Problem(422, "invalid-input", "Invalid input", detail, errors=shown)
 
@@ -39,7 +35,10 @@ async def _outbox_error(request: Request, exc: OutboxError) -> Response:
 
 
 async def _invalid(request: Request, exc: RequestValidationError) -> Response:
-    return validation_problem(exc.errors()).response(request.url.path)
+    # FastAPI's locations start with where the value was (body, query, path); a field may be
+    # called that too (a file channel's "path"), so only that first part is dropped
+    located = [{**e, "loc": tuple(e["loc"])[1:]} for e in exc.errors()]
+    return validation_problem(located).response(request.url.path)
 
 
 async def _http(request: Request, exc: HTTPException) -> Response:

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 
 import pytest
 
 from outbox import IntentQuery, Outbox, SchemaTooNew, Settings, Status, StoreUnavailable
-from outbox.store import store_for_url
+from outbox.store import migrator, store_for_url
+from outbox.store import sqlite as dialect
+from receivers import verify_signature
+from sender import Worker
 
 from ..conftest import snapshot
+from ..receiver import Reply
+from .conftest import SECRET, SECRET_NEW
 
 
 async def test_connections_are_wal_with_full_sync(box: Outbox):
@@ -124,3 +130,48 @@ async def test_the_receivers_record_database_is_readable_by_its_owner_only(tmp_p
         assert oct((tmp_path / "idempotency.db").stat().st_mode & 0o777) == "0o600"
     finally:
         await store.close()
+
+
+async def test_a_database_of_the_previous_migrations_migrates_with_nothing_lost_and_still_delivers(
+        tmp_path, monkeypatch, receiver):
+    """Migration 0006 moves the webhook columns into the channel settings: a destination (its
+    secrets mid-rotation included) and an intent written under 0001-0005 come through it, and
+    the intent is delivered, signed with both secrets."""
+    db = tmp_path / "old.db"
+    at = 1_700_000_000_000_000  # microseconds, as the tables store times
+    receiver.script("/hook", Reply(200, headers={"External-Id": "rcpt-1"}))
+    with monkeypatch.context() as patched:
+        previous = [m for m in migrator.scripts_for("sqlite") if m.version <= 5]
+        patched.setattr(dialect, "scripts_for", lambda name: previous)
+        async with await Outbox.open(f"sqlite:///{db}") as box:
+            with sqlite3.connect(db) as conn:
+                conn.execute(
+                    "INSERT INTO destinations (id, channel, url, secrets, idempotent, retention_seconds, on_unknown,"
+                    " timeout_seconds, requires_approval, allow_private_network, disabled, created_at, updated_at,"
+                    " reconcile) VALUES ('hook', 'webhook', ?, ?, 1, 3600, 'never', 2.5, 0, 1, 0, ?, ?, 1)",
+                    (f"{receiver.url}/hook", json.dumps([SECRET_NEW, SECRET]), at, at))
+                conn.execute("INSERT INTO grants (id, scope, destination, revision, created_at, updated_at)"
+                             " VALUES ('g1', 'acme', 'hook', 1, ?, ?)", (at, at))
+            conn.close()
+            await box.enqueue(destination="hook", scope="acme", action_id="old-1", payload={"n": 1})
+    with sqlite3.connect(db) as conn:
+        assert "url" in {row[1] for row in conn.execute("PRAGMA table_info(destinations)")}
+    conn.close()
+
+    async with await Outbox.open(f"sqlite:///{db}", settings=Settings(authority="grants", poll_seconds=0.05)) as box:
+        moved = await box.get_destination("hook")
+        assert (moved.channel, dict(moved.settings), moved.secrets) == (
+            "webhook", {"url": f"{receiver.url}/hook"}, (SECRET_NEW, SECRET))
+        assert (moved.idempotent, moved.retention_seconds, moved.on_unknown.value, moved.timeout_seconds,
+                moved.allow_private_network, moved.reconcile, moved.created_at.timestamp()) == (
+            True, 3600, "never", 2.5, True, True, at / 1e6)
+        worker = Worker(box)
+        running = asyncio.create_task(worker.run())
+        delivered = await box.wait("old-1", timeout=10)
+        worker.stop()
+        await running
+    assert delivered.status is Status.DELIVERED
+    [request] = receiver.requests("/hook")
+    assert request.headers["webhook-id"] == "acme/old-1" and request.json() == {"n": 1}
+    for secret in (SECRET, SECRET_NEW):  # the receiver may hold either while the rotation lasts
+        verify_signature(secret, request.headers, request.body)

@@ -378,3 +378,26 @@ async def test_destinations_put_refuses_a_host_the_sender_would_refuse(shell: Sh
     assert "Traceback" not in disguised.stderr + private.stderr
     assert "input_value" not in disguised.stderr + private.stderr  # one line per problem, not pydantic's dump
     assert snapshot(shell.db) == before
+
+
+async def test_destinations_put_takes_the_channel_and_its_own_settings(shell: Shell):
+    """``--channel`` names a channel from the registry and ``--set NAME=VALUE`` carries its own
+    settings (a JSON value or else text); ``--url`` is the webhook's shorthand for one."""
+    before = snapshot(shell.db)
+    unknown = shell.run("destinations", "put", "fax", "--channel", "fax", "--set", "number=1", code=1)
+    assert "there is no channel 'fax'; installed: webhook" in unknown.stderr
+    malformed = shell.run("destinations", "put", "hook", "--set", "url", code=1)
+    assert "--set takes NAME=VALUE, not 'url'" in malformed.stderr
+    shared = shell.run("destinations", "put", "hook", "--set", "url=https://h.example/", "--set", "idempotent=true",
+                       code=1)
+    assert "--set idempotent=... names a shared option; use --idempotent" in shared.stderr
+    stranger = shell.run("destinations", "put", "hook", "--set", "url=https://h.example/", "--set", "port=587",
+                         code=1)
+    assert "port: Extra inputs are not permitted" in stranger.stderr
+    assert snapshot(shell.db) == before
+    made = shell.json("destinations", "put", "hook", "--channel", "webhook", "--set", "url=https://h.example/in")
+    assert (made["channel"], made["url"], made["created"], made["signing_secrets"]) == (
+        "webhook", "https://h.example/in", True, 1)
+    assert made["generated_secret"].startswith("whsec_")
+    listed = shell.run("destinations", "list").stdout
+    assert "hook" in listed and "webhook" in listed and "https://h.example/in" in listed
