@@ -40,7 +40,7 @@ def load(name: str, where: Path) -> dict[str, Any]:
 
 
 def test_the_readme_has_its_examples():
-    assert set(python_blocks()) == {"main", "fastapi-receiver", "flask-receiver"}
+    assert set(python_blocks()) == {"main", "fastapi-receiver", "flask-receiver", "channel-declaration"}
 
 
 def test_the_producer_example_runs_and_is_safe_to_run_again(tmp_path: Path):
@@ -93,3 +93,12 @@ def test_the_flask_receiver_makes_one_effect(tmp_path: Path):
     assert again.headers["Idempotent-Replayed"] == "true"
     assert example["shipped"] == ["parcel-7"]
     example["app"].wsgi_app.close()
+
+
+def test_the_channel_declaration_shown_is_the_webhook_channels(tmp_path: Path):
+    from sender import webhook
+
+    shown = load("channel-declaration", tmp_path)["CHANNEL"]
+    for field in ("name", "spec", "needs_secret", "secret_form", "new_secret", "check_payload"):
+        assert getattr(shown, field) == getattr(webhook.CHANNEL, field), field
+    assert isinstance(shown.open(4), webhook.WebhookChannel)
