@@ -174,7 +174,8 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
         attempts = "".join(
             f"<tr><td>{a.number}</td><td><code>{escape(a.attempt_id)}</code></td><td>{a.fence}</td>"
             f"<td>{escape(iso(a.started_at) or '')}</td><td>{escape(a.submission.value if a.submission else '')}</td>"
-            f"<td>{escape(a.outcome.value if a.outcome else 'in flight')}</td><td>{a.status_code or ''}</td>"
+            f"<td>{escape(a.outcome.value if a.outcome else 'in flight')}</td><td>{escape(a.stage or '')}</td>"
+            f"<td>{a.status_code or ''}</td>"
             f"<td>{escape(a.external_id or '')}</td><td>{a.duration_ms or ''}</td><td>{escape(a.error or '')}</td>"
             f"<td><code>{escape((a.reply or '')[:300])}</code></td></tr>" for a in history.attempts)
         events = "".join(
@@ -194,8 +195,8 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             f"<p>last error: {escape(intent.last_error or '—')}</p>"
             f"<h2>Actions</h2>{''.join(actions) or '<p>none for this status</p>'}"
             f"<h2>Attempts</h2><table><tr><th>#</th><th>attempt_id</th><th>fence</th><th>started</th>"
-            f"<th>submission</th><th>outcome</th><th>status</th><th>external id</th><th>ms</th><th>error</th>"
-            f"<th>reply</th></tr>{attempts or '<tr><td colspan=11>none</td></tr>'}</table>"
+            f"<th>submission</th><th>outcome</th><th>stage</th><th>status</th><th>external id</th><th>ms</th>"
+            f"<th>error</th><th>reply</th></tr>{attempts or '<tr><td colspan=12>none</td></tr>'}</table>"
             f"<h2>Timeline</h2><table><tr><th>at</th><th>event</th><th>actor</th><th>reason</th><th>data</th></tr>"
             f"{events}</table>"))
 

@@ -100,4 +100,4 @@ class DestinationSpec(BaseModel):
 
     def settings(self) -> dict[str, Any]:
         """The channel's own settings: every field but the shared ones, as JSON values."""
-        return self.model_dump(mode="json", exclude=set(DestinationSpec.model_fields))
+        return self.model_dump(mode="json", by_alias=True, exclude=set(DestinationSpec.model_fields))

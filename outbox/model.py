@@ -225,6 +225,9 @@ class Attempt:
     external_id: str | None
     error: str | None
     duration_ms: float | None
+    #: How far the attempt got, in its channel's words (an SMTP attempt's "rcpt", "message"),
+    #: for channels that go through stages; None for the others and while in flight.
+    stage: str | None = None
 
 
 class EventKind(str, enum.Enum):

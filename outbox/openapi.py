@@ -75,6 +75,8 @@ class Attempt(BaseModel):
     external_id: str | None
     error: str | None
     duration_ms: float | None
+    stage: str | None = Field(description="how far the attempt got, for channels with stages (email: connect, "
+                                          "tls, ehlo, auth, mail, rcpt, data, message, done)")
 
 
 class Event(BaseModel):

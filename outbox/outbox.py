@@ -453,6 +453,7 @@ def history_json(history: History) -> dict[str, Any]:
                 "external_id": a.external_id,
                 "error": a.error,
                 "duration_ms": a.duration_ms,
+                "stage": a.stage,
             }
             for a in history.attempts
         ],

@@ -26,6 +26,9 @@ WEBHOOK_TIMESTAMP = "webhook-timestamp"
 WEBHOOK_SIGNATURE = "webhook-signature"
 #: RFC 9530 digest of the body.
 CONTENT_DIGEST = "Content-Digest"
+#: The ``sha256:<hex>`` digest of the canonical payload, on channels whose body is not the payload
+#: itself (an email's headers, a Kafka record's ``payload-digest``).
+PAYLOAD_DIGEST = "Payload-Digest"
 #: The sender's id of this attempt, and its fence (an integer from 0 to 10**18-1).
 ATTEMPT_ID = "Outbox-Attempt-Id"
 FENCE = "Outbox-Fence"

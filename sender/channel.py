@@ -28,6 +28,8 @@ class SendResult:
     #: The receiver answered, whatever it said (an HTTP status, an SMTP reply, a broker's error):
     #: a destination's circuit counts only sends that got no answer at all.
     answered: bool = False
+    #: How far the attempt got, for a channel that goes through stages (recorded with it).
+    stage: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

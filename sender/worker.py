@@ -536,7 +536,7 @@ def _finished(attempt: Attempt, result: SendResult, at: datetime, duration_ms: f
     """``attempt`` with its result recorded."""
     return replace(attempt, finished_at=at, submission=result.submission, outcome=result.outcome,
                    status_code=result.status_code, reply=result.reply, external_id=result.external_id,
-                   error=result.error, duration_ms=duration_ms)
+                   error=result.error, duration_ms=duration_ms, stage=result.stage)
 
 
 def _finished_event(attempt: Attempt, worker: str) -> Event:

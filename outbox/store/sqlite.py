@@ -109,6 +109,7 @@ def _attempt(row: sqlite3.Row) -> Attempt:
         external_id=row["external_id"],
         error=row["error"],
         duration_ms=row["duration_ms"],
+        stage=row["stage"],
     )
 
 
@@ -170,7 +171,7 @@ def _attempt_row(seq: int, a: Attempt) -> list[Any]:
     return [
         a.attempt_id, seq, a.number, a.fence, a.worker, to_us(a.started_at), to_us(a.finished_at),
         a.submission.value if a.submission else None, a.outcome.value if a.outcome else None,
-        a.status_code, a.reply, a.external_id, a.error, a.duration_ms,
+        a.status_code, a.reply, a.external_id, a.error, a.duration_ms, a.stage,
     ]
 
 

@@ -33,7 +33,7 @@ async def test_migrations_are_recorded_and_reapplied_never(db_path, db_url):
     with sqlite3.connect(db_path) as conn:
         assert conn.execute("SELECT version, name FROM schema_migrations").fetchall() == [
             (1, "0001_initial"), (2, "0002_sender"), (3, "0003_reconcile"), (4, "0004_operators"),
-            (5, "0005_scoped_action_ids"), (6, "0006_channel_settings")]
+            (5, "0005_scoped_action_ids"), (6, "0006_channel_settings"), (7, "0007_attempt_stage")]
     async with await Outbox.open(db_url) as box:
         assert await box.store.migrate() == []
 

@@ -130,17 +130,18 @@ SELECT min(next_attempt_at) FROM intents INDEXED BY intents_due WHERE status = '
 -- name: put_attempts
 -- Record attempts, or their outcomes once known, from a JSON array of rows in column order.
 INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at, finished_at,
-                      submission, outcome, status_code, reply, external_id, error, duration_ms)
+                      submission, outcome, status_code, reply, external_id, error, duration_ms, stage)
 SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'),
        json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]'),
        json_extract(value, '$[6]'), json_extract(value, '$[7]'), json_extract(value, '$[8]'),
        json_extract(value, '$[9]'), json_extract(value, '$[10]'), json_extract(value, '$[11]'),
-       json_extract(value, '$[12]'), json_extract(value, '$[13]')
+       json_extract(value, '$[12]'), json_extract(value, '$[13]'), json_extract(value, '$[14]')
 FROM json_each(?) WHERE true
 ON CONFLICT (attempt_id) DO UPDATE SET
     finished_at = excluded.finished_at, submission = excluded.submission,
     outcome = excluded.outcome, status_code = excluded.status_code, reply = excluded.reply,
-    external_id = excluded.external_id, error = excluded.error, duration_ms = excluded.duration_ms;
+    external_id = excluded.external_id, error = excluded.error, duration_ms = excluded.duration_ms,
+    stage = excluded.stage;
 
 -- name: insert_events
 -- Append events from a JSON array of [intent_seq, kind, at, actor, reason, data] rows, in order.

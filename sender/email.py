@@ -1,0 +1,502 @@
+"""The email channel: one message per intent over SMTP, classified by the stage it reached.
+
+Mail servers do not deduplicate, so the one question that matters is whether the final ``.`` of
+DATA may have reached the server. Until the message is written nothing can have been accepted
+(``not_submitted``: a refusal at connect, TLS, EHLO, AUTH, MAIL, RCPT or the DATA command);
+once it is written, only the server's reply to it says what happened, and without that reply
+the attempt is ``maybe_submitted``. The message is written by this module after aiosmtplib has
+had the DATA command accepted, so that boundary is ours to see rather than inside a library call.
+
+The socket is connected here, to an address the SSRF guard has checked, and handed to
+aiosmtplib with the host's name for TLS verification. Connections are reused per destination
+(at most ``MAX_CONNECTIONS`` each) and dropped after any failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import re
+import socket
+import ssl
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from email import policy
+from email.headerregistry import Address
+from email.message import EmailMessage
+from email.utils import format_datetime
+from typing import Annotated, Any, Literal
+
+import aiosmtplib
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from outbox import Destination, DestinationSpec, Intent, OnUnknown, Outcome, Submission, hosts
+from outbox.clock import Clock, SystemClock
+from receivers import wire
+
+from .channel import REPLY_BYTES, ChannelModule, ProbeAnswer, SendResult
+
+#: Recipients of one message (to, cc and bcc together).
+MAX_RECIPIENTS = 50
+MAX_ATTACHMENTS = 10
+#: Connections kept open to one destination's server, and how long an idle one is kept.
+MAX_CONNECTIONS = 4
+IDLE_SECONDS = 30.0
+#: A dot-atom address (RFC 5322 addr-spec without quoted local parts or domain literals), ASCII.
+ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]"
+ADDR_SPEC = re.compile(
+    rf"{ATEXT}+(?:\.{ATEXT}+)*@(?:[A-Za-z0-9](?:[A-Za-z0-9-]{{0,61}}[A-Za-z0-9])?\.)+[A-Za-z][A-Za-z0-9-]{{0,62}}")
+#: ``Display Name <addr-spec>`` (the name may not hold controls, quotes or angle brackets).
+MAILBOX = re.compile(rf"(?P<name>[^\x00-\x1f\x7f<>\"]{{0,200}}?)\s*<(?P<addr>{ADDR_SPEC.pattern})>")
+#: An RFC 5322 field name: printable ASCII but the colon.
+HEADER_NAME = re.compile(r"[\x21-\x39\x3b-\x7e]{1,76}")
+#: Header values: no line breaks (header injection) or other controls but the tab.
+HEADER_VALUE = re.compile(r"[^\x00-\x08\x0a-\x1f\x7f]{0,998}")
+#: Headers the message sets itself: neither a payload nor a destination may set them.
+OURS = frozenset(name.lower() for name in (
+    "From", "Sender", "To", "Cc", "Bcc", "Subject", "Reply-To", "Message-ID", "Date", "MIME-Version",
+    "Content-Type", "Content-Transfer-Encoding", "Return-Path", "Received",
+    wire.IDEMPOTENCY_KEY, wire.ATTEMPT_ID, wire.FENCE, wire.PAYLOAD_DIGEST))
+#: How messages are written: CRLF, and lines up to RFC 5322's limit, so an identity header (a
+#: digest, a long key) is never folded into a value that reads back with a leading space.
+POLICY = policy.SMTP.clone(max_line_length=998)
+MEDIA_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,63}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,63}")
+#: What a final reply may name as the server's id of the queued message (Postfix, Exim, others).
+QUEUE_ID = re.compile(r"(?:queued as|id=)\s*([A-Za-z0-9._-]{1,64})", re.I)
+
+
+def mailbox(value: str) -> Address:
+    """``a@example.com`` or ``Name <a@example.com>`` as an Address; ValueError otherwise."""
+    if ADDR_SPEC.fullmatch(value) and len(value) <= 254:
+        return Address(addr_spec=value)
+    found = MAILBOX.fullmatch(value)
+    if found is None or len(found["addr"]) > 254:
+        raise ValueError(f"{value!r} is not an email address (a@example.com or Name <a@example.com>)")
+    return Address(display_name=found["name"].strip(), addr_spec=found["addr"])
+
+
+def _mailbox(value: str) -> str:
+    mailbox(value)
+    return value
+
+
+#: A field holding one address, checked as ``mailbox`` reads it.
+Mailbox = Annotated[str, AfterValidator(_mailbox)]
+
+
+def _headers(headers: dict[str, str]) -> dict[str, str]:
+    for name, value in headers.items():
+        if not HEADER_NAME.fullmatch(name):
+            raise ValueError(f"header name {name!r} is not a header field name")
+        if name.lower() in OURS:
+            raise ValueError(f"header {name!r} is set by the outbox and cannot be given")
+        if not HEADER_VALUE.fullmatch(value):
+            raise ValueError(f"header {name!r} holds a line break or control character, or is over 998 characters")
+    return headers
+
+
+class Attachment(BaseModel):
+    """A small file sent with the message; its base64 counts against the payload limit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    filename: str = Field(pattern=r"^[^\x00-\x1f\x7f/\\]{1,200}$")
+    content_type: str = "application/octet-stream"
+    content: str = Field(description="the file's bytes, base64")
+
+    @field_validator("content_type")
+    @classmethod
+    def _media_type(cls, value: str) -> str:
+        if not MEDIA_TYPE.fullmatch(value):
+            raise ValueError(f"content_type {value!r} is not a media type (type/subtype)")
+        return value
+
+    @field_validator("content")
+    @classmethod
+    def _base64(cls, value: str) -> str:
+        try:
+            base64.b64decode(value, validate=True)
+        except binascii.Error:
+            raise ValueError("content must be base64") from None
+        return value
+
+
+class EmailPayload(BaseModel):
+    """What an intent for an email destination carries: checked at enqueue (a 422 naming the
+    field), so a message that could never be built is never queued."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    to: list[Mailbox] = Field(min_length=1, max_length=MAX_RECIPIENTS)
+    cc: list[Mailbox] = Field(default_factory=list, max_length=MAX_RECIPIENTS)
+    bcc: list[Mailbox] = Field(default_factory=list, max_length=MAX_RECIPIENTS)
+    subject: str = Field(default="", pattern=r"^[^\x00-\x08\x0a-\x1f\x7f]{0,998}$")
+    text: str | None = None
+    html: str | None = None
+    attachments: list[Attachment] = Field(default_factory=list, max_length=MAX_ATTACHMENTS)
+    headers: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("headers")
+    @classmethod
+    def _extra_headers(cls, headers: dict[str, str]) -> dict[str, str]:
+        return _headers(headers)
+
+    @model_validator(mode="after")
+    def _whole(self) -> EmailPayload:
+        if self.text is None and self.html is None:
+            raise ValueError("give text or html (or both)")
+        if len(self.recipients()) > MAX_RECIPIENTS:
+            raise ValueError(f"at most {MAX_RECIPIENTS} recipients in to, cc and bcc together")
+        return self
+
+    def recipients(self) -> list[str]:
+        """Every envelope recipient once, in order."""
+        return list(dict.fromkeys(mailbox(v).addr_spec for v in (*self.to, *self.cc, *self.bcc)))
+
+
+def check_payload(payload: Any) -> None:
+    """The enqueue check: ValueError naming each refused field."""
+    try:
+        EmailPayload.model_validate(payload)
+    except ValidationError as exc:
+        raise ValueError("; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'payload'}: {e['msg'].removeprefix('Value error, ')}"
+            for e in exc.errors())) from None
+
+
+class EmailSpec(DestinationSpec):
+    """An email destination: the SMTP server its messages are handed to, and who sends them."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    channel: Literal["email"]
+    host: str = Field(max_length=253, description="the SMTP server (a relay or the recipients' MX)")
+    port: int = Field(default=587, ge=1, le=65535)
+    tls: Literal["starttls", "implicit", "none"] = Field(
+        default="starttls", description="starttls (required, not opportunistic), implicit (port 465) or none")
+    allow_insecure: StrictBool = Field(default=False, description="allow tls: none (the message and any password "
+                                                                     "cross the network in the clear)")
+    username: str | None = Field(default=None, max_length=256, description="AUTH user; the secret is its password")
+    from_: Mailbox = Field(alias="from", description="the sender: a@example.com or Name <a@example.com>; its domain "
+                                                 "names the Message-ID")
+    reply_to: Mailbox | None = None
+    headers: dict[str, str] = Field(default_factory=dict, description="added to every message")
+    on_unknown: OnUnknown = Field(default=OnUnknown.NEVER, description="mail servers do not deduplicate: an "
+                                                                       "unknown outcome waits for an operator")
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, host: str) -> str:
+        return hosts.check_host(host)
+
+    @field_validator("headers")
+    @classmethod
+    def _default_headers(cls, headers: dict[str, str]) -> dict[str, str]:
+        return _headers(headers)
+
+    @field_validator("secret")
+    @classmethod
+    def _password(cls, secret: str | None) -> str | None:
+        if secret is not None and not 1 <= len(secret) <= 1024:
+            raise ValueError("the secret (the AUTH password) must hold 1 to 1024 characters")
+        return secret
+
+    @model_validator(mode="after")
+    def _consistent(self) -> EmailSpec:
+        if self.tls == "none" and not self.allow_insecure:
+            raise ValueError("tls: none sends in the clear; set allow_insecure to allow it")
+        if self.reconcile:
+            raise ValueError("an SMTP server cannot answer the reconcile probe; leave reconcile off")
+        address = hosts.ip_literal(self.host)
+        if address is not None and not hosts.is_public(str(address)) and not self.allow_private_network:
+            raise ValueError(f"host {self.host} is not a public address (loopback, private, link-local or "
+                             "reserved): set allow_private_network to send there")
+        return self
+
+
+def message_id(key: str, sender: str) -> str:
+    """``<key@domain-of-sender>``, the same on every attempt: the intent key as a dot-atom (each
+    character outside it, and a dot that would end it or double it, as ``=XX``)."""
+    left = re.sub(r"[^A-Za-z0-9!#$%&'*+/?^_`{|}~.-]|\.(?=\.|$)|^\.",
+                  lambda m: f"={ord(m.group()):02X}", key)
+    return f"<{left}@{mailbox(sender).domain}>"
+
+
+# -- sending ---------------------------------------------------------------------------------
+
+
+class _Refused(Exception):
+    """An attempt that ended before the message was written: nothing was submitted."""
+
+    def __init__(self, stage: str, outcome: Outcome, error: str, code: int | None = None,
+                 reply: str | None = None) -> None:
+        super().__init__(error)
+        self.stage, self.outcome, self.error, self.code, self.reply = stage, outcome, error, code, reply
+
+
+def _by_code(code: int) -> Outcome:
+    """A reply refusing a command: 4xx is worth trying again, 5xx is permanent."""
+    return Outcome.RETRYABLE if 400 <= code < 500 else Outcome.REJECTED
+
+
+@dataclass
+class _Pool:
+    """One destination's open connections: idle ones, newest last, and the slots for all."""
+
+    slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(MAX_CONNECTIONS))
+    idle: list[tuple[aiosmtplib.SMTP, float]] = field(default_factory=list)
+
+
+class EmailChannel:
+    """Hands intents to email destinations' SMTP servers over reused, guarded connections."""
+
+    def __init__(self, *, clock: Clock | None = None, tls_context: ssl.SSLContext | None = None) -> None:
+        self._clock = clock or SystemClock()
+        self._tls = tls_context  # None: the system's trusted CAs, verified
+        self._pools: dict[tuple[str, str], _Pool] = {}
+
+    async def send(self, intent: Intent, destination: Destination, *, attempt_id: str, fence: int) -> SendResult:
+        try:
+            payload = EmailPayload.model_validate_json(intent.payload_json)
+            spec = EmailSpec.model_validate({**destination.settings, "channel": "email",
+                                             "allow_private_network": destination.allow_private_network})
+        except ValidationError as exc:  # stored before today's rules: it can never be sent
+            return SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="build",
+                              error=f"refused: the message cannot be built: {exc.errors()[0]['msg']}")
+        message = self._message(intent, spec, payload, attempt_id, fence)
+        pool = self._pools.setdefault((destination.id, repr(sorted(destination.settings.items()))), _Pool())
+        async with pool.slots:
+            for reused in self._idle(pool):
+                result = await self._transact(reused, spec, payload, message, pool, reused=True)
+                if result is not None:
+                    return result  # (None: the idle connection had gone; nothing was submitted)
+            try:
+                client = await self._connect(spec, destination)
+            except _Refused as stop:
+                return SendResult(Submission.NOT_SUBMITTED, stop.outcome, status_code=stop.code,
+                                  reply=stop.reply, error=stop.error, stage=stop.stage,
+                                  answered=stop.code is not None)
+            result = await self._transact(client, spec, payload, message, pool, reused=False)
+            assert result is not None
+            return result
+
+    def _idle(self, pool: _Pool) -> Iterator[aiosmtplib.SMTP]:
+        """The pool's idle connections, newest first; those idle too long are closed."""
+        while pool.idle:
+            client, since = pool.idle.pop()
+            if time.monotonic() - since < IDLE_SECONDS and client.is_connected:
+                yield client
+            else:
+                client.close()
+
+    async def _transact(self, client: aiosmtplib.SMTP, spec: EmailSpec, payload: EmailPayload, message: bytes,
+                        pool: _Pool, *, reused: bool) -> SendResult | None:
+        """MAIL, RCPT, DATA and the message on an open connection; None when a reused connection
+        turned out closed before MAIL was answered (nothing was submitted: try a fresh one)."""
+        stage = "mail"
+        try:
+            try:
+                await client.mail(mailbox(spec.from_).addr_spec)
+            except aiosmtplib.SMTPResponseException as exc:
+                raise _Refused(stage, _by_code(exc.code), f"MAIL FROM refused: {exc.code} {exc.message}",
+                               exc.code, f"{exc.code} {exc.message}") from None
+            except (aiosmtplib.SMTPServerDisconnected, aiosmtplib.SMTPTimeoutError):
+                if reused:
+                    client.close()
+                    return None
+                raise
+            stage = "rcpt"
+            accepted, refused = [], {}
+            for recipient in payload.recipients():
+                try:
+                    await client.rcpt(recipient)
+                    accepted.append(recipient)
+                except aiosmtplib.SMTPResponseException as exc:
+                    refused[recipient] = (exc.code, exc.message)
+            if not accepted:
+                temporary = any(400 <= code < 500 for code, _ in refused.values())
+                await _reset(client, pool)
+                raise _Refused(stage, Outcome.RETRYABLE if temporary else Outcome.REJECTED,
+                               "every recipient was refused: " + _listed(refused),
+                               next(iter(refused.values()))[0], _listed(refused))
+            stage = "data"
+            started = await client.execute_command(b"DATA")
+            if started.code != 354:
+                raise _Refused(stage, _by_code(started.code), f"DATA refused: {started.code} {started.message}",
+                               started.code, f"{started.code} {started.message}")
+        except _Refused as stop:
+            if stage != "rcpt":
+                client.close()
+            return SendResult(Submission.NOT_SUBMITTED, stop.outcome, status_code=stop.code,
+                              reply=stop.reply, error=stop.error, stage=stop.stage, answered=True)
+        except (aiosmtplib.SMTPException, OSError) as exc:
+            client.close()
+            return SendResult(Submission.NOT_SUBMITTED, Outcome.RETRYABLE, stage=stage, error=_describe(exc))
+        protocol = client.protocol
+        try:
+            if protocol is None:
+                raise aiosmtplib.SMTPServerDisconnected("the connection closed after DATA was accepted")
+            protocol.write(re.sub(rb"(?m)^\.", b"..", message) + b".\r\n")  # refuses a closing connection
+        except aiosmtplib.SMTPServerDisconnected as exc:
+            client.close()
+            return SendResult(Submission.NOT_SUBMITTED, Outcome.RETRYABLE, stage="data", error=_describe(exc))
+        # From here the message may reach the server: only its reply can say it did not.
+        try:
+            reply = await protocol.read_response(timeout=client.timeout)
+        except (aiosmtplib.SMTPException, OSError) as exc:
+            client.close()
+            return SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, stage="message",
+                              error=f"no reply to the end of the message: {_describe(exc)}")
+        text = f"{reply.code} {reply.message}"[:REPLY_BYTES]
+        if refused:
+            text = f"{text}; refused: {_listed(refused)}"[:REPLY_BYTES]
+        if reply.code == 250:
+            pool.idle.append((client, time.monotonic()))
+            queue_id = QUEUE_ID.search(reply.message)
+            return SendResult(Submission.SUBMITTED, Outcome.DELIVERED, status_code=250, reply=text,
+                              external_id=queue_id[1] if queue_id else None, stage="done", answered=True)
+        client.close()
+        return SendResult(Submission.SUBMITTED, _by_code(reply.code), status_code=reply.code, reply=text,
+                          error=f"the message was refused: {reply.code} {reply.message}"[:500], stage="done",
+                          answered=True)
+
+    async def _connect(self, spec: EmailSpec, destination: Destination) -> aiosmtplib.SMTP:
+        """A connection through greeting, TLS, EHLO and AUTH. Raises _Refused."""
+        timeout = destination.timeout_seconds
+        stage = "connect"
+        try:
+            sock = await _guarded_socket(spec.host, spec.port, destination.allow_private_network, timeout)
+        except _Refused:
+            raise
+        except OSError as exc:
+            raise _Refused(stage, Outcome.RETRYABLE, _describe(exc)) from None
+        context = self._tls or ssl.create_default_context()
+        client = aiosmtplib.SMTP(hostname=spec.host, sock=sock, timeout=timeout,
+                                 use_tls=spec.tls == "implicit", start_tls=False, tls_context=context)
+        try:
+            stage = "tls" if spec.tls == "implicit" else "connect"
+            await client.connect()
+            stage = "ehlo"
+            await client.ehlo()
+            if spec.tls == "starttls":
+                stage = "tls"
+                if not client.supports_extension("starttls"):
+                    raise _Refused(stage, Outcome.REJECTED, "the server does not offer STARTTLS, which this "
+                                   "destination requires (tls: starttls)")
+                await client.starttls(tls_context=context)
+                stage = "ehlo"
+                await client.ehlo()
+            if spec.username is not None:
+                stage = "auth"
+                if not destination.secrets:
+                    raise _Refused(stage, Outcome.REJECTED, "the destination names a username but holds no password")
+                await client.login(spec.username, destination.secrets[0])
+            return client
+        except _Refused:
+            client.close()
+            raise
+        except aiosmtplib.SMTPResponseException as exc:
+            client.close()
+            raise _Refused(stage, _by_code(exc.code), f"{stage} refused: {exc.code} {exc.message}", exc.code,
+                           f"{exc.code} {exc.message}"[:REPLY_BYTES]) from None
+        except (aiosmtplib.SMTPException, OSError) as exc:
+            client.close()
+            raise _Refused(stage, Outcome.RETRYABLE, _describe(exc)) from None
+
+    def _message(self, intent: Intent, spec: EmailSpec, payload: EmailPayload, attempt_id: str,
+                 fence: int) -> bytes:
+        message = EmailMessage(policy=POLICY)
+        message["From"] = mailbox(spec.from_)
+        message["To"] = [mailbox(v) for v in payload.to]
+        if payload.cc:
+            message["Cc"] = [mailbox(v) for v in payload.cc]
+        if spec.reply_to:
+            message["Reply-To"] = mailbox(spec.reply_to)
+        message["Subject"] = payload.subject
+        message["Date"] = format_datetime(self._clock.now())
+        message["Message-ID"] = message_id(intent.key, spec.from_)
+        message[wire.IDEMPOTENCY_KEY] = intent.key
+        message[wire.PAYLOAD_DIGEST] = intent.payload_digest
+        message[wire.ATTEMPT_ID] = attempt_id
+        message[wire.FENCE] = str(fence)
+        for name, value in {**spec.headers, **payload.headers}.items():
+            message[name] = value
+        if payload.text is not None:
+            message.set_content(payload.text)
+        if payload.html is not None:
+            if payload.text is None:
+                message.set_content(payload.html, subtype="html")
+            else:
+                message.add_alternative(payload.html, subtype="html")
+        for attachment in payload.attachments:
+            main, sub = attachment.content_type.split("/", 1)
+            message.add_attachment(base64.b64decode(attachment.content), maintype=main, subtype=sub,
+                                   filename=attachment.filename)
+        return message.as_bytes()
+
+    async def probe(self, intent: Intent, destination: Destination, *, fence: int) -> ProbeAnswer:
+        return ProbeAnswer(None, error="an SMTP server cannot be asked what became of a message")
+
+    async def aclose(self) -> None:
+        for pool in self._pools.values():
+            for client, _ in pool.idle:
+                client.close()
+        self._pools.clear()
+
+
+async def _guarded_socket(host: str, port: int, allow_private: bool, timeout: float) -> socket.socket:
+    """A socket connected to ``host``: to one of its addresses the SSRF guard allows (checked on
+    the address connected to, so neither a spelling nor a DNS answer gets past it)."""
+    loop = asyncio.get_running_loop()
+    infos = await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout)
+    allowed = [info for info in infos if allow_private or hosts.is_public(str(info[4][0]))]
+    if not allowed:
+        raise _Refused("connect", Outcome.REJECTED, f"refused: {host} resolves only to non-public addresses "
+                       "and the destination does not allow the private network")
+    error: OSError | None = None
+    for family, kind, proto, _, address in allowed:
+        sock = socket.socket(family, kind, proto)
+        sock.setblocking(False)
+        try:
+            await asyncio.wait_for(loop.sock_connect(sock, address), timeout)
+            return sock
+        except (OSError, TimeoutError) as exc:
+            sock.close()
+            error = exc if isinstance(exc, OSError) else OSError(f"connecting to {address[0]} timed out")
+    assert error is not None
+    raise error
+
+
+async def _reset(client: aiosmtplib.SMTP, pool: _Pool) -> None:
+    """End a transaction that will not be sent, keeping the connection if the server agrees."""
+    try:
+        await client.rset()
+    except (aiosmtplib.SMTPException, OSError):
+        client.close()
+    else:
+        pool.idle.append((client, time.monotonic()))
+
+
+def _listed(refused: dict[str, tuple[int, str]]) -> str:
+    return ", ".join(f"{address} ({code} {text})" for address, (code, text) in refused.items())[:REPLY_BYTES]
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
+CHANNEL = ChannelModule(
+    name="email", spec=EmailSpec, needs_secret=False, check_payload=check_payload,
+    open=lambda concurrency: EmailChannel(),
+)

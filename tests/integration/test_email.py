@@ -1,0 +1,237 @@
+"""The email channel against a real SMTP server (aiosmtpd on loopback): each stage's failure is
+recorded as what it is, held against what the server really received."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from outbox import Attempt, Intent, Outbox, Outcome, Role, Settings, Status, Submission
+from sender.email import EmailChannel, EmailSpec, message_id
+from tests.conftest import eventually
+from tests.smtp import SmtpServer
+
+from .conftest import SenderEnv
+from .test_api import Api, assert_problem
+
+FROM = "Billing <billing@example.com>"
+MAIL = {"to": ["Ann <ann@example.org>"], "subject": "Your receipt", "text": "Thank you."}
+
+
+@pytest.fixture
+def servers() -> Iterator[list[SmtpServer]]:
+    started: list[SmtpServer] = []
+    yield started
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def smtp(servers: list[SmtpServer]) -> SmtpServer:
+    """A plain server (tls none); tests needing TLS or AUTH start their own."""
+    server = SmtpServer().start()
+    servers.append(server)
+    return server
+
+
+@pytest.fixture
+def mail_env(env: SenderEnv) -> SenderEnv:
+    return env
+
+
+def register(env: SenderEnv, server: SmtpServer, destination_id: str = "mail", **spec: Any) -> Any:
+    options: dict[str, Any] = {"channel": "email", "host": "127.0.0.1", "port": server.port, "from": FROM,
+                               "allow_private_network": True, "timeout_seconds": 1.0,
+                               "tls": server.tls, "allow_insecure": server.tls == "none", **spec}
+    return env.box.put_destination(destination_id, EmailSpec.model_validate(options))
+
+
+async def deliver(env: SenderEnv, action_id: str, payload: dict[str, Any] | None = None,
+                  destination: str = "mail", attempts: int = 1) -> tuple[Intent, Attempt]:
+    """Enqueue, run a worker until ``attempts`` attempts have finished; the intent and its last."""
+    await env.enqueue(action_id, MAIL if payload is None else payload, destination=destination)
+    channel = EmailChannel(tls_context=SmtpServer.client_context())
+
+    async def finished() -> bool:
+        history = await env.box.history(action_id)
+        return len(history.attempts) >= attempts and history.attempts[-1].finished_at is not None
+
+    async with env.running(channels={"email": channel}):
+        assert await eventually(finished, timeout=10)
+    history = await env.box.history(action_id)
+    await channel.aclose()
+    return await env.box.get(action_id), history.attempts[-1]
+
+
+def facts(attempt: Attempt) -> tuple[str | None, Submission | None, Outcome | None]:
+    return attempt.stage, attempt.submission, attempt.outcome
+
+
+async def test_a_message_over_starttls_and_auth_is_delivered_with_its_identity(mail_env: SenderEnv, servers):
+    server = SmtpServer(tls="starttls", auth=("mailer", "s3cret")).start()
+    servers.append(server)
+    await register(mail_env, server, username="mailer", secret="s3cret", headers={"X-Campaign": "receipts"})
+    attachment = base64.b64encode(b"%PDF-1.4 receipt").decode()
+    intent, attempt = await deliver(mail_env, "receipt-1", {
+        **MAIL, "cc": ["cfo@example.org"], "bcc": ["audit@example.net"], "html": "<p>Thank you.</p>",
+        "headers": {"X-Order": "42"},
+        "attachments": [{"filename": "receipt.pdf", "content_type": "application/pdf", "content": attachment}]})
+    assert intent.status is Status.DELIVERED
+    assert facts(attempt) == ("done", Submission.SUBMITTED, Outcome.DELIVERED)
+    assert attempt.external_id == "Q1" and attempt.reply.startswith("250")
+    [got] = server.received
+    assert got.sender == "billing@example.com"
+    assert got.recipients == ["ann@example.org", "cfo@example.org", "audit@example.net"]
+    message = got.message
+    assert message["Message-ID"] == message_id("acme/receipt-1", FROM) == "<acme/receipt-1@example.com>"
+    assert (message["Idempotency-Key"], message["Outbox-Fence"], message["Outbox-Attempt-Id"]) == (
+        "acme/receipt-1", "1", attempt.attempt_id)
+    assert message["Payload-Digest"] == intent.payload_digest
+    assert (message["From"], message["To"], message["Cc"], message["Bcc"]) == (
+        FROM, "Ann <ann@example.org>", "cfo@example.org", None)
+    assert (message["Subject"], message["X-Campaign"], message["X-Order"]) == ("Your receipt", "receipts", "42")
+    assert message.get_body(("plain",)).get_content().strip() == "Thank you."
+    assert message.get_body(("html",)).get_content().strip() == "<p>Thank you.</p>"
+    [pdf] = message.iter_attachments()
+    assert (pdf.get_filename(), pdf.get_content()) == ("receipt.pdf", b"%PDF-1.4 receipt")
+
+
+async def test_messages_to_one_destination_share_a_connection(mail_env: SenderEnv, smtp: SmtpServer):
+    await register(mail_env, smtp)
+    for n in range(3):
+        await mail_env.enqueue(f"m-{n}", MAIL, destination="mail")
+    channel = EmailChannel()
+
+    async def all_delivered() -> bool:
+        return all([await mail_env.status_is(f"m-{n}", Status.DELIVERED) for n in range(3)])
+
+    async with mail_env.running(channels={"email": channel}, concurrency=1):
+        assert await eventually(all_delivered, timeout=10)
+    await channel.aclose()
+    assert len(smtp.received) == 3 and smtp.sessions == 1
+    assert len({r.message["Message-ID"] for r in smtp.received}) == 3
+
+
+async def test_a_refused_password_is_not_submitted_and_dead(mail_env: SenderEnv, servers):
+    server = SmtpServer(tls="starttls", auth=("mailer", "s3cret")).start()
+    servers.append(server)
+    await register(mail_env, server, username="mailer", secret="wrong")
+    intent, attempt = await deliver(mail_env, "m-1")
+    assert facts(attempt) == ("auth", Submission.NOT_SUBMITTED, Outcome.REJECTED) and attempt.status_code == 535
+    assert intent.status is Status.DEAD and server.received == []
+
+
+async def test_a_server_without_starttls_is_refused_before_anything_is_sent(mail_env: SenderEnv, smtp: SmtpServer):
+    await register(mail_env, smtp, tls="starttls")
+    intent, attempt = await deliver(mail_env, "m-1")
+    assert facts(attempt) == ("tls", Submission.NOT_SUBMITTED, Outcome.REJECTED)
+    assert "STARTTLS" in attempt.error and intent.status is Status.DEAD and smtp.received == []
+
+
+@pytest.mark.parametrize(("reply", "status", "outcome"), [
+    ("550 5.1.1 no such user", Status.DEAD, Outcome.REJECTED),
+    ("450 4.2.0 mailbox busy", Status.PENDING, Outcome.RETRYABLE),
+])
+async def test_every_recipient_refused_is_not_submitted(mail_env: SenderEnv, smtp: SmtpServer, reply, status,
+                                                        outcome):
+    smtp.rcpt["ann@example.org"] = reply
+    await register(mail_env, smtp)
+    intent, attempt = await deliver(mail_env, "m-1")
+    assert facts(attempt) == ("rcpt", Submission.NOT_SUBMITTED, outcome)
+    assert intent.status is status and "ann@example.org" in attempt.reply and smtp.received == []
+
+
+async def test_some_recipients_refused_is_delivered_to_the_others_with_the_refused_recorded(
+        mail_env: SenderEnv, smtp: SmtpServer):
+    smtp.rcpt["gone@example.org"] = "550 5.1.1 no such user"
+    await register(mail_env, smtp)
+    intent, attempt = await deliver(mail_env, "m-1", {**MAIL, "cc": ["gone@example.org"]})
+    assert intent.status is Status.DELIVERED
+    assert facts(attempt) == ("done", Submission.SUBMITTED, Outcome.DELIVERED)
+    assert "refused: gone@example.org (550 5.1.1 no such user)" in attempt.reply
+    [got] = smtp.received
+    assert got.recipients == ["ann@example.org"]
+
+
+async def test_a_refused_data_command_is_not_submitted(mail_env: SenderEnv, smtp: SmtpServer):
+    smtp.data_command = "451 4.3.0 try again later"
+    await register(mail_env, smtp)
+    intent, attempt = await deliver(mail_env, "m-1")
+    assert facts(attempt) == ("data", Submission.NOT_SUBMITTED, Outcome.RETRYABLE)
+    assert intent.status is Status.PENDING and smtp.received == []
+
+
+@pytest.mark.parametrize(("reply", "status", "outcome"), [
+    ("554 5.7.1 looks like spam", Status.DEAD, Outcome.REJECTED),
+    ("452 4.3.1 out of storage", Status.PENDING, Outcome.RETRYABLE),
+])
+async def test_a_refusal_of_the_message_itself_is_an_answer(mail_env: SenderEnv, smtp: SmtpServer, reply, status,
+                                                            outcome):
+    smtp.after_data = reply
+    await register(mail_env, smtp)
+    intent, attempt = await deliver(mail_env, "m-1")
+    assert facts(attempt) == ("done", Submission.SUBMITTED, outcome) and attempt.status_code == int(reply[:3])
+    assert intent.status is status and len(smtp.received) == 1
+
+
+@pytest.mark.parametrize("after_data", ["close", "hold"])
+async def test_no_reply_to_the_message_is_unknown_and_waits_for_an_operator(mail_env: SenderEnv,
+                                                                            smtp: SmtpServer, after_data):
+    """The server holds the whole message and then drops the connection, or never answers: it
+    may deliver it, so the attempt is maybe_submitted and (on_unknown: never) the intent unknown."""
+    smtp.after_data = after_data
+    await register(mail_env, smtp)
+    intent, attempt = await deliver(mail_env, "m-1")
+    assert facts(attempt) == ("message", Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN)
+    assert "no reply to the end of the message" in attempt.error
+    assert intent.status is Status.UNKNOWN and len(smtp.received) == 1
+    assert smtp.received[0].message["Message-ID"] == "<acme/m-1@example.com>"
+
+
+async def test_a_connection_refused_is_not_submitted(mail_env: SenderEnv, smtp: SmtpServer, closed_port: int):
+    await register(mail_env, smtp, port=closed_port)
+    intent, attempt = await deliver(mail_env, "m-1")
+    assert facts(attempt) == ("connect", Submission.NOT_SUBMITTED, Outcome.RETRYABLE)
+    assert intent.status is Status.PENDING
+
+
+async def test_a_host_resolving_to_loopback_is_refused_by_the_guard(mail_env: SenderEnv, smtp: SmtpServer):
+    await register(mail_env, smtp, host="localhost", allow_private_network=False, tls="none", allow_insecure=True)
+    intent, attempt = await deliver(mail_env, "m-1")
+    assert facts(attempt) == ("connect", Submission.NOT_SUBMITTED, Outcome.REJECTED)
+    assert "non-public" in attempt.error and intent.status is Status.DEAD and smtp.sessions == 0
+
+
+@pytest.fixture
+async def api(db_path, db_url, serve_api) -> AsyncIterator[Api]:
+    async with await Outbox.open(db_url) as box:
+        admin, _ = await box.create_token(Role.ADMIN)
+        producer, _ = await box.create_token(Role.PRODUCER, ["acme"])
+    yield Api(serve_api(Settings(database_url=db_url, worker=False)), admin, admin, producer, db_path)
+
+
+async def test_the_api_registers_email_destinations_and_refuses_bad_mail_naming_the_field(api: Api):
+    async with api.client(api.admin) as admin, api.client(api.producer) as producer:
+        registered = await admin.put("/v1/destinations/receipts", json={
+            "channel": "email", "host": "smtp.example.com", "port": 465, "tls": "implicit", "from": FROM,
+            "username": "mailer", "secret": "hunter2-password"})
+        assert registered.status_code == 201, registered.text
+        shown = registered.json()
+        assert (shown["channel"], shown["host"], shown["from"], shown["on_unknown"]) == (
+            "email", "smtp.example.com", FROM, "never")
+        assert "hunter2" not in registered.text and shown["signing_secrets"] == 1
+        insecure = await admin.put("/v1/destinations/plain", json={
+            "channel": "email", "host": "smtp.example.com", "tls": "none", "from": FROM})
+        assert_problem(insecure, 422, "invalid-input", "set allow_insecure")
+        await admin.put("/v1/grants/acme-receipts", json={"scope": "acme", "destination": "receipts"})
+        bad = await producer.post("/v1/intents", json={"scope": "acme", "destination": "receipts", "payload": {
+            "to": ["ann@example.org", "not an address"], "text": "hi", "headers": {"Date": "yesterday"}}})
+        assert_problem(bad, 422, "invalid-input", "the payload cannot be sent by the email channel: to.1: "
+                                                  "'not an address' is not an email address")
+        assert "headers: header 'Date' is set by the outbox" in bad.json()["detail"]
+        good = await producer.post("/v1/intents", json={"scope": "acme", "destination": "receipts",
+                                                        "action_id": "r-1", "payload": MAIL})
+        assert good.status_code == 201 and good.json()["channel"] == "email"
