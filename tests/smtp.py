@@ -4,6 +4,7 @@
     server.rcpt["gone@example.org"] = "550 5.1.1 no such user"   # answer RCPT TO for one address
     server.data_command = "451 4.3.0 try later"                 # answer the DATA command itself
     server.after_data = "hold"                                   # or "close", or a reply such as "452 ..."
+    server.replies = ["250 Ok"]                                  # answers for the next messages, then after_data
     server.received                                              # every message whose final "." arrived
     server.stop()
 
@@ -57,6 +58,7 @@ class SmtpServer:
     rcpt: dict[str, str] = field(default_factory=dict)  # address -> reply; others get 250
     data_command: str | None = None  # a reply refusing the DATA command; None: 354
     after_data: str = "250 2.0.0 Ok: queued as Q{n}"  # or "close" (drop unanswered), "hold" (never answer)
+    replies: list[str] = field(default_factory=list)  # taken first, one per message, before after_data
     received: list[Received] = field(default_factory=list)
     sessions: int = 0  # connections that said EHLO or HELO
     port: int = 0
@@ -142,7 +144,7 @@ class _Handler:
     async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
         content = envelope.original_content or b""
         self.owner.received.append(Received(envelope.mail_from or "", list(envelope.rcpt_tos), content))
-        after = self.owner.after_data
+        after = self.owner.replies.pop(0) if self.owner.replies else self.owner.after_data
         if after == "close":
             assert server.transport is not None
             server.transport.abort()  # the final "." arrived; no reply ever leaves
