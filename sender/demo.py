@@ -1,4 +1,4 @@
-"""``outbox demo``: a local receiver, a few intents, their delivery and honest outcomes.
+"""``outbox demo``: a local receiver and mail server, a few intents, their delivery and honest outcomes.
 
 Runs on a fresh machine with no configuration: everything lives in a temporary directory and
 on loopback, and is gone when the demo ends.
@@ -7,16 +7,22 @@ on loopback, and is gone when the demo ends.
 from __future__ import annotations
 
 import asyncio
+import email
+import socket
 import tempfile
 from collections.abc import Callable
+from email import policy
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
+from aiosmtpd.controller import Controller
 
 from outbox import Outbox, Settings
 from outbox.grants import GrantSpec
 from receivers.wire import sign
 
+from .email import EmailSpec
 from .webhook import WebhookSpec, new_secret
 from .worker import Worker
 
@@ -44,9 +50,32 @@ def _receiver(secret: str, log: Callable[[str], None]) -> web.Application:
     return app
 
 
+class _MailServer:
+    """aiosmtpd's handler: says what arrived and queues it under an id of its own."""
+
+    def __init__(self, log: Callable[[str], None]) -> None:
+        self.log = log
+        self.queued = 0
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        message = email.message_from_bytes(envelope.original_content or b"", policy=policy.default)
+        self.queued += 1
+        self.log(f"  mail server: {message['Message-ID']} from {envelope.mail_from} to "
+                 f"{', '.join(envelope.rcpt_tos)}: {message['Subject']!r}")
+        return f"250 2.0.0 Ok: queued as MAIL{self.queued}"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 async def run_demo(echo: Callable[[str], None]) -> int:
-    """Deliver four intents and print what happened to each; returns a process exit code."""
+    """Deliver five intents and print what happened to each; returns a process exit code."""
     secret = new_secret()
+    mail = Controller(_MailServer(echo), hostname="127.0.0.1", port=_free_port())
+    mail.start()
     runner = web.AppRunner(_receiver(secret, echo), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -59,13 +88,19 @@ async def run_demo(echo: Callable[[str], None]) -> int:
             for name, path in (("orders", "/orders"), ("flaky", "/flaky"), ("gone", "/gone")):
                 await box.put_destination(name, WebhookSpec(
                     url=f"http://127.0.0.1:{port}{path}", secret=secret, allow_private_network=True))
+            await box.put_destination("mailroom", EmailSpec.model_validate({
+                "channel": "email", "host": "127.0.0.1", "port": mail.port, "tls": "none", "allow_insecure": True,
+                "allow_private_network": True, "from": "Demo Shop <shop@example.com>"}))
             await box.put_grant("demo", GrantSpec(scope="demo", destination="*", note="the demo"))
-            echo(f"receiver on 127.0.0.1:{port}; scope 'demo' is granted every destination")
+            echo(f"receiver on 127.0.0.1:{port}, mail server on 127.0.0.1:{mail.port}; "
+                 "scope 'demo' is granted every destination")
+            receipt = {"to": ["Ann <ann@example.org>"], "subject": "Your receipt", "text": "Thank you."}
             plans = [("order-1", "orders", "demo"), ("report-1", "flaky", "demo"),
-                     ("legacy-1", "gone", "demo"), ("rogue-1", "orders", "intruder")]
+                     ("legacy-1", "gone", "demo"), ("rogue-1", "orders", "intruder"),
+                     ("receipt-1", "mailroom", "demo")]
             for action_id, destination, scope in plans:
                 await box.enqueue(action_id=action_id, destination=destination, scope=scope,
-                                  payload={"demo": action_id})
+                                  payload=receipt if destination == "mailroom" else {"demo": action_id})
                 echo(f"enqueued {action_id} -> {destination} as {scope}")
             worker = Worker(box, concurrency=8)
             running = asyncio.create_task(worker.run())
@@ -80,5 +115,6 @@ async def run_demo(echo: Callable[[str], None]) -> int:
                           else intent.last_error or "")
                 echo(f"  {intent.action_id:<10} {intent.status.value:<9} attempts {intent.attempts}  {detail}")
     await runner.cleanup()
-    expected = ["delivered", "delivered", "dead", "revoked"]
+    mail.stop()
+    expected = ["delivered", "delivered", "dead", "revoked", "delivered"]
     return 0 if [i.status.value for i in outcomes] == expected else 1

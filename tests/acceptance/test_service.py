@@ -209,6 +209,8 @@ def test_demo_delivers_on_a_fresh_machine_and_tells_each_outcome(workdir: Path):
     lines = done.stdout.splitlines()
     outcome = {line.split()[0]: line.split()[1] for line in lines[lines.index("outcomes:") + 1:]}
     assert outcome == {"order-1": "delivered", "report-1": "delivered", "legacy-1": "dead",
-                       "rogue-1": "revoked"}
+                       "rogue-1": "revoked", "receipt-1": "delivered"}
     assert "external id rcpt-demo/order-1" in done.stdout
+    assert "mail server: <demo/receipt-1@example.com> from shop@example.com to ann@example.org" in done.stdout
+    assert "external id MAIL1" in done.stdout
     assert list(workdir.iterdir()) == []  # it leaves nothing behind
