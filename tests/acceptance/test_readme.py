@@ -40,7 +40,7 @@ def load(name: str, where: Path) -> dict[str, Any]:
 
 
 def test_the_readme_has_its_examples():
-    assert set(python_blocks()) == {"main", "fastapi-receiver", "flask-receiver", "channel-declaration"}
+    assert set(python_blocks()) == {"main", "fastapi-receiver", "flask-receiver", "channel-declaration", "email"}
 
 
 def test_the_producer_example_runs_and_is_safe_to_run_again(tmp_path: Path):
@@ -102,3 +102,17 @@ def test_the_channel_declaration_shown_is_the_webhook_channels(tmp_path: Path):
     for field in ("name", "spec", "needs_secret", "secret_form", "new_secret", "check_payload"):
         assert getattr(shown, field) == getattr(webhook.CHANNEL, field), field
     assert isinstance(shown.open(4), webhook.WebhookChannel)
+
+
+def test_the_email_example_delivers_and_shows_the_servers_view(tmp_path: Path):
+    script = tmp_path / "email_example.py"
+    script.write_text(python_blocks()["email"])
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[-1] == "delivered done 4BX2Q"
+    headers = dict(line.split(": ", 1) for line in lines[:-1] if ": " in line)
+    assert headers["Message-ID"] == "<acme/receipt-42@example.com>"
+    assert headers["From"] == "Shop <shop@example.com>" and headers["To"] == "Ann <ann@example.org>"
+    assert headers["Idempotency-Key"] == "acme/receipt-42" and headers["Outbox-Fence"] == "1"
+    assert headers["Payload-Digest"].startswith("sha256:")
