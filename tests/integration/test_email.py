@@ -14,8 +14,10 @@ from sender.email import EmailChannel, EmailSpec, message_id
 from tests.conftest import eventually
 from tests.smtp import SmtpServer
 
+from ..mta import Postfix
 from .conftest import SenderEnv
 from .test_api import Api, assert_problem
+from .test_mta import require_postfix
 
 FROM = "Billing <billing@example.com>"
 MAIL = {"to": ["Ann <ann@example.org>"], "subject": "Your receipt", "text": "Thank you."}
@@ -235,3 +237,26 @@ async def test_the_api_registers_email_destinations_and_refuses_bad_mail_naming_
         good = await producer.post("/v1/intents", json={"scope": "acme", "destination": "receipts",
                                                         "action_id": "r-1", "payload": MAIL})
         assert good.status_code == 201 and good.json()["channel"] == "email"
+
+
+async def test_a_message_goes_through_a_real_mta_with_its_identity(mail_env: SenderEnv, smtp: SmtpServer):
+    """Through Debian's postfix (a private instance) to the sink: the queue id postfix named is
+    the attempt's external id, and what arrives parses with its headers and body intact."""
+    require_postfix()
+    with Postfix("127.0.0.1", smtp.port) as mta:
+        await register(mail_env, smtp, port=mta.port, tls="none", allow_insecure=True)
+        intent, attempt = await deliver(mail_env, "relayed-1", {
+            **MAIL, "html": "<p>Thank you.</p>", "headers": {"X-Order": "42"}})
+        assert intent.status is Status.DELIVERED, attempt
+        assert facts(attempt) == ("done", Submission.SUBMITTED, Outcome.DELIVERED)
+        assert attempt.external_id and attempt.external_id in mta.maillog()
+        assert await eventually(lambda: len(smtp.received) == 1, timeout=20), mta.maillog()
+    [got] = smtp.received
+    message = got.message
+    assert got.recipients == ["ann@example.org"] and got.sender == "billing@example.com"
+    assert message["Message-ID"] == "<acme/relayed-1@example.com>"
+    assert (message["Idempotency-Key"], message["Payload-Digest"]) == ("acme/relayed-1", intent.payload_digest)
+    assert (message["From"], message["To"], message["X-Order"]) == (FROM, "Ann <ann@example.org>", "42")
+    assert "(Postfix)" in message["Received"]
+    assert message.get_body(("plain",)).get_content().splitlines() == ["Thank you."]
+    assert message.get_body(("html",)).get_content().splitlines() == ["<p>Thank you.</p>"]
