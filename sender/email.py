@@ -9,7 +9,7 @@ had the DATA command accepted, so that boundary is ours to see rather than insid
 
 The socket is connected here, to an address the SSRF guard has checked, and handed to
 aiosmtplib with the host's name for TLS verification. Connections are reused per destination
-(at most ``MAX_CONNECTIONS`` each) and dropped after any failure.
+(at most its ``connections`` at once) and dropped after any failure.
 """
 
 from __future__ import annotations
@@ -50,8 +50,7 @@ from .channel import REPLY_BYTES, ChannelModule, ProbeAnswer, SendResult
 #: Recipients of one message (to, cc and bcc together).
 MAX_RECIPIENTS = 50
 MAX_ATTACHMENTS = 10
-#: Connections kept open to one destination's server, and how long an idle one is kept.
-MAX_CONNECTIONS = 4
+#: How long an idle connection is kept (servers drop idle sessions after a few minutes).
 IDLE_SECONDS = 30.0
 #: A dot-atom address (RFC 5322 addr-spec without quoted local parts or domain literals), ASCII.
 ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]"
@@ -192,6 +191,8 @@ class EmailSpec(DestinationSpec):
                                                  "names the Message-ID")
     reply_to: Mailbox | None = None
     headers: dict[str, str] = Field(default_factory=dict, description="added to every message")
+    connections: int = Field(default=4, ge=1, le=256, description="connections to the server at most at once; "
+                                                                  "each is reused for the next message")
     on_unknown: OnUnknown = Field(default=OnUnknown.NEVER, description="mail servers do not deduplicate: an "
                                                                        "unknown outcome waits for an operator")
 
@@ -254,7 +255,7 @@ def _by_code(code: int) -> Outcome:
 class _Pool:
     """One destination's open connections: idle ones, newest last, and the slots for all."""
 
-    slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(MAX_CONNECTIONS))
+    slots: asyncio.Semaphore
     idle: list[tuple[aiosmtplib.SMTP, float]] = field(default_factory=list)
 
 
@@ -275,7 +276,8 @@ class EmailChannel:
             return SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="build",
                               error=f"refused: the message cannot be built: {exc.errors()[0]['msg']}")
         message = self._message(intent, spec, payload, attempt_id, fence)
-        pool = self._pools.setdefault((destination.id, repr(sorted(destination.settings.items()))), _Pool())
+        key = (destination.id, repr(sorted(destination.settings.items())))
+        pool = self._pools.get(key) or self._pools.setdefault(key, _Pool(asyncio.Semaphore(spec.connections)))
         async with pool.slots:
             for reused in self._idle(pool):
                 result = await self._transact(reused, spec, payload, message, pool, reused=True)
