@@ -260,3 +260,24 @@ async def test_a_message_goes_through_a_real_mta_with_its_identity(mail_env: Sen
     assert "(Postfix)" in message["Received"]
     assert message.get_body(("plain",)).get_content().splitlines() == ["Thank you."]
     assert message.get_body(("html",)).get_content().splitlines() == ["<p>Thank you.</p>"]
+
+
+async def test_implicit_tls_is_verified_against_the_host_name(mail_env: SenderEnv, servers):
+    server = SmtpServer(tls="implicit").start()
+    servers.append(server)
+    await register(mail_env, server, host="localhost", tls="implicit")  # the certificate names localhost
+    intent, attempt = await deliver(mail_env, "m-1")
+    assert intent.status is Status.DELIVERED and len(server.received) == 1
+    untrusted = EmailChannel()  # the system's CAs only: the test CA's certificate is refused
+    await mail_env.enqueue("m-2", MAIL, destination="mail")
+    async with mail_env.running(channels={"email": untrusted}):
+        assert await eventually(lambda: _finished(mail_env, "m-2"), timeout=10)
+    await untrusted.aclose()
+    [attempt] = (await mail_env.box.history("m-2")).attempts
+    assert facts(attempt) == ("tls", Submission.NOT_SUBMITTED, Outcome.RETRYABLE)
+    assert "CERTIFICATE_VERIFY_FAILED" in attempt.error and len(server.received) == 1
+
+
+async def _finished(env: SenderEnv, action_id: str) -> bool:
+    attempts = (await env.box.history(action_id)).attempts
+    return bool(attempts) and attempts[-1].finished_at is not None
