@@ -26,19 +26,9 @@ from receivers._sqlite import SetJob, from_us, to_us
 from ..destinations import Destination
 from ..errors import NotFound, StoreUnavailable
 from ..grants import Grant, GrantSpec
-from ..model import (
-    Attempt,
-    Enqueued,
-    Event,
-    Intent,
-    NewIntent,
-    OnUnknown,
-    Outcome,
-    Role,
-    Status,
-    Submission,
-)
+from ..model import Attempt, Enqueued, Event, Intent, NewIntent, Status
 from ..tokens import TokenInfo
+from . import records
 from .migrator import Migration, run_migrations, scripts_for
 from .plumbing import GroupCommitter, connect, on_thread, queries, unavailable
 from .protocol import History, IntentQuery, Page
@@ -66,104 +56,13 @@ def _stored(value: Any) -> Any:
     return value.value if isinstance(value, Status) else value
 
 
-def _intent(row: sqlite3.Row | Mapping[str, Any]) -> Intent:
-    """An intent from a row, or from the JSON object a claim reads it as."""
-    return Intent(
-        seq=row["seq"],
-        action_id=row["action_id"],
-        scope=row["scope"],
-        destination=row["destination"],
-        channel=row["channel"],
-        payload_json=row["payload"],
-        payload_digest=row["payload_digest"],
-        status=Status(row["status"]),
-        attempts=row["attempts"],
-        max_attempts=row["max_attempts"],
-        next_attempt_at=from_us(row["next_attempt_at"]),
-        not_before=from_us(row["not_before"]),
-        expires_at=from_us(row["expires_at"]),
-        lease_owner=row["lease_owner"],
-        lease_expires_at=from_us(row["lease_expires_at"]),
-        fence=row["fence"],
-        created_at=from_us(row["created_at"]),
-        updated_at=from_us(row["updated_at"]),
-        last_error=row["last_error"],
-        approved_digest=row["approved_digest"],
-        approval_expires_at=from_us(row["approval_expires_at"]),
-        approved_by=row["approved_by"],
-    )
-
-
-def _attempt(row: sqlite3.Row) -> Attempt:
-    return Attempt(
-        attempt_id=row["attempt_id"],
-        number=row["number"],
-        fence=row["fence"],
-        worker=row["worker"],
-        started_at=from_us(row["started_at"]),
-        finished_at=from_us(row["finished_at"]),
-        submission=Submission(row["submission"]) if row["submission"] else None,
-        outcome=Outcome(row["outcome"]) if row["outcome"] else None,
-        status_code=row["status_code"],
-        reply=row["reply"],
-        external_id=row["external_id"],
-        error=row["error"],
-        duration_ms=row["duration_ms"],
-        stage=row["stage"],
-    )
-
-
-def _event(row: sqlite3.Row) -> Event:
-    return Event(
-        kind=row["kind"],
-        at=from_us(row["at"]),
-        actor=row["actor"],
-        reason=row["reason"],
-        data=json.loads(row["data"]),
-    )
-
-
-def _destination(row: sqlite3.Row) -> Destination:
-    return Destination(
-        id=row["id"],
-        channel=row["channel"],
-        settings=json.loads(row["settings"]),
-        secrets=tuple(json.loads(row["secrets"])),
-        idempotent=bool(row["idempotent"]),
-        retention_seconds=row["retention_seconds"],
-        on_unknown=OnUnknown(row["on_unknown"]),
-        timeout_seconds=row["timeout_seconds"],
-        requires_approval=bool(row["requires_approval"]),
-        allow_private_network=bool(row["allow_private_network"]),
-        disabled=bool(row["disabled"]),
-        created_at=from_us(row["created_at"]),
-        updated_at=from_us(row["updated_at"]),
-        reconcile=bool(row["reconcile"]),
-    )
-
-
-def _token(row: sqlite3.Row) -> TokenInfo:
-    return TokenInfo(
-        id=row["id"],
-        role=Role(row["role"]),
-        scopes=tuple(json.loads(row["scopes"])),
-        label=row["label"],
-        created_at=from_us(row["created_at"]),
-        revoked_at=from_us(row["revoked_at"]),
-    )
-
-
-def _grant(row: sqlite3.Row) -> Grant:
-    return Grant(
-        id=row["id"],
-        scope=row["scope"],
-        destination=row["destination"],
-        revision=row["revision"],
-        expires_at=from_us(row["expires_at"]),
-        note=row["note"],
-        created_at=from_us(row["created_at"]),
-        updated_at=from_us(row["updated_at"]),
-    )
+#: Rows as records: times are integer microseconds (``from_us``), JSON is text.
+_intent = functools.partial(records.intent, time=from_us)
+_attempt = functools.partial(records.attempt, time=from_us)
+_event = functools.partial(records.event, time=from_us)
+_destination = functools.partial(records.destination, time=from_us)
+_token = functools.partial(records.token, time=from_us)
+_grant = functools.partial(records.grant, time=from_us)
 
 
 def _attempt_row(seq: int, a: Attempt) -> list[Any]:
