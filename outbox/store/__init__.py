@@ -13,7 +13,8 @@ __all__ = ["History", "IntentQuery", "Page", "SqliteStore", "Store", "Transactio
 
 def store_for_url(url: str, *, busy_timeout_ms: int = 5000) -> Store:
     """The (unopened) store a database URL names: ``sqlite:///relative.db``,
-    ``sqlite:////absolute/path.db``."""
+    ``sqlite:////absolute/path.db``, ``postgresql://user@host/db`` (or ``postgres://``). The
+    PostgreSQL store is imported here, when named, so a SQLite process never imports asyncpg."""
     parts = urlsplit(url)
     if parts.scheme == "sqlite":
         path = unquote(parts.path)
@@ -24,5 +25,7 @@ def store_for_url(url: str, *, busy_timeout_ms: int = 5000) -> Store:
             )
         return SqliteStore(path[1:], busy_timeout_ms=busy_timeout_ms)
     if parts.scheme in ("postgresql", "postgres"):
-        raise InvalidInput("the PostgreSQL store is not available in this release; use sqlite:///")
-    raise InvalidInput(f"database URL {url!r}: unsupported scheme {parts.scheme!r} (use sqlite:///)")
+        from .postgres import PostgresStore
+
+        return PostgresStore(url)
+    raise InvalidInput(f"database URL {url!r}: unsupported scheme {parts.scheme!r} (use sqlite:/// or postgresql://)")

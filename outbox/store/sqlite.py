@@ -283,7 +283,11 @@ class SqliteStore:
         return await self._c.write(job)
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[_SqliteTransaction]:
+    async def transaction(self, *, connection: Any = None) -> AsyncIterator[_SqliteTransaction]:
+        if connection is not None:
+            raise ValueError(
+                "the SQLite store runs transactions on its own connection only (its writes are group-committed "
+                "there); use transaction() without a connection, and tx.execute for your own SQL")
         async with self._c.lock:
             db = self._c.db
             try:

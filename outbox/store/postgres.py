@@ -1,0 +1,558 @@
+"""The PostgreSQL store (asyncpg): outbox processes on many hosts share one database.
+
+Each write is its own transaction on a pooled connection, and a claim is one statement that
+locks what it leases with ``FOR UPDATE SKIP LOCKED``, so claimers neither wait for each other
+nor get the same intent. Hosts judge leases on one timeline, the database's: ``clock_offset``
+says how far this host's clock is from it (``Outbox.open`` moves its clock by that much).
+Statements that make an intent due now notify at commit, and ``listen`` wakes this process's
+workers on it; polling stays the fallback. The caller's own asyncpg connection can carry
+enqueues inside the caller's transaction (``transaction(connection=...)``).
+
+This module is the only one that imports asyncpg, and ``store_for_url`` imports it only for a
+PostgreSQL URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from datetime import datetime
+from typing import Any, Literal, overload
+
+import asyncpg
+
+from ..destinations import Destination
+from ..errors import NotFound, StoreUnavailable
+from ..grants import Grant, GrantSpec
+from ..model import Attempt, Enqueued, Event, Intent, NewIntent, Status
+from ..tokens import TokenInfo
+from . import records
+from .migrator import Migration, run_migrations, scripts_for
+from .plumbing import queries
+from .protocol import History, IntentQuery, Page
+from .rules import (
+    check_claim,
+    check_payload,
+    decide_destination_delete,
+    decide_existing,
+    decide_initial_status,
+    decide_target,
+    decide_update,
+    inserted_intent,
+)
+
+SQL = queries.load("postgres")
+log = logging.getLogger("outbox.store")
+
+#: What the statements that make an intent due now notify (sql/postgres.sql), and ``listen`` hears.
+CHANNEL = "outbox_due"
+#: How the listening connection shows in ``pg_stat_activity``.
+LISTENER = "outbox listener"
+#: A quiet listening connection proves it is still there this often: a silent network loss
+#: (no reset, no close) is found within about twice this.
+KEEPALIVE_SECONDS = 30.0
+#: The pause before listening again after a lost connection, doubling while connecting fails.
+RELISTEN_SECONDS = (0.1, 30.0)
+
+#: Errors that mean "not now" rather than "wrong", answered 503 with Retry-After: the server
+#: unreachable or shutting down, the connection lost, resources exhausted, the database not there
+#: (yet) or read-only for now, a lock or serialization conflict that a retry resolves.
+UNAVAILABLE: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.InterfaceError,  # the connection or pool closed under the call
+    asyncpg.PostgresConnectionError,  # 08: the connection failed or is gone
+    asyncpg.exceptions.OperatorInterventionError,  # 57: shutting down, cannot connect now, cancelled
+    asyncpg.exceptions.InsufficientResourcesError,  # 53: disk full, out of memory, too many connections
+    asyncpg.exceptions.TransactionRollbackError,  # 40: serialization failure, deadlock
+    asyncpg.exceptions.LockNotAvailableError,  # 55P03
+    asyncpg.exceptions.InvalidCatalogNameError,  # 3D000: no such database
+    asyncpg.exceptions.ReadOnlySQLTransactionError,  # 25006: a standby, or a primary read-only for now
+)
+
+
+@contextmanager
+def _unavailable() -> Iterator[None]:
+    """Raise the outbox's StoreUnavailable for the database answering "not now"; anything else,
+    such as a constraint the caller's own SQL broke, goes through as it is."""
+    try:
+        yield
+    except UNAVAILABLE as exc:
+        raise StoreUnavailable(f"the PostgreSQL database is unavailable: {exc}") from exc
+
+
+def _as_stored(value: Any) -> Any:
+    """asyncpg gives timestamptz as timezone-aware datetimes already."""
+    return value
+
+
+#: Rows as records: times are timestamptz, JSON columns jsonb (asyncpg gives their text).
+_intent = functools.partial(records.intent, time=_as_stored)
+_attempt = functools.partial(records.attempt, time=_as_stored)
+_event = functools.partial(records.event, time=_as_stored)
+_destination = functools.partial(records.destination, time=_as_stored)
+_token = functools.partial(records.token, time=_as_stored)
+_grant = functools.partial(records.grant, time=_as_stored)
+
+
+def _data(event: Event) -> str:
+    """An event's data as the jsonb text stored."""
+    return json.dumps(dict(event.data)) if event.data else "{}"
+
+
+def _attempt_args(seq: int, a: Attempt) -> tuple[Any, ...]:
+    """An attempt as ``put_attempt``'s parameters."""
+    return (
+        a.attempt_id, seq, a.number, a.fence, a.worker, a.started_at, a.finished_at,
+        a.submission.value if a.submission else None, a.outcome.value if a.outcome else None,
+        a.status_code, a.reply, a.external_id, a.error, a.duration_ms, a.stage,
+    )
+
+
+async def _insert_intent(
+    conn: asyncpg.Connection, new: NewIntent, event: Event, seen: dict[str, Any] | None = None
+) -> Enqueued:
+    """The enqueue on ``conn``, inside a transaction: destination check, then insert or compare
+    (the rules are ``rules.decide_initial_status`` and ``rules.decide_existing``). A refusal is
+    raised before anything is written and without an SQL error, so it leaves the transaction
+    usable. ``seen`` remembers destinations across the intents of one batch."""
+    found = seen.get(new.destination) if seen is not None else None
+    if found is None:
+        found = await conn.fetchrow(SQL["destination_for_enqueue"], new.destination)
+        if found is not None and seen is not None:
+            seen[new.destination] = found
+    status = decide_initial_status(new, None if found is None else found["requires_approval"])
+    check_payload(new, found["channel"])
+    while True:
+        seq = await conn.fetchval(
+            SQL["insert_intent"],
+            new.key, new.action_id, new.scope, new.destination, found["channel"], new.payload_json,
+            new.payload_digest, status.value, new.max_attempts, new.next_attempt_at, new.not_before,
+            new.expires_at, new.created_at,
+            event.kind.value, event.at, event.actor, event.reason, _data(event),
+        )
+        if seq is not None:
+            return Enqueued(inserted_intent(seq, new, found["channel"], status), created=True)
+        existing = await conn.fetchrow(SQL["intent_by_key"], new.key)
+        if existing is not None:
+            return decide_existing(_intent(existing), new)
+        # the intent holding the key was pruned between the two statements: the key is free again
+
+
+async def _start_listening(conn: asyncpg.Connection, wake: Callable[[], None]) -> asyncio.Event:
+    """LISTEN on ``conn``, calling ``wake`` on each notification; returns what is set once the
+    connection is lost."""
+    lost = asyncio.Event()
+    conn.add_termination_listener(lambda _: lost.set())
+    await conn.add_listener(CHANNEL, lambda *_: wake())
+    return lost
+
+
+@functools.cache
+def _update_sql(columns: tuple[str, ...]) -> str:
+    """The UPDATE for one combination of columns (names from UPDATABLE, never input), their values
+    from parameter 7 on."""
+    return SQL["update_intent"].format(
+        assignments=", ".join(f"{name} = ${i}" for i, name in enumerate(columns, 7)))
+
+
+class _PostgresTransaction:
+    """A transaction on one connection: the store's own, or the caller's."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self._conn = conn
+
+    async def execute(self, sql: str, parameters: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with _unavailable():
+            return [tuple(row) for row in await self._conn.fetch(sql, *parameters)]
+
+    async def insert_intent(self, new: NewIntent, event: Event) -> Enqueued:
+        with _unavailable():
+            return await _insert_intent(self._conn, new, event)
+
+
+class _PostgresMigration:
+    """The migration runner's view of a connection inside the migration's transaction."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self._conn = conn
+
+    async def applied_versions(self) -> set[int]:
+        return {row[0] for row in await self._conn.fetch(SQL["applied_migrations"])}
+
+    async def run_script(self, script: str) -> None:
+        await self._conn.execute(script)  # without parameters asyncpg runs every statement of it
+
+    async def record(self, migration: Migration, at: datetime) -> None:
+        await self._conn.execute(SQL["record_migration"], migration.version, migration.name, at)
+
+
+class PostgresStore:
+    """An outbox in a PostgreSQL database, shared by every process that opens it."""
+
+    dialect = "postgres"
+
+    def __init__(self, dsn: str, *, pool_size: int = 10) -> None:
+        self.dsn = dsn
+        self.pool_size = pool_size
+        self._pool: asyncpg.Pool | None = None
+
+    # -- connections ---------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        try:
+            self._pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=self.pool_size)
+        except (*UNAVAILABLE, asyncpg.PostgresError) as exc:
+            raise StoreUnavailable(f"cannot use the PostgreSQL database: {exc}") from exc
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close()
+
+    @property
+    def _p(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise StoreUnavailable("the store is not open")
+        return self._pool
+
+    async def _fetch(self, name: str, *args: Any) -> list[Any]:
+        with _unavailable():
+            return list(await self._p.fetch(SQL[name], *args))
+
+    async def _execute(self, name: str, *args: Any) -> None:
+        with _unavailable():
+            await self._p.execute(SQL[name], *args)
+
+    async def _fetchrow(self, name: str, *args: Any) -> Any:
+        with _unavailable():
+            return await self._p.fetchrow(SQL[name], *args)
+
+    async def _fetchval(self, name: str, *args: Any) -> Any:
+        with _unavailable():
+            return await self._p.fetchval(SQL[name], *args)
+
+    @asynccontextmanager
+    async def _transaction(self, **options: Any) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection in a transaction (``options``: asyncpg's isolation, readonly),
+        committed when the block ends, rolled back when it raises."""
+        with _unavailable():
+            async with self._p.acquire() as conn, conn.transaction(**options):
+                yield conn
+
+    @asynccontextmanager
+    async def transaction(self, *, connection: Any = None) -> AsyncIterator[_PostgresTransaction]:
+        """A transaction for the caller's SQL and enqueues: by default on a pooled connection,
+        committed when the block ends. With ``connection``, the caller's asyncpg connection
+        already inside the caller's transaction: enqueues are written on it and commit or roll
+        back with that transaction, which the outbox never commits, rolls back or ends.
+
+        An enqueue that is refused (IntentConflict, UnknownDestination, a payload its channel
+        cannot send) writes nothing and raises no SQL error, so the caller's transaction stays
+        usable: let the error end the ``async with conn.transaction()`` block (all rolls back) or
+        catch it and go on (the rest commits without that intent). An error of the database
+        itself (the connection lost, a constraint) aborts a PostgreSQL transaction, as it always
+        does; a caller that must go on after one wraps the enqueue in a savepoint (a nested
+        ``async with conn.transaction():``).
+        """
+        if connection is not None:
+            in_transaction = getattr(connection, "is_in_transaction", None)
+            if in_transaction is None or not in_transaction():
+                raise ValueError(
+                    "transaction(connection=...) takes an asyncpg connection inside the caller's own transaction "
+                    "(async with conn.transaction(): ...), so the outbox's writes commit with it and never alone")
+            yield _PostgresTransaction(connection)
+            return
+        with _unavailable():
+            conn = await self._p.acquire()
+        try:
+            tx = conn.transaction()
+            with _unavailable():
+                await tx.start()
+            try:
+                yield _PostgresTransaction(conn)
+            except BaseException:
+                with contextlib.suppress(*UNAVAILABLE):  # a lost connection's transaction is the server's to undo
+                    await tx.rollback()
+                raise
+            with _unavailable():
+                await tx.commit()
+        finally:
+            await self._p.release(conn)
+
+    # -- schema, clock and wake-ups ----------------------------------------------------------
+
+    async def migrate(self) -> list[str]:
+        async with self._transaction() as conn:
+            await conn.execute(SQL["lock_migrations"])
+            await conn.execute(SQL["create_migrations_table"])
+            return await run_migrations(_PostgresMigration(conn), scripts_for(self.dialect))
+
+    async def ping(self) -> None:
+        try:
+            await self._fetchval("applied_migrations")
+        except asyncpg.UndefinedTableError as exc:
+            raise StoreUnavailable("the database is not migrated; run `outbox migrate`") from exc
+
+    async def clock_offset(self) -> float:
+        """How far the database's clock is ahead of this host's, in seconds (negative: behind):
+        the database's time minus this host's at the middle of the round trip that read it, the
+        quickest of three (the least room for the answer to have been read early or late)."""
+        samples: list[tuple[float, float]] = []
+        with _unavailable():
+            async with self._p.acquire() as conn:
+                for _ in range(3):
+                    sent = time.time()
+                    theirs: datetime = await conn.fetchval(SQL["clock"])
+                    back = time.time()
+                    samples.append((back - sent, theirs.timestamp() - (sent + back) / 2))
+        return min(samples)[1]
+
+    async def listen(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` whenever a transaction that made an intent due now commits, in any
+        process, until cancelled. A dedicated connection LISTENs; when it is lost (the
+        server restarted, the network broke) another is made, and ``wake`` is called each time
+        one starts listening, since whatever was notified meanwhile went unheard. Workers still
+        poll, so a listener that cannot connect only delays them."""
+        pause = RELISTEN_SECONDS[0]
+        while True:
+            try:
+                conn = await asyncpg.connect(self.dsn, server_settings={"application_name": LISTENER})
+            except Exception as exc:  # the next try may work; polling covers the gap
+                log.warning("cannot listen for due intents (%s); trying again in %.1fs", exc, pause)
+            else:
+                try:
+                    lost = await _start_listening(conn, wake)
+                    pause = RELISTEN_SECONDS[0]
+                    wake()
+                    while not lost.is_set():
+                        try:
+                            await asyncio.wait_for(lost.wait(), KEEPALIVE_SECONDS)
+                        except TimeoutError:
+                            await conn.fetchval(SQL["ping"], timeout=KEEPALIVE_SECONDS)
+                    log.warning("the connection listening for due intents was lost; listening again")
+                except Exception as exc:
+                    log.warning("listening for due intents failed (%s); listening again", exc)
+                finally:
+                    if not conn.is_closed():
+                        await conn.close(timeout=5)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, RELISTEN_SECONDS[1])
+
+    # -- intents ---------------------------------------------------------------------------
+
+    async def insert_intent(self, new: NewIntent, event: Event) -> Enqueued:
+        async with self._transaction() as conn:
+            return await _insert_intent(conn, new, event)
+
+    async def insert_intents(self, items: Sequence[tuple[NewIntent, Event]]) -> list[Enqueued]:
+        async with self._transaction() as conn:
+            seen: dict[str, Any] = {}
+            return [await _insert_intent(conn, new, event, seen) for new, event in items]
+
+    async def get_intent(self, key: str) -> Intent | None:
+        row = await self._fetchrow("intent_by_key", key)
+        return None if row is None else _intent(row)
+
+    async def intents_named(self, action_id: str) -> list[Intent]:
+        return [_intent(row) for row in await self._fetch("intents_by_action", action_id)]
+
+    async def history(self, key: str) -> History:
+        async with self._transaction(isolation="repeatable_read", readonly=True) as conn:  # one snapshot
+            row = await conn.fetchrow(SQL["intent_by_key"], key)
+            if row is None:
+                return History()
+            return History(
+                attempts=[_attempt(r) for r in await conn.fetch(SQL["attempts_of"], row["seq"])],
+                events=[_event(r) for r in await conn.fetch(SQL["events_of"], row["seq"])],
+                intent=_intent(row),
+            )
+
+    async def list_intents(self, query: IntentQuery) -> Page:
+        params: list[Any] = [query.limit + 1]
+
+        def param(value: Any) -> str:
+            params.append(value)
+            return f"${len(params)}"
+
+        where: list[str] = []
+        if query.statuses:
+            where.append(f"status = ANY({param([s.value for s in query.statuses])}::text[])")
+        if query.scopes is not None:  # none at all matches nothing
+            where.append(f"scope = ANY({param(list(query.scopes))}::text[])")
+        for condition, value in (
+            ("destination =", query.destination),
+            ("channel =", query.channel),
+            ("created_at >=", query.created_after),
+            ("created_at <", query.created_before),
+            ("seq <", query.before_seq),
+        ):
+            if value is not None:
+                where.append(f"{condition} {param(value)}")
+        with _unavailable():
+            rows = await self._p.fetch(SQL["list_intents"].format(where=" AND ".join(where) or "true"), *params)
+        intents = [_intent(row) for row in rows[: query.limit]]
+        more = len(rows) > query.limit
+        return Page(intents, intents[-1].seq if more and intents else None)
+
+    @overload
+    async def update_intent(
+        self, key: str, *, expected: Status, status: Status, events: Sequence[Event],
+        changes: Mapping[str, Any] | None = None, fence: int | None = None, attempt: Attempt | None = None,
+        fetch: Literal[True] = True,
+    ) -> Intent: ...
+
+    @overload
+    async def update_intent(
+        self, key: str, *, expected: Status, status: Status, events: Sequence[Event],
+        changes: Mapping[str, Any] | None = None, fence: int | None = None, attempt: Attempt | None = None,
+        fetch: Literal[False],
+    ) -> None: ...
+
+    async def update_intent(
+        self,
+        key: str,
+        *,
+        expected: Status,
+        status: Status,
+        events: Sequence[Event],
+        changes: Mapping[str, Any] | None = None,
+        fence: int | None = None,
+        attempt: Attempt | None = None,
+        fetch: bool = True,
+    ) -> Intent | None:
+        values = {name: value.value if isinstance(value, Status) else value
+                  for name, value in decide_update(expected, status, events, changes).items()}
+        logged = ([e.kind.value for e in events], [e.at for e in events], [e.actor for e in events],
+                  [e.reason for e in events], [_data(e) for e in events])
+        async with self._transaction() as conn:
+            found = await conn.fetchrow(SQL["lock_intent"], key)
+            refused = decide_target(key, None if found is None else (found["status"], found["fence"]),
+                                    expected=expected, fence=fence)
+            if refused is not None:
+                raise refused
+            row = await conn.fetchrow(_update_sql(tuple(values)), found["seq"], *logged, *values.values())
+            if attempt is not None:
+                await conn.execute(SQL["put_attempt"], *_attempt_args(found["seq"], attempt))
+        return _intent(row) if fetch else None
+
+    # -- the sender's work -----------------------------------------------------------------
+
+    async def claim(
+        self, owner: str, *, now: datetime, lease_until: datetime, limit: int
+    ) -> list[Intent]:
+        check_claim()
+        return [_intent(row) for row in await self._fetch("claim", now, owner, lease_until, limit)]
+
+    async def renew_leases(self, held: Sequence[tuple[str, int]], until: datetime) -> list[str]:
+        ordered = sorted(held)  # every renewer locks rows in one order
+        rows = await self._fetch("renew_leases", until, [key for key, _ in ordered], [fence for _, fence in ordered])
+        renewed = {(row["intent_key"], row["fence"]) for row in rows}
+        return [key for key, fence in held if (key, fence) not in renewed]
+
+    async def expired_leases(self, now: datetime, limit: int) -> list[tuple[Intent, Attempt | None]]:
+        return [(_intent(row), None if row["in_flight"] is None else _attempt(row["in_flight"]))
+                for row in await self._fetch("expired_leases", now, limit)]
+
+    async def first_submission_at(self, key: str) -> datetime | None:
+        found: datetime | None = await self._fetchval("first_submission", key)
+        return found
+
+    async def next_due_at(self) -> datetime | None:
+        found: datetime | None = await self._fetchval("next_due_at")
+        return found
+
+    async def prune(self, before: datetime, *, dry_run: bool, limit: int | None) -> list[str]:
+        return [row[0] for row in await self._fetch("prunable" if dry_run else "prune", before, limit)]
+
+    async def count_by_status(self) -> list[tuple[str, str, int]]:
+        return [(row[0], row[1], row[2]) for row in await self._fetch("count_by_status")]
+
+    async def oldest_due_at(self, now: datetime) -> datetime | None:
+        found: datetime | None = await self._fetchval("oldest_due", now)
+        return found
+
+    async def disable_destination(self, destination_id: str, at: datetime) -> None:
+        await self._execute("disable_destination", at, destination_id)
+
+    # -- grants ----------------------------------------------------------------------------
+
+    async def put_grant(self, grant_id: str, spec: GrantSpec, at: datetime) -> tuple[Grant, bool]:
+        row = await self._fetchrow("put_grant", grant_id, spec.scope, spec.destination, spec.expires_at,
+                                   spec.note, at, at)
+        return _grant(row), row["revision"] == 1
+
+    async def get_grant(self, grant_id: str) -> Grant | None:
+        row = await self._fetchrow("grant_by_id", grant_id)
+        return None if row is None else _grant(row)
+
+    async def list_grants(self) -> list[Grant]:
+        return [_grant(row) for row in await self._fetch("list_grants")]
+
+    async def delete_grant(self, grant_id: str) -> None:
+        if await self._fetchval("delete_grant", grant_id) is None:
+            raise NotFound(f"grant {grant_id!r} does not exist")
+
+    async def find_grant(self, scope: str, destination: str, now: datetime) -> Grant | None:
+        row = await self._fetchrow("matching_grant", scope, destination, now)
+        return None if row is None else _grant(row)
+
+    # -- destinations ----------------------------------------------------------------------
+
+    async def put_destination(self, destination: Destination) -> bool:
+        d = destination
+        created: bool = await self._fetchval(
+            "put_destination",
+            d.id, d.channel, json.dumps(dict(d.settings)), json.dumps(list(d.secrets)), d.idempotent,
+            d.retention_seconds, d.on_unknown.value, d.timeout_seconds, d.requires_approval,
+            d.allow_private_network, d.disabled, d.created_at, d.updated_at, d.reconcile,
+        )
+        return created
+
+    async def get_destination(self, destination_id: str) -> Destination | None:
+        row = await self._fetchrow("destination_by_id", destination_id)
+        return None if row is None else _destination(row)
+
+    async def list_destinations(self) -> list[Destination]:
+        return [_destination(row) for row in await self._fetch("list_destinations")]
+
+    async def delete_destination(self, destination_id: str) -> None:
+        async with self._transaction() as conn:
+            decide_destination_delete(
+                destination_id,
+                exists=await conn.fetchval(SQL["lock_destination"], destination_id) is not None,
+                waiting=await conn.fetchval(SQL["open_intents_for_destination"], destination_id),
+                in_history=await conn.fetchval(SQL["any_intent_for_destination"], destination_id) is not None,
+                grants=[row[0] for row in await conn.fetch(SQL["grants_for_destination"], destination_id)],
+            )
+            await conn.execute(SQL["delete_destination"], destination_id)
+
+    # -- tokens ----------------------------------------------------------------------------
+
+    async def insert_token(self, info: TokenInfo, token_hash: str) -> None:
+        await self._execute("insert_token", info.id, token_hash, info.role.value, json.dumps(list(info.scopes)),
+                            info.label, info.created_at)
+
+    async def token_by_hash(self, token_hash: str) -> TokenInfo | None:
+        row = await self._fetchrow("token_by_hash", token_hash)
+        return None if row is None else _token(row)
+
+    async def list_tokens(self) -> list[TokenInfo]:
+        return [_token(row) for row in await self._fetch("list_tokens")]
+
+    async def revoke_token(self, token_id: str, at: datetime) -> TokenInfo:
+        row = await self._fetchrow("revoke_token", at, token_id)
+        if row is None:
+            raise NotFound(f"no active token with id {token_id!r}")
+        return _token(row)
+
+    async def count_active_tokens(self, role: str) -> int:
+        return int(await self._fetchval("count_active_tokens", role))

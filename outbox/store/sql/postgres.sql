@@ -1,0 +1,267 @@
+-- The PostgreSQL dialect. Each statement is a named block: "-- name: NAME" then a one-line purpose.
+-- {placeholders} in braces are filled from fixed fragments in Python, never from user input.
+-- A statement that makes an intent due now calls pg_notify('outbox_due', ''): it reaches every
+-- listening worker when its transaction commits, and never if it rolls back.
+
+-- name: lock_migrations
+-- One migrator at a time, across processes and hosts, until the migration's transaction ends (the key is "outbox" in ASCII).
+SELECT pg_advisory_xact_lock(122511947133816);
+
+-- name: create_migrations_table
+-- The record of applied migrations.
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL
+);
+
+-- name: applied_migrations
+-- Versions already applied.
+SELECT version FROM schema_migrations ORDER BY version;
+
+-- name: record_migration
+-- Mark a migration applied, in the same transaction as its statements.
+INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3);
+
+-- name: ping
+-- Prove the database answers.
+SELECT 1;
+
+-- name: clock
+-- The database's time, read as late as the statement runs (not when its transaction began).
+SELECT clock_timestamp();
+
+-- name: destination_for_enqueue
+-- What an enqueue needs to know about its destination, read inside the enqueue's transaction.
+SELECT channel, requires_approval FROM destinations WHERE id = $1;
+
+-- name: insert_intent
+-- Create an intent with its first event unless its key (scope/action_id) exists; returns the new seq, or nothing.
+WITH created AS (
+    INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
+                         max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13)
+    ON CONFLICT (intent_key) DO NOTHING
+    RETURNING seq, status
+), logged AS (
+    INSERT INTO events (intent_seq, kind, at, actor, reason, data)
+    SELECT seq, $14::text, $15::timestamptz, $16::text, $17::text, $18::jsonb FROM created
+)
+SELECT seq, CASE WHEN status = 'pending' THEN pg_notify('outbox_due', '') END AS notified FROM created;
+
+-- name: intent_by_key
+-- One intent by its key (scope/action_id).
+SELECT * FROM intents WHERE intent_key = $1;
+
+-- name: intents_by_action
+-- The intents of every scope that use an action id (at most one per scope).
+SELECT * FROM intents WHERE action_id = $1 ORDER BY scope;
+
+-- name: attempts_of
+-- An intent's attempts, first to last.
+SELECT * FROM attempts WHERE intent_seq = $1 ORDER BY number;
+
+-- name: events_of
+-- An intent's history, oldest first.
+SELECT kind, at, actor, reason, data FROM events WHERE intent_seq = $1 ORDER BY id;
+
+-- name: claim
+-- Lease up to $4 of the oldest due intents to a worker, bumping each fence and appending each one's "leased" event
+-- with the fence it was leased at; returns them. Rows another claimer has locked are skipped, never waited for.
+WITH due AS (
+    SELECT seq FROM intents
+    WHERE status = 'pending' AND next_attempt_at <= $1
+    ORDER BY next_attempt_at LIMIT $4
+    FOR UPDATE SKIP LOCKED
+), leased AS (
+    UPDATE intents SET status = 'leased', lease_owner = $2, lease_expires_at = $3, fence = intents.fence + 1,
+                       updated_at = $1
+    FROM due WHERE intents.seq = due.seq
+    RETURNING intents.*
+), logged AS (
+    INSERT INTO events (intent_seq, kind, at, actor, reason, data)
+    SELECT seq, 'leased', $1, $2, NULL, jsonb_build_object('fence', fence) FROM leased ORDER BY seq
+)
+SELECT * FROM leased ORDER BY next_attempt_at;
+
+-- name: renew_leases
+-- Heartbeat: extend the leases (arrays of keys and fences) a worker still holds; returns those renewed.
+UPDATE intents SET lease_expires_at = $1
+FROM unnest($2::text[], $3::bigint[]) AS held (intent_key, fence)
+WHERE intents.intent_key = held.intent_key AND intents.status = 'leased' AND intents.fence = held.fence
+RETURNING intents.intent_key, intents.fence;
+
+-- name: expired_leases
+-- Leases that ran out (the sweeper's work), each with the attempt started under its fence and not finished.
+SELECT intents.*,
+       (SELECT started FROM attempts AS started  -- the whole row, as one value
+        WHERE started.intent_seq = intents.seq AND started.fence = intents.fence AND started.finished_at IS NULL
+        ORDER BY started.number DESC LIMIT 1) AS in_flight
+FROM intents
+WHERE status = 'leased' AND lease_expires_at <= $1 ORDER BY lease_expires_at LIMIT $2;
+
+-- name: next_due_at
+-- When the soonest pending intent falls due.
+SELECT min(next_attempt_at) FROM intents WHERE status = 'pending';
+
+-- name: prunable
+-- Finished intents (delivered, cancelled) last changed before a time, oldest first, up to $2 (null: all).
+SELECT action_id FROM intents
+WHERE status IN ('delivered', 'cancelled') AND updated_at < $1 ORDER BY updated_at, seq LIMIT $2;
+
+-- name: prune
+-- Delete up to $2 of the prunable intents with their attempts and events; returns their action ids, oldest first.
+-- Rows locked by a writer are left for the next batch rather than waited for.
+WITH doomed AS (
+    SELECT seq, action_id, updated_at FROM intents
+    WHERE status IN ('delivered', 'cancelled') AND updated_at < $1 ORDER BY updated_at, seq LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), events_gone AS (
+    DELETE FROM events WHERE intent_seq IN (SELECT seq FROM doomed)
+), attempts_gone AS (
+    DELETE FROM attempts WHERE intent_seq IN (SELECT seq FROM doomed)
+), intents_gone AS (
+    DELETE FROM intents WHERE seq IN (SELECT seq FROM doomed)
+)
+SELECT action_id FROM doomed ORDER BY updated_at, seq;
+
+-- name: count_by_status
+-- The backlog by status and channel (metrics).
+SELECT status, channel, count(*) FROM intents GROUP BY status, channel;
+
+-- name: oldest_due
+-- When the oldest due intent fell due (metrics: how far behind delivery is).
+SELECT min(next_attempt_at) FROM intents WHERE status = 'pending' AND next_attempt_at <= $1;
+
+-- name: lock_intent
+-- Where an intent stands ([seq, status, fence]), locked until the update's transaction ends.
+SELECT seq, status, fence FROM intents WHERE intent_key = $1 FOR UPDATE;
+
+-- name: update_intent
+-- Set columns of one intent ({assignments}: "column = $N", N from 7) and append its events (arrays of kinds, times,
+-- actors, reasons and data, in order); returns the intent. Moving it to pending tells the listening workers.
+WITH updated AS (
+    UPDATE intents SET {assignments} WHERE seq = $1 RETURNING *
+), logged AS (
+    INSERT INTO events (intent_seq, kind, at, actor, reason, data)
+    SELECT $1, kind, at, actor, reason, data
+    FROM unnest($2::text[], $3::timestamptz[], $4::text[], $5::text[], $6::jsonb[])
+         WITH ORDINALITY AS e (kind, at, actor, reason, data, n)
+    ORDER BY n
+)
+SELECT *, CASE WHEN status = 'pending' THEN pg_notify('outbox_due', '') END AS notified FROM updated;
+
+-- name: put_attempt
+-- Record an attempt, or its outcome once known.
+INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at, finished_at,
+                      submission, outcome, status_code, reply, external_id, error, duration_ms, stage)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+ON CONFLICT (attempt_id) DO UPDATE SET
+    finished_at = excluded.finished_at, submission = excluded.submission,
+    outcome = excluded.outcome, status_code = excluded.status_code, reply = excluded.reply,
+    external_id = excluded.external_id, error = excluded.error, duration_ms = excluded.duration_ms,
+    stage = excluded.stage;
+
+-- name: first_submission
+-- When an intent's first attempt that may have reached the receiver started.
+SELECT min(attempts.started_at) FROM attempts JOIN intents ON intents.seq = attempts.intent_seq
+WHERE intents.intent_key = $1 AND (attempts.submission IS NULL OR attempts.submission != 'not_submitted');
+
+-- name: disable_destination
+-- Stop sending to a destination (the receiver answered 410 Gone).
+UPDATE destinations SET disabled = true, updated_at = $1 WHERE id = $2;
+
+-- name: put_grant
+-- Create or replace a grant, bumping its revision.
+INSERT INTO grants (id, scope, destination, revision, expires_at, note, created_at, updated_at)
+VALUES ($1, $2, $3, 1, $4, $5, $6, $7)
+ON CONFLICT (id) DO UPDATE SET
+    scope = excluded.scope, destination = excluded.destination, revision = grants.revision + 1,
+    expires_at = excluded.expires_at, note = excluded.note, updated_at = excluded.updated_at
+RETURNING *;
+
+-- name: grant_by_id
+-- One grant.
+SELECT * FROM grants WHERE id = $1;
+
+-- name: list_grants
+-- Every grant, by id.
+SELECT * FROM grants ORDER BY id;
+
+-- name: delete_grant
+-- Remove a grant; returns its id, or nothing if there was none.
+DELETE FROM grants WHERE id = $1 RETURNING id;
+
+-- name: matching_grant
+-- A live grant letting a scope reach a destination (exact destination first).
+SELECT * FROM grants
+WHERE scope = $1 AND destination IN ($2, '*') AND (expires_at IS NULL OR expires_at > $3)
+ORDER BY destination = '*', revision DESC LIMIT 1;
+
+-- name: list_intents
+-- A page of intents, newest first, after a cursor: $1 rows at most, {where} conditions on $2 onwards.
+SELECT * FROM intents WHERE {where} ORDER BY seq DESC LIMIT $1;
+
+-- name: put_destination
+-- Register or replace a destination; returns whether it was new (not there when the statement began).
+WITH existing AS (SELECT id FROM destinations WHERE id = $1)
+INSERT INTO destinations (id, channel, settings, secrets, idempotent, retention_seconds, on_unknown,
+                          timeout_seconds, requires_approval, allow_private_network, disabled,
+                          created_at, updated_at, reconcile)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+ON CONFLICT (id) DO UPDATE SET
+    channel = excluded.channel, settings = excluded.settings, secrets = excluded.secrets,
+    idempotent = excluded.idempotent, retention_seconds = excluded.retention_seconds,
+    on_unknown = excluded.on_unknown, timeout_seconds = excluded.timeout_seconds,
+    requires_approval = excluded.requires_approval,
+    allow_private_network = excluded.allow_private_network, disabled = excluded.disabled,
+    updated_at = excluded.updated_at, reconcile = excluded.reconcile
+RETURNING NOT EXISTS (SELECT 1 FROM existing) AS created;
+
+-- name: destination_by_id
+-- One destination.
+SELECT * FROM destinations WHERE id = $1;
+
+-- name: lock_destination
+-- A destination, locked until its deletion's transaction ends: no intent can name it meanwhile.
+SELECT id FROM destinations WHERE id = $1 FOR UPDATE;
+
+-- name: list_destinations
+-- Every destination, by id.
+SELECT * FROM destinations ORDER BY id;
+
+-- name: open_intents_for_destination
+-- How many intents still wait on a destination (it may not be deleted under them).
+SELECT count(*) FROM intents WHERE destination = $1 AND status IN ('pending', 'leased', 'held', 'unknown');
+
+-- name: any_intent_for_destination
+-- Whether any intent, even finished, names the destination (its history keeps the reference).
+SELECT 1 FROM intents WHERE destination = $1 LIMIT 1;
+
+-- name: grants_for_destination
+-- The grants that name a destination (it may not be deleted under them).
+SELECT id FROM grants WHERE destination = $1 ORDER BY id;
+
+-- name: delete_destination
+-- Remove a destination.
+DELETE FROM destinations WHERE id = $1;
+
+-- name: insert_token
+-- Store a new token's hash.
+INSERT INTO tokens (id, hash, role, scopes, label, created_at) VALUES ($1, $2, $3, $4, $5, $6);
+
+-- name: token_by_hash
+-- The token a bearer presents, if it is not revoked.
+SELECT * FROM tokens WHERE hash = $1 AND revoked_at IS NULL;
+
+-- name: list_tokens
+-- Every token, oldest first.
+SELECT * FROM tokens ORDER BY created_at, id;
+
+-- name: revoke_token
+-- Revoke a token; returns it, or nothing if unknown or already revoked.
+UPDATE tokens SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL RETURNING *;
+
+-- name: count_active_tokens
+-- Active tokens of a role.
+SELECT count(*) FROM tokens WHERE role = $1 AND revoked_at IS NULL;
