@@ -12,6 +12,8 @@ from pathlib import Path
 
 from outbox.store import SqliteStore, Store
 
+from .. import pg
+
 #: Makes a fresh, empty, unopened store; ``directory`` is a new empty directory it may use. Its
 #: ``__name__`` names the backend in test ids.
 StoreFactory = Callable[[Path], Awaitable[Store]]
@@ -30,14 +32,33 @@ async def sqlite(directory: Path) -> Store:
     return SqliteStore(directory / "conformance.db")
 
 
+async def postgres(directory: Path) -> Store:
+    """A store on a new database of the test server (``tests/pg.py``), dropped when it closes."""
+    from outbox.store.postgres import PostgresStore
+
+    class ThrowawayPostgresStore(PostgresStore):
+        async def close(self) -> None:
+            try:
+                await super().close()
+            finally:
+                await pg.drop_database(self.dsn)
+
+    return ThrowawayPostgresStore(await pg.create_database())
+
+
 #: Every backend the suite runs against.
-STORE_FACTORIES: list[StoreFactory] = [sqlite]
+STORE_FACTORIES: list[StoreFactory] = [sqlite, postgres]
 
 #: The caller's SQL for each ``Store.dialect`` in STORE_FACTORIES.
 CALLER_SQL: dict[str, CallerSql] = {
     "sqlite": CallerSql(
         create="CREATE TABLE orders (id INTEGER PRIMARY KEY, total INTEGER NOT NULL)",
         insert="INSERT INTO orders (id, total) VALUES (?, ?)",
+        count="SELECT count(*) FROM orders",
+    ),
+    "postgres": CallerSql(
+        create="CREATE TABLE orders (id integer PRIMARY KEY, total integer NOT NULL)",
+        insert="INSERT INTO orders (id, total) VALUES ($1, $2)",
         count="SELECT count(*) FROM orders",
     ),
 }
