@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import uvicorn
 
+from .. import pg
+
 PG_DSN = os.environ.get("RECEIVERS_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
-
-_pg_state: dict[str, BaseException | None] = {}
 
 
 class Clock:
@@ -44,39 +44,10 @@ def clock() -> Clock:
     return Clock()
 
 
-def _pg_error() -> BaseException | None:
-    if "error" not in _pg_state:
-        import asyncpg
-
-        async def check() -> None:
-            conn = await asyncpg.connect(PG_DSN, timeout=3)
-            await conn.close()
-
-        def run() -> None:  # on its own thread: the caller may be inside a running loop
-            try:
-                asyncio.run(check())
-            except BaseException as exc:  # any failure means "unreachable"
-                _pg_state["error"] = exc
-            else:
-                _pg_state["error"] = None
-
-        thread = threading.Thread(target=run)
-        thread.start()
-        thread.join(10)
-        _pg_state.setdefault("error", TimeoutError("no answer within 10 s"))
-    return _pg_state["error"]
-
-
 @pytest.fixture
 def pg_dsn() -> str:
     """The DSN of the real PostgreSQL; unreachable: FAIL under CI=true, skip otherwise."""
-    error = _pg_error()
-    if error is not None:
-        message = f"PostgreSQL at {PG_DSN} is unreachable: {error!r}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return PG_DSN
+    return pg.require(PG_DSN)
 
 
 @pytest.fixture
