@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
+
+log = logging.getLogger("outbox.clock")
 
 
 def iso(value: datetime | None) -> str | None:
@@ -32,6 +36,35 @@ class SystemClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
+
+
+class OffsetClock:
+    """The wall clock moved by ``offset`` seconds: this host's times on another clock's timeline.
+
+    Hosts sharing one database write times each judges by the others' (a lease's expiry, when an
+    intent falls due), so every one of them reads the database's clock: the offset is how far
+    the database's clock is ahead of this host's, and ``follow`` keeps it measured as clocks drift.
+    """
+
+    def __init__(self, offset: float = 0.0) -> None:
+        self.offset = offset
+
+    def now(self) -> datetime:
+        return datetime.now(UTC) + timedelta(seconds=self.offset)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    async def follow(self, measure: Callable[[], Awaitable[float]], every: float = 300.0) -> None:
+        """Take ``measure()`` as the offset every ``every`` seconds, until cancelled. A measurement
+        that fails keeps the last offset, and is tried again at the next turn."""
+        while True:
+            await asyncio.sleep(every)
+            try:
+                self.offset = await measure()
+            except Exception as exc:  # the database may be away for now; the last offset still holds
+                log.warning("measuring the database's clock failed (%s); keeping an offset of %.3fs", exc,
+                            self.offset)
 
 
 class ManualClock:

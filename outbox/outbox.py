@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from . import channels
-from .clock import Clock, SystemClock, iso
+from .clock import Clock, OffsetClock, SystemClock, iso
 from .destinations import Destination, DestinationSpec
 from .digest import canonical_json, digest_of
 from .errors import AmbiguousActionId, InvalidInput, NotFound, PayloadTooLarge, UnknownDestination
@@ -49,6 +49,8 @@ class Outbox:
         self.settled = Signal()
         #: Set once the serving process starts to shut down: long polls answer at once.
         self.closing = asyncio.Event()
+        #: What follows the store while open (its clock, its wake-ups), cancelled by ``close``.
+        self._companions: list[asyncio.Task[None]] = []
 
     @classmethod
     async def open(
@@ -59,22 +61,39 @@ class Outbox:
         clock: Clock | None = None,
         migrate: bool = True,
     ) -> Outbox:
-        """Open (and by default migrate) the store at ``url`` (default: the settings' URL)."""
+        """Open (and by default migrate) the store at ``url`` (default: the settings' URL).
+
+        A store shared by hosts (PostgreSQL) lends its clock when none is given: the outbox reads
+        the database's time (an OffsetClock, re-measured every few minutes), so every host writes
+        and judges leases on one timeline. A store that tells of intents made due elsewhere wakes
+        this outbox's workers (``enqueued``) as they are; polling remains the fallback."""
         settings = settings or Settings()
         store = store_for_url(
             url or settings.database_url, busy_timeout_ms=settings.sqlite_busy_timeout_ms
         )
+        measure = getattr(store, "clock_offset", None) if clock is None else None
         await store.open()
         try:
             if migrate:
                 await store.migrate()
+            if measure is not None:
+                clock = OffsetClock(await measure())
         except BaseException:
             await store.close()
             raise
-        return cls(store, settings=settings, clock=clock)
+        box = cls(store, settings=settings, clock=clock)
+        if measure is not None and isinstance(box.clock, OffsetClock):
+            box._companions.append(asyncio.create_task(box.clock.follow(measure)))
+        if (listen := getattr(store, "listen", None)) is not None:
+            box._companions.append(asyncio.create_task(listen(box.enqueued.notify)))
+        return box
 
     async def close(self) -> None:
-        """Finish pending writes and close the store."""
+        """Stop following the store, finish pending writes and close the store."""
+        for task in self._companions:
+            task.cancel()
+        await asyncio.gather(*self._companions, return_exceptions=True)
+        self._companions.clear()
         await self.store.close()
 
     async def __aenter__(self) -> Outbox:
@@ -153,9 +172,11 @@ class Outbox:
         return results
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[OutboxTransaction]:
-        """A transaction carrying the caller's own SQL and enqueues: both commit, or neither."""
-        async with self.store.transaction() as tx:
+    async def transaction(self, *, connection: Any = None) -> AsyncIterator[OutboxTransaction]:
+        """A transaction carrying the caller's own SQL and enqueues: both commit, or neither.
+        ``connection``: the caller's own asyncpg connection, inside the caller's transaction, to
+        enqueue on instead; they commit with it (PostgreSQL only; see ``Store.transaction``)."""
+        async with self.store.transaction(connection=connection) as tx:
             yield OutboxTransaction(self, tx)
         self.enqueued.notify()
 

@@ -1,0 +1,46 @@
+"""Which store a database URL opens, what a SQLite-only process leaves unimported, and the
+caller's own connection, which only the PostgreSQL store takes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from outbox.store import SqliteStore, store_for_url
+
+
+@pytest.mark.parametrize("url", ["postgresql://outbox@db.internal:5432/outbox", "postgres://outbox@db/outbox"])
+def test_postgresql_urls_open_the_postgresql_store_without_connecting(url):
+    from outbox.store.postgres import PostgresStore
+
+    store = store_for_url(url)
+    assert isinstance(store, PostgresStore) and store.dialect == "postgres" and store.dsn == url
+
+
+async def test_the_sqlite_store_refuses_a_callers_connection(tmp_path):
+    store = SqliteStore(tmp_path / "outbox.db")
+    with pytest.raises(ValueError, match="its own connection only"):
+        async with store.transaction(connection=object()):
+            pass
+
+
+def test_a_sqlite_process_never_imports_asyncpg(tmp_path):
+    """The PostgreSQL driver is imported with the PostgreSQL store only, which a SQLite URL never
+    names: an outbox on SQLite runs (and installs nothing else to run) without it."""
+    script = f"""
+import asyncio, sys
+from outbox import Outbox
+import outbox.api, outbox.cli, outbox.service, sender
+
+async def main():
+    async with await Outbox.open("sqlite:///{tmp_path}/outbox.db") as box:
+        async with box.transaction() as tx:
+            await tx.execute("SELECT 1")
+
+asyncio.run(main())
+assert "asyncpg" not in sys.modules, "asyncpg was imported"
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
