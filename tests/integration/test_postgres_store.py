@@ -1,0 +1,329 @@
+"""What only the PostgreSQL backend can show: the caller's own connection and transaction,
+concurrent migrations, query plans, the database's clock, wake-ups across processes, and the
+database going away. Each test has a database of its own (``tests/pg.py``); without a reachable
+PostgreSQL they skip, or fail under CI=true."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+
+from outbox import DestinationSpec, IntentConflict, ManualClock, Outbox, SchemaTooNew, Status, StoreUnavailable
+from outbox.clock import OffsetClock
+from outbox.model import Event, EventKind
+from outbox.operations import Actor, replay
+from outbox.store import migrator
+from outbox.store.postgres import LISTENER, SQL, PostgresStore
+
+from .. import pg
+from ..conftest import SECRET
+
+
+@pytest.fixture
+async def pg_url() -> AsyncIterator[str]:
+    """A new, empty database, dropped after the test."""
+    url = await pg.create_database()
+    try:
+        yield url
+    finally:
+        await pg.drop_database(url)
+
+
+async def open_box(url: str, **options: Any) -> Outbox:
+    """An opened, migrated outbox on ``url`` with the destination ``billing``."""
+    box = await Outbox.open(url, **options)
+    await box.put_destination("billing", DestinationSpec(url="https://billing.example/hook", secret=SECRET))
+    return box
+
+
+@pytest.fixture
+async def box(pg_url: str) -> AsyncIterator[Outbox]:
+    outbox = await open_box(pg_url)
+    try:
+        yield outbox
+    finally:
+        await outbox.close()
+
+
+@pytest.fixture
+async def conn(pg_url: str) -> AsyncIterator[Any]:
+    """The application's own connection, with its own table ``orders``."""
+    connection = await asyncpg.connect(pg_url)
+    await connection.execute("CREATE TABLE orders (id integer PRIMARY KEY, total integer NOT NULL)")
+    try:
+        yield connection
+    finally:
+        await connection.close()
+
+
+async def orders(url: str) -> list[int]:
+    """The committed orders, read on a connection of its own."""
+    reader = await asyncpg.connect(url)
+    try:
+        return [row[0] for row in await reader.fetch("SELECT id FROM orders ORDER BY id")]
+    finally:
+        await reader.close()
+
+
+# -- the caller's connection ------------------------------------------------------------------
+
+
+async def test_an_enqueue_on_the_callers_connection_commits_with_the_callers_transaction(box, conn, pg_url):
+    async with conn.transaction():
+        await conn.execute("INSERT INTO orders VALUES (1, 990)")
+        async with box.transaction(connection=conn) as tx:
+            result = await tx.enqueue(destination="billing", scope="acme", action_id="order-1", payload={"order": 1})
+        assert result.created
+        # written on the caller's connection, not committed by the outbox: nobody else sees it yet
+        assert await box.store.get_intent("acme/order-1") is None
+        assert await orders(pg_url) == []
+    assert (await box.get("order-1", scope="acme")).status is Status.PENDING
+    assert await orders(pg_url) == [1]
+
+
+async def test_an_enqueue_on_the_callers_connection_rolls_back_with_the_callers_transaction(box, conn, pg_url):
+    with pytest.raises(RuntimeError, match="card declined"):
+        async with conn.transaction():
+            await conn.execute("INSERT INTO orders VALUES (1, 990)")
+            async with box.transaction(connection=conn) as tx:
+                await tx.enqueue(destination="billing", scope="acme", action_id="order-1", payload={"order": 1})
+            raise RuntimeError("card declined")
+    assert await box.store.get_intent("acme/order-1") is None
+    assert await orders(pg_url) == []
+
+
+async def test_a_conflicting_enqueue_raises_and_leaves_the_callers_transaction_usable(box, conn, pg_url):
+    """As documented on PostgresStore.transaction: a refused enqueue writes nothing and raises no
+    SQL error, so the caller may catch it and commit the rest, or let it roll everything back."""
+    await box.enqueue(destination="billing", scope="acme", action_id="order-1", payload={"order": 1})
+    async with conn.transaction():
+        await conn.execute("INSERT INTO orders VALUES (1, 990)")
+        with pytest.raises(IntentConflict, match="payload_digest"):
+            async with box.transaction(connection=conn) as tx:
+                await tx.enqueue(destination="billing", scope="acme", action_id="order-1", payload={"order": 2})
+        await conn.execute("INSERT INTO orders VALUES (2, 10)")  # the transaction goes on
+    assert await orders(pg_url) == [1, 2]
+    intent, history = await box.show("order-1", scope="acme")
+    assert intent.payload == {"order": 1} and [e.kind for e in history.events] == [EventKind.ENQUEUED]
+
+    with pytest.raises(IntentConflict):  # not caught inside: the caller's transaction rolls back
+        async with conn.transaction():
+            await conn.execute("INSERT INTO orders VALUES (3, 5)")
+            async with box.transaction(connection=conn) as tx:
+                await tx.enqueue(destination="billing", scope="acme", action_id="order-1", payload={"order": 3})
+    assert await orders(pg_url) == [1, 2]
+
+
+async def test_a_database_error_aborts_the_callers_transaction_unless_a_savepoint_holds_the_enqueue(
+        box, conn, pg_url):
+    """An error of the database itself aborts a PostgreSQL transaction: here the destination is
+    locked elsewhere past the caller's lock_timeout (StoreUnavailable). Inside a savepoint (a nested
+    conn.transaction()) only the enqueue is undone and the caller's transaction goes on."""
+    locker = await asyncpg.connect(pg_url)
+    try:
+        async with locker.transaction():
+            await locker.execute("SELECT 1 FROM destinations WHERE id = 'billing' FOR UPDATE")
+            async with conn.transaction():
+                await conn.execute("SET LOCAL lock_timeout = '100ms'")
+                await conn.execute("INSERT INTO orders VALUES (1, 990)")
+                with pytest.raises(StoreUnavailable, match="lock timeout"):
+                    async with conn.transaction(), box.transaction(connection=conn) as tx:  # a savepoint
+                        await tx.enqueue(destination="billing", scope="acme", action_id="o-1", payload={})
+                await conn.execute("INSERT INTO orders VALUES (2, 10)")
+            with pytest.raises(asyncpg.InFailedSQLTransactionError):
+                async with conn.transaction():
+                    await conn.execute("SET LOCAL lock_timeout = '100ms'")
+                    with pytest.raises(StoreUnavailable):
+                        async with box.transaction(connection=conn) as tx:
+                            await tx.enqueue(destination="billing", scope="acme", action_id="o-2", payload={})
+                    await conn.execute("INSERT INTO orders VALUES (3, 5)")
+    finally:
+        await locker.close()
+    assert await orders(pg_url) == [1, 2]
+    assert await box.store.get_intent("acme/o-1") is None and await box.store.get_intent("acme/o-2") is None
+
+
+async def test_a_callers_connection_outside_a_transaction_is_refused(box, conn):
+    with pytest.raises(ValueError, match="inside the caller's own transaction"):
+        async with box.transaction(connection=conn):
+            pass
+
+
+# -- migrations -------------------------------------------------------------------------------
+
+
+async def test_migrations_are_recorded_as_the_same_versions_as_sqlites(box, pg_url):
+    reader = await asyncpg.connect(pg_url)
+    try:
+        recorded = [tuple(row) for row in await reader.fetch("SELECT version, name FROM schema_migrations")]
+    finally:
+        await reader.close()
+    assert recorded == [(m.version, m.name) for m in migrator.scripts_for("sqlite")]
+    assert await box.store.migrate() == []
+
+
+async def test_concurrent_migrations_of_a_fresh_database_apply_each_script_once(pg_url):
+    stores = [PostgresStore(pg_url), PostgresStore(pg_url)]
+    for store in stores:
+        await store.open()
+    try:
+        results = await asyncio.gather(*(store.migrate() for store in stores))
+        assert sorted(results, key=len) == [[], [m.name for m in migrator.scripts_for("postgres")]]
+        await stores[0].ping()
+    finally:
+        for store in stores:
+            await store.close()
+
+
+async def test_a_database_from_a_newer_release_is_refused(pg_url):
+    async with await Outbox.open(pg_url):
+        pass
+    writer = await asyncpg.connect(pg_url)
+    try:
+        await writer.execute("INSERT INTO schema_migrations VALUES (99, '0099_future', now())")
+    finally:
+        await writer.close()
+    with pytest.raises(SchemaTooNew, match="version 99"):
+        await Outbox.open(pg_url)
+
+
+# -- query plans -------------------------------------------------------------------------------
+
+
+async def test_the_claim_and_expired_lease_lookups_use_their_partial_indexes_among_many_rows(box, pg_url):
+    writer = await asyncpg.connect(pg_url)
+    try:
+        await writer.execute("""
+            INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest,
+                                 status, max_attempts, next_attempt_at, created_at, updated_at,
+                                 lease_expires_at)
+            SELECT 'acme/' || n, n::text, 'acme', 'billing', 'webhook', '{}', 'sha256:aa',
+                   CASE WHEN n % 200 = 0 THEN 'pending' WHEN n % 200 = 1 THEN 'leased' ELSE 'delivered' END,
+                   5, now() - n * interval '1 second', now(), now(),
+                   CASE WHEN n % 200 = 1 THEN now() END
+            FROM generate_series(1, 20000) AS n""")
+        await writer.execute("ANALYZE intents")
+        now = datetime.now(UTC)
+
+        async def plan(statement: str, *args: Any) -> str:
+            return "\n".join(row[0] for row in await writer.fetch("EXPLAIN " + statement, *args))
+
+        # the claim's pick: the oldest due, straight off the partial index (its other sorts order
+        # the few rows leased, not the table)
+        claim = await plan(SQL["claim"], now, "w1", now, 10)
+        pick = claim.split("CTE due", 1)[1].split("CTE leased", 1)[0]
+        assert "Index Scan using intents_due on intents" in pick and "Sort" not in pick, claim
+        expired = await plan(SQL["expired_leases"], now, 10)
+        assert "Index Scan using intents_lease on intents" in expired and "Sort" not in expired, expired
+        assert "Seq Scan on intents" not in claim + expired, claim + expired
+    finally:
+        await writer.close()
+    claimed = await box.store.claim("w1", now=now, lease_until=now + timedelta(seconds=30), limit=500)
+    assert len(claimed) == 100
+    assert [i.next_attempt_at for i in claimed] == sorted(i.next_attempt_at for i in claimed)
+
+
+# -- the database's clock ----------------------------------------------------------------------
+
+
+async def test_an_outbox_on_postgresql_reads_the_databases_clock(box, pg_url):
+    offset = await box.store.clock_offset()
+    assert abs(offset) < 0.5  # the database runs on this host
+    assert isinstance(box.clock, OffsetClock) and abs(box.clock.offset - offset) < 0.5
+    manual = ManualClock()
+    async with await Outbox.open(pg_url, clock=manual) as given:
+        assert given.clock is manual  # a clock given is kept
+
+
+# -- wake-ups across processes -----------------------------------------------------------------
+
+
+async def listener_pid(url: str, other_than: int | None = None) -> int:
+    """The backend pid of the outbox's listening connection to ``url``, once it listens."""
+    name = url.rsplit("/", 1)[1]
+    admin = await asyncpg.connect(pg.ADMIN_DSN)
+    try:
+        async with asyncio.timeout(10):
+            while True:
+                pid = await admin.fetchval(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND application_name = $2 "
+                    "AND query LIKE 'LISTEN%' AND pid IS DISTINCT FROM $3", name, LISTENER, other_than)
+                if pid is not None:
+                    return int(pid)
+                await asyncio.sleep(0.02)
+    finally:
+        await admin.close()
+
+
+async def wakes(box: Outbox, action: Any, timeout: float = 5) -> bool:
+    """Whether ``box``'s workers are woken while (or after) ``action`` runs."""
+    woken = asyncio.create_task(box.enqueued.wait(timeout))
+    await asyncio.sleep(0)  # waiting now
+    await action
+    return await woken
+
+
+async def test_an_enqueue_or_a_replay_in_another_process_wakes_the_workers_at_commit(box, pg_url):
+    await listener_pid(pg_url)
+    other = await open_box(pg_url)
+    try:
+        assert await wakes(box, other.enqueue(destination="billing", scope="acme", action_id="a1", payload={}))
+
+        async def rolled_back() -> None:
+            with pytest.raises(RuntimeError):
+                async with other.transaction() as tx:
+                    await tx.enqueue(destination="billing", scope="acme", action_id="a2", payload={})
+                    raise RuntimeError("undone")
+
+        assert not await wakes(box, rolled_back(), timeout=0.5)  # nothing was made due
+
+        intent = await other.get("a1", scope="acme")
+        await other.store.update_intent(intent.key, expected=Status.PENDING, status=Status.DEAD,
+                                        events=[Event(EventKind.DEAD_LETTERED, other.clock.now(), "test")])
+        assert await wakes(box, replay(other, "a1", Actor("ops", "the receiver is fixed"), scope="acme"))
+    finally:
+        await other.close()
+
+
+async def test_the_listener_listens_again_after_its_connection_is_lost(box, pg_url):
+    first = await listener_pid(pg_url)
+    admin = await asyncpg.connect(pg.ADMIN_DSN)
+    try:
+        assert await wakes(box, admin.fetchval("SELECT pg_terminate_backend($1)", first))  # woken on listening again
+    finally:
+        await admin.close()
+    await listener_pid(pg_url, other_than=first)
+    other = await open_box(pg_url)
+    try:
+        assert await wakes(box, other.enqueue(destination="billing", scope="acme", payload={}))
+    finally:
+        await other.close()
+
+
+# -- the database going away -------------------------------------------------------------------
+
+
+async def test_an_unreachable_server_is_unavailable():
+    with pytest.raises(StoreUnavailable, match="cannot use the PostgreSQL database"):
+        await Outbox.open("postgresql://postgres@127.0.0.1:1/outbox")
+
+
+async def test_a_lost_connection_is_unavailable_and_the_store_goes_on(box):
+    with pytest.raises(StoreUnavailable, match="unavailable"):
+        async with box.transaction() as tx:
+            await tx.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    await box.enqueue(destination="billing", scope="acme", payload={})
+    await box.store.ping()
+
+
+async def test_a_database_that_is_gone_is_unavailable(box, pg_url):
+    await pg.drop_database(pg_url)
+    with pytest.raises(StoreUnavailable):
+        await box.store.ping()
+    with pytest.raises(StoreUnavailable):
+        await box.enqueue(destination="billing", scope="acme", payload={})
