@@ -4,7 +4,7 @@ Each write is its own transaction on a pooled connection, and a claim is one sta
 locks what it leases with ``FOR UPDATE SKIP LOCKED``, so claimers neither wait for each other
 nor get the same intent. Hosts judge leases on one timeline, the database's: ``clock_offset``
 says how far this host's clock is from it (``Outbox.open`` moves its clock by that much).
-Statements that make an intent due now notify at commit, and ``listen`` wakes this process's
+Statements that make an intent pending notify at commit, and ``listen`` wakes this process's
 workers on it; polling stays the fallback. The caller's own asyncpg connection can carry
 enqueues inside the caller's transaction (``transaction(connection=...)``).
 
@@ -50,7 +50,7 @@ from .rules import (
 SQL = queries.load("postgres")
 log = logging.getLogger("outbox.store")
 
-#: What the statements that make an intent due now notify (sql/postgres.sql), and ``listen`` hears.
+#: What the statements that make an intent pending notify (sql/postgres.sql), and ``listen`` hears.
 CHANNEL = "outbox_due"
 #: How the listening connection shows in ``pg_stat_activity``.
 LISTENER = "outbox listener"
@@ -152,6 +152,14 @@ async def _start_listening(conn: asyncpg.Connection, wake: Callable[[], None]) -
     conn.add_termination_listener(lambda _: lost.set())
     await conn.add_listener(CHANNEL, lambda *_: wake())
     return lost
+
+
+async def _hang_up(conn: asyncpg.Connection) -> None:
+    """Close ``conn``, politely if the server still answers, else by dropping it."""
+    try:
+        await conn.close(timeout=5)
+    except Exception:
+        conn.terminate()
 
 
 @functools.cache
@@ -317,8 +325,8 @@ class PostgresStore:
         return min(samples)[1]
 
     async def listen(self, wake: Callable[[], None]) -> None:
-        """Call ``wake`` whenever a transaction that made an intent due now commits, in any
-        process, until cancelled. A dedicated connection LISTENs; when it is lost (the
+        """Call ``wake`` whenever a transaction that made an intent pending (an enqueue, a replay,
+        a retry) commits, in any process, until cancelled. A dedicated connection LISTENs; when it is lost (the
         server restarted, the network broke) another is made, and ``wake`` is called each time
         one starts listening, since whatever was notified meanwhile went unheard. Workers still
         poll, so a listener that cannot connect only delays them."""
@@ -342,8 +350,7 @@ class PostgresStore:
                 except Exception as exc:
                     log.warning("listening for due intents failed (%s); listening again", exc)
                 finally:
-                    if not conn.is_closed():
-                        await conn.close(timeout=5)
+                    await _hang_up(conn)
             await asyncio.sleep(pause)
             pause = min(pause * 2, RELISTEN_SECONDS[1])
 

@@ -1,7 +1,8 @@
 -- The PostgreSQL dialect. Each statement is a named block: "-- name: NAME" then a one-line purpose.
 -- {placeholders} in braces are filled from fixed fragments in Python, never from user input.
--- A statement that makes an intent due now calls pg_notify('outbox_due', ''): it reaches every
--- listening worker when its transaction commits, and never if it rolls back.
+-- A statement that makes an intent pending (an enqueue, a replay, a retry) calls
+-- pg_notify('outbox_due', ''): it reaches every listening process when its transaction commits,
+-- and never if it rolls back.
 
 -- name: lock_migrations
 -- One migrator at a time, across processes and hosts, until the migration's transaction ends (the key is "outbox" in ASCII).
