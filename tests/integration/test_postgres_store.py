@@ -13,15 +13,27 @@ from typing import Any
 import asyncpg
 import pytest
 
-from outbox import DestinationSpec, IntentConflict, ManualClock, Outbox, SchemaTooNew, Status, StoreUnavailable
+from outbox import (
+    DestinationSpec,
+    IntentConflict,
+    ManualClock,
+    Outbox,
+    SchemaTooNew,
+    Settings,
+    Status,
+    StoreUnavailable,
+)
 from outbox.clock import OffsetClock
+from outbox.grants import GrantSpec
 from outbox.model import Event, EventKind
 from outbox.operations import Actor, replay
 from outbox.store import migrator
 from outbox.store.postgres import LISTENER, SQL, PostgresStore
+from sender import Worker
 
 from .. import pg
-from ..conftest import SECRET
+from ..conftest import SECRET, eventually
+from ..receiver import Reply
 
 
 @pytest.fixture
@@ -303,6 +315,37 @@ async def test_the_listener_listens_again_after_its_connection_is_lost(box, pg_u
         assert await wakes(box, other.enqueue(destination="billing", scope="acme", payload={}))
     finally:
         await other.close()
+
+
+async def test_a_worker_delivers_what_another_process_enqueues_without_waiting_for_its_poll(pg_url, receiver):
+    receiver.script("/hook", Reply(200))
+    settings = Settings(authority="grants", authority_seconds=0, poll_seconds=60)
+    sending = await Outbox.open(pg_url, settings=settings)
+    try:
+        await sending.put_grant("g1", GrantSpec(scope="acme", destination="*"))
+        await sending.put_destination("hook", DestinationSpec(
+            url=f"{receiver.url}/hook", secret=SECRET, allow_private_network=True, timeout_seconds=2))
+        worker = Worker(sending)
+        running = asyncio.create_task(worker.run())
+        try:
+            await listener_pid(pg_url)
+            await asyncio.sleep(0.2)  # the worker found nothing due: it waits out its 60 s poll
+            producer = await Outbox.open(pg_url)
+            try:
+                await producer.enqueue(destination="hook", scope="acme", action_id="a1", payload={"n": 1})
+            finally:
+                await producer.close()
+            assert await eventually(lambda: status_is(sending, "a1", Status.DELIVERED), timeout=10)
+            assert len(receiver.requests("/hook")) == 1
+        finally:
+            worker.stop()
+            await asyncio.wait_for(running, 10)
+    finally:
+        await sending.close()
+
+
+async def status_is(box: Outbox, action_id: str, status: Status) -> bool:
+    return (await box.get(action_id, scope="acme")).status is status
 
 
 # -- the database going away -------------------------------------------------------------------
