@@ -65,8 +65,9 @@ class Outbox:
 
         A store shared by hosts (PostgreSQL) lends its clock when none is given: the outbox reads
         the database's time (an OffsetClock, re-measured every few minutes), so every host writes
-        and judges leases on one timeline. A store that tells of intents made due elsewhere wakes
-        this outbox's workers (``enqueued``) as they are; polling remains the fallback."""
+        and judges leases on one timeline. A store that tells of intents made pending by other
+        processes wakes this outbox's workers (``enqueued``) when they are; polling remains the
+        fallback."""
         settings = settings or Settings()
         store = store_for_url(
             url or settings.database_url, busy_timeout_ms=settings.sqlite_busy_timeout_ms
