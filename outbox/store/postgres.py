@@ -460,7 +460,7 @@ class PostgresStore:
         return [_intent(row) for row in await self._fetch("claim", now, owner, lease_until, limit)]
 
     async def renew_leases(self, held: Sequence[tuple[str, int]], until: datetime) -> list[str]:
-        ordered = sorted(held)  # every renewer locks rows in one order
+        ordered = sorted(held)  # key order: renewals that overlap meet their rows in the same order
         rows = await self._fetch("renew_leases", until, [key for key, _ in ordered], [fence for _, fence in ordered])
         renewed = {(row["intent_key"], row["fence"]) for row in rows}
         return [key for key, fence in held if (key, fence) not in renewed]

@@ -1,5 +1,6 @@
-"""Which store a database URL opens, what a SQLite-only process leaves unimported, and the
-caller's own connection, which only the PostgreSQL store takes."""
+"""Which store a database URL opens, what a SQLite-only process leaves unimported, the caller's
+own connection, which only the PostgreSQL store takes, and the dialects' migrations, which name
+the same versions."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 import pytest
 
 from outbox.store import SqliteStore, store_for_url
+from outbox.store.migrator import scripts_for
 
 
 @pytest.mark.parametrize("url", ["postgresql://outbox@db.internal:5432/outbox", "postgres://outbox@db/outbox"])
@@ -44,3 +46,10 @@ assert "asyncpg" not in sys.modules, "asyncpg was imported"
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_every_schema_version_has_a_script_in_every_dialect():
+    """A version names one schema in both dialects: a change written for one is written for the
+    other under the same number and name (else one dialect's schema_migrations reads otherwise)."""
+    assert [(m.version, m.name) for m in scripts_for("postgres")] == [
+        (m.version, m.name) for m in scripts_for("sqlite")]
