@@ -281,3 +281,23 @@ async def test_implicit_tls_is_verified_against_the_host_name(mail_env: SenderEn
 async def _finished(env: SenderEnv, action_id: str) -> bool:
     attempts = (await env.box.history(action_id)).attempts
     return bool(attempts) and attempts[-1].finished_at is not None
+
+
+async def test_names_subjects_bodies_and_file_names_beyond_ascii_arrive_as_written(mail_env: SenderEnv,
+                                                                                    smtp: SmtpServer):
+    await register(mail_env, smtp, **{"from": "Bücherstube Köln <laden@example.com>"})
+    intent, _ = await deliver(mail_env, "m-1", {
+        "to": ["José Pérez <jose@example.org>", "\"Doe, Jane\" <jane@example.org>"], "subject": "Ihre Rechnung — 42 €",
+        "text": "Grüße\n.a line that starts with a dot\n", "html": "<p>Grüße</p>", "headers": {"X-Note": "naïve"},
+        "attachments": [{"filename": "Rechnung-ä.txt", "content_type": "text/plain",
+                         "content": base64.b64encode("zwölf".encode()).decode()}]})
+    assert intent.status is Status.DELIVERED
+    message = smtp.received[0].message
+    assert message["From"] == "Bücherstube Köln <laden@example.com>"
+    assert [a.addr_spec for a in message["To"].addresses] == ["jose@example.org", "jane@example.org"]
+    assert [a.display_name for a in message["To"].addresses] == ["José Pérez", "Doe, Jane"]
+    assert (message["Subject"], message["X-Note"]) == ("Ihre Rechnung — 42 €", "naïve")
+    assert message.get_body(("plain",)).get_content().splitlines() == ["Grüße", ".a line that starts with a dot"]
+    assert message.get_body(("html",)).get_content().strip() == "<p>Grüße</p>"
+    [file] = message.iter_attachments()
+    assert (file.get_filename(), file.get_payload(decode=True)) == ("Rechnung-ä.txt", "zwölf".encode())
