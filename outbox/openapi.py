@@ -167,9 +167,10 @@ class BulkReplayResult(BaseModel):
 
 
 class Health(BaseModel):
-    """The process is up."""
+    """The process is up (degraded: its sender is waiting for the database)."""
 
-    status: Literal["ok"]
+    status: Literal["ok", "degraded"]
+    detail: str | None = Field(default=None, description="what the sender waits for, when degraded")
 
 
 class Ready(BaseModel):

@@ -59,6 +59,9 @@ PRUNE_SECONDS = 3600.0
 SWEEP_BATCH = 100
 #: A disabled or missing destination's intents are looked at again after this long.
 PARKED_SECONDS = 60.0
+#: Longest pause between claims while the database keeps failing (the pause doubles from
+#: poll_seconds up to this).
+MAX_CLAIM_BACKOFF_SECONDS = 30.0
 #: Leases a worker holds per send slot: while some sends run, the next intents are being
 #: claimed and their attempts recorded, and finished ones' outcomes committed, so recording
 #: never leaves a slot idle.
@@ -96,6 +99,10 @@ class Worker:
         self.leases = LEASES_PER_SLOT * self.concurrency
         self._sends = asyncio.Semaphore(self.concurrency)
         self._in_flight: dict[str, tuple[int, asyncio.Task[None]]] = {}  # every lease held
+        #: For each lease held, until when the store last confirmed it (claim or renewal).
+        self._confirmed: dict[str, datetime] = {}
+        #: Why and since when the store has been failing this worker, or None while it answers.
+        self.trouble: tuple[str, datetime] | None = None
         self._settling: set[str] = set()  # final write under way: the lease is given back, not lost
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -113,6 +120,7 @@ class Worker:
         try:
             # claim in batches: once a quarter of the leases are free, or when there are none
             batch = max(1, self.concurrency // 4)
+            failures = 0  # claims in a row that failed
             while not self._stopping.is_set():
                 free = self.leases - len(self._in_flight)
                 if free < batch and self._in_flight:
@@ -120,12 +128,17 @@ class Worker:
                     await self._wait(self._slot_free.wait(), None)
                     continue
                 try:
-                    if not await self._claim(free):
+                    claimed = await self._claim(free)
+                    failures = self._answered(failures)
+                    if not claimed:
                         await self._idle()
-                except Exception as exc:  # a store hiccup must not end the worker
-                    pause = self.outbox.settings.poll_seconds
-                    log.error("claiming failed (%s); trying again in %.1fs", exc, pause,
-                              exc_info=not isinstance(exc, StoreUnavailable))
+                except Exception as exc:  # a store hiccup must not end the worker: back off
+                    failures += 1
+                    pause = min(MAX_CLAIM_BACKOFF_SECONDS, self.outbox.settings.poll_seconds * 2 ** (failures - 1))
+                    if self.trouble is None:
+                        self.trouble = (f"{type(exc).__name__}: {exc}", self.clock.now())
+                    log.error("claiming failed %d time(s) in a row (%s); trying again in %.1fs", failures, exc,
+                              pause, exc_info=not isinstance(exc, StoreUnavailable))
                     await self._wait(asyncio.sleep(pause), pause)
         finally:
             await self._drain()
@@ -181,13 +194,23 @@ class Worker:
         now = self.clock.now()
         intents = await self.store.claim(self.id, now=now, lease_until=now + self.lease, limit=limit)
         for intent in intents:
+            self._confirmed[intent.key] = now + self.lease
             task = asyncio.create_task(self._deliver(intent))
             self._in_flight[intent.key] = (intent.fence, task)
             task.add_done_callback(functools.partial(self._done, intent.key))
         return len(intents)
 
+    def _answered(self, failures: int) -> int:
+        """The store answered a claim: say so if it had been failing; returns the new count."""
+        if self.trouble is not None:
+            log.warning("the database answers again after %d failed claim(s) since %s", failures,
+                        self.trouble[1].isoformat())
+            self.trouble = None
+        return 0
+
     def _done(self, key: str, _: object = None) -> None:
         self._in_flight.pop(key, None)
+        self._confirmed.pop(key, None)
         self._slot_free.set()
 
     async def _idle(self) -> None:
@@ -211,12 +234,17 @@ class Worker:
             await asyncio.sleep(interval)
             held = [(key, fence) for key, (fence, _) in self._in_flight.items() if key not in self._settling]
             if held:
+                until = self.clock.now() + self.lease
                 try:
-                    lost = await self.store.renew_leases(held, self.clock.now() + self.lease)
-                except Exception as exc:  # the next beat tries again, well inside the lease
-                    log.error("renewing %d leases failed (%s); trying again in %.1fs", len(held), exc, interval,
+                    lost = await self.store.renew_leases(held, until)
+                except Exception as exc:  # the next beat tries again; sends wait for a confirmed lease
+                    log.error("renewing %d leases failed (%s); trying again in %.1fs; no send starts on a lease "
+                              "that is not confirmed", len(held), exc, interval,
                               exc_info=not isinstance(exc, StoreUnavailable))
                     continue
+                for key, _ in held:
+                    if key in self._confirmed:
+                        self._confirmed[key] = until
                 fences = dict(held)
                 for key in lost:
                     if key not in self._in_flight or key in self._settling:
@@ -254,6 +282,17 @@ class Worker:
 
     # -- delivering ------------------------------------------------------------------------
 
+    def _lease_confirmed(self, intent: Intent) -> bool:
+        """Whether the store confirmed this lease far enough ahead to start a send on it (a
+        third of the lease). If not (renewals are failing), nothing is sent or written: the
+        lease runs out and a sweeper gives the intent back, its attempt never started."""
+        confirmed = self._confirmed.get(intent.key)
+        if confirmed is not None and confirmed - self.clock.now() >= self.lease / 3:
+            return True
+        log.warning("not sending: the lease is not confirmed (the database is not answering renewals); "
+                    "it will be recovered when it expires", extra=self._fields(intent, None))
+        return False
+
     async def _destination(self, destination_id: str) -> Destination | None:
         cached = self._destinations.get(destination_id)
         if cached and time.monotonic() - cached[0] < DESTINATION_CACHE_SECONDS:
@@ -272,6 +311,8 @@ class Worker:
             async with self._sends:
                 if self._stopping.is_set():
                     await self._release(intent, "worker stopped before sending", self.clock.now())
+                    return
+                if not self._lease_confirmed(intent):
                     return
                 ready = await self._ready(intent)
                 if ready is None:

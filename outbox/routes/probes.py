@@ -5,6 +5,7 @@ sender's), ``/readyz`` (the store answers) and ``/metrics`` (Prometheus). They a
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -32,6 +33,12 @@ async def healthz(request: Request) -> dict[str, str]:
     if task is not None and task.done():  # only a crash ends it before shutdown: restart
         raise Problem(503, "sender-stopped", "Sender stopped",
                       f"the embedded sender stopped: {ended_by(task)}; restart the process")
+    # The sender keeps trying a database that stopped answering; a restart would not help, so
+    # the process stays live and says what it waits for (``/readyz`` fails meanwhile).
+    trouble: tuple[str, datetime] | None = getattr(getattr(request.app.state, "worker", None), "trouble", None)
+    if trouble is not None:
+        return {"status": "degraded", "detail": f"the sender cannot reach the database since "
+                                                f"{trouble[1].isoformat()}: {trouble[0]}; it keeps trying"}
     return {"status": "ok"}
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import httpx
 
-from outbox import DestinationSpec, Outbox, Role, Settings
+from outbox import DestinationSpec, Outbox, Role, Settings, StoreUnavailable
 
+from ..conftest import eventually
 from ..receiver import Gate, Receiver, Reply
 from .conftest import SECRET
 
@@ -123,3 +124,36 @@ async def test_healthz_is_ok_while_the_embedded_sender_runs(tmp_path: Path, serv
     url = serve_api(Settings(database_url=f"sqlite:///{tmp_path / 'api.db'}", worker=True))
     async with httpx.AsyncClient(base_url=url, timeout=10) as c:
         assert (await c.get("/healthz")).json() == {"status": "ok"}
+
+
+async def test_healthz_says_while_the_sender_cannot_reach_the_database_and_recovers(
+        tmp_path: Path, serve_api, monkeypatch, caplog):
+    from outbox.store import SqliteStore
+
+    claim = SqliteStore.claim
+    down = True
+
+    async def flaky_claim(self: SqliteStore, *args: object, **kwargs: object) -> object:
+        if down:
+            raise StoreUnavailable("could not connect to the database")
+        return await claim(self, *args, **kwargs)
+
+    monkeypatch.setattr(SqliteStore, "claim", flaky_claim)  # the precise fault: the database is gone
+    url = serve_api(Settings(database_url=f"sqlite:///{tmp_path / 'api.db'}", worker=True, poll_seconds=0.05))
+    async with httpx.AsyncClient(base_url=url, timeout=10) as c:
+        async def degraded() -> bool:
+            return (await c.get("/healthz")).json()["status"] == "degraded"
+
+        assert await eventually(degraded)
+        health = (await c.get("/healthz"))
+        assert health.status_code == 200
+        assert "the sender cannot reach the database since" in health.json()["detail"]
+        assert "could not connect to the database; it keeps trying" in health.json()["detail"]
+        down = False
+
+        async def ok() -> bool:
+            return (await c.get("/healthz")).json() == {"status": "ok"}
+
+        assert await eventually(ok, timeout=10)
+    assert "claiming failed 2 time(s) in a row" in caplog.text
+    assert "the database answers again after" in caplog.text

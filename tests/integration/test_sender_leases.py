@@ -366,3 +366,39 @@ async def test_a_receiver_that_stops_answering_is_paused_and_the_others_go_on(
         released = only(history, "released")
         assert "'down' is not answering (3 sends in a row got no answer)" in released.reason
         assert resume <= history.intent.next_attempt_at <= resume + timedelta(seconds=30)
+
+
+async def test_no_send_starts_on_a_lease_the_store_stopped_confirming(open_env, receiver: Receiver, monkeypatch):
+    """Renewals fail (the database stops answering them): an intent still waiting for a send
+    slot is not sent once less than a third of its lease is confirmed; nothing is written for
+    it, and the sweeper later gives it back untouched."""
+    env: SenderEnv = await open_env(lease_seconds=0.6)
+    gate = Gate()
+    receiver.script("/hook", Reply(200, gate=gate), Reply(200))
+    await env.destination(f"{receiver.url}/hook", timeout_seconds=10)
+    await env.enqueue("a1")
+    await env.enqueue("a2")
+    renew = env.box.store.renew_leases
+    failing = False
+
+    async def renew_leases(held, until):
+        if failing:
+            raise StoreUnavailable("the database is not answering")
+        return await renew(held, until)
+
+    monkeypatch.setattr(env.box.store, "renew_leases", renew_leases)
+    async with env.running(concurrency=1):
+        assert await eventually(lambda: len(receiver.requests("/hook")) == 1)  # a1 holds the only slot
+        failing = True
+        await asyncio.sleep(0.5)  # a few failed heartbeats
+        env.clock.advance(0.5)  # a2's lease, confirmed at its claim, now has 0.1 s of 0.6 left
+        gate.open()
+        assert await eventually(lambda: env.status_is("a1", Status.DELIVERED))
+        await asyncio.sleep(0.3)
+        assert len(receiver.requests("/hook")) == 1  # a2 was not sent
+        assert (await env.box.history("a2")).attempts == []
+        failing = False
+        env.clock.advance(1)  # a2's lease runs out; the sweeper gives it back and it is sent
+        assert await eventually(lambda: env.status_is("a2", Status.DELIVERED))
+    assert [a.number for a in (await env.box.history("a2")).attempts] == [1]
+    assert "lease_expired" in kinds(await env.box.history("a2"))
