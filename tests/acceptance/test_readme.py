@@ -40,7 +40,8 @@ def load(name: str, where: Path) -> dict[str, Any]:
 
 
 def test_the_readme_has_its_examples():
-    assert set(python_blocks()) == {"main", "fastapi-receiver", "flask-receiver", "channel-declaration", "email"}
+    assert set(python_blocks()) == {"main", "fastapi-receiver", "flask-receiver", "channel-declaration", "email",
+                                    "postgres-transaction"}
 
 
 def test_the_producer_example_runs_and_is_safe_to_run_again(tmp_path: Path):
@@ -116,3 +117,28 @@ def test_the_email_example_delivers_and_shows_the_servers_view(tmp_path: Path):
     assert headers["From"] == "Shop <shop@example.com>" and headers["To"] == "Ann <ann@example.org>"
     assert headers["Idempotency-Key"] == "acme/receipt-42" and headers["Outbox-Fence"] == "1"
     assert headers["Payload-Digest"].startswith("sha256:")
+
+
+async def test_the_postgres_transaction_example_commits_the_intent_with_the_order(tmp_path: Path):
+    from tests import pg
+
+    url = await pg.create_database()
+    try:
+        script = tmp_path / "pg_example.py"
+        script.write_text(python_blocks()["postgres-transaction"])
+        env = {**os.environ, "OUTBOX_DATABASE_URL": url}
+        for _ in range(2):  # safe to run again: the same order and intent
+            done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True,
+                                  text=True, timeout=60)
+            assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["False", "pending"]
+        import asyncpg
+
+        conn = await asyncpg.connect(url)
+        try:
+            assert await conn.fetchval("SELECT count(*) FROM orders") == 1
+            assert await conn.fetchval("SELECT count(*) FROM intents WHERE action_id = 'order-42-invoice'") == 1
+        finally:
+            await conn.close()
+    finally:
+        await pg.drop_database(url)
