@@ -106,7 +106,8 @@ def _log_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("--database-url", help="sqlite:///path.db [default: sqlite:///./outbox.db]", **_env("database_url"))
+@click.option("--database-url", help="sqlite:///path.db or postgresql://user@host/db [default: sqlite:///./outbox.db]",
+              **_env("database_url"))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
 @click.version_option(package_name="outbox-delivery")
 @click.pass_context

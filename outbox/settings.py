@@ -21,7 +21,7 @@ class Settings(BaseSettings):
     )
 
     database_url: str = Field(
-        default="sqlite:///./outbox.db", description="sqlite:///path.db (embedded default)"
+        default="sqlite:///./outbox.db", description="sqlite:///path.db (embedded default) or postgresql://user@host/db"
     )
     host: str = Field(default="127.0.0.1", description="address `outbox serve` listens on")
     port: int = Field(default=8080, ge=0, le=65535, description="port `outbox serve` listens on")
