@@ -4,7 +4,8 @@ A worker process is killed while its requests are in flight (the receiver answer
 they are). A second worker, in process, then recovers the expired leases: each send that was
 in flight is recorded as ``maybe_submitted`` with a ``lease_expired`` event and a bumped fence,
 and, because the destination declares idempotency, retried until delivered. Writes under the
-dead worker's fence are refused by the store and change nothing.
+dead worker's fence are refused by the store and change nothing. Each test runs on SQLite and
+on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from outbox import (
 from outbox.model import SETTLED
 from sender import Worker
 
+from .. import pg
 from ..conftest import SECRET, snapshot
 from .conftest import OUTBOX, clean_env
 
@@ -115,6 +117,44 @@ def receiver() -> Iterator[Receiver]:
         thread.join(10)
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """The outbox database: a file for SQLite, a fresh database (tests/pg.py) for PostgreSQL."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'outbox.db'}"
+        return
+    url = await pg.create_database()
+    try:
+        yield url
+    finally:
+        await pg.drop_database(url)
+
+
+async def read(url: str, sql: str) -> list[tuple[Any, ...]]:
+    """The rows ``sql`` selects, read through a connection of its own."""
+    if url.startswith("sqlite:"):
+        import sqlite3
+
+        with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+            return conn.execute(sql).fetchall()
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        return [tuple(row) for row in await conn.fetch(sql)]
+    finally:
+        await conn.close()
+
+
+async def snapshot_of(url: str) -> dict[str, list[tuple[object, ...]]]:
+    """Every row of every outbox table, read through a separate connection."""
+    if url.startswith("sqlite:"):
+        return snapshot(Path(url.removeprefix("sqlite:///")))
+    tables = [t for (t,) in await read(
+        url, "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")]
+    return {t: sorted(await read(url, f"SELECT * FROM {t}"), key=repr) for t in tables}
+
+
 def worker_env(url: str) -> dict[str, str]:
     env = clean_env(OUTBOX_DATABASE_URL=url, OUTBOX_AUTHORITY="allow-all",
                OUTBOX_LEASE_SECONDS=str(LEASE_SECONDS), OUTBOX_WORKER_CONCURRENCY=str(CONCURRENCY),
@@ -131,34 +171,32 @@ class AtCrash:
     started_attempt: str | None  # an attempt begun under the current fence and never finished
 
 
-def state_at_crash(db: Path) -> dict[str, AtCrash]:
-    import sqlite3
-
-    with sqlite3.connect(db) as conn:
-        rows = conn.execute(
-            "SELECT i.action_id, i.status, i.fence, "
-            "  (SELECT a.attempt_id FROM attempts a WHERE a.intent_seq = i.seq AND a.fence = i.fence"
-            "   AND a.finished_at IS NULL) FROM intents i").fetchall()
+async def state_at_crash(url: str) -> dict[str, AtCrash]:
+    rows = await read(
+        url,
+        "SELECT i.action_id, i.status, i.fence, "
+        "  (SELECT a.attempt_id FROM attempts a WHERE a.intent_seq = i.seq AND a.fence = i.fence"
+        "   AND a.finished_at IS NULL) FROM intents i")
     return {action_id: AtCrash(Status(status), fence, attempt) for action_id, status, fence, attempt in rows}
 
 
 async def wait_settled(box: Outbox, timeout: float) -> dict[str, int]:
     deadline = time.monotonic() + timeout
     settled = [s.value for s in SETTLED]
-    sql = "SELECT status, count(*) FROM intents GROUP BY status"
     while True:
-        counts = dict(await box.store._read(lambda conn: conn.execute(sql).fetchall()))
+        counts: Counter[str] = Counter()
+        for status, _, n in await box.store.count_by_status():
+            counts[status] += n
         if sum(n for status, n in counts.items() if status in settled) >= INTENTS:
-            return counts
+            return dict(counts)
         assert time.monotonic() < deadline, f"not settled after {timeout:.0f} s: {counts}"
         await asyncio.sleep(0.1)
 
 
 async def test_kill_9_mid_batch_loses_nothing_and_fences_out_the_dead_worker(
-    tmp_path: Path, receiver: Receiver
+    tmp_path: Path, receiver: Receiver, database_url: str
 ) -> None:
-    db = tmp_path / "outbox.db"
-    url = f"sqlite:///{db}"
+    url = database_url
     settings = Settings(database_url=url, authority="allow-all", lease_seconds=LEASE_SECONDS,
                         worker_concurrency=CONCURRENCY, poll_seconds=POLL_SECONDS)
     ids = [f"crash-{n:02d}" for n in range(INTENTS)]
@@ -185,7 +223,7 @@ async def test_kill_9_mid_batch_loses_nothing_and_fences_out_the_dead_worker(
                 first.kill()
                 first.wait()
         seen_at_crash = receiver.app.requests()
-        crash = state_at_crash(db)
+        crash = await state_at_crash(url)
         leased = {a: c for a, c in crash.items() if c.status is Status.LEASED}
         in_flight = {a: c for a, c in leased.items() if c.started_attempt is not None}
         assert seen_at_crash < INTENTS, "every request had arrived: the kill came too late"
@@ -236,19 +274,19 @@ async def test_kill_9_mid_batch_loses_nothing_and_fences_out_the_dead_worker(
 
         # 3. a write under the dead worker's fence is refused and changes nothing
         victim = next(iter(in_flight))
-        before_rows = snapshot(db)
+        before_rows = await snapshot_of(url)
         with pytest.raises(StaleWrite):
             await box.store.update_intent(
                 f"acme/{victim}", expected=Status.LEASED, status=Status.DELIVERED, fence=crash[victim].fence,
                 events=[Event("delivered", box.clock.now(), "the-dead-worker", "a late write")])
-        assert snapshot(db) == before_rows
+        assert await snapshot_of(url) == before_rows
 
 
 async def test_a_write_under_a_superseded_fence_is_refused_even_when_the_status_matches(
-    tmp_path: Path,
+    database_url: str,
 ) -> None:
     """The fence alone shuts the old holder out: the intent is leased again, to someone else."""
-    url = f"sqlite:///{tmp_path / 'outbox.db'}"
+    url = database_url
     settings = Settings(database_url=url, authority="allow-all", lease_seconds=LEASE_SECONDS)
     async with await Outbox.open(url, settings=settings) as box:
         await box.put_destination("hook", DestinationSpec(
@@ -261,12 +299,12 @@ async def test_a_write_under_a_superseded_fence_is_refused_even_when_the_status_
         (new,) = await box.store.claim("successor", now=now, lease_until=now, limit=1)
         assert new.status is Status.LEASED and new.fence > old.fence
 
-        before = snapshot(tmp_path / "outbox.db")
+        before = await snapshot_of(url)
         late = Event("delivered", box.clock.now(), "the-dead-worker", "a late write")
         with pytest.raises(StaleWrite):
             await box.store.update_intent("acme/probe", expected=Status.LEASED, status=Status.DELIVERED,
                                           events=[late], fence=old.fence)
-        assert snapshot(tmp_path / "outbox.db") == before
+        assert await snapshot_of(url) == before
         history = await box.history("probe")
         assert [e.kind for e in history.events] == ["enqueued", "leased", "lease_expired", "leased"]
         assert history.events[2].data["next_attempt_at"]
