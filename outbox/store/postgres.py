@@ -74,6 +74,9 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.LockNotAvailableError,  # 55P03
     asyncpg.exceptions.InvalidCatalogNameError,  # 3D000: no such database
     asyncpg.exceptions.ReadOnlySQLTransactionError,  # 25006: a standby, or a primary read-only for now
+    # A pooled connection whose server end was just terminated can fail its next call with
+    # "cannot switch to state N; another operation is in progress" before it knows it is gone.
+    asyncpg.exceptions.InternalClientError,
 )
 
 
@@ -232,28 +235,52 @@ class PostgresStore:
             raise StoreUnavailable("the store is not open")
         return self._pool
 
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection for the block, given back after it (see ``_release``)."""
+        with _unavailable():
+            conn = await self._p.acquire()
+        try:
+            yield conn
+        finally:
+            await self._release(conn)
+
+    async def _release(self, conn: asyncpg.Connection) -> None:
+        """Give a connection back to the pool. One the server dropped under it cannot be reset
+        (asyncpg then closes it, and the pool opens another); what was done on it before stands,
+        committed or not, so that is not the caller's error: an intent committed just before the
+        connection was cut is not answered 500."""
+        try:
+            await self._p.release(conn)
+        except Exception as exc:
+            log.info("a pooled connection could not be reset and was closed (%s: %s)", type(exc).__name__, exc)
+
     async def _fetch(self, name: str, *args: Any) -> list[Any]:
         with _unavailable():
-            return list(await self._p.fetch(SQL[name], *args))
+            async with self._connection() as conn:
+                return list(await conn.fetch(SQL[name], *args))
 
     async def _execute(self, name: str, *args: Any) -> None:
         with _unavailable():
-            await self._p.execute(SQL[name], *args)
+            async with self._connection() as conn:
+                await conn.execute(SQL[name], *args)
 
     async def _fetchrow(self, name: str, *args: Any) -> Any:
         with _unavailable():
-            return await self._p.fetchrow(SQL[name], *args)
+            async with self._connection() as conn:
+                return await conn.fetchrow(SQL[name], *args)
 
     async def _fetchval(self, name: str, *args: Any) -> Any:
         with _unavailable():
-            return await self._p.fetchval(SQL[name], *args)
+            async with self._connection() as conn:
+                return await conn.fetchval(SQL[name], *args)
 
     @asynccontextmanager
     async def _transaction(self, **options: Any) -> AsyncIterator[asyncpg.Connection]:
         """A pooled connection in a transaction (``options``: asyncpg's isolation, readonly),
         committed when the block ends, rolled back when it raises."""
         with _unavailable():
-            async with self._p.acquire() as conn, conn.transaction(**options):
+            async with self._connection() as conn, conn.transaction(**options):
                 yield conn
 
     @asynccontextmanager
@@ -279,9 +306,7 @@ class PostgresStore:
                     "(async with conn.transaction(): ...), so the outbox's writes commit with it and never alone")
             yield _PostgresTransaction(connection)
             return
-        with _unavailable():
-            conn = await self._p.acquire()
-        try:
+        async with self._connection() as conn:
             tx = conn.transaction()
             with _unavailable():
                 await tx.start()
@@ -293,8 +318,6 @@ class PostgresStore:
                 raise
             with _unavailable():
                 await tx.commit()
-        finally:
-            await self._p.release(conn)
 
     # -- schema, clock and wake-ups ----------------------------------------------------------
 
@@ -316,7 +339,7 @@ class PostgresStore:
         quickest of three (the least room for the answer to have been read early or late)."""
         samples: list[tuple[float, float]] = []
         with _unavailable():
-            async with self._p.acquire() as conn:
+            async with self._connection() as conn:
                 for _ in range(3):
                     sent = time.time()
                     theirs: datetime = await conn.fetchval(SQL["clock"])
@@ -405,7 +428,8 @@ class PostgresStore:
             if value is not None:
                 where.append(f"{condition} {param(value)}")
         with _unavailable():
-            rows = await self._p.fetch(SQL["list_intents"].format(where=" AND ".join(where) or "true"), *params)
+            async with self._connection() as conn:
+                rows = await conn.fetch(SQL["list_intents"].format(where=" AND ".join(where) or "true"), *params)
         intents = [_intent(row) for row in rows[: query.limit]]
         more = len(rows) > query.limit
         return Page(intents, intents[-1].seq if more and intents else None)
