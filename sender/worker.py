@@ -211,6 +211,7 @@ class Worker:
     def _done(self, key: str, _: object = None) -> None:
         self._in_flight.pop(key, None)
         self._confirmed.pop(key, None)
+        self._settling.discard(key)
         self._slot_free.set()
 
     async def _idle(self) -> None:
@@ -461,15 +462,16 @@ class Worker:
         if new_fence is not None:
             changes["fence"] = new_fence
         data = {"next_attempt_at": fate.next_attempt_at.isoformat()} if fate.next_attempt_at else {}
-        self._settling.add(intent.key)
-        try:
+        self._settling.add(intent.key)  # until the task is done (``_done``): a renewal that meets
+        try:  # the lease already given back must not call it lost
             await self.store.update_intent(
                 intent.key, fetch=False, expected=Status.LEASED, status=fate.status, fence=intent.fence,
                 changes=changes, attempt=attempt,
                 events=[*events, Event(fate.event, now, self.id, fate.reason, data)],
             )
-        finally:
-            self._settling.discard(intent.key)
+        except BaseException:
+            self._settling.discard(intent.key)  # still ours: renew it while the outcome is recorded again
+            raise
         metrics = self.outbox.metrics
         if fate.status is Status.DELIVERED:
             metrics.latency.observe(max(0.0, (now - intent.created_at).total_seconds()))

@@ -149,11 +149,12 @@ async def test_healthz_says_while_the_sender_cannot_reach_the_database_and_recov
         assert health.status_code == 200
         assert "the sender cannot reach the database since" in health.json()["detail"]
         assert "could not connect to the database; it keeps trying" in health.json()["detail"]
+        assert await eventually(lambda: "claiming failed 3 time(s) in a row" in caplog.text)
+        assert "trying again in 0.1s" in caplog.text and "trying again in 0.2s" in caplog.text  # backing off
         down = False
 
         async def ok() -> bool:
             return (await c.get("/healthz")).json() == {"status": "ok"}
 
         assert await eventually(ok, timeout=10)
-    assert "claiming failed 2 time(s) in a row" in caplog.text
     assert "the database answers again after" in caplog.text
