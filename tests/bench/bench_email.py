@@ -44,6 +44,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from email import policy
 from email.message import EmailMessage
 from email.utils import format_datetime
 from pathlib import Path
@@ -148,14 +149,14 @@ class Run:
 
 
 def message() -> bytes:
-    """A message as the channel builds one for an intent (headers in its order, its policy)."""
+    """A message like the one the channel builds for an intent (the same headers), built once."""
     from outbox.digest import payload_digest
     from outbox.ids import intent_key, uuid7
     from receivers import wire
-    from sender.email import POLICY, message_id
+    from sender.email import message_id
 
     key = intent_key(SCOPE, uuid7())
-    built = EmailMessage(policy=POLICY)
+    built = EmailMessage(policy=policy.SMTP.clone(max_line_length=998))
     built["From"] = BASELINE_FROM
     built["To"] = TO
     built["Subject"] = SUBJECT
