@@ -134,34 +134,39 @@ SELECT status, channel, count(*) FROM intents GROUP BY status, channel;
 -- When the oldest due intent fell due (metrics: how far behind delivery is).
 SELECT min(next_attempt_at) FROM intents WHERE status = 'pending' AND next_attempt_at <= $1;
 
--- name: lock_intent
--- Where an intent stands ([seq, status, fence]), locked until the update's transaction ends.
-SELECT seq, status, fence FROM intents WHERE intent_key = $1 FOR UPDATE;
-
 -- name: update_intent
--- Set columns of one intent ({assignments}: "column = $N", N from 7) and append its events (arrays of kinds, times,
--- actors, reasons and data, in order); returns the intent. Moving it to pending tells the listening workers.
-WITH updated AS (
-    UPDATE intents SET {assignments} WHERE seq = $1 RETURNING *
+-- One conditional update in one statement (one round trip): the intent with key $1 is locked, and only if it is
+-- in status $2 (and at fence $3, unless null) are its columns set ({assignments}: "column = $N", N from 23), its
+-- events appended (arrays $4-$8 of kinds, times, actors, reasons and data, in order) and its attempt recorded
+-- ($9-$22, none when $9 is null). Answers the row found (found_status, found_fence; no row: no such intent) and
+-- the intent as updated (all null when the condition did not hold): rules.decide_target judges the answer, and
+-- the condition here is the same as its. Moving an intent to pending tells the listening workers.
+WITH found AS (
+    SELECT seq, status, fence FROM intents WHERE intent_key = $1 FOR UPDATE
+), updated AS (
+    UPDATE intents SET {assignments} FROM found
+    WHERE intents.seq = found.seq AND found.status = $2 AND ($3::bigint IS NULL OR found.fence = $3)
+    RETURNING intents.*
 ), logged AS (
     INSERT INTO events (intent_seq, kind, at, actor, reason, data)
-    SELECT $1, kind, at, actor, reason, data
-    FROM unnest($2::text[], $3::timestamptz[], $4::text[], $5::text[], $6::jsonb[])
+    SELECT updated.seq, e.kind, e.at, e.actor, e.reason, e.data
+    FROM updated, unnest($4::text[], $5::timestamptz[], $6::text[], $7::text[], $8::jsonb[])
          WITH ORDINALITY AS e (kind, at, actor, reason, data, n)
-    ORDER BY n
+    ORDER BY e.n
+), attempted AS (
+    INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at, finished_at,
+                          submission, outcome, status_code, reply, external_id, error, duration_ms, stage)
+    SELECT $9, updated.seq, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22
+    FROM updated WHERE $9::text IS NOT NULL
+    ON CONFLICT (attempt_id) DO UPDATE SET
+        finished_at = excluded.finished_at, submission = excluded.submission,
+        outcome = excluded.outcome, status_code = excluded.status_code, reply = excluded.reply,
+        external_id = excluded.external_id, error = excluded.error, duration_ms = excluded.duration_ms,
+        stage = excluded.stage
 )
-SELECT *, CASE WHEN status = 'pending' THEN pg_notify('outbox_due', '') END AS notified FROM updated;
-
--- name: put_attempt
--- Record an attempt, or its outcome once known.
-INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at, finished_at,
-                      submission, outcome, status_code, reply, external_id, error, duration_ms, stage)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
-ON CONFLICT (attempt_id) DO UPDATE SET
-    finished_at = excluded.finished_at, submission = excluded.submission,
-    outcome = excluded.outcome, status_code = excluded.status_code, reply = excluded.reply,
-    external_id = excluded.external_id, error = excluded.error, duration_ms = excluded.duration_ms,
-    stage = excluded.stage;
+SELECT found.status AS found_status, found.fence AS found_fence, updated.*,
+       CASE WHEN updated.status = 'pending' THEN pg_notify('outbox_due', '') END AS notified
+FROM found LEFT JOIN updated ON true;
 
 -- name: first_submission
 -- When an intent's first attempt that may have reached the receiver started.
