@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from outbox import Attempt, Intent, Outbox, Outcome, Role, Settings, Status, Submission
+from outbox import Attempt, Intent, Outbox, Outcome, Role, Settings, Status, Submission, operations
 from sender.email import EmailChannel, EmailSpec, message_id
 from tests.conftest import eventually
 from tests.smtp import SmtpServer
@@ -52,9 +52,11 @@ def register(env: SenderEnv, server: SmtpServer, destination_id: str = "mail", *
 
 
 async def deliver(env: SenderEnv, action_id: str, payload: dict[str, Any] | None = None,
-                  destination: str = "mail", attempts: int = 1) -> tuple[Intent, Attempt]:
-    """Enqueue, run a worker until ``attempts`` attempts have finished; the intent and its last."""
-    await env.enqueue(action_id, MAIL if payload is None else payload, destination=destination)
+                  destination: str = "mail", attempts: int = 1, enqueue: bool = True) -> tuple[Intent, Attempt]:
+    """Enqueue (unless it is there already), run a worker until ``attempts`` attempts have
+    finished; the intent and its last."""
+    if enqueue:
+        await env.enqueue(action_id, MAIL if payload is None else payload, destination=destination)
     channel = EmailChannel(tls_context=SmtpServer.client_context())
 
     async def finished() -> bool:
@@ -301,3 +303,22 @@ async def test_names_subjects_bodies_and_file_names_beyond_ascii_arrive_as_writt
     assert message.get_body(("html",)).get_content().strip() == "<p>Grüße</p>"
     [file] = message.iter_attachments()
     assert (file.get_filename(), file.get_payload(decode=True)) == ("Rechnung-ä.txt", "zwölf".encode())
+
+
+async def test_an_unknown_email_resolved_retry_is_sent_again_under_the_same_message_id(mail_env: SenderEnv,
+                                                                                         smtp: SmtpServer):
+    """What the README tells an operator: an unknown email settled with `retry` goes out again
+    with the same Message-ID, so the recipient's system can tell it is the same message."""
+    smtp.after_data = "close"
+    await register(mail_env, smtp)
+    intent, attempt = await deliver(mail_env, "m-1")
+    assert intent.status is Status.UNKNOWN
+    smtp.after_data = "250 2.0.0 Ok: queued as AGAIN"
+    await operations.resolve(mail_env.box, "m-1", operations.Resolution.RETRY,
+                             operations.Actor("operator", "not in the relay's log"))
+    intent, attempt = await deliver(mail_env, "m-1", attempts=2, enqueue=False)
+    assert intent.status is Status.DELIVERED and attempt.external_id == "AGAIN" and attempt.number == 2
+    first, second = (r.message for r in smtp.received)
+    assert first["Message-ID"] == second["Message-ID"] == "<acme/m-1@example.com>"
+    assert (first["Outbox-Fence"], second["Outbox-Fence"]) == ("1", "2")
+    assert first["Outbox-Attempt-Id"] != second["Outbox-Attempt-Id"]
