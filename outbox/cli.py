@@ -11,7 +11,7 @@ import getpass
 import json
 import logging
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from functools import wraps
 from types import FrameType
@@ -625,6 +625,11 @@ def _setting(text: str) -> tuple[str, Any]:
         return name, value
 
 
+def _settings_line(settings: Mapping[str, Any]) -> str:
+    """A destination's own settings on one line: each one given, as name=value."""
+    return " ".join(f"{name}={value}" for name, value in settings.items() if value not in (None, {}, [], ""))
+
+
 @destinations.command("put")
 @click.argument("destination_id")
 @click.option("--channel", default=channels.DEFAULT, show_default=True, help="The channel that delivers to it.")
@@ -637,7 +642,8 @@ def _setting(text: str) -> tuple[str, Any]:
               help="The receiver deduplicates on Idempotency-Key.")
 @click.option("--retention-seconds", type=int, default=86_400, show_default=True,
               help="How long the receiver keeps keys.")
-@click.option("--on-unknown", type=click.Choice([p.value for p in OnUnknown]), default="declared", show_default=True)
+@click.option("--on-unknown", type=click.Choice([p.value for p in OnUnknown]),
+              help="[default: the channel's: declared for webhooks, never for email]")
 @click.option("--timeout-seconds", type=float, default=10.0, show_default=True)
 @click.option("--requires-approval", is_flag=True, help="Hold intents until an operator approves them.")
 @click.option("--allow-private-network", is_flag=True,
@@ -660,12 +666,13 @@ async def destinations_put(
         secret = generated = kind.new_secret()
     if shared := sorted(own.keys() & {*DestinationSpec.model_fields, "channel", "secret"}):
         raise InvalidInput(f"--set {shared[0]}=... names a shared option; use --{shared[0].replace('_', '-')}")
-    parsed = _validated(kind.spec, **own, **spec, channel=channel, secret=secret)
+    chosen = {name: value for name, value in spec.items() if value is not None}  # unset: the channel's default
+    parsed = _validated(kind.spec, **own, **chosen, channel=channel, secret=secret)
     destination, created = await box.put_destination(destination_id, parsed)
     data = {**destination.public(), "created": created}
     if generated:
         data["generated_secret"] = generated
-    where = " ".join(map(str, destination.settings.values()))
+    where = _settings_line(destination.settings)
     ctx.emit(
         data,
         f"{'registered' if created else 'replaced'} {destination.id} -> {where}"
@@ -690,7 +697,7 @@ async def destinations_list(ctx: Context, box: Outbox) -> None:
     ctx.emit(
         [d.public() for d in items],
         lambda: "\n".join(
-            f"{d.id:<20} {d.channel:<8} {' '.join(map(str, d.settings.values()))}"
+            f"{d.id:<20} {d.channel:<8} {_settings_line(d.settings)}"
             f"{'  (disabled)' if d.disabled else ''}" for d in items
         ) or "no destinations",
     )

@@ -401,3 +401,17 @@ async def test_destinations_put_takes_the_channel_and_its_own_settings(shell: Sh
     assert made["generated_secret"].startswith("whsec_")
     listed = shell.run("destinations", "list").stdout
     assert "hook" in listed and "webhook" in listed and "https://h.example/in" in listed
+
+
+async def test_an_email_destination_from_the_cli_keeps_the_channels_defaults(shell: Shell):
+    """Options left out take the channel's defaults (an email destination's on_unknown is never),
+    and a destination's own settings read back as name=value."""
+    made = shell.json("destinations", "put", "mail", "--channel", "email", "--set", "host=smtp.example.com",
+                      "--set", "port=465", "--set", "tls=implicit", "--set", "from=Shop <shop@example.com>")
+    assert (made["on_unknown"], made["port"], made["tls"], made["signing_secrets"]) == ("never", 465, "implicit", 0)
+    assert "generated_secret" not in made  # an SMTP password is not the outbox's to invent
+    chosen = shell.json("destinations", "put", "mail", "--channel", "email", "--set", "host=smtp.example.com",
+                        "--set", "from=shop@example.com", "--on-unknown", "always")
+    assert chosen["on_unknown"] == "always" and chosen["created"] is False
+    listed = shell.run("destinations", "list").stdout
+    assert "mail" in listed and "host=smtp.example.com port=587 tls=starttls" in listed
