@@ -12,6 +12,7 @@ import asyncio
 import functools
 import logging
 import os
+import re
 import socket
 import time
 from collections.abc import Awaitable, Mapping
@@ -195,6 +196,7 @@ class Worker:
         intents = await self.store.claim(self.id, now=now, lease_until=now + self.lease, limit=limit)
         for intent in intents:
             self._confirmed[intent.key] = now + self.lease
+            self._settling.discard(intent.key)
             task = asyncio.create_task(self._deliver(intent))
             self._in_flight[intent.key] = (intent.fence, task)
             task.add_done_callback(functools.partial(self._done, intent.key))
@@ -462,8 +464,10 @@ class Worker:
         if new_fence is not None:
             changes["fence"] = new_fence
         data = {"next_attempt_at": fate.next_attempt_at.isoformat()} if fate.next_attempt_at else {}
-        self._settling.add(intent.key)  # until the task is done (``_done``): a renewal that meets
-        try:  # the lease already given back must not call it lost
+        ours = intent.key in self._in_flight  # (the sweeper settles other workers' leases too)
+        if ours:  # until the task is done (``_done``): a renewal that meets the lease given back
+            self._settling.add(intent.key)  # must not call it lost
+        try:
             await self.store.update_intent(
                 intent.key, fetch=False, expected=Status.LEASED, status=fate.status, fence=intent.fence,
                 changes=changes, attempt=attempt,
@@ -575,11 +579,26 @@ def _approval_refusal(intent: Intent, now: datetime) -> str | None:
     return None
 
 
+#: What a store cannot keep in text, or a log should not show: controls but tab and newline.
+CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def _storable(text: str | None) -> str | None:
+    """A receiver's words (a reply, an id, an error quoting them) as every store can keep them:
+    bytes that were not UTF-8 (kept by a client as lone surrogates) and control characters
+    become U+FFFD. Otherwise one odd byte in a server's banner would fail the outcome's write
+    and turn an answered attempt into an unknown one."""
+    if text is None:
+        return None
+    return CONTROLS.sub("\ufffd", text.encode("utf-8", "replace").decode("utf-8"))
+
+
 def _finished(attempt: Attempt, result: SendResult, at: datetime, duration_ms: float | None = None) -> Attempt:
     """``attempt`` with its result recorded."""
     return replace(attempt, finished_at=at, submission=result.submission, outcome=result.outcome,
-                   status_code=result.status_code, reply=result.reply, external_id=result.external_id,
-                   error=result.error, duration_ms=duration_ms, stage=result.stage)
+                   status_code=result.status_code, reply=_storable(result.reply),
+                   external_id=_storable(result.external_id), error=_storable(result.error),
+                   duration_ms=duration_ms, stage=result.stage)
 
 
 def _finished_event(attempt: Attempt, worker: str) -> Event:

@@ -322,3 +322,14 @@ async def test_an_unknown_email_resolved_retry_is_sent_again_under_the_same_mess
     assert first["Message-ID"] == second["Message-ID"] == "<acme/m-1@example.com>"
     assert (first["Outbox-Fence"], second["Outbox-Fence"]) == ("1", "2")
     assert first["Outbox-Attempt-Id"] != second["Outbox-Attempt-Id"]
+
+
+async def test_a_reply_with_bytes_no_store_can_keep_still_records_the_delivery(mail_env: SenderEnv,
+                                                                                smtp: SmtpServer):
+    """A control character in the server's reply (a NUL, which PostgreSQL cannot store in text)
+    is recorded as U+FFFD: the answered delivery stays delivered, its history readable."""
+    smtp.after_data = "250 2.0.0 Ok: queued as Q\x00\x07{n}"
+    await register(mail_env, smtp)
+    intent, attempt = await deliver(mail_env, "m-1")
+    assert intent.status is Status.DELIVERED
+    assert attempt.reply == "250 2.0.0 Ok: queued as Q\ufffd\ufffd1"

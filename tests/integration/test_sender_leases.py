@@ -402,3 +402,20 @@ async def test_no_send_starts_on_a_lease_the_store_stopped_confirming(open_env, 
         assert await eventually(lambda: env.status_is("a2", Status.DELIVERED))
     assert [a.number for a in (await env.box.history("a2")).attempts] == [1]
     assert "lease_expired" in kinds(await env.box.history("a2"))
+
+
+async def test_a_lease_the_sweeper_recovered_is_renewed_when_the_same_worker_claims_it(open_env, receiver: Receiver):
+    """The sweeper settles other workers' leases with the worker's own code path; marking them
+    'settling' (not to be renewed) must not outlive that, or this worker would never renew the
+    lease when it later claims the intent itself."""
+    env: SenderEnv = await open_env(lease_seconds=30)
+    await env.destination(f"{receiver.url}/hook")
+    await env.enqueue("a1")
+    now = env.clock.now()
+    assert len(await env.box.store.claim("dead-worker", now=now, lease_until=now + timedelta(seconds=30),
+                                         limit=1)) == 1
+    env.clock.advance(31)
+    worker = env.worker()
+    assert await worker.sweep() == 1
+    assert await env.status_is("a1", Status.PENDING)
+    assert not worker._settling  # nothing of another worker's is left marked as this one's
