@@ -111,8 +111,10 @@ def _data(event: Event) -> str:
 
 async def _unchanged(conn: asyncpg.Connection) -> None:
     """What a connection given back to the pool needs beyond asyncpg's own cleanup (an open
-    transaction rolled back): nothing, as the store never changes a pooled session (no SET,
-    LISTEN or session lock), so the default reset's round trip is saved on every release."""
+    transaction rolled back): nothing, as the store's own statements never change a session (no
+    SET, LISTEN or session lock), so the default reset's round trip is saved on every release.
+    A connection lent to the caller's SQL (``transaction()``) is reset in full before it goes
+    back."""
 
 
 def _attempt_values(a: Attempt | None) -> tuple[Any, ...]:
@@ -315,17 +317,21 @@ class PostgresStore:
             yield _PostgresTransaction(connection)
             return
         async with self._connection() as conn:
-            tx = conn.transaction()
-            with _unavailable():
-                await tx.start()
             try:
-                yield _PostgresTransaction(conn)
-            except BaseException:
-                with contextlib.suppress(*UNAVAILABLE):  # a lost connection's transaction is the server's to undo
-                    await tx.rollback()
-                raise
-            with _unavailable():
-                await tx.commit()
+                tx = conn.transaction()
+                with _unavailable():
+                    await tx.start()
+                try:
+                    yield _PostgresTransaction(conn)
+                except BaseException:
+                    with contextlib.suppress(*UNAVAILABLE):  # a lost connection's transaction is the server's to undo
+                        await tx.rollback()
+                    raise
+                with _unavailable():
+                    await tx.commit()
+            finally:
+                with contextlib.suppress(Exception):  # the caller's SQL may have changed the session (SET, ...)
+                    await conn.reset()
 
     # -- schema, clock and wake-ups ----------------------------------------------------------
 

@@ -370,3 +370,23 @@ async def test_a_database_that_is_gone_is_unavailable(box, pg_url):
         await box.store.ping()
     with pytest.raises(StoreUnavailable):
         await box.enqueue(destination="billing", scope="acme", payload={})
+
+
+async def test_the_callers_session_settings_do_not_stay_on_the_pooled_connection(pg_url):
+    """The caller's SQL in ``transaction()`` runs on a pooled connection; a SET it makes must not
+    follow that connection into the store's own work."""
+    from outbox.store.postgres import PostgresStore
+
+    store = PostgresStore(pg_url, pool_size=1)  # one connection: the next call gets the same one
+    await store.open()
+    try:
+        await store.migrate()
+        async with store.transaction() as tx:
+            await tx.execute("SET search_path TO nowhere")
+            await tx.execute("SET statement_timeout = '1ms'")
+        assert await store.list_destinations() == []
+        async with store.transaction() as tx:
+            assert (await tx.execute("SHOW search_path"))[0][0] == '"$user", public'
+            assert (await tx.execute("SHOW statement_timeout"))[0][0] == "0"
+    finally:
+        await store.close()
