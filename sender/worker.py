@@ -135,7 +135,7 @@ class Worker:
                         await self._idle()
                 except Exception as exc:  # a store hiccup must not end the worker: back off
                     failures += 1
-                    pause = min(MAX_CLAIM_BACKOFF_SECONDS, self.outbox.settings.poll_seconds * 2 ** (failures - 1))
+                    pause = claim_pause(self.outbox.settings.poll_seconds, failures)
                     if self.trouble is None:
                         self.trouble = (f"{type(exc).__name__}: {exc}", self.clock.now())
                     log.error("claiming failed %d time(s) in a row (%s); trying again in %.1fs", failures, exc,
@@ -581,6 +581,12 @@ def _approval_refusal(intent: Intent, now: datetime) -> str | None:
 
 #: What a store cannot keep in text, or a log should not show: controls but tab and newline.
 CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def claim_pause(poll_seconds: float, failures: int) -> float:
+    """How long to wait after ``failures`` failed claims in a row: poll_seconds, doubling, at most
+    MAX_CLAIM_BACKOFF_SECONDS (the exponent is capped, so an outage of any length is no overflow)."""
+    return min(MAX_CLAIM_BACKOFF_SECONDS, poll_seconds * 2 ** min(failures - 1, 32))
 
 
 def _storable(text: str | None) -> str | None:

@@ -57,6 +57,11 @@ LISTENER = "outbox listener"
 #: A quiet listening connection proves it is still there this often: a silent network loss
 #: (no reset, no close) is found within about twice this.
 KEEPALIVE_SECONDS = 30.0
+#: Longest wait for a pooled connection or a statement's answer: a server that went silent (a
+#: network that drops packets) is then "not now" within this, not after the kernel gives up on
+#: the connection many minutes later. Migrations get longer.
+STATEMENT_SECONDS = 60.0
+MIGRATION_SECONDS = 3600.0
 #: The pause before listening again after a lost connection, doubling while connecting fails.
 RELISTEN_SECONDS = (0.1, 30.0)
 
@@ -208,7 +213,8 @@ class _PostgresMigration:
         return {row[0] for row in await self._conn.fetch(SQL["applied_migrations"])}
 
     async def run_script(self, script: str) -> None:
-        await self._conn.execute(script)  # without parameters asyncpg runs every statement of it
+        # without parameters asyncpg runs every statement of it; an index on a big table may take long
+        await self._conn.execute(script, timeout=MIGRATION_SECONDS)
 
     async def record(self, migration: Migration, at: datetime) -> None:
         await self._conn.execute(SQL["record_migration"], migration.version, migration.name, at)
@@ -219,9 +225,10 @@ class PostgresStore:
 
     dialect = "postgres"
 
-    def __init__(self, dsn: str, *, pool_size: int = 10) -> None:
+    def __init__(self, dsn: str, *, pool_size: int = 10, statement_seconds: float = STATEMENT_SECONDS) -> None:
         self.dsn = dsn
         self.pool_size = pool_size
+        self.statement_seconds = statement_seconds
         self._pool: asyncpg.Pool | None = None
 
     # -- connections ---------------------------------------------------------------------
@@ -230,7 +237,8 @@ class PostgresStore:
         if self._pool is not None:
             return
         try:
-            self._pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=self.pool_size, reset=_unchanged)
+            self._pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=self.pool_size, reset=_unchanged,
+                                                   command_timeout=self.statement_seconds)
         except (*UNAVAILABLE, asyncpg.PostgresError) as exc:
             raise StoreUnavailable(f"cannot use the PostgreSQL database: {exc}") from exc
 
@@ -249,7 +257,7 @@ class PostgresStore:
     async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
         """A pooled connection for the block, given back after it (see ``_release``)."""
         with _unavailable():
-            conn = await self._p.acquire()
+            conn = await self._p.acquire(timeout=self.statement_seconds)
         try:
             yield conn
         finally:

@@ -390,3 +390,58 @@ async def test_the_callers_session_settings_do_not_stay_on_the_pooled_connection
             assert (await tx.execute("SHOW statement_timeout"))[0][0] == "0"
     finally:
         await store.close()
+
+
+class _Proxy:
+    """A TCP relay to the test server that can go silent: connections stay open, nothing moves."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.silent = False
+        self.server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        return self.server.sockets[0].getsockname()[1]
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection(*self.target)
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            while data := await source.read(65536):
+                while self.silent:
+                    await asyncio.sleep(0.05)
+                sink.write(data)
+                await sink.drain()
+
+        await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer), return_exceptions=True)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+async def test_a_database_that_goes_silent_is_unavailable_within_the_statement_limit(pg_url):
+    """A network that stops carrying packets (no reset, no error) answers StoreUnavailable after
+    the statement limit, not after the many minutes a kernel takes to give up on a connection."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    from outbox import StoreUnavailable
+    from outbox.store.postgres import PostgresStore
+
+    parts = urlsplit(pg_url)
+    proxy = _Proxy(parts.hostname or "127.0.0.1", parts.port or 5432)
+    port = await proxy.start()
+    store = PostgresStore(urlunsplit(parts._replace(netloc=f"{parts.username}@127.0.0.1:{port}")),
+                          pool_size=1, statement_seconds=1.0)
+    await store.open()
+    try:
+        await store.migrate()
+        assert await store.next_due_at() is None
+        proxy.silent = True
+        with pytest.raises(StoreUnavailable):  # (without the limit: the wait_for's TimeoutError)
+            await asyncio.wait_for(store.next_due_at(), 20)
+    finally:
+        proxy.silent = False
+        await asyncio.wait_for(store.close(), 10)
+        proxy.close()

@@ -120,3 +120,11 @@ def test_signature_is_standard_webhooks_hmac_over_id_timestamp_body():
 
 def test_content_digest_is_rfc9530_sha256():
     assert content_digest(b"{}") == "sha-256=:RBNvo1WzZ4oRRq0W9+hknpT7T8If536DEMBg9hyq/4o=:"
+
+
+def test_the_claim_backoff_doubles_to_its_cap_however_long_the_database_stays_away():
+    from sender.worker import MAX_CLAIM_BACKOFF_SECONDS, claim_pause
+
+    assert [claim_pause(0.5, n) for n in (1, 2, 3, 4)] == [0.5, 1.0, 2.0, 4.0]
+    assert claim_pause(0.5, 7) == MAX_CLAIM_BACKOFF_SECONDS
+    assert claim_pause(0.5, 100_000) == MAX_CLAIM_BACKOFF_SECONDS  # days of failures: no OverflowError
