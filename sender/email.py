@@ -63,15 +63,22 @@ ADDR_SPEC = re.compile(
 #: (``"Doe, Jane"``, with backslash escapes).
 MAILBOX = re.compile(r'(?:"(?P<quoted>(?:[^"\\\x00-\x1f\x7f]|\\[^\x00-\x1f\x7f]){0,200})"'
                      rf"|(?P<name>[^\x00-\x1f\x7f<>\"]{{0,200}}?))\s*<(?P<addr>{ADDR_SPEC.pattern})>")
+#: Where SMTP sees a line end (str.splitlines also splits at form feeds and the like, which SMTP
+#: does not).
+LINE_BREAK = re.compile(r"\r\n|\r|\n")
 #: An RFC 5322 field name: printable ASCII but the colon.
 HEADER_NAME = re.compile(r"[\x21-\x39\x3b-\x7e]{1,76}")
 #: Header values: no line breaks (header injection) or other controls but the tab.
-HEADER_VALUE = re.compile(r"[^\x00-\x08\x0a-\x1f\x7f]{0,998}")
+HEADER_VALUE = re.compile(r"[^\x00-\x08\x0a-\x1f\x7f]{0,900}")  # with its name, within a 998-character line
 #: Headers the message sets itself: neither a payload nor a destination may set them.
 OURS = frozenset(name.lower() for name in (
     "From", "Sender", "To", "Cc", "Bcc", "Subject", "Reply-To", "Message-ID", "Date", "MIME-Version",
     "Content-Type", "Content-Transfer-Encoding", "Return-Path", "Received",
-    wire.IDEMPOTENCY_KEY, wire.ATTEMPT_ID, wire.FENCE, wire.PAYLOAD_DIGEST))
+    wire.IDEMPOTENCY_KEY, wire.ATTEMPT_ID, wire.FENCE, wire.PAYLOAD_DIGEST,
+    # what mail systems read as who sent a message or what checked it: never a tenant's to say
+    "Authentication-Results", "Received-SPF", "Delivered-To", "Return-Receipt-To"))
+#: Families of headers that are likewise the message's or a mail system's own.
+OURS_PREFIXES = ("resent-", "arc-", "dkim-", "content-", "list-id")
 #: How messages are written: CRLF, and header lines up to RFC 5322's limit, so an identity
 #: header (a digest, a long key) is never folded. The message is built with the email package's
 #: compat32 classes, which take header values as written: the newer EmailMessage API parses and
@@ -118,10 +125,10 @@ def _headers(headers: dict[str, str]) -> dict[str, str]:
     for name, value in headers.items():
         if not HEADER_NAME.fullmatch(name):
             raise ValueError(f"header name {name!r} is not a header field name")
-        if name.lower() in OURS:
-            raise ValueError(f"header {name!r} is set by the outbox and cannot be given")
+        if name.lower() in OURS or name.lower().startswith(OURS_PREFIXES):
+            raise ValueError(f"header {name!r} is set by the outbox or by mail systems and cannot be given")
         if not HEADER_VALUE.fullmatch(value):
-            raise ValueError(f"header {name!r} holds a line break or control character, or is over 998 characters")
+            raise ValueError(f"header {name!r} holds a line break or control character, or is over 900 characters")
     return headers
 
 
@@ -160,7 +167,7 @@ class EmailPayload(BaseModel):
     to: list[Mailbox] = Field(min_length=1, max_length=MAX_RECIPIENTS)
     cc: list[Mailbox] = Field(default_factory=list, max_length=MAX_RECIPIENTS)
     bcc: list[Mailbox] = Field(default_factory=list, max_length=MAX_RECIPIENTS)
-    subject: str = Field(default="", pattern=r"^[^\x00-\x08\x0a-\x1f\x7f]{0,998}$")
+    subject: str = Field(default="", pattern=r"^[^\x00-\x08\x0a-\x1f\x7f]{0,900}$")
     text: str | None = None
     html: str | None = None
     attachments: list[Attachment] = Field(default_factory=list, max_length=MAX_ATTACHMENTS)
@@ -508,7 +515,7 @@ async def _guarded_socket(host: str, port: int, allow_private: bool, timeout: fl
 
 def _part(text: str, subtype: str) -> MIMEText:
     """One body: 7bit when it is ASCII in lines SMTP carries as they are, else UTF-8 in base64."""
-    plain = text.isascii() and all(len(line) <= 998 for line in text.splitlines())
+    plain = text.isascii() and all(len(line) <= 998 for line in LINE_BREAK.split(text))
     return MIMEText(text, subtype, "us-ascii" if plain else "utf-8")
 
 

@@ -333,3 +333,15 @@ async def test_a_reply_with_bytes_no_store_can_keep_still_records_the_delivery(m
     intent, attempt = await deliver(mail_env, "m-1")
     assert intent.status is Status.DELIVERED
     assert attempt.reply == "250 2.0.0 Ok: queued as Q\ufffd\ufffd1"
+
+
+async def test_a_body_whose_lines_smtp_cannot_carry_is_encoded_rather_than_sent_as_it_is(mail_env: SenderEnv,
+                                                                                         smtp: SmtpServer):
+    """Lines over SMTP's 998 characters (a form feed does not end a line for SMTP) go in base64."""
+    await register(mail_env, smtp)
+    text = ("c" * 900 + "\x0c") * 3
+    intent, _ = await deliver(mail_env, "m-1", {**MAIL, "text": text})
+    assert intent.status is Status.DELIVERED
+    raw = smtp.received[0].content
+    assert max(len(line) for line in raw.split(b"\r\n")) <= 998
+    assert smtp.received[0].message.get_body(("plain",)).get_content() == text
