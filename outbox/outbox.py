@@ -257,6 +257,10 @@ class Outbox:
         """A page of intents, newest first."""
         if not 1 <= query.limit <= MAX_PAGE:
             raise InvalidInput(f"limit must be between 1 and {MAX_PAGE}")
+        for scope in query.scopes or ():  # (every store can then take them: no NUL, no odd length)
+            check(SCOPE, scope, "scope")
+        if query.destination is not None:
+            check(DESTINATION_ID, query.destination, "destination")
         if query.channel is not None and query.channel not in channels.names():
             raise channels.UnknownChannel(f"there is no channel {query.channel!r}; installed: "
                                           + ", ".join(channels.names()))

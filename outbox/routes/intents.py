@@ -58,9 +58,10 @@ def decode_cursor(cursor: str) -> int:
     try:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         kind, _, value = text.partition(":")
-        if kind != "seq":
+        seq = int(value)
+        if kind != "seq" or not 0 < seq < 2**63:  # a seq is a 64-bit row id in every store
             raise ValueError(kind)
-        return int(value)
+        return seq
     except (ValueError, binascii.Error, UnicodeDecodeError):
         raise Problem(
             400, "bad-cursor", "Bad cursor", "cursor is malformed; pass next_cursor back unchanged"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from collections.abc import AsyncIterator
@@ -117,8 +118,13 @@ async def test_list_filters_and_paginates_with_a_cursor(api: Api):
         only = (await c.get("/v1/intents", params={"scope": "shop", "status": "pending"})).json()
         assert [i["action_id"] for i in only["items"]] == ["p-4"]
         assert_problem(await c.get("/v1/intents", params={"cursor": "@@"}), 400, "bad-cursor")
+        huge = base64.urlsafe_b64encode(b"seq:99999999999999999999").decode()
+        assert_problem(await c.get("/v1/intents", params={"cursor": huge}), 400, "bad-cursor")
         assert_problem(await c.get("/v1/intents", params={"status": "lost"}), 422, "invalid-input", "status")
         assert_problem(await c.get("/v1/intents", params={"limit": 501}), 422, "invalid-input", "limit")
+    async with api.client(api.operator) as operator:  # reads every scope: the store would meet the NUL
+        assert_problem(await operator.get("/v1/intents", params={"scope": "acme\x00"}), 422, "invalid-input",
+                       "scope")
 
 
 async def test_producers_stay_inside_their_scopes(api: Api):
