@@ -218,6 +218,10 @@ class EmailSpec(DestinationSpec):
                                                  "names the Message-ID")
     reply_to: Mailbox | None = None
     headers: dict[str, str] = Field(default_factory=dict, description="added to every message")
+    data_timeout_seconds: float = Field(
+        default=600.0, gt=0, le=3600, description="how long the reply to the end of a message may take (RFC 5321 "
+                                                  "allows 10 minutes: servers scan before they queue); other "
+                                                  "replies wait timeout_seconds")
     connections: int = Field(default=4, ge=1, le=256, description="connections to the server at most at once; "
                                                                   "each is reused for the next message")
     on_unknown: OnUnknown = Field(default=OnUnknown.NEVER, description="mail servers do not deduplicate: an "
@@ -286,6 +290,14 @@ class _Pool:
     spec: EmailSpec
     slots: asyncio.Semaphore
     idle: list[tuple[aiosmtplib.SMTP, float]] = field(default_factory=list)
+    current: bool = True  # False once the destination's settings changed
+
+    def keep(self, client: aiosmtplib.SMTP) -> None:
+        """Take a connection back for the next message, unless this pool is gone."""
+        if self.current:
+            self.idle.append((client, time.monotonic()))
+        else:
+            client.close()
 
 
 class EmailChannel:
@@ -295,10 +307,11 @@ class EmailChannel:
         self._clock = clock or SystemClock()
         self._given_tls = tls_context  # None: the system's trusted CAs, verified
         self._tls: ssl.SSLContext | None = None  # made once: it takes milliseconds
-        self._pools: dict[tuple[str, str, bool], _Pool] = {}
+        self._pools: dict[tuple[str, str, bool, float], _Pool] = {}
 
     async def send(self, intent: Intent, destination: Destination, *, attempt_id: str, fence: int) -> SendResult:
-        key = (destination.id, repr(sorted(destination.settings.items())), destination.allow_private_network)
+        key = (destination.id, repr(sorted(destination.settings.items())), destination.allow_private_network,
+               destination.timeout_seconds)  # (a connection keeps the timeout it was opened with)
         try:
             pool = self._pools.get(key) or self._replace_pool(key, destination)
             payload = EmailPayload.model_validate_json(intent.payload_json)
@@ -322,11 +335,13 @@ class EmailChannel:
             assert result is not None
             return result
 
-    def _replace_pool(self, key: tuple[str, str, bool], destination: Destination) -> _Pool:
+    def _replace_pool(self, key: tuple[str, str, bool, float], destination: Destination) -> _Pool:
         """The pool for a destination's current settings; its pools for earlier ones are closed."""
         pool = _pool(destination)
         for stale in [k for k in self._pools if k[0] == destination.id]:
-            for client, _ in self._pools.pop(stale).idle:
+            old = self._pools.pop(stale)
+            old.current = False  # its connections still in use are closed when they come back
+            for client, _ in old.idle:
                 client.close()
         self._pools[key] = pool
         return pool
@@ -398,7 +413,7 @@ class EmailChannel:
             return SendResult(Submission.NOT_SUBMITTED, Outcome.RETRYABLE, stage="data", error=_describe(exc))
         # From here the message may reach the server: only its reply can say it did not.
         try:
-            reply = await protocol.read_response(timeout=client.timeout)
+            reply = await protocol.read_response(timeout=spec.data_timeout_seconds)
         except (aiosmtplib.SMTPException, OSError) as exc:
             client.close()
             return SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, stage="message",
@@ -407,7 +422,7 @@ class EmailChannel:
         if refused:
             text = f"{text}; refused: {_listed(refused)}"[:REPLY_BYTES]
         if reply.code == 250:
-            pool.idle.append((client, time.monotonic()))
+            pool.keep(client)
             queue_id = QUEUE_ID.search(reply.message)
             return SendResult(Submission.SUBMITTED, Outcome.DELIVERED, status_code=250, reply=text,
                               external_id=queue_id[1] if queue_id else None, stage="done", answered=True)
@@ -552,7 +567,7 @@ async def _reset(client: aiosmtplib.SMTP, pool: _Pool) -> None:
     except (aiosmtplib.SMTPException, OSError):
         client.close()
     else:
-        pool.idle.append((client, time.monotonic()))
+        pool.keep(client)
 
 
 def _listed(refused: dict[str, tuple[int, str]]) -> str:

@@ -59,6 +59,7 @@ class SmtpServer:
     data_command: str | None = None  # a reply refusing the DATA command; None: 354
     after_data: str = "250 2.0.0 Ok: queued as Q{n}"  # or "close" (drop unanswered), "hold" (never answer)
     replies: list[str] = field(default_factory=list)  # taken first, one per message, before after_data
+    data_delay: float = 0.0  # seconds the reply to the end of a message waits (a server scanning it)
     received: list[Received] = field(default_factory=list)
     sessions: int = 0  # connections that said EHLO or HELO
     port: int = 0
@@ -149,6 +150,8 @@ class _Handler:
             assert server.transport is not None
             server.transport.abort()  # the final "." arrived; no reply ever leaves
             return "250 never sent"
+        if self.owner.data_delay:
+            await asyncio.sleep(self.owner.data_delay)
         if after == "hold":
             await asyncio.get_running_loop().run_in_executor(None, self.owner._released.wait, 60)
             return "421 4.3.0 gave up"

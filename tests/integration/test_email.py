@@ -46,7 +46,7 @@ def mail_env(env: SenderEnv) -> SenderEnv:
 
 def register(env: SenderEnv, server: SmtpServer, destination_id: str = "mail", **spec: Any) -> Any:
     options: dict[str, Any] = {"channel": "email", "host": "127.0.0.1", "port": server.port, "from": FROM,
-                               "allow_private_network": True, "timeout_seconds": 1.0,
+                               "allow_private_network": True, "timeout_seconds": 1.0, "data_timeout_seconds": 1.0,
                                "tls": server.tls, "allow_insecure": server.tls == "none", **spec}
     return env.box.put_destination(destination_id, EmailSpec.model_validate(options))
 
@@ -345,3 +345,13 @@ async def test_a_body_whose_lines_smtp_cannot_carry_is_encoded_rather_than_sent_
     raw = smtp.received[0].content
     assert max(len(line) for line in raw.split(b"\r\n")) <= 998
     assert smtp.received[0].message.get_body(("plain",)).get_content() == text
+
+
+async def test_the_reply_to_the_end_of_a_message_may_take_longer_than_the_other_replies(mail_env: SenderEnv,
+                                                                                         smtp: SmtpServer):
+    """A server that scans a message before it queues it answers the final "." late (RFC 5321
+    allows ten minutes): that wait is data_timeout_seconds, not timeout_seconds."""
+    smtp.data_delay = 1.5
+    await register(mail_env, smtp, timeout_seconds=0.5, data_timeout_seconds=10)
+    intent, attempt = await deliver(mail_env, "m-1")
+    assert intent.status is Status.DELIVERED and facts(attempt) == ("done", Submission.SUBMITTED, Outcome.DELIVERED)

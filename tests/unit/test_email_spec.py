@@ -25,7 +25,7 @@ def test_defaults_are_starttls_on_587_and_an_unknown_waits_for_an_operator():
     assert (spec.port, spec.tls, spec.on_unknown) == (587, "starttls", OnUnknown.NEVER)
     assert spec.settings() == {"host": "smtp.example.com", "port": 587, "tls": "starttls", "allow_insecure": False,
                                "username": None, "from": "Billing <billing@example.com>", "reply_to": None,
-                               "headers": {}, "connections": 4}
+                               "headers": {}, "data_timeout_seconds": 600.0, "connections": 4}
 
 
 @pytest.mark.parametrize(("change", "field", "words"), [
