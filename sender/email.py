@@ -30,6 +30,7 @@ from email.mime.base import MIMEBase
 from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
 from email.utils import format_datetime, formataddr
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 import aiosmtplib
@@ -227,6 +228,16 @@ class EmailSpec(DestinationSpec):
     on_unknown: OnUnknown = Field(default=OnUnknown.NEVER, description="mail servers do not deduplicate: an "
                                                                        "unknown outcome waits for an operator")
 
+    @cached_property
+    def envelope_sender(self) -> str:
+        """The address MAIL FROM names (read once per destination, not per message)."""
+        return mailbox(self.from_)[1]
+
+    @cached_property
+    def from_header(self) -> str:
+        """The From header as written."""
+        return _written(self.from_)
+
     @field_validator("host")
     @classmethod
     def _host(cls, host: str) -> str:
@@ -305,8 +316,7 @@ class EmailChannel:
 
     def __init__(self, *, clock: Clock | None = None, tls_context: ssl.SSLContext | None = None) -> None:
         self._clock = clock or SystemClock()
-        self._given_tls = tls_context  # None: the system's trusted CAs, verified
-        self._tls: ssl.SSLContext | None = None  # made once: it takes milliseconds
+        self._tls = tls_context  # None until first needed: the system's trusted CAs, verified (made once)
         self._pools: dict[tuple[str, str, bool, float], _Pool] = {}
 
     async def send(self, intent: Intent, destination: Destination, *, attempt_id: str, fence: int) -> SendResult:
@@ -348,7 +358,7 @@ class EmailChannel:
 
     def _context(self) -> ssl.SSLContext:
         if self._tls is None:
-            self._tls = self._given_tls or ssl.create_default_context()
+            self._tls = ssl.create_default_context()  # it takes milliseconds: once per channel
         return self._tls
 
     def _idle(self, pool: _Pool) -> Iterator[aiosmtplib.SMTP]:
@@ -367,7 +377,7 @@ class EmailChannel:
         stage = "mail"
         try:
             try:
-                await client.mail(mailbox(spec.from_)[1])
+                await client.mail(spec.envelope_sender)
             except aiosmtplib.SMTPResponseException as exc:
                 raise _Refused(stage, _by_code(exc.code), f"MAIL FROM refused: {exc.code} {exc.message}",
                                exc.code, f"{exc.code} {exc.message}") from None
@@ -477,7 +487,7 @@ class EmailChannel:
     def _message(self, intent: Intent, spec: EmailSpec, payload: EmailPayload, attempt_id: str,
                  fence: int) -> bytes:
         message = _body(payload)
-        message["From"] = _written(spec.from_)
+        message["From"] = spec.from_header
         message["To"] = ", ".join(map(_written, payload.to))
         if payload.cc:
             message["Cc"] = ", ".join(map(_written, payload.cc))
