@@ -55,10 +55,12 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import harness
@@ -179,6 +181,18 @@ class Receiver:
         await harness.wait_ready(self.base + "/healthz", self.alive, self.log, late="the receiver did not answer")
 
 
+@asynccontextmanager
+async def running_receiver(root: Path) -> AsyncIterator[Receiver]:
+    """This script's receiver in its own process (log in ``root``), ready; stopped when the block ends."""
+    port = harness.free_port()
+    log = root / "receiver.log"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-receiver", str(port)]
+    with harness.serving(cmd, cwd=root, log=log) as proc:
+        receiver = Receiver(proc, f"http://127.0.0.1:{port}", log)
+        await receiver.wait_ready()
+        yield receiver
+
+
 # -- workload ----------------------------------------------------------------------------------
 
 
@@ -212,6 +226,64 @@ async def open_box(db_path: Path, hook: str) -> Any:
 
 async def scalar(box: Any, sql: str, params: tuple[Any, ...] = ()) -> Any:
     return await box.store._read(lambda conn: conn.execute(sql, params).fetchone()[0])
+
+
+async def fill(box: Any, first: int, stop: int, make: Callable[[int], dict[str, Any]] = intent) -> None:
+    """Intents ``make(i)`` for i in first..stop-1, BATCH per ``enqueue_many``, every one new."""
+    for lo in range(first, stop, BATCH):
+        results = await box.enqueue_many(make(i) for i in range(lo, min(lo + BATCH, stop)))
+        if not all(r.created for r in results):
+            raise BenchError("enqueue_many did not create every intent of a fresh batch")
+
+
+class Peer(Protocol):
+    """What a timed worker run watches besides the store: the process it delivers to."""
+
+    def cpu(self) -> tuple[float, float | None]: ...
+
+    def alive(self) -> None: ...
+
+
+async def time_worker(box: Any, worker: Any, n: int, peer: Peer) -> tuple[float, float, Cpu]:
+    """Run ``worker`` until the SQLite store says n intents are delivered, then stop it:
+    (seconds to the last delivery recorded, seconds to the poll that saw it, CPU per delivery)."""
+    delivered_sql = "SELECT count(*) FROM intents WHERE status = 'delivered'"
+    cpu = peer.cpu()
+    start_wall = time.time()
+    began = time.perf_counter()
+    task = asyncio.create_task(worker.run())
+    deadline = began + DELIVERY_TIMEOUT_SECONDS
+    try:
+        while True:
+            await asyncio.sleep(POLL_SECONDS)
+            if task.done():
+                await task
+                raise BenchError("the worker stopped by itself before delivering everything")
+            if await scalar(box, delivered_sql) >= n:
+                observed = time.perf_counter() - began
+                used = Cpu.measure(cpu, peer.cpu(), n)
+                break
+            if time.perf_counter() > deadline:
+                raise BenchError(f"only {await scalar(box, delivered_sql)} of {n} delivered in "
+                                 f"{DELIVERY_TIMEOUT_SECONDS:.0f} s")
+            peer.alive()
+    finally:
+        worker.stop()
+        await task
+    # timed to the last delivery recorded, not to the poll that saw it
+    last_us = await scalar(box, "SELECT max(updated_at) FROM intents WHERE status = 'delivered'")
+    return last_us / 1e6 - start_wall, observed, used
+
+
+async def check_delivered(box: Any, n: int) -> None:
+    """BenchError unless the SQLite store holds exactly n intents, all delivered, and n attempts."""
+    statuses = dict(await box.store._read(
+        lambda conn: conn.execute("SELECT status, count(*) FROM intents GROUP BY status").fetchall()))
+    if statuses != {"delivered": n}:
+        raise BenchError(f"intents by status after the run: {statuses}, expected {{'delivered': {n}}}")
+    attempts = await scalar(box, "SELECT count(*) FROM attempts")
+    if attempts != n:
+        raise BenchError(f"{attempts} attempts recorded for {n} intents (expected one each)")
 
 
 # -- baseline -------------------------------------------------------------------------------
@@ -379,10 +451,7 @@ async def outbox_delivery(workdir: Path, receiver: Receiver, n: int, *, noop: bo
     db_path = workdir / "delivery.db"
     box = await open_box(db_path, receiver.hook)
     try:
-        for lo in range(0, n, BATCH):
-            results = await box.enqueue_many(intent(i) for i in range(lo, min(lo + BATCH, n)))
-            if not all(r.created for r in results):
-                raise BenchError("enqueue_many did not create every intent of a fresh batch")
+        await fill(box, 0, n)
         if await scalar(box, "SELECT count(*) FROM intents WHERE status = 'pending'") != n:
             raise BenchError("the outbox does not hold n pending intents before the run")
 
@@ -412,44 +481,15 @@ async def outbox_delivery(workdir: Path, receiver: Receiver, n: int, *, noop: bo
         logger.addHandler(sender_log)
         logger.propagate = False  # counted and summarised, not printed line by line
         worker = Worker(box, channels={"webhook": NoopChannel()} if noop else None)
-        delivered_sql = "SELECT count(*) FROM intents WHERE status = 'delivered'"
         try:
-            cpu = receiver.cpu()
-            start_wall = time.time()
-            began = time.perf_counter()
-            task = asyncio.create_task(worker.run())
-            deadline = began + DELIVERY_TIMEOUT_SECONDS
-            while True:
-                await asyncio.sleep(POLL_SECONDS)
-                if task.done():
-                    await task
-                    raise BenchError("the worker stopped by itself before delivering everything")
-                if await scalar(box, delivered_sql) >= n:
-                    observed = time.perf_counter() - began
-                    used = Cpu.measure(cpu, receiver.cpu(), n)
-                    break
-                if time.perf_counter() > deadline:
-                    raise BenchError(f"only {await scalar(box, delivered_sql)} of {n} delivered in "
-                                     f"{DELIVERY_TIMEOUT_SECONDS:.0f} s")
-                receiver.alive()
-            worker.stop()
-            await task
+            seconds, observed, used = await time_worker(box, worker, n, receiver)
         finally:
             logger.removeHandler(sender_log)
             logger.propagate = True
             if apply is not None:
                 committer._apply_batch = apply
             store.claim = claim  # type: ignore[method-assign]
-        last_us = await scalar(box, "SELECT max(updated_at) FROM intents WHERE status = 'delivered'")
-        seconds = last_us / 1e6 - start_wall
-
-        statuses = dict(await box.store._read(
-            lambda conn: conn.execute("SELECT status, count(*) FROM intents GROUP BY status").fetchall()))
-        if statuses != {"delivered": n}:
-            raise BenchError(f"intents by status after the run: {statuses}, expected {{'delivered': {n}}}")
-        attempts = await scalar(box, "SELECT count(*) FROM attempts")
-        if attempts != n:
-            raise BenchError(f"{attempts} attempts recorded for {n} intents (expected one each)")
+        await check_delivered(box, n)
         if worker.stale_writes:
             raise BenchError(f"the worker had {worker.stale_writes} fenced writes rejected")
         lease_lost: Counter[str] = Counter()
@@ -631,6 +671,32 @@ def progress(stage: str, label: str, value: str) -> None:
     print(f"{stage + ':':<10} {label:<44} {value}", flush=True)
 
 
+def claim_rows(small: Any, big: Any, big_n: int, limit: int, statements: str) -> list[Row]:
+    """Print the claim latencies at SMALL_PENDING and big_n pending; their rows for the table
+    (``small`` and ``big`` hold ``claims`` and ``statements`` in seconds, ``statements`` names the latter)."""
+    for label, t in ((f"{SMALL_PENDING:,}", small), (f"{big_n:,}", big)):
+        progress("claims", f"store.claim(limit={limit}), {label} pending",
+                 f"{ms(statistics.mean(t.claims)):>9} ms mean, {ms(statistics.median(t.claims))} median")
+    growth = statistics.mean(big.claims) / statistics.mean(small.claims)
+    s_growth = statistics.mean(big.statements) / statistics.mean(small.statements)
+    return [
+        Row(f"store.claim({limit}), {SMALL_PENDING:,} pending, mean of {CLAIMS}",
+            ms(statistics.mean(small.claims)), "ms", "1.00x"),
+        Row(f"store.claim({limit}), {big_n:,} pending, mean of {CLAIMS}",
+            ms(statistics.mean(big.claims)), "ms", f"{growth:.2f}x", "", "<= 1.5x",
+            "met" if growth <= 1.5 else "NOT MET"),
+        Row(f"  {statements} (rolled back), {SMALL_PENDING:,}", ms(statistics.mean(small.statements)), "ms", "1.00x"),
+        Row(f"  {statements} (rolled back), {big_n:,}", ms(statistics.mean(big.statements)), "ms", f"{s_growth:.2f}x"),
+    ]
+
+
+def check_sizes(parser: argparse.ArgumentParser, args: argparse.Namespace, names: tuple[str, ...]) -> None:
+    """``parser.error`` unless each of ``names`` given is positive and ``--big-n`` exceeds SMALL_PENDING."""
+    harness.require_positive(parser, args, names)
+    if args.big_n is not None and args.big_n <= SMALL_PENDING:
+        parser.error(f"--big-n must be more than {SMALL_PENDING:,}")
+
+
 def ms(seconds: float) -> str:
     return f"{seconds * 1000:.2f}"
 
@@ -664,13 +730,7 @@ async def run(args: argparse.Namespace) -> int:
     rss: dict[int, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-delivery-", dir=args.dir) as tmp:
         root = Path(tmp)
-        port = harness.free_port()
-        log = root / "receiver.log"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-receiver", str(port)]
-        with harness.serving(cmd, cwd=root, log=log) as proc:
-            receiver = Receiver(proc, f"http://127.0.0.1:{port}", log)
-            await receiver.wait_ready()
-
+        async with running_receiver(root) as receiver:
             # 2-3: baseline and outbox, in interleaved rounds
             for round_ in range(1, rounds + 1):
                 workdir = harness.fresh_dir(root, "round")
@@ -764,21 +824,7 @@ async def run(args: argparse.Namespace) -> int:
                              f"{build_big:>9.1f} s ({size / 2**20:,.0f} MiB; "
                              f"{SMALL_PENDING:,} in {build_small:.1f} s)")
                     small_t, big_t = await claim_latency(small_db, big_db, receiver.hook)
-                    for label, t in ((f"{SMALL_PENDING:,}", small_t), (f"{big_n:,}", big_t)):
-                        progress("claims", f"store.claim(limit={CONCURRENCY}), {label} pending",
-                                 f"{ms(statistics.mean(t.claims)):>9} ms mean, "
-                                 f"{ms(statistics.median(t.claims))} median")
-                    growth = statistics.mean(big_t.claims) / statistics.mean(small_t.claims)
-                    rows.append(Row(f"store.claim({CONCURRENCY}), {SMALL_PENDING:,} pending, mean of {CLAIMS}",
-                                    ms(statistics.mean(small_t.claims)), "ms", "1.00x"))
-                    rows.append(Row(f"store.claim({CONCURRENCY}), {big_n:,} pending, mean of {CLAIMS}",
-                                    ms(statistics.mean(big_t.claims)), "ms", f"{growth:.2f}x", "",
-                                    "<= 1.5x", "met" if growth <= 1.5 else "NOT MET"))
-                    s_growth = statistics.mean(big_t.statements) / statistics.mean(small_t.statements)
-                    rows.append(Row(f"  claim statements alone (rolled back), {SMALL_PENDING:,}",
-                                    ms(statistics.mean(small_t.statements)), "ms", "1.00x"))
-                    rows.append(Row(f"  claim statements alone (rolled back), {big_n:,}",
-                                    ms(statistics.mean(big_t.statements)), "ms", f"{s_growth:.2f}x"))
+                    rows += claim_rows(small_t, big_t, big_n, CONCURRENCY, "claim statements alone")
                 except BenchError as exc:
                     problems.append(f"claim latency: {exc}")
                 finally:
@@ -833,12 +879,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--serve-receiver", type=int, metavar="PORT", help=argparse.SUPPRESS)
     add("--rss-child", metavar="DB", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name in ("n", "rounds", "big_n"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name.replace('_', '-')} must be positive")
-    if args.big_n is not None and args.big_n <= SMALL_PENDING:
-        parser.error(f"--big-n must be more than {SMALL_PENDING:,}")
+    check_sizes(parser, args, ("n", "rounds", "big_n"))
     return args
 
 

@@ -52,7 +52,7 @@ from typing import Any
 
 import aiosmtplib
 import harness
-from bench_delivery import Cpu, own_cpu, progress, scalar
+from bench_delivery import Cpu, check_delivered, fill, own_cpu, progress, time_worker
 from harness import BenchError
 
 CONCURRENCY = 16
@@ -65,12 +65,9 @@ TO = "ann@example.org"
 SUBJECT = "Your receipt"
 TEXT = "Thank you for your order. " * 3
 PAYLOAD = {"to": [TO], "subject": SUBJECT, "text": TEXT}
-BATCH = 1_000  # enqueue_many batch while filling the outbox (untimed)
 #: Untimed messages per connection before the bare loop's timed ones (fewer left its first round slow).
 WARMUP_PER_CONNECTION = 32
 SMTP_TIMEOUT_SECONDS = 30.0
-POLL_SECONDS = 0.2
-DELIVERY_TIMEOUT_SECONDS = 600.0
 
 
 # -- the sink (its own process) ----------------------------------------------------------------
@@ -214,44 +211,9 @@ async def outbox_delivery(workdir: Path, sink: Sink, n: int, concurrency: int) -
         await box.put_destination(DESTINATION, EmailSpec.model_validate({
             "channel": "email", "host": "127.0.0.1", "port": sink.port, "tls": "none", "allow_insecure": True,
             "allow_private_network": True, "from": OUTBOX_FROM, "connections": concurrency}))
-        for lo in range(0, n, BATCH):
-            results = await box.enqueue_many({"destination": DESTINATION, "scope": SCOPE, "payload": PAYLOAD}
-                                             for _ in range(lo, min(lo + BATCH, n)))
-            if not all(r.created for r in results):
-                raise BenchError("enqueue_many did not create every intent of a fresh batch")
-
-        worker = Worker(box, concurrency=concurrency)
-        delivered_sql = "SELECT count(*) FROM intents WHERE status = 'delivered'"
-        cpu = sink.cpu()
-        start_wall = time.time()
-        began = time.perf_counter()
-        task = asyncio.create_task(worker.run())
-        try:
-            while True:
-                await asyncio.sleep(POLL_SECONDS)
-                if task.done():
-                    await task
-                    raise BenchError("the worker stopped by itself before delivering everything")
-                if await scalar(box, delivered_sql) >= n:
-                    used = Cpu.measure(cpu, sink.cpu(), n)
-                    break
-                if time.perf_counter() - began > DELIVERY_TIMEOUT_SECONDS:
-                    raise BenchError(f"only {await scalar(box, delivered_sql)} of {n} delivered in "
-                                     f"{DELIVERY_TIMEOUT_SECONDS:.0f} s")
-                sink.alive()
-        finally:
-            worker.stop()
-            await task
-        # timed to the last delivery recorded, not to the poll that saw it
-        last_us = await scalar(box, "SELECT max(updated_at) FROM intents WHERE status = 'delivered'")
-        seconds = last_us / 1e6 - start_wall
-        statuses = dict(await box.store._read(
-            lambda conn: conn.execute("SELECT status, count(*) FROM intents GROUP BY status").fetchall()))
-        if statuses != {"delivered": n}:
-            raise BenchError(f"intents by status after the run: {statuses}, expected {{'delivered': {n}}}")
-        attempts = await scalar(box, "SELECT count(*) FROM attempts")
-        if attempts != n:
-            raise BenchError(f"{attempts} attempts recorded for {n} intents (expected one each)")
+        await fill(box, 0, n, lambda _: {"destination": DESTINATION, "scope": SCOPE, "payload": PAYLOAD})
+        seconds, _, used = await time_worker(box, Worker(box, concurrency=concurrency), n, sink)
+        await check_delivered(box, n)
     received = (await sink.counts())[0][OUTBOX_FROM] - before
     if received != n:
         raise BenchError(f"the sink counted {received} messages from the outbox, expected exactly {n}")
@@ -342,10 +304,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--quick", action="store_true", help="a short run: N=300, one round")
     add("--serve-sink", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name in ("n", "rounds", "concurrency"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name} must be positive")
+    harness.require_positive(parser, args, ("n", "rounds", "concurrency"))
     return args
 
 

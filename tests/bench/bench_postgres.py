@@ -93,11 +93,13 @@ from bench_delivery import (
     SMALL_PENDING,
     Receiver,
     Row,
+    claim_rows,
+    fill,
     intent,
     mib,
-    ms,
     progress,
     render,
+    running_receiver,
 )
 from harness import BenchError
 
@@ -391,14 +393,6 @@ async def open_outbox(dsn: str, hook: str, concurrency: int) -> Any:
         await box.close()
         raise
     return box
-
-
-async def fill(box: Any, first: int, stop: int) -> None:
-    """Intents first..stop-1, BATCH per ``enqueue_many``, every one new."""
-    for lo in range(first, stop, BATCH):
-        results = await box.enqueue_many(intent(i) for i in range(lo, min(lo + BATCH, stop)))
-        if not all(r.created for r in results):
-            raise BenchError("enqueue_many did not create every intent of a fresh batch")
 
 
 async def outbox_drain(admin_dsn: str, receiver: Receiver, n: int, concurrency: int, processes: int,
@@ -731,13 +725,7 @@ async def run(args: argparse.Namespace) -> int:
     claim_times: tuple[ClaimTimes, ClaimTimes] | None = None
     with tempfile.TemporaryDirectory(prefix="bench-postgres-", dir=args.dir) as tmp:
         root = Path(tmp)
-        port = harness.free_port()
-        log = root / "receiver.log"
-        cmd = [sys.executable, str(Path(bench_delivery.__file__).resolve()), "--serve-receiver", str(port)]
-        with harness.serving(cmd, cwd=root, log=log) as proc:
-            receiver = Receiver(proc, f"http://127.0.0.1:{port}", log)
-            await receiver.wait_ready()
-
+        async with running_receiver(root) as receiver:
             # 1-4: the bare client, then every drain, in rounds (the drains' order rotating)
             for round_ in range(1, rounds + 1):
                 try:
@@ -833,21 +821,7 @@ async def run(args: argparse.Namespace) -> int:
                 problems.append(f"claim latency: {exc}")
                 print(f"claims: FAILED: {exc}", flush=True)
         if claim_times is not None:
-            small_t, big_t = claim_times
-            for label, t in ((f"{SMALL_PENDING:,}", small_t), (f"{big_n:,}", big_t)):
-                progress("claims", f"store.claim(limit={c}), {label} pending",
-                         f"{ms(statistics.mean(t.claims)):>9} ms mean, {ms(statistics.median(t.claims))} median")
-            growth = statistics.mean(big_t.claims) / statistics.mean(small_t.claims)
-            rows.append(Row(f"store.claim({c}), {SMALL_PENDING:,} pending, mean of {CLAIMS}",
-                            ms(statistics.mean(small_t.claims)), "ms", "1.00x"))
-            rows.append(Row(f"store.claim({c}), {big_n:,} pending, mean of {CLAIMS}",
-                            ms(statistics.mean(big_t.claims)), "ms", f"{growth:.2f}x", "", "<= 1.5x",
-                            "met" if growth <= 1.5 else "NOT MET"))
-            s_growth = statistics.mean(big_t.statements) / statistics.mean(small_t.statements)
-            rows.append(Row(f"  claim statement alone (rolled back), {SMALL_PENDING:,}",
-                            ms(statistics.mean(small_t.statements)), "ms", "1.00x"))
-            rows.append(Row(f"  claim statement alone (rolled back), {big_n:,}",
-                            ms(statistics.mean(big_t.statements)), "ms", f"{s_growth:.2f}x"))
+            rows += claim_rows(*claim_times, big_n, c, "claim statement alone")
 
         for case in cases:
             if case.drains:
@@ -919,12 +893,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--skip-claims", action="store_true", help="skip the claim latency case")
     add("--dir", help="where the logs go")
     args = parser.parse_args(argv)
-    for name in ("n", "rounds", "big_n", "concurrency"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name.replace('_', '-')} must be positive")
-    if args.big_n is not None and args.big_n <= SMALL_PENDING:
-        parser.error(f"--big-n must be more than {SMALL_PENDING:,}")
+    bench_delivery.check_sizes(parser, args, ("n", "rounds", "big_n", "concurrency"))
     return args
 
 

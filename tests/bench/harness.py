@@ -195,6 +195,14 @@ def new_parser(doc: str | None) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(description=doc.split("\n\n")[0] if doc else None)
 
 
+def require_positive(parser: argparse.ArgumentParser, args: argparse.Namespace, names: Sequence[str]) -> None:
+    """``parser.error`` for the first of the options ``names`` (attribute names) given below 1."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be positive")
+
+
 def finish(began: float, problems: list[str]) -> int:
     """Print the total time and each problem (to stderr); the exit status: 1 if any problem."""
     print(f"total time {time.perf_counter() - began:.0f} s")
