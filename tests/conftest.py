@@ -15,6 +15,7 @@ import pytest
 from outbox import DestinationSpec, Outbox, Settings
 from outbox.service import create_service
 
+from . import pg
 from .servers import Served
 
 SECRET = "whsec_" + "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0NTY3ODk="
@@ -47,6 +48,13 @@ def db_path(tmp_path: Path) -> Path:
 @pytest.fixture
 def db_url(db_path: Path) -> str:
     return f"sqlite:///{db_path}"
+
+
+@pytest.fixture
+async def pg_url() -> AsyncIterator[str]:
+    """A new, empty PostgreSQL database (tests/pg.py), dropped after the test."""
+    async with pg.database() as url:
+        yield url
 
 
 @pytest.fixture

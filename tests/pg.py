@@ -13,6 +13,8 @@ import re
 import secrets
 import threading
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -98,6 +100,16 @@ async def drop_database(dsn: str) -> None:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await admin.close()
+
+
+@asynccontextmanager
+async def database() -> AsyncIterator[str]:
+    """A new, empty database (``create_database``), yielding its DSN; dropped on leaving."""
+    dsn = await create_database()
+    try:
+        yield dsn
+    finally:
+        await drop_database(dsn)
 
 
 async def _drop_stale(admin: Any) -> None:

@@ -6,9 +6,6 @@ sent again: it waits, ``unknown``, for an operator."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -19,7 +16,7 @@ from sender import Worker
 from sender.email import EmailSpec
 
 from ..smtp import SmtpServer
-from .conftest import OUTBOX, clean_env
+from .conftest import clean_env, kill_9, outbox_worker
 
 pytestmark = pytest.mark.acceptance
 
@@ -41,24 +38,15 @@ async def test_kill_9_during_data_leaves_the_message_unknown_never_not_submitted
                 await box.enqueue(destination="mail", scope="acme", action_id=f"mail-{n}",
                                   payload={"to": ["ann@example.org"], "subject": f"#{n}", "text": "hello"})
 
-            log = tmp_path / "worker.log"
             env = clean_env(OUTBOX_DATABASE_URL=url, OUTBOX_AUTHORITY="allow-all", OUTBOX_WORKER_CONCURRENCY="1",
                             OUTBOX_LEASE_SECONDS=str(LEASE_SECONDS), OUTBOX_POLL_SECONDS="0.1")
-            with log.open("w") as out:
-                worker = subprocess.Popen([OUTBOX, "worker"], env=env, cwd=tmp_path, stdout=out,
-                                          stderr=subprocess.STDOUT)
-            try:
+            with outbox_worker(tmp_path, env) as (worker, log):
                 deadline = time.monotonic() + 20
                 while len(server.received) < 2:  # the second message's final "." has arrived
                     assert worker.poll() is None, f"the worker exited early:\n{log.read_text()}"
                     assert time.monotonic() < deadline, f"{len(server.received)} messages in 20 s:\n{log.read_text()}"
                     await asyncio.sleep(0.05)
-                os.kill(worker.pid, signal.SIGKILL)
-                assert worker.wait(10) == -signal.SIGKILL
-            finally:
-                if worker.poll() is None:
-                    worker.kill()
-                    worker.wait()
+                kill_9(worker)
             held = await box.get(next(f"mail-{n}" for n in (1, 2)
                                       if server.received[1].message["Subject"] == f"#{n}"))
             assert held.status is Status.LEASED  # the dead worker's lease, its attempt in flight

@@ -24,13 +24,11 @@ import asyncio
 import hashlib
 import itertools
 import json
-import os
-import signal
 import subprocess
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,15 +36,13 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
-import uvicorn
 
 from outbox import DestinationSpec, OnUnknown, Outbox, Settings, StoreUnavailable
 from outbox.model import SETTLED
 from outbox.tokens import Role
 
-from .. import pg
 from ..conftest import SECRET, free_port
-from .conftest import OUTBOX, clean_env
+from .conftest import OUTBOX, clean_env, kill_9, served_in_thread
 
 pytestmark = pytest.mark.acceptance
 
@@ -145,31 +141,8 @@ class IdempotentReceiver:
 def receiver() -> Iterator[tuple[IdempotentReceiver, str]]:
     """The receiver under uvicorn on 127.0.0.1 at a free port, in a thread; with its URL."""
     app = IdempotentReceiver()
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False,
-                            lifespan="off", timeout_graceful_shutdown=2)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True, name="scale-receiver")
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the receiver did not start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield app, f"http://127.0.0.1:{port}/hook"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-
-
-@pytest.fixture
-async def pg_url() -> AsyncIterator[str]:
-    """A fresh database (tests/pg.py), dropped after the test."""
-    url = await pg.create_database()
-    try:
-        yield url
-    finally:
-        await pg.drop_database(url)
+    with served_in_thread(app, "scale-receiver") as url:
+        yield app, f"{url}/hook"
 
 
 # -- the processes ------------------------------------------------------------------------------
@@ -387,8 +360,7 @@ async def test_three_workers_and_a_service_survive_a_kill_and_two_outages_with_e
             await wait_until(victim_in_flight, f"{KILL_WHEN_IN_FLIGHT} sends of {victim.name} in flight", 30,
                              processes)
             waves.append(asyncio.create_task(enqueue_api(client, api_ids[API_PER_WAVE:2 * API_PER_WAVE], answers)))
-            os.kill(victim.pid, signal.SIGKILL)
-            assert victim.proc.wait(10) == -signal.SIGKILL
+            kill_9(victim.proc)
             at_kill = await state_at_kill(monitor, victim.pid)
             in_flight = {key: attempt for key, (_, attempt) in at_kill.leased.items() if attempt is not None}
             assert in_flight, f"no send of the killed worker was in flight: {at_kill}"

@@ -122,8 +122,7 @@ def test_the_email_example_delivers_and_shows_the_servers_view(tmp_path: Path):
 async def test_the_postgres_transaction_example_commits_the_intent_with_the_order(tmp_path: Path):
     from tests import pg
 
-    url = await pg.create_database()
-    try:
+    async with pg.database() as url:
         script = tmp_path / "pg_example.py"
         script.write_text(python_blocks()["postgres-transaction"])
         env = {**os.environ, "OUTBOX_DATABASE_URL": url}
@@ -140,5 +139,3 @@ async def test_the_postgres_transaction_example_commits_the_intent_with_the_orde
             assert await conn.fetchval("SELECT count(*) FROM intents WHERE action_id = 'order-42-invoice'") == 1
         finally:
             await conn.close()
-    finally:
-        await pg.drop_database(url)

@@ -11,9 +11,6 @@ on PostgreSQL.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
 import threading
 import time
 from collections import Counter
@@ -23,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 
 from outbox import (
     DestinationSpec,
@@ -41,7 +37,7 @@ from sender import Worker
 
 from .. import pg
 from ..conftest import SECRET, snapshot
-from .conftest import OUTBOX, clean_env
+from .conftest import clean_env, kill_9, outbox_worker, served_in_thread
 
 pytestmark = pytest.mark.acceptance
 
@@ -100,21 +96,8 @@ class Receiver:
 def receiver() -> Iterator[Receiver]:
     """uvicorn on 127.0.0.1 at a free port, in a thread of the test process."""
     app = KeyRecorder()
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False,
-                            lifespan="off", timeout_graceful_shutdown=2)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True, name="crash-receiver")
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the receiver did not start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield Receiver(app, f"http://127.0.0.1:{port}/hook")
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with served_in_thread(app, "crash-receiver") as url:
+        yield Receiver(app, f"{url}/hook")
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -123,11 +106,8 @@ async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncI
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'outbox.db'}"
         return
-    url = await pg.create_database()
-    try:
+    async with pg.database() as url:
         yield url
-    finally:
-        await pg.drop_database(url)
 
 
 async def read(url: str, sql: str) -> list[tuple[Any, ...]]:
@@ -208,20 +188,11 @@ async def test_kill_9_mid_batch_loses_nothing_and_fences_out_the_dead_worker(
                                 "payload": {"n": n}} for n, action_id in enumerate(ids))
 
         # 1. a worker process, killed while the receiver holds a batch of its requests
-        log = tmp_path / "worker.log"
-        with log.open("w") as out:
-            first = subprocess.Popen([OUTBOX, "worker"], env=worker_env(url), cwd=tmp_path,
-                                     stdout=out, stderr=subprocess.STDOUT)
-        try:
+        with outbox_worker(tmp_path, worker_env(url)) as (first, log):
             arrived = await asyncio.to_thread(receiver.app.wait_for, KILL_AT, 20)
             assert first.poll() is None, f"the worker exited early:\n{log.read_text()}"
             assert arrived >= KILL_AT, f"only {arrived} requests in 20 s:\n{log.read_text()}"
-            os.kill(first.pid, signal.SIGKILL)
-            assert first.wait(10) == -signal.SIGKILL
-        finally:
-            if first.poll() is None:
-                first.kill()
-                first.wait()
+            kill_9(first)
         seen_at_crash = receiver.app.requests()
         crash = await state_at_crash(url)
         leased = {a: c for a, c in crash.items() if c.status is Status.LEASED}

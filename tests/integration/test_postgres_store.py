@@ -36,16 +36,6 @@ from ..conftest import SECRET, eventually
 from ..receiver import Reply
 
 
-@pytest.fixture
-async def pg_url() -> AsyncIterator[str]:
-    """A new, empty database, dropped after the test."""
-    url = await pg.create_database()
-    try:
-        yield url
-    finally:
-        await pg.drop_database(url)
-
-
 async def open_box(url: str, **options: Any) -> Outbox:
     """An opened, migrated outbox on ``url`` with the destination ``billing``."""
     box = await Outbox.open(url, **options)
