@@ -9,6 +9,7 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -17,6 +18,9 @@ from outbox.service import create_service
 
 from . import pg
 from .servers import Served
+
+if TYPE_CHECKING:
+    from .kafka import Broker
 
 SECRET = "whsec_" + "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0NTY3ODk="
 
@@ -55,6 +59,30 @@ async def pg_url() -> AsyncIterator[str]:
     """A new, empty PostgreSQL database (tests/pg.py), dropped after the test."""
     async with pg.database() as url:
         yield url
+
+
+@pytest.fixture
+def kafka(tmp_path: Path) -> Iterator[Broker]:
+    """A running noida-db Kafka broker (tests/kafka.py), killed after the test."""
+    from .kafka import Broker
+
+    broker = Broker("noida", tmp_path).start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def tansu(tmp_path: Path) -> Iterator[Broker]:
+    """A running Tansu Kafka broker, memory only (tests/kafka.py), killed after the test."""
+    from .kafka import Broker
+
+    broker = Broker("tansu", tmp_path).start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
 
 
 @pytest.fixture
