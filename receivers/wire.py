@@ -40,6 +40,10 @@ REPLAYED = "Idempotent-Replayed"
 BODY_OMITTED = "Idempotent-Body-Omitted"
 #: The receiver's id for the effect, which the sender records.
 EXTERNAL_ID = "External-Id"
+#: A Kafka record's headers (Kafka header names are conventionally lower case; values are UTF-8):
+#: the idempotency key (the action id), the payload digest, the attempt id and the fence.
+KAFKA_HEADERS = (IDEMPOTENCY_KEY.lower(), PAYLOAD_DIGEST.lower(), ATTEMPT_ID.lower(), FENCE.lower())
+KAFKA_IDEMPOTENCY_KEY, KAFKA_PAYLOAD_DIGEST, KAFKA_ATTEMPT_ID, KAFKA_FENCE = KAFKA_HEADERS
 
 # -- problems (RFC 9457) -----------------------------------------------------------------------
 
