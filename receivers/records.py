@@ -19,9 +19,13 @@ c. The minimum fence is a field of the key's record, so it lives exactly as long
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Protocol
+from functools import partial
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class StoreUnavailable(Exception):
@@ -180,6 +184,63 @@ def decide_probe(
     return ProbeResult(State.ABSENT, raised), absent
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """One claim of a batch (``RecordStore.claim_many``)."""
+
+    identity: str
+    fingerprint: str
+    fence: int | None
+
+
+#: One decision on a key's record (as read, None when absent): the answer, and the record to write.
+Decide = Callable[[Record | None], tuple[T, Record | None]]
+
+
+def decide_each(found: Mapping[str, Record], decisions: Sequence[tuple[str, Decide[T]]],
+                ) -> tuple[list[T], dict[str, Record]]:
+    """Apply ``(identity, decide)`` pairs in order over the records read (``found``, absent keys
+    missing), each seeing what an earlier one decided for its key, as one request after another
+    would; returns every answer and the records to write (each identity's last)."""
+    written: dict[str, Record] = {}
+    answers = []
+    for ident, decide in decisions:
+        answer, new = decide(written.get(ident) or found.get(ident))
+        if new is not None:
+            written[ident] = new
+        answers.append(answer)
+    return answers, written
+
+
+def claims(requests: Sequence[ClaimRequest], *, now: datetime, lease_until: datetime, expires_at: datetime,
+           ) -> list[tuple[str, Decide[ClaimResult]]]:
+    """``decide_each`` pairs for a batch of claims."""
+    def decide(request: ClaimRequest, found: Record | None) -> tuple[ClaimResult, Record | None]:
+        return decide_claim(found, request.identity, request.fingerprint, fence=request.fence, now=now,
+                            lease_until=lease_until, expires_at=expires_at)
+
+    return [(request.identity, partial(decide, request)) for request in requests]
+
+
+def completions(done: Sequence[tuple[str, int, StoredResponse]], expires_at: datetime,
+                ) -> list[tuple[str, Decide[bool]]]:
+    """``decide_each`` pairs for a batch of completions (``(identity, epoch, response)``)."""
+    def decide(epoch: int, response: StoredResponse, found: Record | None) -> tuple[bool, Record | None]:
+        new = decide_complete(found, epoch, response, expires_at)
+        return new is not None, new
+
+    return [(ident, partial(decide, epoch, response)) for ident, epoch, response in done]
+
+
+def releases(held: Sequence[tuple[str, int]]) -> list[tuple[str, Decide[bool]]]:
+    """``decide_each`` pairs for a batch of releases (``(identity, epoch)``)."""
+    def decide(epoch: int, found: Record | None) -> tuple[bool, Record | None]:
+        new = decide_release(found, epoch)
+        return new is not None, new
+
+    return [(ident, partial(decide, epoch)) for ident, epoch in held]
+
+
 class RecordStore(Protocol):
     """Where records live. Every method is atomic; ``tests/receivers`` holds the conformance suite."""
 
@@ -203,6 +264,21 @@ class RecordStore(Protocol):
 
     async def release(self, identity: str, epoch: int) -> bool:
         """Apply ``decide_release``; False if the epoch no longer holds the record."""
+        ...
+
+    async def claim_many(self, requests: Sequence[ClaimRequest], *, now: datetime, lease_until: datetime,
+                         expires_at: datetime) -> list[ClaimResult]:
+        """``claim`` each, in order, in one atomic step (one transaction: a batch of Kafka
+        records costs one durable write, not one each). Raises StoreUnavailable."""
+        ...
+
+    async def complete_many(self, done: Sequence[tuple[str, int, StoredResponse]], *,
+                            expires_at: datetime) -> list[bool]:
+        """``complete`` each ``(identity, epoch, response)`` in one atomic step."""
+        ...
+
+    async def release_many(self, held: Sequence[tuple[str, int]]) -> list[bool]:
+        """``release`` each ``(identity, epoch)`` in one atomic step."""
         ...
 
     async def probe(self, identity: str, fence: int, *, now: datetime, expires_at: datetime) -> ProbeResult:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -18,17 +19,23 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ._sql import Queries
 from ._sqlite import SQLITE, GroupCommitter, from_us, to_us
 from .records import (
+    ClaimRequest,
     ClaimResult,
+    Decide,
     ProbeResult,
     Record,
     Replay,
     State,
     StoredResponse,
     StoreUnavailable,
+    claims,
+    completions,
     decide_claim,
     decide_complete,
+    decide_each,
     decide_probe,
     decide_release,
+    releases,
 )
 
 if TYPE_CHECKING:
@@ -66,6 +73,13 @@ def _columns(r: Record) -> tuple[Any, ...]:
         response.body if response else None,
         bool(response and response.body is not None),
     )
+
+
+def _row(record: Record) -> tuple[Any, ...]:
+    """The record as SQLite's ``put`` takes it (times as integer microseconds)."""
+    columns = list(_columns(record))
+    columns[4], columns[5] = to_us(columns[4]), to_us(columns[5])
+    return (record.identity, *columns)
 
 
 class MemoryRecordStore:
@@ -112,6 +126,24 @@ class MemoryRecordStore:
             if new is not None:
                 self._records[identity] = new
             return new is not None
+
+    async def claim_many(self, requests: Sequence[ClaimRequest], *, now: datetime, lease_until: datetime,
+                         expires_at: datetime) -> list[ClaimResult]:
+        return await self._apply(claims(requests, now=now, lease_until=lease_until, expires_at=expires_at))
+
+    async def complete_many(self, done: Sequence[tuple[str, int, StoredResponse]], *,
+                            expires_at: datetime) -> list[bool]:
+        return await self._apply(completions(done, expires_at))
+
+    async def release_many(self, held: Sequence[tuple[str, int]]) -> list[bool]:
+        return await self._apply(releases(held))
+
+    async def _apply(self, decisions: Sequence[tuple[str, Decide[T]]]) -> list[T]:
+        async with self._lock:
+            self._check()
+            answers, written = decide_each(self._records, decisions)
+            self._records.update(written)
+            return answers
 
     async def probe(self, identity: str, fence: int, *, now: datetime, expires_at: datetime) -> ProbeResult:
         async with self._lock:
@@ -184,9 +216,7 @@ class SqliteRecordStore:
         )
 
     def _put(self, conn: sqlite3.Connection, record: Record) -> None:
-        columns = list(_columns(record))
-        columns[4], columns[5] = to_us(columns[4]), to_us(columns[5])
-        conn.execute(self._sql["put"], (record.identity, *columns))
+        conn.execute(self._sql["put"], _row(record))
 
     async def claim(self, identity: str, fingerprint: str, *, fence: int | None, now: datetime,
                     lease_until: datetime, expires_at: datetime) -> ClaimResult:
@@ -238,6 +268,37 @@ class SqliteRecordStore:
             return new is not None
 
         return await self._write(run)
+
+    async def claim_many(self, requests: Sequence[ClaimRequest], *, now: datetime, lease_until: datetime,
+                         expires_at: datetime) -> list[ClaimResult]:
+        answers = await self._apply(claims(requests, now=now, lease_until=lease_until, expires_at=expires_at))
+        for request, answer in zip(requests, answers, strict=True):
+            if isinstance(answer, Replay):
+                self._remember(request.identity)
+        return answers
+
+    async def complete_many(self, done: Sequence[tuple[str, int, StoredResponse]], *,
+                            expires_at: datetime) -> list[bool]:
+        answers = await self._apply(completions(done, expires_at))
+        for (identity, _, _), completed in zip(done, answers, strict=True):
+            if completed:
+                self._remember(identity)
+        return answers
+
+    async def release_many(self, held: Sequence[tuple[str, int]]) -> list[bool]:
+        return await self._apply(releases(held))
+
+    async def _apply(self, decisions: Sequence[tuple[str, Decide[T]]]) -> list[T]:
+        """Decide a batch on the records as read, and write what changed, in one transaction."""
+        def run(conn: sqlite3.Connection) -> list[T]:
+            found = {ident: record for ident in {ident for ident, _ in decisions}
+                     if (record := self._read(conn, ident)) is not None}
+            answers, written = decide_each(found, decisions)
+            conn.executemany(self._sql["put"], [_row(record) for record in written.values()])
+            return answers
+
+        result: list[T] = await self._write(run)
+        return result
 
     async def probe(self, identity: str, fence: int, *, now: datetime, expires_at: datetime) -> ProbeResult:
         def run(conn: sqlite3.Connection) -> ProbeResult:
@@ -309,30 +370,52 @@ class PostgresRecordStore:
             response=_response(row["status"], row["headers"], row["body"], row["body_stored"]),
         )
 
-    async def _locked(self, identity: str, decide: Callable[[Record | None], tuple[T, Record | None]]) -> T:
-        """Run ``decide`` on the locked record and write its answer, in one transaction."""
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[Any]:
+        """A pooled connection inside a transaction; a lost connection raises StoreUnavailable."""
         import asyncpg
 
         if self._pool is None:
             raise StoreUnavailable("the record store is not open")
         try:
             async with self._pool.acquire() as conn, conn.transaction():
-                found = self._record(await conn.fetchrow(self._sql["lock"], identity))
-                result, new = decide(found)
-                if new is None:
-                    return result
-                if found is None:
-                    if await conn.fetchval(self._sql["insert"], new.identity, *_columns(new)) is None:
-                        # another request created it meanwhile: decide again on what it wrote
-                        found = self._record(await conn.fetchrow(self._sql["lock"], identity))
-                        result, new = decide(found)
-                        if new is not None:
-                            await conn.execute(self._sql["update"], new.identity, *_columns(new))
-                    return result
-                await conn.execute(self._sql["update"], new.identity, *_columns(new))
-                return result
+                yield conn
         except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
             raise StoreUnavailable(f"the PostgreSQL record store is unavailable: {exc}") from exc
+
+    async def _locked(self, identity: str, decide: Callable[[Record | None], tuple[T, Record | None]]) -> T:
+        """Run ``decide`` on the locked record and write its answer, in one transaction."""
+        async with self._transaction() as conn:
+            found = self._record(await conn.fetchrow(self._sql["lock"], identity))
+            result, new = decide(found)
+            if new is None:
+                return result
+            if found is None:
+                if await conn.fetchval(self._sql["insert"], new.identity, *_columns(new)) is None:
+                    # another request created it meanwhile: decide again on what it wrote
+                    found = self._record(await conn.fetchrow(self._sql["lock"], identity))
+                    result, new = decide(found)
+                    if new is not None:
+                        await conn.execute(self._sql["update"], new.identity, *_columns(new))
+                return result
+            await conn.execute(self._sql["update"], new.identity, *_columns(new))
+            return result
+
+    async def _apply(self, decisions: Sequence[tuple[str, Decide[T]]], *,
+                     placeholders_until: datetime | None = None) -> list[T]:
+        """Decide a batch on its records, locked, and write what changed, in one transaction. With
+        ``placeholders_until`` (claims), identities without a record first get an absent one, so
+        that every row decided on is locked and a concurrent batch waits rather than races."""
+        identities = sorted({ident for ident, _ in decisions})
+        async with self._transaction() as conn:
+            if placeholders_until is not None:
+                await conn.execute(self._sql["placeholders"], identities, placeholders_until)
+            found = {row["identity"]: record for row in await conn.fetch(self._sql["lock_many"], identities)
+                     if (record := self._record(row)) is not None}
+            answers, written = decide_each(found, decisions)
+            if written:
+                await conn.executemany(self._sql["update"], [(r.identity, *_columns(r)) for r in written.values()])
+            return answers
 
     async def claim(self, identity: str, fingerprint: str, *, fence: int | None, now: datetime,
                     lease_until: datetime, expires_at: datetime) -> ClaimResult:
@@ -353,6 +436,18 @@ class PostgresRecordStore:
             return new is not None, new
 
         return await self._locked(identity, decide)
+
+    async def claim_many(self, requests: Sequence[ClaimRequest], *, now: datetime, lease_until: datetime,
+                         expires_at: datetime) -> list[ClaimResult]:
+        return await self._apply(claims(requests, now=now, lease_until=lease_until, expires_at=expires_at),
+                                 placeholders_until=expires_at)
+
+    async def complete_many(self, done: Sequence[tuple[str, int, StoredResponse]], *,
+                            expires_at: datetime) -> list[bool]:
+        return await self._apply(completions(done, expires_at))
+
+    async def release_many(self, held: Sequence[tuple[str, int]]) -> list[bool]:
+        return await self._apply(releases(held))
 
     async def probe(self, identity: str, fence: int, *, now: datetime, expires_at: datetime) -> ProbeResult:
         return await self._locked(identity, lambda found: decide_probe(

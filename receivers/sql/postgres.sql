@@ -43,3 +43,13 @@ WHERE identity = $1;
 -- name: purge
 -- Delete records whose retention ran out.
 DELETE FROM {table} WHERE expires_at <= $1;
+
+-- name: lock_many
+-- Several records, locked in identity order (concurrent batches never deadlock) for the rest of the transaction.
+SELECT * FROM {table} WHERE identity = ANY($1::text[]) ORDER BY identity FOR UPDATE;
+
+-- name: placeholders
+-- An absent record (read as no record at all) for each identity without one, so a batch of claims can lock every row it decides on.
+INSERT INTO {table} (identity, state, epoch, min_fence, expires_at)
+SELECT identity, 'absent', 0, 0, $2 FROM unnest($1::text[]) AS identity ORDER BY identity
+ON CONFLICT (identity) DO NOTHING;

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from receivers import MemoryRecordStore, PostgresRecordStore, SqliteRecordStore, State, StoredResponse
-from receivers.records import Busy, Claimed, Mismatch, ProbeResult, Replay, StaleFence
+from receivers.records import Busy, Claimed, ClaimRequest, Mismatch, ProbeResult, Replay, StaleFence
 
 from .conftest import T0
 
@@ -408,6 +408,76 @@ async def test_concurrent_opens_on_a_fresh_database_all_succeed(backend: Backend
             await store.close()
 
     await on_threads(8, run)
+
+
+async def test_concurrent_batches_over_the_same_identities_claim_each_exactly_once(backend: Backend) -> None:
+    """Batches naming the same keys in different orders (Kafka consumers after a rebalance)
+    neither deadlock nor claim a key twice."""
+    identities = [f"k{i}" for i in range(50)]
+
+    async def batch(store: Any, order: list[str]) -> list[Any]:
+        return await store.claim_many([ClaimRequest(i, FP_A, None) for i in order], now=T0,
+                                      lease_until=T0 + LEASE, expires_at=T0 + RETENTION)
+
+    if backend.kind == "memory":
+        shared = await backend.open()
+        results = await asyncio.gather(*(batch(shared, identities[::step]) for step in (1, -1, 1, -1)))
+    else:
+        await backend.open()
+
+        async def run(barrier: threading.Barrier) -> Any:
+            store = backend.new()
+            await store.open()
+            try:
+                order = list(identities)
+                if threading.get_ident() % 2:
+                    order.reverse()
+                barrier.wait(timeout=20)
+                return await batch(store, order)
+            finally:
+                await store.close()
+
+        results = await on_threads(4, run)
+    claimed = [r for answers in results for r in answers if isinstance(r, Claimed)]
+    assert claimed == [Claimed(1)] * len(identities)
+    assert all(isinstance(r, Claimed | Busy) for answers in results for r in answers)
+
+
+# -- batches -------------------------------------------------------------------------------
+
+
+async def test_a_batch_of_claims_answers_as_the_same_claims_one_after_another(store: Any) -> None:
+    await claim(store, "done")
+    await store.complete("done", 1, OK, expires_at=T0 + RETENTION)
+    await claim(store, "fenced", fence=5)
+    await store.release("fenced", 1)
+    at = T0 + timedelta(seconds=1)
+    answers = await store.claim_many(
+        [ClaimRequest("new", FP_A, 3), ClaimRequest("done", FP_A, None), ClaimRequest("done", FP_B, None),
+         ClaimRequest("fenced", FP_A, 4), ClaimRequest("new", FP_A, 3), ClaimRequest("fenced", FP_A, 5)],
+        now=at, lease_until=at + LEASE, expires_at=at + RETENTION)
+    # a key repeated in the batch sees what the claim before it wrote
+    assert answers == [Claimed(1), Replay(OK), Mismatch(), StaleFence(5), Busy(60.0), Claimed(2)]
+    new = await store.get("new")
+    assert (new.state, new.epoch, new.min_fence, new.fingerprint) == (State.IN_PROGRESS, 1, 3, FP_A)
+    assert (new.lease_expires_at, new.expires_at) == (at + LEASE, at + RETENTION)
+    assert (await store.get("done")).state is State.COMPLETED
+    assert await store.claim_many([], now=at, lease_until=at + LEASE, expires_at=at + RETENTION) == []
+
+
+async def test_batches_of_completions_and_releases_refuse_stale_epochs(store: Any) -> None:
+    requests = [ClaimRequest(f"k{i}", FP_A, None) for i in range(4)]
+    assert await store.claim_many(requests, now=T0, lease_until=T0 + LEASE, expires_at=T0 + RETENTION) == [
+        Claimed(1)] * 4
+    later = T0 + timedelta(seconds=2)
+    assert await store.complete_many([("k0", 1, OK), ("k1", 2, OK), ("absent", 1, OK)],
+                                     expires_at=later + RETENTION) == [True, False, False]
+    assert await store.release_many([("k2", 1), ("k3", 7), ("k0", 1)]) == [True, False, False]
+    assert await store.complete_many([], expires_at=later) == [] and await store.release_many([]) == []
+    at = T0 + timedelta(seconds=3)
+    answers = await store.claim_many(requests, now=at, lease_until=at + LEASE, expires_at=at + RETENTION)
+    assert answers == [Replay(OK), Busy(57.0), Claimed(2), Busy(57.0)]
+    assert (await store.get("k0")).expires_at == later + RETENTION
 
 
 # -- what is stored ------------------------------------------------------------------------
