@@ -12,12 +12,20 @@ import base64
 import inspect
 import json
 import logging
-import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from .keys import MAX_JSON_DEPTH, InvalidJsonBody, MalformedKey, fingerprint, identity, parse_key
+from .keys import (
+    MAX_JSON_DEPTH,
+    InvalidJsonBody,
+    MalformedFence,
+    MalformedKey,
+    fingerprint,
+    identity,
+    parse_fence,
+    parse_key,
+)
 from .records import Busy, Claimed, Mismatch, ProbeResult, RecordStore, Replay, StaleFence, StoredResponse
 from .wire import (
     BODY_OMITTED,
@@ -34,8 +42,6 @@ from .wire import (
 
 log = logging.getLogger("receivers.idempotency")
 
-#: A fence is an integer from 0 to 10**18-1: it fits every store's 64-bit column.
-_FENCE = re.compile(r"[0-9]{1,18}")
 #: Never stored or replayed: credentials, cookies and hop-by-hop headers (and what the server sets).
 UNSTORED = frozenset({
     "set-cookie", "authorization", "proxy-authorization", "proxy-authenticate", "connection",
@@ -158,7 +164,7 @@ class Idempotency:
         async with self._opening:
             if self._purger is None:
                 await self.store.open()
-                self._purger = asyncio.create_task(self._purge_forever())
+                self._purger = asyncio.create_task(purge_forever(self.store, self.purge_seconds, self.clock))
 
     async def aclose(self) -> None:
         """Stop purging and close the store."""
@@ -166,17 +172,6 @@ class Idempotency:
             self._purger.cancel()
             self._purger = None
         await self.store.close()
-
-    async def _purge_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.purge_seconds)
-            try:
-                purged = await self.store.purge(self.clock())
-            except Exception:
-                log.exception("purging expired idempotency records failed; retrying later")
-            else:
-                if purged:
-                    log.info("purged %d expired idempotency records", purged)
 
     def applies(self, request: Request) -> bool:
         """Whether the contract covers this request (a probe always is)."""
@@ -352,15 +347,25 @@ class Idempotency:
                           "expires", run.context.key)
 
 
+async def purge_forever(store: RecordStore, every_seconds: float, clock: Callable[[], datetime]) -> None:
+    """Delete expired records every ``every_seconds``, for as long as it runs (a background task)."""
+    while True:
+        await asyncio.sleep(every_seconds)
+        try:
+            purged = await store.purge(clock())
+        except Exception:
+            log.exception("purging expired idempotency records failed; retrying later")
+        else:
+            if purged:
+                log.info("purged %d expired idempotency records", purged)
+
+
 def _fence(request: Request) -> int | Answer | None:
     """The request's Outbox-Fence (None when absent), or the 400 for a malformed one."""
-    values = request.values(FENCE)
-    if not values:
-        return None
-    if len(values) > 1 or not _FENCE.fullmatch(values[0].strip()):
-        return problem(400, Problem.MALFORMED_FENCE, "Malformed Outbox-Fence",
-                       "Outbox-Fence must be one integer from 0 to 10**18-1")
-    return int(values[0].strip())
+    try:
+        return parse_fence(request.values(FENCE))
+    except MalformedFence as exc:
+        return problem(400, Problem.MALFORMED_FENCE, "Malformed Outbox-Fence", str(exc))
 
 
 def _unbound_probe(request: Request, body: bytes, key: str, fence: int) -> str | None:

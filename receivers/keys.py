@@ -20,8 +20,16 @@ MAX_KEY_LENGTH = 255
 MAX_JSON_DEPTH = 64
 
 
+#: A fence is an integer from 0 to 10**18-1: it fits every store's 64-bit column.
+_FENCE = re.compile(r"[0-9]{1,18}")
+
+
 class MalformedKey(ValueError):
     """The Idempotency-Key header is malformed or repeated."""
+
+
+class MalformedFence(ValueError):
+    """The Outbox-Fence header is malformed or repeated."""
 
 
 class InvalidJsonBody(ValueError):
@@ -41,6 +49,15 @@ def parse_key(values: Sequence[str]) -> str | None:
     if not 1 <= len(key) <= MAX_KEY_LENGTH or not all(0x21 <= ord(c) <= 0x7E for c in key):
         raise MalformedKey(f"Idempotency-Key must be 1-{MAX_KEY_LENGTH} visible ASCII characters")
     return key
+
+
+def parse_fence(values: Sequence[str]) -> int | None:
+    """The fence from the Outbox-Fence header values (None when absent). Raises MalformedFence."""
+    if not values:
+        return None
+    if len(values) > 1 or not _FENCE.fullmatch(values[0].strip()):
+        raise MalformedFence("Outbox-Fence must be one integer from 0 to 10**18-1")
+    return int(values[0].strip())
 
 
 def _unquote(inner: str) -> str:
