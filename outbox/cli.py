@@ -314,6 +314,8 @@ def _payload(text: str) -> Any:
 @click.option("--not-before", type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z"]), help="Do not send earlier (with timezone).")
 @click.option("--expires-at", type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z"]), help="Dead-letter if not sent by then.")
 @click.option("--max-attempts", type=int, help="Attempts before a dead letter.")
+@click.option("--ordering-key", help="Deliver in enqueue order with the intents of this key (destinations with "
+                                     "ordering=key).")
 @_run
 async def enqueue(
     ctx: Context,
@@ -325,6 +327,7 @@ async def enqueue(
     not_before: datetime | None,
     expires_at: datetime | None,
     max_attempts: int | None,
+    ordering_key: str | None,
 ) -> None:
     """Record an intent (idempotent on --action-id)."""
     result = await box.enqueue(
@@ -335,6 +338,7 @@ async def enqueue(
         not_before=not_before,
         expires_at=expires_at,
         max_attempts=max_attempts,
+        ordering_key=ordering_key,
         actor="cli",
     )
     ctx.emit(
@@ -630,12 +634,17 @@ def _settings_line(settings: Mapping[str, Any]) -> str:
     return " ".join(f"{name}={value}" for name, value in settings.items() if value not in (None, {}, [], ""))
 
 
+#: Shared settings without an option of their own: given as --set NAME=VALUE, as a channel's are.
+SET_ONLY = frozenset({"ordering", "ordering_on_dead"})
+
+
 @destinations.command("put")
 @click.argument("destination_id")
 @click.option("--channel", default=channels.DEFAULT, show_default=True, help="The channel that delivers to it.")
 @click.option("--url", help="A webhook's URL (the same as --set url=URL).")
 @click.option("--set", "settings", multiple=True, metavar="NAME=VALUE",
-              help="One of the channel's own settings; a JSON value (587, true) or else text. Repeat for several.")
+              help="One of the channel's own settings, or ordering=key|none and ordering_on_dead=block|skip; "
+                   "a JSON value (587, true) or else text. Repeat for several.")
 @click.option("--secret", help="The channel's secret, e.g. a webhook's whsec_ signing secret [default: keep the "
                                "current one, or generate and print one if the channel makes its own].")
 @click.option("--idempotent/--not-idempotent", default=False, show_default=True,
@@ -664,7 +673,7 @@ async def destinations_put(
     generated = None
     if secret is None and kind.new_secret is not None and await box.store.get_destination(destination_id) is None:
         secret = generated = kind.new_secret()
-    if shared := sorted(own.keys() & {*DestinationSpec.model_fields, "channel", "secret"}):
+    if shared := sorted(own.keys() & {*DestinationSpec.model_fields, "channel", "secret"} - SET_ONLY):
         raise InvalidInput(f"--set {shared[0]}=... names a shared option; use --{shared[0].replace('_', '-')}")
     chosen = {name: value for name, value in spec.items() if value is not None}  # unset: the channel's default
     parsed = _validated(kind.spec, **own, **chosen, channel=channel, secret=secret)

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from .clock import iso
-from .model import OnUnknown
+from .model import OnDead, OnUnknown, Ordering
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +38,8 @@ class Destination:
     created_at: datetime
     updated_at: datetime
     reconcile: bool = False
+    ordering: Ordering = Ordering.NONE
+    ordering_on_dead: OnDead = OnDead.BLOCK
 
     def public(self) -> dict[str, Any]:
         """The destination as the API shows it: everything but the secrets, the channel's
@@ -55,6 +57,8 @@ class Destination:
             "allow_private_network": self.allow_private_network,
             "disabled": self.disabled,
             "reconcile": self.reconcile,
+            "ordering": self.ordering.value,
+            "ordering_on_dead": self.ordering_on_dead.value,
             "created_at": iso(self.created_at),
             "updated_at": iso(self.updated_at),
         }
@@ -96,6 +100,15 @@ class DestinationSpec(BaseModel):
     reconcile: StrictBool = Field(
         default=False,
         description="the receiver answers the reconcile probe (the receivers' idempotency middleware)",
+    )
+    ordering: Ordering = Field(
+        default=Ordering.NONE,
+        description="key: intents with the same ordering_key are delivered one at a time, in enqueue order",
+    )
+    ordering_on_dead: OnDead = Field(
+        default=OnDead.BLOCK,
+        description="under ordering, a dead or revoked intent blocks its key until an operator replays or "
+                    "cancels it (block), or the key goes on without it (skip)",
     )
 
     def settings(self) -> dict[str, Any]:

@@ -18,6 +18,9 @@ from .errors import InvalidInput
 ACTION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:~-]{0,199}")
 SCOPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:~/@-]{0,199}")
 DESTINATION_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+#: An intent's ordering key: 1-255 visible ASCII characters, as an Idempotency-Key is (it may
+#: become a Kafka record's key, and is shown in logs and pages).
+ORDERING_KEY = re.compile(r"[!-~]{1,255}")
 #: A token's label: any printable text (it is shown in `outbox tokens list`).
 TOKEN_LABEL = re.compile(r"[^\x00-\x1f\x7f]{1,200}")
 

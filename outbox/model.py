@@ -141,6 +141,20 @@ class OnUnknown(str, enum.Enum):
     ALWAYS = "always"  # retry regardless; the operator accepted possible duplicates
 
 
+class Ordering(str, enum.Enum):
+    """Whether a destination delivers the intents of one ``ordering_key`` in enqueue order."""
+
+    NONE = "none"  # keys are carried (a Kafka record's key) but intents are claimed in any order
+    KEY = "key"  # an intent waits while an earlier one of its key is still open
+
+
+class OnDead(str, enum.Enum):
+    """What a dead (or revoked) intent means to the later intents of its key, under ordering."""
+
+    BLOCK = "block"  # they wait until an operator replays or cancels it
+    SKIP = "skip"  # they go on without it
+
+
 class Role(str, enum.Enum):
     """What an API token may do."""
 
@@ -175,6 +189,9 @@ class Intent:
     approved_digest: str | None = None  # the payload digest an operator approved
     approval_expires_at: datetime | None = None
     approved_by: str | None = None
+    #: Intents of one destination with the same key are delivered in enqueue order when the
+    #: destination asks for it (``Ordering.KEY``); a Kafka record's key.
+    ordering_key: str | None = None
 
     @property
     def payload(self) -> Any:
@@ -201,6 +218,7 @@ class NewIntent:
     not_before: datetime | None
     expires_at: datetime | None
     created_at: datetime
+    ordering_key: str | None = None
 
     @property
     def key(self) -> str:

@@ -24,8 +24,8 @@ from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException
 
 from . import channels
-from .ids import ACTION_ID, DESTINATION_ID, SCOPE
-from .model import OnUnknown, Outcome, Status, Submission
+from .ids import ACTION_ID, DESTINATION_ID, ORDERING_KEY, SCOPE
+from .model import OnDead, OnUnknown, Ordering, Outcome, Status, Submission
 from .problems import MEDIA_TYPE as PROBLEM_MEDIA_TYPE
 from .problems import TYPE_PREFIX
 
@@ -43,6 +43,7 @@ class Intent(BaseModel):
     idempotency_key: str = Field(description="what receivers deduplicate on: scope/action_id")
     destination: str
     channel: str
+    ordering_key: str | None = Field(description="what the intent is ordered by at its destination, if anything")
     status: Status
     payload: JsonValue = Field(description="the JSON the destination receives")
     payload_digest: str = Field(description="sha256: over the RFC 8785 canonical payload")
@@ -127,6 +128,8 @@ class Destination(BaseModel):
     allow_private_network: bool
     disabled: bool
     reconcile: bool
+    ordering: Ordering
+    ordering_on_dead: OnDead
     created_at: AwareDatetime
     updated_at: AwareDatetime
 
@@ -321,7 +324,8 @@ PARAMETER_PATTERNS: dict[str, str] = {
 }
 #: Request body fields the API checks against a pattern, by schema and field.
 FIELD_PATTERNS: dict[str, dict[str, str]] = {
-    "IntentIn": {"action_id": ecma(ACTION_ID), "scope": ecma(SCOPE), "destination": ecma(DESTINATION_ID)},
+    "IntentIn": {"action_id": ecma(ACTION_ID), "scope": ecma(SCOPE), "destination": ecma(DESTINATION_ID),
+                 "ordering_key": ecma(ORDERING_KEY)},
     "GrantSpec": {"scope": ecma(SCOPE), "destination": ecma("*", DESTINATION_ID)},
     "ReplayFilter": {"scope": ecma(SCOPE), "destination": ecma(DESTINATION_ID)},
 }

@@ -23,7 +23,17 @@ from .destinations import Destination, DestinationSpec
 from .digest import canonical_json, digest_of
 from .errors import AmbiguousActionId, InvalidInput, NotFound, PayloadTooLarge, UnknownDestination
 from .grants import Grant, GrantSpec
-from .ids import ACTION_ID, DESTINATION_ID, MAX_KEY_LENGTH, SCOPE, TOKEN_LABEL, check, intent_key, uuid7
+from .ids import (
+    ACTION_ID,
+    DESTINATION_ID,
+    MAX_KEY_LENGTH,
+    ORDERING_KEY,
+    SCOPE,
+    TOKEN_LABEL,
+    check,
+    intent_key,
+    uuid7,
+)
 from .metrics import Metrics
 from .model import SETTLED, Enqueued, Event, EventKind, Intent, NewIntent, Role
 from .settings import Settings
@@ -115,11 +125,14 @@ class Outbox:
         not_before: datetime | None = None,
         expires_at: datetime | None = None,
         max_attempts: int | None = None,
+        ordering_key: str | None = None,
         actor: str = "library",
     ) -> tuple[NewIntent, Event]:
         """Validate and digest an intent without writing it. Raises InvalidInput."""
         check(DESTINATION_ID, destination, "destination")
         check(SCOPE, scope, "scope")
+        if ordering_key is not None:
+            check(ORDERING_KEY, ordering_key, "ordering_key")
         action_id = check(ACTION_ID, action_id, "action_id") if action_id is not None else uuid7()
         if len(intent_key(scope, action_id)) > MAX_KEY_LENGTH:
             raise InvalidInput(
@@ -150,13 +163,14 @@ class Outbox:
             not_before=not_before,
             expires_at=expires_at,
             created_at=now,
+            ordering_key=ordering_key,
         )
         return new, Event(kind=EventKind.ENQUEUED, at=now, actor=actor)
 
     async def enqueue(self, **intent: Any) -> Enqueued:
         """Record an intent durably; returns once it survives power loss.
 
-        Same scope, action_id, destination and payload again returns the existing intent
+        Same scope, action_id, destination, payload and ordering_key again returns the existing intent
         (``created=False``); anything else under that scope and action_id raises IntentConflict.
         Another scope's action ids never meet this one's. Keywords are those of ``prepare``.
         """
@@ -309,6 +323,8 @@ class Outbox:
             created_at=existing.created_at if existing else now,
             updated_at=now,
             reconcile=spec.reconcile,
+            ordering=spec.ordering,
+            ordering_on_dead=spec.ordering_on_dead,
         )
         created = await self.store.put_destination(destination)
         return destination, created
@@ -444,6 +460,7 @@ def intent_json(intent: Intent) -> dict[str, Any]:
         "idempotency_key": intent.key,
         "destination": intent.destination,
         "channel": intent.channel,
+        "ordering_key": intent.ordering_key,
         "status": intent.status.value,
         "payload": intent.payload,
         "payload_digest": intent.payload_digest,

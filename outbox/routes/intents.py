@@ -42,6 +42,9 @@ class IntentIn(BaseModel):
     not_before: AwareDatetime | None = None
     expires_at: AwareDatetime | None = None
     max_attempts: int | None = Field(default=None, ge=1, le=1000)
+    ordering_key: str | None = Field(
+        default=None, description="intents of a destination with ordering 'key' and the same ordering_key are "
+                                  "delivered one at a time, in enqueue order (a Kafka record's key)")
 
 
 def location(intent: Intent) -> str:

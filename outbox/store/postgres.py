@@ -133,13 +133,22 @@ def _attempt_values(a: Attempt | None) -> tuple[Any, ...]:
     )
 
 
+async def _lock_ordering_keys(conn: asyncpg.Connection, intents: Sequence[NewIntent]) -> None:
+    """Make the enqueues of the same destination and ordering key take turns until ``conn``'s
+    transaction ends (see ``lock_ordering_keys``)."""
+    keyed = [(new.destination, new.ordering_key) for new in intents if new.ordering_key is not None]
+    if keyed:
+        await conn.fetchval(SQL["lock_ordering_keys"], [d for d, _ in keyed], [k for _, k in keyed])
+
+
 async def _insert_intent(
     conn: asyncpg.Connection, new: NewIntent, event: Event, seen: dict[str, Any] | None = None
 ) -> Enqueued:
     """The enqueue on ``conn``, inside a transaction: destination check, then insert or compare
     (the rules are ``rules.decide_initial_status`` and ``rules.decide_existing``). A refusal is
     raised before anything is written and without an SQL error, so it leaves the transaction
-    usable. ``seen`` remembers destinations across the intents of one batch."""
+    usable. ``seen`` remembers destinations across the intents of one batch, whose ordering keys
+    were locked all at once before (alone, the intent's key is locked here)."""
     found = seen.get(new.destination) if seen is not None else None
     if found is None:
         found = await conn.fetchrow(SQL["destination_for_enqueue"], new.destination)
@@ -147,13 +156,15 @@ async def _insert_intent(
             seen[new.destination] = found
     status = decide_initial_status(new, None if found is None else found["requires_approval"])
     check_payload(new, found["channel"])
+    if seen is None:
+        await _lock_ordering_keys(conn, [new])
     while True:
         seq = await conn.fetchval(
             SQL["insert_intent"],
             new.key, new.action_id, new.scope, new.destination, found["channel"], new.payload_json,
             new.payload_digest, status.value, new.max_attempts, new.next_attempt_at, new.not_before,
             new.expires_at, new.created_at,
-            event.kind.value, event.at, event.actor, event.reason, _data(event),
+            event.kind.value, event.at, event.actor, event.reason, _data(event), new.ordering_key,
         )
         if seq is not None:
             return Enqueued(inserted_intent(seq, new, found["channel"], status), created=True)
@@ -407,6 +418,7 @@ class PostgresStore:
 
     async def insert_intents(self, items: Sequence[tuple[NewIntent, Event]]) -> list[Enqueued]:
         async with self._transaction() as conn:
+            await _lock_ordering_keys(conn, [new for new, _ in items])
             seen: dict[str, Any] = {}
             return [await _insert_intent(conn, new, event, seen) for new, event in items]
 
@@ -567,6 +579,7 @@ class PostgresStore:
             d.id, d.channel, json.dumps(dict(d.settings)), json.dumps(list(d.secrets)), d.idempotent,
             d.retention_seconds, d.on_unknown.value, d.timeout_seconds, d.requires_approval,
             d.allow_private_network, d.disabled, d.created_at, d.updated_at, d.reconcile,
+            d.ordering.value, d.ordering_on_dead.value,
         )
         return created
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from ..destinations import Destination
 from ..grants import Grant
-from ..model import Attempt, Event, Intent, OnUnknown, Outcome, Role, Status, Submission
+from ..model import Attempt, Event, Intent, OnDead, OnUnknown, Ordering, Outcome, Role, Status, Submission
 from ..tokens import TokenInfo
 
 #: A stored time as a datetime, None staying None (``Any``: each dialect's driver has its own type).
@@ -52,6 +52,7 @@ def intent(row: Row, time: Time) -> Intent:
         approved_digest=row["approved_digest"],
         approval_expires_at=time(row["approval_expires_at"]),
         approved_by=row["approved_by"],
+        ordering_key=row["ordering_key"],
     )
 
 
@@ -103,6 +104,8 @@ def destination(row: Row, time: Time) -> Destination:
         created_at=time(row["created_at"]),
         updated_at=time(row["updated_at"]),
         reconcile=bool(row["reconcile"]),
+        ordering=Ordering(row["ordering"]),
+        ordering_on_dead=OnDead(row["ordering_on_dead"]),
     )
 
 

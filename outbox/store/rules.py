@@ -50,14 +50,15 @@ def inserted_intent(seq: int, new: NewIntent, channel: str, status: Status) -> I
         status=status, attempts=0, max_attempts=new.max_attempts,
         next_attempt_at=new.next_attempt_at, not_before=new.not_before, expires_at=new.expires_at,
         lease_owner=None, lease_expires_at=None, fence=0, created_at=new.created_at,
-        updated_at=new.created_at, last_error=None,
+        updated_at=new.created_at, last_error=None, ordering_key=new.ordering_key,
     )
 
 
 def decide_existing(existing: Intent, new: NewIntent) -> Enqueued:
-    """An enqueue that found its key (scope/action_id) taken: the same destination and payload
-    digest is the same operation, answered with the existing intent (not created); anything else
-    raises IntentConflict naming what differs."""
+    """An enqueue that found its key (scope/action_id) taken: the same destination, payload
+    digest and ordering key is the same operation, answered with the existing intent (not
+    created); anything else raises IntentConflict naming what differs (the ordering key decides
+    what the intent waits for, so it is part of the operation, as the payload is)."""
     # The same scope by construction (the key holds it), so naming what differs tells the caller
     # nothing about any other tenant.
     differences = [
@@ -65,6 +66,7 @@ def decide_existing(existing: Intent, new: NewIntent) -> Enqueued:
         for name, theirs, ours in (
             ("destination", existing.destination, new.destination),
             ("payload_digest", existing.payload_digest, new.payload_digest),
+            ("ordering_key", existing.ordering_key, new.ordering_key),
         )
         if theirs != ours
     ]

@@ -113,6 +113,7 @@ def _insert_intent(
             to_us(new.expires_at),
             created,
             created,
+            new.ordering_key,
         ),
     ).fetchone()
     if row is not None:
@@ -581,6 +582,8 @@ class SqliteStore:
                     to_us(d.created_at),
                     to_us(d.updated_at),
                     int(d.reconcile),
+                    d.ordering.value,
+                    d.ordering_on_dead.value,
                 ),
             ).fetchall()
             return not existed

@@ -9,6 +9,7 @@ import sqlite3
 import pytest
 
 from outbox import IntentQuery, Outbox, SchemaTooNew, Settings, Status, StoreUnavailable
+from outbox.digest import digest_of
 from outbox.store import migrator, store_for_url
 from outbox.store import sqlite as dialect
 from receivers import verify_signature
@@ -33,7 +34,8 @@ async def test_migrations_are_recorded_and_reapplied_never(db_path, db_url):
     with sqlite3.connect(db_path) as conn:
         assert conn.execute("SELECT version, name FROM schema_migrations").fetchall() == [
             (1, "0001_initial"), (2, "0002_sender"), (3, "0003_reconcile"), (4, "0004_operators"),
-            (5, "0005_scoped_action_ids"), (6, "0006_channel_settings"), (7, "0007_attempt_stage")]
+            (5, "0005_scoped_action_ids"), (6, "0006_channel_settings"), (7, "0007_attempt_stage"),
+            (8, "0008_ordering")]
     async with await Outbox.open(db_url) as box:
         assert await box.store.migrate() == []
 
@@ -152,8 +154,13 @@ async def test_a_database_of_the_previous_migrations_migrates_with_nothing_lost_
                     (f"{receiver.url}/hook", json.dumps([SECRET_NEW, SECRET]), at, at))
                 conn.execute("INSERT INTO grants (id, scope, destination, revision, created_at, updated_at)"
                              " VALUES ('g1', 'acme', 'hook', 1, ?, ?)", (at, at))
+                # written as that release wrote it (today's enqueue writes columns added since)
+                conn.execute(
+                    "INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest,"
+                    " status, max_attempts, next_attempt_at, created_at, updated_at) VALUES ('acme/old-1', 'old-1',"
+                    " 'acme', 'hook', 'webhook', ?, ?, 'pending', 5, ?, ?, ?)",
+                    ('{"n":1}', digest_of(b'{"n":1}'), at, at, at))
             conn.close()
-            await box.enqueue(destination="hook", scope="acme", action_id="old-1", payload={"n": 1})
     with sqlite3.connect(db) as conn:
         assert "url" in {row[1] for row in conn.execute("PRAGMA table_info(destinations)")}
     conn.close()

@@ -36,12 +36,21 @@ SELECT clock_timestamp();
 -- What an enqueue needs to know about its destination, read inside the enqueue's transaction.
 SELECT channel, requires_approval FROM destinations WHERE id = $1;
 
+-- name: lock_ordering_keys
+-- Enqueues of one destination and ordering key (arrays $1, $2) take turns until their transactions end, so a key's
+-- seq order is its commit order and a claim never sees a later intent of a key while an earlier one is yet to commit.
+-- A destination's keys share 256 locks (a batch of any size holds few), taken in one order (batches never deadlock).
+SELECT count(pg_advisory_xact_lock(held.destination, held.bucket)) FROM (
+    SELECT DISTINCT hashtext(d) AS destination, hashtext(k) & 255 AS bucket
+    FROM unnest($1::text[], $2::text[]) AS u (d, k) ORDER BY 1, 2
+) AS held;
+
 -- name: insert_intent
 -- Create an intent with its first event unless its key (scope/action_id) exists; returns the new seq, or nothing.
 WITH created AS (
     INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
-                         max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13)
+                         max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at, ordering_key)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $19)
     ON CONFLICT (intent_key) DO NOTHING
     RETURNING seq, status
 ), logged AS (
@@ -213,15 +222,16 @@ SELECT * FROM intents WHERE {where} ORDER BY seq DESC LIMIT $1;
 WITH existing AS (SELECT id FROM destinations WHERE id = $1)
 INSERT INTO destinations (id, channel, settings, secrets, idempotent, retention_seconds, on_unknown,
                           timeout_seconds, requires_approval, allow_private_network, disabled,
-                          created_at, updated_at, reconcile)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+                          created_at, updated_at, reconcile, ordering, ordering_on_dead)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
 ON CONFLICT (id) DO UPDATE SET
     channel = excluded.channel, settings = excluded.settings, secrets = excluded.secrets,
     idempotent = excluded.idempotent, retention_seconds = excluded.retention_seconds,
     on_unknown = excluded.on_unknown, timeout_seconds = excluded.timeout_seconds,
     requires_approval = excluded.requires_approval,
     allow_private_network = excluded.allow_private_network, disabled = excluded.disabled,
-    updated_at = excluded.updated_at, reconcile = excluded.reconcile
+    updated_at = excluded.updated_at, reconcile = excluded.reconcile, ordering = excluded.ordering,
+    ordering_on_dead = excluded.ordering_on_dead
 RETURNING NOT EXISTS (SELECT 1 FROM existing) AS created;
 
 -- name: destination_by_id

@@ -28,8 +28,8 @@ SELECT channel, requires_approval FROM destinations WHERE id = ?;
 -- name: insert_intent
 -- Create an intent unless its key (scope/action_id) exists; returns the new seq, or nothing.
 INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
-                     max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                     max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at, ordering_key)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (intent_key) DO NOTHING
 RETURNING seq;
 
@@ -81,7 +81,7 @@ SELECT json_group_array(json_object(
     'not_before', not_before, 'expires_at', expires_at, 'lease_owner', lease_owner,
     'lease_expires_at', lease_expires_at, 'fence', fence, 'created_at', created_at,
     'updated_at', updated_at, 'last_error', last_error, 'approved_digest', approved_digest,
-    'approval_expires_at', approval_expires_at, 'approved_by', approved_by))
+    'approval_expires_at', approval_expires_at, 'approved_by', approved_by, 'ordering_key', ordering_key))
 FROM intents WHERE seq IN (SELECT value FROM json_each(?));
 
 -- name: renew_lease
@@ -208,15 +208,16 @@ SELECT * FROM intents WHERE seq = ?;
 -- Register or replace a destination.
 INSERT INTO destinations (id, channel, settings, secrets, idempotent, retention_seconds, on_unknown,
                           timeout_seconds, requires_approval, allow_private_network, disabled,
-                          created_at, updated_at, reconcile)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                          created_at, updated_at, reconcile, ordering, ordering_on_dead)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (id) DO UPDATE SET
     channel = excluded.channel, settings = excluded.settings, secrets = excluded.secrets,
     idempotent = excluded.idempotent, retention_seconds = excluded.retention_seconds,
     on_unknown = excluded.on_unknown, timeout_seconds = excluded.timeout_seconds,
     requires_approval = excluded.requires_approval,
     allow_private_network = excluded.allow_private_network, disabled = excluded.disabled,
-    updated_at = excluded.updated_at, reconcile = excluded.reconcile
+    updated_at = excluded.updated_at, reconcile = excluded.reconcile, ordering = excluded.ordering,
+    ordering_on_dead = excluded.ordering_on_dead
 RETURNING *;
 
 -- name: destination_by_id
