@@ -12,7 +12,7 @@ the tests run on, so the tests start one of these, on loopback, and stop it afte
 
     broker = Broker("noida", tmp_path).start()
     await broker.create_topic("orders", partitions=3)
-    broker.stop()            # SIGKILL: the broker dies as a crashed one would
+    broker.stop()            # SIGKILL: the broker dies as a crashed one would (graceful=True: Ctrl-C)
     broker.start()           # the same port and data directory
 
 A broker that does not start FAILS the test under ``CI=true`` and skips it elsewhere.
@@ -100,15 +100,19 @@ class Broker:
                      f"{self.log_path.read_text(errors='replace')[-2000:]}")
         return self
 
-    def stop(self) -> None:
-        """Kill the broker (SIGKILL, as a crash would) and wait for it to be gone."""
+    def stop(self, *, graceful: bool = False) -> None:
+        """Kill the broker (SIGKILL, as a crash would: what it had not written out is lost) or,
+        ``graceful``, stop it as Ctrl-C does; wait for it to be gone."""
         if self.process is None:
             return
         try:
-            os.killpg(self.process.pid, signal.SIGKILL)
+            os.killpg(self.process.pid, signal.SIGINT if graceful else signal.SIGKILL)
+            self.process.wait(10)
         except ProcessLookupError:
             pass
-        self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
         self.process = None
 
     @property

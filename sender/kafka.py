@@ -1,0 +1,339 @@
+"""The Kafka channel: one record per intent, produced with ``acks=all`` by the idempotent producer.
+
+What decides an outcome is whether a produce request carrying the record may have left. Until
+then nothing can have been appended, and the attempt is ``not_submitted``: the producer could not
+start (no broker answered), the topic's metadata never came (an unknown topic, a refusal), the
+partition's leader does not take connections, or the record is larger than a request may be.
+Once the record is handed to the producer, only the broker's answer says what happened: an
+offset (delivered), or an error saying the record was not appended (retryable, or rejected for a
+record too large or a topic that cannot exist). A timeout or a lost connection after that is
+``maybe_submitted``: the broker may have appended it. The idempotent producer removes the
+duplicates its own retries would make; a retry of an unknown outcome by the outbox is a new
+record, which the receivers' idempotent consumer recognises by its ``idempotency-key``.
+
+One producer per destination (as its settings read now), shared by every send to it, so
+concurrent sends are batched per partition.
+
+The SSRF guard: a destination without ``allow_private_network`` is produced to only while every
+address its bootstrap servers and the brokers its metadata names resolve to is public. aiokafka
+opens its connections itself and does its own name lookups, so this is a check of what those
+names resolve to (refreshed when the brokers change, and at least every ``RECHECK_SECONDS``),
+not of each connected socket as for webhooks and email: an answer that changes between the
+check and aiokafka's own lookup is not seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import ssl
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import (
+    BrokerResponseError,
+    KafkaError,
+    MessageSizeTooLargeError,
+    NotEnoughReplicasAfterAppendError,
+    RequestTimedOutError,
+)
+from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.structs import TopicPartition
+from pydantic import ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
+
+from outbox import Destination, DestinationSpec, Intent, OnUnknown, Outcome, Submission, hosts
+from receivers import wire
+
+from .channel import ChannelModule, ProbeAnswer, SendResult
+
+#: A topic name as Kafka allows it (``.`` and ``..`` are refused by the broker too).
+TOPIC = re.compile(r"(?!\.{1,2}$)[A-Za-z0-9._-]{1,249}")
+#: How long a check of the brokers' addresses holds (the SSRF guard, above).
+RECHECK_SECONDS = 60.0
+#: Broker errors that say the record was refused for good: it is too large, or the topic cannot be.
+PERMANENT = frozenset(
+    {"MessageSizeTooLargeError", "RecordListTooLargeError", "InvalidTopicError", "CorruptRecordException",
+     "InvalidRecordError", "InvalidRequiredAcksError"})
+
+
+class PrivateBroker(Exception):
+    """A broker address the destination may not be produced to."""
+
+
+class KafkaSpec(DestinationSpec):
+    """A Kafka destination: the cluster, the topic its records go to, and how they are produced."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    channel: Literal["kafka"]
+    bootstrap_servers: list[str] = Field(
+        min_length=1, max_length=16, description="host:port of brokers to learn the cluster from")
+    topic: str = Field(description="the topic every record of this destination is produced to")
+    tls: StrictBool = Field(default=False, description="connect with TLS, verifying the brokers' certificates")
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
+        default=None, description="authenticate with SASL; the secret is the password")
+    sasl_username: str | None = Field(default=None, min_length=1, max_length=256)
+    allow_insecure: StrictBool = Field(
+        default=False, description="allow SASL without TLS (the password crosses the network in the clear)")
+    enable_idempotence: StrictBool = Field(
+        default=True, description="the idempotent producer: its own retries never append a record twice")
+    acks: Literal["all", "leader"] = Field(
+        default="all", description="all: every in-sync replica has the record before it counts as delivered")
+    compression: Literal["none", "gzip"] = "none"
+    linger_ms: int = Field(default=0, ge=0, le=1000, description="how long a batch may wait for more records")
+    max_request_size: int = Field(default=1_048_576, ge=1024, le=64 * 1_048_576,
+                                  description="the largest produce request; a larger record is rejected")
+    on_unknown: OnUnknown = Field(
+        default=OnUnknown.ALWAYS, description="consumers deduplicate (the receivers' idempotent consumer), so an "
+                                              "unknown outcome is produced again, possibly as a second record")
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _servers(cls, servers: list[str]) -> list[str]:
+        return [f"[{h}]:{p}" if ":" in h else f"{h}:{p}"
+                for h, p in (hosts.check_host_port(s) for s in servers)]
+
+    @field_validator("topic")
+    @classmethod
+    def _topic(cls, topic: str) -> str:
+        if not TOPIC.fullmatch(topic):
+            raise ValueError(f"topic {topic!r} is not a Kafka topic name (1-249 of A-Z a-z 0-9 . _ -, "
+                             "not '.' or '..')")
+        return topic
+
+    @field_validator("secret")
+    @classmethod
+    def _password(cls, secret: str | None) -> str | None:
+        if secret is not None and not 1 <= len(secret) <= 1024:
+            raise ValueError("the secret (the SASL password) must hold 1 to 1024 characters")
+        return secret
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KafkaSpec:
+        if self.reconcile:
+            raise ValueError("a Kafka broker cannot answer the reconcile probe; leave reconcile off")
+        if self.enable_idempotence and self.acks != "all":
+            raise ValueError("the idempotent producer needs acks: all")
+        if (self.sasl_mechanism is None) != (self.sasl_username is None):
+            raise ValueError("give sasl_mechanism and sasl_username together")
+        if self.sasl_mechanism is not None and not self.tls and not self.allow_insecure:
+            raise ValueError("SASL without tls sends the password in the clear; set tls, or allow_insecure")
+        if not self.allow_private_network:
+            for server in self.bootstrap_servers:
+                address = hosts.ip_literal(server.rpartition(":")[0])
+                if address is not None and not hosts.is_public(str(address)):
+                    raise ValueError(f"bootstrap server {server} is not a public address (loopback, private, "
+                                     "link-local or reserved): set allow_private_network to produce there")
+        return self
+
+    @property
+    def security_protocol(self) -> str:
+        return ("SASL_" if self.sasl_mechanism else "") + ("SSL" if self.tls else "PLAINTEXT")
+
+
+class _Refused(Exception):
+    """An attempt that ended before the record was handed to the producer: nothing was submitted."""
+
+    def __init__(self, stage: str, outcome: Outcome, error: str) -> None:
+        super().__init__(error)
+        self.stage, self.outcome, self.error = stage, outcome, error
+
+
+@dataclass
+class _Producer:
+    """One destination's producer (as its settings read now), started by its first send."""
+
+    spec: KafkaSpec
+    producer: AIOKafkaProducer | None = None
+    starting: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: The broker addresses last found public, and when (the SSRF guard).
+    checked: frozenset[tuple[str, int]] = frozenset()
+    checked_at: float = 0.0
+
+
+class KafkaChannel:
+    """Produces intents to Kafka destinations, one shared producer per destination."""
+
+    def __init__(self, *, tls_context: ssl.SSLContext | None = None) -> None:
+        self._tls = tls_context  # None until first needed: the system's trusted CAs, verified
+        self._producers: dict[tuple[Any, ...], _Producer] = {}
+        self._partitioner = DefaultPartitioner()
+
+    async def send(self, intent: Intent, destination: Destination, *, attempt_id: str, fence: int) -> SendResult:
+        try:
+            entry = await self._entry(destination)
+            producer = await self._started(entry, destination)
+            tp = await self._partition(producer, entry, intent, destination)
+        except _Refused as stop:
+            return SendResult(Submission.NOT_SUBMITTED, stop.outcome, error=stop.error, stage=stop.stage)
+        except ValidationError as exc:  # registered before today's rules: it can never be produced
+            return SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="connect",
+                              error=f"refused: the destination's settings are not valid: {exc.errors()[0]['msg']}")
+        headers = [(wire.KAFKA_IDEMPOTENCY_KEY, intent.key.encode()),
+                   (wire.KAFKA_PAYLOAD_DIGEST, intent.payload_digest.encode()),
+                   (wire.KAFKA_ATTEMPT_ID, attempt_id.encode()),
+                   (wire.KAFKA_FENCE, str(fence).encode())]
+        try:
+            future = await producer.send(tp.topic, intent.payload_json.encode(), key=_record_key(intent),
+                                         partition=tp.partition, headers=headers)
+        except MessageSizeTooLargeError as exc:
+            return SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="produce",
+                              error=f"refused: the record is larger than max_request_size: {_describe(exc)}")
+        except KafkaError as exc:  # the producer failed for good, before taking the record
+            await self._discard(entry)
+            return SendResult(Submission.NOT_SUBMITTED, Outcome.RETRYABLE, stage="produce", error=_describe(exc))
+        # From here a produce request carrying the record may leave: only the broker can say it did not.
+        try:
+            sent = await asyncio.wait_for(future, destination.timeout_seconds)
+        except BrokerResponseError as exc:
+            return _broker_refused(exc)
+        except (KafkaError, TimeoutError, OSError) as exc:
+            return SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, stage="produce",
+                              error=f"no answer to the produce request: {_describe(exc)}")
+        return SendResult(Submission.SUBMITTED, Outcome.DELIVERED, stage="done", answered=True,
+                          external_id=f"{sent.topic}/{sent.partition}/{sent.offset}",
+                          reply=f"appended at {sent.topic}/{sent.partition}/{sent.offset}")
+
+    async def _entry(self, destination: Destination) -> _Producer:
+        """The destination's producer entry; a change of its settings or secret replaces it."""
+        key = (destination.id, repr(sorted(destination.settings.items())), destination.allow_private_network,
+               destination.timeout_seconds, destination.secrets[:1])
+        entry = self._producers.get(key)
+        if entry is None:
+            spec = KafkaSpec.model_validate({**destination.settings, "channel": "kafka",
+                                             "allow_private_network": destination.allow_private_network})
+            stale = [self._producers.pop(k) for k in list(self._producers) if k[0] == destination.id]
+            entry = self._producers[key] = _Producer(spec)
+            for old in stale:
+                await self._discard(old)  # (stopping flushes what it holds)
+        return entry
+
+    async def _started(self, entry: _Producer, destination: Destination) -> AIOKafkaProducer:
+        """The entry's producer, started (bootstrapped) on first use. Raises _Refused."""
+        if entry.producer is not None:
+            return entry.producer
+        async with entry.starting:
+            if entry.producer is not None:
+                return entry.producer
+            spec = entry.spec
+            if spec.sasl_mechanism is not None and not destination.secrets:
+                raise _Refused("connect", Outcome.REJECTED, "the destination names a SASL user but holds no password")
+            if not destination.allow_private_network:
+                await self._guard(entry, [hosts.check_host_port(s) for s in spec.bootstrap_servers], "connect")
+            timeout_ms = int(destination.timeout_seconds * 1000)
+            producer = AIOKafkaProducer(
+                bootstrap_servers=spec.bootstrap_servers, client_id="outbox", acks="all" if spec.acks == "all" else 1,
+                enable_idempotence=spec.enable_idempotence, compression_type=None if spec.compression == "none"
+                else spec.compression, linger_ms=spec.linger_ms, max_request_size=spec.max_request_size,
+                request_timeout_ms=timeout_ms, security_protocol=spec.security_protocol,
+                ssl_context=self._context() if spec.tls else None, sasl_mechanism=spec.sasl_mechanism or "PLAIN",
+                sasl_plain_username=spec.sasl_username,
+                sasl_plain_password=destination.secrets[0] if spec.sasl_mechanism else None,
+            )
+            try:
+                await asyncio.wait_for(producer.start(), destination.timeout_seconds)
+            except (KafkaError, TimeoutError, OSError) as exc:
+                await _stop(producer)
+                if isinstance(exc, BrokerResponseError) and not exc.retriable and spec.enable_idempotence:
+                    # a broker answered, refusing a producer id for good: it lacks the idempotent producer
+                    raise _Refused("connect", Outcome.REJECTED, "the broker refused the idempotent producer "
+                                   f"({_describe(exc)}); set enable_idempotence: false to produce without it") from None
+                if isinstance(exc, BrokerResponseError):
+                    raise _Refused("connect", Outcome.RETRYABLE, f"the producer could not start: {_describe(exc)}") \
+                        from None
+                raise _Refused("connect", Outcome.RETRYABLE, f"no broker answered: {_describe(exc)}") from None
+            entry.producer = producer
+            return producer
+
+    async def _partition(self, producer: AIOKafkaProducer, entry: _Producer, intent: Intent,
+                         destination: Destination) -> TopicPartition:
+        """The record's partition, once the topic's metadata is known, the brokers pass the guard
+        and the partition's leader takes connections (so a failure here proves nothing left)."""
+        topic = entry.spec.topic
+        try:
+            partitions = await asyncio.wait_for(producer.partitions_for(topic), destination.timeout_seconds)
+        except (KafkaError, TimeoutError, OSError) as exc:
+            raise _Refused("metadata", Outcome.RETRYABLE, f"no metadata for topic {topic}: {_describe(exc)}") from None
+        cluster = producer.client.cluster
+        if not destination.allow_private_network:
+            await self._guard(entry, [(b.host, b.port) for b in cluster.brokers()], "metadata")
+        available = list(cluster.available_partitions_for_topic(topic) or ())
+        tp = TopicPartition(topic, self._partitioner(_record_key(intent), sorted(partitions), available))
+        leader = cluster.leader_for_partition(tp)
+        if leader is None or leader < 0 or not await producer.client.ready(leader):
+            raise _Refused("connect", Outcome.RETRYABLE,
+                           f"the leader of partition {tp.partition} of {topic} does not take connections")
+        return tp
+
+    async def _guard(self, entry: _Producer, servers: Iterable[tuple[str, int]], stage: str) -> None:
+        """The SSRF guard on what the brokers' names resolve to (see the module's docstring)."""
+        if time.monotonic() - entry.checked_at >= RECHECK_SECONDS:
+            entry.checked, entry.checked_at = frozenset(), time.monotonic()
+        loop = asyncio.get_running_loop()
+        for host, port in frozenset(servers) - entry.checked:
+            try:
+                infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            except OSError as exc:
+                raise _Refused(stage, Outcome.RETRYABLE, f"{host}: {_describe(exc)}") from None
+            if not all(hosts.is_public(str(info[4][0])) for info in infos):
+                await self._discard(entry)
+                raise _Refused(stage, Outcome.REJECTED, f"refused: broker {host} resolves to a non-public address "
+                               "and the destination does not allow the private network")
+            entry.checked |= {(host, port)}
+
+    def _context(self) -> ssl.SSLContext:
+        if self._tls is None:
+            self._tls = ssl.create_default_context()
+        return self._tls
+
+    async def _discard(self, entry: _Producer) -> None:
+        producer, entry.producer = entry.producer, None
+        if producer is not None:
+            await _stop(producer)
+
+    async def probe(self, intent: Intent, destination: Destination, *, fence: int) -> ProbeAnswer:
+        return ProbeAnswer(None, error="a Kafka broker cannot be asked whether a record was appended")
+
+    async def aclose(self) -> None:
+        entries, self._producers = list(self._producers.values()), {}
+        for entry in entries:
+            await self._discard(entry)
+
+
+def _record_key(intent: Intent) -> bytes:
+    """The record's key: the ordering key when the intent has one (a key's records stay in one
+    partition, in order), else its action id."""
+    return (getattr(intent, "ordering_key", None) or intent.action_id).encode()
+
+
+def _broker_refused(exc: BrokerResponseError) -> SendResult:
+    """The broker answered the produce request with an error."""
+    if isinstance(exc, RequestTimedOutError | NotEnoughReplicasAfterAppendError):
+        # appended to the leader (or may have been) without the replicas acknowledging it in time
+        return SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, stage="produce", answered=True,
+                          error=f"the broker may have appended the record: {_describe(exc)}")
+    outcome = Outcome.REJECTED if type(exc).__name__ in PERMANENT else Outcome.RETRYABLE
+    return SendResult(Submission.SUBMITTED, outcome, stage="produce", answered=True,
+                      error=f"the broker did not append the record: {_describe(exc)}")
+
+
+async def _stop(producer: AIOKafkaProducer) -> None:
+    try:
+        await asyncio.wait_for(producer.stop(), 5)
+    except (KafkaError, TimeoutError, OSError):
+        pass
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"[:500]
+
+
+CHANNEL = ChannelModule(
+    name="kafka", spec=KafkaSpec, needs_secret=False, secret_form="a SASL password",
+    open=lambda concurrency: KafkaChannel(),
+)

@@ -1,0 +1,209 @@
+"""The Kafka channel against real Kafka-protocol brokers on loopback (noida-db, and Tansu for what
+it supports): each failure is recorded as what it is, held against what the topic really holds."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from outbox import Attempt, Intent, OnUnknown, Outcome, Status, Submission
+from receivers import wire
+from sender.kafka import KafkaChannel, KafkaSpec
+from tests.conftest import eventually
+from tests.kafka import Broker
+
+from .conftest import SenderEnv
+from .test_api import Api, api, assert_problem  # noqa: F401  (api: the fixture)
+
+TOPIC = "orders"
+
+
+async def register(env: SenderEnv, broker: Broker, destination_id: str = "log", **spec: Any) -> Any:
+    options: dict[str, Any] = {"channel": "kafka", "bootstrap_servers": [broker.bootstrap], "topic": TOPIC,
+                               "allow_private_network": True, "timeout_seconds": 2.0,
+                               "enable_idempotence": broker.kind == "noida", **spec}
+    return await env.box.put_destination(destination_id, KafkaSpec.model_validate(options))
+
+
+async def records(broker: Broker, topic: str = TOPIC) -> list[Any]:
+    """Every record in the topic, read from the start by a plain consumer (no group)."""
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest",
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        got: list[Any] = []
+        while True:
+            batch = await consumer.getmany(timeout_ms=300)
+            if not batch:
+                return sorted(got, key=lambda r: (r.partition, r.offset))
+            for found in batch.values():
+                got.extend(found)
+    finally:
+        await consumer.stop()
+
+
+@pytest.fixture
+async def channel() -> AsyncIterator[KafkaChannel]:
+    kafka = KafkaChannel()
+    yield kafka
+    await kafka.aclose()
+
+
+async def attempts_of(env: SenderEnv, action_id: str) -> list[Attempt]:
+    return list((await env.box.history(action_id)).attempts)
+
+
+async def settled(env: SenderEnv, action_id: str, attempts: int = 1) -> tuple[Intent, Attempt]:
+    """Wait (a worker runs) until ``attempts`` attempts of the intent have finished."""
+
+    async def finished() -> bool:
+        found = await attempts_of(env, action_id)
+        return len(found) >= attempts and found[-1].finished_at is not None
+
+    assert await eventually(finished, timeout=15)
+    return await env.box.get(action_id), (await attempts_of(env, action_id))[-1]
+
+
+async def run_until(env: SenderEnv, channel: KafkaChannel, action_id: str, attempts: int = 1) -> tuple[Intent, Attempt]:
+    """Run a worker until ``attempts`` attempts of the intent have finished (the worker closes
+    the channel when it stops)."""
+    async with env.running(channels={"kafka": channel}):
+        return await settled(env, action_id, attempts)
+
+
+def facts(attempt: Attempt) -> tuple[str | None, Submission | None, Outcome | None]:
+    return attempt.stage, attempt.submission, attempt.outcome
+
+
+@pytest.mark.parametrize("kind", ["noida", "tansu"])
+async def test_a_record_carries_its_identity_and_the_canonical_payload(env: SenderEnv, channel, tmp_path, kind):
+    broker = Broker(kind, tmp_path).start()
+    try:
+        await broker.create_topic(TOPIC, partitions=3)
+        await register(env, broker)
+        await env.enqueue("order-1", {"total": 12.5, "id": "o-1"}, destination="log")
+        intent, attempt = await run_until(env, channel, "order-1")
+        assert intent.status is Status.DELIVERED
+        assert facts(attempt) == ("done", Submission.SUBMITTED, Outcome.DELIVERED)
+        [record] = await records(broker)
+        assert attempt.external_id == f"{TOPIC}/{record.partition}/{record.offset}"
+        assert record.key == b"order-1"
+        assert record.value == intent.payload_json.encode() == b'{"id":"o-1","total":12.5}'
+        assert dict(record.headers) == {
+            wire.KAFKA_IDEMPOTENCY_KEY: b"acme/order-1", wire.KAFKA_PAYLOAD_DIGEST: intent.payload_digest.encode(),
+            wire.KAFKA_ATTEMPT_ID: attempt.attempt_id.encode(), wire.KAFKA_FENCE: str(attempt.fence).encode()}
+    finally:
+        broker.stop()
+
+
+async def test_a_stopped_broker_is_not_submitted_and_the_retry_is_delivered(env: SenderEnv, channel, kafka: Broker):
+    await kafka.create_topic(TOPIC)
+    await register(env, kafka)
+    async with env.running(channels={"kafka": channel}):
+        await env.enqueue("warm", destination="log")
+        await settled(env, "warm")  # the producer is started and connected
+        kafka.stop(graceful=True)
+        await env.enqueue("order-2", destination="log")
+        intent, attempt = await settled(env, "order-2")
+        assert facts(attempt) == ("connect", Submission.NOT_SUBMITTED, Outcome.RETRYABLE), attempt.error
+        assert "does not take connections" in (attempt.error or "")
+        assert intent.status is Status.PENDING
+        kafka.start()
+        await env.advance_until_due("order-2")
+        intent, attempt = await settled(env, "order-2", attempts=2)
+    assert intent.status is Status.DELIVERED
+    assert [r.key for r in await records(kafka)] == [b"warm", b"order-2"]
+
+
+async def test_a_broker_that_never_answers_the_produce_request_is_maybe_submitted(env: SenderEnv, channel,
+                                                                                  kafka: Broker):
+    await kafka.create_topic(TOPIC)
+    await register(env, kafka, timeout_seconds=1.0)
+    assert kafka.process is not None
+    async with env.running(channels={"kafka": channel}):
+        await env.enqueue("warm", destination="log")
+        await settled(env, "warm")
+        os.kill(kafka.process.pid, signal.SIGSTOP)  # connected, and from now on silent
+        try:
+            await env.enqueue("order-3", destination="log")
+            intent, attempt = await settled(env, "order-3")
+        finally:
+            os.kill(kafka.process.pid, signal.SIGCONT)
+    assert facts(attempt) == ("produce", Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN), attempt.error
+    assert intent.status is Status.PENDING  # on_unknown: always (consumers deduplicate)
+
+
+async def test_a_record_too_large_is_rejected_without_a_send(env: SenderEnv, channel, kafka: Broker):
+    await kafka.create_topic(TOPIC)
+    await register(env, kafka, max_request_size=1024)
+    await env.enqueue("big", {"blob": "x" * 4000}, destination="log")
+    intent, attempt = await run_until(env, channel, "big")
+    assert facts(attempt) == ("produce", Submission.NOT_SUBMITTED, Outcome.REJECTED)
+    assert intent.status is Status.DEAD
+    assert await records(kafka) == []
+
+
+async def test_no_broker_at_all_is_not_submitted(env: SenderEnv, channel, closed_port: int):
+    await env.box.put_destination("log", KafkaSpec.model_validate({
+        "channel": "kafka", "bootstrap_servers": [f"127.0.0.1:{closed_port}"], "topic": TOPIC,
+        "allow_private_network": True, "timeout_seconds": 1.0}))
+    await env.enqueue("nowhere", destination="log")
+    intent, attempt = await run_until(env, channel, "nowhere")
+    assert facts(attempt) == ("connect", Submission.NOT_SUBMITTED, Outcome.RETRYABLE)
+    assert intent.status is Status.PENDING
+
+
+async def test_a_loopback_broker_without_the_private_network_is_refused(env: SenderEnv, channel, kafka: Broker):
+    await kafka.create_topic(TOPIC)
+    await env.box.put_destination("log", KafkaSpec.model_validate({
+        "channel": "kafka", "bootstrap_servers": [f"localhost:{kafka.port}"], "topic": TOPIC}))
+    await env.enqueue("ssrf", destination="log")
+    _, attempt = await run_until(env, channel, "ssrf")
+    assert facts(attempt) == ("connect", Submission.NOT_SUBMITTED, Outcome.REJECTED)
+    assert "non-public" in (attempt.error or "")
+    assert await records(kafka) == []
+
+
+async def test_the_destination_defaults_say_what_kafka_needs(env: SenderEnv, kafka: Broker):
+    destination, _ = await register(env, kafka)
+    assert destination.on_unknown is OnUnknown.ALWAYS
+    assert destination.settings["acks"] == "all" and destination.settings["enable_idempotence"] is True
+
+
+async def test_the_api_registers_kafka_destinations_and_refuses_what_cannot_be_produced(api: Api):  # noqa: F811
+    base = {"channel": "kafka", "bootstrap_servers": ["kafka.example.com:9092"], "topic": "orders"}
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"topic": "bad topic"}, "is not a Kafka topic name"),
+        ({"bootstrap_servers": ["kafka.example.com"]}, "has no port"),
+        ({"bootstrap_servers": ["10.0.0.1:9092"]}, "is not a public address"),
+        ({"acks": "leader"}, "the idempotent producer needs acks: all"),
+        ({"sasl_mechanism": "PLAIN", "sasl_username": "u"}, "set tls, or allow_insecure"),
+        ({"reconcile": True}, "leave reconcile off"),
+        ({"linger_ms": 5000}, "linger_ms"),
+    ]
+    async with api.client(api.admin) as admin:
+        for change, words in cases:
+            refused = await admin.put("/v1/destinations/log", json={**base, **change})
+            assert_problem(refused, 422, "invalid-input", words)
+        registered = await admin.put("/v1/destinations/log", json={
+            **base, "tls": True, "sasl_mechanism": "SCRAM-SHA-512", "sasl_username": "svc", "secret": "hunter2-pw"})
+        assert registered.status_code == 201, registered.text
+        shown = registered.json()
+        assert (shown["channel"], shown["topic"], shown["acks"], shown["on_unknown"]) == (
+            "kafka", "orders", "all", "always")
+        assert "hunter2" not in registered.text
+
+
+async def test_a_broker_without_the_idempotent_producer_says_so(env: SenderEnv, channel, tansu: Broker):
+    await tansu.create_topic(TOPIC)
+    await register(env, tansu, enable_idempotence=True)
+    await env.enqueue("order-4", destination="log")
+    _, attempt = await run_until(env, channel, "order-4")
+    assert facts(attempt)[1:] == (Submission.NOT_SUBMITTED, Outcome.REJECTED), attempt.error
+    assert "enable_idempotence: false" in (attempt.error or "")
+    assert await records(tansu) == []
