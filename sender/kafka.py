@@ -307,7 +307,7 @@ class KafkaChannel:
 def _record_key(intent: Intent) -> bytes:
     """The record's key: the ordering key when the intent has one (a key's records stay in one
     partition, in order), else its action id."""
-    return (getattr(intent, "ordering_key", None) or intent.action_id).encode()
+    return (intent.ordering_key or intent.action_id).encode()
 
 
 def _broker_refused(exc: BrokerResponseError) -> SendResult:

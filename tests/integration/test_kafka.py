@@ -207,3 +207,16 @@ async def test_a_broker_without_the_idempotent_producer_says_so(env: SenderEnv, 
     assert facts(attempt)[1:] == (Submission.NOT_SUBMITTED, Outcome.REJECTED), attempt.error
     assert "enable_idempotence: false" in (attempt.error or "")
     assert await records(tansu) == []
+
+
+async def test_an_ordering_key_is_the_record_key_so_a_key_keeps_one_partition(env: SenderEnv, channel,
+                                                                               kafka: Broker):
+    await kafka.create_topic(TOPIC, partitions=4)
+    await register(env, kafka)
+    for n in range(6):
+        await env.enqueue(f"step-{n}", {"n": n}, destination="log", ordering_key="customer-7")
+    async with env.running(channels={"kafka": channel}):
+        for n in range(6):
+            await settled(env, f"step-{n}")
+    found = await records(kafka)
+    assert {r.key for r in found} == {b"customer-7"} and len({r.partition for r in found}) == 1
