@@ -15,6 +15,8 @@ import httpx
 from receivers import IdempotencyMiddleware
 from receivers.wire import sign
 
+from ..kafka import Broker
+
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
@@ -41,7 +43,7 @@ def load(name: str, where: Path) -> dict[str, Any]:
 
 def test_the_readme_has_its_examples():
     assert set(python_blocks()) == {"main", "fastapi-receiver", "flask-receiver", "channel-declaration", "email",
-                                    "postgres-transaction"}
+                                    "kafka", "postgres-transaction"}
 
 
 def test_the_producer_example_runs_and_is_safe_to_run_again(tmp_path: Path):
@@ -117,6 +119,19 @@ def test_the_email_example_delivers_and_shows_the_servers_view(tmp_path: Path):
     assert headers["From"] == "Shop <shop@example.com>" and headers["To"] == "Ann <ann@example.org>"
     assert headers["Idempotency-Key"] == "acme/receipt-42" and headers["Outbox-Fence"] == "1"
     assert headers["Payload-Digest"].startswith("sha256:")
+
+
+def test_the_kafka_example_produces_one_record_with_its_identity(tmp_path: Path, kafka: Broker):
+    script = tmp_path / "kafka_example.py"
+    script.write_text(python_blocks()["kafka"])
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "KAFKA_BOOTSTRAP": kafka.bootstrap})
+    assert done.returncode == 0, done.stderr
+    status, record = done.stdout.splitlines()
+    assert status == "delivered orders/0/0"
+    key, value, headers = record.split(" ", 2)
+    assert (key, value) == ("b'order-42'", """b'{"event":"paid","order":42}'""")
+    assert "'idempotency-key': b'acme/order-42-paid'" in headers and "'outbox-fence': b'1'" in headers
 
 
 async def test_the_postgres_transaction_example_commits_the_intent_with_the_order(tmp_path: Path):
