@@ -1,0 +1,77 @@
+"""What a Kafka destination must be, and how a broker's answer to a produce request is read."""
+
+from __future__ import annotations
+
+import pytest
+from aiokafka import errors
+from pydantic import ValidationError
+
+from outbox import OnUnknown, Outcome, Submission
+from sender.kafka import KafkaSpec, _broker_refused
+
+SPEC = {"channel": "kafka", "bootstrap_servers": ["kafka.example.com:9092"], "topic": "orders"}
+
+
+def refused(spec: dict) -> list[tuple[str, str]]:
+    with pytest.raises(ValidationError) as error:
+        KafkaSpec.model_validate(spec)
+    return [(".".join(map(str, e["loc"])), e["msg"]) for e in error.value.errors()]
+
+
+def test_defaults_are_acks_all_the_idempotent_producer_and_retrying_an_unknown():
+    spec = KafkaSpec.model_validate(SPEC)
+    assert (spec.acks, spec.enable_idempotence, spec.on_unknown, spec.security_protocol) == (
+        "all", True, OnUnknown.ALWAYS, "PLAINTEXT")
+    assert spec.settings() == {"bootstrap_servers": ["kafka.example.com:9092"], "topic": "orders", "tls": False,
+                               "sasl_mechanism": None, "sasl_username": None, "allow_insecure": False,
+                               "enable_idempotence": True, "acks": "all", "compression": "none", "linger_ms": 0,
+                               "max_request_size": 1_048_576}
+
+
+def test_servers_are_normalised_as_they_are_connected_to():
+    spec = KafkaSpec.model_validate({**SPEC, "bootstrap_servers": ["Kafka.Example.COM:9092", "[2606:4700::1111]:9093"]})
+    assert spec.bootstrap_servers == ["kafka.example.com:9092", "[2606:4700::1111]:9093"]
+    sasl = KafkaSpec.model_validate({**SPEC, "tls": True, "sasl_mechanism": "SCRAM-SHA-256", "sasl_username": "svc"})
+    assert sasl.security_protocol == "SASL_SSL"
+
+
+@pytest.mark.parametrize(("change", "field", "words"), [
+    ({"topic": ".."}, "topic", "is not a Kafka topic name"),
+    ({"topic": "orders\n"}, "topic", "is not a Kafka topic name"),
+    ({"topic": "x" * 250}, "topic", "is not a Kafka topic name"),
+    ({"bootstrap_servers": []}, "bootstrap_servers", "at least 1"),
+    ({"bootstrap_servers": ["kafka.example.com"]}, "bootstrap_servers", "has no port"),
+    ({"bootstrap_servers": ["0x7f000001:9092"]}, "bootstrap_servers", "looks like an IPv4 address"),
+    ({"bootstrap_servers": ["127.0.0.1:9092"]}, "", "not a public address"),
+    ({"acks": "leader"}, "", "needs acks: all"),
+    ({"acks": "none"}, "acks", "'all' or 'leader'"),
+    ({"sasl_username": "svc"}, "", "together"),
+    ({"sasl_mechanism": "PLAIN", "sasl_username": "svc"}, "", "set tls, or allow_insecure"),
+    ({"reconcile": True}, "", "cannot answer the reconcile probe"),
+    ({"compression": "lz4"}, "compression", "'none' or 'gzip'"),
+    ({"secret": ""}, "secret", "1 to 1024 characters"),
+    ({"surprise": 1}, "surprise", "Extra inputs are not permitted"),
+])
+def test_what_cannot_be_produced_is_refused_naming_the_field(change, field, words):
+    [(where, message)] = refused({**SPEC, **change})
+    assert where.split(".")[0] == field and words in message, (where, message)
+
+
+def test_a_loopback_broker_is_allowed_with_the_private_network():
+    spec = KafkaSpec.model_validate({**SPEC, "bootstrap_servers": ["127.0.0.1:9092"], "allow_private_network": True})
+    assert spec.bootstrap_servers == ["127.0.0.1:9092"]
+
+
+@pytest.mark.parametrize(("error", "submission", "outcome"), [
+    (errors.NotEnoughReplicasError, Submission.SUBMITTED, Outcome.RETRYABLE),  # not appended: try again
+    (errors.NotLeaderForPartitionError, Submission.SUBMITTED, Outcome.RETRYABLE),
+    (errors.TopicAuthorizationFailedError, Submission.SUBMITTED, Outcome.RETRYABLE),  # an ACL can be fixed
+    (errors.MessageSizeTooLargeError, Submission.SUBMITTED, Outcome.REJECTED),  # never appended
+    (errors.InvalidTopicError, Submission.SUBMITTED, Outcome.REJECTED),
+    (errors.CorruptRecordException, Submission.SUBMITTED, Outcome.REJECTED),
+    (errors.RequestTimedOutError, Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN),  # may be on the leader
+    (errors.NotEnoughReplicasAfterAppendError, Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN),  # on the leader
+])
+def test_a_brokers_error_says_whether_the_record_was_appended(error, submission, outcome):
+    result = _broker_refused(error())
+    assert (result.submission, result.outcome, result.answered, result.stage) == (submission, outcome, True, "produce")
