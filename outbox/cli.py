@@ -359,11 +359,15 @@ SCOPE = click.option("--scope", help="The intent's scope; needed only when its a
 async def show(ctx: Context, box: Outbox, action_id: str, scope: str | None) -> None:
     """Show an intent with its attempts and events."""
     intent, history = await box.show(action_id, scope=scope)
-    data = {**intent_json(intent), **history_json(history)}
+    behind = await box.waiting_behind(intent)
+    data = {**intent_json(intent), "waiting_behind": behind.json() if behind else None, **history_json(history)}
 
     def text() -> str:
         lines = [f"{k:<16} {json.dumps(v) if isinstance(v, dict | list) else v}"
-                 for k, v in data.items() if k not in ("attempts", "events")]
+                 for k, v in data.items() if k not in ("attempts", "events", "waiting_behind")]
+        if behind:
+            lines.insert(lines.index(next(line for line in lines if line.startswith("status "))) + 1,
+                         f"{'waiting':<16} {behind.text(intent)}")
         lines.append("attempts:" if data["attempts"] else "attempts: none")
         lines += [f"  #{a['number']} {a['attempt_id']} {a['submission']} {a['outcome']} "
                   f"{a['status_code'] or ''} {a['error'] or ''}".rstrip() for a in data["attempts"]]

@@ -21,8 +21,8 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from . import operations
 from .clock import iso
 from .errors import NotFound, OutboxError
-from .model import Role, Status
-from .outbox import Outbox
+from .model import Intent, Role, Status
+from .outbox import Behind, Outbox
 from .store import IntentQuery
 from .tokens import TokenInfo
 from .web import ConsoleRoute, secure_cookie
@@ -147,6 +147,7 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
         outbox = box(request)
         try:
             intent, history = await outbox.show(action_id, scope=scope)
+            behind = await outbox.waiting_behind(intent)
         except (NotFound, OutboxError) as exc:
             return _page("Not found", f"<p>{escape(exc.message)}</p>", status=404)
         token = request.cookies[COOKIE]
@@ -183,6 +184,7 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             f"<td>{escape(e.reason or '')}</td><td><code>{escape(json.dumps(dict(e.data)) if e.data else '')}</code>"
             f"</td></tr>"
             for e in history.events)
+        waiting = f"<p class='flash error'>waiting {_behind_link(behind, intent)}</p>" if behind else ""
         flash = (f"<p class='flash'>{escape(done)}</p>" if done else "") + (
             f"<p class='flash error'>{escape(error)}</p>" if error else "")
         return _page(f"Intent {action_id}", flash + (
@@ -190,6 +192,7 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             f"<b>{escape(intent.scope)}</b> · attempts {intent.attempts}/{intent.max_attempts} · fence {intent.fence}"
             + (f" · next attempt {escape(iso(intent.next_attempt_at) or '')}" if intent.status is Status.PENDING
                else "") + "</p>"
+            f"{waiting}"
             f"<p>payload <code>{escape(intent.payload_digest)}</code></p>"
             f"<pre>{escape(intent.payload_json[:4000])}</pre>"
             f"<p>last error: {escape(intent.last_error or '—')}</p>"
@@ -249,6 +252,14 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
                          lambda b, who, f: operations.reject(b, action_id, who, scope=scope))
 
     return pages
+
+
+def _behind_link(behind: Behind, intent: Intent) -> str:
+    """"behind <action_id>", linking to the intent in the way."""
+    text = escape(behind.text(intent))
+    if behind.action_id is None:
+        return text
+    return f"<a href='{escape(_intent_url(behind.action_id, behind.scope))}'>{text}</a>"
 
 
 def _intent_url(action_id: str, scope: str | None, action: str = "", **query: str) -> str:

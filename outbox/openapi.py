@@ -97,11 +97,23 @@ class IntentHistory(Intent):
     events: list[Event]
 
 
+class WaitingBehind(BaseModel):
+    """The earliest intent of the same destination and ordering key in the way of a pending intent
+    (the destination delivers each key in enqueue order); its fields are null when it is in a scope
+    the token cannot read."""
+
+    action_id: str | None
+    scope: str | None
+    status: Status | None
+
+
 class IntentDetail(IntentHistory):
     """An intent with its attempts and events."""
 
     settled: bool = Field(
         description="delivered, dead, revoked, unknown or cancelled: a long poll need not ask again")
+    waiting_behind: WaitingBehind | None = Field(
+        description="what a pending intent of an ordered destination waits for; null when it waits for nothing")
 
 
 class IntentPage(BaseModel):

@@ -14,6 +14,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -35,7 +36,7 @@ from .ids import (
     uuid7,
 )
 from .metrics import Metrics
-from .model import SETTLED, Enqueued, Event, EventKind, Intent, NewIntent, Role
+from .model import SETTLED, Enqueued, Event, EventKind, Intent, NewIntent, Role, Status
 from .settings import Settings
 from .signals import Signal
 from .store import History, IntentQuery, Page, Store, Transaction, store_for_url
@@ -267,6 +268,19 @@ class Outbox:
             raise NotFound(f"intent {action_id!r} does not exist in scope {scope!r}")
         return intent_key(scope, action_id)
 
+    async def waiting_behind(self, intent: Intent, *, scopes: Sequence[str] | None = None) -> Behind | None:
+        """What keeps a pending intent of an ordered destination from its turn (None: nothing),
+        naming the intent in the way only to a reader of its scope (``scopes``; None: every
+        scope), as a destination's keys may be shared by several scopes' intents."""
+        if intent.status is not Status.PENDING or intent.ordering_key is None:
+            return None  # (nothing else can wait behind another: no read needed)
+        blocker = await self.store.waiting_behind(intent.key)
+        if blocker is None:
+            return None
+        if scopes is not None and blocker.scope not in scopes:
+            return Behind(None, None, None)
+        return Behind(blocker.action_id, blocker.scope, blocker.status)
+
     async def list_intents(self, query: IntentQuery) -> Page:
         """A page of intents, newest first."""
         if not 1 <= query.limit <= MAX_PAGE:
@@ -450,6 +464,29 @@ class OutboxTransaction:
         """As ``Outbox.enqueue``; durable when the transaction commits."""
         new, event = self._outbox.prepare(**intent)
         return await self._tx.insert_intent(new, event)
+
+
+@dataclass(frozen=True, slots=True)
+class Behind:
+    """The intent a pending one waits behind (its key's earliest in the way); all None when the
+    reader may not know it (another scope's)."""
+
+    action_id: str | None
+    scope: str | None
+    status: Status | None
+
+    def text(self, intent: Intent) -> str:
+        """``behind <action_id>`` (and its scope and status when they tell more), as the CLI and
+        console say it."""
+        if self.action_id is None:
+            return "behind an earlier intent"
+        where = f" in scope {self.scope}" if self.scope != intent.scope else ""
+        return f"behind {self.action_id}{where}" + (f" ({self.status.value})" if self.status else "")
+
+    def json(self) -> dict[str, Any]:
+        """As the API shows it."""
+        return {"action_id": self.action_id, "scope": self.scope,
+                "status": self.status.value if self.status else None}
 
 
 def intent_json(intent: Intent) -> dict[str, Any]:

@@ -106,7 +106,9 @@ async def show(
         scope = (await outbox_.get(action_id, scope=scope, scopes=readable(token))).scope
         await outbox_.wait(action_id, wait, scope=scope)
     intent, history = await outbox_.show(action_id, scope=scope, scopes=readable(token))
-    return {**intent_json(intent), "settled": intent.status in SETTLED, **history_json(history)}
+    behind = await outbox_.waiting_behind(intent, scopes=readable(token))
+    return {**intent_json(intent), "settled": intent.status in SETTLED,
+            "waiting_behind": behind.json() if behind else None, **history_json(history)}
 
 
 @router.get("/v1/intents", summary="List intents, newest first",

@@ -517,6 +517,10 @@ class PostgresStore:
         check_claim()
         return [_intent(row) for row in await self._fetch("claim", now, owner, lease_until, limit)]
 
+    async def waiting_behind(self, key: str) -> Intent | None:
+        row = await self._fetchrow("waiting_behind", key)
+        return None if row is None else _intent(row)
+
     async def renew_leases(self, held: Sequence[tuple[str, int]], until: datetime) -> list[str]:
         ordered = sorted(held)  # key order: renewals that overlap meet their rows in the same order
         rows = await self._fetch("renew_leases", until, [key for key, _ in ordered], [fence for _, fence in ordered])

@@ -174,7 +174,16 @@ class Store(Protocol):
         self, owner: str, *, now: datetime, lease_until: datetime, limit: int
     ) -> list[Intent]:
         """Lease up to ``limit`` due intents (oldest due first) to ``owner``, bumping each
-        fence and appending a ``leased`` event. Concurrent claimers never get the same intent."""
+        fence and appending a ``leased`` event. Concurrent claimers never get the same intent. An
+        intent of a destination with ordering 'key' is left while an earlier intent (smaller seq)
+        of its destination and key is pending, leased, held or unknown, or dead or revoked when the
+        destination's ordering_on_dead is 'block'."""
+        ...
+
+    async def waiting_behind(self, key: str) -> Intent | None:
+        """The earliest intent that keeps this pending intent of an ordered destination from being
+        claimed (an earlier open intent of its key, or a dead or revoked one the destination blocks
+        on), as ``claim`` judges it; None when nothing does, or the intent is not pending."""
         ...
 
     async def renew_leases(self, held: Sequence[tuple[str, int]], until: datetime) -> list[str]:

@@ -462,6 +462,13 @@ class SqliteStore:
 
         return await self._write(run)
 
+    async def waiting_behind(self, key: str) -> Intent | None:
+        def run(conn: sqlite3.Connection) -> Intent | None:
+            row = conn.execute(SQL["waiting_behind"], (key,)).fetchone()
+            return None if row is None else _intent(row)
+
+        return await self._read(run)
+
     async def renew_leases(self, held: Sequence[tuple[str, int]], until: datetime) -> list[str]:
         deadline = to_us(until)
 

@@ -39,7 +39,7 @@ from outbox import (
 )
 from outbox.destinations import Destination
 from outbox.grants import GrantSpec
-from outbox.model import NewIntent
+from outbox.model import NewIntent, OnDead, Ordering
 from outbox.store import Store
 from outbox.tokens import TokenInfo
 
@@ -108,11 +108,11 @@ def destination(id: str, **changes) -> Destination:
 
 
 def new(action_id: str, *, scope: str = "acme", dest: str = "billing", digest: str = "sha256:aa",
-        at: datetime = T0) -> tuple[NewIntent, Event]:
+        at: datetime = T0, key: str | None = None) -> tuple[NewIntent, Event]:
     return (
         NewIntent(action_id=action_id, scope=scope, destination=dest, payload_json='{"n":1}',
                   payload_digest=digest, max_attempts=5, next_attempt_at=at, not_before=None,
-                  expires_at=None, created_at=at),
+                  expires_at=None, created_at=at, ordering_key=key),
         Event(kind="enqueued", at=at, actor="test"),
     )
 
@@ -155,7 +155,8 @@ async def test_the_same_operation_again_returns_the_existing_intent(store):
 
 @pytest.mark.parametrize(
     "changes,named",
-    [({"digest": "sha256:bb"}, "payload_digest"), ({"dest": "approvals"}, "destination")],
+    [({"digest": "sha256:bb"}, "payload_digest"), ({"dest": "approvals"}, "destination"),
+     ({"key": "k1"}, "ordering_key")],
 )
 async def test_another_operation_under_the_same_action_id_is_a_conflict(store, changes, named):
     await store.insert_intent(*new("a1"))
@@ -609,6 +610,112 @@ async def test_due_times_count_only_pending_intents(store):
     assert claimed.action_id == "soon"
     assert await store.next_due_at() == T0 + timedelta(minutes=3)
     assert await store.oldest_due_at(T0 + timedelta(minutes=2)) is None
+
+
+# -- ordering per key --------------------------------------------------------------------------
+
+
+async def ordered(store: Store, on_dead: OnDead = OnDead.BLOCK, **changes) -> None:
+    """Register ``ordered``: a destination that delivers each ordering key in enqueue order."""
+    await store.put_destination(destination("ordered", ordering=Ordering.KEY, ordering_on_dead=on_dead, **changes))
+
+
+async def claim_ids(store: Store, now: datetime = T0, limit: int = 50) -> list[str]:
+    claimed = await store.claim("w1", now=now, lease_until=now + timedelta(seconds=30), limit=limit)
+    return sorted(i.action_id for i in claimed)
+
+
+async def settle(store: Store, action_id: str, status: Status, **changes) -> Intent:
+    """Move a leased intent on, as a worker's outcome would."""
+    intent = await store.get_intent(f"acme/{action_id}")
+    return await store.update_intent(intent.key, expected=Status.LEASED, status=status, fence=intent.fence,
+                                     events=[Event(kind="attempt_finished", at=T0, actor="w1")], changes=changes)
+
+
+async def test_an_ordered_key_is_claimed_one_intent_at_a_time_in_enqueue_order(store):
+    await ordered(store)
+    await store.insert_intents([new("a1", dest="ordered", key="k1"), new("b1", dest="ordered", key="k2"),
+                                new("a2", dest="ordered", key="k1"), new("n1", dest="ordered"),
+                                new("a3", dest="ordered", key="k1"), new("b2", dest="ordered", key="k2")])
+    assert (await store.get_intent("acme/a1")).ordering_key == "k1"
+    assert await claim_ids(store) == ["a1", "b1", "n1"]  # each key's first; an intent without a key waits for none
+    assert await claim_ids(store) == []
+    assert [(await store.waiting_behind(f"acme/{a}")).action_id for a in ("a2", "a3", "b2")] == ["a1", "a1", "b1"]
+    assert await store.waiting_behind("acme/a1") is None  # leased: it waits for nothing
+    await settle(store, "a1", Status.DELIVERED)
+    assert await claim_ids(store) == ["a2"]
+    assert (await store.waiting_behind("acme/a3")).action_id == "a2"
+    await settle(store, "a2", Status.DELIVERED)
+    await settle(store, "b1", Status.DELIVERED)
+    assert await claim_ids(store) == ["a3", "b2"]
+
+
+async def test_concurrent_claimers_never_lease_two_intents_of_one_key(store):
+    await ordered(store)
+    await store.insert_intents([new(f"k{k}-{n}", dest="ordered", key=f"k{k}") for n in range(5) for k in range(10)])
+    batches = await asyncio.gather(*(store.claim(f"w{n}", now=T0, lease_until=T0, limit=7) for n in range(10)))
+    assert sorted(i.action_id for batch in batches for i in batch) == sorted(f"k{k}-0" for k in range(10))
+
+
+async def test_a_retry_of_the_head_keeps_its_key_waiting_and_unordered_destinations_ignore_keys(store):
+    await ordered(store)
+    await store.insert_intents([new("a1", dest="ordered", key="k1"), new("a2", dest="ordered", key="k1"),
+                                new("u1", key="k1"), new("u2", key="k1")])  # billing does not order
+    assert await claim_ids(store) == ["a1", "u1", "u2"]
+    await settle(store, "a1", Status.PENDING, next_attempt_at=T0 + timedelta(hours=1))  # backing off
+    assert await claim_ids(store, now=T0 + timedelta(minutes=1)) == []
+    assert (await store.waiting_behind("acme/a2")).status is Status.PENDING
+    assert await store.waiting_behind("acme/u2") is None
+    assert await claim_ids(store, now=T0 + timedelta(hours=2)) == ["a1"]
+
+
+async def test_a_held_intent_keeps_its_key_waiting(store):
+    await ordered(store, requires_approval=True)
+    await store.insert_intents([new("h1", dest="ordered", key="k1"), new("h2", dest="ordered", key="k1")])
+    await store.update_intent("acme/h2", expected=Status.HELD, status=Status.PENDING,
+                              events=[Event(kind="approved", at=T0, actor="op")])
+    assert await claim_ids(store) == []
+    assert (await store.waiting_behind("acme/h2")).action_id == "h1"
+
+
+@pytest.mark.parametrize("on_dead", list(OnDead))
+async def test_a_dead_letter_blocks_its_key_until_replayed_unless_the_destination_skips_it(store, on_dead):
+    await ordered(store, on_dead)
+    await store.insert_intents([new("a1", dest="ordered", key="k1"), new("a2", dest="ordered", key="k1")])
+    await store.insert_intents([new("a1", scope="globex", dest="ordered", key="k1")])  # same key, later, elsewhere
+    assert await claim_ids(store) == ["a1"]
+    await settle(store, "a1", Status.DEAD)
+    if on_dead is OnDead.SKIP:
+        assert await claim_ids(store) == ["a2"]
+        return
+    assert await claim_ids(store) == []
+    behind = await store.waiting_behind("acme/a2")
+    assert (behind.action_id, behind.status) == ("a1", Status.DEAD)
+    assert (await store.waiting_behind("globex/a1")).key == "acme/a1"  # another scope's intent is in the way too
+    await store.update_intent("acme/a1", expected=Status.DEAD, status=Status.PENDING,
+                              events=[Event(kind="replayed", at=T0, actor="op")])
+    assert await claim_ids(store) == ["a1"]  # the replayed one goes first
+    await settle(store, "a1", Status.DELIVERED)
+    assert await claim_ids(store) == ["a2"]
+
+
+async def test_a_revoked_intent_blocks_its_key_until_cancelled(store):
+    await ordered(store)
+    await store.insert_intents([new("r1", dest="ordered", key="k1"), new("r2", dest="ordered", key="k1")])
+    await claim_ids(store)
+    await settle(store, "r1", Status.REVOKED)
+    assert await claim_ids(store) == []
+    await store.update_intent("acme/r1", expected=Status.REVOKED, status=Status.CANCELLED,
+                              events=[Event(kind="cancelled", at=T0, actor="op")])
+    assert await claim_ids(store) == ["r2"]
+
+
+async def test_keys_are_per_destination(store):
+    await ordered(store)
+    await store.put_destination(destination("ordered-too", ordering=Ordering.KEY))
+    await store.insert_intents([new("a1", dest="ordered", key="k1"), new("b1", dest="ordered-too", key="k1")])
+    assert await claim_ids(store) == ["a1", "b1"]
+
 
 
 # -- the suite's own coverage (keep this test last) ------------------------------------------

@@ -230,6 +230,34 @@ async def test_the_claim_and_expired_lease_lookups_use_their_partial_indexes_amo
     assert [i.next_attempt_at for i in claimed] == sorted(i.next_attempt_at for i in claimed)
 
 
+async def test_the_claim_of_an_ordered_destination_seeks_each_keys_earlier_intents_among_many_rows(box, pg_url):
+    writer = await asyncpg.connect(pg_url)
+    try:
+        await writer.execute("UPDATE destinations SET ordering = 'key' WHERE id = 'billing'")
+        await writer.execute("""
+            INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest,
+                                 status, max_attempts, next_attempt_at, created_at, updated_at, ordering_key)
+            SELECT 'acme/' || n, n::text, 'acme', 'billing', 'webhook', '{}', 'sha256:aa',
+                   CASE WHEN n % 20 = 0 THEN 'pending' WHEN n % 20 = 1 THEN 'leased' ELSE 'delivered' END,
+                   5, now() - interval '1 hour' + n * interval '1 millisecond', now(), now(), 'k' || n % 1000
+            FROM generate_series(1, 20000) AS n""")
+        await writer.execute("ANALYZE intents")
+        now = datetime.now(UTC)
+        claim = "\n".join(row[0] for row in await writer.fetch("EXPLAIN " + SQL["claim"], now, "w1", now, 10))
+        pick = claim.split("CTE due", 1)[1].split("CTE leased", 1)[0]
+        assert "Index Scan using intents_due on intents due" in pick and "Sort" not in pick, claim
+        assert "Index Only Scan using intents_ordering on intents earlier" in pick \
+            or "Index Scan using intents_ordering on intents earlier" in pick, claim
+        assert "Seq Scan on intents" not in claim, claim
+        behind = "\n".join(row[0] for row in await writer.fetch("EXPLAIN " + SQL["waiting_behind"], "acme/20"))
+        assert "intents_ordering on intents earlier" in behind and "Seq Scan on intents" not in behind, behind
+    finally:
+        await writer.close()
+    claimed = await box.store.claim("w1", now=now, lease_until=now + timedelta(seconds=30), limit=2000)
+    # the 1,000 pending are 20 of each of 50 keys: the first of each is claimed
+    assert sorted(i.seq for i in claimed) == list(range(20, 1001, 20))
+
+
 # -- the database's clock ----------------------------------------------------------------------
 
 

@@ -60,6 +60,20 @@ async def test_the_claim_and_expired_lease_lookups_use_their_partial_indexes(box
         assert index in used and "SCAN intents" not in used and "TEMP B-TREE" not in used, used
 
 
+async def test_the_claim_asks_whether_an_earlier_intent_of_a_key_is_in_the_way_with_one_index_seek(box: Outbox):
+    from outbox.store.sqlite import SQL
+
+    def plan(conn: sqlite3.Connection, name: str, *args: object) -> list[str]:
+        return [row[-1] for row in conn.execute("EXPLAIN QUERY PLAN " + SQL[name], args)]
+
+    claim = await box.store._read(plan, "due_seqs", 0, 10)
+    assert "SEARCH earlier USING INDEX intents_ordering (destination=? AND ordering_key=? AND seq<?)" in claim, claim
+    behind = await box.store._read(plan, "waiting_behind", "acme/a1")
+    assert "SEARCH earlier USING INDEX intents_ordering (destination=? AND ordering_key=? AND seq<?)" in behind, behind
+    tables = [step for step in claim + behind if step.startswith("SCAN") and "subquery" not in step]
+    assert not tables and not any("TEMP B-TREE" in step for step in claim + behind), claim + behind
+
+
 async def test_an_acknowledged_enqueue_is_there_after_reopening(db_url):
     box = await Outbox.open(db_url)
     await box.put_destination("billing", __import__("outbox").DestinationSpec(

@@ -78,11 +78,20 @@ SELECT kind, at, actor, reason, data FROM events WHERE intent_seq = $1 ORDER BY 
 -- name: claim
 -- Lease up to $4 of the oldest due intents to a worker, bumping each fence and appending each one's "leased" event
 -- with the fence it was leased at; returns them. Rows another claimer has locked are skipped, never waited for.
+-- An intent of an ordered destination waits while an earlier one of its key is in the way (one seek of
+-- intents_ordering); the earlier one a concurrent claimer has just locked is still pending in this snapshot.
 WITH due AS (
-    SELECT seq FROM intents
+    SELECT seq FROM intents AS due
     WHERE status = 'pending' AND next_attempt_at <= $1
+      AND (ordering_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM destinations AS d, intents AS earlier
+          WHERE d.id = due.destination AND d.ordering = 'key'
+            AND earlier.destination = due.destination AND earlier.ordering_key = due.ordering_key
+            AND earlier.seq < due.seq
+            AND earlier.status IN ('pending', 'leased', 'held', 'unknown', 'dead', 'revoked')
+            AND (earlier.status NOT IN ('dead', 'revoked') OR d.ordering_on_dead = 'block')))
     ORDER BY next_attempt_at LIMIT $4
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF due SKIP LOCKED
 ), leased AS (
     UPDATE intents SET status = 'leased', lease_owner = $2, lease_expires_at = $3, fence = intents.fence + 1,
                        updated_at = $1
@@ -93,6 +102,17 @@ WITH due AS (
     SELECT seq, 'leased', $1, $2, NULL, jsonb_build_object('fence', fence) FROM leased ORDER BY seq
 )
 SELECT * FROM leased ORDER BY next_attempt_at;
+
+-- name: waiting_behind
+-- The earliest intent in the way of a pending intent (key $1) of an ordered destination, as the claim judges it.
+SELECT earlier.* FROM intents AS due
+JOIN destinations AS d ON d.id = due.destination AND d.ordering = 'key'
+JOIN intents AS earlier
+    ON earlier.destination = due.destination AND earlier.ordering_key = due.ordering_key AND earlier.seq < due.seq
+WHERE due.intent_key = $1 AND due.status = 'pending'
+  AND earlier.status IN ('pending', 'leased', 'held', 'unknown', 'dead', 'revoked')
+  AND (earlier.status NOT IN ('dead', 'revoked') OR d.ordering_on_dead = 'block')
+ORDER BY earlier.seq LIMIT 1;
 
 -- name: renew_leases
 -- Heartbeat: extend the leases (arrays of keys and fences) a worker still holds; returns those renewed.

@@ -54,11 +54,31 @@ SELECT * FROM attempts WHERE intent_seq = ? ORDER BY number;
 SELECT kind, at, actor, reason, data FROM events WHERE intent_seq = ? ORDER BY id;
 
 -- name: due_seqs
--- The oldest due intents' seqs, as one JSON array (the sender's claim picks these). The index is
--- named so the planner never trades it for intents_status on a table without statistics.
+-- The oldest due intents' seqs, as one JSON array (the sender's claim picks these), leaving out an intent of an
+-- ordered destination while an earlier one of its key is in the way (one seek of intents_ordering). The indexes
+-- are named so the planner never trades them for others on a table without statistics.
 SELECT json_group_array(seq) FROM (
-    SELECT seq FROM intents INDEXED BY intents_due
-    WHERE status = 'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?);
+    SELECT seq FROM intents AS due INDEXED BY intents_due
+    WHERE status = 'pending' AND next_attempt_at <= ?
+      AND (ordering_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM destinations AS d, intents AS earlier INDEXED BY intents_ordering
+          WHERE d.id = due.destination AND d.ordering = 'key'
+            AND earlier.destination = due.destination AND earlier.ordering_key = due.ordering_key
+            AND earlier.seq < due.seq
+            AND earlier.status IN ('pending', 'leased', 'held', 'unknown', 'dead', 'revoked')
+            AND (earlier.status NOT IN ('dead', 'revoked') OR d.ordering_on_dead = 'block')))
+    ORDER BY next_attempt_at LIMIT ?);
+
+-- name: waiting_behind
+-- The earliest intent in the way of a pending intent (its key) of an ordered destination, as due_seqs judges it.
+SELECT earlier.* FROM intents AS due
+JOIN destinations AS d ON d.id = due.destination AND d.ordering = 'key'
+JOIN intents AS earlier INDEXED BY intents_ordering
+    ON earlier.destination = due.destination AND earlier.ordering_key = due.ordering_key AND earlier.seq < due.seq
+WHERE due.intent_key = ? AND due.status = 'pending'
+  AND earlier.status IN ('pending', 'leased', 'held', 'unknown', 'dead', 'revoked')
+  AND (earlier.status NOT IN ('dead', 'revoked') OR d.ordering_on_dead = 'block')
+ORDER BY earlier.seq LIMIT 1;
 
 -- name: lease
 -- Lease intents (a JSON array of seqs) to a worker, bumping each one's fence.
