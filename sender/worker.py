@@ -215,6 +215,7 @@ class Worker:
         self._confirmed.pop(key, None)
         self._settling.discard(key)
         self._slot_free.set()
+        self.outbox.enqueued.notify()  # the next intent of its ordering key may be claimable now
 
     async def _idle(self) -> None:
         """Sleep until new work is enqueued here, the next intent falls due, or poll_seconds."""

@@ -48,6 +48,8 @@ from .rules import (
 )
 
 SQL = queries.load("postgres")
+#: The statements that pick due intents share one rule for ordered keys (``claimable``).
+SQL = {**SQL, **{name: SQL[name].format(claimable=SQL["claimable"]) for name in ("claim", "next_due_at")}}
 log = logging.getLogger("outbox.store")
 
 #: What the statements that make an intent pending notify (sql/postgres.sql), and ``listen`` hears.

@@ -199,7 +199,8 @@ class Store(Protocol):
         ...
 
     async def next_due_at(self) -> datetime | None:
-        """When the soonest pending intent falls due, or None."""
+        """When the soonest pending intent falls due, or None; an intent waiting behind an
+        earlier one of its key (see ``claim``) is not counted, as it is not claimed when due."""
         ...
 
     async def prune(self, before: datetime, *, dry_run: bool, limit: int | None) -> list[str]:

@@ -45,6 +45,8 @@ from .rules import (
 
 T = TypeVar("T")
 SQL = queries.load("sqlite")
+#: The statements that pick due intents share one rule for ordered keys (``claimable``).
+SQL = {**SQL, **{name: SQL[name].format(claimable=SQL["claimable"]) for name in ("due_seqs", "next_due_at")}}
 #: Set while this task holds a caller's transaction: a group-committed write would wait for it.
 _IN_TRANSACTION: contextvars.ContextVar[bool] = contextvars.ContextVar("in_tx", default=False)
 
@@ -501,7 +503,11 @@ class SqliteStore:
         return await self._read(run)
 
     async def next_due_at(self) -> datetime | None:
-        return await self._read(lambda conn: from_us(conn.execute(SQL["next_due_at"]).fetchone()[0]))
+        def run(conn: sqlite3.Connection) -> datetime | None:
+            row = conn.execute(SQL["next_due_at"]).fetchone()
+            return None if row is None else from_us(row[0])
+
+        return await self._read(run)
 
     async def prune(self, before: datetime, *, dry_run: bool, limit: int | None) -> list[str]:
         def find(conn: sqlite3.Connection) -> list[tuple[int, str]]:

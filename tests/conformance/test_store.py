@@ -664,6 +664,7 @@ async def test_a_retry_of_the_head_keeps_its_key_waiting_and_unordered_destinati
     assert await claim_ids(store) == ["a1", "u1", "u2"]
     await settle(store, "a1", Status.PENDING, next_attempt_at=T0 + timedelta(hours=1))  # backing off
     assert await claim_ids(store, now=T0 + timedelta(minutes=1)) == []
+    assert await store.next_due_at() == T0 + timedelta(hours=1)  # a2, due long ago, is not: it waits for a1
     assert (await store.waiting_behind("acme/a2")).status is Status.PENDING
     assert await store.waiting_behind("acme/u2") is None
     assert await claim_ids(store, now=T0 + timedelta(hours=2)) == ["a1"]

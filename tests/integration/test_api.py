@@ -248,6 +248,12 @@ async def test_a_destination_whose_host_the_sender_would_refuse_is_refused_at_re
          {}, 422, "invalid-input", "not_before"),
         (b'{"scope": "acme", "destination": "billing", "payload": {}, "action_id": "nl-1\\n"}', {}, 422,
          "invalid-input", "action_id"),
+        (b'{"scope": "acme", "destination": "billing", "payload": {}, "ordering_key": "a b"}', {}, 422,
+         "invalid-input", "ordering_key"),
+        (b'{"scope": "acme", "destination": "billing", "payload": {}, "ordering_key": "' + b"k" * 256 + b'"}', {},
+         422, "invalid-input", "ordering_key"),
+        (b'{"scope": "acme", "destination": "billing", "payload": {}, "ordering_key": ""}', {}, 422,
+         "invalid-input", "ordering_key"),
         (b'{"scope": "acme", "destination": "billing", "payload": ' + b"[" * 60_000, {}, 422,
          "invalid-input", "a payload may nest 64 levels"),
         (b'{"scope": "acme", "destination": "billing", "payload": ' + b"[" * 65 + b"]" * 65 + b"}", {}, 422,
@@ -263,6 +269,31 @@ async def test_bad_input_gets_a_problem_and_leaves_the_store_unchanged(api: Api,
                                 headers={"content-type": "application/json", **headers})
     assert_problem(response, status, kind, words)
     assert snapshot(api.db_path) == before
+
+
+async def test_an_intent_says_what_it_waits_behind_naming_only_what_the_reader_may_read(api: Api, db_url):
+    async with await Outbox.open(db_url) as box:
+        other, _ = await box.create_token(Role.PRODUCER, ["globex"])
+    async with api.client(api.admin) as c:
+        spec = {"url": "https://billing.example/", "ordering": "key"}
+        assert (await c.put("/v1/destinations/billing", json=spec)).json()["ordering"] == "key"
+    keyed = {**INTENT, "ordering_key": "customer-7"}
+    async with api.client(api.producer) as c:
+        first = await c.post("/v1/intents", json={**keyed, "action_id": "first"})
+        assert first.status_code == 201 and first.json()["ordering_key"] == "customer-7"
+        await c.post("/v1/intents", json={**keyed, "action_id": "second"})
+        assert (await c.get("/v1/intents/second")).json()["waiting_behind"] == {
+            "action_id": "first", "scope": "acme", "status": "pending"}
+        assert (await c.get("/v1/intents/first")).json()["waiting_behind"] is None
+        again = await c.post("/v1/intents", json={**keyed, "action_id": "first", "ordering_key": "customer-8"})
+        assert_problem(again, 409, "intent-conflict", "ordering_key")
+    async with api.client(other) as c:
+        await c.post("/v1/intents", json={**keyed, "scope": "globex", "action_id": "theirs"})
+        shown = (await c.get("/v1/intents/theirs")).json()
+        assert shown["waiting_behind"] == {"action_id": None, "scope": None, "status": None}
+        assert "first" not in json.dumps(shown)
+    async with api.client(api.operator) as c:
+        assert (await c.get("/v1/intents/theirs")).json()["waiting_behind"]["action_id"] == "first"
 
 
 @pytest.mark.parametrize("payload", [None, 0, "text", json.loads("[" * 64 + "]" * 64)])

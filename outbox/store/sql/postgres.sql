@@ -75,6 +75,18 @@ SELECT * FROM attempts WHERE intent_seq = $1 ORDER BY number;
 -- An intent's history, oldest first.
 SELECT kind, at, actor, reason, data FROM events WHERE intent_seq = $1 ORDER BY id;
 
+-- name: claimable
+-- Not in the way of its key: an intent (as "due") of a destination with ordering 'key' waits while an earlier one
+-- (smaller seq) of its destination and key is open, or dead or revoked when the destination blocks on them; one
+-- seek of intents_ordering. Filled into the statements that pick due intents as {claimable}.
+(due.ordering_key IS NULL OR NOT EXISTS (
+    SELECT 1 FROM destinations AS d, intents AS earlier
+    WHERE d.id = due.destination AND d.ordering = 'key'
+      AND earlier.destination = due.destination AND earlier.ordering_key = due.ordering_key
+      AND earlier.seq < due.seq
+      AND earlier.status IN ('pending', 'leased', 'held', 'unknown', 'dead', 'revoked')
+      AND (earlier.status NOT IN ('dead', 'revoked') OR d.ordering_on_dead = 'block')))
+
 -- name: claim
 -- Lease up to $4 of the oldest due intents to a worker, bumping each fence and appending each one's "leased" event
 -- with the fence it was leased at; returns them. Rows another claimer has locked are skipped, never waited for.
@@ -83,13 +95,7 @@ SELECT kind, at, actor, reason, data FROM events WHERE intent_seq = $1 ORDER BY 
 WITH due AS (
     SELECT seq FROM intents AS due
     WHERE status = 'pending' AND next_attempt_at <= $1
-      AND (ordering_key IS NULL OR NOT EXISTS (
-          SELECT 1 FROM destinations AS d, intents AS earlier
-          WHERE d.id = due.destination AND d.ordering = 'key'
-            AND earlier.destination = due.destination AND earlier.ordering_key = due.ordering_key
-            AND earlier.seq < due.seq
-            AND earlier.status IN ('pending', 'leased', 'held', 'unknown', 'dead', 'revoked')
-            AND (earlier.status NOT IN ('dead', 'revoked') OR d.ordering_on_dead = 'block')))
+      AND {claimable}
     ORDER BY next_attempt_at LIMIT $4
     FOR UPDATE OF due SKIP LOCKED
 ), leased AS (
@@ -131,8 +137,8 @@ FROM intents
 WHERE status = 'leased' AND lease_expires_at <= $1 ORDER BY lease_expires_at LIMIT $2;
 
 -- name: next_due_at
--- When the soonest pending intent falls due.
-SELECT min(next_attempt_at) FROM intents WHERE status = 'pending';
+-- When the soonest pending intent not waiting behind another of its key falls due.
+SELECT next_attempt_at FROM intents AS due WHERE status = 'pending' AND {claimable} ORDER BY next_attempt_at LIMIT 1;
 
 -- name: prunable
 -- Finished intents (delivered, cancelled) last changed before a time, oldest first, up to $2 (null: all).

@@ -53,6 +53,18 @@ SELECT * FROM attempts WHERE intent_seq = ? ORDER BY number;
 -- An intent's history, oldest first.
 SELECT kind, at, actor, reason, data FROM events WHERE intent_seq = ? ORDER BY id;
 
+-- name: claimable
+-- Not in the way of its key: an intent (as "due") of a destination with ordering 'key' waits while an earlier one
+-- (smaller seq) of its destination and key is open, or dead or revoked when the destination blocks on them; one
+-- seek of intents_ordering. Filled into the statements that pick due intents as {claimable}.
+(due.ordering_key IS NULL OR NOT EXISTS (
+    SELECT 1 FROM destinations AS d, intents AS earlier INDEXED BY intents_ordering
+    WHERE d.id = due.destination AND d.ordering = 'key'
+      AND earlier.destination = due.destination AND earlier.ordering_key = due.ordering_key
+      AND earlier.seq < due.seq
+      AND earlier.status IN ('pending', 'leased', 'held', 'unknown', 'dead', 'revoked')
+      AND (earlier.status NOT IN ('dead', 'revoked') OR d.ordering_on_dead = 'block')))
+
 -- name: due_seqs
 -- The oldest due intents' seqs, as one JSON array (the sender's claim picks these), leaving out an intent of an
 -- ordered destination while an earlier one of its key is in the way (one seek of intents_ordering). The indexes
@@ -60,13 +72,7 @@ SELECT kind, at, actor, reason, data FROM events WHERE intent_seq = ? ORDER BY i
 SELECT json_group_array(seq) FROM (
     SELECT seq FROM intents AS due INDEXED BY intents_due
     WHERE status = 'pending' AND next_attempt_at <= ?
-      AND (ordering_key IS NULL OR NOT EXISTS (
-          SELECT 1 FROM destinations AS d, intents AS earlier INDEXED BY intents_ordering
-          WHERE d.id = due.destination AND d.ordering = 'key'
-            AND earlier.destination = due.destination AND earlier.ordering_key = due.ordering_key
-            AND earlier.seq < due.seq
-            AND earlier.status IN ('pending', 'leased', 'held', 'unknown', 'dead', 'revoked')
-            AND (earlier.status NOT IN ('dead', 'revoked') OR d.ordering_on_dead = 'block')))
+      AND {claimable}
     ORDER BY next_attempt_at LIMIT ?);
 
 -- name: waiting_behind
@@ -119,8 +125,9 @@ SELECT * FROM attempts WHERE intent_seq = ? AND fence = ? AND finished_at IS NUL
 ORDER BY number DESC LIMIT 1;
 
 -- name: next_due_at
--- When the soonest pending intent falls due.
-SELECT min(next_attempt_at) FROM intents INDEXED BY intents_due WHERE status = 'pending';
+-- When the soonest pending intent not waiting behind another of its key falls due.
+SELECT next_attempt_at FROM intents AS due INDEXED BY intents_due
+WHERE status = 'pending' AND {claimable} ORDER BY next_attempt_at LIMIT 1;
 
 -- name: prunable
 -- Finished intents (delivered, cancelled) last changed before a time, oldest first.

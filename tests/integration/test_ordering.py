@@ -1,0 +1,116 @@
+"""Ordering per key, end to end: a worker on a real SQLite file delivers to a real uvicorn
+receiver, and each ordering key of an ordered destination reaches it in enqueue order."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from outbox import DestinationSpec, Outbox, Settings, Status
+from outbox.operations import Actor, replay
+from sender import Worker
+
+from ..receiver import Received, Receiver, Reply
+from .conftest import SECRET
+
+KEYS = ("k0", "k1", "k2")
+
+
+@pytest.fixture
+async def box(tmp_path: Path) -> AsyncIterator[Outbox]:
+    """An outbox whose retries come back within milliseconds, so hundreds fit in a test."""
+    settings = Settings(authority="allow-all", backoff_initial_seconds=0.005, backoff_cap_seconds=0.05,
+                        poll_seconds=0.2, default_max_attempts=100)
+    async with await Outbox.open(f"sqlite:///{tmp_path / 'o.db'}", settings=settings) as opened:
+        yield opened
+
+
+async def ordered(box: Outbox, url: str, **spec: object) -> None:
+    await box.put_destination("ordered", DestinationSpec(
+        url=url, secret=SECRET, allow_private_network=True, idempotent=True, timeout_seconds=5,
+        ordering="key", **spec))
+
+
+async def delivered(box: Outbox, action_ids: list[str], timeout: float) -> None:
+    async with asyncio.timeout(timeout):
+        for action_id in action_ids:
+            while (await box.get(action_id, scope="acme")).status is not Status.DELIVERED:
+                await asyncio.sleep(0.02)
+
+
+async def test_each_key_reaches_the_receiver_in_enqueue_order_through_random_transient_failures(
+        box: Outbox, receiver: Receiver):
+    chance = random.Random(20300101)  # fixed: the same failures every run
+    lock = threading.Lock()
+    accepted: dict[str, list[int]] = {key: [] for key in KEYS}
+    in_flight: dict[str, int] = dict.fromkeys(KEYS, 0)
+    overlaps: list[str] = []
+
+    def answer(request: Received) -> Reply:
+        body = request.json()
+        with lock:
+            in_flight[body["key"]] += 1
+            if in_flight[body["key"]] > 1:
+                overlaps.append(body["key"])
+            failed = chance.random() < 0.25
+            if not failed:
+                accepted[body["key"]].append(body["n"])
+            in_flight[body["key"]] -= 1
+        return Reply(503) if failed else Reply(200)
+
+    receiver.script("/hook", answer)
+    await ordered(box, f"{receiver.url}/hook")
+    await box.enqueue_many([{"destination": "ordered", "scope": "acme", "action_id": f"{key}-{n}",
+                             "ordering_key": key, "payload": {"key": key, "n": n}}
+                            for n in range(200) for key in KEYS])
+    worker = Worker(box, concurrency=32)
+    running = asyncio.create_task(worker.run())
+    try:
+        await delivered(box, [f"{key}-199" for key in KEYS], timeout=120)
+    finally:
+        worker.stop()
+        await running
+    assert accepted == {key: list(range(200)) for key in KEYS}  # each once, in enqueue order
+    assert not overlaps  # and one request of a key at a time
+    assert len(receiver.requests("/hook")) > 600  # the failures happened (and were retried)
+
+
+async def test_a_dead_letter_blocks_its_key_until_it_is_replayed(box: Outbox, receiver: Receiver):
+    replies = {"a1": [Reply(422, body="no")], "a2": [], "b1": []}
+
+    def answer(request: Received) -> Reply:
+        scripted = replies[request.json()["id"]]
+        return scripted.pop(0) if scripted else Reply(200)
+
+    receiver.script("/hook", answer)
+    await ordered(box, f"{receiver.url}/hook")
+    for action_id, key in (("a1", "k1"), ("a2", "k1"), ("b1", "k2")):
+        await box.enqueue(destination="ordered", scope="acme", action_id=action_id, ordering_key=key,
+                          payload={"id": action_id})
+    worker = Worker(box)
+    running = asyncio.create_task(worker.run())
+    try:
+        await delivered(box, ["b1"], timeout=10)  # another key goes on
+        assert (await box.get("a1")).status is Status.DEAD
+        waiting = await box.get("a2")
+        assert waiting.status is Status.PENDING
+        behind = await box.waiting_behind(waiting)
+        assert behind is not None and behind.text(waiting) == "behind a1 (dead)"
+        await asyncio.sleep(0.3)  # longer than a poll: still nothing for a2
+        assert sorted(r.json()["id"] for r in receiver.requests("/hook")) == ["a1", "b1"]
+        await replay(box, "a1", Actor("op", "the receiver was fixed"))
+        await delivered(box, ["a1", "a2"], timeout=10)
+    finally:
+        worker.stop()
+        await running
+    ids = [r.json()["id"] for r in receiver.requests("/hook")]
+    assert ids[2:] == ["a1", "a2"]  # a2 only after a1's replay went through
+    assert await box.waiting_behind(await box.get("a2")) is None
+
+
+
