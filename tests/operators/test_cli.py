@@ -403,6 +403,25 @@ async def test_destinations_put_takes_the_channel_and_its_own_settings(shell: Sh
     assert "hook" in listed and "webhook" in listed and "https://h.example/in" in listed
 
 
+async def test_ordering_is_set_on_a_destination_and_show_says_what_an_intent_waits_behind(shell: Shell):
+    made = shell.json("destinations", "put", "ordered", "--url", "https://h.example/in", "--set", "ordering=key",
+                      "--set", "ordering_on_dead=skip")
+    assert (made["ordering"], made["ordering_on_dead"]) == ("key", "skip")
+    refused = shell.run("destinations", "put", "ordered", "--url", "https://h.example/in", "--set", "ordering=lol",
+                        code=1)
+    assert "ordering" in refused.stderr
+    for action_id in ("first", "second"):
+        shell.run("enqueue", "--destination", "ordered", "--scope", "acme", "--action-id", action_id,
+                  "--ordering-key", "customer-7", "--payload", "{}")
+    assert "waiting          behind first (pending)" in shell.run("show", "second").stdout
+    shown = shell.json("show", "second")
+    assert shown["ordering_key"] == "customer-7" and shown["waiting_behind"]["action_id"] == "first"
+    assert shell.json("show", "first")["waiting_behind"] is None
+    bad = shell.run("enqueue", "--destination", "ordered", "--scope", "acme", "--ordering-key", "a b",
+                    "--payload", "{}", code=1)
+    assert "ordering_key 'a b' is malformed" in bad.stderr
+
+
 async def test_an_email_destination_from_the_cli_keeps_the_channels_defaults(shell: Shell):
     """Options left out take the channel's defaults (an email destination's on_unknown is never),
     and a destination's own settings read back as name=value."""
