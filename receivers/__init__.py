@@ -1,4 +1,10 @@
-"""What receiving applications embed so at-least-once deliveries have at-most-once effects."""
+"""What receiving applications embed so at-least-once deliveries have at-most-once effects.
+
+``IdempotentConsumer`` (``receivers.kafka``) is loaded on first use, so that only applications
+consuming Kafka import aiokafka.
+"""
+
+from typing import TYPE_CHECKING, Any
 
 from .asgi import IdempotencyMiddleware
 from .engine import Idempotency, IdempotencyContext
@@ -10,6 +16,7 @@ __all__ = [
     "Idempotency",
     "IdempotencyContext",
     "IdempotencyMiddleware",
+    "IdempotentConsumer",
     "InvalidSignature",
     "MemoryRecordStore",
     "PostgresRecordStore",
@@ -19,3 +26,14 @@ __all__ = [
     "StoredResponse",
     "verify_signature",
 ]
+
+if TYPE_CHECKING:
+    from .kafka import IdempotentConsumer
+
+
+def __getattr__(name: str) -> Any:
+    if name == "IdempotentConsumer":
+        from .kafka import IdempotentConsumer
+
+        return IdempotentConsumer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,7 +13,7 @@ from pathlib import Path
 RECEIVERS = Path(__file__).resolve().parents[2] / "receivers"
 #: Never loaded by ``import receivers``: the other two packages, and what only they need.
 FORBIDDEN = {"outbox", "sender", "pydantic", "pydantic_settings", "prometheus_client", "fastapi", "starlette",
-             "aiohttp", "aiosqlite", "asyncpg"}
+             "aiohttp", "aiosqlite", "asyncpg", "aiokafka"}
 
 
 def loaded_after(code: str) -> set[str]:
@@ -28,6 +28,10 @@ def test_import_receivers_loads_neither_the_outbox_the_sender_nor_their_framewor
     loaded = loaded_after("import receivers")
     assert "receivers" in loaded and "rfc8785" in loaded
     assert loaded & FORBIDDEN == set()
+
+
+def test_the_kafka_consumer_loads_aiokafka_only_when_named():
+    assert "aiokafka" in loaded_after("from receivers import IdempotentConsumer")
 
 
 def test_record_stores_import_their_driver_only_when_opened(tmp_path: Path):

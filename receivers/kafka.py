@@ -1,0 +1,462 @@
+"""The idempotent Kafka consumer: at-least-once records, at-most-once effects (aiokafka).
+
+Kafka redelivers a record whenever its offset was not committed: a consumer that crashed after
+its handler ran and before the commit, a rebalance in between, a sender that produced the same
+action twice. ``IdempotentConsumer`` claims each record's (consumer group, idempotency key) in a
+record store before its handler runs, stores the completion after, and commits the offset only
+then; a redelivered record finds its key completed and is skipped.
+
+Per fetched batch it pays one claim transaction and one completion transaction (the stores'
+``claim_many``/``complete_many``) and one offset commit, not one of each per record. Handlers
+run one at a time, in each partition's order; a record that must be retried holds its
+partition (seek back, pause, resume after a backoff) while the others go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import hashlib
+import inspect
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeAlias
+
+import rfc8785
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.errors import KafkaError
+
+from .engine import IdempotencyContext, purge_forever
+from .keys import MalformedFence, MalformedKey, identity, parse_fence, parse_key
+from .records import (
+    Busy,
+    Claimed,
+    ClaimRequest,
+    ClaimResult,
+    Mismatch,
+    RecordStore,
+    Replay,
+    StaleFence,
+    StoredResponse,
+)
+from .wire import EXTERNAL_ID, KAFKA_FENCE, KAFKA_IDEMPOTENCY_KEY, KAFKA_PAYLOAD_DIGEST, Problem
+
+log = logging.getLogger("receivers.kafka")
+_OURS = frozenset({KAFKA_IDEMPOTENCY_KEY, KAFKA_PAYLOAD_DIGEST, KAFKA_FENCE})
+
+Record: TypeAlias = "ConsumerRecord[Any, Any]"
+#: Your effect for one record; ``context.epoch`` rises on a takeover, to fence downstream writes.
+Handler = Callable[[Record, IdempotencyContext], Awaitable[object]]
+
+
+class Refusal(str, enum.Enum):
+    """Why a record was refused: its handler does not run and its offset is committed, since the
+    same record can never succeed."""
+
+    MISSING_KEY = Problem.MISSING_KEY
+    MALFORMED_KEY = Problem.MALFORMED_KEY
+    MALFORMED_FENCE = Problem.MALFORMED_FENCE
+    MISSING_DIGEST = "missing-payload-digest"
+    DIGEST_MISMATCH = "payload-digest-mismatch"
+    KEY_REUSED = Problem.KEY_REUSED
+    STALE_FENCE = Problem.STALE_FENCE
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """What ``on_error`` is told about a refused record (``key`` None when it has none)."""
+
+    reason: Refusal
+    detail: str
+    key: str | None
+
+
+ErrorCallback = Callable[[Record, Refused], "Awaitable[object] | object"]
+
+
+def _log_refusal(record: Record, refused: Refused) -> None:
+    log.warning("refused %s/%d/%d (key %r): %s: %s", record.topic, record.partition, record.offset,
+                refused.key, refused.reason.value, refused.detail)
+
+
+def digest_of(value: Any) -> str:
+    """``sha256:<hex>`` of a record value: its bytes as they are (the sender's value is the
+    canonical JSON itself), or the canonical JSON of a value a deserializer already decoded."""
+    data = value if isinstance(value, bytes) else rfc8785.dumps(value)
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def payload_matches(value: object, digest: str) -> bool:
+    """Whether ``value`` is the payload ``digest`` names: one hash when it is the canonical JSON
+    as sent; otherwise its JSON is put in canonical form and compared."""
+    if value is None:
+        return False
+    try:
+        if digest_of(value) == digest:
+            return True
+        return isinstance(value, bytes) and digest_of(json.loads(value)) == digest
+    except (ValueError, RecursionError):  # not JSON, or not canonicalizable (rfc8785 errors are ValueErrors)
+        return False
+
+
+@dataclass(slots=True)
+class _Item:
+    """One fetched record and what became of it in this batch."""
+
+    record: Record
+    partition: TopicPartition
+    key: str | None = None
+    request: ClaimRequest | None = None  # None: refused before claiming
+    refused: Refused | None = None
+    answer: ClaimResult | None = None
+
+
+class IdempotentConsumer:
+    """Runs ``handler`` at most once per (consumer group, idempotency key), over a caller-made
+    ``AIOKafkaConsumer`` (subscribed, not started; ``group_id`` set, ``enable_auto_commit=False``).
+
+    ``start()`` opens the store and starts the Kafka consumer and the processing loop;
+    ``stop()`` lets the record in flight finish, stores its completion, commits, and closes both;
+    ``async with`` does the two, and ``run()`` waits for the loop (it raises what stopped it).
+    """
+
+    def __init__(
+        self,
+        consumer: AIOKafkaConsumer,
+        store: RecordStore,
+        handler: Handler,
+        *,
+        on_error: ErrorCallback = _log_refusal,
+        retention_seconds: float = 86_400,
+        lease_seconds: float = 60,
+        max_batch: int = 500,
+        verify_digest: bool = True,
+        retry_seconds: float = 0.2,
+        max_retry_seconds: float = 30,
+        purge_seconds: float = 300,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        # aiokafka has no public accessors for these two settings.
+        group: str | None = getattr(consumer, "_group_id", None)
+        if not group:
+            raise ValueError("the consumer needs a group_id: the idempotency key is scoped to the consumer group")
+        if getattr(consumer, "_enable_auto_commit", True):
+            raise ValueError("create the consumer with enable_auto_commit=False: an offset is committed only "
+                             "once its record's completion is stored")
+        if not 0 < lease_seconds < retention_seconds:
+            raise ValueError("lease_seconds must be positive and shorter than retention_seconds")
+        self.consumer = consumer
+        self.store = store
+        self.handler = handler
+        self.on_error = on_error
+        self.group = group
+        self.retention = timedelta(seconds=retention_seconds)
+        self.lease = timedelta(seconds=lease_seconds)
+        self.max_batch = max_batch
+        #: Refuse a record whose value is not the payload its ``payload-digest`` names.
+        self.verify_digest = verify_digest
+        self.retry_seconds = retry_seconds
+        self.max_retry_seconds = max_retry_seconds
+        self.purge_seconds = purge_seconds
+        self.clock = clock
+        self._stopping = asyncio.Event()
+        self._loop: asyncio.Task[None] | None = None
+        self._purger: asyncio.Task[None] | None = None
+        self._closing: asyncio.Future[None] | None = None
+        #: Partitions held for a retry: when each resumes, and how many retries in a row it had.
+        self._resume_at: dict[TopicPartition, float] = {}
+        self._failures: dict[TopicPartition, int] = {}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the store, start the Kafka consumer (joining its group) and the processing loop."""
+        if self._loop is not None:
+            return
+        await self.store.open()
+        try:
+            await self.consumer.start()
+        except BaseException:
+            await self.store.close()
+            raise
+        self._purger = asyncio.create_task(purge_forever(self.store, self.purge_seconds, self.clock))
+        self._loop = asyncio.create_task(self._consume())
+
+    async def run(self) -> None:
+        """Start if needed and process until ``stop()``; raises what ended the loop otherwise."""
+        await self.start()
+        assert self._loop is not None
+        await self._loop
+
+    async def stop(self) -> None:
+        """Stop fetching, finish the record in flight, store completions and commit their offsets,
+        then stop the Kafka consumer and close the store. Safe to call more than once."""
+        self._stopping.set()
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
+        if self._loop is not None:
+            await asyncio.wait([self._loop])  # what ended it was logged, and is run()'s to raise
+        if self._purger is not None:
+            self._purger.cancel()
+        try:
+            await self.consumer.stop()
+        finally:
+            await self.store.close()
+
+    async def __aenter__(self) -> IdempotentConsumer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    async def _consume(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                self._resume_due()
+                batch = await self._fetch()
+                if batch:
+                    await self._process(batch)
+        except Exception:
+            log.exception("the idempotent consumer of group %r stopped", self.group)
+            raise
+
+    async def _fetch(self) -> dict[TopicPartition, list[Record]]:
+        """The next batch, or nothing once ``stop()`` is called (unprocessed records are not
+        committed, so they are fetched again next time)."""
+        wait_ms = 1000
+        if self._resume_at:
+            wait_ms = max(0, min(wait_ms, int((min(self._resume_at.values()) - time.monotonic()) * 1000)))
+        fetch = asyncio.ensure_future(self.consumer.getmany(timeout_ms=wait_ms, max_records=self.max_batch))
+        stopped = asyncio.ensure_future(self._stopping.wait())
+        await asyncio.wait((fetch, stopped), return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if self._stopping.is_set():
+            fetch.cancel()
+            await asyncio.wait([fetch])
+            if not fetch.cancelled():
+                fetch.exception()  # retrieved: a failed fetch while stopping is not worth reporting
+            return {}
+        batch: dict[TopicPartition, list[Record]] = fetch.result()  # raises what getmany raised
+        return batch
+
+    def _resume_due(self) -> None:
+        now = time.monotonic()
+        for partition, when in list(self._resume_at.items()):
+            if when <= now:
+                del self._resume_at[partition]
+                if partition in self.consumer.assignment():  # else a rebalance took it away
+                    self.consumer.resume(partition)
+
+    async def _process(self, batch: dict[TopicPartition, list[Record]]) -> None:
+        """Settle a batch round by round, then commit each partition up to its last record settled
+        in order."""
+        queue = [self._item(partition, record) for partition, records in batch.items() for record in records]
+        commits: dict[TopicPartition, int] = {}
+        held: set[TopicPartition] = set()
+        while queue and not self._stopping.is_set():
+            round_, rest = _next_round(queue)
+            queue = await self._round(round_, commits, held) + rest
+        if commits:
+            try:
+                await self.consumer.commit(commits)
+            except KafkaError as exc:  # a rebalance moved a partition: its next owner skips what we completed
+                log.warning("could not commit offsets %s: %r; their records are skipped when fetched again",
+                            {f"{p.topic}/{p.partition}": o for p, o in commits.items()}, exc)
+
+    async def _round(self, items: list[_Item], commits: dict[TopicPartition, int],
+                     held: set[TopicPartition]) -> list[_Item]:
+        """Claim a round of records at once, run their handlers in order and store the completions
+        at once. Returns the records it did not start (stopping, or the claims' lease half gone),
+        whose claims it released, to be claimed again."""
+        items = [item for item in items if item.partition not in held]
+        claiming = [item for item in items if item.request is not None]
+        if claiming:
+            now = self.clock()
+            try:
+                answers = await self.store.claim_many([item.request for item in claiming if item.request],
+                                                      now=now, lease_until=now + self.lease,
+                                                      expires_at=now + self.retention)
+            except Exception as exc:  # any store failure: back off, never run a handler unclaimed
+                log.error("idempotency store unavailable, retrying: %r", exc)
+                for item in items:
+                    if item.partition not in held:
+                        self._hold(item, held)
+                return []
+            for item, answer in zip(claiming, answers, strict=True):
+                item.answer = answer
+        deadline = time.monotonic() + self.lease.total_seconds() / 2
+        handled: list[tuple[_Item, int]] = []
+        releasing: list[tuple[_Item, int]] = []  # claims whose handler failed or did not start
+        left: list[_Item] = []
+        for n, item in enumerate(items):
+            claim = item.answer if isinstance(item.answer, Claimed) else None
+            if item.partition in held:
+                if claim:
+                    releasing.append((item, claim.epoch))
+                continue
+            if self._stopping.is_set() or (n and time.monotonic() > deadline):
+                left = [later for later in items[n:] if later.partition not in held]
+                releasing += [(later, later.answer.epoch) for later in left if isinstance(later.answer, Claimed)]
+                break
+            if claim is None:
+                settled = await self._settle(item)
+            else:
+                settled = await self._run(item, claim.epoch)
+                (handled if settled else releasing).append((item, claim.epoch))
+            if settled:
+                commits[item.partition] = item.record.offset + 1
+                self._failures.pop(item.partition, None)
+            else:
+                self._hold(item, held)
+        if releasing:
+            await self._release(releasing)
+        if handled and not await self._complete(handled):
+            for item, _ in handled:  # stopping with the store down: commit nothing from here on
+                commits[item.partition] = min(commits[item.partition], item.record.offset)
+        return left
+
+    async def _run(self, item: _Item, epoch: int) -> bool:
+        """Run the handler under a claim; False (retry it) when it raised."""
+        assert item.key is not None
+        try:
+            await self.handler(item.record, IdempotencyContext(self.group, item.key, epoch))
+        except Exception:
+            log.exception("handler failed on %s/%d/%d (key %r); it will be retried", item.record.topic,
+                          item.record.partition, item.record.offset, item.key)
+            return False
+        return True
+
+    async def _settle(self, item: _Item) -> bool:
+        """Settle a record whose handler is not to run: True to move past it, False to retry it."""
+        answer = item.answer
+        if isinstance(answer, Replay):
+            return True
+        if isinstance(answer, Busy):  # another member runs it (after a rebalance): wait for its outcome
+            return False
+        refused = item.refused
+        if isinstance(answer, Mismatch):
+            refused = Refused(Refusal.KEY_REUSED, "the key was used for another payload (digest)", item.key)
+        elif isinstance(answer, StaleFence):
+            assert item.request is not None
+            refused = Refused(Refusal.STALE_FENCE, f"{KAFKA_FENCE} {item.request.fence} is lower than "
+                              f"{answer.min_fence}, already seen for this key", item.key)
+        assert refused is not None
+        try:
+            reported = self.on_error(item.record, refused)
+            if inspect.isawaitable(reported):
+                await reported
+        except Exception:
+            log.exception("on_error failed on %s/%d/%d; it will be called again", item.record.topic,
+                          item.record.partition, item.record.offset)
+            return False
+        return True
+
+    def _hold(self, item: _Item, held: set[TopicPartition]) -> None:
+        """Retry ``item`` later: seek its partition back to it and pause it for a backoff that
+        doubles with each retry in a row (capped), or until a busy key's lease runs out."""
+        partition = item.partition
+        held.add(partition)
+        failures = self._failures[partition] = self._failures.get(partition, 0) + 1
+        delay = min(self.max_retry_seconds, self.retry_seconds * 2 ** (failures - 1))
+        if isinstance(item.answer, Busy):
+            delay = min(delay, item.answer.retry_after)
+        if partition not in self.consumer.assignment():
+            return  # a rebalance took it away: its next owner starts from the committed offset
+        self.consumer.seek(partition, item.record.offset)
+        self.consumer.pause(partition)
+        self._resume_at[partition] = time.monotonic() + delay
+
+    async def _complete(self, handled: list[tuple[_Item, int]]) -> bool:
+        """Store the handled records' completions, retrying while the store is down; False only
+        when stopping with the store still down (those records run again once their lease ends)."""
+        done = [(item.request.identity, epoch, _result(item.record)) for item, epoch in handled if item.request]
+        delay = self.retry_seconds
+        while True:
+            try:
+                stored = await self.store.complete_many(done, expires_at=self.clock() + self.retention)
+            except Exception as exc:
+                if self._stopping.is_set():
+                    log.error("could not store %d completions while stopping: %r; their offsets are not "
+                              "committed and their records run again once their lease ends", len(done), exc)
+                    return False
+                log.error("could not store %d completions, retrying in %.1f s: %r", len(done), delay, exc)
+                try:
+                    await asyncio.wait_for(self._stopping.wait(), delay)
+                except TimeoutError:
+                    pass
+                delay = min(self.max_retry_seconds, delay * 2)
+                continue
+            for (item, epoch), ok in zip(handled, stored, strict=True):
+                if not ok:
+                    log.warning("key %r was taken over (epoch %d is stale) before its completion was stored",
+                                item.key, epoch)
+            return True
+
+    async def _release(self, claimed: list[tuple[_Item, int]]) -> None:
+        try:
+            await self.store.release_many([(item.request.identity, epoch) for item, epoch in claimed
+                                           if item.request])
+        except Exception as exc:
+            log.error("could not release %d claims: %r; they are retried once their lease ends", len(claimed), exc)
+
+    # -- reading a record --------------------------------------------------------------------
+
+    def _item(self, partition: TopicPartition, record: Record) -> _Item:
+        """The record with its key, fingerprint and fence read, or with why it is refused."""
+        item = _Item(record, partition)
+        keys: list[str] = []
+        digests: list[str] = []
+        fences: list[str] = []
+        for name, value in record.headers:
+            if name in _OURS:
+                # a null or non-UTF-8 value reads as text no key, digest or fence can be
+                (keys if name == KAFKA_IDEMPOTENCY_KEY else digests if name == KAFKA_PAYLOAD_DIGEST else fences
+                 ).append(value.decode(errors="replace") if value is not None else "")
+        try:
+            item.key = parse_key(keys)
+            fence = parse_fence(fences)
+        except MalformedKey as exc:
+            item.refused = Refused(Refusal.MALFORMED_KEY, str(exc), None)
+            return item
+        except MalformedFence as exc:
+            item.refused = Refused(Refusal.MALFORMED_FENCE, str(exc), item.key)
+            return item
+        if item.key is None:
+            item.refused = Refused(Refusal.MISSING_KEY, f"no {KAFKA_IDEMPOTENCY_KEY} header", None)
+        elif len(digests) != 1:
+            item.refused = Refused(Refusal.MISSING_DIGEST, f"send exactly one {KAFKA_PAYLOAD_DIGEST} header",
+                                   item.key)
+        elif self.verify_digest and not payload_matches(record.value, digests[0]):
+            item.refused = Refused(Refusal.DIGEST_MISMATCH, f"the value is not the payload its "
+                                   f"{KAFKA_PAYLOAD_DIGEST} names", item.key)
+        else:
+            item.request = ClaimRequest(identity(self.group, item.key), digests[0], fence)
+        return item
+
+
+def _next_round(queue: list[_Item]) -> tuple[list[_Item], list[_Item]]:
+    """The longest head of ``queue`` naming each key once (a repeat is claimed once the first
+    settled, then replays rather than waiting on its own claim), and the rest."""
+    seen: set[str] = set()
+    for n, item in enumerate(queue):
+        if item.request is not None:
+            if item.request.identity in seen:
+                return queue[:n], queue[n:]
+            seen.add(item.request.identity)
+    return queue, []
+
+
+def _result(record: Record) -> StoredResponse:
+    """What a completed record stores: where its effect was made (``topic/partition/offset``)."""
+    return StoredResponse(200, ((EXTERNAL_ID.lower(), f"{record.topic}/{record.partition}/{record.offset}"),), b"")
+
