@@ -247,6 +247,15 @@ class IdempotentConsumer:
                 fetch.exception()  # retrieved: a failed fetch while stopping is not worth reporting
             return {}
         batch: dict[TopicPartition, list[Record]] = fetch.result()  # raises what getmany raised
+        # Top the batch up with what is already fetched: each batch costs two store transactions.
+        count = sum(len(records) for records in batch.values())
+        while batch and count < self.max_batch:
+            more = await self.consumer.getmany(timeout_ms=0, max_records=self.max_batch - count)
+            if not more:
+                break
+            for partition, records in more.items():
+                batch.setdefault(partition, []).extend(records)
+                count += len(records)
         return batch
 
     def _resume_due(self) -> None:

@@ -206,8 +206,10 @@ class SqliteRecordStore:
 
     def _read(self, conn: sqlite3.Connection, identity: str) -> Record | None:
         row = conn.execute(self._sql["get"], (identity,)).fetchone()
-        if row is None:
-            return None
+        return None if row is None else self._record(row)
+
+    @staticmethod
+    def _record(row: sqlite3.Row) -> Record:
         return Record(
             identity=row["identity"], fingerprint=row["fingerprint"], state=State(row["state"]),
             epoch=row["epoch"], min_fence=row["min_fence"], lease_expires_at=from_us(row["lease_expires_at"]),
@@ -291,8 +293,8 @@ class SqliteRecordStore:
     async def _apply(self, decisions: Sequence[tuple[str, Decide[T]]]) -> list[T]:
         """Decide a batch on the records as read, and write what changed, in one transaction."""
         def run(conn: sqlite3.Connection) -> list[T]:
-            found = {ident: record for ident in {ident for ident, _ in decisions}
-                     if (record := self._read(conn, ident)) is not None}
+            named = json.dumps(list({ident for ident, _ in decisions}))
+            found = {row["identity"]: self._record(row) for row in conn.execute(self._sql["get_many"], (named,))}
             answers, written = decide_each(found, decisions)
             conn.executemany(self._sql["put"], [_row(record) for record in written.values()])
             return answers

@@ -31,3 +31,7 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
 -- name: purge
 -- Delete up to a number of records whose retention ran out (a batch: claims wait behind it).
 DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE expires_at <= ? LIMIT ?);
+
+-- name: get_many
+-- Several records, named by a JSON array of identities (one statement for a whole batch).
+SELECT * FROM {table} WHERE identity IN (SELECT value FROM json_each(?));
