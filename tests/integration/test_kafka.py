@@ -3,6 +3,7 @@ it supports): each failure is recorded as what it is, held against what the topi
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -12,7 +13,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from outbox import Attempt, Intent, OnUnknown, Outcome, Status, Submission
-from receivers import wire
+from receivers import IdempotentConsumer, MemoryRecordStore, wire
 from sender.kafka import KafkaChannel, KafkaSpec
 from tests.conftest import eventually
 from tests.kafka import Broker
@@ -120,8 +121,12 @@ async def test_a_stopped_broker_is_not_submitted_and_the_retry_is_delivered(env:
     assert [r.key for r in await records(kafka)] == [b"warm", b"order-2"]
 
 
-async def test_a_broker_that_never_answers_the_produce_request_is_maybe_submitted(env: SenderEnv, channel,
-                                                                                  kafka: Broker):
+async def test_a_broker_silent_after_the_produce_request_is_maybe_submitted_and_has_one_effect(
+        env: SenderEnv, channel, kafka: Broker):
+    """The broker stops answering once the producer is connected: the record's produce request is
+    written and never answered in time (``maybe_submitted``). The broker then wakes and appends it
+    late, and the outbox (``on_unknown: always``) produces the intent again: two records with one
+    idempotency key, one effect through the receivers' idempotent consumer."""
     await kafka.create_topic(TOPIC)
     await register(env, kafka, timeout_seconds=1.0)
     assert kafka.process is not None
@@ -130,12 +135,33 @@ async def test_a_broker_that_never_answers_the_produce_request_is_maybe_submitte
         await settled(env, "warm")
         os.kill(kafka.process.pid, signal.SIGSTOP)  # connected, and from now on silent
         try:
-            await env.enqueue("order-3", destination="log")
+            await env.enqueue("order-3", {"total": 3}, destination="log")
             intent, attempt = await settled(env, "order-3")
         finally:
             os.kill(kafka.process.pid, signal.SIGCONT)
-    assert facts(attempt) == ("produce", Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN), attempt.error
-    assert intent.status is Status.PENDING  # on_unknown: always (consumers deduplicate)
+        assert facts(attempt) == ("produce", Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN), attempt.error
+        assert intent.status is Status.PENDING  # on_unknown: always (consumers deduplicate)
+        assert await eventually(lambda: _count(kafka, b"order-3", 1), timeout=10)  # appended late after all
+        await env.advance_until_due("order-3")
+        intent, _ = await settled(env, "order-3", attempts=2)
+    assert intent.status is Status.DELIVERED
+    assert len([r for r in await records(kafka) if r.key == b"order-3"]) == 2
+
+    effects: list[bytes] = []
+
+    async def handle(record: Any, context: Any) -> None:
+        effects.append(record.key)
+
+    consumer = AIOKafkaConsumer(TOPIC, bootstrap_servers=kafka.bootstrap, group_id="billing",
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    async with IdempotentConsumer(consumer, MemoryRecordStore(), handle):
+        assert await eventually(lambda: len(effects) == 2, timeout=15)
+        await asyncio.sleep(0.5)  # the second record of order-3 has been read and skipped by now
+    assert sorted(effects) == [b"order-3", b"warm"]
+
+
+async def _count(broker: Broker, key: bytes, at_least: int) -> bool:
+    return len([r for r in await records(broker) if r.key == key]) >= at_least
 
 
 async def test_a_record_too_large_is_rejected_without_a_send(env: SenderEnv, channel, kafka: Broker):
