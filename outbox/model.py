@@ -72,6 +72,7 @@ MOVES: Mapping[tuple[Status, Status], str] = {
     (Status.REVOKED, Status.PENDING): "an operator's replay (after a fresh authority check)",
     (Status.REVOKED, Status.CANCELLED): "an operator's cancel",
     (Status.DEAD, Status.PENDING): "an operator's replay",
+    (Status.DEAD, Status.CANCELLED): "an operator's cancel (giving it up; under ordering this lets its key go on)",
 }
 
 #: The statuses each status may move to: ``MOVES`` without the who.

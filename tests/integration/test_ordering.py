@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from outbox import DestinationSpec, Outbox, Settings, Status
-from outbox.operations import Actor, replay
+from outbox.operations import Actor, cancel, replay
 from sender import Worker
 
+from ..conftest import eventually
 from ..receiver import Received, Receiver, Reply
 from .conftest import SECRET
 
@@ -114,3 +115,34 @@ async def test_a_dead_letter_blocks_its_key_until_it_is_replayed(box: Outbox, re
 
 
 
+
+
+async def test_cancelling_a_dead_letter_lets_its_key_go_on_without_it(box: Outbox, receiver: Receiver):
+    replies = {"a1": [Reply(422, body="no")], "a2": []}
+
+    def answer(request: Received) -> Reply:
+        scripted = replies[request.json()["id"]]
+        return scripted.pop(0) if scripted else Reply(200)
+
+    receiver.script("/hook", answer)
+    await ordered(box, f"{receiver.url}/hook")
+    for action_id in ("a1", "a2"):
+        await box.enqueue(destination="ordered", scope="acme", action_id=action_id, ordering_key="k1",
+                          payload={"id": action_id})
+    worker = Worker(box)
+    running = asyncio.create_task(worker.run())
+    try:
+        assert await eventually(lambda: box_status(box, "a1", Status.DEAD), timeout=10)
+        await asyncio.sleep(0.3)  # longer than a poll: a2 still waits behind the dead letter
+        assert (await box.get("a2")).status is Status.PENDING
+        cancelled = await cancel(box, "a1", Actor("op", "refunded by hand instead"))
+        assert cancelled.status is Status.CANCELLED
+        await delivered(box, ["a2"], timeout=10)
+    finally:
+        worker.stop()
+        await running
+    assert [r.json()["id"] for r in receiver.requests("/hook")] == ["a1", "a2"]  # a1 was never sent again
+
+
+async def box_status(box: Outbox, action_id: str, status: Status) -> bool:
+    return (await box.get(action_id)).status is status

@@ -385,7 +385,7 @@ async def test_destinations_put_takes_the_channel_and_its_own_settings(shell: Sh
     settings (a JSON value or else text); ``--url`` is the webhook's shorthand for one."""
     before = snapshot(shell.db)
     unknown = shell.run("destinations", "put", "fax", "--channel", "fax", "--set", "number=1", code=1)
-    assert "there is no channel 'fax'; installed: email, webhook" in unknown.stderr
+    assert "there is no channel 'fax'; installed: email, kafka, webhook" in unknown.stderr
     malformed = shell.run("destinations", "put", "hook", "--set", "url", code=1)
     assert "--set takes NAME=VALUE, not 'url'" in malformed.stderr
     shared = shell.run("destinations", "put", "hook", "--set", "url=https://h.example/", "--set", "idempotent=true",
