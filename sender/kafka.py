@@ -31,7 +31,8 @@ import ssl
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from datetime import datetime
+from typing import Literal
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
@@ -148,7 +149,10 @@ class _Producer:
     """One destination's producer (as its settings read now), started by its first send."""
 
     spec: KafkaSpec
+    version: datetime  # the destination's updated_at it was made for
     producer: AIOKafkaProducer | None = None
+    #: The topic's partitions as last seen, sorted, and those with a leader.
+    partitions: tuple[set[int] | None, list[int], list[int]] = (None, [], [])
     starting: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: The broker addresses last found public, and when (the SSRF guard).
     checked: frozenset[tuple[str, int]] = frozenset()
@@ -160,7 +164,7 @@ class KafkaChannel:
 
     def __init__(self, *, tls_context: ssl.SSLContext | None = None) -> None:
         self._tls = tls_context  # None until first needed: the system's trusted CAs, verified
-        self._producers: dict[tuple[Any, ...], _Producer] = {}
+        self._producers: dict[str, _Producer] = {}
         self._partitioner = DefaultPartitioner()
 
     async def send(self, intent: Intent, destination: Destination, *, attempt_id: str, fence: int) -> SendResult:
@@ -199,17 +203,16 @@ class KafkaChannel:
                           reply=f"appended at {sent.topic}/{sent.partition}/{sent.offset}")
 
     async def _entry(self, destination: Destination) -> _Producer:
-        """The destination's producer entry; a change of its settings or secret replaces it."""
-        key = (destination.id, repr(sorted(destination.settings.items())), destination.allow_private_network,
-               destination.timeout_seconds, destination.secrets[:1])
-        entry = self._producers.get(key)
-        if entry is None:
+        """The destination's producer entry; a change of the destination (its ``updated_at``)
+        replaces it, stopping the old producer."""
+        entry = self._producers.get(destination.id)
+        if entry is None or entry.version != destination.updated_at:
             spec = KafkaSpec.model_validate({**destination.settings, "channel": "kafka",
                                              "allow_private_network": destination.allow_private_network})
-            stale = [self._producers.pop(k) for k in list(self._producers) if k[0] == destination.id]
-            entry = self._producers[key] = _Producer(spec)
-            for old in stale:
-                await self._discard(old)  # (stopping flushes what it holds)
+            self._producers[destination.id] = fresh = _Producer(spec, destination.updated_at)
+            if entry is not None:
+                await self._discard(entry)  # (stopping flushes what it holds)
+            entry = fresh
         return entry
 
     async def _started(self, entry: _Producer, destination: Destination) -> AIOKafkaProducer:
@@ -254,15 +257,20 @@ class KafkaChannel:
         """The record's partition, once the topic's metadata is known, the brokers pass the guard
         and the partition's leader takes connections (so a failure here proves nothing left)."""
         topic = entry.spec.topic
-        try:
-            partitions = await asyncio.wait_for(producer.partitions_for(topic), destination.timeout_seconds)
-        except (KafkaError, TimeoutError, OSError) as exc:
-            raise _Refused("metadata", Outcome.RETRYABLE, f"no metadata for topic {topic}: {_describe(exc)}") from None
         cluster = producer.client.cluster
+        partitions = cluster.partitions_for_topic(topic)  # known: no need to ask (and to make a timer)
+        if partitions is None:
+            try:
+                partitions = await asyncio.wait_for(producer.partitions_for(topic), destination.timeout_seconds)
+            except (KafkaError, TimeoutError, OSError) as exc:
+                raise _Refused("metadata", Outcome.RETRYABLE,
+                               f"no metadata for topic {topic}: {_describe(exc)}") from None
         if not destination.allow_private_network:
             await self._guard(entry, [(b.host, b.port) for b in cluster.brokers()], "metadata")
-        available = list(cluster.available_partitions_for_topic(topic) or ())
-        tp = TopicPartition(topic, self._partitioner(_record_key(intent), sorted(partitions), available))
+        if entry.partitions[0] != partitions:  # the partitioner's inputs, kept until the metadata changes
+            entry.partitions = (partitions, sorted(partitions), list(cluster.available_partitions_for_topic(topic)))
+        _, every, available = entry.partitions
+        tp = TopicPartition(topic, self._partitioner(_record_key(intent), every, available))
         leader = cluster.leader_for_partition(tp)
         if leader is None or leader < 0 or not await producer.client.ready(leader):
             raise _Refused("connect", Outcome.RETRYABLE,
