@@ -442,6 +442,46 @@ async def channel_alone(receiver: Receiver, n: int) -> Load:
     return load
 
 
+@asynccontextmanager
+async def counted(box: Any) -> AsyncIterator[tuple[Counter[str], LogCounter]]:
+    """While the block runs: the store's claims (``claims``, ``claimed``) and, on SQLite, its
+    group commits (``commits``, ``jobs``) counted, and the sender's log counted rather than
+    printed; everything is put back after."""
+    store = box.store
+    calls = Counter[str]()
+    claim = store.claim
+
+    async def counting_claim(*args: Any, **kwargs: Any) -> Any:
+        got = await claim(*args, **kwargs)
+        calls["claims"] += 1
+        calls["claimed"] += len(got)
+        return got
+
+    store.claim = counting_claim
+    committer = commit_module()
+    apply = getattr(committer, "_apply_batch", None)
+
+    def counting_apply(conn: Any, jobs: Any) -> Any:
+        calls["commits"] += 1
+        calls["jobs"] += len(jobs)
+        return apply(conn, jobs)  # type: ignore[misc]
+
+    if apply is not None:
+        committer._apply_batch = counting_apply
+    sender_log = LogCounter()
+    logger = logging.getLogger("outbox.sender")
+    logger.addHandler(sender_log)
+    logger.propagate = False  # counted and summarised, not printed line by line
+    try:
+        yield calls, sender_log
+    finally:
+        logger.removeHandler(sender_log)
+        logger.propagate = True
+        if apply is not None:
+            committer._apply_batch = apply
+        store.claim = claim
+
+
 async def outbox_delivery(workdir: Path, receiver: Receiver, n: int, *, noop: bool = False) -> Delivery:
     """Enqueue n intents (untimed), run a Worker until every one is delivered, check the counts.
     With ``noop``, the worker's channel sends nothing (see NoopChannel)."""
@@ -455,40 +495,9 @@ async def outbox_delivery(workdir: Path, receiver: Receiver, n: int, *, noop: bo
         if await scalar(box, "SELECT count(*) FROM intents WHERE status = 'pending'") != n:
             raise BenchError("the outbox does not hold n pending intents before the run")
 
-        store = box.store
-        calls = Counter[str]()
-        claim = store.claim
-
-        async def counting_claim(*args: Any, **kwargs: Any) -> Any:
-            got = await claim(*args, **kwargs)
-            calls["claims"] += 1
-            calls["claimed"] += len(got)
-            return got
-
-        store.claim = counting_claim  # type: ignore[method-assign]
-        committer = commit_module()
-        apply = getattr(committer, "_apply_batch", None)
-
-        def counting_apply(conn: Any, jobs: Any) -> Any:
-            calls["commits"] += 1
-            calls["jobs"] += len(jobs)
-            return apply(conn, jobs)  # type: ignore[misc]
-
-        if apply is not None:
-            committer._apply_batch = counting_apply
-        sender_log = LogCounter()
-        logger = logging.getLogger("outbox.sender")
-        logger.addHandler(sender_log)
-        logger.propagate = False  # counted and summarised, not printed line by line
         worker = Worker(box, channels={"webhook": NoopChannel()} if noop else None)
-        try:
+        async with counted(box) as (calls, sender_log):
             seconds, observed, used = await time_worker(box, worker, n, receiver)
-        finally:
-            logger.removeHandler(sender_log)
-            logger.propagate = True
-            if apply is not None:
-                committer._apply_batch = apply
-            store.claim = claim  # type: ignore[method-assign]
         await check_delivered(box, n)
         if worker.stale_writes:
             raise BenchError(f"the worker had {worker.stale_writes} fenced writes rejected")
@@ -504,7 +513,7 @@ async def outbox_delivery(workdir: Path, receiver: Receiver, n: int, *, noop: bo
     if received != (0 if noop else n):
         raise BenchError(f"the receiver counted {received} deliveries, expected exactly {0 if noop else n}")
     return Delivery(n / seconds, seconds, observed, calls["claims"], calls["claimed"],
-                    calls["commits"] if apply is not None else None, calls["jobs"], used,
+                    calls.get("commits"), calls["jobs"], used,
                     dict(sender_log.counts), sender_log.samples, lease_lost)
 
 

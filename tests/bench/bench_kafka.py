@@ -58,10 +58,9 @@ from typing import Any
 import harness
 from bench_delivery import (
     Cpu,
-    LogCounter,
     NoopChannel,
     check_delivered,
-    commit_module,
+    counted,
     fill,
     own_cpu,
     payload,
@@ -346,8 +345,6 @@ async def outbox_delivery(workdir: Path, peer: KafkaPeer, topic: str, n: int, co
                           ordered: bool = False, noop: bool = False) -> Run:
     """Enqueue n intents (untimed), run a Worker until every one is delivered, check the store
     and the topic. ``ordered``: an ordering destination, KEYS keys; ``noop``: nothing is produced."""
-    import logging
-
     from outbox import Outbox, Settings
     from sender import Worker
 
@@ -356,45 +353,15 @@ async def outbox_delivery(workdir: Path, peer: KafkaPeer, topic: str, n: int, co
         return {"destination": DESTINATION, "scope": SCOPE, "payload": payload(i), **extra}
 
     settings = Settings(authority="allow-all", worker_concurrency=concurrency)
-    calls: Counter[str] = Counter()
     async with await Outbox.open(f"sqlite:///{workdir / 'outbox.db'}", settings=settings) as box:
         await box.put_destination(DESTINATION, destination_spec(peer.broker.bootstrap, topic, ordered))
         await fill(box, 0, n, make)
         store: Any = box.store
         keys: dict[str, str] = dict(await store._read(
             lambda conn: conn.execute("SELECT intent_key, ordering_key FROM intents").fetchall()))
-        claim = store.claim
-
-        async def counting_claim(*args: Any, **kwargs: Any) -> Any:
-            got = await claim(*args, **kwargs)
-            calls["claims"] += 1
-            calls["claimed"] += len(got)
-            return got
-
-        store.claim = counting_claim
-        committer = commit_module()
-        apply = getattr(committer, "_apply_batch", None)
-
-        def counting_apply(conn: Any, jobs: Any) -> Any:
-            calls["commits"] += 1
-            calls["jobs"] += len(jobs)
-            return apply(conn, jobs)  # type: ignore[misc]
-
-        if apply is not None:
-            committer._apply_batch = counting_apply
-        sender_log = LogCounter()
-        logger = logging.getLogger("outbox.sender")
-        logger.addHandler(sender_log)
-        logger.propagate = False  # counted and summarised, not printed line by line
         worker = Worker(box, channels={"kafka": NoopChannel()} if noop else None)
-        try:
+        async with counted(box) as (calls, sender_log):
             seconds, _, used = await time_worker(box, worker, n, peer)
-        finally:
-            logger.removeHandler(sender_log)
-            logger.propagate = True
-            store.claim = claim
-            if apply is not None:
-                committer._apply_batch = apply
         await check_delivered(box, n)
         if worker.stale_writes:
             raise BenchError(f"the worker had {worker.stale_writes} fenced writes rejected")
@@ -407,7 +374,7 @@ async def outbox_delivery(workdir: Path, peer: KafkaPeer, topic: str, n: int, co
     else:
         check_topic(await read_topic(peer.broker.bootstrap, topic), keys, n, ordered)
     return Run(n / seconds, used, calls["claims"], calls["claimed"], dict(sender_log.counts),
-               calls["commits"] if apply is not None else None, calls["jobs"])
+               calls.get("commits"), calls["jobs"])
 
 
 # -- running and reporting ------------------------------------------------------------------------
