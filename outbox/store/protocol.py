@@ -70,6 +70,59 @@ class History:
 
 
 class Transaction(Protocol):
+@dataclass(frozen=True, slots=True)
+class AttemptMinute:
+    """The attempts to one destination that finished in one minute with one outcome."""
+
+    destination: str
+    minute: datetime
+    outcome: str
+    count: int
+    duration_ms: float  # summed over them
+    last_at: datetime  # when the latest of them finished
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A destination's latest attempt that did not deliver."""
+
+    destination: str
+    at: datetime
+    outcome: str
+    status_code: int | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A destination's open (pending, leased, held) intents, and when its oldest due one fell due."""
+
+    destination: str
+    count: int
+    oldest_due_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """``count`` intents enqueued in minute ``since`` (the window's first, for older ones) and
+    last changed in minute ``until`` as they settled (None: still open)."""
+
+    since: datetime
+    until: datetime | None
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Activity:
+    """What the console shows of a recent window: attempts per minute, latest failures, the
+    open intents, and the spans from which the backlog over the window is counted."""
+
+    minutes: list[AttemptMinute]
+    failures: list[Failure]
+    waiting: list[Waiting]
+    backlog: list[Span]
+
+
     """A database transaction shared by the caller's own SQL and the outbox's writes."""
 
     async def execute(self, sql: str, parameters: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
@@ -224,6 +277,11 @@ class Store(Protocol):
     async def put_grant(self, grant_id: str, spec: GrantSpec, at: datetime) -> tuple[Grant, bool]:
         """Create or replace a grant (its revision goes up); True when it was new."""
         ...
+    async def activity(self, since: datetime, now: datetime) -> Activity:
+        """Attempts finished, failures and settled intents since ``since`` (minute by minute,
+        through indexes on finish and change times), and the open intents as of ``now``."""
+        ...
+
 
     async def get_grant(self, grant_id: str) -> Grant | None:
         """One grant, or None."""

@@ -31,7 +31,7 @@ from ..tokens import TokenInfo
 from . import records
 from .migrator import Migration, run_migrations, scripts_for
 from .plumbing import GroupCommitter, connect, on_thread, queries, unavailable
-from .protocol import History, IntentQuery, Page
+from .protocol import Activity, AttemptMinute, Failure, History, IntentQuery, Page, Span, Waiting
 from .rules import (
     check_claim,
     check_payload,
@@ -551,6 +551,19 @@ class SqliteStore:
         def run(conn: sqlite3.Connection) -> Grant | None:
             row = conn.execute(SQL["grant_by_id"], (grant_id,)).fetchone()
             return None if row is None else _grant(row)
+
+    async def activity(self, since: datetime, now: datetime) -> Activity:
+        def read(conn: sqlite3.Connection) -> Activity:
+            after = to_us(since)
+            return Activity(
+                [AttemptMinute(d, from_us(m), o, n, ms, from_us(last))
+                 for d, m, o, n, ms, last in conn.execute(SQL["activity_minutes"], (after,))],
+                [Failure(d, from_us(at), o, code, error)
+                 for d, at, o, code, error in conn.execute(SQL["activity_failures"], (after,))],
+                [Waiting(d, n, from_us(oldest)) for d, n, oldest in conn.execute(SQL["activity_waiting"], (to_us(now),))],
+                [Span(from_us(start), from_us(end), n) for start, end, n in conn.execute(SQL["activity_backlog"], (after,))])
+
+        return await self._read(read)
 
         return await self._read(run)
 

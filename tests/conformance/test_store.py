@@ -494,6 +494,45 @@ async def test_attempts_are_recorded_fenced_and_finished(store):
     assert (await store.history("acme/a1")).attempts == [done]
 
 
+async def test_activity_counts_attempts_by_minute_the_latest_failures_and_the_backlog(store):
+    hour = T0.replace(second=0, microsecond=0)  # 12:00, the window's start
+    await store.insert_intents([new("old", at=hour - timedelta(hours=2)), new("a1"), new("a2")])
+    await store.insert_intent(*new("h1", dest="approvals", at=hour + timedelta(seconds=90)))
+    await store.claim("w1", now=T0, lease_until=T0 + timedelta(hours=9), limit=3)
+
+    async def finish(action_id: str, number: int, at: datetime, status: Status, outcome: Outcome, **facts) -> None:
+        done = replace(attempt(number, 1, at=at), attempt_id=f"{action_id}-{number}", finished_at=at, outcome=outcome, duration_ms=100.0, **facts)
+        await store.update_intent(f"acme/{action_id}", expected=Status.LEASED, status=status, fence=1,
+                                  attempt=done, changes={"next_attempt_at": at + timedelta(seconds=10)},
+                                  events=[Event(kind="attempt_finished", at=at, actor="w1")])
+
+    await finish("old", 1, hour - timedelta(hours=1), Status.DELIVERED, Outcome.DELIVERED)  # before the window
+    await finish("a1", 1, T0 + timedelta(seconds=10), Status.DELIVERED, Outcome.DELIVERED)
+    await finish("a2", 1, T0 + timedelta(seconds=20), Status.LEASED, Outcome.RETRYABLE, status_code=503,
+                 error="older")
+    await finish("a2", 2, T0 + timedelta(seconds=70), Status.PENDING, Outcome.RETRYABLE, status_code=503,
+                 error="down")
+
+    seen = await store.activity(hour, T0 + timedelta(seconds=120))
+    assert sorted((m.destination, m.minute, m.outcome, m.count, m.duration_ms, m.last_at) for m in seen.minutes) == [
+        ("billing", hour, "delivered", 1, 100.0, T0 + timedelta(seconds=10)),
+        ("billing", hour, "retryable", 1, 100.0, T0 + timedelta(seconds=20)),
+        ("billing", hour + timedelta(minutes=1), "retryable", 1, 100.0, T0 + timedelta(seconds=70))]
+    assert [(f.destination, f.at, f.outcome, f.status_code, f.error) for f in seen.failures] == [
+        ("billing", T0 + timedelta(seconds=70), "retryable", 503, "down")]
+    assert sorted((w.destination, w.count, w.oldest_due_at) for w in seen.waiting) == [
+        ("approvals", 1, None), ("billing", 1, T0 + timedelta(seconds=80))]
+    assert sorted((s.since, s.until or hour + timedelta(days=1), s.count) for s in seen.backlog) == [
+        (hour, hour, 1),  # a1: enqueued and delivered within 12:00
+        (hour, hour + timedelta(days=1), 1),  # a2: still open
+        (hour + timedelta(minutes=1), hour + timedelta(days=1), 1)]  # h1: held since 12:01
+    later = await store.activity(hour + timedelta(hours=1), T0)  # a2 is not due yet at T0
+    assert (later.minutes, later.failures) == ([], [])
+    assert sorted((w.destination, w.count, w.oldest_due_at) for w in later.waiting) == [
+        ("approvals", 1, None), ("billing", 1, None)]
+    assert [(s.since, s.until, s.count) for s in later.backlog] == [(hour + timedelta(hours=1), None, 2)]
+
+
 async def test_leases_are_renewed_only_while_held_and_expired_ones_are_found(store):
     await store.insert_intents([new("l1"), new("l2")])
     claimed = await store.claim("w1", now=T0, lease_until=T0 + timedelta(seconds=10), limit=2)

@@ -307,3 +307,33 @@ UPDATE tokens SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL RETURNING
 -- name: count_active_tokens
 -- Active tokens of a role.
 SELECT count(*) FROM tokens WHERE role = $1 AND revoked_at IS NULL;
+
+-- name: activity_minutes
+-- Attempts finished since $1, per destination, minute and outcome: count, summed duration, last end.
+SELECT i.destination, date_trunc('minute', a.finished_at) AS minute, a.outcome, count(*),
+       coalesce(sum(a.duration_ms), 0)::float8, max(a.finished_at)
+FROM attempts a JOIN intents i ON i.seq = a.intent_seq
+WHERE a.finished_at >= $1 GROUP BY i.destination, minute, a.outcome;
+
+-- name: activity_failures
+-- Each destination's latest failed attempt since $1.
+SELECT DISTINCT ON (i.destination) i.destination, a.finished_at, a.outcome, a.status_code, a.error
+FROM attempts a JOIN intents i ON i.seq = a.intent_seq
+WHERE a.finished_at >= $1 AND a.outcome <> 'delivered' ORDER BY i.destination, a.finished_at DESC;
+
+-- name: activity_waiting
+-- Each destination's open intents and when its oldest due one (at $1) fell due.
+SELECT destination, count(*), min(next_attempt_at) FILTER (WHERE status = 'pending' AND next_attempt_at <= $1)
+FROM intents WHERE status IN ('pending', 'leased', 'held') GROUP BY destination;
+
+-- name: activity_backlog
+-- Open intents by the minute they were enqueued (at least $1's), and intents settled since $1 by the minutes
+-- they were enqueued and last changed.
+SELECT date_trunc('minute', greatest(created_at, $1)) AS since, NULL::timestamptz, count(*)
+FROM intents WHERE status IN ('pending', 'leased', 'held') GROUP BY 1
+UNION ALL
+SELECT date_trunc('minute', greatest(created_at, $1)), date_trunc('minute', updated_at), count(*)
+FROM intents WHERE status IN ('delivered', 'cancelled') AND updated_at >= $1 GROUP BY 1, 2
+UNION ALL
+SELECT date_trunc('minute', greatest(created_at, $1)), date_trunc('minute', updated_at), count(*)
+FROM intents WHERE status IN ('dead', 'unknown', 'revoked') AND updated_at >= $1 GROUP BY 1, 2;

@@ -290,3 +290,34 @@ UPDATE tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL RETURNING *
 -- name: count_active_tokens
 -- Active tokens of a role.
 SELECT count(*) FROM tokens WHERE role = ? AND revoked_at IS NULL;
+
+-- name: activity_minutes
+-- Attempts finished since ?1, per destination, minute (microseconds) and outcome: count, summed duration, last end.
+SELECT i.destination, a.finished_at / 60000000 * 60000000 AS minute, a.outcome, count(*),
+       coalesce(sum(a.duration_ms), 0), max(a.finished_at)
+FROM attempts a INDEXED BY attempts_finished JOIN intents i ON i.seq = a.intent_seq
+WHERE a.finished_at >= ?1 GROUP BY i.destination, minute, a.outcome;
+
+-- name: activity_failures
+-- Each destination's latest failed attempt since ?1 (SQLite takes the bare columns from the max row).
+SELECT i.destination, max(a.finished_at), a.outcome, a.status_code, a.error
+FROM attempts a INDEXED BY attempts_finished JOIN intents i ON i.seq = a.intent_seq
+WHERE a.finished_at >= ?1 AND a.outcome <> 'delivered' GROUP BY i.destination;
+
+-- name: activity_waiting
+-- Each destination's open intents and when its oldest due one (at ?1) fell due.
+SELECT destination, count(*), min(CASE WHEN status = 'pending' AND next_attempt_at <= ?1 THEN next_attempt_at END)
+FROM intents WHERE status IN ('pending', 'leased', 'held') GROUP BY destination;
+
+-- name: activity_backlog
+-- Open intents by the minute they were enqueued (at least ?1's), and intents settled since ?1 by the minutes
+-- they were enqueued and last changed.
+SELECT max(created_at, ?1) / 60000000 * 60000000 AS since, NULL, count(*)
+FROM intents WHERE status IN ('pending', 'leased', 'held') GROUP BY since
+UNION ALL
+SELECT max(created_at, ?1) / 60000000 * 60000000 AS since, updated_at / 60000000 * 60000000 AS until, count(*)
+FROM intents INDEXED BY intents_finished WHERE status IN ('delivered', 'cancelled') AND updated_at >= ?1
+GROUP BY since, until
+UNION ALL
+SELECT max(created_at, ?1) / 60000000 * 60000000 AS since, updated_at / 60000000 * 60000000 AS until, count(*)
+FROM intents WHERE status IN ('dead', 'unknown', 'revoked') AND updated_at >= ?1 GROUP BY since, until;
