@@ -70,6 +70,11 @@ class Circuits:
         return due, (f"destination {destination.id!r} is not answering ({circuit.failures} sends in a row "
                      f"got no answer); its sends are paused until {resume.isoformat()}")
 
+    def paused_until(self, destination_id: str) -> datetime | None:
+        """When this worker's pause of the destination ends (None: not paused), for the console."""
+        circuit = self._circuits.get(destination_id)
+        return None if circuit is None else circuit.until
+
     @property
     def paused(self) -> int:
         """How many destinations are paused or being probed now."""

@@ -115,14 +115,14 @@ def test_an_operator_replays_a_dead_letter_from_the_console(console: Console, tm
         page.wait_for_url(console.url + "/console")
         assert page.locator("h1").inner_text() == "Overview"
 
-        dead_letters = page.locator("h2#dead + table")
+        dead_letters = page.locator("h2#dead + .scroll table")
         link = dead_letters.get_by_role("link", name="inv-42-send")
         assert link.count() == 1
         assert "attempts exhausted" in dead_letters.inner_text()
         link.click()
         page.wait_for_url(console.url + "/console/intents/inv-42-send?scope=acme")
         assert page.locator("main > p .pill").first.inner_text() == "dead"
-        assert "<b>not bold</b>" in page.locator("pre").inner_text()  # shown as text, never as markup
+        assert "<b>not bold</b>" in page.locator("pre").first.inner_text()  # shown as text, never as markup
         assert page.locator("pre b").count() == 0
 
         console.switch.fix()
@@ -137,10 +137,10 @@ def test_an_operator_replays_a_dead_letter_from_the_console(console: Console, tm
             assert time.monotonic() < deadline, "the replayed intent was not delivered in 20 s"
             page.wait_for_timeout(200)
             page.reload()
-        timeline = page.locator("h2:text('Timeline') + table").inner_text()
+        timeline = page.locator("h2:text('Timeline') + .scroll table").inner_text()
         assert "replayed" in timeline and "billing back after INC-4711" in timeline
         assert console.operator_actor in timeline
-        assert "rcpt-inv-42-send" in page.locator("h2:text('Attempts') + table").inner_text()
+        assert "rcpt-inv-42-send" in page.locator("h2:text('Attempts') + .scroll table").inner_text()
         assert page.locator("form[action$='/replay']").count() == 0  # nothing left to replay
 
         shot = tmp_path / "intent-delivered.png"

@@ -1,0 +1,403 @@
+"""The console's pages: the overview (charts, destination health, what needs attention), the
+intent search, an intent with its actions, and bulk replay (preview, reason, progress).
+
+Sign-in takes an operator or admin token and keeps it in an HttpOnly, SameSite=Strict cookie;
+every action form also carries a token-bound CSRF value. Actions go through the same
+``outbox.operations`` as the API and CLI, and are recorded with the token and the reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from html import escape
+from typing import Any
+from urllib.parse import parse_qs, quote
+
+from fastapi import APIRouter, Request
+from fastapi.responses import RedirectResponse, Response
+
+from .. import operations
+from ..errors import NotFound, OutboxError
+from ..model import Intent, Role, Status
+from ..outbox import Behind, Outbox
+from ..store import IntentQuery
+from ..tokens import TokenInfo
+from ..web import ConsoleRoute, secure_cookie
+from . import charts
+from .filters import Filter
+from .health import backlog, health, per_minute, window
+from .layout import STYLE, flashes, intent_link, intent_url, page, pill, pretty, table, when
+from .replays import Replays
+
+COOKIE = "outbox_console"
+ATTENTION = ((Status.DEAD, "Dead letters"), (Status.UNKNOWN, "Unknown outcomes"),
+             (Status.REVOKED, "Revoked"), (Status.HELD, "Held for approval"))
+
+
+def csrf_for(token: str) -> str:
+    """The CSRF value bound to a console session's token."""
+    return hmac.new(token.encode(), b"outbox-console-csrf", hashlib.sha256).hexdigest()[:32]
+
+
+def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]) -> APIRouter:
+    """The console's routes, reading the outbox and the replay authority from the app."""
+    pages = APIRouter(prefix="/console", include_in_schema=False, route_class=ConsoleRoute)
+    replays = Replays()
+
+    async def session(request: Request) -> TokenInfo | None:
+        token = request.cookies.get(COOKIE)
+        if not token:
+            return None
+        info = await box(request).authenticate(token)
+        return info if info is not None and info.role in (Role.OPERATOR, Role.ADMIN) else None
+
+    async def form(request: Request) -> dict[str, list[str]]:
+        raw = (await request.body()).decode("utf-8", "replace")
+        return parse_qs(raw, keep_blank_values=True)
+
+    def csrf_field(request: Request) -> str:
+        return f"<input type='hidden' name='csrf' value='{csrf_for(request.cookies[COOKIE])}'>"
+
+    def forged(request: Request, fields: dict[str, list[str]]) -> Response | None:
+        """A refusal unless the form carries this session's CSRF value."""
+        if hmac.compare_digest(fields.get("csrf", [""])[-1], csrf_for(request.cookies[COOKIE])):
+            return None
+        return page("Refused", "<p>the form is stale or was not sent from this console; reload and retry</p>",
+                    status=403)
+
+    def to_login() -> Response:
+        return RedirectResponse("/console/login", status_code=303)
+
+    @pages.get("/style.css")
+    async def style() -> Response:
+        return Response(STYLE, media_type="text/css; charset=utf-8", headers={"Cache-Control": "max-age=3600"})
+
+    @pages.get("/login")
+    async def login_page(request: Request, error: str = "") -> Response:
+        return page("Sign in", flashes(error=error) + (
+            "<form method='post' action='/console/login'><p><label>Operator or admin token<br>"
+            "<input name='token' type='password' size='40' autofocus></label></p>"
+            "<button type='submit'>Sign in</button></form>"), signed_in=False)
+
+    @pages.post("/login")
+    async def login(request: Request) -> Response:
+        token = (await form(request)).get("token", [""])[-1].strip()
+        info = await box(request).authenticate(token) if token else None
+        if info is None or info.role not in (Role.OPERATOR, Role.ADMIN):
+            return RedirectResponse("/console/login?error=" + quote("that is not an operator or admin token"),
+                                    status_code=303)
+        response = RedirectResponse("/console", status_code=303)
+        response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/console",
+                            secure=secure_cookie(request))
+        return response
+
+    @pages.post("/logout")
+    async def logout(request: Request) -> Response:
+        response = to_login()
+        response.delete_cookie(COOKIE, path="/console", secure=secure_cookie(request))
+        return response
+
+    @pages.get("")
+    async def overview(request: Request, done: str = "") -> Response:
+        if await session(request) is None:
+            return to_login()
+        outbox = box(request)
+        now = outbox.clock.now()
+        minutes = window(now)
+        activity = await outbox.store.activity(minutes[0], now)
+        counts: dict[str, int] = {}
+        for status, _, n in await outbox.store.count_by_status():
+            counts[status] = counts.get(status, 0) + n
+        statuses = table(["status", "intents"], [
+            f"<tr><td><a href='/console/intents?status={s.value}'>{pill(s.value)}</a></td>"
+            f"<td class='num'>{counts.get(s.value, 0)}</td></tr>" for s in Status])
+        delivered, failed = per_minute(activity, minutes)
+        graphs = ("<div class='charts'>"
+                  + charts.bars("Attempts per minute", minutes, delivered, failed, ("delivered", "failed"))
+                  + charts.line("Backlog (open intents)", minutes, backlog(activity, minutes), "open")
+                  + "</div>")
+        destinations = await outbox.list_destinations()
+        disabled = {d.id for d in destinations if d.disabled}
+        rows = []
+        for h in health(activity, [d.id for d in destinations]):
+            rate = "—" if h.failure_rate is None else f"{h.failure_rate:.0%}"
+            mean = "—" if h.mean_ms is None else f"{h.mean_ms:.0f} ms"
+            failure = h.last_failure
+            last_error = "—" if failure is None else (
+                f"{when(failure.at, now)} {escape(failure.outcome)}"
+                + (f" {failure.status_code}" if failure.status_code else "")
+                + (f": {escape(failure.error[:200])}" if failure.error else ""))
+            rows.append(
+                f"<tr><td><a href='/console/intents?destination={quote(h.destination)}'>"
+                f"{escape(h.destination)}</a></td><td>{circuit(request, h.destination, disabled, now)}</td>"
+                f"<td class='num'>{h.delivered}</td><td class='num'>{h.failed}</td><td class='num'>{rate}</td>"
+                f"<td class='num'>{mean}</td><td class='num'>{h.waiting}</td><td>{when(h.oldest_due_at, now)}</td>"
+                f"<td>{when(h.last_success, now)}</td><td>{last_error}</td></tr>")
+        destination_health = table(["destination", "sends", "delivered", "failed", "failure rate",
+                                     "mean attempt", "open", "oldest due", "last success", "last error"], rows)
+        sections = []
+        for status, title in ATTENTION:
+            found = await outbox.list_intents(IntentQuery(statuses=[status], limit=10))
+            more = (f" · <a href='/console/intents?status={status.value}'>all {counts.get(status.value, 0)}</a>"
+                    if found.next_seq else "")
+            sections.append(f"<h2 id='{status.value}'>{title}</h2>" + _intents(found.intents, now) + (
+                f"<p>{more[3:]}</p>" if more else ""))
+        search = ("<form class='filters' method='get' action='/console/intents'><label>action id"
+                  "<input name='q' size='24'></label><button>Find</button></form>")
+        return page("Overview", flashes(done) + search + "<h2>Last hour</h2>" + graphs
+                    + "<h2>Destinations (last hour)</h2>" + destination_health
+                    + "<h2>Backlog by status</h2>" + statuses + "".join(sections))
+
+    @pages.get("/intents")
+    async def search(request: Request) -> Response:
+        if await session(request) is None:
+            return to_login()
+        outbox = box(request)
+        now = outbox.clock.now()
+        destinations = [d.id for d in await outbox.list_destinations()]
+        chosen = Filter()
+        try:
+            chosen = Filter.parse(request.query_params, now)
+            if chosen.action_id:
+                intents, next_seq = await outbox.store.intents_named(chosen.action_id), None
+            else:
+                found = await outbox.list_intents(chosen.query(before=chosen.before))
+                intents, next_seq = found.intents, found.next_seq
+        except OutboxError as exc:
+            return page("Intents", chosen_form(chosen, destinations) + flashes(error=exc.message), status=400)
+        older = (f"<p><a rel='next' href='/console/intents?{chosen.encode(before=next_seq)}'>older →</a></p>"
+                 if next_seq else "")
+        bulk = (f"<p><a href='/console/replay?{chosen.encode()}'>Replay what this filter matches…</a></p>"
+                if chosen.replayable() else "")
+        return page("Intents", chosen_form(chosen, destinations) + bulk + _intents(intents, now) + older)
+
+    @pages.get("/intents/{action_id}")
+    async def intent_page(request: Request, action_id: str, scope: str | None = None, done: str = "",
+                          error: str = "") -> Response:
+        if await session(request) is None:
+            return to_login()
+        outbox = box(request)
+        try:
+            intent, history = await outbox.show(action_id, scope=scope)
+            behind = await outbox.waiting_behind(intent)
+        except (NotFound, OutboxError) as exc:
+            return page("Not found", f"<p>{escape(exc.message)}</p>", status=404)
+        now = outbox.clock.now()
+        csrf = csrf_field(request)
+
+        def action(name: str, label: str, extra: str = "") -> str:
+            target = escape(intent_url(action_id, intent.scope, name))
+            return (f"<form class='inline' method='post' action='{target}'>{csrf}{extra}"
+                    f"<input name='reason' placeholder='reason' required size='24'> "
+                    f"<button type='submit' name='action' value='{name}'>{label}</button></form>")
+
+        actions = []
+        if intent.status in operations.REPLAYABLE:
+            actions.append(action("replay", "Replay", "<label><input type='checkbox' name='accept_duplicate_risk' "
+                                                      "value='yes'> accept duplicate risk</label> "))
+        if intent.status is Status.UNKNOWN:
+            actions.append(action("resolve", "Resolve", "<select name='resolution'>" + "".join(
+                f"<option>{r.value}</option>" for r in operations.Resolution) + "</select> "
+                "<input name='external_id' placeholder='external id (evidence)' size='20'> "))
+        if intent.status is Status.HELD:
+            digest = f"<input type='hidden' name='payload_digest' value='{escape(intent.payload_digest)}'>"
+            actions.append(action("approve", "Approve", digest))
+            actions.append(action("reject", "Reject"))
+        if intent.status in (Status.PENDING, Status.HELD, Status.REVOKED, Status.DEAD):
+            actions.append(action("cancel", "Cancel"))
+        attempts = [
+            f"<tr><td>{a.number}</td><td><code>{escape(a.attempt_id)}</code></td><td>{a.fence}</td>"
+            f"<td>{when(a.started_at, now)}</td><td>{escape(a.submission.value if a.submission else '')}</td>"
+            f"<td>{escape(a.outcome.value if a.outcome else 'in flight')}</td><td>{escape(a.stage or '')}</td>"
+            f"<td>{a.status_code or ''}</td><td>{escape(a.external_id or '')}</td>"
+            f"<td class='num'>{'' if a.duration_ms is None else f'{a.duration_ms:.0f}'}</td>"
+            f"<td>{escape(a.error or '')}</td><td>{pretty(a.reply)}</td></tr>" for a in history.attempts]
+        events = [
+            f"<tr><td>{when(e.at, now)}</td><td>{escape(e.kind.value)}</td><td>{escape(e.actor)}</td>"
+            f"<td>{escape(e.reason or '')}</td><td>{pretty(json.dumps(dict(e.data)) if e.data else '')}</td></tr>"
+            for e in history.events]
+        waiting = f"<p class='flash error'>waiting {_behind_link(behind, intent)}</p>" if behind else ""
+        last_error = ("" if intent.status is Status.DELIVERED or not intent.last_error
+                      else f"<p>last error: {escape(intent.last_error)}</p>")
+        return page(f"Intent {action_id}", flashes(done, error) + (
+            f"<p>{pill(intent.status.value)} to <b>{escape(intent.destination)}</b> for "
+            f"<b>{escape(intent.scope)}</b> · attempts {intent.attempts}/{intent.max_attempts} · fence {intent.fence}"
+            f" · enqueued {when(intent.created_at, now)} · changed {when(intent.updated_at, now)}"
+            + (f" · next attempt {when(intent.next_attempt_at, now)}" if intent.status is Status.PENDING
+               else "") + "</p>"
+            f"{waiting}{last_error}"
+            f"<p>payload <code>{escape(intent.payload_digest)}</code></p>{pretty(intent.payload_json[:4000])}"
+            f"<h2>Actions</h2>{''.join(actions) or '<p>none for this status</p>'}"
+            f"<h2>Attempts</h2>" + table(["#", "attempt_id", "fence", "started", "submission", "outcome", "stage",
+                                           "status", "external id", "ms", "error", "reply"], attempts)
+            + "<h2>Timeline</h2>" + table(["at", "event", "actor", "reason", "data"], events)))
+
+    async def act(request: Request, action_id: str, scope: str | None, name: str,
+                  run: Callable[[Outbox, operations.Actor, dict[str, str]], Awaitable[object]]) -> Response:
+        who = await session(request)
+        if who is None:
+            return to_login()
+        raw = await form(request)
+        if (refused := forged(request, raw)) is not None:
+            return refused
+        fields = {k: v[-1] for k, v in raw.items()}
+        try:
+            await run(box(request), operations.Actor(who.actor, fields.get("reason", "")), fields)
+        except OutboxError as exc:
+            return RedirectResponse(intent_url(action_id, scope, error=exc.message), status_code=303)
+        return RedirectResponse(intent_url(action_id, scope, done=name + " done"), status_code=303)
+
+    @pages.post("/intents/{action_id}/replay")
+    async def replay(request: Request, action_id: str, scope: str | None = None) -> Response:
+        return await act(request, action_id, scope, "replay", lambda b, who, f: operations.replay(
+            b, action_id, who, scope=scope, authorize=authorize(request),
+            accept_duplicate_risk=f.get("accept_duplicate_risk") == "yes"))
+
+    @pages.post("/intents/{action_id}/resolve")
+    async def resolve(request: Request, action_id: str, scope: str | None = None) -> Response:
+        async def run(b: Outbox, who: operations.Actor, f: dict[str, str]) -> object:
+            try:
+                resolution = operations.Resolution(f.get("resolution", ""))
+            except ValueError:
+                raise OutboxError("choose delivered, retry or dead") from None
+            return await operations.resolve(b, action_id, resolution, who, scope=scope,
+                                            external_id=f.get("external_id") or None)
+
+        return await act(request, action_id, scope, "resolve", run)
+
+    @pages.post("/intents/{action_id}/cancel")
+    async def cancel(request: Request, action_id: str, scope: str | None = None) -> Response:
+        return await act(request, action_id, scope, "cancel",
+                         lambda b, who, f: operations.cancel(b, action_id, who, scope=scope))
+
+    @pages.post("/intents/{action_id}/approve")
+    async def approve(request: Request, action_id: str, scope: str | None = None) -> Response:
+        return await act(request, action_id, scope, "approve", lambda b, who, f: operations.approve(
+            b, action_id, who, scope=scope, payload_digest=f.get("payload_digest", "")))
+
+    @pages.post("/intents/{action_id}/reject")
+    async def reject(request: Request, action_id: str, scope: str | None = None) -> Response:
+        return await act(request, action_id, scope, "reject",
+                         lambda b, who, f: operations.reject(b, action_id, who, scope=scope))
+
+    @pages.get("/replay")
+    async def replay_preview(request: Request) -> Response:
+        if await session(request) is None:
+            return to_login()
+        outbox = box(request)
+        now = outbox.clock.now()
+        destinations = [d.id for d in await outbox.list_destinations()]
+        chosen = Filter()
+        try:
+            chosen = Filter.parse(request.query_params, now)
+            found = [i async for i in operations.matching(outbox, operations.replay_filter(chosen.query()))]
+        except OutboxError as exc:
+            return page("Bulk replay", chosen_form(chosen, destinations, action="/console/replay")
+                        + flashes(error=exc.message), status=400)
+        confirm = (
+            f"<form method='post' action='/console/replay'>{csrf_field(request)}{chosen.hidden()}"
+            f"<p><label>Reason (recorded on every replay)<br><input name='reason' required size='40'></label></p>"
+            f"<p><label><input type='checkbox' name='accept_duplicate_risk' value='yes'> accept duplicate risk"
+            f"</label></p><button type='submit'>Replay {len(found)} intents</button></form>") if found else ""
+        return page("Bulk replay", chosen_form(chosen, destinations, action="/console/replay")
+                    + f"<h2>Dry run: {len(found)} intents match</h2>"
+                    + (f"<p>The first {min(len(found), 20)} of them:</p>" if found else "")
+                    + _intents(found[:20], now) + confirm)
+
+    @pages.post("/replay")
+    async def replay_start(request: Request) -> Response:
+        who = await session(request)
+        if who is None:
+            return to_login()
+        outbox = box(request)
+        raw = await form(request)
+        if (refused := forged(request, raw)) is not None:
+            return refused
+        try:
+            chosen = Filter.parse(raw, outbox.clock.now())
+            actor = operations.Actor(who.actor, raw.get("reason", [""])[-1])
+            job = await replays.start(outbox, chosen.query(), actor, authorize=authorize(request),
+                                      accept_duplicate_risk=raw.get("accept_duplicate_risk", [""])[-1] == "yes")
+        except OutboxError as exc:
+            return page("Bulk replay", flashes(error=exc.message), status=400)
+        return RedirectResponse(f"/console/replay/{job}", status_code=303)
+
+    @pages.get("/replay/{job}")
+    async def replay_progress(request: Request, job: str) -> Response:
+        if await session(request) is None:
+            return to_login()
+        found = replays.get(job)
+        if found is None:
+            return page("Not found", "<p>no such bulk replay in this process (it may have restarted)</p>",
+                        status=404)
+        now = box(request).clock.now()
+        refused = [f"<tr><td>{escape(a)}</td><td>{escape(why)}</td></tr>" for a, why in found.refused.items()]
+        state = "finished" if found.finished else "running (this page refreshes itself)"
+        return page("Bulk replay", (
+            f"<p>{state} · started {when(found.started_at, now)} by {escape(found.actor.name)}: "
+            f"{escape(found.actor.reason)}</p>"
+            f"<p><progress max='{max(found.total, 1)}' value='{found.done}'></progress> "
+            f"{found.done} of {found.total} looked at · <b>{len(found.replayed)} replayed</b> · "
+            f"{len(found.refused)} refused</p>" + ("<h2>Refused</h2>" + table(["action_id", "why"], refused)
+                                                   if refused else "")),
+            refresh=None if found.finished else 2)
+
+    return pages
+
+
+def circuit(request: Request, destination: str, disabled: set[str], now: datetime) -> str:
+    """What is known here of a destination's circuit: only a sender in this process knows its own
+    pauses (they are not stored), so without one it says so rather than guess."""
+    if destination in disabled:
+        return pill("disabled") + " (answered 410 Gone)"
+    circuits = getattr(getattr(request.app.state, "worker", None), "circuits", None)
+    if circuits is None:
+        return "not known here (no sender in this process)"
+    until = circuits.paused_until(destination)
+    if until is None:
+        return pill("closed")
+    if until > now:
+        return f"{pill('paused')} until {when(until, now)}"
+    return f"{pill('probing')} (pause ended {when(until, now)}; one send finds out)"
+
+
+def chosen_form(chosen: Filter, destinations: list[str], *, action: str = "/console/intents") -> str:
+    """The filter form, showing what is chosen (GET, so a search is a link to share)."""
+    statuses = "".join(f"<option{' selected' if s in chosen.statuses else ''}>{s.value}</option>" for s in Status)
+    dests = "".join(f"<option{' selected' if d == chosen.destination else ''}>{escape(d)}</option>"
+                    for d in destinations)
+    ranges = "".join(f"<option value='{k}'{' selected' if k == chosen.range else ''}>{label}</option>"
+                     for k, label in (("", "any time"), ("1h", "last hour"), ("24h", "last day"),
+                                      ("7d", "last week")))
+    text = "" if action != "/console/intents" else (
+        f"<label>action id<input name='q' value='{escape(chosen.action_id)}' size='20'></label>")
+    return (f"<form class='filters' method='get' action='{action}'>{text}"
+            f"<label>status<select name='status' multiple size='3'>{statuses}</select></label>"
+            f"<label>destination<select name='destination'><option value=''>any</option>{dests}</select></label>"
+            f"<label>scope<input name='scope' value='{escape(chosen.scope)}' size='12'></label>"
+            f"<label>channel<input name='channel' value='{escape(chosen.channel)}' size='8'></label>"
+            f"<label>enqueued<select name='range'>{ranges}</select></label>"
+            f"<label>after (UTC)<input name='after' type='datetime-local' value='{chosen.after_text}'></label>"
+            f"<label>before (UTC)<input name='before_time' type='datetime-local' value='{chosen.before_text}'>"
+            f"</label><button>Filter</button></form>")
+
+
+def _intents(intents: list[Intent], now: datetime) -> str:
+    return table(["action_id", "status", "destination", "scope", "attempts", "enqueued", "changed", "last error"], [
+        f"<tr><td>{intent_link(i.action_id, i.scope)}</td><td>{pill(i.status.value)}</td>"
+        f"<td>{escape(i.destination)}</td><td>{escape(i.scope)}</td><td class='num'>{i.attempts}</td>"
+        f"<td>{when(i.created_at, now)}</td><td>{when(i.updated_at, now)}</td>"
+        f"<td>{'' if i.status is Status.DELIVERED else escape((i.last_error or '')[:200])}</td></tr>"
+        for i in intents])
+
+
+def _behind_link(behind: Behind, intent: Intent) -> str:
+    """"behind <action_id>", linking to the intent in the way."""
+    text = escape(behind.text(intent))
+    if behind.action_id is None:
+        return text
+    return f"<a href='{escape(intent_url(behind.action_id, behind.scope))}'>{text}</a>"
