@@ -1,5 +1,5 @@
 """The HTTP API (``/v1``): producers enqueue and read, operators act on intents, admins manage
-destinations and grants; plus probes, metrics and the console.
+destinations, grants and tokens; plus probes, metrics and the console.
 
 Every error is RFC 9457 problem+json, and a refused request changes nothing in the store.
 
@@ -21,7 +21,7 @@ from . import console, openapi
 from .model import Intent
 from .operations import Authorize
 from .outbox import Outbox
-from .routes import handlers, intents, operators, probes, registry
+from .routes import handlers, intents, operators, probes, registry, tokens
 from .routes.auth import box
 from .settings import Settings
 
@@ -103,4 +103,5 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
     app.include_router(console.router(box, operators.authorize))
     app.include_router(registry.destinations)
     app.include_router(registry.grants)
+    app.include_router(tokens.router)
     return app

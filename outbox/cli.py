@@ -10,6 +10,7 @@ import asyncio
 import getpass
 import json
 import logging
+import re
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
@@ -23,13 +24,12 @@ from pydantic import BaseModel, ValidationError
 from . import channels, logs, operations
 from .clock import iso
 from .destinations import DestinationSpec
-from .errors import InvalidInput, OutboxError
+from .errors import InvalidInput, NoDatabase, OutboxError
 from .grants import GrantSpec
 from .model import OnUnknown, Role, Status
 from .outbox import Outbox, history_json, intent_json
 from .settings import Settings
 from .store import IntentQuery
-from .tokens import TokenInfo
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -61,26 +61,77 @@ class Context:
             click.echo(text() if callable(text) else text)
 
 
-def _run(fn: Callable[..., Awaitable[T]]) -> Callable[..., T]:
-    """Run an async command with an open Outbox; outbox errors exit 1 with their message."""
+def _json_flag(click_ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:
+        click_ctx.find_object(Context).as_json = True  # type: ignore[union-attr]
 
+
+#: --json after the command too (``outbox list --json``), as well as before it.
+JSON = click.option("--json", is_flag=True, expose_value=False, callback=_json_flag,
+                    help="Machine-readable JSON output (also accepted before the command).")
+
+#: What a command that finds no database says, besides the URL: where the URL came from.
+NO_DATABASE = ("; only serve, worker and migrate create one: run this where the database is, or name it with "
+               "--database-url, OUTBOX_DATABASE_URL or database_url in ./outbox.toml")
+
+
+def _run(fn: Callable[..., Awaitable[T]], *, create: bool = False) -> Callable[..., T]:
+    """Run an async command with an open Outbox; outbox errors exit 1 with their message. The
+    database must exist unless ``create``: a command run from another directory must not make
+    a new empty one there and answer from it."""
+
+    @JSON
     @click.pass_obj
     @wraps(fn)
     def command(ctx: Context, *args: Any, **kwargs: Any) -> T:
         async def main() -> T:
-            async with await Outbox.open(settings=ctx.settings()) as box:
+            async with await Outbox.open(settings=ctx.settings(), create=create) as box:
                 return await fn(ctx, box, *args, **kwargs)
 
         try:
             return asyncio.run(main())
         except OutboxError as exc:
+            message = exc.message + (NO_DATABASE if isinstance(exc, NoDatabase) else "")
             if ctx.as_json:
-                click.echo(json.dumps({"error": type(exc).__name__, "detail": exc.message}), err=True)
+                click.echo(json.dumps({"error": type(exc).__name__, "detail": message}), err=True)
             else:
-                click.echo(f"error: {exc.message}", err=True)
+                click.echo(f"error: {message}", err=True)
             sys.exit(1)
 
     return command
+
+
+def _run_creating(fn: Callable[..., Awaitable[T]]) -> Callable[..., T]:
+    """``_run`` for a command that makes the database when there is none (migrate)."""
+    return _run(fn, create=True)
+
+
+class Timestamp(click.ParamType):
+    """An RFC 3339 time with its offset (or +HHMM) or ``Z``, fractions of a second allowed:
+    what the CLI and the API print (``2026-11-30T08:30:07.167183Z``) is accepted back."""
+
+    name = "timestamp"
+    FORM = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:?\d{2})")
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> datetime:
+        if isinstance(value, datetime):
+            return value
+        if not isinstance(value, str) or not self.FORM.fullmatch(value):
+            self.fail(f"{value!r} is not an RFC 3339 time with a timezone, such as 2030-01-01T09:00:00Z "
+                      "or 2030-01-01T10:00:00.5+01:00", param, ctx)
+        whole, dot, fraction = value.upper().partition(".")
+        if dot:  # Python reads at most microseconds: keep six digits of the fraction
+            digits = re.match(r"\d+", fraction).group()  # type: ignore[union-attr]
+            whole += "." + digits[:6].ljust(6, "0") + fraction[len(digits):]
+        return datetime.fromisoformat(whole)
+
+
+TIMESTAMP = Timestamp()
+
+
+def _cli_actor() -> str:
+    """How events name whoever acts from the command line: ``cli:<user>``, for every command."""
+    return f"cli:{getpass.getuser()}"
 
 
 def _invalid_settings(exc: ValidationError) -> str:
@@ -231,7 +282,7 @@ def demo() -> None:
 
 
 @main.command()
-@_run
+@_run_creating
 async def migrate(ctx: Context, box: Outbox) -> None:
     """Apply pending schema migrations (serve also does this on start)."""
     ctx.emit({"database_url": box.settings.database_url, "status": "migrated"}, "database is up to date")
@@ -245,17 +296,6 @@ def tokens() -> None:
     """Create, list and revoke API tokens."""
 
 
-def _token_json(info: TokenInfo) -> dict[str, Any]:
-    return {
-        "id": info.id,
-        "role": info.role.value,
-        "scopes": list(info.scopes),
-        "label": info.label,
-        "created_at": iso(info.created_at),
-        "revoked_at": iso(info.revoked_at),
-    }
-
-
 @tokens.command("create")
 @click.option("--role", type=click.Choice([r.value for r in Role]), required=True)
 @click.option("--scope", "scopes", multiple=True, help="A scope a producer may act in; repeat; '*' for all.")
@@ -263,8 +303,8 @@ def _token_json(info: TokenInfo) -> dict[str, Any]:
 @_run
 async def tokens_create(ctx: Context, box: Outbox, role: str, scopes: tuple[str, ...], label: str | None) -> None:
     """Create a token and print it once (only its hash is stored)."""
-    token, info = await box.create_token(Role(role), scopes, label)
-    ctx.emit({"token": token, **_token_json(info)}, token)
+    token, info = await box.create_token(Role(role), scopes, label, actor=_cli_actor())
+    ctx.emit({"token": token, **info.public()}, token)
 
 
 @tokens.command("list")
@@ -273,12 +313,12 @@ async def tokens_list(ctx: Context, box: Outbox) -> None:
     """List tokens (never their text)."""
     items = await box.list_tokens()
     ctx.emit(
-        [_token_json(i) for i in items],
+        [i.public() for i in items],
         lambda: "\n".join(
-            f"{i.id}  {i.role.value:<8}  {','.join(i.scopes) or '-':<20}  "
-            f"{'revoked' if i.revoked_at else 'active':<7}  {i.label or ''}"
-            for i in items
-        ) or "no tokens",
+            [f"{'ID':<8}  {'ROLE':<8}  {'SCOPES':<20}  {'STATE':<7}  LABEL"]
+            + [f"{i.id:<8}  {i.role.value:<8}  {','.join(i.scopes) or '-':<20}  "
+               f"{'revoked' if i.revoked_at else 'active':<7}  {i.label or ''}".rstrip() for i in items]
+        ) if items else "no tokens",
     )
 
 
@@ -287,8 +327,8 @@ async def tokens_list(ctx: Context, box: Outbox) -> None:
 @_run
 async def tokens_revoke(ctx: Context, box: Outbox, token_id: str) -> None:
     """Revoke a token by its id; it stops working at once."""
-    info = await box.revoke_token(token_id)
-    ctx.emit(_token_json(info), f"revoked {info.id}")
+    info = await box.revoke_token(token_id, actor=_cli_actor())
+    ctx.emit(info.public(), f"revoked {info.id}")
 
 
 # -- intents -------------------------------------------------------------------------------
@@ -298,8 +338,11 @@ def _payload(text: str) -> Any:
     if text == "-":
         text = sys.stdin.read()
     elif text.startswith("@"):
-        with open(text[1:], encoding="utf-8") as handle:
-            text = handle.read()
+        try:
+            with open(text[1:], encoding="utf-8") as handle:
+                text = handle.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InvalidInput(f"--payload {text}: cannot read it: {getattr(exc, 'strerror', None) or exc}") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -311,9 +354,10 @@ def _payload(text: str) -> Any:
 @click.option("--scope", required=True, help="Tenant/account on whose authority the effect is made.")
 @click.option("--payload", required=True, help="JSON text, @file, or - for standard input.")
 @click.option("--action-id", help="Your operation id [default: a new UUIDv7].")
-@click.option("--not-before", type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z"]), help="Do not send earlier (with timezone).")
-@click.option("--expires-at", type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z"]), help="Dead-letter if not sent by then.")
-@click.option("--max-attempts", type=int, help="Attempts before a dead letter.")
+@click.option("--not-before", type=TIMESTAMP, help="Do not send earlier (RFC 3339, with timezone).")
+@click.option("--expires-at", type=TIMESTAMP, help="Dead-letter if not sent by then (RFC 3339, with timezone).")
+@click.option("--max-attempts", type=int, help="Attempts before a dead letter, 1-1000 [default: 24, "
+                                               "OUTBOX_DEFAULT_MAX_ATTEMPTS].")
 @click.option("--ordering-key", help="Deliver in enqueue order with the intents of this key (destinations with "
                                      "ordering=key).")
 @_run
@@ -339,7 +383,7 @@ async def enqueue(
         expires_at=expires_at,
         max_attempts=max_attempts,
         ordering_key=ordering_key,
-        actor="cli",
+        actor=_cli_actor(),
     )
     ctx.emit(
         {**intent_json(result.intent), "created": result.created},
@@ -385,10 +429,11 @@ async def show(ctx: Context, box: Outbox, action_id: str, scope: str | None) -> 
 @click.option("--scope", "scopes", multiple=True, help="Repeat for several.")
 @click.option("--destination")
 @click.option("--channel", help="An installed channel's name.")
-@click.option("--created-after", type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z"]), help="With timezone.")
-@click.option("--created-before", type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z"]), help="With timezone.")
+@click.option("--created-after", type=TIMESTAMP, help="RFC 3339, with timezone.")
+@click.option("--created-before", type=TIMESTAMP, help="RFC 3339, with timezone.")
 @click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True)
-@click.option("--before-seq", type=int, help="Continue after the last page (its next_seq).")
+@click.option("--cursor", help="The next page: the last page's next_cursor (as the API's cursor).")
+@click.option("--before-seq", type=int, hidden=True)  # the cursor's former, undocumented form
 @_run
 async def list_(
     ctx: Context,
@@ -400,9 +445,18 @@ async def list_(
     created_after: datetime | None,
     created_before: datetime | None,
     limit: int,
+    cursor: str | None,
     before_seq: int | None,
 ) -> None:
     """List intents, newest first."""
+    from .problems import Problem
+    from .routes.intents import decode_cursor, encode_cursor
+
+    if cursor is not None:
+        try:
+            before_seq = decode_cursor(cursor)
+        except Problem as exc:
+            raise click.BadParameter(exc.detail, param_hint="--cursor") from None
     page = await box.list_intents(
         IntentQuery(
             statuses=[Status(s) for s in statuses] or None,
@@ -415,14 +469,15 @@ async def list_(
             limit=limit,
         )
     )
-    data = {"items": [intent_json(i) for i in page.intents], "next_seq": page.next_seq}
+    next_cursor = encode_cursor(page.next_seq) if page.next_seq else None
     ctx.emit(
-        data,
+        {"items": [intent_json(i) for i in page.intents], "next_cursor": next_cursor},
         lambda: "\n".join(
-            [f"{i.action_id:<38} {i.status.value:<9} {i.destination:<16} {i.scope:<16} "
-             f"{i.attempts}/{i.max_attempts}" for i in page.intents]
-            + ([f"more: --before-seq {page.next_seq}"] if page.next_seq else [])
-        ) or "no intents",
+            [f"{'ACTION_ID':<38} {'STATUS':<9} {'DESTINATION':<16} {'SCOPE':<16} ATTEMPTS"]
+            + [f"{i.action_id:<38} {i.status.value:<9} {i.destination:<16} {i.scope:<16} "
+               f"{i.attempts}/{i.max_attempts}" for i in page.intents]
+            + ([f"more: --cursor {next_cursor}"] if next_cursor else [])
+        ) if page.intents else "no intents",
     )
 
 
@@ -431,7 +486,7 @@ async def list_(
 
 def _operator(reason: str) -> operations.Actor:
     try:
-        return operations.Actor(f"cli:{getpass.getuser()}", reason)
+        return operations.Actor(_cli_actor(), reason)
     except OutboxError as exc:
         raise click.UsageError(exc.message) from None
 
@@ -441,7 +496,8 @@ REASON = click.option("--reason", required=True, help="Why (recorded with the ac
 
 @main.command()
 @click.argument("action_id", required=False)
-@click.option("--status", "statuses", multiple=True, type=click.Choice([s.value for s in operations.REPLAYABLE]),
+@click.option("--status", "statuses", multiple=True,
+              type=click.Choice(sorted(s.value for s in operations.REPLAYABLE)),
               help="Bulk: replay intents in this status (repeat; default dead, revoked and unknown).")
 @click.option("--destination", help="Bulk: only this destination.")
 @click.option("--scope", "scopes", multiple=True,
@@ -468,7 +524,8 @@ async def replay(ctx: Context, box: Outbox, action_id: str | None, statuses: tup
         intent = await operations.replay(box, action_id, who, scope=scopes[0] if scopes else None,
                                          authorize=authorizer(box),
                                          accept_duplicate_risk=accept_duplicate_risk)
-        ctx.emit(intent_json(intent), f"replayed {action_id} (now {intent.status.value})")
+        ctx.emit(intent_json(intent), f"replayed {action_id} (now {intent.status.value}, "
+                                      f"{intent.max_attempts - intent.attempts} more attempts)")
         return
     query = IntentQuery(statuses=[Status(s) for s in statuses] or None, scopes=list(scopes) or None,
                         destination=destination)
@@ -569,7 +626,7 @@ def grants() -> None:
 @click.argument("grant_id")
 @click.option("--scope", required=True, help="The scope allowed.")
 @click.option("--destination", required=True, help="A destination id, or '*' for every one.")
-@click.option("--expires-at", type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z"]), help="No sends after this (with timezone).")
+@click.option("--expires-at", type=TIMESTAMP, help="No sends after this (RFC 3339, with timezone).")
 @click.option("--note", help="Why it was granted.")
 @_run
 async def grants_put(ctx: Context, box: Outbox, grant_id: str, scope: str, destination: str,

@@ -13,6 +13,7 @@
     ├── DuplicateRisk           a replay could duplicate an effect the destination won't dedupe
     ├── AuthorityDenied         the authority provider still denies the intent
     ├── StoreUnavailable        the database is locked, full or unreachable; retry later
+    │   └── NoDatabase          opened not to create one, and there is none at its URL
     └── SchemaTooNew            the database was migrated by a newer release
 
 Each subclass's docstring is its default message; raise with a specific one when it helps the
@@ -79,6 +80,10 @@ class AuthorityDenied(OutboxError):
 
 class StoreUnavailable(OutboxError):
     """The database is unavailable (locked, full or unreachable); retry later."""
+
+
+class NoDatabase(StoreUnavailable):
+    """There is no outbox database there, and it was opened not to create one."""
 
 
 class SchemaTooNew(OutboxError):

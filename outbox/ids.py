@@ -23,6 +23,8 @@ DESTINATION_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 ORDERING_KEY = re.compile(r"[!-~]{1,255}")
 #: A token's label: any printable text (it is shown in `outbox tokens list`).
 TOKEN_LABEL = re.compile(r"[^\x00-\x1f\x7f]{1,200}")
+#: A token's public id (``tokens.new_token`` makes eight hex digits).
+TOKEN_ID = re.compile(r"[0-9a-f]{1,8}")
 
 #: The key receivers deduplicate on is ``scope/action_id``: an action id never holds ``/``, so
 #: the last ``/`` splits it unambiguously even when the scope holds some.

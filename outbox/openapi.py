@@ -24,8 +24,8 @@ from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException
 
 from . import channels
-from .ids import ACTION_ID, DESTINATION_ID, ORDERING_KEY, SCOPE
-from .model import OnDead, OnUnknown, Ordering, Outcome, Status, Submission
+from .ids import ACTION_ID, DESTINATION_ID, ORDERING_KEY, SCOPE, TOKEN_ID, TOKEN_LABEL
+from .model import OnDead, OnUnknown, Ordering, Outcome, Role, Status, Submission
 from .problems import MEDIA_TYPE as PROBLEM_MEDIA_TYPE
 from .problems import TYPE_PREFIX
 
@@ -169,6 +169,29 @@ class GrantList(BaseModel):
     """Every grant."""
 
     items: list[Grant]
+
+
+class Token(BaseModel):
+    """An API token as the API shows it: never its text, which only its creator saw."""
+
+    id: str = Field(description="the token's public id (its text starts obx_<id>_)")
+    role: Role
+    scopes: list[str] = Field(description="a producer's scopes ('*': all); empty for operators and admins")
+    label: str | None
+    created_at: AwareDatetime
+    revoked_at: AwareDatetime | None
+
+
+class NewToken(Token):
+    """A new token, with its text: shown in this answer only (only its hash is stored)."""
+
+    token: str = Field(description="the bearer token; keep it secret")
+
+
+class TokenList(BaseModel):
+    """Every token, active and revoked."""
+
+    items: list[Token]
 
 
 class BulkReplayResult(BaseModel):
@@ -333,6 +356,7 @@ PARAMETER_PATTERNS: dict[str, str] = {
     "grant_id": ecma(DESTINATION_ID),
     "destination": ecma(DESTINATION_ID),
     "scope": ecma(SCOPE),
+    "token_id": ecma(TOKEN_ID),
 }
 #: Request body fields the API checks against a pattern, by schema and field.
 FIELD_PATTERNS: dict[str, dict[str, str]] = {
@@ -340,6 +364,7 @@ FIELD_PATTERNS: dict[str, dict[str, str]] = {
                  "ordering_key": ecma(ORDERING_KEY)},
     "GrantSpec": {"scope": ecma(SCOPE), "destination": ecma("*", DESTINATION_ID)},
     "ReplayFilter": {"scope": ecma(SCOPE), "destination": ecma(DESTINATION_ID)},
+    "TokenSpec": {"scopes": ecma("*", SCOPE), "label": ecma(TOKEN_LABEL)},
 }
 #: Request bodies as a client would send them (the README's examples).
 EXAMPLES: dict[str, dict[str, Any]] = {
@@ -348,6 +373,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "DestinationSpec": {"url": "https://billing.example.com/webhooks",
                         "secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "idempotent": True},
     "GrantSpec": {"scope": "acme", "destination": "billing"},
+    "TokenSpec": {"role": "producer", "scopes": ["acme"], "label": "acme's billing app"},
     "ReasonIn": {"reason": "order refunded before sending"},
     "ReplayIn": {"reason": "billing outage 02:00-03:00, INC-4711"},
     "ResolveIn": {"resolution": "delivered", "external_id": "inv-981", "reason": "seen in billing's ledger"},

@@ -57,7 +57,12 @@ async def replay(
     accept_duplicate_risk: bool = False,
 ) -> Intent:
     """Send a dead, revoked or unknown intent again, under the same action_id (receivers
-    deduplicate on it) and with a fresh budget of attempts, after a fresh authority check."""
+    deduplicate on it) and with a fresh budget of attempts, after a fresh authority check.
+
+    ``max_attempts`` caps the intent's attempt count, and attempts are never renumbered or
+    forgotten (history is not rewritten), so the fresh budget is given by raising the cap to the
+    attempts made plus ``default_max_attempts``: 24 becomes 25 after one failed attempt, 26 after
+    the next replay of one more."""
     intent = await box.get(action_id, scope=scope)
     if intent.status not in REPLAYABLE:
         raise IllegalTransition(

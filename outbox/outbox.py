@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -22,7 +23,7 @@ from . import channels
 from .clock import Clock, OffsetClock, SystemClock, iso
 from .destinations import Destination, DestinationSpec
 from .digest import canonical_json, digest_of
-from .errors import AmbiguousActionId, InvalidInput, NotFound, PayloadTooLarge, UnknownDestination
+from .errors import AmbiguousActionId, InvalidInput, NoDatabase, NotFound, PayloadTooLarge, UnknownDestination
 from .grants import Grant, GrantSpec
 from .ids import (
     ACTION_ID,
@@ -30,6 +31,7 @@ from .ids import (
     MAX_KEY_LENGTH,
     ORDERING_KEY,
     SCOPE,
+    TOKEN_ID,
     TOKEN_LABEL,
     check,
     intent_key,
@@ -43,6 +45,8 @@ from .store import History, IntentQuery, Page, Store, Transaction, store_for_url
 from .tokens import TokenInfo, hash_token, new_token
 
 MAX_PAGE = 500
+
+log = logging.getLogger("outbox")
 
 
 class Outbox:
@@ -71,8 +75,11 @@ class Outbox:
         settings: Settings | None = None,
         clock: Clock | None = None,
         migrate: bool = True,
+        create: bool = True,
     ) -> Outbox:
         """Open (and by default migrate) the store at ``url`` (default: the settings' URL).
+        Without ``create``, a SQLite database that does not exist yet raises NoDatabase, naming
+        the URL, instead of being made empty (a command run from the wrong directory).
 
         A store shared by hosts (PostgreSQL) lends its clock when none is given: the outbox reads
         the database's time (an OffsetClock, re-measured every few minutes), so every host writes
@@ -80,11 +87,13 @@ class Outbox:
         processes wakes this outbox's workers (``enqueued``) when they are; polling remains the
         fallback."""
         settings = settings or Settings()
-        store = store_for_url(
-            url or settings.database_url, busy_timeout_ms=settings.sqlite_busy_timeout_ms
-        )
+        url = url or settings.database_url
+        store = store_for_url(url, busy_timeout_ms=settings.sqlite_busy_timeout_ms, create=create)
         measure = getattr(store, "clock_offset", None) if clock is None else None
-        await store.open()
+        try:
+            await store.open()
+        except NoDatabase as exc:
+            raise NoDatabase(f"there is no outbox database at {url} ({exc.message})") from None
         try:
             if migrate:
                 await store.migrate()
@@ -393,13 +402,14 @@ class Outbox:
     # -- tokens --------------------------------------------------------------------------
 
     async def create_token(
-        self, role: Role, scopes: Sequence[str] = (), label: str | None = None
+        self, role: Role, scopes: Sequence[str] = (), label: str | None = None, *, actor: str = "library"
     ) -> tuple[str, TokenInfo]:
-        """A new API token; the token text is returned here and never again."""
+        """A new API token; the token text is returned here and never again. Who made it
+        (``actor``) is logged, as for every change to who may call the API."""
         if role is Role.PRODUCER and not scopes:
             raise InvalidInput("a producer token needs at least one scope (or '*' for all)")
         if role is not Role.PRODUCER and scopes:
-            raise InvalidInput(f"an {role.value} token acts in every scope; drop --scope")
+            raise InvalidInput(f"an {role.value} token acts in every scope; give it no scopes")
         for scope in scopes:
             if scope != "*":
                 check(SCOPE, scope, "scope")
@@ -415,6 +425,7 @@ class Outbox:
             revoked_at=None,
         )
         await self.store.insert_token(info, hash_token(token))
+        log.info("token %s (%s) created by %s", info.id, role.value, actor)
         return token, info
 
     async def authenticate(self, token: str) -> TokenInfo | None:
@@ -442,10 +453,12 @@ class Outbox:
         """Every token (never their text)."""
         return await self.store.list_tokens()
 
-    async def revoke_token(self, token_id: str) -> TokenInfo:
-        """Revoke a token (at once in this process). Raises NotFound."""
+    async def revoke_token(self, token_id: str, *, actor: str = "library") -> TokenInfo:
+        """Revoke a token (at once in this process), logging who did. Raises NotFound."""
+        check(TOKEN_ID, token_id, "token id")
         info = await self.store.revoke_token(token_id, self.clock.now())
         self._tokens.clear()
+        log.info("token %s (%s) revoked by %s", info.id, info.role.value, actor)
         return info
 
 

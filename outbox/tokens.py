@@ -6,7 +6,11 @@ import hashlib
 import secrets
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from .clock import iso
 from .model import Role
 
 PREFIX = "obx_"
@@ -28,6 +32,17 @@ class TokenInfo:
         """How events name whoever used this token."""
         return f"token:{self.id}"
 
+    def public(self) -> dict[str, Any]:
+        """The token as the API and CLI show it (its text is never stored, so never shown)."""
+        return {
+            "id": self.id,
+            "role": self.role.value,
+            "scopes": list(self.scopes),
+            "label": self.label,
+            "created_at": iso(self.created_at),
+            "revoked_at": iso(self.revoked_at),
+        }
+
     def may_act_in(self, scope: str) -> bool:
         """Whether this token may enqueue or read intents of ``scope``."""
         if self.role is not Role.PRODUCER:
@@ -44,3 +59,14 @@ def new_token() -> tuple[str, str]:
 def hash_token(token: str) -> str:
     """The stored form of a token. Tokens carry 256 random bits, so a fast hash suffices."""
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+class TokenSpec(BaseModel):
+    """What an admin sends to create a token (``outbox tokens create`` over HTTP)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: Role = Field(description="producer, operator or admin")
+    scopes: list[str] = Field(default_factory=list, max_length=100,
+                              description="a producer's scopes ('*' for all); none for operators and admins")
+    label: str | None = Field(default=None, description="what the token is for")

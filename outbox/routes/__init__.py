@@ -8,6 +8,7 @@ assembles them into the application.
 - ``intents``: enqueue, show (long poll), list
 - ``operators``: replay, resolve, cancel, approve, reject, bulk replay
 - ``registry``: destinations and grants
+- ``tokens``: API tokens (admin)
 
 None of them knows the sender: what the operators' replays ask the authority provider is
 handed to the app as ``app.state.authorize`` (see ``outbox.service``).

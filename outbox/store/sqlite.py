@@ -24,7 +24,7 @@ import aiosqlite
 from receivers._sqlite import SetJob, from_us, to_us
 
 from ..destinations import Destination
-from ..errors import NotFound, StoreUnavailable
+from ..errors import NoDatabase, NotFound, StoreUnavailable
 from ..grants import Grant, GrantSpec
 from ..model import Attempt, Enqueued, Event, Intent, NewIntent, Status
 from ..tokens import TokenInfo
@@ -234,8 +234,10 @@ class SqliteStore:
     dialect = "sqlite"
     max_batch = 256
 
-    def __init__(self, path: str | Path, *, busy_timeout_ms: int = 5000) -> None:
+    def __init__(self, path: str | Path, *, busy_timeout_ms: int = 5000, create: bool = True) -> None:
         self.path = Path(path)
+        #: Whether opening makes the file when there is none (else NoDatabase).
+        self.create = create
         self._busy_timeout_ms = busy_timeout_ms
         self._writer: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
@@ -248,6 +250,8 @@ class SqliteStore:
             return
         if self.path.parent and not self.path.parent.exists():
             raise StoreUnavailable(f"directory {str(self.path.parent)!r} does not exist")
+        if not self.create and not self.path.exists():
+            raise NoDatabase(f"{str(self.path.absolute())!r} does not exist")
         self._writer = await connect(self.path, busy_timeout_ms=self._busy_timeout_ms)
         self._reader = await connect(self.path, busy_timeout_ms=self._busy_timeout_ms,
                                      script="PRAGMA query_only = ON;")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import signal
 import subprocess
@@ -114,7 +115,7 @@ def test_a_producer_enqueues_over_http_and_an_operator_reads_with_the_cli(workdi
               "--payload", '{"order": 8}', "--action-id", "order-8")
     assert json.loads(enq.stdout)["created"] is True
     over_http = httpx.get(service.url + "/v1/intents/order-8", headers=auth).json()
-    assert over_http["events"][0]["actor"] == "cli"
+    assert over_http["events"][0]["actor"] == f"cli:{getpass.getuser()}"  # as for operators' actions
 
     listed = json.loads(cli(workdir, "--json", "list", "--status", "pending").stdout)
     assert [i["action_id"] for i in listed["items"]] == ["order-8", "order-7"]
@@ -123,6 +124,7 @@ def test_a_producer_enqueues_over_http_and_an_operator_reads_with_the_cli(workdi
 
 
 def test_json_logs_make_every_line_of_the_service_one_object(workdir: Path):
+    cli(workdir, "migrate")  # only serve, worker and migrate make the database
     cli(workdir, "tokens", "create", "--role", "admin")  # so no first-start token is printed
     svc = Service(workdir, env={"OUTBOX_LOG_FORMAT": "json"})
     try:
@@ -138,6 +140,7 @@ def test_json_logs_make_every_line_of_the_service_one_object(workdir: Path):
 
 def test_sigterm_answers_long_polls_and_stops_the_sender_at_once(workdir: Path, receiver: Receiver):
     receiver.script("/hook", Reply(503))  # the intent keeps being retried: never settled
+    cli(workdir, "migrate")
     cli(workdir, "destinations", "put", "hook", "--url", f"{receiver.url}/hook", "--allow-private-network")
     cli(workdir, "enqueue", "--destination", "hook", "--scope", "acme", "--payload", "{}", "--action-id", "a1")
     admin = json.loads(cli(workdir, "--json", "tokens", "create", "--role", "admin").stdout)["token"]

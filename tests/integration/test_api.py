@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -438,3 +439,49 @@ async def test_wait_returns_at_once_for_a_settled_or_after_the_timeout_for_a_pen
         assert time.monotonic() - started >= 0.3
         assert waited.json()["status"] == "pending" and waited.json()["settled"] is False
         assert_problem(await c.get("/v1/intents/w-1", params={"wait": 61}), 422, "invalid-input", "wait")
+
+
+async def test_admins_manage_tokens_over_http_as_on_the_host(api: Api, caplog):
+    caplog.set_level(logging.INFO, logger="outbox")
+    async with api.client(api.admin) as admin:
+        admin_id = next(t["id"] for t in (await admin.get("/v1/tokens")).json()["items"] if t["role"] == "admin")
+        made = await admin.post("/v1/tokens", json={"role": "producer", "scopes": ["acme"], "label": "billing app"})
+        assert made.status_code == 201 and made.headers["cache-control"] == "no-store"
+        new = made.json()
+        assert new["token"].startswith(f"obx_{new['id']}_")
+        assert {k: new[k] for k in ("role", "scopes", "label", "revoked_at")} == {
+            "role": "producer", "scopes": ["acme"], "label": "billing app", "revoked_at": None}
+        listed = (await admin.get("/v1/tokens")).json()["items"]
+        assert [t for t in listed if t["id"] == new["id"]] == [{k: v for k, v in new.items() if k != "token"}]
+        assert new["token"] not in json.dumps(listed)  # its text is in the creating answer only
+
+        async with api.client(new["token"]) as producer:
+            assert (await producer.post("/v1/intents", json=INTENT)).status_code == 201
+            assert_problem(await producer.get("/v1/tokens"), 403, "forbidden", "admin")
+            revoked = await admin.delete(f"/v1/tokens/{new['id']}")
+            assert revoked.status_code == 200 and revoked.json()["revoked_at"] is not None
+            assert_problem(await producer.get("/v1/intents"), 401, "unauthenticated")  # at once here
+        assert_problem(await admin.delete(f"/v1/tokens/{new['id']}"), 404, "not-found", "no active token")
+
+    audit = [r.getMessage() for r in caplog.records if r.name == "outbox"]
+    assert f"token {new['id']} (producer) created by token:{admin_id}" in audit
+    assert f"token {new['id']} (producer) revoked by token:{admin_id}" in audit
+    async with api.client(api.operator) as operator:
+        assert_problem(await operator.get("/v1/tokens"), 403, "forbidden", "admin")
+        assert_problem(await operator.post("/v1/tokens", json={"role": "admin"}), 403, "forbidden", "admin")
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    ({"role": "producer"}, "needs at least one scope"),
+    ({"role": "operator", "scopes": ["acme"]}, "acts in every scope"),
+    ({"role": "root"}, "role"),
+    ({"role": "producer", "scopes": ["acme"], "label": "a\nb"}, "label"),
+    ({"role": "producer", "scopes": ["ac me"]}, "scope"),
+    ({"role": "admin", "expires": 1}, "expires"),
+])
+async def test_a_token_refused_is_a_problem_and_changes_nothing(api: Api, body, words):
+    before = snapshot(api.db_path)
+    async with api.client(api.admin) as admin:
+        assert_problem(await admin.post("/v1/tokens", json=body), 422, "invalid-input", words)
+        assert_problem(await admin.delete("/v1/tokens/not-an-id"), 422, "invalid-input", "token id")
+    assert snapshot(api.db_path) == before

@@ -98,7 +98,7 @@ async def test_replay_one_intent(shell: Shell):
     assert snapshot(shell.db) == before
 
     done = shell.run("replay", "one-1", "--reason", "receiver fixed")
-    assert done.stdout.strip() == "replayed one-1 (now pending)"
+    assert done.stdout.strip() == "replayed one-1 (now pending, 24 more attempts)"
     event = (await shell.box.history("one-1")).events[-1]
     assert (event.kind, event.actor, event.reason) == ("replayed", ACTOR, "receiver fixed")
     assert event.data == {"from": "dead", "accept_duplicate_risk": False}
@@ -337,17 +337,40 @@ async def test_list_created_after(old_shell: Shell):
     since = (datetime.now(UTC) - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%S%z")
     recent = shell.json("list", "--created-after", since)
     assert [i["action_id"] for i in recent["items"]] == ["new-2", "new-1"]  # newest first
-    assert recent["next_seq"] is None
+    assert recent["next_cursor"] is None
     text = shell.run("list", "--created-after", since, "--status", "delivered").stdout.strip().splitlines()
-    assert len(text) == 1 and text[0].split()[:2] == ["new-1", "delivered"]
+    assert text[0].split() == ["ACTION_ID", "STATUS", "DESTINATION", "SCOPE", "ATTEMPTS"]
+    assert len(text) == 2 and text[1].split()[:2] == ["new-1", "delivered"]
     older = shell.json("list", "--created-before", since, "--status", "delivered")
     assert sorted(i["action_id"] for i in older["items"]) == ["old-1", "old-2"]
     paged = shell.json("list", "--limit", "2")
-    assert len(paged["items"]) == 2 and paged["next_seq"] is not None
-    rest = shell.json("list", "--limit", "10", "--before-seq", str(paged["next_seq"]))
+    assert len(paged["items"]) == 2 and paged["next_cursor"] is not None
+    rest = shell.json("list", "--limit", "10", "--cursor", paged["next_cursor"])
     assert len(paged["items"]) + len(rest["items"]) == 6
+    assert rest["items"][0]["created_at"] <= paged["items"][-1]["created_at"]
+    more = shell.run("list", "--limit", "2").stdout.strip().splitlines()[-1]
+    assert more == f"more: --cursor {paged['next_cursor']}"
     bad = shell.run("list", "--created-after", "yesterday", code=2)
     assert "--created-after" in bad.stderr
+    altered = shell.run("list", "--cursor", "bm90LWEtY3Vyc29y", code=2)
+    assert "--cursor" in altered.stderr and "Traceback" not in altered.stderr
+
+
+async def test_the_times_the_cli_prints_are_accepted_back(old_shell: Shell):
+    shell = old_shell
+    await _history_over_ten_days(shell)
+    everything = shell.json("list")["items"]
+    printed = everything[0]["created_at"]  # RFC 3339 in UTC with fractions and Z (new-1's and new-2's)
+    assert printed.endswith("Z") and "." in printed
+    after = shell.json("list", "--created-after", printed)  # from that microsecond on
+    before = shell.json("list", "--created-before", printed)
+    assert [i["action_id"] for i in after["items"]] == ["new-2", "new-1"]
+    assert [i["action_id"] for i in before["items"]] == [i["action_id"] for i in everything[2:]]
+    offset = shell.json("list", "--created-before", "2999-01-01T01:00:00.5+01:00")
+    assert len(offset["items"]) == 6
+    for wrong in ("2026-11-30", "2026-11-30T08:30:07", "2026-11-30T08:30:07.Z", "2026-11-30T08:30:07Zjunk"):
+        refused = shell.run("list", "--created-after", wrong, code=2)
+        assert "RFC 3339" in refused.stderr and "Traceback" not in refused.stderr
 
 
 async def test_a_bad_setting_is_a_usage_error_that_names_it(shell: Shell):
@@ -362,7 +385,7 @@ async def test_a_bad_setting_is_a_usage_error_that_names_it(shell: Shell):
     done = shell.run("list", code=2)
     assert "OUTBOX_PROT (or prot in outbox.toml)" in done.stderr and "Extra inputs" in done.stderr
     (shell.cwd / "outbox.toml").unlink()
-    assert shell.json("list", env=shell.env(OUTBOX_LOG_LEVEL="WARNING")) == {"items": [], "next_seq": None}
+    assert shell.json("list", env=shell.env(OUTBOX_LOG_LEVEL="WARNING")) == {"items": [], "next_cursor": None}
 
 
 async def test_destinations_put_refuses_a_host_the_sender_would_refuse(shell: Shell):
@@ -434,3 +457,95 @@ async def test_an_email_destination_from_the_cli_keeps_the_channels_defaults(she
     assert chosen["on_unknown"] == "always" and chosen["created"] is False
     listed = shell.run("destinations", "list").stdout
     assert "mail" in listed and "host=smtp.example.com port=587 tls=starttls" in listed
+
+
+# -- rough edges a newcomer meets ------------------------------------------------------------
+
+
+async def test_json_is_accepted_after_the_command_as_well_as_before(shell: Shell):
+    await shell.destination("hook", "/ok")
+    await shell.enqueue("json-1")
+    for args in (("list",), ("show", "json-1"), ("tokens", "list"), ("grants", "list"), ("destinations", "list"),
+                 ("destinations", "show", "hook")):
+        before = json.loads(shell.run("--json", *args).stdout)
+        after = json.loads(shell.run(*args, "--json").stdout)
+        assert before == after, args
+    assert [i["action_id"] for i in shell.json("list")["items"]] == ["json-1"]
+    refused = shell.run("show", "nope-1", "--json", code=1)
+    assert json.loads(refused.stderr)["error"] == "NotFound" and refused.stdout == ""
+
+
+async def test_an_unreadable_payload_file_is_one_error_line(shell: Shell):
+    await shell.destination("hook", "/ok")
+    before = snapshot(shell.db)
+    for path in ("/missing.json", str(shell.cwd)):
+        done = shell.run("enqueue", "--destination", "hook", "--scope", "acme", "--payload", f"@{path}", code=1)
+        assert done.stderr.startswith(f"error: --payload @{path}: cannot read it: ")
+        assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert snapshot(shell.db) == before
+
+
+async def test_commands_refuse_to_create_a_database_elsewhere(shell: Shell):
+    elsewhere = shell.cwd / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in shell.env().items() if k != "OUTBOX_DATABASE_URL"}
+    for args in (("list",), ("show", "x-1"), ("tokens", "create", "--role", "admin"), ("grants", "list"),
+                 ("enqueue", "--destination", "hook", "--scope", "acme", "--payload", "{}"),
+                 ("replay", "--reason", "x")):
+        done = subprocess.run([OUTBOX, *args], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1, (args, done.stderr)
+        assert done.stderr.startswith("error: there is no outbox database at sqlite:///./outbox.db (")
+        assert str(elsewhere / "outbox.db") in done.stderr and "OUTBOX_DATABASE_URL" in done.stderr
+    as_json = subprocess.run([OUTBOX, "list", "--json"], cwd=elsewhere, env=env, capture_output=True, text=True)
+    assert json.loads(as_json.stderr)["error"] == "NoDatabase"
+    assert list(elsewhere.iterdir()) == []
+    migrated = subprocess.run([OUTBOX, "migrate"], cwd=elsewhere, env=env, capture_output=True, text=True)
+    assert migrated.returncode == 0 and (elsewhere / "outbox.db").exists()
+    listed = subprocess.run([OUTBOX, "list"], cwd=elsewhere, env=env, capture_output=True, text=True)
+    assert listed.returncode == 0 and listed.stdout.strip() == "no intents"
+
+
+async def test_every_cli_event_names_the_user_the_same_way(shell: Shell):
+    await shell.destination("hook", "/ok")
+    shell.run("enqueue", "--destination", "hook", "--scope", "acme", "--payload", "{}", "--action-id", "who-1",
+              "--not-before", "2999-01-01T00:00:00Z")
+    shell.run("cancel", "who-1", "--reason", "not needed")
+    events = (await shell.box.history("who-1")).events
+    assert [(e.kind, e.actor) for e in events] == [("enqueued", ACTOR), ("cancelled", ACTOR)]
+
+
+async def test_replay_gives_a_fresh_budget_counted_from_the_attempts_made(shell: Shell):
+    shell.receiver.script("/no", Reply(400))
+    await shell.destination("refuses", "/no", idempotent=True)
+    await shell.enqueue("budget-1", destination="refuses")
+    budget = shell.box.settings.default_max_attempts
+    assert (await shell.box.get("budget-1")).max_attempts == budget
+    for made in (1, 2):
+        await shell.deliver(["budget-1"])  # refused at once: a dead letter after one more attempt
+        intent = await shell.box.get("budget-1")
+        assert (intent.status, intent.attempts) == (Status.DEAD, made)
+        replayed = shell.run("replay", "budget-1", "--reason", f"round {made}")
+        assert replayed.stdout.strip() == f"replayed budget-1 (now pending, {budget} more attempts)"
+        intent = await shell.box.get("budget-1")
+        # attempts are never renumbered, so the ceiling is the attempts made plus a fresh budget
+        assert (intent.attempts, intent.max_attempts) == (made, made + budget)
+
+
+def test_replay_help_lists_statuses_in_one_order(tmp_path: Path):
+    for _ in range(3):
+        shown = subprocess.run([OUTBOX, "replay", "--help"], capture_output=True, text=True, check=True,
+                               env={**os.environ, "PYTHONHASHSEED": "random"}).stdout
+        assert "[dead|revoked|unknown]" in shown
+
+
+def test_the_shell_completion_script_is_produced(tmp_path: Path):
+    for shell_name, marker in (("bash", "complete -o nosort -F _outbox_completion outbox"),
+                               ("zsh", "#compdef outbox"), ("fish", "complete --no-files --command outbox")):
+        done = subprocess.run([OUTBOX], env={**os.environ, "_OUTBOX_COMPLETE": f"{shell_name}_source"},
+                              capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert done.returncode == 0 and marker in done.stdout, shell_name
+    words = subprocess.run([OUTBOX], env={**os.environ, "_OUTBOX_COMPLETE": "bash_complete",
+                                          "COMP_WORDS": "outbox rep", "COMP_CWORD": "1"},
+                           capture_output=True, text=True, timeout=60, cwd=tmp_path).stdout
+    assert "plain,replay" in words.splitlines()
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,46 @@
+"""API tokens over HTTP (admin): what ``outbox tokens`` does on the host, for remote admins.
+
+The same operations as the CLI's (``Outbox.create_token``, ``list_tokens``, ``revoke_token``),
+which log who made or revoked each token; a new token's text is in the creating answer only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from .. import openapi
+from ..tokens import TokenSpec
+from .auth import Admin, box
+from .bodies import parsed
+
+router = APIRouter(tags=["tokens"])
+
+
+@router.post(
+    "/v1/tokens",
+    summary="Create a token (admin); its text is in this answer only",
+    **openapi.doc({201: (openapi.NewToken, "created")}, body=TokenSpec, errors=openapi.BODY_ERRORS),
+)
+async def create_token(request: Request, token: Admin) -> Response:
+    spec = await parsed(request, TokenSpec)
+    text, info = await box(request).create_token(spec.role, spec.scopes, spec.label, actor=token.actor)
+    return JSONResponse({"token": text, **info.public()}, status_code=201,
+                        headers={"Cache-Control": "no-store"})
+
+
+@router.get("/v1/tokens", summary="Every token, active and revoked, never their text (admin)",
+            **openapi.doc({200: openapi.TokenList}, errors=[403, 503]))
+async def list_tokens(request: Request, token: Admin) -> dict[str, Any]:
+    return {"items": [i.public() for i in await box(request).list_tokens()]}
+
+
+@router.delete(
+    "/v1/tokens/{token_id}",
+    summary="Revoke a token (admin): refused from now on (by other processes within token_cache_seconds)",
+    **openapi.doc({200: (openapi.Token, "revoked")}, errors=[403, 404, 422, 503]),
+)
+async def revoke_token(request: Request, token_id: str, token: Admin) -> dict[str, Any]:
+    return (await box(request).revoke_token(token_id, actor=token.actor)).public()
