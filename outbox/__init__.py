@@ -1,4 +1,9 @@
-"""Durable intents for at-least-once effects: record, inspect, and the registries they need."""
+"""Durable intents for at-least-once effects: record, inspect, and the registries they need.
+
+``Outbox`` and the store's types are imported when first named, so that ``outbox.client`` (a
+producer host's only need) loads neither the store nor its database drivers."""
+
+from typing import TYPE_CHECKING, Any
 
 from .clock import Clock, ManualClock, SystemClock
 from .destinations import Destination, DestinationSpec
@@ -30,9 +35,24 @@ from .model import (
     Status,
     Submission,
 )
-from .outbox import Outbox, OutboxTransaction
 from .settings import Settings
-from .store import IntentQuery, Page
+
+if TYPE_CHECKING:
+    from .outbox import Outbox, OutboxTransaction
+    from .store import IntentQuery, Page
+
+#: What is imported when first named, and from where.
+_LAZY = {"Outbox": "outbox", "OutboxTransaction": "outbox", "IntentQuery": "store", "Page": "store"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value
+    return value
 
 __all__ = [
     "TRANSITIONS",

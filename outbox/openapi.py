@@ -239,6 +239,22 @@ class Problem(BaseModel):
     errors: list[FieldError] = Field(default_factory=list, description="invalid-input: each refused field")
 
 
+class BatchItem(BaseModel):
+    """One intent's answer in a batch, in the request's order: ``status`` is what POST
+    /v1/intents would have answered for it alone (201 created, 200 the same intent already
+    existed, 403, 409, 413, 422), with the intent or the problem."""
+
+    status: int
+    intent: Intent | None = Field(default=None, description="when status is 200 or 201")
+    problem: Problem | None = Field(default=None, description="otherwise: the problem+json a single enqueue answers")
+
+
+class BatchResult(BaseModel):
+    """Every intent's answer, in the request's order (the batch was one durable commit)."""
+
+    results: list[BatchItem]
+
+
 #: Every schema a route may refer to, by component name: request bodies are documented as the
 #: API validates them, answers as it serialises them.
 _MODELS: dict[str, tuple[type[BaseModel], Literal["validation", "serialization"]]] = {}
@@ -374,6 +390,9 @@ EXAMPLES: dict[str, dict[str, Any]] = {
                         "secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "idempotent": True},
     "GrantSpec": {"scope": "acme", "destination": "billing"},
     "TokenSpec": {"role": "producer", "scopes": ["acme"], "label": "acme's billing app"},
+    "BatchIn": {"intents": [
+        {"action_id": "invoice-42-send", "scope": "acme", "destination": "billing", "payload": {"invoice": 42}},
+        {"action_id": "invoice-43-send", "scope": "acme", "destination": "billing", "payload": {"invoice": 43}}]},
     "ReasonIn": {"reason": "order refunded before sending"},
     "ReplayIn": {"reason": "billing outage 02:00-03:00, INC-4711"},
     "ResolveIn": {"resolution": "delivered", "external_id": "inv-981", "reason": "seen in billing's ledger"},

@@ -23,7 +23,15 @@ from . import channels
 from .clock import Clock, OffsetClock, SystemClock, iso
 from .destinations import Destination, DestinationSpec
 from .digest import canonical_json, digest_of
-from .errors import AmbiguousActionId, InvalidInput, NoDatabase, NotFound, PayloadTooLarge, UnknownDestination
+from .errors import (
+    AmbiguousActionId,
+    InvalidInput,
+    NoDatabase,
+    NotFound,
+    OutboxError,
+    PayloadTooLarge,
+    UnknownDestination,
+)
 from .grants import Grant, GrantSpec
 from .ids import (
     ACTION_ID,
@@ -195,6 +203,24 @@ class Outbox:
         results = await self.store.insert_intents(prepared) if prepared else []
         self.enqueued.notify()
         return results
+
+    async def enqueue_each(self, intents: Iterable[Mapping[str, Any]]) -> list[Enqueued | OutboxError]:
+        """Enqueue several intents in one transaction (one fsync), each on its own: an intent
+        refused (invalid, unknown destination, conflict) stands as its error in its place and
+        the others are recorded; if the transaction fails, none is (and that error is raised)."""
+        results: list[Enqueued | OutboxError | None] = []
+        prepared: list[tuple[NewIntent, Event]] = []
+        for intent in intents:
+            try:
+                prepared.append(self.prepare(**intent))
+                results.append(None)
+            except InvalidInput as exc:
+                results.append(exc)
+        stored = iter(await self.store.insert_each(prepared) if prepared else [])
+        done = [next(stored) if result is None else result for result in results]
+        if any(isinstance(result, Enqueued) and result.created for result in done):
+            self.enqueued.notify()
+        return done
 
     @asynccontextmanager
     async def transaction(self, *, connection: Any = None) -> AsyncIterator[OutboxTransaction]:

@@ -36,7 +36,8 @@ class Problem(Exception):
         self.headers = dict(headers or {})
         self.extensions = extensions
 
-    def response(self, instance: str | None = None) -> Response:
+    def json(self, instance: str | None = None) -> dict[str, Any]:
+        """The problem's body (also an item's answer in a batch)."""
         body: dict[str, Any] = {
             "type": TYPE_PREFIX + self.kind,
             "title": self.title,
@@ -46,8 +47,11 @@ class Problem(Exception):
         if instance:
             body["instance"] = instance
         body.update(self.extensions)
+        return body
+
+    def response(self, instance: str | None = None) -> Response:
         return Response(
-            json.dumps(body), status_code=self.status, headers=self.headers, media_type=MEDIA_TYPE
+            json.dumps(self.json(instance)), status_code=self.status, headers=self.headers, media_type=MEDIA_TYPE
         )
 
 

@@ -24,10 +24,13 @@ JSON_TYPES = ("application/json",)
 BODY_NESTING = MAX_NESTING + 2
 
 
-async def json_body(request: Request) -> Any:
-    """The request's JSON body, or the problem saying why it is refused (415, 413, 400, 422)."""
+async def json_body(request: Request, *, batch: bool = False) -> Any:
+    """The request's JSON body, or the problem saying why it is refused (415, 413, 400, 422).
+    A ``batch`` body holds many payloads, each inside its own envelope, one level deeper."""
     settings: Settings = request.app.state.settings
-    body_limit = settings.max_payload_bytes + ENVELOPE_BYTES
+    body_limit = settings.max_batch_bytes if batch else settings.max_payload_bytes + ENVELOPE_BYTES
+    limit_text = "max_batch_bytes" if batch else f"payload {settings.max_payload_bytes} + envelope"
+    body_nesting = BODY_NESTING + 1 if batch else BODY_NESTING
     media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media_type not in JSON_TYPES and not media_type.endswith("+json"):
         raise Problem(
@@ -39,7 +42,7 @@ async def json_body(request: Request) -> Any:
         raise Problem(
             413, "payload-too-large", "Payload too large",
             f"body is {declared} bytes; the limit is {body_limit} "
-            f"(payload {settings.max_payload_bytes} + envelope)",
+            f"({limit_text})",
         )
     chunks, size = [], 0
     async for chunk in request.stream():
@@ -56,10 +59,10 @@ async def json_body(request: Request) -> Any:
         raise Problem(400, "invalid-json", "Invalid JSON", f"the body is not JSON: {exc}") from None
     except RecursionError:
         body = None  # far too deep to parse: refused below like any body over the limit
-        depth = BODY_NESTING + 1
+        depth = body_nesting + 1
     else:
-        depth = nesting(body, BODY_NESTING)
-    if depth > BODY_NESTING:
+        depth = nesting(body, body_nesting)
+    if depth > body_nesting:
         raise Problem(422, "invalid-input", "Invalid input",
                       f"the body nests arrays and objects deeper than allowed: a payload may nest "
                       f"{MAX_NESTING} levels")

@@ -10,18 +10,21 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, WithJsonSchema
 
 from .. import openapi
-from ..model import SETTLED, Intent, Status
+from ..errors import OutboxError
+from ..model import SETTLED, Enqueued, Intent, Status
 from ..outbox import MAX_PAGE, history_json, intent_json
-from ..problems import Problem
+from ..problems import Problem, from_error
 from ..store import IntentQuery
 from .auth import Producer, Reader, box, in_scope, readable
-from .bodies import parsed
+from .bodies import json_body, parsed, validated
 
 router = APIRouter(tags=["intents"])
 
+#: The most intents one batch may carry.
+MAX_BATCH = 500
 #: The longest a client may long-poll one intent.
 MAX_WAIT_SECONDS = 60.0
 ScopeParam = Annotated[str | None, Query(description=(
@@ -45,6 +48,17 @@ class IntentIn(BaseModel):
     ordering_key: str | None = Field(
         default=None, description="intents of a destination with ordering 'key' and the same ordering_key are "
                                   "delivered one at a time, in enqueue order (a Kafka record's key)")
+
+
+class BatchIn(BaseModel):
+    """Intents to enqueue together: each is decided on its own, all in one durable commit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # each item is checked as IntentIn on its own, so that one bad item is its own answer
+    intents: Annotated[list[Any], WithJsonSchema({
+        "type": "array", "items": {"$ref": "#/components/schemas/IntentIn"}, "minItems": 1, "maxItems": MAX_BATCH,
+    })] = Field(min_length=1, max_length=MAX_BATCH)
 
 
 def location(intent: Intent) -> str:
@@ -88,6 +102,38 @@ async def enqueue(request: Request, token: Producer) -> Response:
         status_code=201 if result.created else 200,
         headers={"Location": location(result.intent)},
     )
+
+
+@router.post(
+    "/v1/intents:batch",
+    summary=f"Enqueue up to {MAX_BATCH} intents, each with its own answer, in one durable commit",
+    **openapi.doc({200: openapi.BatchResult}, body=BatchIn, errors=[*openapi.BODY_ERRORS]),
+)
+async def enqueue_batch(request: Request, token: Producer) -> dict[str, Any]:
+    batch = validated(BatchIn, await json_body(request, batch=True))
+    results: list[dict[str, Any] | None] = [None] * len(batch.intents)
+    places: list[int] = []
+    accepted: list[dict[str, Any]] = []
+    for place, item in enumerate(batch.intents):
+        try:
+            spec = validated(IntentIn, item)
+            in_scope(token, spec.scope)
+        except Problem as refused:
+            results[place] = _item(refused)
+            continue
+        places.append(place)
+        accepted.append({"actor": token.actor, **{name: getattr(spec, name) for name in spec.model_fields_set}})
+    for place, outcome in zip(places, await box(request).enqueue_each(accepted), strict=True):
+        results[place] = _item(from_error(outcome) if isinstance(outcome, OutboxError) else outcome)
+    return {"results": results}
+
+
+def _item(outcome: Enqueued | Problem) -> dict[str, Any]:
+    """One item's answer in a batch: the status the single enqueue would have answered, with
+    the intent or the problem."""
+    if isinstance(outcome, Problem):
+        return {"status": outcome.status, "problem": outcome.json()}
+    return {"status": 201 if outcome.created else 200, "intent": intent_json(outcome.intent)}
 
 
 @router.get("/v1/intents/{action_id}", summary="An intent with attempts and events",

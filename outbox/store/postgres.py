@@ -28,7 +28,7 @@ from typing import Any, Literal, overload
 import asyncpg
 
 from ..destinations import Destination
-from ..errors import NotFound, StoreUnavailable
+from ..errors import NotFound, OutboxError, StoreUnavailable
 from ..grants import Grant, GrantSpec
 from ..model import Attempt, Enqueued, Event, Intent, NewIntent, Status
 from ..tokens import TokenInfo
@@ -423,6 +423,18 @@ class PostgresStore:
             await _lock_ordering_keys(conn, [new for new, _ in items])
             seen: dict[str, Any] = {}
             return [await _insert_intent(conn, new, event, seen) for new, event in items]
+
+    async def insert_each(self, items: Sequence[tuple[NewIntent, Event]]) -> list[Enqueued | OutboxError]:
+        async with self._transaction() as conn:
+            await _lock_ordering_keys(conn, [new for new, _ in items])
+            seen: dict[str, Any] = {}
+            results: list[Enqueued | OutboxError] = []
+            for new, event in items:
+                try:  # a refusal is raised before its intent wrote anything, leaving the transaction usable
+                    results.append(await _insert_intent(conn, new, event, seen))
+                except OutboxError as exc:
+                    results.append(exc)
+            return results
 
     async def get_intent(self, key: str) -> Intent | None:
         row = await self._fetchrow("intent_by_key", key)

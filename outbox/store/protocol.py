@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any, Literal, Protocol, overload
 
 from ..destinations import Destination
+from ..errors import OutboxError
 from ..grants import Grant, GrantSpec
 from ..model import Attempt, Enqueued, Event, Intent, NewIntent, Status
 from ..tokens import TokenInfo
@@ -170,6 +171,12 @@ class Store(Protocol):
 
     async def insert_intents(self, items: Sequence[tuple[NewIntent, Event]]) -> list[Enqueued]:
         """``insert_intent`` for many, all in one transaction: every one is recorded, or none."""
+        ...
+
+    async def insert_each(self, items: Sequence[tuple[NewIntent, Event]]) -> list[Enqueued | OutboxError]:
+        """``insert_intent`` for many in one transaction, each on its own: an intent refused
+        (UnknownDestination, IntentConflict, InvalidInput) is answered by its error in its place
+        and writes nothing; the others commit together, or (the commit failing) none does."""
         ...
 
     async def get_intent(self, key: str) -> Intent | None:

@@ -24,7 +24,7 @@ import aiosqlite
 from receivers._sqlite import SetJob, from_us, to_us
 
 from ..destinations import Destination
-from ..errors import NoDatabase, NotFound, StoreUnavailable
+from ..errors import NoDatabase, NotFound, OutboxError, StoreUnavailable
 from ..grants import Grant, GrantSpec
 from ..model import Attempt, Enqueued, Event, Intent, NewIntent, Status
 from ..tokens import TokenInfo
@@ -122,6 +122,20 @@ def _insert_intent(
         _append_event(conn, row[0], event)
         return Enqueued(inserted_intent(row[0], new, found["channel"], status), created=True)
     return decide_existing(_intent(conn.execute(SQL["intent_by_key"], (new.key,)).fetchone()), new)
+
+
+def _insert_each(conn: sqlite3.Connection, items: Sequence[tuple[NewIntent, Event]]) -> list[Enqueued | OutboxError]:
+    """``_insert_intent`` for each of ``items`` in the one write transaction; an intent refused
+    stands as its error in its place (the refusal is decided before its writes, so it undoes
+    nothing) and the others go on."""
+    seen: dict[str, sqlite3.Row] = {}
+    results: list[Enqueued | OutboxError] = []
+    for new, event in items:
+        try:
+            results.append(_insert_intent(conn, new, event, seen))
+        except OutboxError as exc:
+            results.append(exc)
+    return results
 
 
 @functools.cache
@@ -357,6 +371,9 @@ class SqliteStore:
             return [_insert_intent(conn, new, event, seen) for new, event in items]
 
         return await self._write(run)
+
+    async def insert_each(self, items: Sequence[tuple[NewIntent, Event]]) -> list[Enqueued | OutboxError]:
+        return await self._write(lambda conn: _insert_each(conn, items))
 
     async def get_intent(self, key: str) -> Intent | None:
         def run(conn: sqlite3.Connection) -> Intent | None:

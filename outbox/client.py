@@ -1,0 +1,500 @@
+"""A client for producers on other hosts: the outbox's HTTP API through httpx, blocking
+(``Client``) or async (``AsyncClient``), with the same methods and arguments.
+
+    with Client("http://outbox.internal:8080") as outbox:      # token from OUTBOX_TOKEN
+        sent = outbox.enqueue("billing", {"invoice": 42}, scope="acme", action_id="invoice-42")
+        settled = outbox.wait(sent.intent.action_id, scope="acme", timeout=30)
+
+Every call is safe to repeat, so connection errors, 429 and 503 are retried (tenacity, honouring
+``Retry-After`` up to a cap): an enqueue's action id is fixed before its first try (a UUIDv7
+made here when the caller gives none), so a retried enqueue finds its own intent (200) rather
+than making a second one. Problem+json answers are raised as typed errors, which are also the
+library's (``outbox.errors``) of the same meaning. Only httpx and tenacity are imported here:
+a producer host needs neither the store nor the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import json
+import os
+import random
+import time
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any, Self
+from urllib.parse import quote
+
+import httpx
+import tenacity
+
+from . import errors
+from .ids import uuid7
+
+#: What the batch endpoint takes in one request.
+MAX_BATCH = 500
+#: A batch request's body is kept under this many bytes (the server's default limit is 64 MiB).
+BATCH_BYTES = 16 * 1024 * 1024
+#: Statuses the outbox settles in: ``wait`` returns once an intent has one.
+SETTLED = frozenset({"delivered", "dead", "revoked", "cancelled", "unknown"})
+#: The longest one long-poll request asks the server to hold (the server allows 60 s).
+LONG_POLL_SECONDS = 30.0
+PROBLEM_PREFIX = "urn:outbox:problem:"
+
+
+# -- what the API answers -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Intent:
+    """An intent as the API shows it; ``get`` and ``wait`` add its attempts and events (the
+    evidence of what may have happened, for an ``unknown`` one). ``data`` is the whole answer."""
+
+    action_id: str
+    scope: str
+    destination: str
+    status: str
+    payload: Any
+    payload_digest: str
+    data: dict[str, Any] = field(repr=False)
+    attempts: tuple[dict[str, Any], ...] = field(default=(), repr=False)
+    events: tuple[dict[str, Any], ...] = field(default=(), repr=False)
+
+    @property
+    def settled(self) -> bool:
+        """Delivered, dead, revoked, cancelled or unknown: nothing more happens by itself."""
+        return self.status in SETTLED
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> Intent:
+        return cls(data["action_id"], data["scope"], data["destination"], data["status"], data["payload"],
+                   data["payload_digest"], data, tuple(data.get("attempts", ())), tuple(data.get("events", ())))
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    """An enqueue's answer: the intent, and whether this call created it (False: it already
+    existed with the same destination, payload and ordering key: a retry or a repeat)."""
+
+    intent: Intent
+    created: bool
+
+
+# -- errors ---------------------------------------------------------------------------------------
+
+
+class OutboxError(errors.OutboxError):
+    """The outbox answered with a problem (RFC 9457): its ``type``, ``status``, ``title``,
+    ``detail`` and every other field of it (``problem``; ``errors`` for invalid input)."""
+
+    def __init__(self, problem: Mapping[str, Any]) -> None:
+        self.problem = dict(problem)
+        self.type: str = str(problem.get("type", ""))
+        self.status: int = int(problem.get("status", 0))
+        self.title: str = str(problem.get("title", ""))
+        self.detail: str = str(problem.get("detail", ""))
+        super().__init__(f"{self.status} {self.kind}: {self.detail}")
+
+    @property
+    def kind(self) -> str:
+        """The type's last part (``intent-conflict``), as the README's Errors table names it."""
+        return self.type.removeprefix(PROBLEM_PREFIX)
+
+    @property
+    def errors(self) -> list[dict[str, Any]]:
+        """For invalid input: each refused field (``field``, ``message``)."""
+        return list(self.problem.get("errors", []))
+
+
+class InvalidInput(OutboxError, errors.InvalidInput):
+    """400, 415, 422: the request or a field of it is malformed (``errors`` names the fields)."""
+
+
+class PayloadTooLarge(InvalidInput, errors.PayloadTooLarge):
+    """413: the payload or the body is over the server's limit."""
+
+
+class UnknownDestination(OutboxError, errors.UnknownDestination):
+    """422: the destination named is not registered."""
+
+
+class Conflict(OutboxError):
+    """409: the request conflicts with what is recorded."""
+
+
+class IntentConflict(Conflict, errors.IntentConflict):
+    """409: the action id is already used in its scope for another destination, payload or key."""
+
+
+class AmbiguousActionId(Conflict, errors.AmbiguousActionId):
+    """409: the action id is used in several scopes the token reads; name the scope."""
+
+
+class NotFound(OutboxError, errors.NotFound):
+    """404: no such intent (or not in the token's scopes)."""
+
+
+class Unauthorized(OutboxError):
+    """401: no token, or an unknown or revoked one."""
+
+
+class Forbidden(OutboxError):
+    """403: the token's role or scopes do not allow it."""
+
+
+class Unavailable(OutboxError):
+    """429 or 503: the outbox asks to be called later (after ``retry_after`` seconds, if it said);
+    raised once the retries are spent."""
+
+    retry_after: float | None = None
+
+
+class WaitTimeout(OutboxError, TimeoutError):
+    """``wait`` ran out of time before the intent settled; ``intent`` is how it stood last."""
+
+    def __init__(self, intent: Intent, timeout: float) -> None:
+        self.intent = intent
+        super().__init__({"type": PROBLEM_PREFIX + "wait-timeout", "title": "Not settled in time", "status": 0,
+                          "detail": f"intent {intent.action_id!r} is still {intent.status} after {timeout:g} s"})
+
+
+_BY_TYPE: dict[str, type[OutboxError]] = {
+    "payload-too-large": PayloadTooLarge,
+    "unknown-destination": UnknownDestination,
+    "intent-conflict": IntentConflict,
+    "ambiguous-action-id": AmbiguousActionId,
+}
+_BY_STATUS: dict[int, type[OutboxError]] = {
+    400: InvalidInput, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict, 413: PayloadTooLarge,
+    415: InvalidInput, 422: InvalidInput, 429: Unavailable, 503: Unavailable,
+}
+
+
+def problem_error(problem: Mapping[str, Any], retry_after: float | None = None) -> OutboxError:
+    """The typed error a problem stands for: by its type, else by its status."""
+    kind = str(problem.get("type", "")).removeprefix(PROBLEM_PREFIX)
+    cls = _BY_TYPE.get(kind) or _BY_STATUS.get(int(problem.get("status", 0)), OutboxError)
+    error = cls(problem)
+    if isinstance(error, Unavailable):
+        error.retry_after = retry_after
+    return error
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date), if it has one."""
+    if not value:
+        return None
+    if value.strip().isdigit():
+        return float(value.strip())
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+def _answer(response: httpx.Response) -> Any:
+    """The JSON of a 2xx answer; otherwise raises the problem's typed error."""
+    if response.is_success:
+        return response.json()
+    try:
+        problem = response.json()
+    except ValueError:
+        problem = None
+    if not isinstance(problem, dict):  # not problem+json (a proxy's page): still typed by status
+        problem = {"type": "about:blank", "status": response.status_code, "title": response.reason_phrase,
+                   "detail": response.text[:500]}
+    raise problem_error(problem, _retry_after(response.headers.get("retry-after")))
+
+
+# -- retries --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How calls are retried: connection errors, 429 and 503, up to ``attempts`` tries in all,
+    pausing exponentially from ``initial_seconds`` with full jitter, or as ``Retry-After`` says,
+    never longer than ``max_seconds`` at a time. Other answers (4xx) are never retried."""
+
+    attempts: int = 5
+    initial_seconds: float = 0.2
+    max_seconds: float = 10.0
+
+    def pause(self, state: tenacity.RetryCallState) -> float:
+        error = state.outcome.exception() if state.outcome else None
+        if isinstance(error, Unavailable) and error.retry_after is not None:
+            return min(error.retry_after, self.max_seconds)
+        return random.uniform(0, min(self.max_seconds, self.initial_seconds * 2 ** (state.attempt_number - 1)))
+
+    def arguments(self) -> dict[str, Any]:
+        """tenacity's arguments, for its blocking and its async retrier alike."""
+        return {"retry": tenacity.retry_if_exception(_retryable), "wait": self.pause,
+                "stop": tenacity.stop_after_attempt(self.attempts), "reraise": True}
+
+
+NO_RETRY = RetryPolicy(attempts=1)
+
+
+def _retryable(error: BaseException) -> bool:
+    return isinstance(error, httpx.TransportError | Unavailable)
+
+
+# -- requests, shared by both clients -------------------------------------------------------------
+
+
+def _token(token: str | None) -> str:
+    found = token or os.environ.get("OUTBOX_TOKEN")
+    if not found:
+        raise ValueError("no token: pass token=... or set OUTBOX_TOKEN (see `outbox tokens create`)")
+    return found
+
+
+def _intent_body(destination: str, payload: Any, scope: str, action_id: str | None, not_before: datetime | None,
+                 expires_at: datetime | None, max_attempts: int | None, ordering_key: str | None) -> dict[str, Any]:
+    """An intent as POST /v1/intents takes it, its action id fixed now (before any try)."""
+    body: dict[str, Any] = {"action_id": action_id or uuid7(), "scope": scope, "destination": destination,
+                            "payload": payload}
+    for name, value in (("not_before", not_before), ("expires_at", expires_at), ("max_attempts", max_attempts),
+                        ("ordering_key", ordering_key)):
+        if value is not None:
+            body[name] = value.isoformat() if isinstance(value, datetime) else value
+    return body
+
+
+def _batches(items: Iterable[Mapping[str, Any]]) -> Iterator[builtins.list[bytes]]:
+    """``enqueue_many``'s items as encoded intents (each action id fixed now), in batches of at
+    most MAX_BATCH and about BATCH_BYTES."""
+    batch: builtins.list[bytes] = []
+    size = 0
+    for item in items:
+        fields = dict(item)
+        encoded = _encoded(_intent_body(
+            fields.pop("destination"), fields.pop("payload"), fields.pop("scope"), fields.pop("action_id", None),
+            *(fields.pop(name, None) for name in ("not_before", "expires_at", "max_attempts", "ordering_key"))))
+        if fields:
+            raise TypeError(f"enqueue_many got unexpected fields {sorted(fields)}")
+        if batch and (len(batch) == MAX_BATCH or size + len(encoded) > BATCH_BYTES):
+            yield batch
+            batch, size = [], 0
+        batch.append(encoded)
+        size += len(encoded) + 1
+    if batch:
+        yield batch
+
+
+def _batch_request(batch: Sequence[bytes]) -> bytes:
+    return b'{"intents":[' + b",".join(batch) + b"]}"
+
+
+def _batch_results(answer: Mapping[str, Any]) -> builtins.list[Enqueued | OutboxError]:
+    return [Enqueued(Intent.of(item["intent"]), item["status"] == 201) if "intent" in item
+            else problem_error(item["problem"]) for item in answer["results"]]
+
+
+def _intent_path(action_id: str) -> str:
+    return f"/v1/intents/{quote(action_id, safe='')}"
+
+
+def _list_params(status: Sequence[str] | str | None, scope: Sequence[str] | str | None, destination: str | None,
+                 channel: str | None, created_after: datetime | None, created_before: datetime | None,
+                 page_size: int) -> builtins.list[tuple[str, str]]:
+    params: builtins.list[tuple[str, str]] = [("limit", str(page_size))]
+    for name, values in (("status", status), ("scope", scope)):
+        params += [(name, v) for v in ([values] if isinstance(values, str) else values or [])]
+    for name, value in (("destination", destination), ("channel", channel), ("created_after", created_after),
+                        ("created_before", created_before)):
+        if value is not None:
+            params.append((name, value.isoformat() if isinstance(value, datetime) else value))
+    return params
+
+
+def _headers(body: bytes | None) -> dict[str, str] | None:
+    return {"Content-Type": "application/json"} if body is not None else None
+
+
+def _encoded(body: Mapping[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _scoped(scope: str | None, wait: float | None = None) -> dict[str, str]:
+    """The query naming an intent's scope (if given) and how long to long-poll (if at all)."""
+    return {**({"scope": scope} if scope else {}), **({"wait": f"{wait:.3f}"} if wait else {})}
+
+
+def _paged(params: builtins.list[tuple[str, str]], cursor: str | None) -> builtins.list[tuple[str, str]]:
+    return params + ([("cursor", cursor)] if cursor else [])
+
+
+def _early(asked: float, hold: float) -> float:
+    """How long to pause after a long poll answered unsettled: nothing if the server held it as
+    asked, else up to 0.2 s, so a server answering at once (shutting down) is not spun on."""
+    return max(0.0, min(0.2, hold) - (time.monotonic() - asked))
+
+
+def _waited(intent: Intent, deadline: float, timeout: float) -> float | None:
+    """How long the next long poll may ask for; None once the intent is settled. Raises
+    WaitTimeout once the deadline has passed."""
+    if intent.settled:
+        return None
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise WaitTimeout(intent, timeout)
+    return min(remaining, LONG_POLL_SECONDS)
+
+
+# -- the clients ----------------------------------------------------------------------------------
+
+
+class Client:
+    """The outbox's HTTP API, blocking. Close it (or use it as a context manager) when done."""
+
+    def __init__(self, base_url: str, *, token: str | None = None, timeout: float = 10.0,
+                 retry: RetryPolicy = RetryPolicy()) -> None:
+        self.timeout = timeout
+        self.retry = retry
+        self._http = httpx.Client(base_url=base_url, timeout=timeout,
+                                  headers={"Authorization": f"Bearer {_token(token)}"})
+
+    def _call(self, method: str, path: str, *, params: Any = None, body: bytes | None = None,
+              timeout: float | None = None) -> tuple[int, Any]:
+        """The answer's status and JSON, after the retries the policy allows."""
+        for attempt in tenacity.Retrying(**self.retry.arguments()):
+            with attempt:
+                response = self._http.request(method, path, params=params, content=body, headers=_headers(body),
+                                              timeout=timeout or self.timeout)
+                return response.status_code, _answer(response)
+        raise AssertionError("unreachable: tenacity re-raises the last error")
+
+    def enqueue(self, destination: str, payload: Any, *, scope: str, action_id: str | None = None,
+                not_before: datetime | None = None, expires_at: datetime | None = None,
+                max_attempts: int | None = None, ordering_key: str | None = None) -> Enqueued:
+        """Enqueue one intent; retried safely (see the module's docstring). Raises InvalidInput,
+        UnknownDestination, IntentConflict, Forbidden, ..."""
+        status, data = self._call("POST", "/v1/intents", body=_encoded(_intent_body(
+            destination, payload, scope, action_id, not_before, expires_at, max_attempts, ordering_key)))
+        return Enqueued(Intent.of(data), status == 201)
+
+    def enqueue_many(self, items: Iterable[Mapping[str, Any]]) -> builtins.list[Enqueued | OutboxError]:
+        """Enqueue intents (each a mapping of ``enqueue``'s arguments) through the batch endpoint,
+        MAX_BATCH at a time: a result per item, in order, an item's error in its place (not
+        raised). A batch refused as a whole raises."""
+        results: builtins.list[Enqueued | OutboxError] = []
+        for batch in _batches(items):
+            results += _batch_results(self._call("POST", "/v1/intents:batch", body=_batch_request(batch))[1])
+        return results
+
+    def get(self, action_id: str, *, scope: str | None = None) -> Intent:
+        """An intent with its attempts and events. Raises NotFound, AmbiguousActionId."""
+        return Intent.of(self._call("GET", _intent_path(action_id), params=_scoped(scope))[1])
+
+    def wait(self, action_id: str, *, timeout: float, scope: str | None = None) -> Intent:
+        """The intent once settled (delivered, dead, revoked, cancelled, or unknown with its
+        attempts as evidence), long-polling the server. Raises WaitTimeout, NotFound."""
+        deadline = time.monotonic() + timeout
+        intent = self.get(action_id, scope=scope)
+        while (hold := _waited(intent, deadline, timeout)) is not None:
+            asked = time.monotonic()
+            intent = Intent.of(self._call("GET", _intent_path(action_id), params=_scoped(scope, hold),
+                                          timeout=hold + self.timeout)[1])
+            time.sleep(_early(asked, hold))
+        return intent
+
+    def list(self, *, status: Sequence[str] | str | None = None, scope: Sequence[str] | str | None = None,
+             destination: str | None = None, channel: str | None = None, created_after: datetime | None = None,
+             created_before: datetime | None = None, page_size: int = 100) -> Iterator[Intent]:
+        """Intents matching the filters, newest first, fetched a page at a time."""
+        params = _list_params(status, scope, destination, channel, created_after, created_before, page_size)
+        cursor: str | None = None
+        while True:
+            page = self._call("GET", "/v1/intents", params=_paged(params, cursor))[1]
+            yield from (Intent.of(item) for item in page["items"])
+            if not (cursor := page["next_cursor"]):
+                return
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncClient:
+    """The outbox's HTTP API for asyncio: ``Client``'s methods, awaited (``list`` is iterated
+    with ``async for``). Close it (or use it as an async context manager) when done."""
+
+    def __init__(self, base_url: str, *, token: str | None = None, timeout: float = 10.0,
+                 retry: RetryPolicy = RetryPolicy()) -> None:
+        self.timeout = timeout
+        self.retry = retry
+        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout,
+                                       headers={"Authorization": f"Bearer {_token(token)}"})
+
+    async def _call(self, method: str, path: str, *, params: Any = None, body: bytes | None = None,
+                    timeout: float | None = None) -> tuple[int, Any]:
+        """The answer's status and JSON, after the retries the policy allows."""
+        async for attempt in tenacity.AsyncRetrying(**self.retry.arguments()):
+            with attempt:
+                response = await self._http.request(method, path, params=params, content=body,
+                                                     headers=_headers(body), timeout=timeout or self.timeout)
+                return response.status_code, _answer(response)
+        raise AssertionError("unreachable: tenacity re-raises the last error")
+
+    async def enqueue(self, destination: str, payload: Any, *, scope: str, action_id: str | None = None,
+                      not_before: datetime | None = None, expires_at: datetime | None = None,
+                      max_attempts: int | None = None, ordering_key: str | None = None) -> Enqueued:
+        """As ``Client.enqueue``."""
+        status, data = await self._call("POST", "/v1/intents", body=_encoded(_intent_body(
+            destination, payload, scope, action_id, not_before, expires_at, max_attempts, ordering_key)))
+        return Enqueued(Intent.of(data), status == 201)
+
+    async def enqueue_many(self, items: Iterable[Mapping[str, Any]]) -> builtins.list[Enqueued | OutboxError]:
+        """As ``Client.enqueue_many``."""
+        results: builtins.list[Enqueued | OutboxError] = []
+        for batch in _batches(items):
+            results += _batch_results((await self._call("POST", "/v1/intents:batch",
+                                                        body=_batch_request(batch)))[1])
+        return results
+
+    async def get(self, action_id: str, *, scope: str | None = None) -> Intent:
+        """As ``Client.get``."""
+        return Intent.of((await self._call("GET", _intent_path(action_id), params=_scoped(scope)))[1])
+
+    async def wait(self, action_id: str, *, timeout: float, scope: str | None = None) -> Intent:
+        """As ``Client.wait``."""
+        deadline = time.monotonic() + timeout
+        intent = await self.get(action_id, scope=scope)
+        while (hold := _waited(intent, deadline, timeout)) is not None:
+            asked = time.monotonic()
+            intent = Intent.of((await self._call("GET", _intent_path(action_id), params=_scoped(scope, hold),
+                                                 timeout=hold + self.timeout))[1])
+            await asyncio.sleep(_early(asked, hold))
+        return intent
+
+    async def list(self, *, status: Sequence[str] | str | None = None, scope: Sequence[str] | str | None = None,
+                   destination: str | None = None, channel: str | None = None,
+                   created_after: datetime | None = None, created_before: datetime | None = None,
+                   page_size: int = 100) -> AsyncIterator[Intent]:
+        """As ``Client.list``."""
+        params = _list_params(status, scope, destination, channel, created_after, created_before, page_size)
+        cursor: str | None = None
+        while True:
+            page = (await self._call("GET", "/v1/intents", params=_paged(params, cursor)))[1]
+            for item in page["items"]:
+                yield Intent.of(item)
+            if not (cursor := page["next_cursor"]):
+                return
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
