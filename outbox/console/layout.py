@@ -16,8 +16,10 @@ STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1b1f24;background:#f6f8fa}
 header{background:#24292f;color:#fff;padding:10px 16px;display:flex;flex-wrap:wrap;gap:16px;align-items:center}
 header a{color:#fff} main{padding:16px;max-width:1400px}
-.scroll{overflow-x:auto} table{border-collapse:collapse;width:100%;background:#fff;margin:8px 0 20px}
-th,td{border:1px solid #d0d7de;padding:4px 8px;text-align:left;vertical-align:top}
+.scroll{overflow-x:auto}
+table{border-collapse:collapse;width:max-content;min-width:100%;background:#fff;margin:8px 0 20px}
+td pre{margin:0;max-width:36em;font-size:12px}
+th,td{border:1px solid #d0d7de;padding:4px 8px;text-align:left;vertical-align:top;max-width:32em}
 th{background:#eaeef2} .pill{padding:1px 8px;border-radius:10px;background:#ddf4ff;white-space:nowrap}
 .dead,.revoked,.paused{background:#ffebe9} .unknown,.held{background:#fff8c5} .delivered,.closed{background:#dafbe1}
 form.inline{display:inline-block;margin:4px 8px 4px 0;padding:6px;border:1px solid #d0d7de;background:#fff}
@@ -29,6 +31,7 @@ pre{background:#fff;border:1px solid #d0d7de;padding:8px;overflow-x:auto;max-wid
 .charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(320px,1fr));gap:16px}
 figure{margin:0;background:#fff;border:1px solid #d0d7de;padding:8px} figcaption{font-size:12px;color:#57606a}
 svg{width:100%;height:auto} .num{text-align:right}
+main>p,h1{overflow-wrap:anywhere} input,select{max-width:100%} form.inline{max-width:100%;box-sizing:border-box}
 """
 
 

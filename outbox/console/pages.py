@@ -137,7 +137,7 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
                 f"<td class='num'>{h.delivered}</td><td class='num'>{h.failed}</td><td class='num'>{rate}</td>"
                 f"<td class='num'>{mean}</td><td class='num'>{h.waiting}</td><td>{when(h.oldest_due_at, now)}</td>"
                 f"<td>{when(h.last_success, now)}</td><td>{last_error}</td></tr>")
-        destination_health = table(["destination", "sends", "delivered", "failed", "failure rate",
+        destination_health = table(["destination", "circuit", "delivered", "failed", "failure rate",
                                      "mean attempt", "open", "oldest due", "last success", "last error"], rows)
         sections = []
         for status, title in ATTENTION:

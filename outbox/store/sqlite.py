@@ -552,6 +552,21 @@ class SqliteStore:
     async def oldest_due_at(self, now: datetime) -> datetime | None:
         return await self._read(lambda conn: from_us(conn.execute(SQL["oldest_due"], (to_us(now),)).fetchone()[0]))
 
+    async def activity(self, since: datetime, now: datetime) -> Activity:
+        def read(conn: sqlite3.Connection) -> Activity:
+            after = to_us(since)
+            return Activity(
+                [AttemptMinute(d, from_us(m), o, n, ms, from_us(last))
+                 for d, m, o, n, ms, last in conn.execute(SQL["activity_minutes"], (after,))],
+                [Failure(d, from_us(at), o, code, error)
+                 for d, at, o, code, error in conn.execute(SQL["activity_failures"], (after,))],
+                [Waiting(d, n, from_us(oldest))
+                 for d, n, oldest in conn.execute(SQL["activity_waiting"], (to_us(now),))],
+                [Span(from_us(start), from_us(end), n)
+                 for start, end, n in conn.execute(SQL["activity_backlog"], (after,))])
+
+        return await self._read(read)
+
     async def disable_destination(self, destination_id: str, at: datetime) -> None:
         params = (to_us(at), destination_id)
         await self._write(lambda conn: conn.execute(SQL["disable_destination"], params) and None)
@@ -572,19 +587,6 @@ class SqliteStore:
         def run(conn: sqlite3.Connection) -> Grant | None:
             row = conn.execute(SQL["grant_by_id"], (grant_id,)).fetchone()
             return None if row is None else _grant(row)
-
-    async def activity(self, since: datetime, now: datetime) -> Activity:
-        def read(conn: sqlite3.Connection) -> Activity:
-            after = to_us(since)
-            return Activity(
-                [AttemptMinute(d, from_us(m), o, n, ms, from_us(last))
-                 for d, m, o, n, ms, last in conn.execute(SQL["activity_minutes"], (after,))],
-                [Failure(d, from_us(at), o, code, error)
-                 for d, at, o, code, error in conn.execute(SQL["activity_failures"], (after,))],
-                [Waiting(d, n, from_us(oldest)) for d, n, oldest in conn.execute(SQL["activity_waiting"], (to_us(now),))],
-                [Span(from_us(start), from_us(end), n) for start, end, n in conn.execute(SQL["activity_backlog"], (after,))])
-
-        return await self._read(read)
 
         return await self._read(run)
 

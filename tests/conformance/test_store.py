@@ -501,7 +501,8 @@ async def test_activity_counts_attempts_by_minute_the_latest_failures_and_the_ba
     await store.claim("w1", now=T0, lease_until=T0 + timedelta(hours=9), limit=3)
 
     async def finish(action_id: str, number: int, at: datetime, status: Status, outcome: Outcome, **facts) -> None:
-        done = replace(attempt(number, 1, at=at), attempt_id=f"{action_id}-{number}", finished_at=at, outcome=outcome, duration_ms=100.0, **facts)
+        done = replace(attempt(number, 1, at=at), attempt_id=f"{action_id}-{number}", finished_at=at,
+                       outcome=outcome, duration_ms=100.0, **facts)
         await store.update_intent(f"acme/{action_id}", expected=Status.LEASED, status=status, fence=1,
                                   attempt=done, changes={"next_attempt_at": at + timedelta(seconds=10)},
                                   events=[Event(kind="attempt_finished", at=at, actor="w1")])

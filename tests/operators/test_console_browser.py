@@ -180,3 +180,43 @@ def test_a_console_action_without_the_form_csrf_value_is_refused(console: Consol
         assert page.status_code == 200 and "inv-43-send" in page.text
     with httpx.Client(base_url=console.url, headers={"Authorization": f"Bearer {console.operator}"}) as api:
         assert api.get("/v1/intents/inv-43-send").json()["events"] == dead["events"]
+
+
+#: Where the console's screenshots are kept for people to look at (CI keeps the directory as
+#: an artefact; git ignores it).
+SCREENSHOTS = Path(os.environ.get("OUTBOX_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts")) / "console"
+VIEWPORTS = {"narrow": {"width": 390, "height": 844}, "wide": {"width": 1440, "height": 900}}
+
+
+def test_every_console_page_reads_at_a_narrow_and_a_wide_viewport(console: Console):
+    _dead_letter(console, "inv-50-send")
+    _dead_letter(console, "inv-51-send")
+    pages = {"overview": "/console", "search": "/console/intents?status=dead",
+             "intent": "/console/intents/inv-50-send?scope=acme", "replay": "/console/replay?status=dead"}
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with chromium() as browser:
+        for name, viewport in VIEWPORTS.items():
+            context = browser.new_context(viewport=viewport)
+            page = context.new_page()
+            page.set_default_timeout(15_000)
+            page.goto(console.url + "/console/login")
+            page.fill("input[name=token]", console.operator)
+            page.get_by_role("button", name="Sign in").click()
+            page.wait_for_url(console.url + "/console")
+            for title, path in pages.items():
+                page.goto(console.url + path)
+                # nothing wider than the screen but the tables, which scroll inside their own box
+                assert page.evaluate("document.documentElement.scrollWidth") <= viewport["width"], (name, title)
+                shot = SCREENSHOTS / f"{title}-{name}.png"
+                page.screenshot(path=str(shot), full_page=True)
+                assert shot.stat().st_size > 10_000
+            page.goto(console.url + "/console")
+            for chart in page.locator("figure svg").all():
+                box = chart.bounding_box()
+                assert box is not None and 100 < box["width"] <= viewport["width"] and box["height"] > 20
+            assert "2 failed" in page.locator("figcaption").first.inner_text()
+            health = page.locator("h2:text('Destinations (last hour)') + .scroll table").inner_text()
+            assert "billing" in health and "closed" in health  # the embedded sender's circuit
+            page.goto(console.url + "/console/replay?status=dead")
+            assert page.locator("h2").first.inner_text() == "Dry run: 2 intents match"
+            context.close()
