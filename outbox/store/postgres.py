@@ -563,6 +563,15 @@ class PostgresStore:
         found: datetime | None = await self._fetchval("oldest_due", now)
         return found
 
+    async def activity(self, since: datetime, now: datetime) -> Activity:
+        with _unavailable():
+            async with self._connection() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+                return Activity(
+                    [AttemptMinute(*row) for row in await conn.fetch(SQL["activity_minutes"], since)],
+                    [Failure(*row) for row in await conn.fetch(SQL["activity_failures"], since)],
+                    [Waiting(*row) for row in await conn.fetch(SQL["activity_waiting"], now)],
+                    [Span(*row) for row in await conn.fetch(SQL["activity_backlog"], since)])
+
     async def disable_destination(self, destination_id: str, at: datetime) -> None:
         await self._execute("disable_destination", at, destination_id)
 
@@ -575,15 +584,6 @@ class PostgresStore:
 
     async def get_grant(self, grant_id: str) -> Grant | None:
         row = await self._fetchrow("grant_by_id", grant_id)
-    async def activity(self, since: datetime, now: datetime) -> Activity:
-        with _unavailable():
-            async with self._connection() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
-                return Activity(
-                    [AttemptMinute(*row) for row in await conn.fetch(SQL["activity_minutes"], since)],
-                    [Failure(*row) for row in await conn.fetch(SQL["activity_failures"], since)],
-                    [Waiting(*row) for row in await conn.fetch(SQL["activity_waiting"], now)],
-                    [Span(*row) for row in await conn.fetch(SQL["activity_backlog"], since)])
-
         return None if row is None else _grant(row)
 
     async def list_grants(self) -> list[Grant]:

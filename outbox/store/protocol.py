@@ -70,7 +70,6 @@ class History:
     intent: Intent | None = None
 
 
-class Transaction(Protocol):
 @dataclass(frozen=True, slots=True)
 class AttemptMinute:
     """The attempts to one destination that finished in one minute with one outcome."""
@@ -124,6 +123,7 @@ class Activity:
     backlog: list[Span]
 
 
+class Transaction(Protocol):
     """A database transaction shared by the caller's own SQL and the outbox's writes."""
 
     async def execute(self, sql: str, parameters: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
@@ -277,6 +277,11 @@ class Store(Protocol):
         """When the oldest intent that is due now fell due, or None."""
         ...
 
+    async def activity(self, since: datetime, now: datetime) -> Activity:
+        """Attempts finished, failures and settled intents since ``since`` (minute by minute,
+        through indexes on finish and change times), and the open intents as of ``now``."""
+        ...
+
     async def disable_destination(self, destination_id: str, at: datetime) -> None:
         """Mark a destination disabled (it answered 410 Gone)."""
         ...
@@ -284,11 +289,6 @@ class Store(Protocol):
     async def put_grant(self, grant_id: str, spec: GrantSpec, at: datetime) -> tuple[Grant, bool]:
         """Create or replace a grant (its revision goes up); True when it was new."""
         ...
-    async def activity(self, since: datetime, now: datetime) -> Activity:
-        """Attempts finished, failures and settled intents since ``since`` (minute by minute,
-        through indexes on finish and change times), and the open intents as of ``now``."""
-        ...
-
 
     async def get_grant(self, grant_id: str) -> Grant | None:
         """One grant, or None."""
