@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -16,6 +17,7 @@ from receivers import IdempotencyMiddleware
 from receivers.wire import sign
 
 from ..kafka import Broker
+from .conftest import clean_env
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -154,3 +156,64 @@ async def test_the_postgres_transaction_example_commits_the_intent_with_the_orde
             assert await conn.fetchval("SELECT count(*) FROM intents WHERE action_id = 'order-42-invoice'") == 1
         finally:
             await conn.close()
+
+
+def shell_block_after(heading: str, nth: int = 0) -> str:
+    """The ``nth`` ```sh block after a README heading."""
+    text = README.read_text()
+    return re.findall(r"```sh\n(.*?)```", text[text.index(heading):], re.S)[nth]
+
+
+def test_the_http_walkthrough_delivers_as_written(tmp_path: Path):
+    """Over HTTP, run as printed by bash in the directory `outbox serve` runs in, with the
+    `outbox` of the activated virtualenv; only the admin token, the service's and the
+    receiver's ports are this run's."""
+    from ..receiver import Receiver, Reply
+    from .test_service import Service
+
+    receiver = Receiver().start()
+    receiver.script("/webhooks", Reply(200, body={"external_id": "inv-42"}))
+    service = Service(tmp_path)
+    try:
+        admin = service.first_admin_token()
+        assert admin is not None
+
+        def run(block: str) -> str:
+            script = (block.replace("ADMIN=obx_...", f"ADMIN={admin}")
+                      .replace("localhost:8080", f"127.0.0.1:{service.port}")
+                      .replace("http://127.0.0.1:9000", receiver.url))
+            env = {**clean_env(), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+            done = subprocess.run(["bash", "-euo", "pipefail", "-c", f"{exported}\n{script}"], cwd=tmp_path,
+                                  env=env, capture_output=True, text=True, timeout=90)
+            assert done.returncode == 0, done.stderr
+            return done.stdout
+
+        exported = ""
+        enqueue = shell_block_after("### Over HTTP")
+        shown = run(enqueue + '\necho; echo "PRODUCER=$PRODUCER"')
+        assert "HTTP/1.1 201 Created" in shown and '"status":"pending"' in shown
+        exported = next(line for line in shown.splitlines() if line.startswith("PRODUCER="))
+        read_back = run(shell_block_after("### Over HTTP", 1))
+        assert '"action_id":"invoice-42-send"' in read_back
+        settled = json.loads(run(shell_block_after("### Learning the outcome")))
+        assert settled["status"] == "delivered" and settled["settled"] is True
+        assert settled["attempts"][-1]["external_id"] == "inv-42"
+        assert [r.headers["idempotency-key"] for r in receiver.requests("/webhooks")] == ["acme/invoice-42-send"]
+    finally:
+        service.stop()
+        receiver.stop()
+
+
+def test_the_runbooks_page_is_a_page_in_the_alert_rules():
+    import yaml
+
+    paged = re.search(r"\*\*03:02 — the page\.\*\* `(\w+)` fires \(`severity: (\w+)`", README.read_text())
+    assert paged is not None
+    rules = yaml.safe_load((README.parent / "deploy" / "prometheus" / "alerts.yml").read_text())
+    severity = {r["alert"]: r["labels"]["severity"] for g in rules["groups"] for r in g["rules"]}
+    assert severity[paged.group(1)] == paged.group(2) == "page"
+
+
+def test_the_python_example_grants_what_it_enqueues():
+    example = python_blocks()["main"]
+    assert 'GrantSpec(scope="acme", destination="billing")' in example
