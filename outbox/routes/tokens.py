@@ -21,6 +21,7 @@ router = APIRouter(tags=["tokens"])
 
 @router.post(
     "/v1/tokens",
+    status_code=201,
     summary="Create a token (admin); its text is in this answer only",
     **openapi.doc({201: (openapi.NewToken, "created")}, body=TokenSpec, errors=openapi.BODY_ERRORS),
 )

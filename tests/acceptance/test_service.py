@@ -176,6 +176,9 @@ def test_sigterm_answers_long_polls_and_stops_the_sender_at_once(workdir: Path, 
 
 
 def test_cli_errors_are_clear_and_exit_nonzero(workdir: Path):
+    nowhere = cli(workdir, "show", "nothing-here", check=False)
+    assert nowhere.returncode == 1 and "error: there is no outbox database at sqlite:///./outbox.db" in nowhere.stderr
+    assert cli(workdir, "migrate").stdout.strip() == "database is up to date"
     missing = cli(workdir, "show", "nothing-here", check=False)
     assert missing.returncode == 1
     assert "error: intent 'nothing-here' does not exist" in missing.stderr

@@ -17,7 +17,7 @@ from openapi_spec_validator import validate
 
 from outbox import DestinationSpec, Outbox, Role, Settings
 from outbox.grants import GrantSpec
-from outbox.ids import ACTION_ID, DESTINATION_ID
+from outbox.ids import ACTION_ID, DESTINATION_ID, TOKEN_ID
 from outbox.openapi import ecma, refs
 
 from ..conftest import SECRET
@@ -93,6 +93,7 @@ async def test_every_json_body_a_route_reads_is_a_component(served: Served):
         ("post", "/v1/replay"): "#/components/schemas/BulkReplayIn",
         ("put", "/v1/destinations/{destination_id}"): "#/components/schemas/DestinationSpec",
         ("put", "/v1/grants/{grant_id}"): "#/components/schemas/GrantSpec",
+        ("post", "/v1/tokens"): "#/components/schemas/TokenSpec",
     }
     assert served.document["components"]["schemas"]["IntentIn"]["properties"]["payload"] == {
         "$ref": "#/components/schemas/JsonValue", "description": "the JSON the destination receives"}
@@ -125,7 +126,8 @@ async def test_every_answer_is_documented_with_its_schema_and_errors_as_problems
 
 
 async def test_id_parameters_carry_the_patterns_the_api_checks(served: Served):
-    expected = {"action_id": ACTION_ID, "destination_id": DESTINATION_ID, "grant_id": DESTINATION_ID}
+    expected = {"action_id": ACTION_ID, "destination_id": DESTINATION_ID, "grant_id": DESTINATION_ID,
+                "token_id": TOKEN_ID}
     seen = set()
     for _, path, operation in operations(served.document):
         for parameter in operation.get("parameters", []):
@@ -163,6 +165,9 @@ async def test_what_the_api_answers_is_what_the_document_says(served: Served):
         grant = await admin.get("/v1/grants/acme-billing")
         grants = await admin.get("/v1/grants")
         health, ready = await admin.get("/healthz"), await admin.get("/readyz")
+        made = await admin.post("/v1/tokens", json={"role": "operator", "label": "docs"})
+        tokens = await admin.get("/v1/tokens")
+        revoked = await admin.delete(f"/v1/tokens/{made.json()['id']}")
     checks = [
         (enqueued, "post", "/v1/intents", 201, "Intent"),
         (shown, "get", "/v1/intents/{action_id}", 200, "IntentDetail"),
@@ -176,6 +181,9 @@ async def test_what_the_api_answers_is_what_the_document_says(served: Served):
         (grants, "get", "/v1/grants", 200, "GrantList"),
         (health, "get", "/healthz", 200, "Health"),
         (ready, "get", "/readyz", 200, "Ready"),
+        (made, "post", "/v1/tokens", 201, "NewToken"),
+        (tokens, "get", "/v1/tokens", 200, "TokenList"),
+        (revoked, "delete", "/v1/tokens/{token_id}", 200, "Token"),
     ]
     for response, method, path, status, name in checks:
         assert response.status_code == status, (path, response.text)
@@ -192,6 +200,8 @@ async def test_what_the_api_answers_is_what_the_document_says(served: Served):
     assert set(grant.json()) <= documented["Grant"]
     assert set(replayed.json()) <= documented["Problem"]
     assert "secret" not in documented["Destination"]
+    assert set(made.json()) == set(schemas["NewToken"]["properties"])
+    assert set(revoked.json()) == set(schemas["Token"]["properties"])
 
 
 async def test_the_documented_examples_are_accepted(served: Served):
