@@ -51,7 +51,8 @@ PROBLEM_PREFIX = "urn:outbox:problem:"
 @dataclass(frozen=True)
 class Intent:
     """An intent as the API shows it; ``get`` and ``wait`` add its attempts and events (the
-    evidence of what may have happened, for an ``unknown`` one). ``data`` is the whole answer."""
+    evidence of what may have happened, for an ``unknown`` one). ``data`` is the whole answer.
+    ``enqueue_many``'s intents carry no payload (None): the caller sent it; the digest is here."""
 
     action_id: str
     scope: str
@@ -70,7 +71,7 @@ class Intent:
 
     @classmethod
     def of(cls, data: dict[str, Any]) -> Intent:
-        return cls(data["action_id"], data["scope"], data["destination"], data["status"], data["payload"],
+        return cls(data["action_id"], data["scope"], data["destination"], data["status"], data.get("payload"),
                    data["payload_digest"], data, tuple(data.get("attempts", ())), tuple(data.get("events", ())))
 
 

@@ -19,20 +19,16 @@ MAX_NESTING = MAX_JSON_DEPTH  # what receivers accept: a payload the outbox take
 
 
 def nesting(value: Any, limit: int = MAX_NESTING) -> int:
-    """How deep ``value``'s arrays and objects nest (a scalar is 0), counted without recursion
-    and only up to ``limit + 1``: enough to tell a value over the limit."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list | tuple) else None
-        if children is None:
-            continue
-        deepest = max(deepest, depth)
-        if depth > limit:
-            break
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list | tuple))
-    return deepest
+    """How deep ``value``'s arrays and objects nest (a scalar is 0), counted without recursion,
+    a level at a time, and only up to ``limit + 1``: enough to tell a value over the limit."""
+    containers = dict | list | tuple
+    level = [value] if isinstance(value, containers) else []
+    depth = 0
+    while level and depth <= limit:
+        depth += 1
+        level = [child for item in level for child in (item.values() if isinstance(item, dict) else item)
+                 if isinstance(child, containers)]
+    return depth
 
 
 def canonical_json(value: Any) -> bytes:

@@ -35,8 +35,9 @@ BEARER = "bearer"
 # -- what the API answers (documentation only) ---------------------------------------------
 
 
-class Intent(BaseModel):
-    """An intent as the API shows it."""
+class BatchIntent(BaseModel):
+    """An intent as a batch answers it: all but the payload, which the caller sent (its digest
+    is here)."""
 
     action_id: str
     scope: str
@@ -45,7 +46,6 @@ class Intent(BaseModel):
     channel: str
     ordering_key: str | None = Field(description="what the intent is ordered by at its destination, if anything")
     status: Status
-    payload: JsonValue = Field(description="the JSON the destination receives")
     payload_digest: str = Field(description="sha256: over the RFC 8785 canonical payload")
     attempt_count: int
     max_attempts: int
@@ -58,6 +58,12 @@ class Intent(BaseModel):
     created_at: AwareDatetime
     updated_at: AwareDatetime
     last_error: str | None
+
+
+class Intent(BatchIntent):
+    """An intent as the API shows it."""
+
+    payload: JsonValue = Field(description="the JSON the destination receives")
 
 
 class Attempt(BaseModel):
@@ -245,7 +251,7 @@ class BatchItem(BaseModel):
     existed, 403, 409, 413, 422), with the intent or the problem."""
 
     status: int
-    intent: Intent | None = Field(default=None, description="when status is 200 or 201")
+    intent: BatchIntent | None = Field(default=None, description="when status is 200 or 201")
     problem: Problem | None = Field(default=None, description="otherwise: the problem+json a single enqueue answers")
 
 

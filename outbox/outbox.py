@@ -528,8 +528,9 @@ class Behind:
                 "status": self.status.value if self.status else None}
 
 
-def intent_json(intent: Intent) -> dict[str, Any]:
-    """An intent as the API and CLI show it."""
+def intent_json(intent: Intent, *, payload: bool = True) -> dict[str, Any]:
+    """An intent as the API and CLI show it (without its ``payload`` where the caller has it:
+    a batch's answers)."""
     return {
         "action_id": intent.action_id,
         "scope": intent.scope,
@@ -538,7 +539,7 @@ def intent_json(intent: Intent) -> dict[str, Any]:
         "channel": intent.channel,
         "ordering_key": intent.ordering_key,
         "status": intent.status.value,
-        "payload": intent.payload,
+        **({"payload": intent.payload} if payload else {}),
         "payload_digest": intent.payload_digest,
         "attempt_count": intent.attempts,
         "max_attempts": intent.max_attempts,

@@ -11,6 +11,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, WithJsonSchema
+from pydantic_core import to_json
 
 from .. import openapi
 from ..errors import OutboxError
@@ -109,7 +110,7 @@ async def enqueue(request: Request, token: Producer) -> Response:
     summary=f"Enqueue up to {MAX_BATCH} intents, each with its own answer, in one durable commit",
     **openapi.doc({200: openapi.BatchResult}, body=BatchIn, errors=[*openapi.BODY_ERRORS]),
 )
-async def enqueue_batch(request: Request, token: Producer) -> dict[str, Any]:
+async def enqueue_batch(request: Request, token: Producer) -> Response:
     batch = validated(BatchIn, await json_body(request, batch=True))
     results: list[dict[str, Any] | None] = [None] * len(batch.intents)
     places: list[int] = []
@@ -125,15 +126,17 @@ async def enqueue_batch(request: Request, token: Producer) -> dict[str, Any]:
         accepted.append({"actor": token.actor, **{name: getattr(spec, name) for name in spec.model_fields_set}})
     for place, outcome in zip(places, await box(request).enqueue_each(accepted), strict=True):
         results[place] = _item(from_error(outcome) if isinstance(outcome, OutboxError) else outcome)
-    return {"results": results}
+    # JSON-ready already, so neither FastAPI's encoder nor the json module is needed: pydantic's
+    # serializer writes the same JSON (compact UTF-8) several times faster
+    return Response(to_json({"results": results}), media_type="application/json")
 
 
 def _item(outcome: Enqueued | Problem) -> dict[str, Any]:
     """One item's answer in a batch: the status the single enqueue would have answered, with
-    the intent or the problem."""
+    the intent (less the payload the caller sent: its digest is there) or the problem."""
     if isinstance(outcome, Problem):
         return {"status": outcome.status, "problem": outcome.json()}
-    return {"status": 201 if outcome.created else 200, "intent": intent_json(outcome.intent)}
+    return {"status": 201 if outcome.created else 200, "intent": intent_json(outcome.intent, payload=False)}
 
 
 @router.get("/v1/intents/{action_id}", summary="An intent with attempts and events",

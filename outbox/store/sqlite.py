@@ -84,12 +84,12 @@ def _append_event(conn: sqlite3.Connection, seq: int, event: Event) -> None:
     )
 
 
-def _insert_intent(
-    conn: sqlite3.Connection, new: NewIntent, event: Event, seen: dict[str, sqlite3.Row] | None = None
-) -> Enqueued:
-    """The enqueue, run inside a write transaction: destination check, insert or compare (the
-    rules are ``rules.decide_initial_status`` and ``rules.decide_existing``). ``seen`` remembers
-    destinations across the intents of one batch."""
+def _enqueue_target(
+    conn: sqlite3.Connection, new: NewIntent, seen: dict[str, sqlite3.Row] | None
+) -> tuple[str, Status]:
+    """The channel an intent goes through and the status it starts in, checked as
+    ``rules.decide_initial_status`` and ``rules.check_payload`` say (raises before any write).
+    ``seen`` remembers destinations across the intents of one batch."""
     found = seen.get(new.destination) if seen is not None else None
     if found is None:
         found = conn.execute(SQL["destination_for_enqueue"], (new.destination,)).fetchone()
@@ -97,6 +97,15 @@ def _insert_intent(
             seen[new.destination] = found
     status = decide_initial_status(new, None if found is None else bool(found["requires_approval"]))
     check_payload(new, found["channel"])
+    return found["channel"], status
+
+
+def _insert_intent(
+    conn: sqlite3.Connection, new: NewIntent, event: Event, seen: dict[str, sqlite3.Row] | None = None
+) -> Enqueued:
+    """The enqueue, run inside a write transaction: destination check, insert or compare (the
+    rules are ``rules.decide_initial_status`` and ``rules.decide_existing``)."""
+    channel, status = _enqueue_target(conn, new, seen)
     created = to_us(new.created_at)
     row = conn.execute(
         SQL["insert_intent"],
@@ -105,7 +114,7 @@ def _insert_intent(
             new.action_id,
             new.scope,
             new.destination,
-            found["channel"],
+            channel,
             new.payload_json,
             new.payload_digest,
             status.value,
@@ -120,22 +129,43 @@ def _insert_intent(
     ).fetchone()
     if row is not None:
         _append_event(conn, row[0], event)
-        return Enqueued(inserted_intent(row[0], new, found["channel"], status), created=True)
+        return Enqueued(inserted_intent(row[0], new, channel, status), created=True)
     return decide_existing(_intent(conn.execute(SQL["intent_by_key"], (new.key,)).fetchone()), new)
 
 
 def _insert_each(conn: sqlite3.Connection, items: Sequence[tuple[NewIntent, Event]]) -> list[Enqueued | OutboxError]:
-    """``_insert_intent`` for each of ``items`` in the one write transaction; an intent refused
-    stands as its error in its place (the refusal is decided before its writes, so it undoes
-    nothing) and the others go on."""
+    """``_insert_intent`` for each of ``items`` in the one write transaction, as sets: one
+    statement inserts every intent whose key is free (the first of an intent named twice), one
+    appends their first events, and the rest are compared with what holds their key. An intent
+    refused stands as its error in its place (refused before any write: it undoes nothing)."""
     seen: dict[str, sqlite3.Row] = {}
-    results: list[Enqueued | OutboxError] = []
-    for new, event in items:
+    results: list[Enqueued | OutboxError | None] = [None] * len(items)
+    accepted: list[tuple[int, str, Status]] = []
+    for i, (new, _) in enumerate(items):
         try:
-            results.append(_insert_intent(conn, new, event, seen))
+            accepted.append((i, *_enqueue_target(conn, new, seen)))
         except OutboxError as exc:
-            results.append(exc)
-    return results
+            results[i] = exc
+    rows = [[new.key, new.action_id, new.scope, new.destination, channel, new.payload_json, new.payload_digest,
+             status.value, new.max_attempts, to_us(new.next_attempt_at), to_us(new.not_before),
+             to_us(new.expires_at), to_us(new.created_at), new.ordering_key]
+            for i, channel, status in accepted for new in [items[i][0]]]
+    inserted = dict(conn.execute(SQL["insert_intents_set"], (json.dumps(rows),)).fetchall()) if rows else {}
+    events: list[list[Any]] = []
+    for i, channel, status in accepted:
+        new, event = items[i]
+        seq = inserted.pop(new.key, None)  # popped: a second intent of the key compares with the first
+        if seq is None:
+            try:
+                results[i] = decide_existing(_intent(conn.execute(SQL["intent_by_key"], (new.key,)).fetchone()), new)
+            except OutboxError as exc:
+                results[i] = exc
+            continue
+        events.append([seq, event.kind, to_us(event.at), event.actor, event.reason, dict(event.data)])
+        results[i] = Enqueued(inserted_intent(seq, new, channel, status), created=True)
+    if events:
+        conn.execute(SQL["insert_events"], (json.dumps(events),))
+    return [result for result in results if result is not None]
 
 
 @functools.cache

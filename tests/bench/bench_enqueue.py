@@ -12,7 +12,9 @@ as a ratio to it:
 4. ``Outbox.enqueue`` from 64 concurrent tasks: the store group-commits them;
 5. ``POST /v1/intents`` to ``outbox serve`` in a subprocess from 16 concurrent aiohttp clients,
    beside the same client against a trivial aiohttp server and against the service's
-   ``/healthz``, which show how much of that figure the load generator and the HTTP stack take.
+   ``/healthz``, which show how much of that figure the load generator and the HTTP stack take;
+6. ``POST /v1/intents:batch`` to the same server in the same run: batches of 500 from 4
+   concurrent clients (bodies built before timing), counted in intents/s, every item checked 201.
 
 Cases 1-4 run in interleaved rounds, each in a fresh directory with a fresh database, and a
 ratio is the median of the per-round ratios, so that a noisy machine's drift mostly cancels.
@@ -60,6 +62,7 @@ WARMUP = 20
 BATCH = 500
 TASKS = 64
 CLIENTS = 16
+BATCH_CLIENTS = 4
 
 RAW_PRAGMAS = "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"
 RAW_TABLE = """
@@ -189,6 +192,7 @@ class Load:
     """What one target saw: timed successes, and failures (warm-up included) by kind."""
 
     requests: int  # sent in all, warm-up included
+    per_request: int = 1  # intents each successful request carried
     ok: int = 0  # expected answers among the timed requests
     warm_ok: int = 0  # expected answers among the untimed warm-up requests
     seconds: float = 0.0  # wall time of the timed requests
@@ -197,7 +201,7 @@ class Load:
 
     @property
     def rate(self) -> float:
-        return self.ok / self.seconds if self.seconds else 0.0
+        return self.ok * self.per_request / self.seconds if self.seconds else 0.0
 
     @property
     def failed(self) -> int:
@@ -207,6 +211,7 @@ class Load:
 @dataclass
 class HttpFigures:
     intents: Load
+    batches: Load
     healthz: Load
     ceiling: Load
 
@@ -228,13 +233,17 @@ async def drive(
     body: Callable[[int], bytes] | None = None,
     headers: dict[str, str] | None = None,
     warmup: int = 4 * CLIENTS,
+    clients: int = CLIENTS,
+    per_request: int = 1,
+    check: Callable[[bytes], bool] | None = None,
 ) -> Load:
-    """``n`` timed requests from CLIENTS workers on one session, after ``warmup`` untimed ones.
+    """``n`` timed requests from ``clients`` workers on one session, after ``warmup`` untimed ones.
 
-    Any answer but ``expect`` counts as a failure; the run goes on so that all are counted.
+    Any answer but ``expect`` (or one ``check`` refuses) counts as a failure; the run goes on so
+    that all are counted.
     """
-    load = Load(requests=warmup + n)
-    async with harness.client_session(CLIENTS) as session:
+    load = Load(requests=warmup + n, per_request=per_request)
+    async with harness.client_session(clients) as session:
 
         async def one(i: int) -> bool:
             try:
@@ -244,9 +253,9 @@ async def drive(
                     request = session.post(url, data=body(i), headers=headers)
                 async with request as response:
                     text = await response.read()
-                    if response.status == expect:
+                    if response.status == expect and (check is None or check(text)):
                         return True
-                    load.failures[f"HTTP {response.status}"] += 1
+                    load.failures[f"HTTP {response.status}" if response.status != expect else "item refused"] += 1
                     detail = text[:300].decode(errors="replace")
             except (TimeoutError, aiohttp.ClientError) as exc:
                 load.failures[type(exc).__name__] += 1
@@ -255,8 +264,8 @@ async def drive(
                 load.samples.append(detail)
             return False
 
-        load.warm_ok, _ = await harness.fan_out(CLIENTS, 0, warmup, one)
-        load.ok, load.seconds = await harness.fan_out(CLIENTS, warmup, warmup + n, one)
+        load.warm_ok, _ = await harness.fan_out(clients, 0, warmup, one)
+        load.ok, load.seconds = await harness.fan_out(clients, warmup, warmup + n, one)
     return load
 
 
@@ -271,7 +280,19 @@ def intent_body(i: int) -> bytes:
     return json.dumps({"scope": SCOPE, "destination": DESTINATION, "payload": payload(i)}).encode()
 
 
-async def http_case(workdir: Path, n: int) -> HttpFigures:
+def batch_bodies(batches: int) -> list[bytes]:
+    """``batches`` batch bodies of BATCH fresh intents each, with their action ids, as the
+    client sends them."""
+    return [json.dumps({"intents": [{"action_id": f"b{b}-{i}", **intent(b * BATCH + i)} for i in range(BATCH)]},
+                       separators=(",", ":")).encode() for b in range(batches)]
+
+
+def all_created(text: bytes) -> bool:
+    """Whether every item of a batch answer is a 201 (without parsing it on the load side)."""
+    return text.count(b'{"status":201,"intent":') == BATCH
+
+
+async def http_case(workdir: Path, n: int, n_batches: int) -> HttpFigures:
     """The service over HTTP, plus the client against a trivial server, for comparison."""
     post_headers = {"Content-Type": "application/json"}
 
@@ -299,10 +320,16 @@ async def http_case(workdir: Path, n: int) -> HttpFigures:
         auth = {**post_headers, "Authorization": f"Bearer {token}"}
         intents = await drive(f"{base}/v1/intents", n, expect=201, body=intent_body, headers=auth)
         progress("HTTP", "outbox serve, POST /v1/intents", intents.rate, "req/s")
+        warm_batches = 2 * BATCH_CLIENTS
+        bodies = batch_bodies(warm_batches + n_batches)
+        batches = await drive(f"{base}/v1/intents:batch", n_batches, expect=200, body=bodies.__getitem__,
+                              headers=auth, warmup=warm_batches, clients=BATCH_CLIENTS, per_request=BATCH,
+                              check=all_created)
+        progress("HTTP", f"outbox serve, POST /v1/intents:batch ({BATCH})", batches.rate, "/s")
         if proc.poll() is not None:
             raise BenchError(f"outbox serve died during the run:\n{harness.log_tail(log)}")
-    expect_rows(db_path, "intents", intents.warm_ok + intents.ok)
-    return HttpFigures(intents=intents, healthz=healthz, ceiling=ceiling)
+    expect_rows(db_path, "intents", intents.warm_ok + intents.ok + (batches.warm_ok + batches.ok) * BATCH)
+    return HttpFigures(intents=intents, batches=batches, healthz=healthz, ceiling=ceiling)
 
 
 def serve_trivial(port: int) -> None:
@@ -412,14 +439,16 @@ def case_rows(cases: list[Case], rates: dict[str, list[float | None]]) -> list[R
 
 def http_rows(http: HttpFigures, baseline: float, problems: list[str]) -> list[Row]:
     rows: list[Row] = []
-    for label, load, target in (
-        (f"HTTP POST /v1/intents ({CLIENTS} clients)", http.intents, ">= 2,000/s"),
-        ("  same client, GET /healthz", http.healthz, ""),
-        ("  same client, trivial aiohttp server", http.ceiling, ""),
+    for label, load, unit, target, floor in (
+        (f"HTTP POST /v1/intents ({CLIENTS} clients)", http.intents, "req/s", ">= 2,000/s", 2_000),
+        (f"HTTP POST /v1/intents:batch ({BATCH}/batch, {BATCH_CLIENTS} clients)", http.batches, "/s",
+         ">= 20,000/s", 20_000),
+        ("  same client, GET /healthz", http.healthz, "req/s", "", 0),
+        ("  same client, trivial aiohttp server", http.ceiling, "req/s", "", 0),
     ):
-        ratios = [load.rate / baseline] if baseline and load is http.intents else []
-        met = load.rate >= 2_000 if target else None
-        rows.append(Row(label, load.rate, "req/s", ratios, target, met))
+        ratios = [load.rate / baseline] if baseline and load in (http.intents, http.batches) else []
+        met = load.rate >= floor if target else None
+        rows.append(Row(label, load.rate, unit, ratios, target, met))
         if load.failed:
             problems.append(f"{label.strip()}: {load.failed} of {load.requests} requests failed: "
                             f"{dict(load.failures)}; e.g. {load.samples}")
@@ -428,13 +457,15 @@ def http_rows(http: HttpFigures, baseline: float, problems: list[str]) -> list[R
 
 async def run(args: argparse.Namespace) -> int:
     scale = 5 if args.quick else 1
-    n, n_batched, n_http = (max(1, value // scale) for value in (args.n, args.batched_n, args.http_n))
+    n, n_batched, n_http, n_http_batched = (max(1, value // scale) for value in (
+        args.n, args.batched_n, args.http_n, args.http_batched_n))
+    n_batches = max(1, n_http_batched // BATCH)
     cases = in_process_cases(n, n_batched)
     rounds = f"{args.rounds} round{'s' if args.rounds > 1 else ''}"
     problems: list[str] = []
     began = time.perf_counter()
     print(f"enqueue benchmark (N={n:,} sequential and concurrent, {n_batched:,} batched, "
-          f"{n_http:,} HTTP; {rounds}; WAL, synchronous=FULL)")
+          f"{n_http:,} HTTP, {n_batches * BATCH:,} HTTP batched; {rounds}; WAL, synchronous=FULL)")
     print(f"{harness.machine_summary()}, files under {args.dir or tempfile.gettempdir()}\n", flush=True)
 
     http: HttpFigures | None = None
@@ -444,7 +475,7 @@ async def run(args: argparse.Namespace) -> int:
         if not args.no_http:
             print(f"HTTP: {CLIENTS} clients, {n_http:,} requests per target ...", flush=True)
             try:
-                http = await http_case(harness.fresh_dir(root, "http"), n_http)
+                http = await http_case(harness.fresh_dir(root, "http"), n_http, n_batches)
             except BenchError as exc:
                 problems.append(f"HTTP: {exc}")
 
@@ -460,7 +491,7 @@ async def run(args: argparse.Namespace) -> int:
           "ratios per round against the raw loop)")
     print(render(rows))
     if http is not None:
-        loads = (http.intents, http.healthz, http.ceiling)
+        loads = (http.intents, http.batches, http.healthz, http.ceiling)
         print(f"HTTP failures: {sum(load.failed for load in loads)} of "
               f"{sum(load.requests for load in loads):,} requests (warm-up included)")
         if http.intents.rate:
@@ -476,14 +507,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--n", type=int, default=5_000, help="intents per sequential and concurrent case (5,000)")
     add("--batched-n", type=int, default=50_000, help="intents in the batched case (50,000)")
     add("--http-n", type=int, default=10_000, help="requests per HTTP target (10,000)")
+    add("--http-batched-n", type=int, default=100_000,
+        help=f"intents through POST /v1/intents:batch, {BATCH} a request (100,000)")
     add("--rounds", type=int, default=3, help="interleaved rounds of cases 1-4 (3)")
     add("--quick", action="store_true", help="divide every N by 5: seconds rather than a minute")
     add("--no-http", action="store_true", help="skip the HTTP case")
     add("--dir", help="where the databases go (the fsync cost depends on the filesystem)")
     add("--serve-trivial", type=int, metavar="PORT", help=argparse.SUPPRESS)  # the comparison server
     args = parser.parse_args(argv)
-    if min(args.n, args.batched_n, args.http_n, args.rounds) < 1:
-        parser.error("--n, --batched-n, --http-n and --rounds must be positive")
+    if min(args.n, args.batched_n, args.http_n, args.http_batched_n, args.rounds) < 1:
+        parser.error("--n, --batched-n, --http-n, --http-batched-n and --rounds must be positive")
     return args
 
 

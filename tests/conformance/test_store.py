@@ -22,6 +22,7 @@ import pytest
 from outbox import (
     Attempt,
     DestinationInUse,
+    Enqueued,
     Event,
     IllegalTransition,
     Intent,
@@ -212,6 +213,21 @@ async def test_a_batch_is_recorded_whole_or_not_at_all(store):
     assert await store.get_intent("acme/b1") is None
     results = await store.insert_intents([new("b1"), new("b2")])
     assert [r.created for r in results] == [True, True]
+
+
+async def test_a_batch_of_each_answers_every_intent_and_commits_the_rest(store):
+    await store.insert_intent(*new("taken"))
+    results = await store.insert_each([new("e1"), new("taken", digest="sha256:zz"), new("lost", dest="nowhere"),
+                                       new("taken"), new("e2", key="k1"), new("e1", digest="sha256:zz")])
+    assert [type(r).__name__ for r in results] == ["Enqueued", "IntentConflict", "UnknownDestination", "Enqueued",
+                                                   "Enqueued", "IntentConflict"]
+    assert [r.created for r in results if isinstance(r, Enqueued)] == [True, False, True]
+    assert results[4].intent.ordering_key == "k1" and results[4].intent.status is Status.PENDING
+    for key in ("acme/e1", "acme/e2"):  # each with its first event, as a single insert makes it
+        history = await store.history(key)
+        assert [(e.kind, e.actor, dict(e.data)) for e in history.events] == [("enqueued", "test", {})]
+    assert await store.get_intent("acme/lost") is None
+    assert (await store.get_intent("acme/taken")).payload_digest == "sha256:aa"
 
 
 async def test_update_moves_status_applies_changes_and_appends_an_event(store):

@@ -161,8 +161,8 @@ def test_a_token_is_needed(monkeypatch):
 
 
 async def test_enqueue_many_answers_each_item_in_order_across_batches(service: Service):
-    items: list[dict[str, Any]] = [{"destination": "parked", "scope": "acme", "payload": {"n": n}}
-                                   for n in range(1203)]
+    items: list[dict[str, Any]] = [{"destination": "parked", "scope": "acme", "action_id": f"m-{n}",
+                                    "payload": {"n": n}} for n in range(1203)]
     items[700] = {**items[700], "scope": "globex"}
     items[1202] = {**items[1202], "action_id": "bad id"}
     with Client(service.url, token=service.producer) as outbox:
@@ -171,7 +171,8 @@ async def test_enqueue_many_answers_each_item_in_order_across_batches(service: S
     assert isinstance(results[700], Forbidden) and isinstance(results[1202], InvalidInput)
     created = [r for r in results if isinstance(r, Enqueued)]
     assert len(created) == 1201 and all(r.created for r in created)
-    assert [r.intent.payload["n"] for r in created] == [n for n in range(1203) if n not in (700, 1202)]
+    assert [r.intent.action_id for r in created] == [f"m-{n}" for n in range(1203) if n not in (700, 1202)]
+    assert created[0].intent.payload is None and created[0].intent.payload_digest.startswith("sha256:")
     assert len(intents_in(service.db_path)) == 1201
 
 

@@ -33,6 +33,19 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (intent_key) DO NOTHING
 RETURNING seq;
 
+-- name: insert_intents_set
+-- Create the intents of a JSON array of [key, action_id, scope, destination, channel, payload,
+-- payload_digest, status, max_attempts, next_attempt_at, not_before, expires_at, created_at,
+-- ordering_key] rows, in order, each unless its key exists (an earlier row's included); returns
+-- the key and new seq of each one created.
+INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
+                     max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at, ordering_key)
+SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6, value ->> 7,
+       value ->> 8, value ->> 9, value ->> 10, value ->> 11, value ->> 12, value ->> 12, value ->> 13
+FROM json_each(?) WHERE true  -- (WHERE: so that ON CONFLICT is not read as a join's ON)
+ON CONFLICT (intent_key) DO NOTHING
+RETURNING intent_key, seq;
+
 -- name: intent_by_key
 -- One intent by its key (scope/action_id).
 SELECT * FROM intents WHERE intent_key = ?;
