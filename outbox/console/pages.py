@@ -142,10 +142,9 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
         sections = []
         for status, title in ATTENTION:
             found = await outbox.list_intents(IntentQuery(statuses=[status], limit=10))
-            more = (f" · <a href='/console/intents?status={status.value}'>all {counts.get(status.value, 0)}</a>"
+            more = (f"<p><a href='/console/intents?status={status.value}'>all {counts.get(status.value, 0)}</a></p>"
                     if found.next_seq else "")
-            sections.append(f"<h2 id='{status.value}'>{title}</h2>" + _intents(found.intents, now) + (
-                f"<p>{more[3:]}</p>" if more else ""))
+            sections.append(f"<h2 id='{status.value}'>{title}</h2>" + _intents(found.intents, now) + more)
         search = ("<form class='filters' method='get' action='/console/intents'><label>action id"
                   "<input name='q' size='24'></label><button>Find</button></form>")
         return page("Overview", flashes(done) + search + "<h2>Last hour</h2>" + graphs
@@ -336,7 +335,8 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
                         status=404)
         now = box(request).clock.now()
         refused = [f"<tr><td>{escape(a)}</td><td>{escape(why)}</td></tr>" for a, why in found.refused.items()]
-        state = "finished" if found.finished else "running (this page refreshes itself)"
+        state = ("running (this page refreshes itself)" if not found.finished
+                 else f"stopped: {escape(found.error)}" if found.error else "finished")
         return page("Bulk replay", (
             f"<p>{state} · started {when(found.started_at, now)} by {escape(found.actor.name)}: "
             f"{escape(found.actor.reason)}</p>"

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from .. import operations
+from ..errors import OutboxError
 from ..model import Intent
 from ..outbox import Outbox
 from ..store import IntentQuery
@@ -29,6 +30,7 @@ class Job:
     replayed: list[str] = field(default_factory=list)
     refused: dict[str, str] = field(default_factory=dict)
     finished: bool = False
+    error: str | None = None  # why it stopped before the end
     task: asyncio.Task[None] | None = None
 
     def step(self, _: Intent) -> None:
@@ -58,6 +60,8 @@ class Replays:
                                                        accept_duplicate_risk=accept_duplicate_risk,
                                                        progress=job.step)
                 job.replayed, job.refused = result.replayed, result.refused
+            except OutboxError as exc:  # the store went away: what was replayed stays replayed
+                job.error = exc.message
             finally:
                 job.finished = True
 

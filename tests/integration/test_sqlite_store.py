@@ -35,7 +35,7 @@ async def test_migrations_are_recorded_and_reapplied_never(db_path, db_url):
         assert conn.execute("SELECT version, name FROM schema_migrations").fetchall() == [
             (1, "0001_initial"), (2, "0002_sender"), (3, "0003_reconcile"), (4, "0004_operators"),
             (5, "0005_scoped_action_ids"), (6, "0006_channel_settings"), (7, "0007_attempt_stage"),
-            (8, "0008_ordering")]
+            (8, "0008_ordering"), (9, "0009_activity")]
     async with await Outbox.open(db_url) as box:
         assert await box.store.migrate() == []
 
