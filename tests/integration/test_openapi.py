@@ -87,6 +87,7 @@ async def test_every_json_body_a_route_reads_is_a_component(served: Served):
               for method, path, operation in operations(served.document) if "requestBody" in operation}
     assert bodies == {
         ("post", "/v1/intents"): "#/components/schemas/IntentIn",
+        ("post", "/v1/intents:batch"): "#/components/schemas/BatchIn",
         **{("post", f"/v1/intents/{{action_id}}/{action}"): f"#/components/schemas/{body}"
            for action, body in zip(ACTIONS, ["ReplayIn", "ResolveIn", "ReasonIn", "ApproveIn", "ReasonIn"],
                                    strict=True)},
