@@ -45,7 +45,7 @@ def load(name: str, where: Path) -> dict[str, Any]:
 
 def test_the_readme_has_its_examples():
     assert set(python_blocks()) == {"main", "fastapi-receiver", "flask-receiver", "channel-declaration", "email",
-                                    "kafka", "kafka-consumer", "postgres-transaction"}
+                                    "kafka", "kafka-consumer", "postgres-transaction", "client"}
 
 
 def test_the_producer_example_runs_and_is_safe_to_run_again(tmp_path: Path):
