@@ -27,6 +27,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -541,3 +542,15 @@ def wait_until(check: Any, timeout: float = 30.0) -> bool:
         time.sleep(0.1)
     return True
 
+
+
+def test_kustomize_builds_what_the_kustomization_lists() -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed (its kustomize builds deploy/kubernetes/ offline)")
+    built = subprocess.run([kubectl, "kustomize", str(KUBERNETES)], capture_output=True, text=True, timeout=60)
+    assert built.returncode == 0, built.stderr
+    rendered = [doc for doc in yaml.safe_load_all(built.stdout) if doc is not None]
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in rendered) == \
+        sorted((r["kind"], r["metadata"]["name"]) for r in resources())
+    assert all(d["metadata"]["labels"]["app.kubernetes.io/part-of"] == "outbox" for d in rendered)
