@@ -554,3 +554,12 @@ def test_kustomize_builds_what_the_kustomization_lists() -> None:
     assert sorted((d["kind"], d["metadata"]["name"]) for d in rendered) == \
         sorted((r["kind"], r["metadata"]["name"]) for r in resources())
     assert all(d["metadata"]["labels"]["app.kubernetes.io/part-of"] == "outbox" for d in rendered)
+
+
+def test_prometheus_config_passes_promtool() -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (Debian's prometheus package)")
+    checked = subprocess.run([promtool, "check", "config", str(DEPLOY / "prometheus" / "prometheus.yml")],
+                             capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
