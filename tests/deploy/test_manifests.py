@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -420,12 +421,25 @@ def probe(container: Container, process: Process, port: int) -> None:
         assert checked.returncode == 0, checked.stderr
 
 
+def free(port: int) -> int:
+    """``port``, after checking nothing here listens on it (the declared ports are used as is, so
+    two runs of these tests at once on one host collide; say so rather than fail obscurely)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError as exc:
+            pytest.fail(f"port {port}, which the files declare, is in use on this host ({exc}): "
+                        "another process, or another run of this test, listens there")
+    return port
+
+
 def replica(worker: Container, index: int) -> tuple[Container, int]:
     """The ``index``th worker replica and its metrics port: the declared one for the first, a free
     one (substituted wherever the declared port is given) for the others."""
     assert worker.port is not None, "a worker declares its metrics port"
     if index == 0:
-        return worker, worker.port
+        return worker, free(worker.port)
     port, declared = free_port(), str(worker.port)
     args = [str(port) if a == declared else a for a in worker.args]
     env = {k: str(port) if v == declared else v for k, v in worker.env.items()}
@@ -478,8 +492,9 @@ def test_declared_commands_migrate_serve_deliver_and_drain(source: str, tmp_path
             assert migrate.proc.wait(60) == 0, migrate.tail()
 
         # The API: its probes (and /metrics) on the declared port.
-        api = stack.enter_context(running(tmp_path, "api", declared.api))
         assert declared.api.port is not None
+        free(declared.api.port)
+        api = stack.enter_context(running(tmp_path, "api", declared.api))
         probe(declared.api, api, declared.api.port)
         base = f"http://127.0.0.1:{declared.api.port}"
 
