@@ -24,7 +24,8 @@ class Metrics:
         self.intents = Gauge("outbox_intents", "Intents by status and channel.", ["status", "channel"], registry=r)
         self.oldest_due_age = Gauge("outbox_oldest_due_age_seconds",
                                     "How long the oldest due intent has been waiting to be sent.", registry=r)
-        self.attempts = Counter("outbox_attempts_total", "Attempts finished, by outcome.", ["outcome"], registry=r)
+        self.attempts = Counter("outbox_attempts_total", "Attempts finished, by destination and outcome.",
+                                ["destination", "outcome"], registry=r)
         self.latency = Histogram("outbox_delivery_latency_seconds", "From enqueue to delivered.",
                                  buckets=LATENCY_BUCKETS, registry=r)
         self.dead_lettered = Counter("outbox_dead_lettered_total", "Intents dead-lettered.", registry=r)

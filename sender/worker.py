@@ -418,7 +418,7 @@ class Worker:
         fate = decide(intent, destination, result, attempts_made=finished.number,
                       first_submission_at=first, now=self.clock.now(), policy=self.policy)
         fate, reconciled, fence = await self._reconcile(intent, destination, fate, fence)
-        self.outbox.metrics.attempts.labels(result.outcome.value).inc()
+        self.outbox.metrics.attempts.labels(destination.id, result.outcome.value).inc()
         await self._settle(intent, fate, [event, *reconciled], attempt=finished,
                            new_fence=fence if fence != intent.fence else None)
 
