@@ -61,7 +61,7 @@ def test_a_worker_serves_its_metrics_and_probes_and_drains_on_sigterm(tmp_path, 
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         text = scrape(base, "outbox_dead_lettered_total 1.0")
-        assert 'outbox_attempts_total{outcome="rejected"} 1.0' in text.splitlines()
+        assert 'outbox_attempts_total{destination="bad",outcome="rejected"} 1.0' in text.splitlines()
         assert 'outbox_intents{channel="webhook",status="dead"} 1.0' in text.splitlines()  # read from the store
         assert httpx.get(base + "/healthz").json() == {"status": "ok"}
         assert httpx.get(base + "/readyz").json() == {"status": "ready"}
