@@ -12,6 +12,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from .crash import CrashPoint
+
 
 class Settings(BaseSettings):
     """Everything the service can be told. Each field is also ``OUTBOX_<NAME>``."""
@@ -78,6 +80,11 @@ class Settings(BaseSettings):
     )
     log_format: Literal["text", "json"] = Field(
         default="text", description="text lines, or one JSON object per line for log pipelines"
+    )
+
+    crash_at: CrashPoint | None = Field(
+        default=None,
+        description="tests only: a worker SIGKILLs itself at this step (see outbox.crash); never set in production",
     )
 
     @field_validator("log_level", "log_format", mode="before")

@@ -34,6 +34,7 @@ from outbox import (
     channels,
     operations,
 )
+from outbox.crash import arm, crash_point
 from outbox.ids import KEY_SEPARATOR, uuid7
 from outbox.model import SETTLED
 
@@ -111,6 +112,7 @@ class Worker:
         self.circuits = Circuits(settings.circuit_failures, settings.circuit_pause_seconds)
         outbox.metrics.paused_destinations.set_function(lambda: self.circuits.paused)
         self.stale_writes = 0  # fenced writes this worker had rejected (also logged)
+        arm(settings.crash_at)  # tests only: where this process kills itself (unset: nowhere)
 
     # -- running ---------------------------------------------------------------------------
 
@@ -195,6 +197,7 @@ class Worker:
         now = self.clock.now()
         intents = await self.store.claim(self.id, now=now, lease_until=now + self.lease, limit=limit)
         for intent in intents:
+            crash_point("after_claim")
             self._confirmed[intent.key] = now + self.lease
             self._settling.discard(intent.key)
             task = asyncio.create_task(self._deliver(intent))
@@ -333,10 +336,12 @@ class Worker:
                                    "fence": intent.fence, "authority": decision.reason,
                                    "authority_revision": decision.revision})],
                 )
+                crash_point("after_attempt_start")
                 channel = self._channel(intent.channel)
                 started = time.perf_counter()
                 sent = True
                 result = await channel.send(intent, destination, attempt_id=attempt.attempt_id, fence=intent.fence)
+                crash_point("after_request")
                 seconds = time.perf_counter() - started
             if changed := self.circuits.record(destination, result, self.clock.now()):
                 log.log(*changed, extra={"destination": destination.id, "worker": self.id})
@@ -468,6 +473,8 @@ class Worker:
         ours = intent.key in self._in_flight  # (the sweeper settles other workers' leases too)
         if ours:  # until the task is done (``_done``): a renewal that meets the lease given back
             self._settling.add(intent.key)  # must not call it lost
+        if attempt is not None:
+            crash_point("before_outcome")
         try:
             await self.store.update_intent(
                 intent.key, fetch=False, expected=Status.LEASED, status=fate.status, fence=intent.fence,

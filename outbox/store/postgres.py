@@ -27,6 +27,7 @@ from typing import Any, Literal, overload
 
 import asyncpg
 
+from .. import crash
 from ..destinations import Destination
 from ..errors import NotFound, OutboxError, StoreUnavailable
 from ..grants import Grant, GrantSpec
@@ -512,10 +513,14 @@ class PostgresStore:
                   for name, value in decide_update(expected, status, events, changes).items()}
         logged = ([e.kind.value for e in events], [e.at for e in events], [e.actor for e in events],
                   [e.reason for e in events], [_data(e) for e in events])
+        # (tests only) an outcome's write in a transaction of its own, so a crash can cut it before COMMIT
+        crashing = crash.armed == "mid_group_commit" and attempt is not None and attempt.finished_at is not None
         with _unavailable():
-            async with self._connection() as conn:
+            async with self._connection() as conn, conn.transaction() if crashing else contextlib.nullcontext():
                 row = await conn.fetchrow(_update_sql(tuple(values)), key, expected.value, fence, *logged,
                                           *_attempt_values(attempt), *values.values())
+                if crashing:
+                    crash.crash_point("mid_group_commit")
         refused = decide_target(key, None if row is None else (row["found_status"], row["found_fence"]),
                                 expected=expected, fence=fence)
         if refused is not None:

@@ -23,6 +23,7 @@ import aiosqlite
 
 from receivers._sqlite import SetJob, from_us, to_us
 
+from ..crash import crash_point
 from ..destinations import Destination
 from ..errors import NoDatabase, NotFound, OutboxError, StoreUnavailable
 from ..grants import Grant, GrantSpec
@@ -228,6 +229,8 @@ class _IntentUpdate(SetJob):
         if events:
             conn.execute(SQL["insert_events"], (json.dumps(events),))
         for i, job, seq in live:
+            if job.attempt is not None and job.attempt.finished_at is not None:
+                crash_point("mid_group_commit")  # (tests only) an outcome written, its batch not committed
             results[i] = (True, _intent(conn.execute(SQL["intent_by_seq"], (seq,)).fetchone()) if job.fetch else None)
 
 

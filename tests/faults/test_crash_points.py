@@ -1,0 +1,190 @@
+"""``kill -9`` at each crash point of the sender (``outbox.crash``), on SQLite and PostgreSQL.
+
+A real ``outbox worker`` delivers a few intents to a receiver behind our idempotency middleware
+and kills itself with SIGKILL at one step: after its claim commits, after an attempt's start
+commits, once the channel's send has returned (the request was written and answered), with the
+outcome decided but not yet handed to the store, or with the outcome written inside its
+transaction but not committed. A second worker, without the setting, recovers the expired leases
+and settles everything. The history the store kept and what the receiver saw are then judged by
+the fault matrix's checker, and its truth table printed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, get_args
+
+import pytest
+
+from outbox import DestinationSpec, OnUnknown, Outbox, Settings
+from outbox.crash import CrashPoint
+from outbox.model import SETTLED
+from receivers import IdempotencyMiddleware, SqliteRecordStore, wire
+from sender import Worker
+
+from .. import pg
+from ..acceptance.conftest import clean_env, outbox_worker
+from ..conftest import SECRET
+from ..servers import Served
+from .checker import AttemptFact, IntentFact, Truth, check, off_diagonal, render, truth_table
+
+pytestmark = pytest.mark.acceptance
+
+INTENTS = 4
+CONCURRENCY = 2
+LEASE_SECONDS = 1.0
+POLL_SECONDS = 0.1
+ATTEMPT_ID = wire.ATTEMPT_ID.lower().encode()
+#: Points at which a request has certainly reached the receiver and its answer is not recorded.
+ANSWERED = {"after_request", "before_outcome", "mid_group_commit"}
+
+
+class Ground:
+    """The receiver's side: the Outbox-Attempt-Id of every request that reached it (before the
+    middleware), and each effect the application behind the middleware made, per key."""
+
+    def __init__(self, records: Path) -> None:
+        self.reached: list[str] = []
+        self.effects: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self.store = SqliteRecordStore(records)
+        self.app = IdempotencyMiddleware(self._effect, self.store, secrets=SECRET)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and (attempt := dict(scope["headers"]).get(ATTEMPT_ID)):
+            with self._lock:
+                self.reached.append(attempt.decode())
+        await self.app(scope, receive, send)
+
+    async def _effect(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        with self._lock:
+            self.effects[scope["state"]["idempotency"].key] += 1
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b'{"ok": true}'})
+
+    def truth(self) -> Truth:
+        with self._lock:
+            return Truth(effects=dict(self.effects), reached=frozenset(self.reached))
+
+
+@pytest.fixture
+async def ground(tmp_path: Path) -> AsyncIterator[tuple[Ground, str]]:
+    """The receiver on uvicorn at a free loopback port; yields it and its URL."""
+    receiver = Ground(tmp_path / "records.db")
+    served = Served(receiver)
+    try:
+        yield receiver, f"{served.url}/orders"
+    finally:
+        served.stop()
+        await receiver.store.close()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'outbox.db'}"
+        return
+    async with pg.database() as url:
+        yield url
+
+
+async def rows(url: str, sql: str) -> list[tuple[Any, ...]]:
+    """What ``sql`` selects, through a connection of its own."""
+    if url.startswith("sqlite:"):
+        with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+            return conn.execute(sql).fetchall()
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        return [tuple(row) for row in await conn.fetch(sql)]
+    finally:
+        await conn.close()
+
+
+async def integrity(url: str) -> None:
+    if url.startswith("sqlite:"):
+        assert await rows(url, "PRAGMA integrity_check") == [("ok",)]
+
+
+async def settled(box: Outbox, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    done = {s.value for s in SETTLED}
+    while True:
+        counts = Counter({status: n for status, _, n in await box.store.count_by_status()})
+        if sum(n for status, n in counts.items() if status in done) >= INTENTS:
+            return
+        assert time.monotonic() < deadline, f"not settled after {timeout:.0f} s: {dict(counts)}"
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("point", get_args(CrashPoint))
+async def test_a_worker_killed_at_a_crash_point_loses_and_misreports_nothing(
+    tmp_path: Path, ground: tuple[Ground, str], database_url: str, point: str
+) -> None:
+    receiver, hook = ground
+    url = database_url
+    settings = Settings(database_url=url, authority="allow-all", lease_seconds=LEASE_SECONDS,
+                        worker_concurrency=CONCURRENCY, poll_seconds=POLL_SECONDS, backoff_initial_seconds=0.1)
+    ids = [f"order-{n}" for n in range(INTENTS)]
+    async with await Outbox.open(url, settings=settings) as box:
+        await box.put_destination("hook", DestinationSpec(
+            url=hook, secret=SECRET, allow_private_network=True, idempotent=True, retention_seconds=3600,
+            on_unknown=OnUnknown.DECLARED))
+        await box.enqueue_many({"destination": "hook", "scope": "acme", "action_id": action_id,
+                                "payload": {"n": n}} for n, action_id in enumerate(ids))
+
+        # 1. a worker process that kills itself at the point
+        env = clean_env(OUTBOX_DATABASE_URL=url, OUTBOX_AUTHORITY="allow-all", OUTBOX_CRASH_AT=point,
+                        OUTBOX_LEASE_SECONDS=str(LEASE_SECONDS), OUTBOX_WORKER_CONCURRENCY=str(CONCURRENCY),
+                        OUTBOX_POLL_SECONDS=str(POLL_SECONDS))
+        with outbox_worker(tmp_path, env) as (worker, log):
+            code = await asyncio.to_thread(worker.wait, 30)
+        assert code == -9, f"the worker ended with {code}, not SIGKILL:\n{log.read_text()}"
+        await integrity(url)
+        reached_at_crash = set(receiver.truth().reached)
+        attempts_at_crash = await rows(url, "SELECT attempt_id, finished_at FROM attempts")
+        in_flight = {attempt for attempt, finished in attempts_at_crash if finished is None}
+        # the crash cut every outcome short: none was committed
+        assert len(in_flight) == len(attempts_at_crash), attempts_at_crash
+        if point == "after_claim":
+            assert not attempts_at_crash and not reached_at_crash
+        else:
+            assert in_flight, f"no attempt had started when the worker died at {point}"
+        if point in ANSWERED:
+            assert in_flight & reached_at_crash, "no request in flight had reached the receiver"
+
+        # 2. a worker without the setting recovers the expired leases and settles everything
+        recovery = Worker(box)
+        running = asyncio.create_task(recovery.run())
+        try:
+            await settled(box, timeout=20)
+        finally:
+            recovery.stop()
+            await running
+        await integrity(url)
+        facts = []
+        for action_id in ids:
+            history = await box.history(action_id)
+            facts.append(IntentFact(
+                key=f"acme/{action_id}", acknowledged=True, status=history.intent.status.value,
+                attempts=tuple(AttemptFact(a.attempt_id, a.submission.value if a.submission else None,
+                                           a.outcome.value if a.outcome else None) for a in history.attempts)))
+    truth = receiver.truth()
+    table = truth_table(facts, truth)
+    title = (f"crash point {point}, {url.partition(':')[0]}: {INTENTS} intents, "
+             f"{len(in_flight)} attempt(s) cut in flight")
+    print("\n" + render(table, title=title))
+    assert check(facts, truth) == []
+    assert off_diagonal(table) == 0
+    assert all(fact.status == "delivered" for fact in facts), facts  # idempotent: each retried to the end
+    # an attempt is recorded maybe_submitted only if it really was in flight when the worker died
+    maybe = {a.attempt_id for fact in facts for a in fact.attempts if a.submission == "maybe_submitted"}
+    assert maybe == in_flight
