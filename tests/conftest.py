@@ -22,6 +22,14 @@ from .servers import Served
 if TYPE_CHECKING:
     from .kafka import Broker
 
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """The fault matrix's tier (tests/faults): ``tier1`` (seeded, in every run) or ``long``."""
+    parser.addoption("--faults", choices=("tier1", "long"), default="tier1",
+                     help="fault matrix tier: tier1 (seeded, bounded) or long (more intents, random seed)")
+    parser.addoption("--faults-seed", type=int, default=None, help="replay the fault matrix with this seed")
+
+
 SECRET = "whsec_" + "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0NTY3ODk="
 
 
