@@ -22,7 +22,7 @@ from typing import Any, get_args
 
 import pytest
 
-from outbox import DestinationSpec, OnUnknown, Outbox, Settings
+from outbox import DestinationSpec, OnUnknown, Outbox, Settings, crash
 from outbox.crash import CrashPoint
 from outbox.model import SETTLED
 from receivers import IdempotencyMiddleware, SqliteRecordStore, wire
@@ -188,3 +188,23 @@ async def test_a_worker_killed_at_a_crash_point_loses_and_misreports_nothing(
     # an attempt is recorded maybe_submitted only if it really was in flight when the worker died
     maybe = {a.attempt_id for fact in facts for a in fact.attempts if a.submission == "maybe_submitted"}
     assert maybe == in_flight
+
+
+def test_an_unknown_crash_point_is_refused_and_none_is_set_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OUTBOX_CRASH_AT", raising=False)
+    assert Settings().crash_at is None
+    monkeypatch.setenv("OUTBOX_CRASH_AT", "after_lunch")
+    with pytest.raises(ValueError, match="crash_at"):
+        Settings()
+
+
+def test_a_crash_point_not_armed_returns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unset, or set to another point, a point is passed (this test process survives it)."""
+    monkeypatch.setattr(crash, "armed", None)
+    for point in get_args(CrashPoint):
+        crash.crash_point(point)
+    crash.arm("after_claim")
+    assert crash.armed == "after_claim"
+    crash.crash_point("mid_group_commit")
+    crash.arm("")
+    assert crash.armed is None
