@@ -114,15 +114,27 @@ async def integrity(url: str) -> None:
         assert await rows(url, "PRAGMA integrity_check") == [("ok",)]
 
 
-async def settled(box: Outbox, timeout: float) -> None:
+async def settled(box: Outbox, timeout: float, count: int = INTENTS) -> None:
     deadline = time.monotonic() + timeout
     done = {s.value for s in SETTLED}
     while True:
         counts = Counter({status: n for status, _, n in await box.store.count_by_status()})
-        if sum(n for status, n in counts.items() if status in done) >= INTENTS:
+        if sum(n for status, n in counts.items() if status in done) >= count:
             return
         assert time.monotonic() < deadline, f"not settled after {timeout:.0f} s: {dict(counts)}"
         await asyncio.sleep(0.05)
+
+
+async def recorded_facts(box: Outbox, ids: list[str]) -> list[IntentFact]:
+    """What the store recorded for each of ``ids`` (scope ``acme``), as the checker reads it."""
+    facts = []
+    for action_id in ids:
+        history = await box.history(action_id)
+        facts.append(IntentFact(
+            key=f"acme/{action_id}", acknowledged=True, status=history.intent.status.value,
+            attempts=tuple(AttemptFact(a.attempt_id, a.submission.value if a.submission else None,
+                                       a.outcome.value if a.outcome else None) for a in history.attempts)))
+    return facts
 
 
 @pytest.mark.parametrize("point", get_args(CrashPoint))
@@ -170,13 +182,7 @@ async def test_a_worker_killed_at_a_crash_point_loses_and_misreports_nothing(
             recovery.stop()
             await running
         await integrity(url)
-        facts = []
-        for action_id in ids:
-            history = await box.history(action_id)
-            facts.append(IntentFact(
-                key=f"acme/{action_id}", acknowledged=True, status=history.intent.status.value,
-                attempts=tuple(AttemptFact(a.attempt_id, a.submission.value if a.submission else None,
-                                           a.outcome.value if a.outcome else None) for a in history.attempts)))
+        facts = await recorded_facts(box, ids)
     truth = receiver.truth()
     table = truth_table(facts, truth)
     title = (f"crash point {point}, {url.partition(':')[0]}: {INTENTS} intents, "
