@@ -9,7 +9,7 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -91,6 +91,26 @@ def tansu(tmp_path: Path) -> Iterator[Broker]:
         yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, db_url: str) -> str:
+    """The outbox database, once per store: a SQLite file, then a fresh PostgreSQL database."""
+    return db_url if request.param == "sqlite" else str(request.getfixturevalue("pg_url"))
+
+
+async def rows(url: str, sql: str) -> list[tuple[Any, ...]]:
+    """What ``sql`` selects from the outbox database at ``url``, through a connection of its own."""
+    if url.startswith("sqlite:"):
+        with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+            return conn.execute(sql).fetchall()
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        return [tuple(row) for row in await conn.fetch(sql)]
+    finally:
+        await conn.close()
 
 
 @pytest.fixture

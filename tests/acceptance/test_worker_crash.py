@@ -14,7 +14,7 @@ import asyncio
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,8 +35,7 @@ from outbox import (
 from outbox.model import SETTLED
 from sender import Worker
 
-from .. import pg
-from ..conftest import SECRET, snapshot
+from ..conftest import SECRET, rows, snapshot
 from .conftest import clean_env, kill_9, outbox_worker, served_in_thread
 
 pytestmark = pytest.mark.acceptance
@@ -100,39 +99,13 @@ def receiver() -> Iterator[Receiver]:
         yield Receiver(app, f"{url}/hook")
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    """The outbox database: a file for SQLite, a fresh database (tests/pg.py) for PostgreSQL."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'outbox.db'}"
-        return
-    async with pg.database() as url:
-        yield url
-
-
-async def read(url: str, sql: str) -> list[tuple[Any, ...]]:
-    """The rows ``sql`` selects, read through a connection of its own."""
-    if url.startswith("sqlite:"):
-        import sqlite3
-
-        with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
-            return conn.execute(sql).fetchall()
-    import asyncpg
-
-    conn = await asyncpg.connect(url)
-    try:
-        return [tuple(row) for row in await conn.fetch(sql)]
-    finally:
-        await conn.close()
-
-
 async def snapshot_of(url: str) -> dict[str, list[tuple[object, ...]]]:
     """Every row of every outbox table, read through a separate connection."""
     if url.startswith("sqlite:"):
         return snapshot(Path(url.removeprefix("sqlite:///")))
-    tables = [t for (t,) in await read(
+    tables = [t for (t,) in await rows(
         url, "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")]
-    return {t: sorted(await read(url, f"SELECT * FROM {t}"), key=repr) for t in tables}
+    return {t: sorted(await rows(url, f"SELECT * FROM {t}"), key=repr) for t in tables}
 
 
 def worker_env(url: str) -> dict[str, str]:
@@ -152,12 +125,12 @@ class AtCrash:
 
 
 async def state_at_crash(url: str) -> dict[str, AtCrash]:
-    rows = await read(
+    found = await rows(
         url,
         "SELECT i.action_id, i.status, i.fence, "
         "  (SELECT a.attempt_id FROM attempts a WHERE a.intent_seq = i.seq AND a.fence = i.fence"
         "   AND a.finished_at IS NULL) FROM intents i")
-    return {action_id: AtCrash(Status(status), fence, attempt) for action_id, status, fence, attempt in rows}
+    return {action_id: AtCrash(Status(status), fence, attempt) for action_id, status, fence, attempt in found}
 
 
 async def wait_settled(box: Outbox, timeout: float) -> dict[str, int]:
@@ -174,9 +147,9 @@ async def wait_settled(box: Outbox, timeout: float) -> dict[str, int]:
 
 
 async def test_kill_9_mid_batch_loses_nothing_and_fences_out_the_dead_worker(
-    tmp_path: Path, receiver: Receiver, database_url: str
+    tmp_path: Path, receiver: Receiver, store_url: str
 ) -> None:
-    url = database_url
+    url = store_url
     settings = Settings(database_url=url, authority="allow-all", lease_seconds=LEASE_SECONDS,
                         worker_concurrency=CONCURRENCY, poll_seconds=POLL_SECONDS)
     ids = [f"crash-{n:02d}" for n in range(INTENTS)]
@@ -254,10 +227,10 @@ async def test_kill_9_mid_batch_loses_nothing_and_fences_out_the_dead_worker(
 
 
 async def test_a_write_under_a_superseded_fence_is_refused_even_when_the_status_matches(
-    database_url: str,
+    store_url: str,
 ) -> None:
     """The fence alone shuts the old holder out: the intent is leased again, to someone else."""
-    url = database_url
+    url = store_url
     settings = Settings(database_url=url, authority="allow-all", lease_seconds=LEASE_SECONDS)
     async with await Outbox.open(url, settings=settings) as box:
         await box.put_destination("hook", DestinationSpec(

@@ -12,7 +12,6 @@ the fault matrix's checker, and its truth table printed.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import threading
 import time
 from collections import Counter
@@ -28,9 +27,8 @@ from outbox.model import SETTLED
 from receivers import IdempotencyMiddleware, SqliteRecordStore, wire
 from sender import Worker
 
-from .. import pg
 from ..acceptance.conftest import clean_env, outbox_worker
-from ..conftest import SECRET
+from ..conftest import SECRET, rows
 from ..servers import Served
 from .checker import AttemptFact, IntentFact, Truth, check, off_diagonal, render, truth_table
 
@@ -86,29 +84,6 @@ async def ground(tmp_path: Path) -> AsyncIterator[tuple[Ground, str]]:
         await receiver.store.close()
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'outbox.db'}"
-        return
-    async with pg.database() as url:
-        yield url
-
-
-async def rows(url: str, sql: str) -> list[tuple[Any, ...]]:
-    """What ``sql`` selects, through a connection of its own."""
-    if url.startswith("sqlite:"):
-        with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
-            return conn.execute(sql).fetchall()
-    import asyncpg
-
-    conn = await asyncpg.connect(url)
-    try:
-        return [tuple(row) for row in await conn.fetch(sql)]
-    finally:
-        await conn.close()
-
-
 async def integrity(url: str) -> None:
     if url.startswith("sqlite:"):
         assert await rows(url, "PRAGMA integrity_check") == [("ok",)]
@@ -139,10 +114,10 @@ async def recorded_facts(box: Outbox, ids: list[str]) -> list[IntentFact]:
 
 @pytest.mark.parametrize("point", get_args(CrashPoint))
 async def test_a_worker_killed_at_a_crash_point_loses_and_misreports_nothing(
-    tmp_path: Path, ground: tuple[Ground, str], database_url: str, point: str
+    tmp_path: Path, ground: tuple[Ground, str], store_url: str, point: str
 ) -> None:
     receiver, hook = ground
-    url = database_url
+    url = store_url
     settings = Settings(database_url=url, authority="allow-all", lease_seconds=LEASE_SECONDS,
                         worker_concurrency=CONCURRENCY, poll_seconds=POLL_SECONDS, backoff_initial_seconds=0.1)
     ids = [f"order-{n}" for n in range(INTENTS)]

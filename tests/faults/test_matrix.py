@@ -120,9 +120,26 @@ async def settled(box: Outbox, keys: list[tuple[str, str]], timeout: float) -> l
         await asyncio.sleep(0.2)
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, db_url: str) -> str:
-    return db_url if request.param == "sqlite" else str(request.getfixturevalue("pg_url"))
+async def run_until_settled(box: Outbox, worker: Any, keys: list[tuple[str, str]],
+                            timeout: float) -> tuple[list[str], list[IntentFact]]:
+    """Run ``worker`` until every intent is settled (or ``timeout``), stop it; the keys still
+    open and the recorded history."""
+    task = asyncio.create_task(worker.run())
+    try:
+        still_open = await settled(box, keys, timeout=timeout)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 15)
+    return still_open, await facts(box, keys)
+
+
+def report(channel: str, store: str, title: str, table: Counter[tuple[str, str]]) -> str:
+    """The truth table rendered, printed, and kept under ARTIFACTS."""
+    rendered = render(table, title=f"{channel} on {store}: {title}")
+    print("\n" + rendered)
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / f"faults-{channel}-{store}.txt").write_text(rendered + "\n")
+    return rendered
 
 
 async def test_network_faults_lose_duplicate_or_misreport_nothing(
@@ -155,13 +172,7 @@ async def test_network_faults_lose_duplicate_or_misreport_nothing(
             result = await box.enqueue(scope="acme", action_id=f"a-{n}", destination=destination,
                                        payload={"n": n}, **options)
             keys.append((result.intent.scope, result.intent.action_id))
-        task = asyncio.create_task(worker.run())
-        try:
-            still_open = await settled(box, keys, timeout=600 if long else 60)
-        finally:
-            worker.stop()
-            await asyncio.wait_for(task, 15)
-        history = await facts(box, keys)
+        still_open, history = await run_until_settled(box, worker, keys, timeout=600 if long else 60)
     finally:
         await worker.aclose()
         await box.close()
@@ -170,11 +181,7 @@ async def test_network_faults_lose_duplicate_or_misreport_nothing(
     truth = ground.truth()
     table = truth_table(history, truth)
     faults = ", ".join(f"{mode} {n}" for mode, n in sorted(proxy.faults.items()))
-    title = f"webhook on {store}: {count} intents, seed {seed}, connections: {faults}"
-    rendered = render(table, title=title)
-    print("\n" + rendered)
-    ARTIFACTS.mkdir(exist_ok=True)
-    (ARTIFACTS / f"faults-webhook-{store}.txt").write_text(rendered + "\n")
+    rendered = report("webhook", store, f"{count} intents, seed {seed}, connections: {faults}", table)
     assert still_open == [], f"seed {seed}: not settled: {still_open}"
     assert check(history, truth) == [], f"seed {seed}"
     assert off_diagonal(table) == 0, f"seed {seed}\n{rendered}"

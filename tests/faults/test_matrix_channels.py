@@ -34,8 +34,8 @@ from sender.kafka import KafkaChannel, KafkaSpec
 from ..conftest import free_port
 from ..kafka import Broker
 from ..smtp import SmtpServer
-from .checker import Truth, check, off_diagonal, render, truth_table
-from .test_matrix import ARTIFACTS, TIER1_SEED, facts, settled
+from .checker import Truth, check, off_diagonal, truth_table
+from .test_matrix import TIER1_SEED, facts, report, run_until_settled, settled
 
 #: One fault per message, drawn when its RCPT arrives (the destination keeps one connection, so
 #: messages reach the server one at a time and each fault belongs to the message being sent).
@@ -74,14 +74,6 @@ def email_truth(server: SmtpServer) -> Truth:
                  frozenset(str(m[wire.ATTEMPT_ID]) for m in arrived), idempotent=False)
 
 
-def report(channel: str, store: str, title: str, table: Counter[tuple[str, str]]) -> str:
-    rendered = render(table, title=f"{channel} on {store}: {title}")
-    print("\n" + rendered)
-    ARTIFACTS.mkdir(exist_ok=True)
-    (ARTIFACTS / f"faults-{channel}-{store}.txt").write_text(rendered + "\n")
-    return rendered
-
-
 async def test_smtp_faults_lose_or_misreport_nothing(request: pytest.FixtureRequest, store_url: str) -> None:
     long = request.config.getoption("--faults") == "long"
     seed = request.config.getoption("--faults-seed")
@@ -111,13 +103,7 @@ async def test_smtp_faults_lose_or_misreport_nothing(request: pytest.FixtureRequ
                                        payload={"to": [f"r{n}@example.org"], "subject": f"n {n}", "text": "hi"},
                                        **({"max_attempts": 2} if destination == "refused" else {}))
             keys.append((result.intent.scope, result.intent.action_id))
-        task = asyncio.create_task(worker.run())
-        try:
-            still_open = await settled(box, keys, timeout=300 if long else 30)
-        finally:
-            worker.stop()
-            await asyncio.wait_for(task, 15)
-        history = await facts(box, keys)
+        still_open, history = await run_until_settled(box, worker, keys, timeout=300 if long else 30)
     finally:
         await worker.aclose()
         await box.close()

@@ -30,10 +30,10 @@ from receivers import wire
 from sender import Worker
 
 from ..acceptance.conftest import clean_env, outbox_worker
-from ..conftest import SECRET
+from ..conftest import SECRET, rows
 from ..servers import Served
 from .checker import Truth, check, off_diagonal, render, truth_table
-from .test_crash_points import Ground, integrity, recorded_facts, rows, settled
+from .test_crash_points import Ground, integrity, recorded_facts, settled
 
 pytestmark = pytest.mark.acceptance
 
