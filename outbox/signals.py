@@ -18,10 +18,16 @@ class Signal:
         self._event.set()
         self._event = asyncio.Event()
 
-    async def wait(self, timeout: float) -> bool:
-        """Wait for the next notify, at most ``timeout`` seconds; True if it came."""
+    def ticket(self) -> asyncio.Event:
+        """Hand this to ``wait`` to hear any notify from now on, including one that comes before
+        the wait starts (a waiter that looks at the store first would otherwise miss it)."""
+        return self._event
+
+    async def wait(self, timeout: float, since: asyncio.Event | None = None) -> bool:
+        """Wait for the next notify (or the first since ``since`` was taken), at most ``timeout``
+        seconds; True if it came."""
         try:
-            await asyncio.wait_for(self._event.wait(), timeout)
+            await asyncio.wait_for((since or self._event).wait(), timeout)
         except TimeoutError:
             return False
         return True

@@ -131,10 +131,11 @@ class Worker:
                     await self._wait(self._slot_free.wait(), None)
                     continue
                 try:
+                    woken = self.outbox.enqueued.ticket()  # a wake-up during the claim is not missed
                     claimed = await self._claim(free)
                     failures = self._answered(failures)
                     if not claimed:
-                        await self._idle()
+                        await self._idle(woken)
                 except Exception as exc:  # a store hiccup must not end the worker: back off
                     failures += 1
                     pause = claim_pause(self.outbox.settings.poll_seconds, failures)
@@ -202,7 +203,7 @@ class Worker:
             self._settling.discard(intent.key)
             task = asyncio.create_task(self._deliver(intent))
             self._in_flight[intent.key] = (intent.fence, task)
-            task.add_done_callback(functools.partial(self._done, intent.key))
+            task.add_done_callback(functools.partial(self._done, intent.key, intent.ordering_key is not None))
         return len(intents)
 
     def _answered(self, failures: int) -> int:
@@ -213,20 +214,22 @@ class Worker:
             self.trouble = None
         return 0
 
-    def _done(self, key: str, _: object = None) -> None:
+    def _done(self, key: str, keyed: bool, _: object = None) -> None:
         self._in_flight.pop(key, None)
         self._confirmed.pop(key, None)
         self._settling.discard(key)
         self._slot_free.set()
-        self.outbox.enqueued.notify()  # the next intent of its ordering key may be claimable now
+        if keyed:  # the next intent of its ordering key may be claimable now: claim without waiting a poll
+            self.outbox.enqueued.notify()
 
-    async def _idle(self) -> None:
-        """Sleep until new work is enqueued here, the next intent falls due, or poll_seconds."""
+    async def _idle(self, woken: asyncio.Event) -> None:
+        """Sleep until new work is enqueued here (since ``woken`` was taken), the next intent
+        falls due, or poll_seconds."""
         timeout = self.outbox.settings.poll_seconds
         due = await self.store.next_due_at()
         if due is not None:
             timeout = min(timeout, max(0.0, (due - self.clock.now()).total_seconds()))
-        await self._wait(self.outbox.enqueued.wait(timeout), timeout)
+        await self._wait(self.outbox.enqueued.wait(timeout, since=woken), timeout)
 
     async def _wait(self, awaitable: Awaitable[object], timeout: float | None) -> None:
         stop = asyncio.create_task(self._stopping.wait())
