@@ -15,7 +15,8 @@ from typing import Literal
 CrashPoint = Literal[
     "after_claim",  # the claim committed
     "after_attempt_start",  # the attempt's start committed
-    "after_request",  # the channel's send returned, its outcome not yet handed to the store
+    "after_request",  # the request written (its last byte handed to the socket or producer), no answer read
+    "after_answer",  # the channel's send returned with its answer, the outcome not yet handed to the store
     "before_outcome",  # the outcome decided and handed to the store, not yet written
     "mid_group_commit",  # an outcome written inside its transaction, before COMMIT
 ]

@@ -47,6 +47,7 @@ from pydantic import (
 
 from outbox import Destination, DestinationSpec, Intent, OnUnknown, Outcome, Submission, hosts
 from outbox.clock import Clock, SystemClock
+from outbox.crash import crash_point
 from receivers import wire
 
 from .channel import REPLY_BYTES, ChannelModule, ProbeAnswer, SendResult
@@ -422,6 +423,7 @@ class EmailChannel:
             client.close()
             return SendResult(Submission.NOT_SUBMITTED, Outcome.RETRYABLE, stage="data", error=_describe(exc))
         # From here the message may reach the server: only its reply can say it did not.
+        crash_point("after_request")
         try:
             reply = await protocol.read_response(timeout=spec.data_timeout_seconds)
         except (aiosmtplib.SMTPException, OSError) as exc:

@@ -47,6 +47,7 @@ from aiokafka.structs import TopicPartition
 from pydantic import ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
 from outbox import Destination, DestinationSpec, Intent, OnUnknown, Outcome, Submission, hosts
+from outbox.crash import crash_point
 from receivers import wire
 
 from .channel import ChannelModule, ProbeAnswer, SendResult
@@ -191,6 +192,7 @@ class KafkaChannel:
             await self._discard(entry)
             return SendResult(Submission.NOT_SUBMITTED, Outcome.RETRYABLE, stage="produce", error=_describe(exc))
         # From here a produce request carrying the record may leave: only the broker can say it did not.
+        crash_point("after_request")
         try:
             sent = await asyncio.wait_for(future, destination.timeout_seconds)
         except BrokerResponseError as exc:

@@ -7,6 +7,7 @@ HTTP client, not the receiver, the limit of delivery.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -22,8 +23,9 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 from yarl import URL
 
-from outbox import Destination, DestinationSpec, Intent, Outcome, Submission, hosts
+from outbox import Destination, DestinationSpec, Intent, Outcome, Submission, crash, hosts
 from outbox.clock import Clock, SystemClock
+from outbox.crash import crash_point
 from receivers import wire
 
 from .channel import REPLY_BYTES, ChannelModule, ProbeAnswer, SendResult
@@ -178,6 +180,21 @@ class _Target:
     refusal: str | None
 
 
+def _crash_traces() -> list[aiohttp.TraceConfig] | None:
+    """Tests only (``outbox.crash``): with ``after_request`` armed, die once a request's body is
+    handed to the socket. aiohttp announces a chunk just before it writes it, so the kill is
+    scheduled for the loop's next turn, which comes after the write. Unarmed: no tracing at all."""
+    if crash.armed != "after_request":
+        return None
+
+    async def written(session: aiohttp.ClientSession, context: Any, params: Any) -> None:
+        asyncio.get_running_loop().call_soon(crash_point, "after_request")
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_chunk_sent.append(written)
+    return [trace]
+
+
 class WebhookChannel:
     """POSTs intents to webhook destinations over pooled aiohttp sessions."""
 
@@ -197,7 +214,8 @@ class WebhookChannel:
                 ttl_dns_cache=60,
             )
             session = aiohttp.ClientSession(
-                connector=connector, headers={"User-Agent": USER_AGENT}, auto_decompress=False
+                connector=connector, headers={"User-Agent": USER_AGENT}, auto_decompress=False,
+                trace_configs=_crash_traces(),
             )
             self._sessions[allow_private] = session
         return session

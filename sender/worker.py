@@ -344,7 +344,7 @@ class Worker:
                 started = time.perf_counter()
                 sent = True
                 result = await channel.send(intent, destination, attempt_id=attempt.attempt_id, fence=intent.fence)
-                crash_point("after_request")
+                crash_point("after_answer")
                 seconds = time.perf_counter() - started
             if changed := self.circuits.record(destination, result, self.clock.now()):
                 log.log(*changed, extra={"destination": destination.id, "worker": self.id})
