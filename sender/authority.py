@@ -13,12 +13,14 @@ import importlib
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any, Protocol
 
 import httpx
 
 from outbox import Intent, Outbox
+from outbox.clock import SystemClock
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,9 @@ class Decision:
     reason: str
     provider: str
     revision: str | None = None
+    #: When the provider was asked (a cached decision keeps the time of the ask it came from), so
+    #: an attempt's record shows which revocations its send could have seen.
+    checked_at: datetime | None = None
 
     @property
     def allowed(self) -> bool:
@@ -171,20 +176,25 @@ class CallableAuthority:
 MAX_CACHED = 4096
 
 
+WALL = SystemClock()
+
+
 class CachedAuthority:
     """Remembers ALLOW and DENY decisions for at most ``seconds`` per (scope, channel, destination)."""
 
-    def __init__(self, inner: Authority, seconds: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, inner: Authority, seconds: float, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], datetime] = WALL.now):
         self.inner = inner
         self.name = inner.name
         self.seconds = seconds
         self._clock = clock
+        self._wall = wall
         self._cache: dict[tuple[str, str, str], tuple[float, Decision]] = {}
         self._pending: dict[tuple[str, str, str], asyncio.Future[Decision]] = {}
 
     async def check(self, request: AuthorityRequest) -> Decision:
         if self.seconds <= 0:
-            return await self.inner.check(request)
+            return await self._ask(request)
         key = (request.scope, request.channel, request.destination)
         now = self._clock()
         cached = self._cache.get(key)
@@ -195,7 +205,7 @@ class CachedAuthority:
         future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
         self._pending[key] = future
         try:
-            decision = await self.inner.check(request)
+            decision = await self._ask(request)
             if decision.verdict is not Verdict.UNAVAILABLE:
                 if len(self._cache) >= MAX_CACHED:
                     self._forget_stale(now)
@@ -208,6 +218,12 @@ class CachedAuthority:
             raise
         finally:
             del self._pending[key]
+
+    async def _ask(self, request: AuthorityRequest) -> Decision:
+        """The provider's decision, stamped with when it was asked (before its answer, so a
+        revocation committed before that time is one the answer saw)."""
+        asked = self._wall()
+        return replace(await self.inner.check(request), checked_at=asked)
 
     def _forget_stale(self, now: float) -> None:
         """Drop the decisions too old to be used; if that is not enough, the oldest half."""

@@ -95,7 +95,8 @@ class Worker:
             settings.retention_margin_seconds,
         )
         self.authority: Authority = CachedAuthority(
-            authority or authority_from_setting(settings.authority, outbox), settings.authority_seconds
+            authority or authority_from_setting(settings.authority, outbox), settings.authority_seconds,
+            wall=self.clock.now,
         )
         self.channels: dict[str, Channel] = dict(channels or {})  # the rest are opened when first needed
         self.leases = LEASES_PER_SLOT * self.concurrency
@@ -337,7 +338,8 @@ class Worker:
                     events=[Event(EventKind.ATTEMPT_STARTED, now, self.id, None,
                                   {"attempt_id": attempt.attempt_id, "number": attempt.number,
                                    "fence": intent.fence, "authority": decision.reason,
-                                   "authority_revision": decision.revision})],
+                                   "authority_revision": decision.revision,
+                                   "authority_checked_at": decision.checked_at and decision.checked_at.isoformat()})],
                 )
                 crash_point("after_attempt_start")
                 channel = self._channel(intent.channel)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 
 from sender import AuthorityRequest, CallableAuthority, Decision, Verdict
 from sender.authority import MAX_CACHED, CachedAuthority
@@ -77,3 +78,18 @@ async def test_the_cache_stays_bounded_however_many_scopes_it_sees():
     asked.clear()
     await cache.check(request(scope=f"tenant-{3 * MAX_CACHED - 1}"))  # the newest is still served
     assert asked == []
+
+
+async def test_a_decision_carries_when_the_provider_was_asked_and_a_cached_one_keeps_it():
+    provider, _ = counting()
+    clock = Clock()
+    times = iter([datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 1, 0, 0, 5, tzinfo=UTC)])
+    cache = CachedAuthority(provider, 2.0, clock=clock, wall=lambda: next(times))
+    first = await cache.check(request())
+    assert first.checked_at == datetime(2026, 1, 1, tzinfo=UTC)
+    clock.now += 1
+    assert (await cache.check(request(action_id="a2"))).checked_at == first.checked_at  # reused: its ask's time
+    clock.now += 5
+    assert (await cache.check(request(action_id="a3"))).checked_at == datetime(2026, 1, 1, 0, 0, 5, tzinfo=UTC)
+    uncached = CachedAuthority(provider, 0, clock=clock, wall=lambda: datetime(2027, 1, 1, tzinfo=UTC))
+    assert (await uncached.check(request())).checked_at == datetime(2027, 1, 1, tzinfo=UTC)
