@@ -13,10 +13,12 @@ printed.
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, get_args
 
@@ -32,6 +34,7 @@ from ..acceptance.conftest import clean_env, outbox_worker
 from ..conftest import SECRET, rows
 from ..servers import Served
 from .checker import AttemptFact, IntentFact, Truth, check, off_diagonal, render, truth_table
+from .test_matrix import TIER1_SEED, report
 
 pytestmark = pytest.mark.acceptance
 
@@ -123,27 +126,51 @@ async def recorded_facts(box: Outbox, ids: list[str]) -> list[IntentFact]:
     return facts
 
 
+def crashing(url: str, point: str) -> dict[str, str]:
+    """The environment of an ``outbox worker`` that kills itself at ``point``."""
+    return clean_env(OUTBOX_DATABASE_URL=url, OUTBOX_AUTHORITY="allow-all", OUTBOX_CRASH_AT=point,
+                     OUTBOX_LEASE_SECONDS=str(LEASE_SECONDS), OUTBOX_WORKER_CONCURRENCY=str(CONCURRENCY),
+                     OUTBOX_POLL_SECONDS=str(POLL_SECONDS))
+
+
+@asynccontextmanager
+async def enqueued(url: str, hook: str, ids: list[str], unretried: int = 0) -> AsyncIterator[Outbox]:
+    """The store at ``url`` with one intent per id for the idempotent destination ``hook``, whose
+    unknown outcomes are retried; every ``unretried``-th goes to one that never retries them."""
+    settings = Settings(database_url=url, authority="allow-all", lease_seconds=LEASE_SECONDS,
+                        worker_concurrency=CONCURRENCY, poll_seconds=POLL_SECONDS, backoff_initial_seconds=0.1)
+    async with await Outbox.open(url, settings=settings) as box:
+        for name, on_unknown in (("hook", OnUnknown.DECLARED), ("never", OnUnknown.NEVER)):
+            await box.put_destination(name, DestinationSpec(
+                url=hook, secret=SECRET, allow_private_network=True, idempotent=True, retention_seconds=3600,
+                on_unknown=on_unknown))
+        await box.enqueue_many({"destination": "never" if unretried and n % unretried == 0 else "hook",
+                                "scope": "acme", "action_id": action_id, "payload": {"n": n}}
+                               for n, action_id in enumerate(ids))
+        yield box
+
+
+async def recover(box: Outbox, count: int) -> None:
+    """A worker without the setting recovers the expired leases and settles ``count`` intents."""
+    recovery = Worker(box)
+    running = asyncio.create_task(recovery.run())
+    try:
+        await settled(box, timeout=20 + count / 5, count=count)
+    finally:
+        recovery.stop()
+        await running
+
+
 @pytest.mark.parametrize("point", get_args(CrashPoint))
 async def test_a_worker_killed_at_a_crash_point_loses_and_misreports_nothing(
     tmp_path: Path, ground: tuple[Ground, str], store_url: str, point: str
 ) -> None:
     receiver, hook = ground
     url = store_url
-    settings = Settings(database_url=url, authority="allow-all", lease_seconds=LEASE_SECONDS,
-                        worker_concurrency=CONCURRENCY, poll_seconds=POLL_SECONDS, backoff_initial_seconds=0.1)
     ids = [f"order-{n}" for n in range(INTENTS)]
-    async with await Outbox.open(url, settings=settings) as box:
-        await box.put_destination("hook", DestinationSpec(
-            url=hook, secret=SECRET, allow_private_network=True, idempotent=True, retention_seconds=3600,
-            on_unknown=OnUnknown.DECLARED))
-        await box.enqueue_many({"destination": "hook", "scope": "acme", "action_id": action_id,
-                                "payload": {"n": n}} for n, action_id in enumerate(ids))
-
+    async with enqueued(url, hook, ids) as box:
         # 1. a worker process that kills itself at the point
-        env = clean_env(OUTBOX_DATABASE_URL=url, OUTBOX_AUTHORITY="allow-all", OUTBOX_CRASH_AT=point,
-                        OUTBOX_LEASE_SECONDS=str(LEASE_SECONDS), OUTBOX_WORKER_CONCURRENCY=str(CONCURRENCY),
-                        OUTBOX_POLL_SECONDS=str(POLL_SECONDS))
-        with outbox_worker(tmp_path, env) as (worker, log):
+        with outbox_worker(tmp_path, crashing(url, point)) as (worker, log):
             code = await asyncio.to_thread(worker.wait, 30)
         assert code == -9, f"the worker ended with {code}, not SIGKILL:\n{log.read_text()}"
         await integrity(url)
@@ -162,13 +189,7 @@ async def test_a_worker_killed_at_a_crash_point_loses_and_misreports_nothing(
             assert not reached_at_crash
 
         # 2. a worker without the setting recovers the expired leases and settles everything
-        recovery = Worker(box)
-        running = asyncio.create_task(recovery.run())
-        try:
-            await settled(box, timeout=20)
-        finally:
-            recovery.stop()
-            await running
+        await recover(box, INTENTS)
         await integrity(url)
         facts = await recorded_facts(box, ids)
     truth = receiver.truth()
@@ -202,3 +223,50 @@ def test_a_crash_point_not_armed_returns(monkeypatch: pytest.MonkeyPatch) -> Non
     crash.crash_point("mid_group_commit")
     crash.arm("")
     assert crash.armed is None
+
+
+async def test_workers_killed_one_after_another_at_drawn_points_lose_and_misreport_nothing(
+    request: pytest.FixtureRequest, tmp_path: Path, ground: tuple[Ground, str], store_url: str
+) -> None:
+    """A chain of worker processes, each killing itself at a crash point drawn from the seed,
+    take turns on one backlog (each recovers what the one before left in flight); then a worker
+    without the setting finishes it. A third of the intents go to a destination that never
+    retries an unknown outcome, so the table shows what the crashes left unknown.
+    ``--faults=long``: more intents and more kills, random seed."""
+    long = request.config.getoption("--faults") == "long"
+    seed = request.config.getoption("--faults-seed")
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**32) if long else TIER1_SEED
+    rng = random.Random(seed)
+    count, kills = (60, 25) if long else (8, 4)
+    receiver, hook = ground
+    url = store_url
+    ids = [f"order-{n}" for n in range(count)]
+    died: Counter[str] = Counter()
+    async with enqueued(url, hook, ids, unretried=3) as box:
+        for _ in range(kills):
+            point = rng.choice(get_args(CrashPoint))
+            with outbox_worker(tmp_path, crashing(url, point)) as (worker, log):
+                deadline = time.monotonic() + 30
+                while (code := worker.poll()) is None and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                log_text = log.read_text()
+            assert code in (-9, None), f"seed {seed}: the worker ended with {code}:\n{log_text}"
+            if code is None:  # the backlog ran dry before the point came up (killed on leaving)
+                break
+            died[point] += 1
+            await integrity(url)
+        await recover(box, count)
+        await integrity(url)
+        facts = await recorded_facts(box, ids)
+    truth = receiver.truth()
+    table = truth_table(facts, truth)
+    store = "postgres" if url.startswith("postgres") else "sqlite"
+    kinds = ", ".join(f"{point} {n}" for point, n in sorted(died.items()))
+    report("webhook", f"{store}-crashes", f"{count} intents, seed {seed}, workers killed: {kinds}", table)
+    assert sum(died.values()) > 0, f"seed {seed}: no worker died"
+    assert check(facts, truth) == [], f"seed {seed}"
+    assert off_diagonal(table) == 0, f"seed {seed}"
+    # an unknown outcome is retried to the end where the destination allows it, and kept otherwise
+    assert all(fact.status == "delivered" or (fact.status == "unknown" and n % 3 == 0)
+               for n, fact in enumerate(facts)), f"seed {seed}: {facts}"
