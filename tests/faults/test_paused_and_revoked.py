@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import threading
 import time
@@ -33,12 +34,12 @@ from sender import Worker
 from ..acceptance.conftest import clean_env, outbox_worker
 from ..conftest import SECRET, rows
 from ..servers import Served
-from .checker import Truth, check, off_diagonal, render, truth_table
+from .checker import Truth, check, off_diagonal, truth_table
 from .test_crash_points import Ground, integrity, recorded_facts, settled
+from .test_matrix import TIER1_SEED, report
 
 pytestmark = pytest.mark.acceptance
 
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 INTENTS = 4  # settled() from test_crash_points waits for this many
 LEASE_SECONDS = 1.0
 FENCE = wire.FENCE.lower().encode()
@@ -112,22 +113,22 @@ async def until(condition: Any, timeout: float, what: str) -> None:
         await asyncio.sleep(0.02)
 
 
-def save(name: str, rendered: str) -> None:
-    print("\n" + rendered)
-    ARTIFACTS.mkdir(exist_ok=True)
-    (ARTIFACTS / name).write_text(rendered + "\n")
+def long_run(request: pytest.FixtureRequest) -> bool:
+    return bool(request.config.getoption("--faults") == "long")
 
 
 async def test_a_paused_worker_is_fenced_out_of_the_store_and_the_receiver(
-    tmp_path: Path, store_url: str
+    request: pytest.FixtureRequest, tmp_path: Path, store_url: str
 ) -> None:
+    """``--faults=long``: 32 intents taken over at once instead of 4."""
+    count = 32 if long_run(request) else INTENTS
     url = store_url
     receiver = Held(tmp_path / "records.db")
     served = Served(receiver)
     hook = f"{served.url}/orders"
     settings = Settings(database_url=url, authority="allow-all", lease_seconds=LEASE_SECONDS,
-                        worker_concurrency=INTENTS, poll_seconds=0.1, backoff_initial_seconds=0.1)
-    ids = [f"order-{n}" for n in range(INTENTS)]
+                        worker_concurrency=count, poll_seconds=0.1, backoff_initial_seconds=0.1)
+    ids = [f"order-{n}" for n in range(count)]
     try:
         async with await Outbox.open(url, settings=settings) as box:
             await box.put_destination("hook", DestinationSpec(
@@ -136,11 +137,11 @@ async def test_a_paused_worker_is_fenced_out_of_the_store_and_the_receiver(
             await box.enqueue_many({"destination": "hook", "scope": "acme", "action_id": action_id,
                                     "payload": {"n": n}} for n, action_id in enumerate(ids))
             env = clean_env(OUTBOX_DATABASE_URL=url, OUTBOX_AUTHORITY="allow-all",
-                            OUTBOX_LEASE_SECONDS=str(LEASE_SECONDS), OUTBOX_WORKER_CONCURRENCY=str(INTENTS),
+                            OUTBOX_LEASE_SECONDS=str(LEASE_SECONDS), OUTBOX_WORKER_CONCURRENCY=str(count),
                             OUTBOX_POLL_SECONDS="0.1")
             with outbox_worker(tmp_path, env) as (first, log):
                 # 1. the first worker holds every lease, each request held at the receiver
-                await until(lambda: receiver.held == INTENTS, 20, "all requests held")
+                await until(lambda: receiver.held == count, 20, "all requests held")
                 first_attempts = set(receiver.arrived)
                 os.kill(first.pid, signal.SIGSTOP)
                 try:
@@ -152,21 +153,21 @@ async def test_a_paused_worker_is_fenced_out_of_the_store_and_the_receiver(
                     second = Worker(box)
                     running = asyncio.create_task(second.run())
                     try:
-                        await until(lambda: len(receiver.refused) == INTENTS, 20, "taken over")
+                        await until(lambda: len(receiver.refused) == count, 20, "taken over")
                         # 3. the first worker's held requests reach the middleware late: fenced out
                         receiver.release.set()
                         await until(lambda: first_attempts <= set(receiver.statuses), 10, "late requests answered")
                         # 4. the second worker's retries deliver everything
                         receiver.retries.set()
-                        await settled(box, timeout=20)
+                        await settled(box, timeout=20 + count / 10, count=count)
                     finally:
                         second.stop()
                         await running
                 finally:
                     os.kill(first.pid, signal.SIGCONT)
                 # 5. continued, it tries to record its outcomes: every write is fenced out
-                await until(lambda: log.read_text().count("fenced write rejected") >= INTENTS, 15,
-                            f"{INTENTS} stale writes rejected:\n{log.read_text()}")
+                await until(lambda: log.read_text().count("fenced write rejected") >= count, 15,
+                            f"{count} stale writes rejected:\n{log.read_text()}")
                 first.send_signal(signal.SIGTERM)
                 await asyncio.to_thread(first.wait, 15)
             await integrity(url)
@@ -183,10 +184,10 @@ async def test_a_paused_worker_is_fenced_out_of_the_store_and_the_receiver(
     stale = log.read_text().count("fenced write rejected")
     late = {receiver.statuses[a] for a in first_attempts}
     table = truth_table(facts, truth)
-    store = url.partition(":")[0]
-    save(f"faults-paused-{store}.txt", render(table, title=(
-        f"paused worker, {store}: {INTENTS} intents taken over; its {len(first_attempts)} late requests "
-        f"answered {sorted(late)}, {stale} late store writes rejected")))
+    store = "postgres" if url.startswith("postgres") else "sqlite"
+    report("webhook", f"{store}-paused", (
+        f"paused worker: {count} intents taken over; its {len(first_attempts)} late requests "
+        f"answered {sorted(late)}, {stale} late store writes rejected"), table)
     assert late == {409}, receiver.statuses
     assert check(facts, truth) == []
     assert off_diagonal(table) == 0
@@ -196,16 +197,23 @@ async def test_a_paused_worker_is_fenced_out_of_the_store_and_the_receiver(
     # recorded them (maybe submitted), the 409 it was answered never written
     assert {(submission, status) for _, submission, status in map(stored.get, first_attempts)} == {
         ("maybe_submitted", None)}, stored
-    assert sum(status == 200 for _, _, status in stored.values()) == INTENTS, stored
-    assert stale >= INTENTS
+    assert sum(status == 200 for _, _, status in stored.values()) == count, stored
+    assert stale >= count
 
 
 REVOKE_INTENTS = 60
 
 
 async def test_a_grant_revoked_under_load_stops_every_send_checked_after_it(
-    tmp_path: Path, store_url: str
+    request: pytest.FixtureRequest, tmp_path: Path, store_url: str
 ) -> None:
+    """``--faults=long``: 600 intents, revoked once a share drawn from the seed is delivered."""
+    long = long_run(request)
+    seed = request.config.getoption("--faults-seed")
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**32) if long else TIER1_SEED
+    count = 600 if long else REVOKE_INTENTS
+    share = random.Random(seed).uniform(0.1, 0.9) if long else 0.25
     url = store_url
     receiver = Held(tmp_path / "records.db")
     receiver.holding = False
@@ -213,7 +221,7 @@ async def test_a_grant_revoked_under_load_stops_every_send_checked_after_it(
     hook = f"{served.url}/orders"
     settings = Settings(database_url=url, authority="grants", authority_seconds=0, lease_seconds=5,
                         worker_concurrency=4, poll_seconds=0.05, backoff_initial_seconds=0.1)
-    ids = [f"order-{n}" for n in range(REVOKE_INTENTS)]
+    ids = [f"order-{n}" for n in range(count)]
     try:
         async with await Outbox.open(url, settings=settings) as box:
             await box.put_destination("hook", DestinationSpec(
@@ -224,10 +232,11 @@ async def test_a_grant_revoked_under_load_stops_every_send_checked_after_it(
             worker = Worker(box)
             running = asyncio.create_task(worker.run())
             try:
-                await until(lambda: len(receiver.effects) >= REVOKE_INTENTS // 4, 20, "a quarter delivered")
+                await until(lambda: len(receiver.effects) >= int(count * share), 20 + count / 10,
+                            f"{share:.0%} delivered")
                 await box.delete_grant("acme-hook")
                 revoked_at = datetime.now(UTC)
-                await settled(box, timeout=20, count=REVOKE_INTENTS)
+                await settled(box, timeout=20 + count / 10, count=count)
             finally:
                 worker.stop()
                 await running
@@ -247,11 +256,11 @@ async def test_a_grant_revoked_under_load_stops_every_send_checked_after_it(
     table = truth_table(facts, truth)
     statuses = Counter(f.status for f in facts)
     arrived_late = sum(at > revoked_at for at in receiver.arrived.values())
-    store = url.partition(":")[0]
-    save(f"faults-revoked-{store}.txt", render(table, title=(
-        f"grant revoked under load, {store}: {REVOKE_INTENTS} intents, {statuses['delivered']} delivered, "
+    store = "postgres" if url.startswith("postgres") else "sqlite"
+    report("webhook", f"{store}-revoked", (
+        f"grant revoked under load: {count} intents, seed {seed}, {statuses['delivered']} delivered, "
         f"{statuses['revoked']} revoked; {arrived_late} request(s) arrived after the revocation, "
-        f"{len(after)} checked after it")))
+        f"{len(after)} asked after it"), table)
     assert check(facts, truth) == []
     assert off_diagonal(table) == 0
     assert set(statuses) == {"delivered", "revoked"}, statuses
