@@ -1,6 +1,7 @@
 """The fault matrix, network faults (tier 1): webhook intents on SQLite and on PostgreSQL,
-delivered by a real ``sender.Worker`` through the fault-injecting proxy (tests/faults/proxy.py)
-to a real uvicorn receiver running the receivers' idempotency middleware. The receiver records
+delivered by two real ``outbox worker`` processes sharing the store, through the
+fault-injecting proxy (tests/faults/proxy.py) to a real uvicorn receiver running the receivers'
+idempotency middleware. The receiver records
 the ground truth (each effect per key, each attempt id that reached it, any effect applied under
 a stale fence); once every intent settles, the store's histories and that truth go through the
 checker, and the truth table is printed and kept under test-artifacts/.
@@ -16,17 +17,20 @@ import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from subprocess import Popen
 from typing import Any
 
 import pytest
 
 from outbox import DestinationSpec, NotFound, OnUnknown, Outbox, Settings
 from receivers import IdempotencyMiddleware, SqliteRecordStore
-from sender import Worker
 
-from ..conftest import SECRET
+from ..acceptance.conftest import clean_env, outbox_worker
+from ..conftest import SECRET, rows
 from ..servers import Served
 from .checker import AttemptFact, IntentFact, Truth, check, off_diagonal, render, truth_table
 from .proxy import Proxy
@@ -37,6 +41,7 @@ TIER1_SEED = 18
 #: Most connections pass; every fault mode is common enough to show up in a tier-1 run.
 WEIGHTS = {"pass": 4.0, "refuse": 1.0, "reset_before": 1.0, "reset_after": 1.0, "late": 0.5,
            "headers_close": 1.0, "drip": 1.0}
+WORKERS = 2  # worker processes sharing the store, each with 4 sends in flight
 TIMEOUT_SECONDS = 1.0  # the destinations' timeout; the proxy's late answers come after 2.5 s
 
 
@@ -133,6 +138,26 @@ async def run_until_settled(box: Outbox, worker: Any, keys: list[tuple[str, str]
     return still_open, await facts(box, keys)
 
 
+@contextmanager
+def worker_processes(tmp_path: Path, env: dict[str, str], count: int) -> Iterator[list[tuple[Popen[bytes], Path]]]:
+    """``count`` real ``outbox worker`` processes sharing one store (each with its own log);
+    killed on leaving if still running."""
+    with ExitStack() as stack:
+        workers = []
+        for n in range(count):
+            (home := tmp_path / f"worker-{n}").mkdir()
+            workers.append(stack.enter_context(outbox_worker(home, env)))
+        yield workers
+
+
+def stopped(workers: list[tuple[Popen[bytes], Path]]) -> None:
+    """SIGTERM each worker and wait for its drain."""
+    for worker, _ in workers:
+        worker.terminate()
+    for worker, _ in workers:
+        worker.wait(30)
+
+
 def report(channel: str, store: str, title: str, table: Counter[tuple[str, str]]) -> str:
     """The truth table rendered, printed, and kept under ARTIFACTS."""
     rendered = render(table, title=f"{channel} on {store}: {title}")
@@ -154,10 +179,10 @@ async def test_network_faults_lose_duplicate_or_misreport_nothing(
     ground = Ground()
     receiver = Served(receiver_app(ground, tmp_path / "records.db"), lifespan="on", timeout_graceful_shutdown=2)
     proxy = Proxy(receiver.port, rng=rng, weights=WEIGHTS, refuse_seconds=0.05).start()
-    settings = Settings(authority="allow-all", backoff_initial_seconds=0.05, backoff_cap_seconds=0.2,
-                        circuit_failures=0, poll_seconds=0.1, default_max_attempts=12)
-    box = await Outbox.open(store_url, settings=settings)
-    worker = Worker(box, concurrency=8)
+    box = await Outbox.open(store_url, settings=Settings(default_max_attempts=12))
+    env = clean_env(OUTBOX_DATABASE_URL=store_url, OUTBOX_AUTHORITY="allow-all", OUTBOX_BACKOFF_INITIAL_SECONDS="0.05",
+                    OUTBOX_BACKOFF_CAP_SECONDS="0.2", OUTBOX_CIRCUIT_FAILURES="0", OUTBOX_POLL_SECONDS="0.1",
+                    OUTBOX_WORKER_CONCURRENCY="4", OUTBOX_DEFAULT_MAX_ATTEMPTS="12")
     try:
         common: dict[str, Any] = {"secret": SECRET, "allow_private_network": True,
                                   "timeout_seconds": TIMEOUT_SECONDS, "idempotent": True, "retention_seconds": 3600}
@@ -172,9 +197,13 @@ async def test_network_faults_lose_duplicate_or_misreport_nothing(
             result = await box.enqueue(scope="acme", action_id=f"a-{n}", destination=destination,
                                        payload={"n": n}, **options)
             keys.append((result.intent.scope, result.intent.action_id))
-        still_open, history = await run_until_settled(box, worker, keys, timeout=600 if long else 60)
+        with worker_processes(tmp_path, env, WORKERS) as workers:
+            still_open = await settled(box, keys, timeout=600 if long else 60)
+            crashed = [(w.returncode, log.read_text()[-2000:]) for w, log in workers if w.poll() is not None]
+            stopped(workers)
+        history = await facts(box, keys)
+        senders = await rows(store_url, "SELECT DISTINCT worker FROM attempts")
     finally:
-        await worker.aclose()
         await box.close()
         proxy.stop()
         receiver.stop()
@@ -182,6 +211,8 @@ async def test_network_faults_lose_duplicate_or_misreport_nothing(
     table = truth_table(history, truth)
     faults = ", ".join(f"{mode} {n}" for mode, n in sorted(proxy.faults.items()))
     rendered = report("webhook", store, f"{count} intents, seed {seed}, connections: {faults}", table)
+    assert crashed == [], f"seed {seed}: a worker ended early"
+    assert len(senders) == WORKERS, f"seed {seed}: not every worker sent: {senders}"
     assert still_open == [], f"seed {seed}: not settled: {still_open}"
     assert check(history, truth) == [], f"seed {seed}"
     assert off_diagonal(table) == 0, f"seed {seed}\n{rendered}"
