@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from . import tables
 from .checker import AttemptFact, IntentFact, Truth, check, off_diagonal, recorded, render, truth_table
 
 
@@ -124,3 +125,17 @@ def test_the_rendered_table_adds_rows_the_run_did_not_settle() -> None:
     rendered = render(table, title="t").splitlines()
     assert [line.split()[0] for line in rendered[2:]] == [
         "delivered", "not_submitted", "unknown", "dead", "revoked", "lost", "pending", "total"]
+
+
+def test_the_summary_sums_each_channel_and_store_over_its_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tables, "REPORTS", [])
+    assert tables.summary() == ""
+    honest = truth_table(HONEST, HONEST_TRUTH)
+    for store, title in (("sqlite", "network, seed 1"), ("sqlite-crashes", "kills 3"), ("postgres", "network")):
+        tables.REPORTS.append(tables.Reported("webhook", store, title, honest))
+    text = tables.summary()
+    assert text.index("webhook on postgres, 1 row(s)") < text.index("webhook on sqlite, 2 row(s)")
+    sqlite = text[text.index("webhook on sqlite"):]
+    assert "  - sqlite: network, seed 1\n  - sqlite-crashes: kills 3" in sqlite
+    summed = render(honest + honest, title="").split("\n")[1:]  # the cells of both rows, added
+    assert sqlite.split("\n")[1:1 + len(summed)] == summed

@@ -34,8 +34,8 @@ from ..conftest import SECRET, rows
 from ..servers import Served
 from .checker import AttemptFact, IntentFact, Truth, check, off_diagonal, render, truth_table
 from .proxy import Proxy
+from .tables import ARTIFACTS, REPORTS, Reported
 
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 SETTLED = {"delivered", "dead", "unknown", "revoked", "cancelled"}
 TIER1_SEED = 18
 #: Most connections pass; every fault mode is common enough to show up in a tier-1 run.
@@ -161,6 +161,7 @@ def stopped(workers: list[tuple[Popen[bytes], Path]]) -> None:
 def report(channel: str, store: str, title: str, table: Counter[tuple[str, str]]) -> str:
     """The truth table rendered, printed, and kept under ARTIFACTS."""
     rendered = render(table, title=f"{channel} on {store}: {title}")
+    REPORTS.append(Reported(channel, store, title, table))
     print("\n" + rendered)
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / f"faults-{channel}-{store}.txt").write_text(rendered + "\n")
