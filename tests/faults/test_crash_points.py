@@ -90,9 +90,34 @@ async def ground(tmp_path: Path) -> AsyncIterator[tuple[Ground, str]]:
         await receiver.store.close()
 
 
+#: The store's own invariants, in SQL both dialects read the same way: each a count of the rows
+#: that break it, named for what it would mean.
+INVARIANTS = {
+    "an intent's attempt count differs from its attempts":
+        "SELECT count(*) FROM intents i WHERE i.attempts <> "
+        "(SELECT count(DISTINCT a.number) FROM attempts a WHERE a.intent_seq = i.seq)",
+    "two attempts share a number":
+        "SELECT count(*) FROM (SELECT intent_seq, number FROM attempts GROUP BY intent_seq, number "
+        "HAVING count(*) > 1) twice",
+    "a lease held outside status leased, or leased without one":
+        "SELECT count(*) FROM intents WHERE (status = 'leased') <> (lease_owner IS NOT NULL)",
+    "an attempt unfinished while its intent is not leased":
+        "SELECT count(*) FROM attempts a JOIN intents i ON i.seq = a.intent_seq "
+        "WHERE a.finished_at IS NULL AND i.status <> 'leased'",
+    "an attempt with a fence above its intent's":
+        "SELECT count(*) FROM attempts a JOIN intents i ON i.seq = a.intent_seq WHERE a.fence > i.fence",
+    "an intent without exactly one enqueued event":
+        "SELECT count(*) FROM intents i WHERE "
+        "(SELECT count(*) FROM events e WHERE e.intent_seq = i.seq AND e.kind = 'enqueued') <> 1",
+}
+
+
 async def integrity(url: str) -> None:
+    """The store's integrity: SQLite's own check, and the outbox's invariants on either store."""
     if url.startswith("sqlite:"):
         assert await rows(url, "PRAGMA integrity_check") == [("ok",)]
+    broken = {what: n for what, query in INVARIANTS.items() if (n := (await rows(url, query))[0][0])}
+    assert broken == {}, broken
 
 
 async def arrived(receiver: Ground, attempts: set[str], timeout: float = 10) -> None:
@@ -270,3 +295,17 @@ async def test_workers_killed_one_after_another_at_drawn_points_lose_and_misrepo
     # an unknown outcome is retried to the end where the destination allows it, and kept otherwise
     assert all(fact.status == "delivered" or (fact.status == "unknown" and n % 3 == 0)
                for n, fact in enumerate(facts)), f"seed {seed}: {facts}"
+
+
+@pytest.mark.parametrize("breakage", [
+    "UPDATE intents SET attempts = attempts + 1",
+    "UPDATE intents SET lease_owner = 'w'",
+    "DELETE FROM events WHERE kind = 'enqueued'",
+])
+async def test_the_integrity_check_finds_a_broken_store(store_url: str, breakage: str) -> None:
+    async with enqueued(store_url, "http://127.0.0.1:9/", ["order-0"]):
+        pass
+    await integrity(store_url)
+    await rows(store_url, breakage)
+    with pytest.raises(AssertionError):
+        await integrity(store_url)
