@@ -211,6 +211,8 @@ def _isolated(conn: sqlite3.Connection, jobs: Sequence[Callable[[sqlite3.Connect
         try:
             value = job(conn)
         except Exception as exc:  # one job's failure must not undo the others
+            if not conn.in_transaction:  # SQLite gave up the whole transaction (full, I/O error): all failed
+                raise
             conn.execute("ROLLBACK TO job")
             results.append((False, exc))
         else:
