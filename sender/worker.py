@@ -276,8 +276,8 @@ class Worker:
                     if pruned:
                         log.info("pruned %d delivered/cancelled intents past their retention", len(pruned))
                     next_prune = time.monotonic() + PRUNE_SECONDS
-            except Exception:  # keep sweeping; the next round retries
-                log.exception("sweep failed")
+            except Exception as exc:  # keep sweeping; the next round retries
+                log.error("sweep failed: %s", exc, exc_info=not isinstance(exc, StoreUnavailable))
             await asyncio.sleep(interval)
 
     async def _drain(self) -> None:
@@ -358,7 +358,10 @@ class Worker:
             await asyncio.shield(self._abandon(intent, attempt, sent, result, "the worker stopped"))
             raise
         except Exception as exc:
-            log.exception("delivery failed unexpectedly", extra=self._fields(intent, attempt))
+            if isinstance(exc, StoreUnavailable):  # the database said "not now": a line, not a traceback
+                log.warning("delivery interrupted: %s", exc, extra=self._fields(intent, attempt))
+            else:
+                log.exception("delivery failed unexpectedly", extra=self._fields(intent, attempt))
             await asyncio.shield(self._abandon(intent, attempt, sent, result, f"{type(exc).__name__}: {exc}",
                                                retry_in=self.policy.backoff.delay(intent.fence)))
 
@@ -546,8 +549,9 @@ class Worker:
         except StaleWrite:
             self.stale_writes += 1
             log.warning("fenced write rejected while abandoning the send", extra=self._fields(intent, attempt))
-        except Exception:
-            log.exception("could not record the abandoned send; the sweeper will", extra=self._fields(intent, attempt))
+        except Exception as exc:
+            log.error("could not record the abandoned send (%s); the sweeper will", exc,
+                      exc_info=not isinstance(exc, StoreUnavailable), extra=self._fields(intent, attempt))
 
     async def _recover(self, intent: Intent, attempt: Attempt | None) -> None:
         """The sweeper's work on one expired lease; bumps the fence so the old holder is shut out."""
