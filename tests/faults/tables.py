@@ -16,6 +16,7 @@ class Reported:
     store: str  # sqlite or postgres, then the row's name: "sqlite-crashes"
     title: str  # what was injected: seed, intents, fault counts
     table: Counter[tuple[str, str]]
+    summed: bool = True  # False: listed, but its cells are not added (its receiver is not idempotent)
 
 
 #: Where the tables are kept after a run.
@@ -32,7 +33,8 @@ def summary() -> str:
         groups.setdefault((reported.channel, reported.store.split("-")[0]), []).append(reported)
     parts = []
     for (channel, store), reports in sorted(groups.items()):
-        total = sum((r.table for r in reports), Counter[tuple[str, str]]())
-        rows = "\n".join(f"  - {r.store}: {r.title}" for r in reports)
-        parts.append(render(total, title=f"{channel} on {store}, {len(reports)} row(s) of the matrix:") + "\n" + rows)
+        total = sum((r.table for r in reports if r.summed), Counter[tuple[str, str]]())
+        rows = "\n".join(f"  - {r.store}: {r.title}" + ("" if r.summed else " (not summed)") for r in reports)
+        summed = sum(r.summed for r in reports)
+        parts.append(render(total, title=f"{channel} on {store}, {summed} row(s) of the matrix:") + "\n" + rows)
     return "\n\n".join(parts)

@@ -214,7 +214,7 @@ async def test_a_receiver_killed_between_its_effect_and_its_record(
     rendered = report("webhook", f"{store_name(store_url)}-receiver-crash-{kind}",
                       f"{INTENTS} intents, seed {seed}, receiver killed after its effect for "
                       f"{', '.join(crash_keys)} ({effect}); {len(maybe_submitted(history))} attempt(s) "
-                      f"maybe_submitted, {sum(r.epoch > 1 for r in seen.runs)} takeover(s)", table)
+                      f"maybe_submitted, {sum(r.epoch > 1 for r in seen.runs)} takeover(s)", table, summed=fenced)
     log = (tmp_path / "receiver.log").read_text()
     assert still_open == [], f"seed {seed}: not settled: {still_open}"
     # the receiver died once per chosen key, each time of its own SIGKILL, and was started again
