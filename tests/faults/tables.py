@@ -25,6 +25,11 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 REPORTS: list[Reported] = []
 
 
+def store_name(url: str) -> str:
+    """The store a row ran on, as the tables name it."""
+    return "postgres" if url.startswith("postgres") else "sqlite"
+
+
 def summary() -> str:
     """One table per channel and store, summed over every row of the matrix that ran on it, each
     followed by the rows it sums; "" when no fault test ran."""

@@ -34,6 +34,7 @@ from ..acceptance.conftest import clean_env, outbox_worker
 from ..conftest import SECRET, rows
 from ..servers import Served
 from .checker import AttemptFact, IntentFact, Truth, check, off_diagonal, truth_table
+from .tables import store_name
 from .test_matrix import TIER1_SEED, report
 
 pytestmark = pytest.mark.acceptance
@@ -186,6 +187,23 @@ async def recover(box: Outbox, count: int) -> None:
         await running
 
 
+async def recovered(box: Outbox, url: str, ids: list[str]) -> list[IntentFact]:
+    """After the crashes: a worker without the setting settles every intent, the store's
+    integrity holds, and what the store recorded for each."""
+    await recover(box, len(ids))
+    await integrity(url)
+    return await recorded_facts(box, ids)
+
+
+def judged(receiver: Ground, facts: list[IntentFact], row: str, title: str) -> None:
+    """The checker's verdict on ``facts`` against what ``receiver`` saw, its table reported."""
+    truth = receiver.truth()
+    table = truth_table(facts, truth)
+    report("webhook", row, title, table)
+    assert check(facts, truth) == [], title
+    assert off_diagonal(table) == 0, title
+
+
 @pytest.mark.parametrize("point", get_args(CrashPoint))
 async def test_a_worker_killed_at_a_crash_point_loses_and_misreports_nothing(
     tmp_path: Path, ground: tuple[Ground, str], store_url: str, point: str
@@ -214,16 +232,9 @@ async def test_a_worker_killed_at_a_crash_point_loses_and_misreports_nothing(
             assert not reached_at_crash
 
         # 2. a worker without the setting recovers the expired leases and settles everything
-        await recover(box, INTENTS)
-        await integrity(url)
-        facts = await recorded_facts(box, ids)
-    truth = receiver.truth()
-    table = truth_table(facts, truth)
-    store = "postgres" if url.startswith("postgres") else "sqlite"
-    report("webhook", f"{store}-crash-{point}", f"{INTENTS} intents, {len(in_flight)} attempt(s) cut in flight",
-           table)
-    assert check(facts, truth) == []
-    assert off_diagonal(table) == 0
+        facts = await recovered(box, url, ids)
+    judged(receiver, facts, f"{store_name(url)}-crash-{point}",
+           f"{INTENTS} intents, {len(in_flight)} attempt(s) cut in flight")
     assert all(fact.status == "delivered" for fact in facts), facts  # idempotent: each retried to the end
     # an attempt is recorded maybe_submitted only if it really was in flight when the worker died
     maybe = {a.attempt_id for fact in facts for a in fact.attempts if a.submission == "maybe_submitted"}
@@ -281,17 +292,10 @@ async def test_workers_killed_one_after_another_at_drawn_points_lose_and_misrepo
                 break
             died[point] += 1
             await integrity(url)
-        await recover(box, count)
-        await integrity(url)
-        facts = await recorded_facts(box, ids)
-    truth = receiver.truth()
-    table = truth_table(facts, truth)
-    store = "postgres" if url.startswith("postgres") else "sqlite"
+        facts = await recovered(box, url, ids)
     kinds = ", ".join(f"{point} {n}" for point, n in sorted(died.items()))
-    report("webhook", f"{store}-crashes", f"{count} intents, seed {seed}, workers killed: {kinds}", table)
+    judged(receiver, facts, f"{store_name(url)}-crashes", f"{count} intents, seed {seed}, workers killed: {kinds}")
     assert sum(died.values()) > 0, f"seed {seed}: no worker died"
-    assert check(facts, truth) == [], f"seed {seed}"
-    assert off_diagonal(table) == 0, f"seed {seed}"
     # an unknown outcome is retried to the end where the destination allows it, and kept otherwise
     assert all(fact.status == "delivered" or (fact.status == "unknown" and n % 3 == 0)
                for n, fact in enumerate(facts)), f"seed {seed}: {facts}"

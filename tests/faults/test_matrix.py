@@ -34,7 +34,7 @@ from ..conftest import SECRET, rows
 from ..servers import Served
 from .checker import AttemptFact, IntentFact, Truth, check, off_diagonal, render, truth_table
 from .proxy import Proxy
-from .tables import ARTIFACTS, REPORTS, Reported
+from .tables import ARTIFACTS, REPORTS, Reported, store_name
 
 SETTLED = {"delivered", "dead", "unknown", "revoked", "cancelled"}
 TIER1_SEED = 18
@@ -176,7 +176,7 @@ async def test_network_faults_lose_duplicate_or_misreport_nothing(
     if seed is None:
         seed = random.SystemRandom().randrange(2**32) if long else TIER1_SEED
     count = 600 if long else 60
-    store = "postgres" if store_url.startswith("postgres") else "sqlite"
+    store = store_name(store_url)
     rng = random.Random(seed)
     ground = Ground()
     receiver = Served(receiver_app(ground, tmp_path / "records.db"), lifespan="on", timeout_graceful_shutdown=2)

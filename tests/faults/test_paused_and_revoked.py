@@ -35,6 +35,7 @@ from ..acceptance.conftest import clean_env, outbox_worker
 from ..conftest import SECRET, rows
 from ..servers import Served
 from .checker import Truth, check, off_diagonal, truth_table
+from .tables import store_name
 from .test_crash_points import Ground, integrity, recorded_facts, settled
 from .test_matrix import TIER1_SEED, report
 
@@ -184,7 +185,7 @@ async def test_a_paused_worker_is_fenced_out_of_the_store_and_the_receiver(
     stale = log.read_text().count("fenced write rejected")
     late = {receiver.statuses[a] for a in first_attempts}
     table = truth_table(facts, truth)
-    store = "postgres" if url.startswith("postgres") else "sqlite"
+    store = store_name(url)
     report("webhook", f"{store}-paused", (
         f"paused worker: {count} intents taken over; its {len(first_attempts)} late requests "
         f"answered {sorted(late)}, {stale} late store writes rejected"), table)
@@ -256,7 +257,7 @@ async def test_a_grant_revoked_under_load_stops_every_send_checked_after_it(
     table = truth_table(facts, truth)
     statuses = Counter(f.status for f in facts)
     arrived_late = sum(at > revoked_at for at in receiver.arrived.values())
-    store = "postgres" if url.startswith("postgres") else "sqlite"
+    store = store_name(url)
     report("webhook", f"{store}-revoked", (
         f"grant revoked under load: {count} intents, seed {seed}, {statuses['delivered']} delivered, "
         f"{statuses['revoked']} revoked; {arrived_late} request(s) arrived after the revocation, "

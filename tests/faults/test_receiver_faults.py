@@ -55,6 +55,7 @@ from ..conftest import SECRET, free_port
 from ..servers import Served
 from .checker import IntentFact, Truth, check, off_diagonal, truth_table
 from .receiver_process import header, lifespan
+from .tables import store_name
 from .test_matrix import TIER1_SEED, facts, report, run_until_settled, settled
 from .test_paused_and_revoked import until
 
@@ -68,10 +69,6 @@ SETTINGS = Settings(authority="allow-all", backoff_initial_seconds=0.05, backoff
 Switch = Callable[[bool], Awaitable[None]]
 DESTINATION: dict[str, Any] = {"secret": SECRET, "allow_private_network": True, "timeout_seconds": 2.0,
                                "idempotent": True, "retention_seconds": 3600, "on_unknown": OnUnknown.DECLARED}
-
-
-def store_name(store_url: str) -> str:
-    return "postgres" if store_url.startswith("postgres") else "sqlite"
 
 
 def seeded(request: pytest.FixtureRequest) -> int:
