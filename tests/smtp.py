@@ -1,6 +1,7 @@
 """A scriptable SMTP server for the email channel's tests: aiosmtpd on 127.0.0.1, in a thread.
 
     server = SmtpServer(tls="starttls", auth=("mailer", "pw")).start()
+    server.mail["billing@example.com"] = "451 4.3.2 try later"  # answer MAIL FROM for one sender
     server.rcpt["gone@example.org"] = "550 5.1.1 no such user"   # answer RCPT TO for one address
     server.data_command = "451 4.3.0 try later"                 # answer the DATA command itself
     server.after_data = "hold"                                   # or "close", or a reply such as "452 ..."
@@ -55,6 +56,7 @@ class SmtpServer:
 
     tls: Literal["starttls", "implicit", "none"] = "none"
     auth: tuple[str, str] | None = None
+    mail: dict[str, str] = field(default_factory=dict)  # envelope sender -> reply; others get 250
     rcpt: dict[str, str] = field(default_factory=dict)  # address -> reply; others get 250
     data_command: str | None = None  # a reply refusing the DATA command; None: 354
     after_data: str = "250 2.0.0 Ok: queued as Q{n}"  # or "close" (drop unanswered), "hold" (never answer)
@@ -134,6 +136,15 @@ class _Handler:
     def __init__(self, owner: SmtpServer) -> None:
         self.owner = owner
 
+    async def handle_MAIL(self, server: SMTP, session: Session, envelope: Envelope, address: str,
+                          options: list[str]) -> str:
+        reply = self.owner.mail.get(address)
+        if reply is None:
+            envelope.mail_from = address
+            envelope.mail_options.extend(options)
+            return "250 OK"
+        return reply
+
     async def handle_RCPT(self, server: SMTP, session: Session, envelope: Envelope, address: str,
                           options: list[str]) -> str:
         reply = self.owner.rcpt.get(address)
@@ -147,7 +158,7 @@ class _Handler:
         self.owner.received.append(Received(envelope.mail_from or "", list(envelope.rcpt_tos), content))
         after = self.owner.replies.pop(0) if self.owner.replies else self.owner.after_data
         if after == "close":
-            assert server.transport is not None
+            assert isinstance(server.transport, asyncio.Transport)
             server.transport.abort()  # the final "." arrived; no reply ever leaves
             return "250 never sent"
         if self.owner.data_delay:
