@@ -33,7 +33,6 @@ import pytest
 
 from outbox import DestinationSpec, Outbox, Settings
 from outbox.crash import CrashPoint
-from sender import Worker
 from sender.email import EmailSpec
 from sender.kafka import KafkaSpec
 
@@ -41,9 +40,19 @@ from ..acceptance.conftest import outbox_worker
 from ..conftest import rows
 from ..kafka import Broker
 from ..smtp import SmtpServer
-from .checker import IntentFact, Truth, check, off_diagonal, render, truth_table
-from .test_crash_points import ANSWERED, CONCURRENCY, LEASE_SECONDS, POLL_SECONDS, WRITTEN, crashing, integrity
-from .test_matrix import run_until_settled
+from .checker import IntentFact, Truth, check, off_diagonal, truth_table
+from .tables import store_name
+from .test_crash_points import (
+    ANSWERED,
+    CONCURRENCY,
+    LEASE_SECONDS,
+    POLL_SECONDS,
+    WRITTEN,
+    crashing,
+    integrity,
+    recovered,
+)
+from .test_matrix import report
 from .test_matrix_channels import TOPIC, email_truth, topic_truth
 
 pytestmark = pytest.mark.acceptance
@@ -108,22 +117,18 @@ def in_flight_of(fact: IntentFact, in_flight: set[str]) -> str | None:
 async def test_a_worker_killed_while_sending_email_or_producing_loses_and_misreports_nothing(
         tmp_path: Path, target: Target, store_url: str, point: str) -> None:
     url = store_url
-    store = url.partition(":")[0]
     settings = Settings(database_url=url, authority="allow-all", lease_seconds=LEASE_SECONDS, poll_seconds=POLL_SECONDS,
                         worker_concurrency=CONCURRENCY, backoff_initial_seconds=0.1)
     async with await Outbox.open(url, settings=settings) as box:
         await box.put_destination("out", target.spec)
         enqueued = await box.enqueue_many({"destination": "out", "scope": "acme", "action_id": f"{target.channel}-{n}",
                                            "payload": target.payload(n)} for n in range(INTENTS))
-        keys = [(e.intent.scope, e.intent.action_id) for e in enqueued]
         in_flight = await killed_at(point, url, tmp_path)
-        still_open, history = await run_until_settled(box, Worker(box), keys, timeout=30)
-        await integrity(url)
+        history = await recovered(box, url, [e.intent.action_id for e in enqueued])
     truth, arrivals = await target.truth()
     table = truth_table(history, truth)
-    print("\n" + render(table, title=f"{target.channel}, crash point {point}, {store}: {INTENTS} intents, "
-                                     f"{len(in_flight)} attempt(s) cut in flight, {arrivals} arrived"))
-    assert still_open == [], still_open
+    report(target.channel, f"{store_name(url)}-crash-{point}", f"{INTENTS} intents, {len(in_flight)} attempt(s) "
+           f"cut in flight, {arrivals} {'messages' if target.channel == 'email' else 'records'} arrived", table)
     assert check(history, truth) == []
     assert off_diagonal(table) == 0
     # maybe_submitted exactly for the attempts the crash cut short

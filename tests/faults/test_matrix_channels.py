@@ -44,6 +44,7 @@ from ..conftest import free_port, rows
 from ..kafka import Broker
 from ..smtp import SmtpServer
 from .checker import Truth, check, off_diagonal, truth_table
+from .tables import store_name
 from .test_matrix import TIER1_SEED, facts, report, run_until_settled, settled
 
 #: One fault per message, drawn when its MAIL FROM arrives (the destination keeps one connection,
@@ -119,7 +120,7 @@ def tier(request: pytest.FixtureRequest) -> tuple[bool, int]:
 async def test_smtp_faults_lose_or_misreport_nothing(request: pytest.FixtureRequest, store_url: str) -> None:
     long, seed = tier(request)
     count = 300 if long else 40
-    store = "postgres" if store_url.startswith("postgres") else "sqlite"
+    store = store_name(store_url)
     rng = random.Random(seed)
     server = FaultySmtp(rng)
     server.start()
@@ -215,7 +216,7 @@ async def test_broker_faults_lose_duplicate_or_misreport_nothing(
         request: pytest.FixtureRequest, store_url: str, kafka: Broker) -> None:
     long, seed = tier(request)
     rng = random.Random(seed)
-    store = "postgres" if store_url.startswith("postgres") else "sqlite"
+    store = store_name(store_url)
     # a warm-up round connects the producer; then every fault at least once, more drawn, shuffled
     rounds = [*KAFKA_FAULTS, *rng.choices([None, *KAFKA_FAULTS], k=12 if long else 2)]
     rng.shuffle(rounds)
