@@ -12,13 +12,16 @@ ground truth:
   is ``never``, so an intent whose attempt was cut in flight is recorded ``unknown`` and never
   sent again: its message arrived once (the worker died once the message and its final dot were
   written) or never (it died before the send), and the test checks which against the server.
-- Kafka: the topic of a noida broker, its effects counted through the receivers' idempotent
-  consumer. ``on_unknown`` is ``always``, so an attempt cut in flight is produced again: every
-  intent ends delivered with one effect, and the topic holds one extra record for each attempt
-  that had been appended when the worker died (every one cut once the broker had answered; one
-  cut at ``after_request`` was only handed to the producer and need not have left).
+- Kafka: the topic of a noida broker, and of a Tansu broker (produced to without the idempotent
+  producer, which it lacks), the effects counted through the receivers' idempotent consumer.
+  ``on_unknown`` is ``always``, so an attempt cut in flight is produced again: every intent ends
+  delivered with one effect, and the topic holds one extra record for each attempt that had been
+  appended when the worker died (every one cut once the broker had answered; one cut at
+  ``after_request`` was only handed to the producer and need not have left).
 
-Every point runs for both channels on both stores: 24 cases, about a minute here.
+Every point runs for email and noida on both stores, and for Tansu on SQLite (Tansu's consumer
+group takes seconds to join, and the stores differ only below the sender): 30 cases, under two
+minutes here.
 """
 
 from __future__ import annotations
@@ -58,6 +61,10 @@ from .test_matrix_channels import TOPIC, email_truth, topic_truth
 pytestmark = pytest.mark.acceptance
 
 INTENTS = 3
+#: Every point for email and noida on both stores; for Tansu (whose consumer group takes seconds
+#: to join) on SQLite: the stores differ only below the sender, and the noida rows cover both.
+CASES = [(kind, store, point) for kind in ("email", "noida") for store in ("sqlite", "postgres")
+         for point in get_args(CrashPoint)] + [("tansu", "sqlite", point) for point in get_args(CrashPoint)]
 
 
 @dataclass(frozen=True)
@@ -69,11 +76,13 @@ class Target:
     spec: DestinationSpec
     payload: Callable[[int], dict[str, Any]]
     truth: Callable[[], Awaitable[tuple[Truth, int]]]
+    row: str = ""  # how its rows are told apart in the tables: the broker's kind
 
 
-@pytest.fixture(params=["email", "kafka"])
+@pytest.fixture
 async def target(request: pytest.FixtureRequest) -> AsyncIterator[Target]:
-    """The SMTP server, or the broker (the ``kafka`` fixture) with the topic created."""
+    """The SMTP server (``email``), or a broker (``noida`` or ``tansu``: the ``kafka`` or ``tansu``
+    fixture) with the topic created."""
     if request.param == "email":
         server = SmtpServer().start()
 
@@ -89,11 +98,12 @@ async def target(request: pytest.FixtureRequest) -> AsyncIterator[Target]:
         finally:
             server.stop()
         return
-    broker: Broker = request.getfixturevalue("kafka")
+    broker: Broker = request.getfixturevalue("kafka" if request.param == "noida" else "tansu")
     await broker.create_topic(TOPIC, partitions=2)
     yield Target("kafka", KafkaSpec.model_validate({
-        "channel": "kafka", "bootstrap_servers": [broker.bootstrap], "topic": TOPIC,
-        "allow_private_network": True, "timeout_seconds": 5.0}), lambda n: {"n": n}, lambda: topic_truth(broker))
+        "channel": "kafka", "bootstrap_servers": [broker.bootstrap], "topic": TOPIC, "allow_private_network": True,
+        "timeout_seconds": 5.0, "enable_idempotence": broker.kind == "noida"}),  # (Tansu has no idempotent producer)
+        lambda n: {"n": n}, lambda: topic_truth(broker), f"-{broker.kind}")
 
 
 async def killed_at(point: str, url: str, tmp_path: Path) -> set[str]:
@@ -113,7 +123,7 @@ def in_flight_of(fact: IntentFact, in_flight: set[str]) -> str | None:
     return next((a.attempt_id for a in fact.attempts if a.attempt_id in in_flight), None)
 
 
-@pytest.mark.parametrize("point", get_args(CrashPoint))
+@pytest.mark.parametrize(("target", "store_url", "point"), CASES, indirect=["target", "store_url"])
 async def test_a_worker_killed_while_sending_email_or_producing_loses_and_misreports_nothing(
         tmp_path: Path, target: Target, store_url: str, point: str) -> None:
     url = store_url
@@ -127,8 +137,9 @@ async def test_a_worker_killed_while_sending_email_or_producing_loses_and_misrep
         history = await recovered(box, url, [e.intent.action_id for e in enqueued])
     truth, arrivals = await target.truth()
     table = truth_table(history, truth)
-    report(target.channel, f"{store_name(url)}-crash-{point}", f"{INTENTS} intents, {len(in_flight)} attempt(s) "
-           f"cut in flight, {arrivals} {'messages' if target.channel == 'email' else 'records'} arrived", table)
+    arrived = f"{arrivals} {'messages' if target.channel == 'email' else 'records'} arrived"
+    report(target.channel, f"{store_name(url)}-crash-{point}{target.row}",
+           f"{INTENTS} intents, {len(in_flight)} attempt(s) cut in flight, {arrived}", table)
     assert check(history, truth) == []
     assert off_diagonal(table) == 0
     # maybe_submitted exactly for the attempts the crash cut short
