@@ -3,6 +3,7 @@
     server = SmtpServer(tls="starttls", auth=("mailer", "pw")).start()
     server.mail["billing@example.com"] = "451 4.3.2 try later"  # answer MAIL FROM for one sender
     server.rcpt["gone@example.org"] = "550 5.1.1 no such user"   # answer RCPT TO for one address
+                                                                 # ("close": drop the connection instead)
     server.data_command = "451 4.3.0 try later"                 # answer the DATA command itself
     server.after_data = "hold"                                   # or "close", or a reply such as "452 ..."
     server.replies = ["250 Ok"]                                  # answers for the next messages, then after_data
@@ -143,7 +144,7 @@ class _Handler:
             envelope.mail_from = address
             envelope.mail_options.extend(options)
             return "250 OK"
-        return reply
+        return _dropped(server) if reply == "close" else reply
 
     async def handle_RCPT(self, server: SMTP, session: Session, envelope: Envelope, address: str,
                           options: list[str]) -> str:
@@ -151,19 +152,24 @@ class _Handler:
         if reply is None:
             envelope.rcpt_tos.append(address)
             return "250 OK"
-        return reply
+        return _dropped(server) if reply == "close" else reply
 
     async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
         content = envelope.original_content or b""
         self.owner.received.append(Received(envelope.mail_from or "", list(envelope.rcpt_tos), content))
         after = self.owner.replies.pop(0) if self.owner.replies else self.owner.after_data
         if after == "close":
-            assert isinstance(server.transport, asyncio.Transport)
-            server.transport.abort()  # the final "." arrived; no reply ever leaves
-            return "250 never sent"
+            return _dropped(server)  # the final "." arrived; no reply ever leaves
         if self.owner.data_delay:
             await asyncio.sleep(self.owner.data_delay)
         if after == "hold":
             await asyncio.get_running_loop().run_in_executor(None, self.owner._released.wait, 60)
             return "421 4.3.0 gave up"
         return after.format(n=len(self.owner.received))
+
+
+def _dropped(server: SMTP) -> str:
+    """Drop the connection instead of answering the command (the returned reply never leaves)."""
+    assert isinstance(server.transport, asyncio.Transport)
+    server.transport.abort()
+    return "250 never sent"
