@@ -35,7 +35,7 @@ from ..conftest import SECRET, rows
 from ..servers import Served
 from .checker import AttemptFact, IntentFact, Truth, check, off_diagonal, truth_table
 from .tables import store_name
-from .test_matrix import TIER1_SEED, report
+from .test_matrix import report, tier
 
 pytestmark = pytest.mark.acceptance
 
@@ -269,10 +269,7 @@ async def test_workers_killed_one_after_another_at_drawn_points_lose_and_misrepo
     without the setting finishes it. A third of the intents go to a destination that never
     retries an unknown outcome, so the table shows what the crashes left unknown.
     ``--faults=long``: more intents and more kills, random seed."""
-    long = request.config.getoption("--faults") == "long"
-    seed = request.config.getoption("--faults-seed")
-    if seed is None:
-        seed = random.SystemRandom().randrange(2**32) if long else TIER1_SEED
+    long, seed = tier(request)
     rng = random.Random(seed)
     count, kills = (60, 25) if long else (8, 4)
     receiver, hook = ground

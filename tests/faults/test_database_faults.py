@@ -52,12 +52,13 @@ from ..acceptance.conftest import clean_env, outbox_worker
 from ..conftest import SECRET, eventually, rows
 from ..servers import Served
 from .checker import IntentFact, Truth, check, off_diagonal, truth_table
-from .test_matrix import Ground, facts, receiver_app, report, run_until_settled, settled
+from .test_matrix import Ground, facts, receiver_app, report, run_until_settled, settled, tier
 
-SEED = 20
-#: Intents per run, and the window their due times are spread over (the fault's window).
+#: Intents per run, and the window their due times are spread over (the fault's window); the
+#: seeded rows (terminated, locked) take LONG times as many, and as long, with ``--faults=long``.
 INTENTS = 300
 SPREAD_SECONDS = 6.0
+LONG = 4
 #: The worker's settings: short leases and quick retries, so recovery fits in a test.
 WORKER: dict[str, Any] = {"authority": "allow-all", "lease_seconds": 3.0, "poll_seconds": 0.1,
                           "backoff_initial_seconds": 0.05, "backoff_cap_seconds": 0.5, "circuit_failures": 0,
@@ -78,16 +79,23 @@ def ground(tmp_path: Path) -> Iterator[tuple[Ground, str]]:
         served.stop()
 
 
-async def enqueue(box: Outbox, url: str, count: int = INTENTS) -> list[tuple[str, str]]:
+@pytest.fixture
+def seeded(request: pytest.FixtureRequest) -> tuple[int, int]:
+    """This run's seed, and how many times the tier-1 size the seeded rows run."""
+    long, seed = tier(request)
+    return seed, LONG if long else 1
+
+
+async def enqueue(box: Outbox, url: str, count: int = INTENTS, spread: float = SPREAD_SECONDS) -> list[tuple[str, str]]:
     """Register the receiver (idempotent, so an unknown outcome is retried) and enqueue
-    ``count`` intents due one after another over SPREAD_SECONDS; returns their keys."""
+    ``count`` intents due one after another over ``spread`` seconds; returns their keys."""
     spec: dict[str, Any] = {"url": f"{url}/hook", "secret": SECRET, "allow_private_network": True,
                             "timeout_seconds": 5.0, "idempotent": True, "retention_seconds": 3600}
     await box.put_destination("hook", DestinationSpec(**spec))
     start = box.clock.now()
     results = await box.enqueue_many(
         {"scope": "acme", "action_id": f"a-{n}", "destination": "hook", "payload": {"n": n, "pad": "x" * 500},
-         "not_before": start + timedelta(seconds=SPREAD_SECONDS * n / count)} for n in range(count))
+         "not_before": start + timedelta(seconds=spread * n / count)} for n in range(count))
     return [(r.intent.scope, r.intent.action_id) for r in results]
 
 
@@ -139,23 +147,24 @@ async def terminate(url: str, rng: random.Random, rounds: int) -> Counter[str]:
 
 
 async def test_postgres_connections_terminated_mid_batch_lose_duplicate_or_misreport_nothing(
-        pg_url: str, ground: tuple[Ground, str], caplog: pytest.LogCaptureFixture) -> None:
-    receiver, url = ground
+        seeded: tuple[int, int], pg_url: str, ground: tuple[Ground, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    (seed, scale), (receiver, url) = seeded, ground
     settings = Settings(**WORKER)
     observer = await Outbox.open(f"{pg_url}?application_name={OBSERVER.replace(' ', '+')}", settings=settings)
     box = await Outbox.open(pg_url, settings=settings)
     worker = Worker(box, concurrency=8)
     try:
-        keys = await enqueue(observer, url)
-        killing = asyncio.create_task(terminate(pg_url, random.Random(SEED), rounds=36))
-        still_open, history = await run_until_settled(observer, worker, keys, timeout=SETTLE_SECONDS)
+        keys = await enqueue(observer, url, INTENTS * scale, SPREAD_SECONDS * scale)
+        killing = asyncio.create_task(terminate(pg_url, random.Random(seed), rounds=36 * scale))
+        still_open, history = await run_until_settled(observer, worker, keys, timeout=SETTLE_SECONDS * scale)
         killed = await killing
     finally:
         await worker.aclose()
         await box.close()
         await observer.close()
     busy = killed["active"] + killed["idle in transaction"]
-    judge("postgres-terminated", f"{INTENTS} intents, seed {SEED}, backends terminated: "
+    judge("postgres-terminated", f"{len(keys)} intents, seed {seed}, backends terminated: "
           + ", ".join(f"{state} {n}" for state, n in sorted(killed.items())), still_open, history, receiver.truth())
     assert sum(killed.values()) >= 10 and busy > 0, killed
     assert said(caplog, "connection") > 0, "the worker never noticed a lost connection"
@@ -179,23 +188,24 @@ def hold_locks(path: Path, rng: random.Random, holds: int, stop: threading.Event
 
 
 async def test_sqlite_locked_past_the_busy_timeout_loses_duplicates_or_misreports_nothing(
-        db_path: Path, ground: tuple[Ground, str], caplog: pytest.LogCaptureFixture) -> None:
-    receiver, url = ground
+        seeded: tuple[int, int], db_path: Path, ground: tuple[Ground, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    (seed, scale), (receiver, url) = seeded, ground
     box = await Outbox.open(f"sqlite:///{db_path}", settings=Settings(**WORKER, sqlite_busy_timeout_ms=200))
     worker = Worker(box, concurrency=8)
     stop = threading.Event()
     try:
-        keys = await enqueue(box, url)
-        locking = asyncio.create_task(asyncio.to_thread(hold_locks, db_path, random.Random(SEED), 6, stop))
-        still_open, history = await run_until_settled(box, worker, keys, timeout=SETTLE_SECONDS)
+        keys = await enqueue(box, url, INTENTS * scale, SPREAD_SECONDS * scale)
+        locking = asyncio.create_task(asyncio.to_thread(hold_locks, db_path, random.Random(seed), 6 * scale, stop))
+        still_open, history = await run_until_settled(box, worker, keys, timeout=SETTLE_SECONDS * scale)
         held = await locking
     finally:
         stop.set()
         await worker.aclose()
         await box.close()
-    judge("sqlite-locked", f"{INTENTS} intents, seed {SEED}, exclusive lock held {held} times", still_open, history,
-          receiver.truth())
-    assert held == 6
+    judge("sqlite-locked", f"{len(keys)} intents, seed {seed}, exclusive lock held {held} times", still_open,
+          history, receiver.truth())
+    assert held == 6 * scale
     assert said(caplog, "database is locked") > 0, "the worker never met the lock"
     assert await rows(f"sqlite:///{db_path}", "PRAGMA integrity_check") == [("ok",)]
 
@@ -253,7 +263,7 @@ async def test_sqlite_disk_full_for_a_worker_process_loses_duplicates_or_misrepo
         history = await facts(box, keys)
     errors = words.count("disk I/O error")
     judge(f"sqlite-full-{recovery.replace(' ', '-')}",
-          f"{INTENTS} intents, seed {SEED}, disk full after {full_at} delivered, {during - full_at} more committed "
+          f"{INTENTS} intents, disk full after {full_at} delivered, {during - full_at} more committed "
           f"as it filled ({errors} errors logged), recovery: {recovery}", still_open, history, receiver.truth())
     assert code == 0, words
     assert await rows(db_url, "PRAGMA integrity_check") == [("ok",)]
@@ -293,7 +303,7 @@ async def test_sqlite_full_on_the_workers_connection_loses_duplicates_or_misrepo
     finally:
         await worker.aclose()
         await box.close()
-    judge("sqlite-max-pages", f"{INTENTS} intents, seed {SEED}, full at {pages} pages after {full_at} delivered "
+    judge("sqlite-max-pages", f"{INTENTS} intents, full at {pages} pages after {full_at} delivered "
           f"({said(caplog, 'database or disk is full')} errors logged)", still_open, history, receiver.truth())
     assert await rows(f"sqlite:///{db_path}", "PRAGMA integrity_check") == [("ok",)]
     # "not now" from the database is a line in the log, not a traceback

@@ -158,6 +158,16 @@ def stopped(workers: list[tuple[Popen[bytes], Path]]) -> None:
         worker.wait(30)
 
 
+def tier(request: pytest.FixtureRequest) -> tuple[bool, int]:
+    """Whether this is the long run, and its seed: ``--faults-seed``, else the tier-1 seed, or a
+    random one for ``--faults=long`` (named in the table's title and the failures, to replay it)."""
+    long = request.config.getoption("--faults") == "long"
+    seed = request.config.getoption("--faults-seed")
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**32) if long else TIER1_SEED
+    return long, int(seed)
+
+
 def report(channel: str, store: str, title: str, table: Counter[tuple[str, str]], *, summed: bool = True) -> str:
     """The truth table rendered, printed, and kept under ARTIFACTS; ``summed=False`` keeps it out
     of the run's summary (a row whose receiver is meant to break the receivers' contract)."""
@@ -171,10 +181,7 @@ def report(channel: str, store: str, title: str, table: Counter[tuple[str, str]]
 
 async def test_network_faults_lose_duplicate_or_misreport_nothing(
         request: pytest.FixtureRequest, store_url: str, tmp_path: Path) -> None:
-    long = request.config.getoption("--faults") == "long"
-    seed = request.config.getoption("--faults-seed")
-    if seed is None:
-        seed = random.SystemRandom().randrange(2**32) if long else TIER1_SEED
+    long, seed = tier(request)
     count = 600 if long else 60
     store = store_name(store_url)
     rng = random.Random(seed)

@@ -46,7 +46,7 @@ from ..kafka import Broker
 from ..smtp import SmtpServer
 from .checker import Truth, check, off_diagonal, truth_table
 from .tables import store_name
-from .test_matrix import TIER1_SEED, facts, report, run_until_settled, settled
+from .test_matrix import facts, report, run_until_settled, settled, tier
 
 #: One fault per message, drawn when its MAIL FROM arrives (the destination keeps one connection,
 #: so messages reach the server one at a time and each fault belongs to the message being sent);
@@ -107,16 +107,6 @@ def email_truth(server: SmtpServer) -> Truth:
     arrived = [r.message for r in server.received]
     return Truth(Counter(str(m[wire.IDEMPOTENCY_KEY]) for m in arrived),
                  frozenset(str(m[wire.ATTEMPT_ID]) for m in arrived), idempotent=False)
-
-
-def tier(request: pytest.FixtureRequest) -> tuple[bool, int]:
-    """Whether this is the long run, and its seed: ``--faults-seed``, else the tier-1 seed, or a
-    random one for ``--faults=long`` (named in the table's title and the failures, to replay it)."""
-    long = request.config.getoption("--faults") == "long"
-    seed = request.config.getoption("--faults-seed")
-    if seed is None:
-        seed = random.SystemRandom().randrange(2**32) if long else TIER1_SEED
-    return long, seed
 
 
 async def test_smtp_faults_lose_or_misreport_nothing(request: pytest.FixtureRequest, store_url: str) -> None:

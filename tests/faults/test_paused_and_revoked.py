@@ -37,7 +37,7 @@ from ..servers import Served
 from .checker import Truth, check, off_diagonal, truth_table
 from .tables import store_name
 from .test_crash_points import Ground, integrity, recorded_facts, settled
-from .test_matrix import TIER1_SEED, report
+from .test_matrix import report, tier
 
 pytestmark = pytest.mark.acceptance
 
@@ -114,15 +114,11 @@ async def until(condition: Any, timeout: float, what: str) -> None:
         await asyncio.sleep(0.02)
 
 
-def long_run(request: pytest.FixtureRequest) -> bool:
-    return bool(request.config.getoption("--faults") == "long")
-
-
 async def test_a_paused_worker_is_fenced_out_of_the_store_and_the_receiver(
     request: pytest.FixtureRequest, tmp_path: Path, store_url: str
 ) -> None:
     """``--faults=long``: 32 intents taken over at once instead of 4."""
-    count = 32 if long_run(request) else INTENTS
+    count = 32 if tier(request)[0] else INTENTS
     url = store_url
     receiver = Held(tmp_path / "records.db")
     served = Served(receiver)
@@ -209,10 +205,7 @@ async def test_a_grant_revoked_under_load_stops_every_send_checked_after_it(
     request: pytest.FixtureRequest, tmp_path: Path, store_url: str
 ) -> None:
     """``--faults=long``: 600 intents, revoked once a share drawn from the seed is delivered."""
-    long = long_run(request)
-    seed = request.config.getoption("--faults-seed")
-    if seed is None:
-        seed = random.SystemRandom().randrange(2**32) if long else TIER1_SEED
+    long, seed = tier(request)
     count = 600 if long else REVOKE_INTENTS
     share = random.Random(seed).uniform(0.1, 0.9) if long else 0.25
     url = store_url

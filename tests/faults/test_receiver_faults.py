@@ -56,7 +56,7 @@ from ..servers import Served
 from .checker import IntentFact, Truth, check, off_diagonal, truth_table
 from .receiver_process import header, lifespan
 from .tables import store_name
-from .test_matrix import TIER1_SEED, facts, report, run_until_settled, settled
+from .test_matrix import facts, report, run_until_settled, settled, tier
 from .test_paused_and_revoked import until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,12 +69,6 @@ SETTINGS = Settings(authority="allow-all", backoff_initial_seconds=0.05, backoff
 Switch = Callable[[bool], Awaitable[None]]
 DESTINATION: dict[str, Any] = {"secret": SECRET, "allow_private_network": True, "timeout_seconds": 2.0,
                                "idempotent": True, "retention_seconds": 3600, "on_unknown": OnUnknown.DECLARED}
-
-
-def seeded(request: pytest.FixtureRequest) -> int:
-    """The run's seed: ``--faults-seed`` when given, else the tier-1 seed."""
-    seed = request.config.getoption("--faults-seed")
-    return TIER1_SEED if seed is None else int(seed)
 
 
 class Supervisor:
@@ -184,7 +178,7 @@ def maybe_submitted(history: list[IntentFact]) -> set[str]:
 @pytest.mark.parametrize("fenced", [False, True], ids=["plain-effect", "fenced-effect"])
 async def test_a_receiver_killed_between_its_effect_and_its_record(
         request: pytest.FixtureRequest, store_url: str, tmp_path: Path, fenced: bool) -> None:
-    seed = seeded(request)
+    seed = tier(request)[1]
     crash_keys = sorted(f"acme/a-{n}" for n in random.Random(seed).sample(range(INTENTS), CRASHES))
     effects_file = tmp_path / "effects.db"
     args = ["--records", str(tmp_path / "records.db"), "--effects", str(effects_file), "--lease-seconds",
