@@ -23,7 +23,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime
-from typing import Any, Literal, overload
+from typing import Any, Literal, cast, overload
 
 import asyncpg
 
@@ -152,13 +152,7 @@ async def _insert_intent(
     raised before anything is written and without an SQL error, so it leaves the transaction
     usable. ``seen`` remembers destinations across the intents of one batch, whose ordering keys
     were locked all at once before (alone, the intent's key is locked here)."""
-    found = seen.get(new.destination) if seen is not None else None
-    if found is None:
-        found = await conn.fetchrow(SQL["destination_for_enqueue"], new.destination)
-        if found is not None and seen is not None:
-            seen[new.destination] = found
-    status = decide_initial_status(new, None if found is None else found["requires_approval"])
-    check_payload(new, found["channel"])
+    found, status = await _judged(conn, new, seen)
     if seen is None:
         await _lock_ordering_keys(conn, [new])
     while True:
@@ -175,6 +169,64 @@ async def _insert_intent(
         if existing is not None:
             return decide_existing(_intent(existing), new)
         # the intent holding the key was pruned between the two statements: the key is free again
+
+
+async def _judged(conn: asyncpg.Connection, new: NewIntent, seen: dict[str, Any] | None) -> tuple[Any, Status]:
+    """``new``'s destination row and the status it starts in; raises the refusal of an unknown
+    destination or a payload its channel cannot carry. ``seen`` caches destinations for a batch."""
+    found = seen.get(new.destination) if seen is not None else None
+    if found is None:
+        found = await conn.fetchrow(SQL["destination_for_enqueue"], new.destination)
+        if found is not None and seen is not None:
+            seen[new.destination] = found
+    status = decide_initial_status(new, None if found is None else found["requires_approval"])
+    check_payload(new, found["channel"])
+    return found, status
+
+
+async def _insert_batch(
+    conn: asyncpg.Connection, items: Sequence[tuple[NewIntent, Event]], *, each: bool
+) -> list[Enqueued | OutboxError]:
+    """A batch's enqueues on ``conn``, inside a transaction, in a few statements however many
+    intents: each is judged as alone (a refusal is its result when ``each``, else raised), the new
+    keys are inserted with their first events at once, and the rest are compared with the intents
+    already holding their keys, as ``rules.decide_existing`` says."""
+    await _lock_ordering_keys(conn, [new for new, _ in items])
+    seen: dict[str, Any] = {}
+    results: list[Enqueued | OutboxError | None] = [None] * len(items)
+    fresh: dict[str, tuple[int, str, Status]] = {}  # key -> (its first item, channel, status)
+    for i, (new, _) in enumerate(items):
+        try:
+            found, status = await _judged(conn, new, seen)
+        except OutboxError as exc:
+            if not each:
+                raise
+            results[i] = exc
+            continue
+        fresh.setdefault(new.key, (i, found["channel"], status))
+    rows = [(*items[i], channel, status) for i, channel, status in fresh.values()]
+    created = {row["intent_key"]: row["seq"] for row in await conn.fetch(SQL["insert_intents"], *(
+        list(column) for column in zip(*(
+            (new.key, new.action_id, new.scope, new.destination, channel, new.payload_json, new.payload_digest,
+             status.value, new.max_attempts, new.next_attempt_at, new.not_before, new.expires_at, new.created_at,
+             event.kind.value, event.at, event.actor, event.reason, _data(event), new.ordering_key)
+            for new, event, channel, status in rows), strict=True)))} if rows else {}
+    for new, _, channel, status in rows:
+        if new.key in created:
+            results[fresh[new.key][0]] = Enqueued(inserted_intent(created[new.key], new, channel, status), created=True)
+    taken = [i for i, result in enumerate(results) if result is None]  # their keys were held already
+    existing = {row["intent_key"]: _intent(row) for row in await conn.fetch(
+        SQL["intents_by_keys"], [items[i][0].key for i in taken])} if taken else {}
+    for i in taken:
+        new, event = items[i]
+        try:
+            holder = existing.get(new.key)  # None: pruned since, so the key is free again
+            results[i] = decide_existing(holder, new) if holder else await _insert_intent(conn, new, event, seen)
+        except OutboxError as exc:
+            if not each:
+                raise
+            results[i] = exc
+    return [result for result in results if result is not None]
 
 
 async def _start_listening(conn: asyncpg.Connection, wake: Callable[[], None]) -> asyncio.Event:
@@ -421,21 +473,11 @@ class PostgresStore:
 
     async def insert_intents(self, items: Sequence[tuple[NewIntent, Event]]) -> list[Enqueued]:
         async with self._transaction() as conn:
-            await _lock_ordering_keys(conn, [new for new, _ in items])
-            seen: dict[str, Any] = {}
-            return [await _insert_intent(conn, new, event, seen) for new, event in items]
+            return cast(list[Enqueued], await _insert_batch(conn, items, each=False))
 
     async def insert_each(self, items: Sequence[tuple[NewIntent, Event]]) -> list[Enqueued | OutboxError]:
         async with self._transaction() as conn:
-            await _lock_ordering_keys(conn, [new for new, _ in items])
-            seen: dict[str, Any] = {}
-            results: list[Enqueued | OutboxError] = []
-            for new, event in items:
-                try:  # a refusal is raised before its intent wrote anything, leaving the transaction usable
-                    results.append(await _insert_intent(conn, new, event, seen))
-                except OutboxError as exc:
-                    results.append(exc)
-            return results
+            return await _insert_batch(conn, items, each=True)
 
     async def get_intent(self, key: str) -> Intent | None:
         row = await self._fetchrow("intent_by_key", key)

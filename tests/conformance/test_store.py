@@ -230,6 +230,19 @@ async def test_a_batch_of_each_answers_every_intent_and_commits_the_rest(store):
     assert (await store.get_intent("acme/taken")).payload_digest == "sha256:aa"
 
 
+async def test_a_batch_is_stored_in_its_order_with_each_event_and_a_repeated_key_found(store):
+    first, event = new("o1", at=T0 + timedelta(seconds=1))
+    noted = Event(kind="enqueued", at=T0, actor="batch", reason="why", data={"source": "import", "n": 2})
+    results = await store.insert_intents([(first, noted), new("o2"), new("o1"), new("o3", scope="shop")])
+    assert [(r.created, r.intent.key) for r in results] == [
+        (True, "acme/o1"), (True, "acme/o2"), (False, "acme/o1"), (True, "shop/o3")]
+    assert results[0].intent.seq < results[1].intent.seq < results[3].intent.seq  # the batch's order
+    assert results[2].intent.seq == results[0].intent.seq
+    assert results[2].intent.next_attempt_at == T0 + timedelta(seconds=1)  # the stored one, not the repeat's
+    assert [(e.actor, e.reason, dict(e.data)) for e in (await store.history("acme/o1")).events] == [
+        ("batch", "why", {"source": "import", "n": 2})]
+
+
 async def test_update_moves_status_applies_changes_and_appends_an_event(store):
     await store.insert_intent(*new("a1"))
     later = T0 + timedelta(seconds=1)

@@ -59,6 +59,36 @@ WITH created AS (
 )
 SELECT seq, CASE WHEN status = 'pending' THEN pg_notify('outbox_due', '') END AS notified FROM created;
 
+-- name: insert_intents
+-- Create the intents of a batch (one row per key, as arrays $1-$19), each with its first event, skipping keys that
+-- exist; returns each new intent's key and seq. Inserted in the batch's order, so seq order is that order.
+WITH batch AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
+                         $8::text[], $9::integer[], $10::timestamptz[], $11::timestamptz[], $12::timestamptz[],
+                         $13::timestamptz[], $14::text[], $15::timestamptz[], $16::text[], $17::text[], $18::text[],
+                         $19::text[])
+        WITH ORDINALITY AS u (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
+                              max_attempts, next_attempt_at, not_before, expires_at, created_at, kind, at, actor, reason,
+                              data, ordering_key, n)
+), created AS (
+    INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
+                         max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at, ordering_key)
+    SELECT intent_key, action_id, scope, destination, channel, payload, payload_digest, status, max_attempts,
+           next_attempt_at, not_before, expires_at, created_at, created_at, ordering_key
+    FROM batch ORDER BY n
+    ON CONFLICT (intent_key) DO NOTHING
+    RETURNING seq, intent_key, status
+), logged AS (
+    INSERT INTO events (intent_seq, kind, at, actor, reason, data)
+    SELECT created.seq, batch.kind, batch.at, batch.actor, batch.reason, batch.data::jsonb
+    FROM created JOIN batch USING (intent_key)
+)
+SELECT intent_key, seq, CASE WHEN status = 'pending' THEN pg_notify('outbox_due', '') END AS notified FROM created;
+
+-- name: intents_by_keys
+-- The intents holding any of the keys $1.
+SELECT * FROM intents WHERE intent_key = ANY($1::text[]);
+
 -- name: intent_by_key
 -- One intent by its key (scope/action_id).
 SELECT * FROM intents WHERE intent_key = $1;
