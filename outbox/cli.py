@@ -449,14 +449,13 @@ async def list_(
     before_seq: int | None,
 ) -> None:
     """List intents, newest first."""
-    from .problems import Problem
-    from .routes.intents import decode_cursor, encode_cursor
+    from .cursor import decode_cursor, encode_cursor
 
     if cursor is not None:
         try:
             before_seq = decode_cursor(cursor)
-        except Problem as exc:
-            raise click.BadParameter(exc.detail, param_hint="--cursor") from None
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--cursor") from None
     page = await box.list_intents(
         IntentQuery(
             statuses=[Status(s) for s in statuses] or None,

@@ -3,8 +3,6 @@ list them; a producer's token reaches only its own scopes."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -14,6 +12,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, Wit
 from pydantic_core import to_json
 
 from .. import openapi
+from ..cursor import decode_cursor, encode_cursor
 from ..errors import OutboxError
 from ..model import SETTLED, Enqueued, Intent, Status
 from ..outbox import MAX_PAGE, history_json, intent_json
@@ -67,22 +66,12 @@ def location(intent: Intent) -> str:
     return f"/v1/intents/{intent.action_id}?scope={quote(intent.scope, safe='')}"
 
 
-def encode_cursor(seq: int) -> str:
-    return base64.urlsafe_b64encode(f"seq:{seq}".encode()).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> int:
+def before_seq(cursor: str | None) -> int | None:
+    """The seq a listing's ``cursor`` continues after (a 400 problem if it is not one of ours)."""
     try:
-        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        kind, _, value = text.partition(":")
-        seq = int(value)
-        if kind != "seq" or not 0 < seq < 2**63:  # a seq is a 64-bit row id in every store
-            raise ValueError(kind)
-        return seq
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise Problem(
-            400, "bad-cursor", "Bad cursor", "cursor is malformed; pass next_cursor back unchanged"
-        ) from None
+        return decode_cursor(cursor) if cursor else None
+    except ValueError as exc:
+        raise Problem(400, "bad-cursor", "Bad cursor", str(exc)) from None
 
 
 @router.post(
@@ -187,7 +176,7 @@ async def list_intents(
             channel=channel,
             created_after=created_after,
             created_before=created_before,
-            before_seq=decode_cursor(cursor) if cursor else None,
+            before_seq=before_seq(cursor),
             limit=limit,
         )
     )
