@@ -150,6 +150,15 @@ def worker_processes(tmp_path: Path, env: dict[str, str], count: int) -> Iterato
         yield workers
 
 
+async def ready(workers: list[tuple[Popen[bytes], Path]], timeout: float = 30) -> None:
+    """Wait until every worker process has said it started."""
+    deadline = time.monotonic() + timeout
+    while not all(" started (" in log.read_text() for _, log in workers):
+        assert time.monotonic() < deadline, "a worker did not start:\n" + "\n".join(
+            log.read_text()[-2000:] for _, log in workers)
+        await asyncio.sleep(0.05)
+
+
 def stopped(workers: list[tuple[Popen[bytes], Path]]) -> None:
     """SIGTERM each worker and wait for its drain."""
     for worker, _ in workers:
@@ -199,14 +208,15 @@ async def test_network_faults_lose_duplicate_or_misreport_nothing(
         await box.put_destination("declared", DestinationSpec(url=f"{proxy.url}/declared", **common))
         await box.put_destination("never", DestinationSpec(url=f"{proxy.url}/never", on_unknown=OnUnknown.NEVER,
                                                            **common))
-        keys = []
-        for n in range(count):
-            destination = "never" if n % 3 == 2 else "declared"
-            options = {"max_attempts": 2} if n % 3 == 1 else {}  # some run out of attempts: dead letters
-            result = await box.enqueue(scope="acme", action_id=f"a-{n}", destination=destination,
-                                       payload={"n": n}, **options)
-            keys.append((result.intent.scope, result.intent.action_id))
         with worker_processes(tmp_path, env, WORKERS) as workers:
+            await ready(workers)  # so that each takes a share of the backlog
+            keys = []
+            for n in range(count):
+                destination = "never" if n % 3 == 2 else "declared"
+                options = {"max_attempts": 2} if n % 3 == 1 else {}  # some run out of attempts: dead letters
+                result = await box.enqueue(scope="acme", action_id=f"a-{n}", destination=destination,
+                                           payload={"n": n}, **options)
+                keys.append((result.intent.scope, result.intent.action_id))
             still_open = await settled(box, keys, timeout=600 if long else 60)
             crashed = [(w.returncode, log.read_text()[-2000:]) for w, log in workers if w.poll() is not None]
             stopped(workers)
