@@ -231,7 +231,7 @@ async def test_a_batch_of_each_answers_every_intent_and_commits_the_rest(store):
 
 
 async def test_a_batch_is_stored_in_its_order_with_each_event_and_a_repeated_key_found(store):
-    first, event = new("o1", at=T0 + timedelta(seconds=1))
+    first, _ = new("o1", at=T0 + timedelta(seconds=1))
     noted = Event(kind="enqueued", at=T0, actor="batch", reason="why", data={"source": "import", "n": 2})
     results = await store.insert_intents([(first, noted), new("o2"), new("o1"), new("o3", scope="shop")])
     assert [(r.created, r.intent.key) for r in results] == [
