@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from outbox import DestinationSpec, NotFound, OnUnknown, Outbox, Settings
+from outbox.model import SETTLED
 from receivers import IdempotencyMiddleware, SqliteRecordStore
 
 from ..acceptance.conftest import clean_env, outbox_worker
@@ -36,7 +37,6 @@ from .checker import AttemptFact, IntentFact, Truth, check, off_diagonal, render
 from .proxy import Proxy
 from .tables import ARTIFACTS, REPORTS, Reported, store_name
 
-SETTLED = {"delivered", "dead", "unknown", "revoked", "cancelled"}
 TIER1_SEED = 18
 #: Most connections pass; every fault mode is common enough to show up in a tier-1 run.
 WEIGHTS = {"pass": 4.0, "refuse": 1.0, "reset_before": 1.0, "reset_after": 1.0, "late": 0.5,
@@ -119,7 +119,7 @@ async def settled(box: Outbox, keys: list[tuple[str, str]], timeout: float) -> l
     """Wait until every intent is settled; returns the keys still open when ``timeout`` ran out."""
     deadline = time.monotonic() + timeout
     while True:
-        open_ = [f"{s}/{a}" for s, a in keys if (await box.get(a, scope=s)).status.value not in SETTLED]
+        open_ = [f"{s}/{a}" for s, a in keys if (await box.get(a, scope=s)).status not in SETTLED]
         if not open_ or time.monotonic() > deadline:
             return open_
         await asyncio.sleep(0.2)
