@@ -140,6 +140,7 @@ def test_the_summary_sums_each_channel_and_store_over_its_rows(monkeypatch: pyte
     summed = render(honest + honest, title="").split("\n")[1:]  # the cells of both rows, added
     assert sqlite.split("\n")[1:1 + len(summed)] == summed
     tables.REPORTS.append(tables.Reported("webhook", "sqlite-plain", "not idempotent", honest, summed=False))
-    sqlite = tables.summary()[tables.summary().index("webhook on sqlite"):]
+    text = tables.summary()
+    sqlite = text[text.index("webhook on sqlite"):]
     assert sqlite.startswith("webhook on sqlite, 2 row(s)") and "sqlite-plain: not idempotent (not summed)" in sqlite
     assert sqlite.split("\n")[1:1 + len(summed)] == summed
