@@ -48,8 +48,10 @@ from outbox import DestinationSpec, Outbox, Settings, Status
 from outbox.grants import GrantSpec
 
 from .. import pg
-from ..conftest import SECRET, free_port
+from ..acceptance.test_postgres_scale import pid_of
+from ..conftest import SECRET, eventually, free_port
 from ..receiver import Receiver, Reply
+from .prometheus import promtool
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"
@@ -249,7 +251,7 @@ def test_secrets_are_referenced_never_written_in() -> None:
             refs = {(v["valueFrom"]["secretKeyRef"]["name"], v["valueFrom"]["secretKeyRef"]["key"])
                     for v in spec["env"] if "secretKeyRef" in v.get("valueFrom", {})}
             assert refs == {("outbox", "database-url")}
-            assert set(example["stringData"]) == {"database-url"}
+    assert set(example["stringData"]) == {"database-url"}
     # Compose: secrets only in env files (committed as .example), never in `environment`.
     for name, service in compose()["services"].items():
         inline = {k for k in service.get("environment", {}) if re.search(r"PASSWORD|DATABASE_URL|TOKEN|SECRET", k)}
@@ -287,6 +289,9 @@ def test_service_and_disruption_budgets_select_the_deployments() -> None:
     assert {p["targetPort"] for p in service["spec"]["ports"]} <= {p["name"] for p in api["ports"]}
     budgets = [r for r in resources() if r["kind"] == "PodDisruptionBudget"]
     assert sorted(n for b in budgets for n in selected(b["spec"]["selector"]["matchLabels"])) == sorted(deployments)
+    # a node drain keeps one API pod and stops one worker at a time
+    assert one("PodDisruptionBudget", "outbox-api")["spec"]["minAvailable"] == 1
+    assert one("PodDisruptionBudget", "outbox-worker")["spec"]["maxUnavailable"] == 1
 
 
 def test_kustomization_lists_every_manifest_but_the_examples() -> None:
@@ -334,6 +339,9 @@ def test_compose_wires_postgres_migration_monitoring() -> None:
     for name in ("api", "worker"):
         assert services[name]["depends_on"] == {"migrate": {"condition": "service_completed_successfully"}}
         assert services[name]["build"] == {"context": "..", "dockerfile": "deploy/Dockerfile"}
+    for name in ("migrate", "api", "worker"):  # read-only, no capabilities, no privilege escalation
+        assert services[name]["read_only"] is True and services[name]["cap_drop"] == ["ALL"], name
+        assert services[name]["security_opt"] == ["no-new-privileges:true"], name
     mounts = {v.split(":")[0]: v.split(":")[1] for v in services["prometheus"]["volumes"]}
     config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     rules = Path(mounts["./prometheus/prometheus.yml"]).parent / config["rule_files"][0]
@@ -467,9 +475,9 @@ async def outcomes(url: str, ids: list[str]) -> dict[str, tuple[Status, set[str]
         return found
 
 
-def pid_of(worker_id: str) -> int:
-    """The process id in a worker id, ``host:pid:suffix``."""
-    return int(worker_id.rsplit(":", 2)[1])
+async def delivered(url: str, ids: list[str]) -> bool:
+    """Whether every intent of ``ids`` is delivered."""
+    return all(status is Status.DELIVERED for status, _ in (await outcomes(url, ids)).values())
 
 
 @pytest.fixture
@@ -522,9 +530,7 @@ def test_declared_commands_migrate_serve_deliver_and_drain(source: str, tmp_path
             assert created.status_code == 201, created.text
         receiver.wait_for_requests_blocking(len(ids), "/hook", timeout=30)
         pids = {w.proc.pid for w in workers}
-        assert wait_until(lambda: all(status is Status.DELIVERED
-                                      for status, _ in asyncio.run(outcomes(url, ids)).values())), \
-            "\n".join(w.tail() for w in workers)
+        assert asyncio.run(eventually(lambda: delivered(url, ids), timeout=30)), "\n".join(w.tail() for w in workers)
         assert {pid_of(w) for _, by in asyncio.run(outcomes(url, ids)).values() for w in by} <= pids
 
         # SIGTERM while a send is held: it finishes and is recorded, and each worker stops cleanly
@@ -549,16 +555,6 @@ def test_declared_commands_migrate_serve_deliver_and_drain(source: str, tmp_path
         assert api.proc.wait(declared.api.grace) in STOPPED, api.tail()
 
 
-def wait_until(check: Any, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
-
 def test_kustomize_builds_what_the_kustomization_lists() -> None:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
@@ -572,9 +568,6 @@ def test_kustomize_builds_what_the_kustomization_lists() -> None:
 
 
 def test_prometheus_config_passes_promtool() -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool is not installed (Debian's prometheus package)")
-    checked = subprocess.run([promtool, "check", "config", str(DEPLOY / "prometheus" / "prometheus.yml")],
+    checked = subprocess.run([promtool(), "check", "config", str(DEPLOY / "prometheus" / "prometheus.yml")],
                              capture_output=True, text=True, timeout=60)
     assert checked.returncode == 0, checked.stdout + checked.stderr
