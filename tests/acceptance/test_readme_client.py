@@ -1,13 +1,13 @@
 """The README's Python client example, run as printed against a real ``outbox serve`` whose
-worker delivers to a real receiver."""
+worker delivers to a real receiver: it enqueues, reads back, is refused a conflicting intent and
+sees the delivery, and a second run finds the intent already enqueued and sends nothing again."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-
-import pytest
 
 from outbox import DestinationSpec, Outbox, Role, Settings
 
@@ -16,36 +16,31 @@ from ..receiver import Receiver, Reply
 from .test_readme import python_blocks
 
 
-async def run_client_example(code: str, tmp_path: Path, serve_api) -> list[str]:
+async def run_client_example(code: str, tmp_path: Path, receiver: Receiver,
+                             serve_api: Callable[[Settings], str]) -> list[str]:
     """Run ``code`` twice in a subprocess against a served outbox; returns each run's output."""
-    receiver = Receiver().start()
-    try:
-        receiver.script("/billing", Reply(200, headers={"External-Id": "inv-981"}))
-        db_url = f"sqlite:///{tmp_path / 'served.db'}"
-        async with await Outbox.open(db_url) as box:
-            await box.put_destination("billing", DestinationSpec(url=f"{receiver.url}/billing", secret=SECRET,
-                                                                 allow_private_network=True))
-            token, _ = await box.create_token(Role.PRODUCER, ["acme"])
-        url = serve_api(Settings(database_url=db_url, worker=True, authority="allow-all", poll_seconds=0.05))
-        script = tmp_path / "client_example.py"
-        script.write_text(code)
-        outputs = []
-        for _ in range(2):
-            done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
-                                  timeout=90, env={"OUTBOX_URL": url, "OUTBOX_TOKEN": token, "PATH": "/usr/bin"})
-            assert done.returncode == 0, done.stderr
-            outputs.append(done.stdout)
-        assert [r.headers["idempotency-key"] for r in receiver.requests("/billing")].count("acme/invoice-42-send") == 1
-        return outputs
-    finally:
-        receiver.stop()
+    receiver.script("/billing", Reply(200, headers={"External-Id": "inv-981"}))
+    db_url = f"sqlite:///{tmp_path / 'served.db'}"
+    async with await Outbox.open(db_url) as box:
+        await box.put_destination("billing", DestinationSpec(url=f"{receiver.url}/billing", secret=SECRET,
+                                                             allow_private_network=True))
+        token, _ = await box.create_token(Role.PRODUCER, ["acme"])
+    url = serve_api(Settings(database_url=db_url, worker=True, authority="allow-all", poll_seconds=0.05))
+    script = tmp_path / "client_example.py"
+    script.write_text(code)
+    outputs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=90, env={"OUTBOX_URL": url, "OUTBOX_TOKEN": token, "PATH": "/usr/bin"})
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout)
+    assert [r.headers["idempotency-key"] for r in receiver.requests("/billing")].count("acme/invoice-42-send") == 1
+    return outputs
 
 
-async def test_the_client_example_runs_against_a_served_outbox(tmp_path: Path, serve_api):
-    code = python_blocks().get("client")
-    if code is None:
-        pytest.skip("the README's client section is not in README.md yet")
-    first, again = await run_client_example(code, tmp_path, serve_api)
+async def test_the_client_example_runs_against_a_served_outbox(tmp_path: Path, receiver: Receiver,
+                                                               serve_api: Callable[[Settings], str]) -> None:
+    first, again = await run_client_example(python_blocks()["client"], tmp_path, receiver, serve_api)
     assert first.splitlines()[:3] == ["created pending", "10 of 10 accepted", "refused: 409 intent-conflict"]
     assert first.splitlines()[3] == "delivered [('submitted', 'delivered')]"
     assert again.splitlines()[0] == "already enqueued delivered"
