@@ -21,6 +21,7 @@ TOPICS = {
     "unknowns": "outbox_unknown_outcomes_total",
     "paused destinations": "outbox_paused_destinations",
     "lease expiries": "outbox_lease_expiries_total",
+    "authority denials": "outbox_authority_denials_total",
 }
 
 
