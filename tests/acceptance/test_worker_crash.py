@@ -133,14 +133,15 @@ async def state_at_crash(url: str) -> dict[str, AtCrash]:
     return {action_id: AtCrash(Status(status), fence, attempt) for action_id, status, fence, attempt in found}
 
 
-async def wait_settled(box: Outbox, timeout: float) -> dict[str, int]:
+async def wait_settled(box: Outbox, timeout: float, count: int = INTENTS) -> dict[str, int]:
+    """Wait until ``count`` intents are settled; the count of each status then."""
     deadline = time.monotonic() + timeout
     settled = [s.value for s in SETTLED]
     while True:
         counts: Counter[str] = Counter()
         for status, _, n in await box.store.count_by_status():
             counts[status] += n
-        if sum(n for status, n in counts.items() if status in settled) >= INTENTS:
+        if sum(n for status, n in counts.items() if status in settled) >= count:
             return dict(counts)
         assert time.monotonic() < deadline, f"not settled after {timeout:.0f} s: {counts}"
         await asyncio.sleep(0.1)

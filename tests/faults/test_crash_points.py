@@ -26,16 +26,16 @@ import pytest
 
 from outbox import DestinationSpec, OnUnknown, Outbox, Settings, crash
 from outbox.crash import CrashPoint
-from outbox.model import SETTLED
 from receivers import IdempotencyMiddleware, SqliteRecordStore, wire
 from sender import Worker
 
 from ..acceptance.conftest import clean_env, outbox_worker
-from ..conftest import SECRET, rows
+from ..acceptance.test_worker_crash import wait_settled as settled
+from ..conftest import SECRET, eventually, rows
 from ..servers import Served
-from .checker import AttemptFact, IntentFact, Truth, check, off_diagonal, truth_table
+from .checker import IntentFact, Truth, check, off_diagonal, truth_table
 from .tables import store_name
-from .test_matrix import report, tier
+from .test_matrix import facts, report, tier
 
 pytestmark = pytest.mark.acceptance
 
@@ -123,33 +123,13 @@ async def integrity(url: str) -> None:
 
 async def arrived(receiver: Ground, attempts: set[str], timeout: float = 10) -> None:
     """Wait until a request of one of ``attempts`` has reached the receiver."""
-    deadline = time.monotonic() + timeout
-    while not attempts & receiver.truth().reached:
-        assert time.monotonic() < deadline, "no request in flight reached the receiver"
-        await asyncio.sleep(0.05)
-
-
-async def settled(box: Outbox, timeout: float, count: int = INTENTS) -> None:
-    deadline = time.monotonic() + timeout
-    done = {s.value for s in SETTLED}
-    while True:
-        counts = Counter({status: n for status, _, n in await box.store.count_by_status()})
-        if sum(n for status, n in counts.items() if status in done) >= count:
-            return
-        assert time.monotonic() < deadline, f"not settled after {timeout:.0f} s: {dict(counts)}"
-        await asyncio.sleep(0.05)
+    assert await eventually(lambda: bool(attempts & receiver.truth().reached), timeout), \
+        "no request in flight reached the receiver"
 
 
 async def recorded_facts(box: Outbox, ids: list[str]) -> list[IntentFact]:
     """What the store recorded for each of ``ids`` (scope ``acme``), as the checker reads it."""
-    facts = []
-    for action_id in ids:
-        history = await box.history(action_id)
-        facts.append(IntentFact(
-            key=f"acme/{action_id}", acknowledged=True, status=history.intent.status.value,
-            attempts=tuple(AttemptFact(a.attempt_id, a.submission.value if a.submission else None,
-                                       a.outcome.value if a.outcome else None) for a in history.attempts)))
-    return facts
+    return await facts(box, [("acme", action_id) for action_id in ids])
 
 
 def crashing(url: str, point: str) -> dict[str, str]:
