@@ -52,6 +52,7 @@ from ..acceptance.conftest import clean_env, outbox_worker
 from ..conftest import SECRET, eventually, rows
 from ..servers import Served
 from .checker import IntentFact, Truth, check, off_diagonal, truth_table
+from .test_crash_points import integrity
 from .test_matrix import Ground, facts, receiver_app, report, run_until_settled, settled, tier
 
 #: Intents per run, and the window their due times are spread over (the fault's window); the
@@ -207,7 +208,7 @@ async def test_sqlite_locked_past_the_busy_timeout_loses_duplicates_or_misreport
           history, receiver.truth())
     assert held == 6 * scale
     assert said(caplog, "database is locked") > 0, "the worker never met the lock"
-    assert await rows(f"sqlite:///{db_path}", "PRAGMA integrity_check") == [("ok",)]
+    await integrity(f"sqlite:///{db_path}")
 
 
 # -- SQLite: disk full ------------------------------------------------------------------------
@@ -266,9 +267,10 @@ async def test_sqlite_disk_full_for_a_worker_process_loses_duplicates_or_misrepo
           f"{INTENTS} intents, disk full after {full_at} delivered, {during - full_at} more committed "
           f"as it filled ({errors} errors logged), recovery: {recovery}", still_open, history, receiver.truth())
     assert code == 0, words
-    assert await rows(db_url, "PRAGMA integrity_check") == [("ok",)]
+    await integrity(db_url)
 
-async def fill_up(box: Outbox, store: SqliteStore, caplog: pytest.LogCaptureFixture, seconds: float) -> tuple[int, int]:
+
+async def fill_up(store: SqliteStore, caplog: pytest.LogCaptureFixture, seconds: float) -> tuple[int, int]:
     """Once something was delivered, cap the store's own writing connection at the pages the
     database has (SQLite then answers every write that needs one more page SQLITE_FULL); once
     the worker has met it, ``seconds`` more, then lift the cap. Returns the pages and how many
@@ -297,7 +299,7 @@ async def test_sqlite_full_on_the_workers_connection_loses_duplicates_or_misrepo
     worker = Worker(box, concurrency=8)
     try:
         keys = await enqueue(box, url)
-        filling = asyncio.create_task(fill_up(box, box.store, caplog, seconds=3.0))
+        filling = asyncio.create_task(fill_up(box.store, caplog, seconds=3.0))
         still_open, history = await run_until_settled(box, worker, keys, timeout=SETTLE_SECONDS)
         pages, full_at = await filling
     finally:
@@ -305,6 +307,6 @@ async def test_sqlite_full_on_the_workers_connection_loses_duplicates_or_misrepo
         await box.close()
     judge("sqlite-max-pages", f"{INTENTS} intents, full at {pages} pages after {full_at} delivered "
           f"({said(caplog, 'database or disk is full')} errors logged)", still_open, history, receiver.truth())
-    assert await rows(f"sqlite:///{db_path}", "PRAGMA integrity_check") == [("ok",)]
+    await integrity(f"sqlite:///{db_path}")
     # "not now" from the database is a line in the log, not a traceback
     assert [r.getMessage() for r in caplog.records if r.exc_info and "disk is full" in str(r.exc_info[1])] == []
