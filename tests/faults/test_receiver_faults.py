@@ -171,7 +171,14 @@ class Effects:
         return Truth(Counter(e.key for e in self.effects), self.reached, idempotent=idempotent)
 
 
+async def enqueue(box: Outbox, numbers: range) -> list[tuple[str, str]]:
+    """One intent for ``hook`` per number (scope ``acme``, action ``a-N``); their keys."""
+    return [(r.intent.scope, r.intent.action_id) for r in await box.enqueue_many(
+        {"scope": "acme", "action_id": f"a-{n}", "destination": "hook", "payload": {"n": n}} for n in numbers)]
+
+
 def maybe_submitted(history: list[IntentFact]) -> set[str]:
+    """The attempts the outbox recorded ``maybe_submitted``."""
     return {a.attempt_id for i in history for a in i.attempts if a.submission == "maybe_submitted"}
 
 
@@ -188,9 +195,7 @@ async def test_a_receiver_killed_between_its_effect_and_its_record(
             worker = Worker(box, concurrency=4)
             try:
                 await box.put_destination("hook", DestinationSpec(**{**DESTINATION, "url": f"{receiver.url}/hook"}))
-                keys = [(r.intent.scope, r.intent.action_id) for r in [
-                    await box.enqueue(scope="acme", action_id=f"a-{n}", destination="hook", payload={"n": n})
-                    for n in range(INTENTS)]]
+                keys = await enqueue(box, range(INTENTS))
                 still_open, history = await run_until_settled(box, worker, keys, timeout=45)
                 delivered_ids = {key: (await box.show(key.partition("/")[2], scope="acme"))[1].attempts[-1].external_id
                                  for key in crash_keys}
@@ -213,22 +218,23 @@ async def test_a_receiver_killed_between_its_effect_and_its_record(
     assert all(i.status == "delivered" for i in history), f"seed {seed}\n{rendered}"
     assert check(history, truth) == [], f"seed {seed}"
     cut = maybe_submitted(history)
+    runs: dict[str, list[Run]] = {}
+    for run in seen.runs:
+        runs.setdefault(run.key, []).append(run)
     for key in crash_keys:
-        runs = [r for r in seen.runs if r.key == key]
         # the killed run's attempt was recorded maybe_submitted; a retry took the record over,
         # once its lease had run out, with a higher epoch and ran the handler again
-        assert runs[0].attempt_id in cut and runs[0].attempt_id in seen.reached, (key, runs)
-        assert len(runs) >= 2 and runs[-1].epoch > runs[0].epoch, (key, runs)
-    for key in {r.key for r in seen.runs}:
+        assert runs[key][0].attempt_id in cut and runs[key][0].attempt_id in seen.reached, (key, runs[key])
+        assert len(runs[key]) >= 2 and runs[key][-1].epoch > runs[key][0].epoch, (key, runs[key])
+    for key, each in runs.items():
         # every handler run but a key's last was cut by a kill: its attempt is maybe_submitted
-        assert all(r.attempt_id in cut for r in [r for r in seen.runs if r.key == key][:-1]), key
+        assert all(r.attempt_id in cut for r in each[:-1]), key
     duplicated = {key for key, n in truth.effects.items() if n > 1}
     if fenced:
         assert duplicated == set() and set(truth.effects) == {f"{s}/{a}" for s, a in keys}
         assert off_diagonal(table) == 0, f"seed {seed}\n{rendered}"
         for key in crash_keys:  # the takeover answered with the effect the killed run made
-            first = next(r for r in seen.runs if r.key == key)
-            assert delivered_ids[key] == f"effect-{key}-{first.epoch}", (key, delivered_ids)
+            assert delivered_ids[key] == f"effect-{key}-{runs[key][0].epoch}", (key, delivered_ids)
     else:
         # exactly the README's window: each killed key's effect happened again, and the checker,
         # told the receiver deduplicates, says so for exactly the duplicated keys
@@ -341,18 +347,12 @@ async def test_a_receiver_whose_record_store_is_down_runs_nothing_until_it_is_ba
         running = asyncio.create_task(worker.run())
         try:
             await box.put_destination("hook", DestinationSpec(**{**DESTINATION, "url": f"{receiver.url}/hook"}))
-
-            async def enqueue(numbers: range) -> list[tuple[str, str]]:
-                return [(r.intent.scope, r.intent.action_id) for r in [
-                    await box.enqueue(scope="acme", action_id=f"a-{n}", destination="hook", payload={"n": n})
-                    for n in numbers]]
-
             # 1. a first batch delivered while the store is up (so it is open and in use)
-            before = await enqueue(range(4))
+            before = await enqueue(box, range(4))
             assert await settled(box, before, timeout=30) == []
             # 2. the store goes down; a second batch is sent meanwhile, each key at least twice
             await available(False)
-            during = await enqueue(range(4, INTENTS))
+            during = await enqueue(box, range(4, INTENTS))
             refused = {f"{s}/{a}" for s, a in during}
 
             def ran_while_down() -> bool:
@@ -369,8 +369,6 @@ async def test_a_receiver_whose_record_store_is_down_runs_nothing_until_it_is_ba
             back_at = time.monotonic()
             await available(True)
             still_open = await settled(box, before + during, timeout=30)
-            worker.stop()
-            await asyncio.wait_for(running, 15)
             history = await facts(box, before + during)
         finally:
             worker.stop()
