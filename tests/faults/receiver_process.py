@@ -32,9 +32,8 @@ from receivers import IdempotencyMiddleware, SqliteRecordStore
 
 #: The effects file's tables; ``effects`` is keyed on the key only when the effect is fenced.
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS reached (attempt_id TEXT NOT NULL, key TEXT NOT NULL, pid INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS runs (key TEXT NOT NULL, epoch INTEGER NOT NULL, attempt_id TEXT NOT NULL,
-                                 pid INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS reached (attempt_id TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (key TEXT NOT NULL, epoch INTEGER NOT NULL, attempt_id TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS crashed (key TEXT PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS effects (key TEXT NOT NULL {unique}, epoch INTEGER NOT NULL,
                                     attempt_id TEXT NOT NULL);
@@ -68,8 +67,7 @@ class Effects:
 
     def reached(self, scope: dict[str, Any]) -> None:
         """Record a request before the middleware sees it (committed)."""
-        self.db.execute("INSERT INTO reached VALUES (?, ?, ?)",
-                        (header(scope, b"outbox-attempt-id"), header(scope, b"idempotency-key"), os.getpid()))
+        self.db.execute("INSERT INTO reached VALUES (?)", (header(scope, b"outbox-attempt-id"),))
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -78,7 +76,7 @@ class Effects:
         claim = scope["state"]["idempotency"]
         attempt = header(scope, b"outbox-attempt-id")
         self.db.execute("BEGIN IMMEDIATE")
-        self.db.execute("INSERT INTO runs VALUES (?, ?, ?, ?)", (claim.key, claim.epoch, attempt, os.getpid()))
+        self.db.execute("INSERT INTO runs VALUES (?, ?, ?)", (claim.key, claim.epoch, attempt))
         conflict = "ON CONFLICT (key) DO NOTHING" if self.fenced else ""
         self.db.execute(f"INSERT INTO effects VALUES (?, ?, ?) {conflict}", (claim.key, claim.epoch, attempt))
         crash = (claim.key in self.crash_keys
