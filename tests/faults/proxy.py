@@ -28,8 +28,9 @@ import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from concurrent.futures import Future
+from typing import Any
 
 MODES = ("pass", "refuse", "reset_before", "reset_after", "late", "headers_close", "drip")
 
@@ -83,8 +84,8 @@ class Proxy:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    def _call(self, coroutine: object) -> None:
-        future: Future[None] = asyncio.run_coroutine_threadsafe(coroutine, self._loop)  # type: ignore[arg-type]
+    def _call(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        future: Future[None] = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
         future.result(15)
 
     # -- on the proxy's loop -------------------------------------------------------------------
@@ -154,14 +155,13 @@ class Proxy:
             answer = _closing(await up_reader.read(-1))  # the receiver closes after its answer
         finally:
             up_writer.close()
-        head = answer.partition(b"\r\n\r\n")[0]
         if mode == "reset_after":
             _reset(writer)
             return
         if mode == "late":
             await asyncio.sleep(self.late_seconds)
         if mode == "headers_close":
-            writer.write(head + b"\r\n\r\n")
+            writer.write(answer.partition(b"\r\n\r\n")[0] + b"\r\n\r\n")
         elif mode == "drip":
             for start in range(0, len(answer), self.drip_bytes):
                 writer.write(answer[start:start + self.drip_bytes])
