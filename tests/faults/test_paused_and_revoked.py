@@ -18,8 +18,8 @@ import os
 import random
 import signal
 import threading
-import time
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from receivers import wire
 from sender import Worker
 
 from ..acceptance.conftest import clean_env, outbox_worker
-from ..conftest import SECRET, rows
+from ..conftest import SECRET, eventually, rows
 from ..servers import Served
 from .checker import Truth, check, off_diagonal, truth_table
 from .tables import store_name
@@ -41,7 +41,7 @@ from .test_matrix import report, tier
 
 pytestmark = pytest.mark.acceptance
 
-INTENTS = 4  # settled() from test_crash_points waits for this many
+INTENTS = 4  # the paused worker's intents (32 in the long tier)
 LEASE_SECONDS = 1.0
 FENCE = wire.FENCE.lower().encode()
 KEY = wire.IDEMPOTENCY_KEY.lower().encode()
@@ -107,11 +107,9 @@ async def wait(event: threading.Event) -> None:
         await asyncio.sleep(0.02)
 
 
-async def until(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"not {what} after {timeout:.0f} s"
-        await asyncio.sleep(0.02)
+async def until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    """Wait for ``condition`` (``eventually``); fail naming ``what`` did not happen."""
+    assert await eventually(condition, timeout), f"not {what} after {timeout:.0f} s"
 
 
 async def test_a_paused_worker_is_fenced_out_of_the_store_and_the_receiver(
@@ -163,8 +161,8 @@ async def test_a_paused_worker_is_fenced_out_of_the_store_and_the_receiver(
                 finally:
                     os.kill(first.pid, signal.SIGCONT)
                 # 5. continued, it tries to record its outcomes: every write is fenced out
-                await until(lambda: log.read_text().count("fenced write rejected") >= count, 15,
-                            f"{count} stale writes rejected:\n{log.read_text()}")
+                assert await eventually(lambda: log.read_text().count("fenced write rejected") >= count, 15), \
+                    f"not {count} stale writes rejected:\n{log.read_text()}"
                 first.send_signal(signal.SIGTERM)
                 await asyncio.to_thread(first.wait, 15)
             await integrity(url)
@@ -192,7 +190,7 @@ async def test_a_paused_worker_is_fenced_out_of_the_store_and_the_receiver(
     assert all(receiver.effects[f.key] == 1 for f in facts), receiver.effects
     # the store kept the second worker's outcomes: the first worker's attempts stay as the takeover
     # recorded them (maybe submitted), the 409 it was answered never written
-    assert {(submission, status) for _, submission, status in map(stored.get, first_attempts)} == {
+    assert {(stored[a][1], stored[a][2]) for a in first_attempts} == {
         ("maybe_submitted", None)}, stored
     assert sum(status == 200 for _, _, status in stored.values()) == count, stored
     assert stale >= count
