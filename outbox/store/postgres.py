@@ -46,6 +46,7 @@ from .rules import (
     decide_target,
     decide_update,
     inserted_intent,
+    whole_or_refused,
 )
 
 SQL = queries.load("postgres")
@@ -185,10 +186,10 @@ async def _judged(conn: asyncpg.Connection, new: NewIntent, seen: dict[str, Any]
 
 
 async def _insert_batch(
-    conn: asyncpg.Connection, items: Sequence[tuple[NewIntent, Event]], *, each: bool
+    conn: asyncpg.Connection, items: Sequence[tuple[NewIntent, Event]]
 ) -> list[Enqueued | OutboxError]:
     """A batch's enqueues on ``conn``, inside a transaction, in a few statements however many
-    intents: each is judged as alone (a refusal is its result when ``each``, else raised), the new
+    intents: each is judged as alone (a refusal is its result, decided before any write), the new
     keys are inserted with their first events at once, and the rest are compared with the intents
     already holding their keys, as ``rules.decide_existing`` says."""
     await _lock_ordering_keys(conn, [new for new, _ in items])
@@ -199,21 +200,18 @@ async def _insert_batch(
         try:
             found, status = await _judged(conn, new, seen)
         except OutboxError as exc:
-            if not each:
-                raise
             results[i] = exc
             continue
         fresh.setdefault(new.key, (i, found["channel"], status))
-    rows = [(*items[i], channel, status) for i, channel, status in fresh.values()]
-    created = {row["intent_key"]: row["seq"] for row in await conn.fetch(SQL["insert_intents"], *(
-        list(column) for column in zip(*(
-            (new.key, new.action_id, new.scope, new.destination, channel, new.payload_json, new.payload_digest,
+    rows = [(new.key, new.action_id, new.scope, new.destination, channel, new.payload_json, new.payload_digest,
              status.value, new.max_attempts, new.next_attempt_at, new.not_before, new.expires_at, new.created_at,
              event.kind.value, event.at, event.actor, event.reason, _data(event), new.ordering_key)
-            for new, event, channel, status in rows), strict=True)))} if rows else {}
-    for new, _, channel, status in rows:
-        if new.key in created:
-            results[fresh[new.key][0]] = Enqueued(inserted_intent(created[new.key], new, channel, status), created=True)
+            for i, channel, status in fresh.values() for new, event in [items[i]]]
+    created = {row["intent_key"]: row["seq"] for row in await conn.fetch(
+        SQL["insert_intents"], *map(list, zip(*rows, strict=True)))} if rows else {}
+    for key, (i, channel, status) in fresh.items():
+        if key in created:
+            results[i] = Enqueued(inserted_intent(created[key], items[i][0], channel, status), created=True)
     taken = [i for i, result in enumerate(results) if result is None]  # their keys were held already
     existing = {row["intent_key"]: _intent(row) for row in await conn.fetch(
         SQL["intents_by_keys"], [items[i][0].key for i in taken])} if taken else {}
@@ -223,10 +221,8 @@ async def _insert_batch(
             holder = existing.get(new.key)  # None: pruned since, so the key is free again
             results[i] = decide_existing(holder, new) if holder else await _insert_intent(conn, new, event, seen)
         except OutboxError as exc:
-            if not each:
-                raise
             results[i] = exc
-    return [result for result in results if result is not None]
+    return cast(list[Enqueued | OutboxError], results)  # every place filled above
 
 
 async def _start_listening(conn: asyncpg.Connection, wake: Callable[[], None]) -> asyncio.Event:
@@ -473,11 +469,11 @@ class PostgresStore:
 
     async def insert_intents(self, items: Sequence[tuple[NewIntent, Event]]) -> list[Enqueued]:
         async with self._transaction() as conn:
-            return cast(list[Enqueued], await _insert_batch(conn, items, each=False))
+            return whole_or_refused(await _insert_batch(conn, items))
 
     async def insert_each(self, items: Sequence[tuple[NewIntent, Event]]) -> list[Enqueued | OutboxError]:
         async with self._transaction() as conn:
-            return await _insert_batch(conn, items, each=True)
+            return await _insert_batch(conn, items)
 
     async def get_intent(self, key: str) -> Intent | None:
         row = await self._fetchrow("intent_by_key", key)

@@ -9,10 +9,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from .. import channels
-from ..errors import DestinationInUse, IntentConflict, InvalidInput, NotFound, StaleWrite, UnknownDestination
+from ..errors import (
+    DestinationInUse,
+    IntentConflict,
+    InvalidInput,
+    NotFound,
+    OutboxError,
+    StaleWrite,
+    UnknownDestination,
+)
 from ..model import INITIAL, Enqueued, Event, Intent, NewIntent, Status, check_transition
 from .protocol import UPDATABLE
 
@@ -79,6 +87,15 @@ def decide_existing(existing: Intent, new: NewIntent) -> Enqueued:
 
 
 # -- updates ----------------------------------------------------------------------------------
+
+
+def whole_or_refused(results: Sequence[Enqueued | OutboxError]) -> list[Enqueued]:
+    """A batch that is recorded whole or not at all (``insert_intents``): its first refusal is
+    raised, undoing the transaction that wrote the rest; else every result."""
+    for result in results:
+        if isinstance(result, OutboxError):
+            raise result
+    return cast(list[Enqueued], list(results))
 
 
 def decide_update(

@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, TypeVar, cast, overload
 
 import aiosqlite
 
@@ -42,6 +42,7 @@ from .rules import (
     decide_target,
     decide_update,
     inserted_intent,
+    whole_or_refused,
 )
 
 T = TypeVar("T")
@@ -101,12 +102,10 @@ def _enqueue_target(
     return found["channel"], status
 
 
-def _insert_intent(
-    conn: sqlite3.Connection, new: NewIntent, event: Event, seen: dict[str, sqlite3.Row] | None = None
-) -> Enqueued:
+def _insert_intent(conn: sqlite3.Connection, new: NewIntent, event: Event) -> Enqueued:
     """The enqueue, run inside a write transaction: destination check, insert or compare (the
     rules are ``rules.decide_initial_status`` and ``rules.decide_existing``)."""
-    channel, status = _enqueue_target(conn, new, seen)
+    channel, status = _enqueue_target(conn, new, None)
     created = to_us(new.created_at)
     row = conn.execute(
         SQL["insert_intent"],
@@ -166,7 +165,7 @@ def _insert_each(conn: sqlite3.Connection, items: Sequence[tuple[NewIntent, Even
         results[i] = Enqueued(inserted_intent(seq, new, channel, status), created=True)
     if events:
         conn.execute(SQL["insert_events"], (json.dumps(events),))
-    return [result for result in results if result is not None]
+    return cast(list[Enqueued | OutboxError], results)  # every place filled above
 
 
 @functools.cache
@@ -399,11 +398,7 @@ class SqliteStore:
         return await self._write(lambda conn: _insert_intent(conn, new, event))
 
     async def insert_intents(self, items: Sequence[tuple[NewIntent, Event]]) -> list[Enqueued]:
-        def run(conn: sqlite3.Connection) -> list[Enqueued]:
-            seen: dict[str, sqlite3.Row] = {}
-            return [_insert_intent(conn, new, event, seen) for new, event in items]
-
-        return await self._write(run)
+        return await self._write(lambda conn: whole_or_refused(_insert_each(conn, items)))
 
     async def insert_each(self, items: Sequence[tuple[NewIntent, Event]]) -> list[Enqueued | OutboxError]:
         return await self._write(lambda conn: _insert_each(conn, items))
