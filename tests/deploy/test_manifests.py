@@ -263,12 +263,16 @@ def test_secrets_are_referenced_never_written_in() -> None:
 def test_pods_run_unprivileged_with_resources_and_probes() -> None:
     for workload in (r for r in resources() if r["kind"] in ("Job", "Deployment")):
         pod = workload["spec"]["template"]["spec"]
-        assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+        assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 10001
+        scratch = {v["name"] for v in pod.get("volumes", []) if "emptyDir" in v}
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
         for spec in pod["containers"]:
             security = spec["securityContext"]
             assert security["capabilities"]["drop"] == ["ALL"] and security["allowPrivilegeEscalation"] is False
             assert security["readOnlyRootFilesystem"] is True
+            assert {m["name"] for m in spec.get("volumeMounts", []) if m["mountPath"] == "/tmp"} <= scratch
+            if workload["kind"] == "Deployment":  # a writable /tmp, and only there
+                assert any(m["mountPath"] == "/tmp" for m in spec["volumeMounts"]), spec["name"]
             assert {"cpu", "memory"} <= set(spec["resources"]["requests"]) and "memory" in spec["resources"]["limits"]
             if workload["kind"] == "Deployment":
                 assert {"livenessProbe", "readinessProbe"} <= set(spec), spec["name"]

@@ -136,7 +136,8 @@ def test_the_shared_drop_in_runs_every_unit_unprivileged_and_sandboxed():
     assert common["EnvironmentFile"] == "/etc/outbox/outbox.env"  # root-owned, 0600: read before the drop
     assert common["StateDirectory"] == "outbox" and common["WorkingDirectory"] == "/var/lib/outbox"
     expected = {"NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes",
-                "PrivateDevices": "yes", "CapabilityBoundingSet": "", "UMask": "0077"}
+                "PrivateDevices": "yes", "CapabilityBoundingSet": "", "UMask": "0077",
+                "SystemCallFilter": "@system-service"}
     assert {key: common.get(key) for key in expected} == expected
     for name in SERVICES:
         service = unit(UNITS / name)["Service"]
