@@ -33,5 +33,5 @@ def arm(point: str | None) -> None:
 
 def crash_point(name: CrashPoint) -> None:
     """SIGKILL this process if it was armed at ``name``: a real crash, no cleanup."""
-    if armed is not None and armed == name:
+    if armed == name:
         os.kill(os.getpid(), signal.SIGKILL)
