@@ -7,12 +7,13 @@ consuming Kafka import aiokafka.
 from typing import TYPE_CHECKING, Any
 
 from .asgi import IdempotencyMiddleware
-from .engine import Idempotency, IdempotencyContext
+from .engine import RELEASE_STATUSES, Idempotency, IdempotencyContext
 from .records import RecordStore, State, StoredResponse
 from .stores import MemoryRecordStore, PostgresRecordStore, SqliteRecordStore
 from .wire import InvalidSignature, verify_signature
 
 __all__ = [
+    "RELEASE_STATUSES",
     "Idempotency",
     "IdempotencyContext",
     "IdempotencyMiddleware",

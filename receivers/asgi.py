@@ -23,7 +23,7 @@ class IdempotencyMiddleware:
     def __init__(self, app: Any, store: RecordStore, **options: Any) -> None:
         """``options`` are those of ``receivers.engine.Idempotency`` (secrets, scope_resolver,
         methods, required, retention_seconds, lease_seconds, max_body_bytes, max_stored_bytes,
-        max_json_depth, signature_tolerance_seconds, clock)."""
+        max_json_depth, signature_tolerance_seconds, release_statuses, clock)."""
         self.app = app
         self.idempotency = Idempotency(store, **options)
 

@@ -2,7 +2,8 @@
 
 A middleware describes the request, asks ``begin`` what to do — answer at once (a problem, a
 replay, a probe's answer) or run the handler under a claim — and reports the handler's response
-to ``finish``, which completes the record (2xx-4xx) or releases it (5xx, exception).
+to ``finish``, which completes the record or, for a status in ``release_statuses`` (nothing
+ran, or come back later) and for an exception, releases it so a retry runs the handler again.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import base64
 import inspect
 import json
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -47,6 +48,12 @@ UNSTORED = frozenset({
     "set-cookie", "authorization", "proxy-authorization", "proxy-authenticate", "connection",
     "keep-alive", "te", "trailer", "transfer-encoding", "upgrade", "content-length", "date", "server",
 })
+
+#: Answers that release the claim instead of completing it, so the next request runs the handler
+#: again: 404 and 405 (what a router answers for a wrong URL or method: no handler ran, so a
+#: sender's typo fixed later must not be answered from the record), 408, 425 and 429 (come back
+#: later), and every 5xx. Every other status completes the record and is replayed.
+RELEASE_STATUSES = frozenset({404, 405, 408, 425, 429, *range(500, 600)})
 
 Headers = Sequence[tuple[str, str]]
 
@@ -129,6 +136,7 @@ class Idempotency:
         secrets: str | Sequence[str] | None = None,
         signature_tolerance_seconds: float = 300,
         max_json_depth: int = MAX_JSON_DEPTH,
+        release_statuses: Collection[int] = RELEASE_STATUSES,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.store = store
@@ -147,6 +155,11 @@ class Idempotency:
         self.signature_tolerance_seconds = signature_tolerance_seconds
         #: JSON bodies nested deeper are refused with 400 before anything is claimed.
         self.max_json_depth = max_json_depth
+        #: A handler's answer with one of these statuses releases the key instead of completing it.
+        self.release_statuses = frozenset(release_statuses)
+        if not all(type(code) is int and 100 <= code <= 599 for code in self.release_statuses):
+            raise ValueError(f"release_statuses must be HTTP status codes (integers 100-599), not "
+                             f"{sorted(map(repr, self.release_statuses))}")
         if secrets is None:
             log.warning("idempotency middleware set up without secrets=: signatures are not checked and the "
                         "reconcile probe is off; pass the destination's whsec_ secret(s) as secrets= to turn "
@@ -329,10 +342,11 @@ class Idempotency:
         return scope
 
     async def finish(self, run: Run, status: int | None, headers: Headers, body: bytes | None) -> None:
-        """Complete the record with a 2xx-4xx response; release it on 5xx, on an exception
-        (``status`` None) or when no response was sent. ``body`` None: not stored (too large)."""
+        """Complete the record with the response; release it for a status in
+        ``release_statuses``, on an exception (``status`` None) or when no response was sent.
+        ``body`` None: not stored (too large)."""
         try:
-            if status is None or status >= 500:
+            if status is None or status in self.release_statuses:
                 await self.store.release(run.identity, run.context.epoch)
                 return
             kept = tuple((k, v) for k, v in headers if k.lower() not in UNSTORED)

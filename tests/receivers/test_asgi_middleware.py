@@ -27,7 +27,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from receivers import IdempotencyMiddleware, MemoryRecordStore, PostgresRecordStore, SqliteRecordStore, State
+from receivers import (
+    RELEASE_STATUSES,
+    IdempotencyMiddleware,
+    MemoryRecordStore,
+    PostgresRecordStore,
+    SqliteRecordStore,
+    State,
+)
 from receivers.keys import identity
 from receivers.records import StoreUnavailable
 
@@ -71,7 +78,7 @@ class Effects:
 
 def make_app(effects: Effects) -> Starlette:
     """``x-mode`` (not part of the fingerprint) picks what the handler does: ok (201 JSON),
-    gate (wait for the test), raise, 503, 400, big (``x-size`` bytes)."""
+    gate (wait for the test), raise, 503, 400, big (``x-size`` bytes), status (``x-status``)."""
 
     async def handle(request: Request) -> Response:
         body = await request.body()
@@ -87,6 +94,8 @@ def make_app(effects: Effects) -> Starlette:
             return JSONResponse({"error": "try later"}, status_code=503)
         if mode == "400":
             return JSONResponse({"error": "bad invoice"}, status_code=400, headers={"x-reason": "invalid"})
+        if mode == "status":
+            return JSONResponse({"n": effects.count}, status_code=int(request.headers["x-status"]))
         if mode == "big":
             return Response(b"x" * int(request.headers["x-size"]), media_type="application/octet-stream",
                             headers={"x-big": "yes"})
@@ -100,7 +109,8 @@ def make_app(effects: Effects) -> Starlette:
         return response
 
     methods = ["GET", "POST", "PATCH", "PUT", "DELETE"]
-    return Starlette(routes=[Route("/items", handle, methods=methods), Route("/other", handle, methods=methods)])
+    return Starlette(routes=[Route("/items", handle, methods=methods), Route("/other", handle, methods=methods),
+                             Route("/read-only", handle, methods=["GET"])])
 
 
 # -- harness -----------------------------------------------------------------------------------
@@ -479,13 +489,68 @@ async def test_a_plain_asgi_handler_that_raises_before_answering_releases_too(
         await store.close()
 
 
-async def test_a_5xx_response_releases_the_key(build: Any) -> None:
+@pytest.mark.parametrize("status", [404, 405, 408, 425, 429, 500, 502, 503, 504, 599])
+async def test_a_response_that_says_nothing_ran_or_come_back_releases_the_key(build: Any, status: int) -> None:
     h = await build()
-    assert (await h.post("k", mode="503")).status_code == 503
+    assert (await h.post("k", mode="status", headers={"x-status": str(status)})).status_code == status
     assert (await h.record("k")).state is State.ABSENT
     retry = await h.post("k")
     assert retry.status_code == 201 and not replayed(retry)
+    assert retry.json()["epoch"] == 2
     assert h.effects.count == 2
+
+
+async def test_a_routers_404_for_a_wrong_path_releases_the_key_so_the_right_path_runs(build: Any) -> None:
+    """A sender's typo: no handler ran, so once the URL is fixed the key must not answer the
+    stored 404 (same path) or 422 (the right path is another fingerprint)."""
+    h = await build()
+    wrong = await h.post("k", path="/itmes")
+    assert wrong.status_code == 404 and h.effects.count == 0  # Starlette's router answered
+    assert (await h.record("k")).state is State.ABSENT
+    again = await h.post("k", path="/itmes")
+    assert again.status_code == 404 and not replayed(again)
+    fixed = await h.post("k")
+    assert fixed.status_code == 201 and not replayed(fixed)
+    assert h.effects.count == 1
+    assert replayed(await h.post("k"))
+
+
+async def test_a_routers_405_for_a_wrong_method_releases_the_key(build: Any) -> None:
+    h = await build()
+    assert (await h.post("k", path="/read-only")).status_code == 405 and h.effects.count == 0
+    assert (await h.record("k")).state is State.ABSENT
+    fixed = await h.post("k")
+    assert fixed.status_code == 201 and not replayed(fixed)
+    assert h.effects.count == 1
+
+
+@pytest.mark.parametrize("status", [200, 202, 204, 303, 400, 401, 403, 409, 410, 422])
+async def test_every_other_response_completes_and_is_replayed(build: Any, status: int) -> None:
+    h = await build()
+    first = await h.post("k", mode="status", headers={"x-status": str(status)})
+    assert first.status_code == status
+    again = await h.post("k")
+    assert again.status_code == status and replayed(again) and again.content == first.content
+    assert h.effects.count == 1
+
+
+async def test_which_statuses_release_is_the_release_statuses_option(build: Any) -> None:
+    """An app whose handlers' 404s carry meaning can keep them; one that wants 409 retried can add it."""
+    keeps = await build(release_statuses=RELEASE_STATUSES - {404})
+    assert (await keeps.post("k", path="/itmes")).status_code == 404
+    assert (await keeps.record("k")).state is State.COMPLETED
+    stored = await keeps.post("k", path="/itmes")
+    assert stored.status_code == 404 and replayed(stored)
+    retries = await build(release_statuses={*RELEASE_STATUSES, 409})
+    assert (await retries.post("k", mode="status", headers={"x-status": "409"})).status_code == 409
+    assert (await retries.post("k")).status_code == 201
+    assert retries.effects.count == 2
+
+
+@pytest.mark.parametrize("statuses", [{"404"}, {99}, {600}, {404.0}, {True}])
+def test_release_statuses_must_be_http_status_codes(statuses: Any) -> None:
+    with pytest.raises(ValueError, match="release_statuses must be HTTP status codes"):
+        IdempotencyMiddleware(make_app(Effects()), MemoryRecordStore(), release_statuses=statuses)
 
 
 async def test_a_4xx_response_completes_and_is_replayed(build: Any) -> None:

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from flask import Flask, jsonify, request
 
-from receivers import MemoryRecordStore, SqliteRecordStore, State
+from receivers import RELEASE_STATUSES, MemoryRecordStore, SqliteRecordStore, State
 from receivers.keys import identity
 from receivers.wsgi import IdempotencyMiddleware
 
@@ -68,6 +68,8 @@ def make_flask(effects: Effects) -> Flask:
             return jsonify(error="try later"), 503
         if mode == "400":
             return jsonify(error="bad invoice"), 400
+        if mode == "status":
+            return jsonify(n=n), int(request.headers["X-Status"])
         response = jsonify(n=n, epoch=context.epoch if context else None, key=context.key if context else None,
                            scope=context.scope if context else None)
         response.status_code = 201
@@ -221,14 +223,43 @@ def test_a_missing_key_passes_through_when_not_required(build: Any) -> None:
     assert h.effects.calls[1][1] == b'{"invoice": 42}'
 
 
-def test_a_5xx_response_releases_the_key(build: Any) -> None:
+@pytest.mark.parametrize("status", [404, 405, 408, 425, 429, 500, 503, 504])
+def test_a_response_that_says_nothing_ran_or_come_back_releases_the_key(build: Any, status: int) -> None:
     h = build()
-    assert h.post("k", mode="503").status_code == 503
+    assert h.post("k", mode="status", headers={"X-Status": str(status)}).status_code == status
     assert h.record("k").state is State.ABSENT
     retry = h.post("k")
     assert retry.status_code == 201 and not replayed(retry)
     assert retry.get_json()["epoch"] == 2
     assert h.effects.count == 2
+
+
+@pytest.mark.parametrize(("path", "method", "status"), [("/itmes", "POST", 404), ("/other", "PATCH", 405)])
+def test_flasks_routing_answer_releases_the_key_so_the_right_request_runs(
+        build: Any, path: str, method: str, status: int) -> None:
+    """A sender's typo in the URL (or a method the route does not take): no handler ran."""
+    h = build()
+    assert h.post("k", path=path, method=method).status_code == status and h.effects.count == 0
+    assert h.record("k").state is State.ABSENT
+    fixed = h.post("k")
+    assert fixed.status_code == 201 and not replayed(fixed)
+    assert h.effects.count == 1
+
+
+@pytest.mark.parametrize("status", [200, 202, 400, 409, 422])
+def test_every_other_response_completes_and_is_replayed(build: Any, status: int) -> None:
+    h = build()
+    assert h.post("k", mode="status", headers={"X-Status": str(status)}).status_code == status
+    again = h.post("k")
+    assert again.status_code == status and replayed(again)
+    assert h.effects.count == 1
+
+
+def test_which_statuses_release_is_the_release_statuses_option(build: Any) -> None:
+    h = build(release_statuses=RELEASE_STATUSES - {404})
+    assert h.post("k", path="/itmes").status_code == 404
+    stored = h.post("k", path="/itmes")
+    assert stored.status_code == 404 and replayed(stored)
 
 
 def test_a_handler_that_raises_releases_the_key(build: Any) -> None:
