@@ -43,11 +43,74 @@ _LDH_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?", re.IGNORECASE)
 # What a URL parser or the C resolver reads as (part of) an IPv4 number: decimal, octal, hex.
 _NUMERIC_LABEL = re.compile(r"[0-9]+|0x[0-9a-f]*", re.IGNORECASE)
 _PORT = re.compile(r"[0-9]{1,5}")
-# The NAT64 well-known prefix (RFC 6052) carries an IPv4 address in its last 32 bits; its
-# local-use neighbour (RFC 8215) translates to whatever the operator chose.
+# The NAT64 well-known prefix (RFC 6052) carries an IPv4 address in its last 32 bits.
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
-_NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")
-_IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
+# The only IPv6 space IANA allocates as global unicast; the rest is reserved by the IETF
+# (including the IPv4-compatible ::/96 and the SIIT IPv4-translated ::ffff:0:0:0/96, which a
+# translator on the path may turn into any IPv4 address), unique-local, link-local, site-local
+# or multicast.
+_GLOBAL_UNICAST = ipaddress.IPv6Network("2000::/3")
+
+#: Every block of IANA's IPv4 and IPv6 Special-Purpose Address Registries (RFC 6890 and the RFC
+#: each block names), and IPv4 multicast: none is a place for a destination outside the private
+#: network. Blocks the registries call globally reachable are refused too: their anycast services
+#: (PCP, TURN, DNS-SD registration) are found on the local network, and the rest (AS112, AMT,
+#: ORCHIDv2, drone ids) serve no webhook, mail or broker. The IPv6 forms that carry an IPv4
+#: address the connection reaches (IPv4-mapped, 6to4, and NAT64's 64:ff9b::/96, which is not
+#: listed) are judged by that address instead (``is_public``).
+SPECIAL_PURPOSE: tuple[tuple[str, str], ...] = (
+    ("0.0.0.0/8", "this network (RFC 791)"),
+    ("0.0.0.0/32", "this host on this network (RFC 1122)"),
+    ("10.0.0.0/8", "private use (RFC 1918)"),
+    ("100.64.0.0/10", "shared address space (RFC 6598)"),
+    ("127.0.0.0/8", "loopback (RFC 1122)"),
+    ("169.254.0.0/16", "link local, cloud metadata (RFC 3927)"),
+    ("172.16.0.0/12", "private use (RFC 1918)"),
+    ("192.0.0.0/24", "IETF protocol assignments (RFC 6890)"),
+    ("192.0.0.0/29", "IPv4 service continuity prefix (RFC 7335)"),
+    ("192.0.0.8/32", "IPv4 dummy address (RFC 7600)"),
+    ("192.0.0.9/32", "port control protocol anycast (RFC 7723)"),
+    ("192.0.0.10/32", "traversal using relays around NAT anycast (RFC 8155)"),
+    ("192.0.0.170/32", "NAT64/DNS64 discovery (RFC 7050)"),
+    ("192.0.0.171/32", "NAT64/DNS64 discovery (RFC 7050)"),
+    ("192.0.2.0/24", "documentation, TEST-NET-1 (RFC 5737)"),
+    ("192.31.196.0/24", "AS112-v4 (RFC 7535)"),
+    ("192.52.193.0/24", "automatic multicast tunneling (RFC 7450)"),
+    ("192.88.99.0/24", "deprecated 6to4 relay anycast (RFC 7526)"),
+    ("192.168.0.0/16", "private use (RFC 1918)"),
+    ("192.175.48.0/24", "direct delegation AS112 service (RFC 7534)"),
+    ("198.18.0.0/15", "benchmarking (RFC 2544)"),
+    ("198.51.100.0/24", "documentation, TEST-NET-2 (RFC 5737)"),
+    ("203.0.113.0/24", "documentation, TEST-NET-3 (RFC 5737)"),
+    ("224.0.0.0/4", "multicast (RFC 5771)"),
+    ("240.0.0.0/4", "reserved (RFC 1112)"),
+    ("255.255.255.255/32", "limited broadcast (RFC 919)"),
+    ("::1/128", "loopback (RFC 4291)"),
+    ("::/128", "unspecified (RFC 4291)"),
+    ("::ffff:0:0/96", "IPv4-mapped (RFC 4291)"),
+    ("64:ff9b:1::/48", "local-use IPv4/IPv6 translation (RFC 8215)"),
+    ("100::/64", "discard-only (RFC 6666)"),
+    ("100:0:0:1::/64", "dummy IPv6 prefix (RFC 9780)"),
+    ("2001::/23", "IETF protocol assignments (RFC 2928)"),
+    ("2001::/32", "Teredo (RFC 4380)"),
+    ("2001:1::1/128", "port control protocol anycast (RFC 7723)"),
+    ("2001:1::2/128", "traversal using relays around NAT anycast (RFC 8155)"),
+    ("2001:1::3/128", "DNS-SD service registration protocol anycast (RFC 9665)"),
+    ("2001:2::/48", "benchmarking (RFC 5180)"),
+    ("2001:3::/32", "automatic multicast tunneling (RFC 7450)"),
+    ("2001:4:112::/48", "AS112-v6 (RFC 7535)"),
+    ("2001:10::/28", "deprecated ORCHID (RFC 4843)"),
+    ("2001:20::/28", "ORCHIDv2 (RFC 7343)"),
+    ("2001:30::/28", "drone remote ID entity tags (RFC 9374)"),
+    ("2001:db8::/32", "documentation (RFC 3849)"),
+    ("2002::/16", "6to4 (RFC 3056)"),
+    ("2620:4f:8000::/48", "direct delegation AS112 service (RFC 7534)"),
+    ("3fff::/20", "documentation (RFC 9637)"),
+    ("5f00::/16", "segment routing SIDs (RFC 9602)"),
+    ("fc00::/7", "unique local (RFC 4193)"),
+    ("fe80::/10", "link-local unicast (RFC 4291)"),
+)
+_SPECIAL = tuple(ipaddress.ip_network(block) for block, _ in SPECIAL_PURPOSE)
 
 
 class HostRefused(ValueError):
@@ -172,24 +235,27 @@ def url_host(url: str) -> str:
 
 def is_public(address: str) -> bool:
     """Whether an IP address may be reached by a destination that does not allow the private
-    network: globally routable and not multicast. Not loopback, private, link-local (cloud
-    metadata at 169.254.169.254), shared, reserved or unspecified (``0.0.0.0`` reaches this host).
+    network: in none of IANA's special-purpose blocks (``SPECIAL_PURPOSE``), so not loopback,
+    private, link-local (cloud metadata at 169.254.169.254), shared, reserved, documentation,
+    benchmarking, multicast or unspecified (``0.0.0.0`` reaches this host), and, for IPv6, in
+    the global unicast space ``2000::/3``.
 
-    An IPv6 address that carries an IPv4 address (IPv4-mapped ``::ffff:a.b.c.d``, the deprecated
-    IPv4-compatible ``::a.b.c.d``, 6to4 ``2002::/16``, NAT64 ``64:ff9b::/96``) is public only if
-    that IPv4 address is too. Accepts a ``%zone`` suffix and brackets; raises ``ValueError`` for
-    anything that is not an IP address.
+    An IPv6 address that carries an IPv4 address the connection reaches (IPv4-mapped
+    ``::ffff:a.b.c.d``, 6to4 ``2002::/16``, NAT64 ``64:ff9b::/96``) is public only if that IPv4
+    address is. Python's ``is_global`` is not used: its tables differ between Python versions.
+    Accepts a ``%zone`` suffix and brackets; raises ``ValueError`` for anything that is not an
+    IP address.
     """
     ip = ipaddress.ip_address(_unbracketed(address).split("%", 1)[0])
     if isinstance(ip, ipaddress.IPv6Address):
-        if ip in _NAT64_LOCAL:
-            return False
         carried = ip.ipv4_mapped or ip.sixtofour
-        if carried is None and (ip in _NAT64 or ip in _IPV4_COMPATIBLE):
+        if carried is None and ip in _NAT64:
             carried = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-        if carried is not None and not is_public(str(carried)):
+        if carried is not None:
+            return is_public(str(carried))
+        if ip not in _GLOBAL_UNICAST:
             return False
-    return ip.is_global and not ip.is_multicast
+    return not any(ip in block for block in _SPECIAL)
 
 
 def _unbracketed(host: str) -> str:

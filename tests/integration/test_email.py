@@ -4,6 +4,7 @@ recorded as what it is, held against what the server really received."""
 from __future__ import annotations
 
 import base64
+import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -207,6 +208,22 @@ async def test_a_host_resolving_to_loopback_is_refused_by_the_guard(mail_env: Se
     intent, attempt = await deliver(mail_env, "m-1")
     assert facts(attempt) == ("connect", Submission.NOT_SUBMITTED, Outcome.REJECTED)
     assert "non-public" in attempt.error and intent.status is Status.DEAD and smtp.sessions == 0
+
+
+async def test_a_stored_special_purpose_host_is_refused_without_a_connection(
+        mail_env: SenderEnv, smtp: SmtpServer):
+    """A row stored before registration refused it: ::ffff:0:7f00:1 (SIIT's form of 127.0.0.1,
+    outside IPv6's global unicast space) is refused when the stored settings are read back to
+    send, before any connection."""
+    await register(mail_env, smtp, tls="none", allow_insecure=True)
+    assert mail_env.path is not None
+    with sqlite3.connect(mail_env.path, timeout=10) as conn:
+        conn.execute("UPDATE destinations SET settings = json_set(settings, '$.host', '::ffff:0:7f00:1'), "
+                     "allow_private_network = 0 WHERE id = 'mail'")
+    conn.close()
+    intent, attempt = await deliver(mail_env, "m-1")
+    assert facts(attempt) == ("build", Submission.NOT_SUBMITTED, Outcome.REJECTED)
+    assert "is not a public address" in attempt.error and intent.status is Status.DEAD and smtp.sessions == 0
 
 
 @pytest.fixture

@@ -448,6 +448,7 @@ NOT_PUBLIC = ("is not a public address", "does not allow the private network")
 @pytest.mark.parametrize("host", [
     "127.0.0.1",
     "[::ffff:127.0.0.1]",
+    "[::ffff:0:7f00:1]",  # SIIT's IPv4-translated form, outside IPv6's global unicast space
     "１２７.０.０.１",  # full-width digits: the client maps them (IDNA/UTS-46) to 127.0.0.1
     "127。0。0。1",  # ideographic full stops, likewise
     "127．0．0．1",  # full-width full stops
@@ -527,6 +528,7 @@ async def test_the_address_connected_to_is_checked_even_if_the_resolver_let_it_t
 
 @pytest.mark.parametrize("address", [
     "127.0.0.1", "10.0.0.1", "169.254.169.254", "0.0.0.0", "::1", "::ffff:127.0.0.1", "fe80::1%lo",
+    "::ffff:0:7f00:1", "192.0.0.9", "198.18.0.1", "3fff::1", "5f00::1", "100:0:0:1::1",
 ])
 def test_the_socket_factory_refuses_a_non_public_address(address: str):
     family = socket.AF_INET6 if ":" in address else socket.AF_INET

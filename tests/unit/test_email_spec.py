@@ -47,6 +47,14 @@ def test_a_destination_that_could_not_be_sent_to_safely_is_refused(change, field
     assert where == field and words in message, message
 
 
+@pytest.mark.parametrize("host", ["::ffff:0:7f00:1", "192.0.0.9", "198.18.0.1", "3fff::1", "5f00::1", "100:0:0:1::1"])
+def test_a_special_purpose_address_needs_allow_private_network(host):
+    """IANA's special-purpose blocks beyond the private ranges, and the SIIT form of 127.0.0.1."""
+    [(where, message)] = refused({**SPEC, "host": host})
+    assert where == "" and "not a public address" in message, message
+    assert EmailSpec.model_validate({**SPEC, "host": host, "allow_private_network": True}).allow_private_network
+
+
 def test_a_private_server_and_the_clear_are_allowed_when_said():
     spec = EmailSpec.model_validate({**SPEC, "host": "127.0.0.1", "tls": "none", "allow_insecure": True,
                                      "allow_private_network": True})

@@ -5,6 +5,7 @@ Pure functions: every address here, 10.0.0.1 and 169.254.169.254 included, is on
 
 from __future__ import annotations
 
+import ipaddress
 import re
 
 import pytest
@@ -171,6 +172,7 @@ def test_a_refusal_is_a_value_error_so_validators_report_it():
 
 @pytest.mark.parametrize(("address", "public"), [
     ("8.8.8.8", True), ("203.0.114.1", True), ("2606:4700::1111", True), ("[2606:4700::1111]", True),
+    ("2001:4860:4860::8888", True),
     ("127.0.0.1", False), ("127.255.255.254", False), ("10.0.0.1", False), ("10.1.2.3", False),
     ("172.16.0.1", False), ("192.168.0.1", False), ("169.254.169.254", False), ("100.64.0.1", False),
     ("0.0.0.0", False), ("255.255.255.255", False), ("224.0.0.1", False), ("240.0.0.1", False),
@@ -180,9 +182,50 @@ def test_a_refusal_is_a_value_error_so_validators_report_it():
     ("::ffff:10.0.0.1", False), ("::ffff:169.254.169.254", False), ("::ffff:8.8.8.8", True),
     ("::127.0.0.1", False), ("2002:7f00:1::", False), ("2002:a9fe:a9fe::", False), ("2002:808:808::", True),
     ("64:ff9b::a00:1", False), ("64:ff9b::a9fe:a9fe", False), ("64:ff9b::808:808", True), ("64:ff9b:1::1", False),
+    ("64:ff9b::c000:a", False), ("2002:c000:9::", False), ("::ffff:192.0.0.9", False),  # and by IANA's blocks
 ])
 def test_is_public(address, public):
     assert hosts.is_public(address) is public
+
+
+#: An address from every block of IANA's IPv4 and IPv6 special-purpose address registries (and
+#: IPv4 multicast), written by hand from the registries. None may be reached, the blocks the
+#: registries call globally reachable included (anycast services found on the local network).
+REGISTRY = [
+    "0.1.2.3", "0.0.0.0", "10.255.0.1", "100.127.255.254", "127.0.0.2", "169.254.0.1", "172.31.255.255",
+    "192.0.0.100", "192.0.0.1", "192.0.0.8", "192.0.0.9", "192.0.0.10", "192.0.0.170", "192.0.0.171",
+    "192.0.2.1", "192.31.196.1", "192.52.193.1", "192.88.99.1", "192.168.255.1", "192.175.48.1",
+    "198.19.0.1", "198.51.100.1", "203.0.113.254", "239.255.255.250", "250.1.2.3", "255.255.255.255",
+    "::1", "::", "::ffff:7f00:1", "64:ff9b:1::808:808", "100::1", "100:0:0:1::1", "2001:1ff::1",
+    "2001:0:4136:e378::1", "2001:1::1", "2001:1::2", "2001:1::3", "2001:2::1", "2001:3::1", "2001:4:112::1",
+    "2001:10::1", "2001:20::1", "2001:30::1", "2001:db8:ffff::1", "2002:c000:201::", "2620:4f:8000::1",
+    "3fff::1", "3fff:fff::1", "5f00::1", "fd00::1", "febf::1",
+]
+#: Reserved by the IETF or otherwise outside 2000::/3, the only global unicast space; the SIIT
+#: IPv4-translated form ::ffff:0:a.b.c.d reaches whatever a translator makes of it.
+OUTSIDE_GLOBAL_UNICAST = ["::ffff:0:7f00:1", "[::ffff:0:7f00:1]", "::ffff:0:808:808", "::8.8.8.8", "::2",
+                          "4000::1", "fec0::1", "ff0e::1", "1000::1", "e000::1"]
+
+
+@pytest.mark.parametrize("address", REGISTRY)
+def test_no_special_purpose_address_is_public(address):
+    assert hosts.is_public(address) is False
+
+
+def test_every_block_of_the_table_has_an_address_above():
+    """A block added to SPECIAL_PURPOSE without an address of its own here would go untested."""
+    def innermost(address: str) -> str:
+        ip = ipaddress.ip_address(address)
+        holding = [ipaddress.ip_network(block) for block, _ in hosts.SPECIAL_PURPOSE
+                   if ip in ipaddress.ip_network(block)]
+        return str(max(holding, key=lambda network: network.prefixlen))
+
+    assert {innermost(a) for a in REGISTRY} == {block for block, _ in hosts.SPECIAL_PURPOSE}
+
+
+@pytest.mark.parametrize("address", OUTSIDE_GLOBAL_UNICAST)
+def test_ipv6_outside_global_unicast_is_not_public(address):
+    assert hosts.is_public(address) is False
 
 
 def test_is_public_takes_only_addresses():

@@ -57,6 +57,16 @@ def test_what_cannot_be_produced_is_refused_naming_the_field(change, field, word
     assert where.split(".")[0] == field and words in message, (where, message)
 
 
+@pytest.mark.parametrize("server", ["[::ffff:0:7f00:1]:9092", "192.0.0.9:9092", "198.18.0.1:9092", "[3fff::1]:9092",
+                                    "[5f00::1]:9092", "[100:0:0:1::1]:9092"])
+def test_a_special_purpose_address_needs_allow_private_network(server):
+    """IANA's special-purpose blocks beyond the private ranges, and the SIIT form of 127.0.0.1."""
+    [(where, message)] = refused({**SPEC, "bootstrap_servers": [server]})
+    assert where == "" and "not a public address" in message, message
+    spec = KafkaSpec.model_validate({**SPEC, "bootstrap_servers": [server], "allow_private_network": True})
+    assert spec.allow_private_network
+
+
 def test_a_loopback_broker_is_allowed_with_the_private_network():
     spec = KafkaSpec.model_validate({**SPEC, "bootstrap_servers": ["127.0.0.1:9092"], "allow_private_network": True})
     assert spec.bootstrap_servers == ["127.0.0.1:9092"]

@@ -45,6 +45,9 @@ def test_a_host_that_is_no_ordinary_hostname_or_canonical_address_is_refused(url
 @pytest.mark.parametrize("url", [
     "http://127.0.0.1:8080/hook", "http://10.0.0.1/", "http://169.254.169.254/latest/meta-data/",
     "http://[::1]:8080/", "http://[::ffff:10.0.0.1]/", "http://0.0.0.0:8080/",
+    # IANA's special-purpose blocks beyond the private ranges, and the SIIT form of 127.0.0.1
+    "http://[::ffff:0:7f00:1]:8080/", "http://192.0.0.9/", "http://198.18.0.1/", "http://[3fff::1]/",
+    "http://[5f00::1]/", "http://[100:0:0:1::1]/",
 ])
 def test_a_literal_non_public_address_needs_allow_private_network(url):
     with pytest.raises(ValidationError) as refused:
