@@ -326,9 +326,16 @@ async def tokens_list(ctx: Context, box: Outbox) -> None:
 @click.argument("token_id")
 @_run
 async def tokens_revoke(ctx: Context, box: Outbox, token_id: str) -> None:
-    """Revoke a token by its id; it stops working at once."""
-    info = await box.revoke_token(token_id, actor=_cli_actor())
+    """Revoke a token by its id; it stops working at once.
+
+    The last admin token too (the API refuses that): on the host another can always be made.
+    """
+    info = await box.revoke_token(token_id, actor=_cli_actor(), keep_an_admin=False)
     ctx.emit(info.public(), f"revoked {info.id}")
+    if info.role is Role.ADMIN and not await box.store.count_active_tokens(Role.ADMIN.value):
+        click.echo("warning: no active admin token is left, so no one can manage tokens over the API; "
+                   "create one with `outbox tokens create --role admin` (`outbox serve` also makes one "
+                   "when it starts without any)", err=True)
 
 
 # -- intents -------------------------------------------------------------------------------

@@ -8,6 +8,7 @@
     ├── IntentConflict          same scope and action_id, another destination or payload digest
     ├── AmbiguousActionId       an action id used in several scopes was named without its scope
     ├── DestinationInUse        a destination still has intents waiting to be delivered
+    ├── LastAdmin               revoking this token would leave no active admin token
     ├── IllegalTransition       a status change the lifecycle does not allow
     ├── StaleWrite              the row changed under us (status or fence moved on)
     ├── DuplicateRisk           a replay could duplicate an effect the destination won't dedupe
@@ -60,6 +61,10 @@ class AmbiguousActionId(OutboxError):
 
 class DestinationInUse(OutboxError):
     """The destination still has intents waiting to be delivered."""
+
+
+class LastAdmin(OutboxError):
+    """This is the last active admin token; create another admin token before revoking it."""
 
 
 class IllegalTransition(OutboxError):

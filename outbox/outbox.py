@@ -479,10 +479,12 @@ class Outbox:
         """Every token (never their text)."""
         return await self.store.list_tokens()
 
-    async def revoke_token(self, token_id: str, *, actor: str = "library") -> TokenInfo:
-        """Revoke a token (at once in this process), logging who did. Raises NotFound."""
+    async def revoke_token(self, token_id: str, *, actor: str = "library", keep_an_admin: bool = True) -> TokenInfo:
+        """Revoke a token (at once in this process), logging who did. Raises NotFound, and
+        LastAdmin for the last active admin token unless ``keep_an_admin`` is False (the
+        host's CLI, which can always create another)."""
         check(TOKEN_ID, token_id, "token id")
-        info = await self.store.revoke_token(token_id, self.clock.now())
+        info = await self.store.revoke_token(token_id, self.clock.now(), keep_an_admin=keep_an_admin)
         self._tokens.clear()
         log.info("token %s (%s) revoked by %s", info.id, info.role.value, actor)
         return info

@@ -64,6 +64,7 @@ _ANSWERS: list[tuple[type[errors.OutboxError], int, str, str]] = [
     (errors.IntentConflict, 409, "intent-conflict", "Action id already used for another operation"),
     (errors.AmbiguousActionId, 409, "ambiguous-action-id", "Action id used in several scopes"),
     (errors.DestinationInUse, 409, "destination-in-use", "Destination in use"),
+    (errors.LastAdmin, 409, "last-admin", "Last admin token"),
     (errors.IllegalTransition, 409, "illegal-transition", "Illegal status change"),
     (errors.StaleWrite, 409, "stale-write", "The intent changed meanwhile"),
     (errors.DuplicateRisk, 409, "duplicate-risk", "Replay could duplicate an effect"),

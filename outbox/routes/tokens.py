@@ -41,7 +41,10 @@ async def list_tokens(request: Request, token: Admin) -> dict[str, Any]:
 @router.delete(
     "/v1/tokens/{token_id}",
     summary="Revoke a token (admin): refused from now on (by other processes within token_cache_seconds)",
-    **openapi.doc({200: (openapi.Token, "revoked")}, errors=[403, 404, 422, 503]),
+    **openapi.doc({200: (openapi.Token, "revoked")}, errors={
+        **{code: openapi.WHEN[code] for code in (403, 404, 422, 503)},
+        409: "`last-admin`: the last active admin token (the caller's own included) is never revoked over "
+             "the API; create another admin token first"}),
 )
 async def revoke_token(request: Request, token_id: str, token: Admin) -> dict[str, Any]:
     return (await box(request).revoke_token(token_id, actor=token.actor)).public()

@@ -46,6 +46,7 @@ from .rules import (
     decide_target,
     decide_update,
     inserted_intent,
+    not_revoked,
     whole_or_refused,
 )
 
@@ -684,10 +685,12 @@ class PostgresStore:
     async def list_tokens(self) -> list[TokenInfo]:
         return [_token(row) for row in await self._fetch("list_tokens")]
 
-    async def revoke_token(self, token_id: str, at: datetime) -> TokenInfo:
-        row = await self._fetchrow("revoke_token", at, token_id)
-        if row is None:
-            raise NotFound(f"no active token with id {token_id!r}")
+    async def revoke_token(self, token_id: str, at: datetime, *, keep_an_admin: bool = True) -> TokenInfo:
+        async with self._transaction() as conn:
+            row = await conn.fetchrow(SQL["revoke_token"], at, token_id, keep_an_admin)
+            if row is None:
+                found = await conn.fetchrow(SQL["token_by_id"], token_id)
+                raise not_revoked(token_id, None if found is None else _token(found))
         return _token(row)
 
     async def count_active_tokens(self, role: str) -> int:

@@ -335,8 +335,10 @@ class Store(Protocol):
         """Every token, revoked ones included."""
         ...
 
-    async def revoke_token(self, token_id: str, at: datetime) -> TokenInfo:
-        """Revoke a token. Raises NotFound if there is no such active token."""
+    async def revoke_token(self, token_id: str, at: datetime, *, keep_an_admin: bool = True) -> TokenInfo:
+        """Revoke a token. Raises NotFound if there is no such active token and, with
+        ``keep_an_admin``, LastAdmin if it is the last active admin token (judged atomically
+        with the revocation, so concurrent revocations cannot leave no admin)."""
         ...
 
     async def count_active_tokens(self, role: str) -> int:

@@ -16,12 +16,14 @@ from ..errors import (
     DestinationInUse,
     IntentConflict,
     InvalidInput,
+    LastAdmin,
     NotFound,
     OutboxError,
     StaleWrite,
     UnknownDestination,
 )
-from ..model import INITIAL, Enqueued, Event, Intent, NewIntent, Status, check_transition
+from ..model import INITIAL, Enqueued, Event, Intent, NewIntent, Role, Status, check_transition
+from ..tokens import TokenInfo
 from .protocol import UPDATABLE
 
 # -- enqueue ----------------------------------------------------------------------------------
@@ -163,3 +165,15 @@ def decide_destination_delete(
             f"destination {destination_id!r} is named by grants {', '.join(map(repr, grants))}; delete them "
             "first, or a destination registered later under this id would inherit them"
         )
+
+
+# -- tokens -----------------------------------------------------------------------------------
+
+
+def not_revoked(token_id: str, found: TokenInfo | None) -> OutboxError:
+    """Why a revocation changed nothing, given the token as stored (revoked or not, None when
+    there is none): it is the last active admin token (LastAdmin), or no active token (NotFound)."""
+    if found is not None and found.revoked_at is None and found.role is Role.ADMIN:
+        return LastAdmin(f"token {token_id!r} is the last active admin token: revoking it would leave no one "
+                         "able to manage tokens over the API; create another admin token first")
+    return NotFound(f"no active token with id {token_id!r}")

@@ -42,6 +42,7 @@ from .rules import (
     decide_target,
     decide_update,
     inserted_intent,
+    not_revoked,
     whole_or_refused,
 )
 
@@ -719,11 +720,12 @@ class SqliteStore:
 
         return await self._read(run)
 
-    async def revoke_token(self, token_id: str, at: datetime) -> TokenInfo:
+    async def revoke_token(self, token_id: str, at: datetime, *, keep_an_admin: bool = True) -> TokenInfo:
         def run(conn: sqlite3.Connection) -> TokenInfo:
-            row = conn.execute(SQL["revoke_token"], (to_us(at), token_id)).fetchone()
+            row = conn.execute(SQL["revoke_token"], (to_us(at), token_id, keep_an_admin)).fetchone()
             if row is None:
-                raise NotFound(f"no active token with id {token_id!r}")
+                found = conn.execute(SQL["token_by_id"], (token_id,)).fetchone()
+                raise not_revoked(token_id, None if found is None else _token(found))
             return _token(row)
 
         return await self._write(run)

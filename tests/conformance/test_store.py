@@ -28,6 +28,7 @@ from outbox import (
     Intent,
     IntentConflict,
     IntentQuery,
+    LastAdmin,
     NotFound,
     OnUnknown,
     Outcome,
@@ -387,6 +388,31 @@ async def test_tokens_are_found_by_hash_until_revoked(store):
     assert (await store.count_active_tokens("operator"), await store.count_active_tokens("producer")) == (1, 0)
     assert await store.token_by_hash("hash-2") == operator
     assert {t.id: t.revoked_at for t in await store.list_tokens()} == {"t1": T0 + timedelta(seconds=1), "t2": None}
+
+
+async def test_the_last_active_admin_token_is_kept_unless_asked_not_to(store):
+    for n in (1, 2):
+        await store.insert_token(TokenInfo(f"a{n}", Role.ADMIN, (), None, T0, None), f"admin-{n}")
+    await store.insert_token(TokenInfo("p1", Role.PRODUCER, ("acme",), None, T0, None), "producer-1")
+    assert (await store.revoke_token("a1", T0)).revoked_at == T0
+    with pytest.raises(LastAdmin, match="'a2' is the last active admin token"):
+        await store.revoke_token("a2", T0)
+    assert await store.token_by_hash("admin-2") is not None  # refused: still active
+    with pytest.raises(NotFound):  # already revoked, not "last admin"
+        await store.revoke_token("a1", T0)
+    assert (await store.revoke_token("p1", T0)).revoked_at == T0  # other roles are never kept
+    assert (await store.revoke_token("a2", T0, keep_an_admin=False)).revoked_at == T0
+    assert await store.count_active_tokens("admin") == 0
+
+
+async def test_two_revocations_at_once_never_leave_no_admin(store):
+    """Each of the last two admin tokens revoked at the same moment: one is, one is refused."""
+    for n in (1, 2):
+        await store.insert_token(TokenInfo(f"a{n}", Role.ADMIN, (), None, T0, None), f"admin-{n}")
+    results = await asyncio.gather(store.revoke_token("a1", T0), store.revoke_token("a2", T0),
+                                   return_exceptions=True)
+    assert sorted(type(r).__name__ for r in results) == ["LastAdmin", "TokenInfo"], results
+    assert await store.count_active_tokens("admin") == 1
 
 
 async def test_callers_sql_and_enqueue_commit_together(store):

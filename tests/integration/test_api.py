@@ -471,6 +471,23 @@ async def test_admins_manage_tokens_over_http_as_on_the_host(api: Api, caplog):
         assert_problem(await operator.post("/v1/tokens", json={"role": "admin"}), 403, "forbidden", "admin")
 
 
+async def test_the_last_admin_token_is_never_revoked_over_http_not_even_by_itself(api: Api):
+    async with api.client(api.admin) as admin:
+        admin_id = next(t["id"] for t in (await admin.get("/v1/tokens")).json()["items"] if t["role"] == "admin")
+        before = snapshot(api.db_path)
+        assert_problem(await admin.delete(f"/v1/tokens/{admin_id}"), 409, "last-admin",
+                       f"token {admin_id!r} is the last active admin token")
+        assert snapshot(api.db_path) == before  # refused: nothing changed, and it still works
+        second = (await admin.post("/v1/tokens", json={"role": "admin", "label": "on-call"})).json()
+        assert (await admin.delete(f"/v1/tokens/{admin_id}")).status_code == 200  # another is left
+    async with api.client(second["token"]) as on_call:
+        assert_problem(await on_call.delete(f"/v1/tokens/{second['id']}"), 409, "last-admin")
+        items = (await on_call.get("/v1/tokens")).json()["items"]
+        assert [t["id"] for t in items if t["role"] == "admin" and t["revoked_at"] is None] == [second["id"]]
+        operator_id = next(t["id"] for t in items if t["role"] == "operator")
+        assert (await on_call.delete(f"/v1/tokens/{operator_id}")).status_code == 200  # other roles: any
+
+
 @pytest.mark.parametrize(("body", "words"), [
     ({"role": "producer"}, "needs at least one scope"),
     ({"role": "operator", "scopes": ["acme"]}, "acts in every scope"),

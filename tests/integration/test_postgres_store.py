@@ -18,6 +18,7 @@ from outbox import (
     IntentConflict,
     ManualClock,
     Outbox,
+    Role,
     SchemaTooNew,
     Settings,
     Status,
@@ -463,3 +464,35 @@ async def test_a_database_that_goes_silent_is_unavailable_within_the_statement_l
         proxy.silent = False
         await asyncio.wait_for(store.close(), 10)
         proxy.close()
+
+
+# -- the last admin token ---------------------------------------------------------------------
+
+
+async def test_revocations_of_the_last_two_admins_held_back_together_cannot_both_pass(box, pg_url):
+    """Both revocations start while another transaction holds the admin rows, so each begins
+    seeing the other admin active (a statement that only counts would let both through); the
+    revocation locks those rows before counting, so the second counts again after the first."""
+    for _ in range(2):
+        await box.create_token(Role.ADMIN)
+    ids = [info.id for info in await box.list_tokens()]
+    holder, watcher = await asyncpg.connect(pg_url), await asyncpg.connect(pg_url)
+    try:
+        held = holder.transaction()
+        await held.start()
+        await holder.execute("SELECT id FROM tokens WHERE role = 'admin' FOR UPDATE")
+        revocations = [asyncio.create_task(box.revoke_token(token_id)) for token_id in ids]
+
+        async def both_wait() -> bool:  # asked outside a transaction: pg_stat_activity is read afresh
+            waiting = await watcher.fetchval("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                             "AND datname = current_database()")
+            return waiting == 2
+
+        assert await eventually(both_wait, timeout=10), "the revocations never waited for the held rows"
+        await held.commit()
+        results = await asyncio.gather(*revocations, return_exceptions=True)
+    finally:
+        await holder.close()
+        await watcher.close()
+    assert sorted(type(r).__name__ for r in results) == ["LastAdmin", "TokenInfo"], results
+    assert await box.store.count_active_tokens("admin") == 1

@@ -459,6 +459,24 @@ async def test_an_email_destination_from_the_cli_keeps_the_channels_defaults(she
     assert "mail" in listed and "host=smtp.example.com port=587 tls=starttls" in listed
 
 
+# -- tokens ------------------------------------------------------------------------------------
+
+
+async def test_the_host_may_revoke_the_last_admin_token_and_is_told_how_to_make_another(shell: Shell):
+    """The API refuses it (409 last-admin); on the host another can always be made, and a leaked
+    last admin token must stop working at once."""
+    made = shell.json("tokens", "create", "--role", "admin")
+    revoked = shell.run("tokens", "revoke", made["id"])
+    assert revoked.stdout.strip() == f"revoked {made['id']}"
+    assert "warning: no active admin token is left" in revoked.stderr
+    assert "outbox tokens create --role admin" in revoked.stderr
+    assert [t["revoked_at"] is not None for t in shell.json("tokens", "list")] == [True]
+    kept = shell.json("tokens", "create", "--role", "admin")
+    other = shell.json("tokens", "create", "--role", "admin")
+    assert shell.run("tokens", "revoke", other["id"]).stderr == ""  # another is left: no warning
+    assert await shell.box.store.count_active_tokens("admin") == 1 and kept["revoked_at"] is None
+
+
 # -- rough edges a newcomer meets ------------------------------------------------------------
 
 

@@ -331,8 +331,19 @@ SELECT * FROM tokens WHERE hash = $1 AND revoked_at IS NULL;
 SELECT * FROM tokens ORDER BY created_at, id;
 
 -- name: revoke_token
--- Revoke a token; returns it, or nothing if unknown or already revoked.
-UPDATE tokens SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL RETURNING *;
+-- Revoke token $2 at $1 (with $3, unless it is the last active admin token); returns it, or
+-- nothing. Every active admin row is locked first, in id order, so of two revocations at once
+-- the second waits for the first and counts again: they cannot both pass.
+WITH admins AS (
+  SELECT id FROM tokens WHERE role = 'admin' AND revoked_at IS NULL ORDER BY id FOR UPDATE
+)
+UPDATE tokens SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL
+  AND (NOT $3 OR role <> 'admin' OR (SELECT count(*) FROM admins WHERE admins.id <> $2) > 0)
+RETURNING *;
+
+-- name: token_by_id
+-- A token by its id, revoked or not.
+SELECT * FROM tokens WHERE id = $1;
 
 -- name: count_active_tokens
 -- Active tokens of a role.

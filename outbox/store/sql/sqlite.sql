@@ -297,8 +297,16 @@ SELECT * FROM tokens WHERE hash = ? AND revoked_at IS NULL;
 SELECT * FROM tokens ORDER BY created_at, id;
 
 -- name: revoke_token
--- Revoke a token; returns it, or nothing if unknown or already revoked.
-UPDATE tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL RETURNING *;
+-- Revoke token ?2 at ?1 (with ?3, unless it is the last active admin token: checked in this one
+-- statement, so two revocations cannot both pass); returns it, or nothing.
+UPDATE tokens SET revoked_at = ?1 WHERE id = ?2 AND revoked_at IS NULL
+  AND (NOT ?3 OR role <> 'admin' OR EXISTS (
+    SELECT 1 FROM tokens other WHERE other.role = 'admin' AND other.revoked_at IS NULL AND other.id <> ?2))
+RETURNING *;
+
+-- name: token_by_id
+-- A token by its id, revoked or not.
+SELECT * FROM tokens WHERE id = ?;
 
 -- name: count_active_tokens
 -- Active tokens of a role.
