@@ -16,10 +16,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from functools import wraps
 from types import FrameType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, get_args
 
 import click
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError
 
 from . import channels, logs, operations
 from .clock import iso
@@ -135,11 +135,15 @@ def _cli_actor() -> str:
 
 
 def _invalid_settings(exc: ValidationError) -> str:
-    """Each bad setting as ``OUTBOX_NAME`` (or ``name`` in outbox.toml), its value and why."""
+    """Each bad setting as ``OUTBOX_NAME`` (or ``name`` in outbox.toml), its value (unless it is a
+    secret) and why."""
     lines = []
     for error in exc.errors():
         name = ".".join(str(part) for part in error["loc"])
-        lines.append(f"OUTBOX_{name.upper()} (or {name} in outbox.toml) = {error.get('input')!r}: {error['msg']}")
+        field = Settings.model_fields.get(str(error["loc"][0])) if error["loc"] else None
+        secret = field is not None and SecretStr in (field.annotation, *get_args(field.annotation))
+        value = "(not shown: a secret)" if secret else repr(error.get("input"))
+        lines.append(f"OUTBOX_{name.upper()} (or {name} in outbox.toml) = {value}: {error['msg']}")
     return "invalid settings:\n  " + "\n  ".join(lines)
 
 

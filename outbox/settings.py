@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -48,6 +49,11 @@ class Settings(BaseSettings):
         default=None, ge=0, le=65535,
         description="`outbox worker` serves /metrics, /healthz and /readyz on this port (on `host`)",
     )
+    metrics_token: SecretStr | None = Field(
+        default=None,
+        description="the bearer token /metrics asks for (Prometheus' authorization setting; operator and admin "
+                    "tokens work too); unset, /metrics is open",
+    )
     worker_concurrency: int = Field(default=64, ge=1, le=4096, description="sends in flight per worker")
     circuit_failures: int = Field(
         default=5, ge=0, description="sends in a row without an answer that pause a destination (0: never)"
@@ -86,6 +92,14 @@ class Settings(BaseSettings):
         default=None,
         description="tests only: a worker SIGKILLs itself at this step (see outbox.crash); never set in production",
     )
+
+    @field_validator("metrics_token")
+    @classmethod
+    def _token_text(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not re.fullmatch(r"[\x21-\x7e]{16,256}", value.get_secret_value()):
+            raise ValueError("the metrics token must be 16 to 256 visible ASCII characters, such as the output "
+                             "of `openssl rand -hex 32`")
+        return value
 
     @field_validator("log_level", "log_format", mode="before")
     @classmethod

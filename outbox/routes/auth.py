@@ -18,35 +18,43 @@ def box(request: Request) -> Outbox:
     return request.app.state.outbox
 
 
+CHALLENGE = {"WWW-Authenticate": 'Bearer realm="outbox"'}
+
+
+def bearer(request: Request) -> str | None:
+    """The request's bearer token, or None when it sends none."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return (token.strip() or None) if scheme.lower() == "bearer" else None
+
+
+def unauthenticated(detail: str) -> Problem:
+    """The 401 for a request without a token it may use."""
+    return Problem(401, "unauthenticated", "Unauthenticated", detail, headers=CHALLENGE)
+
+
 def role(*allowed: Role) -> Callable[[Request], Coroutine[Any, Any, TokenInfo]]:
     """A dependency answering with the caller's token when its role is one of ``allowed`` (an
     admin's always is); a missing, unknown or revoked token is a 401, another role a 403."""
-    names = " or ".join(r.value for r in allowed)
 
     async def authorize(request: Request) -> TokenInfo:
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        challenge = {"WWW-Authenticate": 'Bearer realm="outbox"'}
-        if scheme.lower() != "bearer" or not token.strip():
-            raise Problem(
-                401, "unauthenticated", "Unauthenticated",
-                "send 'Authorization: Bearer <token>'; create one with `outbox tokens create`",
-                headers=challenge,
-            )
-        info = await box(request).authenticate(token.strip())
-        if info is None:
-            raise Problem(
-                401, "unauthenticated", "Unauthenticated",
-                "the bearer token is unknown or revoked", headers=challenge,
-            )
-        if info.role not in allowed and info.role is not Role.ADMIN:
-            raise Problem(
-                403, "forbidden", "Forbidden",
-                f"a {info.role.value} token cannot do this; it needs {names}",
-            )
-        return info
+        token = bearer(request)
+        if token is None:
+            raise unauthenticated("send 'Authorization: Bearer <token>'; create one with `outbox tokens create`")
+        return await authorized(request, token, *allowed)
 
     return authorize
+
+
+async def authorized(request: Request, token: str, *allowed: Role) -> TokenInfo:
+    """The active API token ``token`` is, if its role is one of ``allowed`` (or admin); a 401
+    for an unknown or revoked token, a 403 for another role."""
+    info = await box(request).authenticate(token)
+    if info is None:
+        raise unauthenticated("the bearer token is unknown or revoked")
+    if info.role not in allowed and info.role is not Role.ADMIN:
+        names = " or ".join(r.value for r in allowed)
+        raise Problem(403, "forbidden", "Forbidden", f"a {info.role.value} token cannot do this; it needs {names}")
+    return info
 
 
 Producer = Annotated[TokenInfo, Depends(role(Role.PRODUCER))]

@@ -1,18 +1,20 @@
-"""The probes and metrics, open without a token: ``/healthz`` (liveness, and the embedded
-sender's), ``/readyz`` (the store answers) and ``/metrics`` (Prometheus). They are all that
-``outbox worker --metrics-port`` serves."""
+"""The probes and metrics: ``/healthz`` (liveness, and the embedded sender's) and ``/readyz``
+(the store answers), open without a token, and ``/metrics`` (Prometheus), which asks for the
+metrics token once one is set. They are all that ``outbox worker --metrics-port`` serves."""
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 from datetime import datetime
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from .. import openapi
+from ..model import Role
 from ..problems import Problem
-from .auth import box
+from .auth import authorized, bearer, box, unauthenticated
 
 router = APIRouter(tags=["probes"])
 
@@ -49,9 +51,29 @@ async def readyz(request: Request) -> dict[str, str]:
     return {"status": "ready"}
 
 
-@router.get("/metrics", summary="Prometheus metrics",
-            **openapi.doc({200: "the Prometheus text exposition format"}, token=False, errors=[503],
-                          media_type="text/plain"))
+async def may_scrape(request: Request) -> None:
+    """Let the scrape through: anyone while no metrics token is set (``OUTBOX_METRICS_TOKEN``),
+    then only with it as the bearer token, or an operator's or admin's API token (they can read
+    every destination anyway); a producer's is refused, since the labels name every tenant's
+    destinations."""
+    expected = box(request).settings.metrics_token
+    if expected is None:
+        return
+    token = bearer(request)
+    if token is None:
+        raise unauthenticated("/metrics needs 'Authorization: Bearer <OUTBOX_METRICS_TOKEN>' (in Prometheus, the "
+                              "scrape job's authorization.credentials_file), or an operator or admin token")
+    if hmac.compare_digest(token.encode(), expected.get_secret_value().encode()):
+        return
+    await authorized(request, token, Role.OPERATOR)
+
+
+@router.get("/metrics", summary="Prometheus metrics (with OUTBOX_METRICS_TOKEN set, for its bearer only)",
+            dependencies=[Depends(may_scrape)],
+            **openapi.doc({200: "the Prometheus text exposition format"}, token=False, media_type="text/plain",
+                          errors={401: "`unauthenticated`: a metrics token is set, and the request does not carry "
+                                       "it, or an operator or admin token",
+                                  403: "`forbidden`: a producer token", 503: openapi.WHEN[503]}))
 async def metrics(request: Request) -> Response:
     outbox_ = box(request)
     body = await outbox_.metrics.render(outbox_.store, outbox_.clock.now())

@@ -15,6 +15,8 @@ Exactly what is substituted, since a pod or a container is not this host:
 - the database URL (the Secret ``outbox``'s ``database-url``; ``OUTBOX_DATABASE_URL`` in
   outbox.env, whose stand-in is outbox.env.example) becomes a fresh throwaway PostgreSQL database
   on 127.0.0.1, so its host, user and password are this host's;
+- the metrics token (the Secret's ``metrics-token``) is secret.example.yaml's, as outbox.env's is
+  outbox.env.example's, and /metrics is asked with it as Prometheus would send it;
 - the second worker replica's metrics port (the declared one, wherever it is given) becomes a free
   port: on one host two processes cannot share it as two pods or containers do.
 Everything else (arguments, every other variable, the API's port, the first worker's metrics port,
@@ -161,8 +163,14 @@ def kubernetes_container(kind: str, name: str, secrets: dict[tuple[str, str], st
                      replicas=workload["spec"].get("replicas", 1))
 
 
+def secret_example() -> dict[str, str]:
+    """The keys and stand-in values of the Secret ``outbox`` (secret.example.yaml)."""
+    return dict(documents(KUBERNETES / "secret.example.yaml")[0]["stringData"])
+
+
 def from_kubernetes(database_url: str) -> Declared:
-    secrets = {("outbox", "database-url"): database_url}
+    secrets = {("outbox", key): value for key, value in secret_example().items()}
+    secrets["outbox", "database-url"] = database_url
     return Declared(migrate=kubernetes_container("Job", "outbox-migrate", secrets),
                     api=kubernetes_container("Deployment", "outbox-api", secrets),
                     worker=kubernetes_container("Deployment", "outbox-worker", secrets))
@@ -250,8 +258,10 @@ def test_secrets_are_referenced_never_written_in() -> None:
         for spec in workload["spec"]["template"]["spec"]["containers"]:
             refs = {(v["valueFrom"]["secretKeyRef"]["name"], v["valueFrom"]["secretKeyRef"]["key"])
                     for v in spec["env"] if "secretKeyRef" in v.get("valueFrom", {})}
-            assert refs == {("outbox", "database-url")}
-    assert set(example["stringData"]) == {"database-url"}
+            # every pod needs the database; the ones serving /metrics its token too
+            serves = workload["kind"] == "Deployment"
+            assert refs == {("outbox", "database-url"), *([("outbox", "metrics-token")] if serves else [])}
+    assert set(example["stringData"]) == {"database-url", "metrics-token"}
     # Compose: secrets only in env files (committed as .example), never in `environment`.
     for name, service in compose()["services"].items():
         inline = {k for k in service.get("environment", {}) if re.search(r"PASSWORD|DATABASE_URL|TOKEN|SECRET", k)}
@@ -351,6 +361,12 @@ def test_compose_wires_postgres_migration_monitoring() -> None:
     rules = Path(mounts["./prometheus/prometheus.yml"]).parent / config["rule_files"][0]
     assert mounts["./prometheus/alerts.yml"] == str(rules), "Prometheus loads the mounted alert rules"
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    # Prometheus sends the metrics token from a Compose secret, a file kept out of git, the same
+    # value as OUTBOX_METRICS_TOKEN in outbox.env
+    (secret,) = services["prometheus"]["secrets"]
+    assert compose()["secrets"][secret] == {"file": secret}
+    assert secret in (DEPLOY / ".gitignore").read_text().split()
+    assert {job["authorization"]["credentials_file"] for job in jobs.values()} == {f"/run/secrets/{secret}"}
     api, worker = compose_service("api", ""), compose_service("worker", "")
     assert jobs["outbox-api"]["static_configs"][0]["targets"] == [f"api:{api.port}"]
     assert jobs["outbox-worker"]["dns_sd_configs"][0] == {**jobs["outbox-worker"]["dns_sd_configs"][0],
@@ -404,13 +420,14 @@ def running(tmp_path: Path, name: str, container: Container) -> Iterator[Process
             proc.wait()
 
 
-def wait_for(url: str, process: Process, timeout: float = 30.0) -> httpx.Response:
+def wait_for(url: str, process: Process, timeout: float = 30.0, headers: dict[str, str] | None = None,
+             ) -> httpx.Response:
     """GET ``url`` until it answers 200; fails with the process's output if it dies or never does."""
     deadline = time.monotonic() + timeout
     answer: httpx.Response | Exception | None = None
     while time.monotonic() < deadline and process.proc.poll() is None:
         try:
-            answer = httpx.get(url, timeout=2)
+            answer = httpx.get(url, timeout=2, headers=headers)
         except httpx.TransportError as exc:
             answer = exc
         else:
@@ -423,11 +440,16 @@ def wait_for(url: str, process: Process, timeout: float = 30.0) -> httpx.Respons
 
 
 def probe(container: Container, process: Process, port: int) -> None:
-    """Every probe path the file declares answers 200 on the port it declares, and /metrics too;
-    a Compose health check's own command succeeds."""
+    """Every probe path the file declares answers 200 on the port it declares without a token,
+    and /metrics too with the metrics token (and 401 without it); a Compose health check's own
+    command succeeds."""
     assert container.probes, f"{container.name} declares probes"
-    for path in {*container.probes.values(), "/metrics"}:
+    for path in container.probes.values():
         wait_for(f"http://127.0.0.1:{port}{path}", process)
+    token = container.env.get("OUTBOX_METRICS_TOKEN")
+    assert token, f"{container.name} serves /metrics, whose labels name destinations: it needs a metrics token"
+    wait_for(f"http://127.0.0.1:{port}/metrics", process, headers={"Authorization": f"Bearer {token}"})
+    assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).status_code == 401
     if container.healthcheck is not None and port == container.port:
         checked = subprocess.run(container.healthcheck, capture_output=True, text=True, timeout=30)
         assert checked.returncode == 0, checked.stderr
@@ -571,7 +593,15 @@ def test_kustomize_builds_what_the_kustomization_lists() -> None:
     assert all(d["metadata"]["labels"]["app.kubernetes.io/part-of"] == "outbox" for d in rendered)
 
 
-def test_prometheus_config_passes_promtool() -> None:
-    checked = subprocess.run([promtool(), "check", "config", str(DEPLOY / "prometheus" / "prometheus.yml")],
+def test_prometheus_config_passes_promtool(tmp_path: Path) -> None:
+    """promtool reads the files the config names: the alert rules beside it, and the metrics token
+    (in the container, the Compose secret), which here is a file of the example's value."""
+    token = tmp_path / "metrics-token"
+    token.write_text(env_file("outbox.env")["OUTBOX_METRICS_TOKEN"])
+    config = (DEPLOY / "prometheus" / "prometheus.yml").read_text()
+    assert config.count("/run/secrets/metrics-token") == 2
+    (tmp_path / "prometheus.yml").write_text(config.replace("/run/secrets/metrics-token", str(token)))
+    shutil.copy(DEPLOY / "prometheus" / "alerts.yml", tmp_path / "alerts.yml")
+    checked = subprocess.run([promtool(), "check", "config", str(tmp_path / "prometheus.yml")],
                              capture_output=True, text=True, timeout=60)
     assert checked.returncode == 0, checked.stdout + checked.stderr

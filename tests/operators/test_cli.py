@@ -381,6 +381,10 @@ async def test_a_bad_setting_is_a_usage_error_that_names_it(shell: Shell):
         done = shell.run("worker", code=2, env=shell.env(**{variable: value}))
         assert f"{variable} (or " in done.stderr and repr(value) in done.stderr and why in done.stderr
         assert "Traceback" not in done.stderr
+    secret = "has a space in it, x"  # a metrics token refused is not printed
+    done = shell.run("worker", code=2, env=shell.env(OUTBOX_METRICS_TOKEN=secret))
+    assert "OUTBOX_METRICS_TOKEN (or metrics_token in outbox.toml) = (not shown: a secret)" in done.stderr
+    assert "visible ASCII" in done.stderr and secret not in done.stderr
     (shell.cwd / "outbox.toml").write_text("prot = 9001\n")
     done = shell.run("list", code=2)
     assert "OUTBOX_PROT (or prot in outbox.toml)" in done.stderr and "Extra inputs" in done.stderr

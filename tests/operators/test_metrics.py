@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -258,6 +259,54 @@ async def test_the_embedded_worker_counts_into_the_served_metrics(tmp_path: Path
     assert m.total("outbox_attempts_total", outcome="delivered") == 3
     assert m("outbox_delivery_latency_seconds_count") == 3
     assert m("outbox_oldest_due_age_seconds") == 0
+
+
+METRICS_TOKEN = "metrics-" + "5" * 32
+
+
+async def test_a_metrics_token_keeps_destination_ids_from_anyone_without_it(tmp_path: Path):
+    """With OUTBOX_METRICS_TOKEN set, /metrics (whose labels name destinations) answers only its
+    bearer and operators' and admins' tokens; the probes stay open."""
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 't.db'}", worker=False, authority="allow-all",
+                        metrics_token=METRICS_TOKEN)
+    box = await Outbox.open(settings=settings)
+    receiver = Receiver().start()
+    receiver.script("/ok", Reply(200))
+    try:
+        await box.put_destination("billing-eu", DestinationSpec(url=receiver.url + "/ok", secret=SECRET,
+                                                                allow_private_network=True))
+        await box.enqueue(action_id="t-1", destination="billing-eu", scope="acme", payload={})
+        worker = Worker(box)
+        assert await worker.run_once() == 1
+        await worker.aclose()
+        tokens = {role: (await box.create_token(role, ["acme"] if role is Role.PRODUCER else []))[0]
+                  for role in Role}
+        revoked, info = await box.create_token(Role.OPERATOR)
+        await box.revoke_token(info.id)
+        async with serve_in_loop(create_service(outbox=box)) as url, httpx.AsyncClient(base_url=url) as c:
+            def get(token: str | None, path: str = "/metrics") -> Any:
+                return c.get(path, headers={"Authorization": f"Bearer {token}"} if token else {})
+
+            for token, status in ((None, 401), ("not-the-token-at-all", 401), (revoked, 401),
+                                  (tokens[Role.PRODUCER], 403)):
+                refused = await get(token)
+                assert refused.status_code == status, (token, refused.text)
+                assert refused.headers["content-type"] == "application/problem+json"
+                assert "billing-eu" not in refused.text
+            missing = await get(None)
+            assert missing.json()["type"] == "urn:outbox:problem:unauthenticated"
+            assert "OUTBOX_METRICS_TOKEN" in missing.json()["detail"]
+            assert missing.headers["www-authenticate"] == 'Bearer realm="outbox"'
+            for token in (METRICS_TOKEN, tokens[Role.OPERATOR], tokens[Role.ADMIN]):
+                answered = await get(token)
+                assert answered.status_code == 200, answered.text
+                assert Scrape(answered.text)("outbox_attempts_total", destination="billing-eu",
+                                             outcome="delivered") == 1
+            for path in ("/healthz", "/readyz"):
+                assert (await get(None, path)).status_code == 200
+    finally:
+        receiver.stop()
+        await box.close()
 
 
 # -- the alert rules -----------------------------------------------------------------------------
