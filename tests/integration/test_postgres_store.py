@@ -411,11 +411,16 @@ async def test_the_callers_session_settings_do_not_stay_on_the_pooled_connection
 
 
 class _Proxy:
-    """A TCP relay to the test server that can go silent: connections stay open, nothing moves."""
+    """A TCP relay to the test server that can go silent (connections stay open, nothing moves)
+    or pass on the server's closing of a connection ``hold_close`` seconds late, as a network
+    may: the client has the server's last words (its goodbye) that long before it learns the
+    connection is gone. ``closed`` is set whenever the server closes one."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, *, hold_close: float | None = None) -> None:
         self.target = (host, port)
         self.silent = False
+        self.hold_close = hold_close
+        self.closed = asyncio.Event()
         self.server: asyncio.AbstractServer | None = None
 
     async def start(self) -> int:
@@ -432,7 +437,14 @@ class _Proxy:
                 sink.write(data)
                 await sink.drain()
 
-        await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer), return_exceptions=True)
+        async def downstream() -> None:
+            await pipe(upstream_reader, writer)
+            if self.hold_close is not None:  # the server closed it: everything it said is passed on
+                self.closed.set()
+                await asyncio.sleep(self.hold_close)
+                writer.close()
+
+        await asyncio.gather(pipe(reader, upstream_writer), downstream(), return_exceptions=True)
 
     def close(self) -> None:
         if self.server is not None:
@@ -461,5 +473,50 @@ async def test_a_database_that_goes_silent_is_unavailable_within_the_statement_l
             await asyncio.wait_for(store.next_due_at(), 20)
     finally:
         proxy.silent = False
+        await asyncio.wait_for(store.close(), 10)
+        proxy.close()
+
+
+async def test_a_connection_the_server_ended_while_idle_is_never_given_the_next_work(pg_url):
+    """The server ends an idle pooled connection's session (pg_terminate_backend) and its goodbye
+    arrives before the close: asyncpg reads it as an operation under way until the close comes,
+    and refuses a statement in between ("cannot switch to state 12; another operation (2) is in
+    progress"). The store's next work, a statement or a transaction, must not fail on that
+    connection, nor cost the pool its only place: it runs on a new one. A block of the caller's,
+    which cannot be run again, is told the store was unavailable and that nothing of it took effect."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(pg_url)
+    proxy = _Proxy(parts.hostname or "127.0.0.1", parts.port or 5432, hold_close=2.0)
+    port = await proxy.start()
+    url = urlunsplit(parts._replace(netloc=f"{parts.username}@127.0.0.1:{port}", query="application_name=cut"))
+    store = PostgresStore(url, pool_size=1, statement_seconds=5.0)  # one connection: the next work meets it
+    await store.open()
+    box = Outbox(store)
+    admin = await asyncpg.connect(pg_url)
+    try:
+        await store.migrate()
+        await box.put_destination("billing", DestinationSpec(url="https://billing.example/hook", secret=SECRET))
+
+        async def cut() -> None:
+            """End the pooled connection's session; return once its goodbye has reached the store."""
+            proxy.closed.clear()
+            (pid,) = [row[0] for row in await admin.fetch(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = 'cut' AND state = 'idle'")]
+            assert await admin.fetchval("SELECT pg_terminate_backend($1, 5000)", pid)  # (waits for its end)
+            await asyncio.wait_for(proxy.closed.wait(), 5)
+            await asyncio.sleep(0.1)  # the store's loop reads the goodbye; the close is held 2 s
+
+        await cut()
+        assert await store.next_due_at() is None  # a statement
+        await cut()
+        assert (await box.enqueue(destination="billing", scope="acme", action_id="a-1", payload={})).created
+        await cut()
+        with pytest.raises(StoreUnavailable, match="had ended the connection"):  # a block of the caller's
+            async with box.transaction() as tx:  # cannot run again: it is told, in the outbox's words
+                await tx.execute("SELECT 1")
+        assert [intent.action_id for intent in await store.intents_named("a-1")] == ["a-1"]
+    finally:
+        await admin.close()
         await asyncio.wait_for(store.close(), 10)
         proxy.close()
