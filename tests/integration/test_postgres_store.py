@@ -520,3 +520,30 @@ async def test_a_connection_the_server_ended_while_idle_is_never_given_the_next_
         await admin.close()
         await asyncio.wait_for(store.close(), 10)
         proxy.close()
+
+
+
+class _FaultyDriver:
+    """The caller's real connection, whose statements fail inside the driver while it stays open:
+    the precise fault (asyncpg's InternalClientError on a live connection) no server can cause."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    def is_in_transaction(self) -> bool:
+        return bool(self._conn.is_in_transaction())
+
+    def is_closed(self) -> bool:
+        return bool(self._conn.is_closed())
+
+    async def fetch(self, *_: Any) -> list[Any]:
+        raise asyncpg.InternalClientError("injected: the driver lost track of the protocol")
+
+
+async def test_a_driver_fault_on_a_live_connection_is_not_called_unavailable(box, conn):
+    """Only work refused because the session had ended is "not now" (StoreUnavailable, a 503);
+    a fault of the driver on a connection still open has an unknown effect and goes through as
+    it is, to be seen."""
+    async with conn.transaction(), box.transaction(connection=_FaultyDriver(conn)) as tx:
+        with pytest.raises(asyncpg.InternalClientError, match="injected"):
+            await tx.execute("SELECT 1")
