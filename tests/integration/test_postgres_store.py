@@ -547,3 +547,34 @@ async def test_a_driver_fault_on_a_live_connection_is_not_called_unavailable(box
     async with conn.transaction(), box.transaction(connection=_FaultyDriver(conn)) as tx:
         with pytest.raises(asyncpg.InternalClientError, match="injected"):
             await tx.execute("SELECT 1")
+
+
+async def test_a_statement_cancelled_or_past_the_limit_leaves_its_connection_to_no_other_work(pg_url):
+    """A task cancelled in the middle of a statement, or a statement past the limit, leaves the
+    server still running it until asyncpg's cancel request lands; the store's one connection goes
+    to no other work before that (no "another operation is in progress"), then serves again."""
+    store = PostgresStore(pg_url, pool_size=1, statement_seconds=1.0)
+    await store.open()
+    admin = await asyncpg.connect(pg_url)
+    try:
+        await store.migrate()
+        async with admin.transaction():
+            await admin.execute("LOCK TABLE destinations IN ACCESS EXCLUSIVE MODE")
+            reading = asyncio.create_task(store.list_destinations())  # waits for the lock, on the server
+
+            async def waiting() -> bool:
+                return bool(await admin.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'"))
+
+            assert await eventually(waiting)
+            reading.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await reading
+            with pytest.raises(StoreUnavailable, match="unavailable"):  # the limit: asyncpg's TimeoutError
+                await store.list_destinations()
+        assert await store.list_destinations() == []
+        assert await asyncio.gather(*(store.next_due_at() for _ in range(20))) == [None] * 20
+    finally:
+        await admin.close()
+        await store.close()
