@@ -75,17 +75,17 @@ NO_DATABASE = ("; only serve, worker and migrate create one: run this where the 
                "--database-url, OUTBOX_DATABASE_URL or database_url in ./outbox.toml")
 
 
-def _run(fn: Callable[..., Awaitable[T]], *, create: bool = False) -> Callable[..., T]:
+def _run(fn: Callable[..., Awaitable[T]], *, create: bool = False, migrate: bool = True) -> Callable[..., T]:
     """Run an async command with an open Outbox; outbox errors exit 1 with their message. The
     database must exist unless ``create``: a command run from another directory must not make
-    a new empty one there and answer from it."""
+    a new empty one there and answer from it. Without ``migrate`` the command migrates it."""
 
     @JSON
     @click.pass_obj
     @wraps(fn)
     def command(ctx: Context, *args: Any, **kwargs: Any) -> T:
         async def main() -> T:
-            async with await Outbox.open(settings=ctx.settings(), create=create) as box:
+            async with await Outbox.open(settings=ctx.settings(), create=create, migrate=migrate) as box:
                 return await fn(ctx, box, *args, **kwargs)
 
         try:
@@ -101,9 +101,10 @@ def _run(fn: Callable[..., Awaitable[T]], *, create: bool = False) -> Callable[.
     return command
 
 
-def _run_creating(fn: Callable[..., Awaitable[T]]) -> Callable[..., T]:
-    """``_run`` for a command that makes the database when there is none (migrate)."""
-    return _run(fn, create=True)
+def _run_migrating(fn: Callable[..., Awaitable[T]]) -> Callable[..., T]:
+    """``_run`` for migrate: it makes the database when there is none, and applies the migrations
+    itself, so that it can say which it applied."""
+    return _run(fn, create=True, migrate=False)
 
 
 class Timestamp(click.ParamType):
@@ -282,10 +283,13 @@ def demo() -> None:
 
 
 @main.command()
-@_run_creating
+@_run_migrating
 async def migrate(ctx: Context, box: Outbox) -> None:
     """Apply pending schema migrations (serve also does this on start)."""
-    ctx.emit({"database_url": box.settings.database_url, "status": "migrated"}, "database is up to date")
+    applied = await box.store.migrate()
+    ctx.emit({"database_url": box.settings.database_url, "status": "migrated", "applied": applied},
+             f"applied {len(applied)} migration{'' if len(applied) == 1 else 's'}: {', '.join(applied)}" if applied
+             else "database is up to date: no migration to apply")
 
 
 # -- tokens --------------------------------------------------------------------------------
