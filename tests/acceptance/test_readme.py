@@ -249,7 +249,8 @@ async def test_the_postgres_transaction_example_runs_after_the_createdb_it_names
 def test_the_http_walkthrough_delivers_to_the_fastapi_receiver_it_starts(tmp_path: Path):
     """Over HTTP, as printed: the FastAPI example saved as receiver.py and started with the
     README's uvicorn command, `outbox serve` in a directory of its own, and the walkthrough's
-    commands run there by bash; only the admin token and the ports are this run's."""
+    commands run there by bash, then the Python client example as the README runs it after them;
+    only the admin token and the ports are this run's."""
     from .test_service import Service
 
     receiving, serving = tmp_path / "receiver", tmp_path / "outbox"
@@ -279,6 +280,9 @@ def test_the_http_walkthrough_delivers_to_the_fastapi_receiver_it_starts(tmp_pat
             read_back = run(shell_block_after("### Over HTTP", 2))
             assert '"action_id":"invoice-42-send"' in read_back
             settled = json.loads(run(shell_block_after("### Learning the outcome")))
+            client = python_blocks()["client"].replace("127.0.0.1:8080", f"127.0.0.1:{service.port}")
+            (serving / "client_example.py").write_text(client)
+            from_python = run(shell_block_after("### From another host: the Python client")).splitlines()
         finally:
             service.stop()
         logged = receiver_log.read_text()
@@ -286,6 +290,8 @@ def test_the_http_walkthrough_delivers_to_the_fastapi_receiver_it_starts(tmp_pat
     [attempt] = settled["attempts"]
     assert (attempt["status_code"], attempt["external_id"]) == (200, "inv-1")  # the example's handler, once
     assert '"POST /webhooks/billing HTTP/1.1" 200' in logged
+    assert from_python == ["already enqueued delivered", "10 of 10 accepted", "refused: 409 intent-conflict",
+                           "delivered [('submitted', 'delivered')]"]
     assert (receiving / "idempotency.db").exists()
 
 
