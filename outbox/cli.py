@@ -61,6 +61,18 @@ class Context:
             click.echo(text() if callable(text) else text)
 
 
+def _fields(data: Mapping[str, Any], width: int) -> list[str]:
+    """A record as ``name value`` lines, the names padded to ``width``."""
+    return [f"{name:<{width}} {_shown(value)}" for name, value in data.items()]
+
+
+def _shown(value: Any) -> str:
+    """A value as the JSON output writes it (``-`` for null), never as Python prints it (None, False)."""
+    if value is None:
+        return "-"
+    return json.dumps(value) if isinstance(value, bool | dict | list) else str(value)
+
+
 def _json_flag(click_ctx: click.Context, param: click.Parameter, value: bool) -> None:
     if value:
         click_ctx.find_object(Context).as_json = True  # type: ignore[union-attr]
@@ -75,17 +87,17 @@ NO_DATABASE = ("; only serve, worker and migrate create one: run this where the 
                "--database-url, OUTBOX_DATABASE_URL or database_url in ./outbox.toml")
 
 
-def _run(fn: Callable[..., Awaitable[T]], *, create: bool = False) -> Callable[..., T]:
+def _run(fn: Callable[..., Awaitable[T]], *, create: bool = False, migrate: bool = True) -> Callable[..., T]:
     """Run an async command with an open Outbox; outbox errors exit 1 with their message. The
     database must exist unless ``create``: a command run from another directory must not make
-    a new empty one there and answer from it."""
+    a new empty one there and answer from it. Without ``migrate`` the command migrates it."""
 
     @JSON
     @click.pass_obj
     @wraps(fn)
     def command(ctx: Context, *args: Any, **kwargs: Any) -> T:
         async def main() -> T:
-            async with await Outbox.open(settings=ctx.settings(), create=create) as box:
+            async with await Outbox.open(settings=ctx.settings(), create=create, migrate=migrate) as box:
                 return await fn(ctx, box, *args, **kwargs)
 
         try:
@@ -101,9 +113,10 @@ def _run(fn: Callable[..., Awaitable[T]], *, create: bool = False) -> Callable[.
     return command
 
 
-def _run_creating(fn: Callable[..., Awaitable[T]]) -> Callable[..., T]:
-    """``_run`` for a command that makes the database when there is none (migrate)."""
-    return _run(fn, create=True)
+def _run_migrating(fn: Callable[..., Awaitable[T]]) -> Callable[..., T]:
+    """``_run`` for migrate: it makes the database when there is none, and applies the migrations
+    itself, so that it can say which it applied."""
+    return _run(fn, create=True, migrate=False)
 
 
 class Timestamp(click.ParamType):
@@ -282,10 +295,13 @@ def demo() -> None:
 
 
 @main.command()
-@_run_creating
+@_run_migrating
 async def migrate(ctx: Context, box: Outbox) -> None:
     """Apply pending schema migrations (serve also does this on start)."""
-    ctx.emit({"database_url": box.settings.database_url, "status": "migrated"}, "database is up to date")
+    applied = await box.store.migrate()
+    ctx.emit({"database_url": box.settings.database_url, "status": "migrated", "applied": applied},
+             f"applied {len(applied)} migration{'' if len(applied) == 1 else 's'}: {', '.join(applied)}" if applied
+             else "database is up to date: no migration to apply")
 
 
 # -- tokens --------------------------------------------------------------------------------
@@ -407,14 +423,17 @@ async def show(ctx: Context, box: Outbox, action_id: str, scope: str | None) -> 
     data = {**intent_json(intent), "waiting_behind": behind.json() if behind else None, **history_json(history)}
 
     def text() -> str:
-        lines = [f"{k:<16} {json.dumps(v) if isinstance(v, dict | list) else v}"
-                 for k, v in data.items() if k not in ("attempts", "events", "waiting_behind")]
-        if behind:
-            lines.insert(lines.index(next(line for line in lines if line.startswith("status "))) + 1,
-                         f"{'waiting':<16} {behind.text(intent)}")
+        fields: dict[str, Any] = {}
+        for name, value in data.items():
+            if name not in ("attempts", "events", "waiting_behind"):
+                fields[name] = value
+            if name == "status" and behind:
+                fields["waiting"] = behind.text(intent)
+        lines = _fields(fields, 16)
         lines.append("attempts:" if data["attempts"] else "attempts: none")
-        lines += [f"  #{a['number']} {a['attempt_id']} {a['submission']} {a['outcome']} "
-                  f"{a['status_code'] or ''} {a['error'] or ''}".rstrip() for a in data["attempts"]]
+        lines += ["  " + " ".join(str(part) for part in (f"#{a['number']}", a["attempt_id"], a["submission"],
+                                                         a["outcome"], a["status_code"], a["error"]) if part)
+                  for a in data["attempts"]]
         lines.append("events:")
         lines += [f"  {e['at']} {e['kind']:<16} {e['actor']} {e['reason'] or ''}".rstrip()
                   for e in data["events"]]
@@ -755,7 +774,7 @@ async def destinations_put(
 async def destinations_show(ctx: Context, box: Outbox, destination_id: str) -> None:
     """Show a destination (never its secrets)."""
     data = (await box.get_destination(destination_id)).public()
-    ctx.emit(data, "\n".join(f"{k:<22} {v}" for k, v in data.items()))
+    ctx.emit(data, "\n".join(_fields(data, 22)))
 
 
 @destinations.command("list")

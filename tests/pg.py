@@ -71,9 +71,10 @@ def _with_database(dsn: str, name: str) -> str:
     return urlunsplit(parts._replace(path="/" + name))
 
 
-async def create_database() -> str:
+async def create_database(*, create: bool = True) -> str:
     """A new, empty database on the test server (the test fails or skips if there is none); returns
-    its DSN. Drop it with ``drop_database``."""
+    its DSN. Drop it with ``drop_database``. Without ``create`` its name is only chosen, for a test
+    that makes it itself, as a user would (``createdb``)."""
     import asyncpg
 
     require(ADMIN_DSN)
@@ -83,7 +84,8 @@ async def create_database() -> str:
         if ADMIN_DSN not in _swept:
             _swept.add(ADMIN_DSN)
             await _drop_stale(admin)
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+        if create:
+            await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
     finally:
         await admin.close()
     return _with_database(ADMIN_DSN, name)
@@ -103,9 +105,9 @@ async def drop_database(dsn: str) -> None:
 
 
 @asynccontextmanager
-async def database() -> AsyncIterator[str]:
+async def database(*, create: bool = True) -> AsyncIterator[str]:
     """A new, empty database (``create_database``), yielding its DSN; dropped on leaving."""
-    dsn = await create_database()
+    dsn = await create_database(create=create)
     try:
         yield dsn
     finally:

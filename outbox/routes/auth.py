@@ -42,7 +42,7 @@ def role(*allowed: Role) -> Callable[[Request], Coroutine[Any, Any, TokenInfo]]:
         if info.role not in allowed and info.role is not Role.ADMIN:
             raise Problem(
                 403, "forbidden", "Forbidden",
-                f"a {info.role.value} token cannot do this; it needs {names}",
+                f"a token of role {info.role.value} cannot do this; it needs role {names}",
             )
         return info
 

@@ -153,8 +153,10 @@ async def test_every_route_checks_its_role(api: Api):
         assert_problem(await producer.put("/v1/destinations/crm", json=spec), 403, "forbidden", "producer")
         assert_problem(await producer.get("/v1/destinations"), 403, "forbidden")
     async with api.client(api.operator) as operator:
-        assert_problem(await operator.put("/v1/destinations/crm", json=spec), 403, "forbidden", "admin")
-        assert_problem(await operator.post("/v1/intents", json=INTENT), 403, "forbidden", "producer")
+        assert_problem(await operator.put("/v1/destinations/crm", json=spec), 403, "forbidden",
+                       "a token of role operator cannot do this; it needs role admin")
+        assert_problem(await operator.post("/v1/intents", json=INTENT), 403, "forbidden",
+                       "a token of role operator cannot do this; it needs role producer")
         assert (await operator.get("/v1/destinations")).status_code == 200
         assert (await operator.get("/v1/intents")).status_code == 200
 

@@ -7,6 +7,8 @@ import asyncio
 import getpass
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -17,10 +19,11 @@ from typing import Any
 
 import pytest
 
-from outbox import ManualClock, Outbox, Settings, Status
+from outbox import DestinationSpec, ManualClock, Outbox, Settings, Status
 from outbox.grants import GrantSpec
+from sender.email import EmailSpec
 
-from ..conftest import eventually, snapshot
+from ..conftest import SECRET, eventually, snapshot
 from ..receiver import Receiver, Reply
 from .conftest import Filled
 
@@ -473,6 +476,33 @@ async def test_json_is_accepted_after_the_command_as_well_as_before(shell: Shell
     assert [i["action_id"] for i in shell.json("list")["items"]] == ["json-1"]
     refused = shell.run("show", "nope-1", "--json", code=1)
     assert json.loads(refused.stderr)["error"] == "NotFound" and refused.stdout == ""
+
+
+async def test_show_writes_absent_values_and_booleans_as_json_does_never_as_python(shell: Shell):
+    """An intent with no ordering key, times or error, and an attempt without a status code: each
+    absent value reads ``-``, a boolean ``true``/``false``, as in --json (null, false), never
+    Python's None or False."""
+    with socket.socket() as s:  # a port nobody listens on: the attempt gets no status code
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    await shell.box.put_destination("gone", DestinationSpec(url=f"http://127.0.0.1:{closed}/hook", secret=SECRET,
+                                                            allow_private_network=True))
+    await shell.enqueue("plain-1", destination="gone", max_attempts=1)
+    await shell.deliver(["plain-1"])
+    await shell.box.put_destination("mail", EmailSpec.model_validate(
+        {"channel": "email", "host": "smtp.example.com", "from": "shop@example.com"}))
+    shown = shell.run("show", "plain-1").stdout
+    fields = dict(line.split(None, 1) for line in shown.splitlines()
+                  if not line.startswith((" ", "attempts", "events")))
+    assert (fields["ordering_key"], fields["not_before"], fields["lease_owner"]) == ("-", "-", "-")
+    assert fields["status"] == "dead" and fields["payload"] == '{"action": "plain-1"}'
+    [attempt] = [line for line in shown.splitlines() if line.startswith("  #")]
+    assert re.fullmatch(r"  #1 \S+ not_submitted retryable ClientConnectorError: .+", attempt), attempt
+    described = shell.run("destinations", "show", "mail").stdout
+    settings = dict(line.split(None, 1) for line in described.splitlines())
+    assert settings["idempotent"] == "false" and settings["reply_to"] == "-" and settings["headers"] == "{}"
+    for printed in (shown, described):
+        assert not re.search(r"\b(None|False|True)\b", printed), printed
 
 
 async def test_an_unreadable_payload_file_is_one_error_line(shell: Shell):
