@@ -12,7 +12,12 @@ duplicates its own retries would make; a retry of an unknown outcome by the outb
 record, which the receivers' idempotent consumer recognises by its ``idempotency-key``.
 
 One producer per destination (as its settings read now), shared by every send to it, so
-concurrent sends are batched per partition.
+concurrent sends are batched per partition. An idempotent producer can end while the process
+lives on: a broker that crashed and lost its producer state, or a newer producer that fenced
+it, refuses every later record of that producer id (``ENDED``). The Java client then starts
+afresh with a new id, and so does this channel: the producer is replaced, and the record it
+was refused for is ``maybe_submitted``, since aiokafka may have sent it once before the broker
+lost the state (its retries after a lost connection are invisible here).
 
 The SSRF guard: a destination without ``allow_private_network`` is produced to only while every
 address its bootstrap servers and the brokers its metadata names resolve to is public. aiokafka
@@ -37,10 +42,14 @@ from typing import Literal
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
     BrokerResponseError,
+    InvalidProducerEpoch,
     KafkaError,
     MessageSizeTooLargeError,
     NotEnoughReplicasAfterAppendError,
+    OutOfOrderSequenceNumber,
+    ProducerFenced,
     RequestTimedOutError,
+    UnknownProducerId,
 )
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import TopicPartition
@@ -60,6 +69,12 @@ RECHECK_SECONDS = 60.0
 PERMANENT = frozenset(
     {"MessageSizeTooLargeError", "RecordListTooLargeError", "InvalidTopicError", "CorruptRecordException",
      "InvalidRecordError", "InvalidRequiredAcksError"})
+
+
+#: Errors after which the broker refuses every record of this producer id: it lost the producer's
+#: state or sequence (a crash, an expired id) or a newer producer fenced it (aiokafka reports an
+#: ``InvalidProducerEpoch`` answer as ``ProducerFenced``). The producer is replaced.
+ENDED = (OutOfOrderSequenceNumber, UnknownProducerId, InvalidProducerEpoch, ProducerFenced)
 
 
 class PrivateBroker(Exception):
@@ -189,12 +204,15 @@ class KafkaChannel:
             return SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="produce",
                               error=f"refused: the record is larger than max_request_size: {_describe(exc)}")
         except KafkaError as exc:  # the producer failed for good, before taking the record
-            await self._discard(entry)
+            await self._discard(entry, producer)
             return SendResult(Submission.NOT_SUBMITTED, Outcome.RETRYABLE, stage="produce", error=_describe(exc))
         # From here a produce request carrying the record may leave: only the broker can say it did not.
         crash_point("after_request")
         try:
             sent = await asyncio.wait_for(future, destination.timeout_seconds)
+        except ENDED as exc:
+            await self._discard(entry, producer)
+            return _producer_ended(exc)
         except BrokerResponseError as exc:
             return _broker_refused(exc)
         except (KafkaError, TimeoutError, OSError) as exc:
@@ -300,10 +318,13 @@ class KafkaChannel:
             self._tls = ssl.create_default_context()
         return self._tls
 
-    async def _discard(self, entry: _Producer) -> None:
-        producer, entry.producer = entry.producer, None
-        if producer is not None:
-            await _stop(producer)
+    async def _discard(self, entry: _Producer, producer: AIOKafkaProducer | None = None) -> None:
+        """Stop the entry's producer, so the next send starts a new one; given ``producer``, only
+        if that is still the entry's (concurrent sends that saw it fail replace it once)."""
+        if entry.producer is None or (producer is not None and entry.producer is not producer):
+            return
+        stopping, entry.producer = entry.producer, None
+        await _stop(stopping)
 
     async def probe(self, intent: Intent, destination: Destination, *, fence: int) -> ProbeAnswer:
         return ProbeAnswer(None, error="a Kafka broker cannot be asked whether a record was appended")
@@ -329,6 +350,14 @@ def _broker_refused(exc: BrokerResponseError) -> SendResult:
     outcome = Outcome.REJECTED if type(exc).__name__ in PERMANENT else Outcome.RETRYABLE
     return SendResult(Submission.SUBMITTED, outcome, stage="produce", answered=True,
                       error=f"the broker did not append the record: {_describe(exc)}")
+
+
+def _producer_ended(exc: KafkaError) -> SendResult:
+    """The broker refused the record because it no longer knows the producer (``ENDED``)."""
+    return SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, stage="produce", answered=True,
+                      error=f"the broker no longer knows this producer ({_describe(exc)}): an earlier try of the "
+                            "record, before the broker lost the producer's state, may have been appended; the "
+                            "producer is replaced")
 
 
 async def _stop(producer: AIOKafkaProducer) -> None:
