@@ -19,12 +19,17 @@ afresh with a new id, and so does this channel: the producer is replaced, and th
 was refused for is ``maybe_submitted``, since aiokafka may have sent it once before the broker
 lost the state (its retries after a lost connection are invisible here).
 
-The SSRF guard: a destination without ``allow_private_network`` is produced to only while every
-address its bootstrap servers and the brokers its metadata names resolve to is public. aiokafka
-opens its connections itself and does its own name lookups, so this is a check of what those
-names resolve to (refreshed when the brokers change, and at least every ``RECHECK_SECONDS``),
-not of each connected socket as for webhooks and email: an answer that changes between the
-check and aiokafka's own lookup is not seen.
+The SSRF guard: a destination without ``allow_private_network`` never opens a TCP connection to
+an address the guard refuses, whether its bootstrap servers name it or the brokers of its
+metadata do (a hostile broker can name any address). aiokafka opens its connections itself and
+has no hook for it (kafkajs has a socket factory, librdkafka a connect callback), so this module
+puts one where every connection of aiokafka's is made, its connection factory
+``aiokafka.client.create_conn``: for a guarded producer the broker's name is resolved and
+connected by ``sender.guard`` (the address connected to is the one checked), and aiokafka is
+handed that socket. Which producer a connection is for is in a context variable, set around each
+send and so inherited by the tasks aiokafka starts for the producer; aiokafka used by anything
+else in the process connects as it always does. A refused connection fails the attempt before
+the record is handed to the producer: ``not_submitted``, rejected.
 """
 
 from __future__ import annotations
@@ -33,13 +38,15 @@ import asyncio
 import re
 import socket
 import ssl
-import time
-from collections.abc import Iterable
+from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
+import aiokafka.client
 from aiokafka import AIOKafkaProducer
+from aiokafka.conn import AIOKafkaConnection, create_conn
 from aiokafka.errors import (
     BrokerResponseError,
     InvalidProducerEpoch,
@@ -59,12 +66,11 @@ from outbox import Destination, DestinationSpec, Intent, OnUnknown, Outcome, Sub
 from outbox.crash import crash_point
 from receivers import wire
 
+from . import guard
 from .channel import ChannelModule, ProbeAnswer, SendResult
 
 #: A topic name as Kafka allows it (``.`` and ``..`` are refused by the broker too).
 TOPIC = re.compile(r"(?!\.{1,2}$)[A-Za-z0-9._-]{1,249}")
-#: How long a check of the brokers' addresses holds (the SSRF guard, above).
-RECHECK_SECONDS = 60.0
 #: Broker errors that say the record was refused for good: it is too large, or the topic cannot be.
 PERMANENT = frozenset(
     {"MessageSizeTooLargeError", "RecordListTooLargeError", "InvalidTopicError", "CorruptRecordException",
@@ -75,10 +81,6 @@ PERMANENT = frozenset(
 #: state or sequence (a crash, an expired id) or a newer producer fenced it (aiokafka reports an
 #: ``InvalidProducerEpoch`` answer as ``ProducerFenced``). The producer is replaced.
 ENDED = (OutOfOrderSequenceNumber, UnknownProducerId, InvalidProducerEpoch, ProducerFenced)
-
-
-class PrivateBroker(Exception):
-    """A broker address the destination may not be produced to."""
 
 
 class KafkaSpec(DestinationSpec):
@@ -170,9 +172,73 @@ class _Producer:
     #: The topic's partitions as last seen, sorted, and those with a leader.
     partitions: tuple[set[int] | None, list[int], list[int]] = (None, [], [])
     starting: asyncio.Lock = field(default_factory=asyncio.Lock)
-    #: The broker addresses last found public, and when (the SSRF guard).
-    checked: frozenset[tuple[str, int]] = frozenset()
-    checked_at: float = 0.0
+    #: The SSRF guard of its connections; None when the destination allows the private network.
+    guard: _Guard | None = None
+
+
+@dataclass
+class _Guard:
+    """The SSRF guard of one destination's producer, which every connection it opens goes
+    through; it keeps what it refused, for the attempt to say so."""
+
+    timeout: float
+    refused: dict[tuple[str, int], str] = field(default_factory=dict)
+
+    async def connect(self, host: str, port: int) -> socket.socket:
+        try:
+            return await guard.connect(host, port, allow_private=False, timeout=self.timeout)
+        except guard.PrivateAddressRefused as exc:
+            self.refused[(host, port)] = exc.explain()
+            raise
+
+
+#: The guard of the producer whose work runs in this context: set around each send, and so
+#: inherited by the tasks aiokafka starts for the producer. None: not guarded.
+_GUARD: ContextVar[_Guard | None] = ContextVar("kafka_guard", default=None)
+
+
+class _Connected:
+    """The running loop as one guarded AIOKafkaConnection sees it while it connects: its
+    ``create_connection`` takes the socket the guard connected instead of resolving and connecting
+    the broker's name again; TLS still verifies the certificate against that name."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+        self._loop = loop
+        self._sock: socket.socket | None = sock
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loop, name)
+
+    async def create_connection(self, factory: Callable[[], asyncio.Protocol], host: str, port: int, *,
+                                ssl: ssl.SSLContext | None = None) -> tuple[asyncio.Transport, asyncio.Protocol]:
+        sock, self._sock = self._sock, None  # the transport owns it from here, closing it on failure
+        assert sock is not None, "one connection per socket"
+        return await self._loop.create_connection(factory, sock=sock, ssl=ssl,
+                                                  server_hostname=host if ssl is not None else None)
+
+    def close_unused(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+
+
+async def _create_conn(host: str, port: int, **options: Any) -> AIOKafkaConnection:
+    """aiokafka's connection factory, through which it opens every connection (bootstrap servers
+    and the brokers metadata names), with the SSRF guard of the producer it connects for."""
+    checking = _GUARD.get()
+    if checking is None:
+        return await create_conn(host, port, **options)
+    connected = _Connected(asyncio.get_running_loop(), await checking.connect(host, port))
+    conn = AIOKafkaConnection(host, port, **options)
+    conn._loop = connected
+    try:
+        await conn.connect()
+    finally:
+        conn._loop = connected._loop
+        connected.close_unused()
+    return conn
+
+
+aiokafka.client.create_conn = _create_conn
 
 
 class KafkaChannel:
@@ -186,13 +252,22 @@ class KafkaChannel:
     async def send(self, intent: Intent, destination: Destination, *, attempt_id: str, fence: int) -> SendResult:
         try:
             entry = await self._entry(destination)
+        except ValidationError as exc:  # registered before today's rules: it can never be produced
+            return SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="connect",
+                              error=f"refused: the destination's settings are not valid: {exc.errors()[0]['msg']}")
+        guarding = _GUARD.set(entry.guard)
+        try:
+            return await self._send(entry, intent, destination, attempt_id, fence)
+        finally:
+            _GUARD.reset(guarding)
+
+    async def _send(self, entry: _Producer, intent: Intent, destination: Destination, attempt_id: str,
+                    fence: int) -> SendResult:
+        try:
             producer = await self._started(entry, destination)
             tp = await self._partition(producer, entry, intent, destination)
         except _Refused as stop:
             return SendResult(Submission.NOT_SUBMITTED, stop.outcome, error=stop.error, stage=stop.stage)
-        except ValidationError as exc:  # registered before today's rules: it can never be produced
-            return SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="connect",
-                              error=f"refused: the destination's settings are not valid: {exc.errors()[0]['msg']}")
         headers = [(wire.KAFKA_IDEMPOTENCY_KEY, intent.key.encode()),
                    (wire.KAFKA_PAYLOAD_DIGEST, intent.payload_digest.encode()),
                    (wire.KAFKA_ATTEMPT_ID, attempt_id.encode()),
@@ -229,7 +304,8 @@ class KafkaChannel:
         if entry is None or entry.version != destination.updated_at:
             spec = KafkaSpec.model_validate({**destination.settings, "channel": "kafka",
                                              "allow_private_network": destination.allow_private_network})
-            self._producers[destination.id] = fresh = _Producer(spec, destination.updated_at)
+            checking = None if destination.allow_private_network else _Guard(destination.timeout_seconds)
+            self._producers[destination.id] = fresh = _Producer(spec, destination.updated_at, guard=checking)
             if entry is not None:
                 await self._discard(entry)  # (stopping flushes what it holds)
             entry = fresh
@@ -245,8 +321,8 @@ class KafkaChannel:
             spec = entry.spec
             if spec.sasl_mechanism is not None and not destination.secrets:
                 raise _Refused("connect", Outcome.REJECTED, "the destination names a SASL user but holds no password")
-            if not destination.allow_private_network:
-                await self._guard(entry, [hosts.check_host_port(s) for s in spec.bootstrap_servers], "connect")
+            if entry.guard is not None:
+                entry.guard.refused.clear()
             timeout_ms = int(destination.timeout_seconds * 1000)
             producer = AIOKafkaProducer(
                 bootstrap_servers=spec.bootstrap_servers, client_id="outbox", acks="all" if spec.acks == "all" else 1,
@@ -261,6 +337,7 @@ class KafkaChannel:
                 await asyncio.wait_for(producer.start(), destination.timeout_seconds)
             except (KafkaError, TimeoutError, OSError) as exc:
                 await _stop(producer)
+                await self._refused(entry)
                 if isinstance(exc, BrokerResponseError) and not exc.retriable and spec.enable_idempotence:
                     # a broker answered, refusing a producer id for good: it lacks the idempotent producer
                     raise _Refused("connect", Outcome.REJECTED, "the broker refused the idempotent producer "
@@ -274,8 +351,8 @@ class KafkaChannel:
 
     async def _partition(self, producer: AIOKafkaProducer, entry: _Producer, intent: Intent,
                          destination: Destination) -> TopicPartition:
-        """The record's partition, once the topic's metadata is known, the brokers pass the guard
-        and the partition's leader takes connections (so a failure here proves nothing left)."""
+        """The record's partition, once the topic's metadata is known and the partition's leader
+        takes connections (so a failure here proves nothing left). Raises _Refused."""
         topic = entry.spec.topic
         cluster = producer.client.cluster
         partitions = cluster.partitions_for_topic(topic)  # known: no need to ask (and to make a timer)
@@ -283,35 +360,28 @@ class KafkaChannel:
             try:
                 partitions = await asyncio.wait_for(producer.partitions_for(topic), destination.timeout_seconds)
             except (KafkaError, TimeoutError, OSError) as exc:
+                await self._refused(entry)
                 raise _Refused("metadata", Outcome.RETRYABLE,
                                f"no metadata for topic {topic}: {_describe(exc)}") from None
-        if not destination.allow_private_network:
-            await self._guard(entry, [(b.host, b.port) for b in cluster.brokers()], "metadata")
         if entry.partitions[0] != partitions:  # the partitioner's inputs, kept until the metadata changes
             entry.partitions = (partitions, sorted(partitions), list(cluster.available_partitions_for_topic(topic)))
         _, every, available = entry.partitions
         tp = TopicPartition(topic, self._partitioner(_record_key(intent), every, available))
         leader = cluster.leader_for_partition(tp)
         if leader is None or leader < 0 or not await producer.client.ready(leader):
+            await self._refused(entry)
             raise _Refused("connect", Outcome.RETRYABLE,
                            f"the leader of partition {tp.partition} of {topic} does not take connections")
         return tp
 
-    async def _guard(self, entry: _Producer, servers: Iterable[tuple[str, int]], stage: str) -> None:
-        """The SSRF guard on what the brokers' names resolve to (see the module's docstring)."""
-        if time.monotonic() - entry.checked_at >= RECHECK_SECONDS:
-            entry.checked, entry.checked_at = frozenset(), time.monotonic()
-        loop = asyncio.get_running_loop()
-        for host, port in frozenset(servers) - entry.checked:
-            try:
-                infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            except OSError as exc:
-                raise _Refused(stage, Outcome.RETRYABLE, f"{host}: {_describe(exc)}") from None
-            if not all(hosts.is_public(str(info[4][0])) for info in infos):
-                await self._discard(entry)
-                raise _Refused(stage, Outcome.REJECTED, f"refused: broker {host} resolves to a non-public address "
-                               "and the destination does not allow the private network")
-            entry.checked |= {(host, port)}
+    async def _refused(self, entry: _Producer) -> None:
+        """Raise _Refused (rejected: the destination names a broker it may not reach) if the guard
+        refused a connection of the entry's producer, stopping the producer, which would try it
+        again and again."""
+        if entry.guard is not None and entry.guard.refused:
+            refused, entry.guard.refused = entry.guard.refused, {}
+            await self._discard(entry)
+            raise _Refused("connect", Outcome.REJECTED, "; ".join(sorted(set(refused.values()))))
 
     def _context(self) -> ssl.SSLContext:
         if self._tls is None:

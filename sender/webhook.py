@@ -29,6 +29,7 @@ from outbox.crash import crash_point
 from receivers import wire
 
 from .channel import REPLY_BYTES, ChannelModule, ProbeAnswer, SendResult
+from .guard import PrivateAddressRefused
 
 SECRET_PREFIX = "whsec_"
 USER_AGENT = "outbox-delivery/0.1"
@@ -88,11 +89,6 @@ class WebhookSpec(DestinationSpec):
         if not 24 <= len(raw) <= 64:
             raise ValueError("secret must hold 24 to 64 bytes")
         return secret
-
-
-class PrivateAddressRefused(OSError):
-    """The SSRF guard refused a connection: the destination resolves only to non-public
-    addresses, or the address about to be connected to is not public."""
 
 
 class GuardedResolver(AbstractResolver):
@@ -395,7 +391,7 @@ def _refusal(exc: BaseException) -> tuple[Outcome, str]:
     """A connection that was never made: our own SSRF refusal (permanent), or the network's."""
     cause: Any = getattr(exc, "os_error", None) or exc.__cause__
     if isinstance(cause, PrivateAddressRefused):
-        return Outcome.REJECTED, f"refused: {cause.args[0]} and the destination does not allow the private network"
+        return Outcome.REJECTED, cause.explain()
     return Outcome.RETRYABLE, _describe(exc)
 
 

@@ -6,17 +6,19 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import ssl
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from outbox import Attempt, Intent, OnUnknown, Outcome, Status, Submission
+from outbox import Attempt, Intent, OnUnknown, Outcome, Status, Submission, hosts
 from receivers import IdempotentConsumer, MemoryRecordStore, wire
 from sender.kafka import KafkaChannel, KafkaSpec
+from tests import smtp
 from tests.conftest import eventually
-from tests.kafka import Broker
+from tests.kafka import Broker, Listener, MetadataProxy
 
 from .conftest import SenderEnv
 from .test_api import Api, api, assert_problem  # noqa: F401  (api: the fixture)
@@ -193,6 +195,77 @@ async def test_a_loopback_broker_without_the_private_network_is_refused(env: Sen
     assert facts(attempt) == ("connect", Submission.NOT_SUBMITTED, Outcome.REJECTED)
     assert "non-public" in (attempt.error or "")
     assert await records(kafka) == []
+
+
+PUBLIC = "127.0.0.2"  # a loopback address the tests below judge public, as a broker on the internet would be
+
+
+@pytest.fixture
+def public_proxy_address(monkeypatch: pytest.MonkeyPatch) -> str:
+    """``PUBLIC``, judged a public address by the SSRF guard (this machine has none of its own)."""
+    judged = hosts.is_public
+    monkeypatch.setattr(hosts, "is_public", lambda address: address == PUBLIC or judged(address))
+    return PUBLIC
+
+
+@pytest.mark.parametrize("named", ["127.0.0.1", "localhost"])
+async def test_a_broker_only_the_metadata_names_is_never_connected_to_when_the_guard_refuses_it(
+        env: SenderEnv, channel, kafka: Broker, public_proxy_address: str, named: str):
+    """A hostile broker (the proxy, at an address the guard allows) answers Metadata naming a
+    listener on loopback as the cluster's broker, as an address or as a name resolving to one: no
+    connection reaches the listener, and the attempt is refused before anything was sent."""
+    await kafka.create_topic(TOPIC)
+    async with Listener() as listener, MetadataProxy(kafka, public_proxy_address, (named, listener.port)) as proxy:
+        await env.box.put_destination("log", KafkaSpec.model_validate({
+            "channel": "kafka", "bootstrap_servers": [proxy.bootstrap], "topic": TOPIC, "timeout_seconds": 2.0}))
+        await env.enqueue("ssrf", destination="log")
+        intent, attempt = await run_until(env, channel, "ssrf")
+        await asyncio.sleep(0.5)  # time for any connection aiokafka would still be opening
+    assert proxy.rewritten >= 1
+    assert listener.connections == 0
+    assert facts(attempt) == ("connect", Submission.NOT_SUBMITTED, Outcome.REJECTED), attempt.error
+    assert f"refused: {named} resolves only to non-public addresses" in (attempt.error or "")
+    assert intent.status is Status.DEAD
+    assert await records(kafka) == []
+
+
+async def test_the_same_metadata_reaches_the_listener_when_the_private_network_is_allowed(
+        env: SenderEnv, channel, kafka: Broker, public_proxy_address: str):
+    """The control for the test above: the proxy's rewritten metadata does send the producer to the
+    listener, which counts it, when the destination allows the private network."""
+    await kafka.create_topic(TOPIC)
+    async with Listener() as listener, MetadataProxy(kafka, public_proxy_address,
+                                                     ("127.0.0.1", listener.port)) as proxy:
+        await register(env, kafka, bootstrap_servers=[proxy.bootstrap])
+        await env.enqueue("private", destination="log")
+        _, attempt = await run_until(env, channel, "private")
+    assert listener.connections >= 1
+    assert facts(attempt)[1:] == (Submission.NOT_SUBMITTED, Outcome.RETRYABLE), attempt.error
+
+
+async def test_a_guarded_tls_connection_verifies_the_brokers_certificate_against_its_name(
+        env: SenderEnv, kafka: Broker, monkeypatch: pytest.MonkeyPatch):
+    """The guard connects the socket itself (to the address it checked) and hands it to aiokafka,
+    which must still verify the broker's certificate against the broker's name: the certificate
+    names only ``localhost`` (no IP address), so it checks out only if the name is what TLS was
+    given. Every broker the metadata names is the TLS proxy, by name."""
+    judged = hosts.is_public
+    monkeypatch.setattr(hosts, "is_public", lambda address: address == "127.0.0.1" or judged(address))
+    cert = smtp.CA.issue_cert("localhost")
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    cert.configure_cert(server)
+    client = ssl.create_default_context()
+    smtp.CA.configure_trust(client)
+    await kafka.create_topic(TOPIC)
+    async with MetadataProxy(kafka, "127.0.0.1", tls=server) as proxy:
+        proxy.named = ("localhost", proxy.port)
+        await env.box.put_destination("log", KafkaSpec.model_validate({
+            "channel": "kafka", "bootstrap_servers": [f"localhost:{proxy.port}"], "topic": TOPIC, "tls": True,
+            "timeout_seconds": 2.0}))
+        await env.enqueue("over-tls", destination="log")
+        intent, attempt = await run_until(env, KafkaChannel(tls_context=client), "over-tls")
+    assert facts(attempt) == ("done", Submission.SUBMITTED, Outcome.DELIVERED), attempt.error
+    assert proxy.rewritten >= 1 and intent.status is Status.DELIVERED
 
 
 async def test_the_destination_defaults_say_what_kafka_needs(env: SenderEnv, kafka: Broker):
