@@ -60,16 +60,21 @@ async def count(box: Outbox, status: Status) -> int:
     return len((await box.list_intents(IntentQuery(statuses=[status], limit=INTENTS))).intents)
 
 
+async def enqueued(box: Outbox, broker: Broker, intents: int) -> None:
+    """The destination ``log`` (the broker's topic) and ``intents`` intents for it, ``order-0`` on."""
+    await box.put_destination("log", KafkaSpec.model_validate({
+        "channel": "kafka", "bootstrap_servers": [broker.bootstrap], "topic": TOPIC,
+        "allow_private_network": True, "timeout_seconds": 5}))
+    await box.enqueue_many({"destination": "log", "scope": "acme", "action_id": f"order-{n}",
+                            "payload": {"n": n}} for n in range(intents))
+
+
 async def test_kill_9_while_producing_loses_nothing_and_misreports_nothing(tmp_path: Path, kafka: Broker) -> None:
     await kafka.create_topic(TOPIC, partitions=3)
     url = f"sqlite:///{tmp_path / 'outbox.db'}"
     settings = Settings(database_url=url, authority="allow-all", lease_seconds=LEASE_SECONDS, poll_seconds=0.1)
     async with await Outbox.open(url, settings=settings) as box:
-        await box.put_destination("log", KafkaSpec.model_validate({
-            "channel": "kafka", "bootstrap_servers": [kafka.bootstrap], "topic": TOPIC,
-            "allow_private_network": True, "timeout_seconds": 5}))
-        await box.enqueue_many({"destination": "log", "scope": "acme", "action_id": f"order-{n}",
-                                "payload": {"n": n}} for n in range(INTENTS))
+        await enqueued(box, kafka, INTENTS)
         env = clean_env(OUTBOX_DATABASE_URL=url, OUTBOX_AUTHORITY="allow-all", OUTBOX_WORKER_CONCURRENCY="16",
                         OUTBOX_LEASE_SECONDS=str(LEASE_SECONDS), OUTBOX_POLL_SECONDS="0.1")
         with outbox_worker(tmp_path, env) as (worker, log):
@@ -121,11 +126,7 @@ async def test_a_broker_killed_mid_stream_and_restarted_gets_every_intent(tmp_pa
     await kafka.create_topic(TOPIC, partitions=3)
     url = f"sqlite:///{tmp_path / 'outbox.db'}"
     async with await Outbox.open(url, settings=Settings(database_url=url, authority="allow-all")) as box:
-        await box.put_destination("log", KafkaSpec.model_validate({
-            "channel": "kafka", "bootstrap_servers": [kafka.bootstrap], "topic": TOPIC,
-            "allow_private_network": True, "timeout_seconds": 5}))
-        await box.enqueue_many({"destination": "log", "scope": "acme", "action_id": f"order-{n}",
-                                "payload": {"n": n}} for n in range(BROKER_INTENTS))
+        await enqueued(box, kafka, BROKER_INTENTS)
         env = clean_env(OUTBOX_DATABASE_URL=url, OUTBOX_AUTHORITY="allow-all", OUTBOX_WORKER_CONCURRENCY="16",
                         OUTBOX_POLL_SECONDS="0.1", OUTBOX_BACKOFF_INITIAL_SECONDS="0.2",
                         OUTBOX_BACKOFF_CAP_SECONDS="2")
