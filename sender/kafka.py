@@ -11,6 +11,13 @@ record too large or a topic that cannot exist). A timeout or a lost connection a
 duplicates its own retries would make; a retry of an unknown outcome by the outbox is a new
 record, which the receivers' idempotent consumer recognises by its ``idempotency-key``.
 
+Each record is signed as a webhook is (``receivers.wire``): with the destination's ``whsec_``
+secrets (several during a rotation), over ``key.timestamp.value`` with the idempotency key as the
+id, in the ``webhook-timestamp`` and ``webhook-signature`` headers, so a consumer holding the
+secret tells the outbox's records from anything else written to the topic. A destination's
+secrets hold its signing secrets and, after them, its SASL password; one registered before
+records were signed holds no signing secret (or only the password) and its records go unsigned.
+
 One producer per destination (as its settings read now), shared by every send to it, so
 concurrent sends are batched per partition. An idempotent producer can end while the process
 lives on: a broker that crashed and lost its producer state, or a newer producer that fenced
@@ -63,7 +70,9 @@ from aiokafka.structs import TopicPartition
 from pydantic import ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
 from outbox import Destination, DestinationSpec, Intent, OnUnknown, Outcome, Submission, hosts
+from outbox.clock import Clock, SystemClock
 from outbox.crash import crash_point
+from outbox.destinations import rotate_secrets
 from receivers import wire
 
 from . import guard
@@ -94,8 +103,12 @@ class KafkaSpec(DestinationSpec):
     topic: str = Field(description="the topic every record of this destination is produced to")
     tls: StrictBool = Field(default=False, description="connect with TLS, verifying the brokers' certificates")
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
-        default=None, description="authenticate with SASL; the secret is the password")
+        default=None, description="authenticate with SASL as sasl_username with sasl_password")
     sasl_username: str | None = Field(default=None, min_length=1, max_length=256)
+    sasl_password: str | None = Field(
+        default=None, min_length=1, max_length=1024, exclude=True, repr=False, json_schema_extra={"writeOnly": True},
+        description="write-only, kept with the destination's secrets (never shown). Omitted on update: the "
+                    "current one stays")
     allow_insecure: StrictBool = Field(
         default=False, description="allow SASL without TLS (the password crosses the network in the clear)")
     enable_idempotence: StrictBool = Field(
@@ -126,10 +139,19 @@ class KafkaSpec(DestinationSpec):
 
     @field_validator("secret")
     @classmethod
-    def _password(cls, secret: str | None) -> str | None:
-        if secret is not None and not 1 <= len(secret) <= 1024:
-            raise ValueError("the secret (the SASL password) must hold 1 to 1024 characters")
-        return secret
+    def _whsec(cls, secret: str | None) -> str | None:
+        """The records' signing secret, in a webhook's form (the SASL password has a field of its own)."""
+        if secret is not None and not secret.startswith(wire.SECRET_PREFIX):
+            raise ValueError(f"secret is the {wire.SECRET_PREFIX} signing secret of the records; give the SASL "
+                             "password as sasl_password")
+        return None if secret is None else wire.check_secret(secret)
+
+    @field_validator("sasl_password")
+    @classmethod
+    def _password(cls, password: str | None) -> str | None:
+        if password is not None and password.startswith(wire.SECRET_PREFIX):
+            raise ValueError(f"sasl_password must not start with {wire.SECRET_PREFIX!r}, the signing secrets' form")
+        return password
 
     @model_validator(mode="after")
     def _consistent(self) -> KafkaSpec:
@@ -139,6 +161,8 @@ class KafkaSpec(DestinationSpec):
             raise ValueError("the idempotent producer needs acks: all")
         if (self.sasl_mechanism is None) != (self.sasl_username is None):
             raise ValueError("give sasl_mechanism and sasl_username together")
+        if self.sasl_password is not None and self.sasl_mechanism is None:
+            raise ValueError("sasl_password needs sasl_mechanism and sasl_username")
         if self.sasl_mechanism is not None and not self.tls and not self.allow_insecure:
             raise ValueError("SASL without tls sends the password in the clear; set tls, or allow_insecure")
         if not self.allow_private_network:
@@ -244,8 +268,9 @@ aiokafka.client.create_conn = _create_conn
 class KafkaChannel:
     """Produces intents to Kafka destinations, one shared producer per destination."""
 
-    def __init__(self, *, tls_context: ssl.SSLContext | None = None) -> None:
+    def __init__(self, *, tls_context: ssl.SSLContext | None = None, clock: Clock | None = None) -> None:
         self._tls = tls_context  # None until first needed: the system's trusted CAs, verified
+        self._clock = clock or SystemClock()  # what a record's webhook-timestamp says
         self._producers: dict[str, _Producer] = {}
         self._partitioner = DefaultPartitioner()
 
@@ -268,13 +293,19 @@ class KafkaChannel:
             tp = await self._partition(producer, entry, intent, destination)
         except _Refused as stop:
             return SendResult(Submission.NOT_SUBMITTED, stop.outcome, error=stop.error, stage=stop.stage)
+        value = intent.payload_json.encode()
         headers = [(wire.KAFKA_IDEMPOTENCY_KEY, intent.key.encode()),
                    (wire.KAFKA_PAYLOAD_DIGEST, intent.payload_digest.encode()),
                    (wire.KAFKA_ATTEMPT_ID, attempt_id.encode()),
                    (wire.KAFKA_FENCE, str(fence).encode())]
+        signing, _ = _split(destination.secrets)
+        if signing:
+            timestamp = int(self._clock.now().timestamp())
+            headers += [(wire.KAFKA_TIMESTAMP, str(timestamp).encode()),
+                        (wire.KAFKA_SIGNATURE, wire.sign(signing, intent.key, timestamp, value).encode())]
         try:
-            future = await producer.send(tp.topic, intent.payload_json.encode(), key=_record_key(intent),
-                                         partition=tp.partition, headers=headers)
+            future = await producer.send(tp.topic, value, key=_record_key(intent), partition=tp.partition,
+                                         headers=headers)
         except MessageSizeTooLargeError as exc:
             return SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="produce",
                               error=f"refused: the record is larger than max_request_size: {_describe(exc)}")
@@ -293,9 +324,10 @@ class KafkaChannel:
         except (KafkaError, TimeoutError, OSError) as exc:
             return SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, stage="produce",
                               error=f"no answer to the produce request: {_describe(exc)}")
-        return SendResult(Submission.SUBMITTED, Outcome.DELIVERED, stage="done", answered=True,
-                          external_id=f"{sent.topic}/{sent.partition}/{sent.offset}",
-                          reply=f"appended at {sent.topic}/{sent.partition}/{sent.offset}")
+        where = f"{sent.topic}/{sent.partition}/{sent.offset}"
+        return SendResult(Submission.SUBMITTED, Outcome.DELIVERED, stage="done", answered=True, external_id=where,
+                          reply=f"appended at {where}" + ("" if signing else ", unsigned: the destination holds no "
+                                                          "signing secret"))
 
     async def _entry(self, destination: Destination) -> _Producer:
         """The destination's producer entry; a change of the destination (its ``updated_at``)
@@ -319,7 +351,8 @@ class KafkaChannel:
             if entry.producer is not None:
                 return entry.producer
             spec = entry.spec
-            if spec.sasl_mechanism is not None and not destination.secrets:
+            _, password = _split(destination.secrets)
+            if spec.sasl_mechanism is not None and password is None:
                 raise _Refused("connect", Outcome.REJECTED, "the destination names a SASL user but holds no password")
             if entry.guard is not None:
                 entry.guard.refused.clear()
@@ -331,7 +364,7 @@ class KafkaChannel:
                 request_timeout_ms=timeout_ms, security_protocol=spec.security_protocol,
                 ssl_context=self._context() if spec.tls else None, sasl_mechanism=spec.sasl_mechanism or "PLAIN",
                 sasl_plain_username=spec.sasl_username,
-                sasl_plain_password=destination.secrets[0] if spec.sasl_mechanism else None,
+                sasl_plain_password=password if spec.sasl_mechanism else None,
             )
             try:
                 await asyncio.wait_for(producer.start(), destination.timeout_seconds)
@@ -405,6 +438,21 @@ class KafkaChannel:
             await self._discard(entry)
 
 
+def _split(secrets: tuple[str, ...]) -> tuple[tuple[str, ...], str | None]:
+    """A Kafka destination's secrets as its signing secrets (newest first) and its SASL password:
+    any secret not in the signing secrets' form (one stored before records were signed is such)."""
+    signing = tuple(s for s in secrets if s.startswith(wire.SECRET_PREFIX))
+    return signing, next((s for s in secrets if not s.startswith(wire.SECRET_PREFIX)), None)
+
+
+def keep_secrets(held: tuple[str, ...], spec: KafkaSpec) -> tuple[str, ...]:
+    """What a Kafka destination holds once ``spec`` replaces it: its signing secrets, rotated as
+    a webhook's, then its SASL password, the one given or else the one held, while it uses SASL."""
+    signing, password = _split(held)
+    password = spec.sasl_password or password
+    return rotate_secrets(signing, spec) + ((password,) if password is not None and spec.sasl_mechanism else ())
+
+
 def _record_key(intent: Intent) -> bytes:
     """The record's key: the ordering key when the intent has one (a key's records stay in one
     partition, in order), else its action id."""
@@ -443,6 +491,6 @@ def _describe(exc: BaseException) -> str:
 
 
 CHANNEL = ChannelModule(
-    name="kafka", spec=KafkaSpec, needs_secret=False, secret_form="a SASL password",
-    open=lambda concurrency: KafkaChannel(),
+    name="kafka", spec=KafkaSpec, secret_form="a whsec_ secret to sign its records", new_secret=wire.new_secret,
+    keep_secrets=keep_secrets, open=lambda concurrency: KafkaChannel(),
 )

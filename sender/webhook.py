@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
 import re
 import socket
 from dataclasses import dataclass
@@ -27,11 +26,11 @@ from outbox import Destination, DestinationSpec, Intent, Outcome, Submission, cr
 from outbox.clock import Clock, SystemClock
 from outbox.crash import crash_point
 from receivers import wire
+from receivers.wire import new_secret
 
 from .channel import REPLY_BYTES, ChannelModule, ProbeAnswer, SendResult
 from .guard import PrivateAddressRefused
 
-SECRET_PREFIX = "whsec_"
 USER_AGENT = "outbox-delivery/0.1"
 #: Prepared destinations kept (a destination's new URL or timeout is a new entry).
 MAX_TARGETS = 1024
@@ -40,11 +39,6 @@ KEPT_HEADERS = ("content-type", "retry-after", wire.EXTERNAL_ID.lower(), wire.RE
 #: What aiohttp refuses in a header name or value (RFC 9110 5.5: controls other than HTAB). It
 #: raises ValueError once the connection is already taken, so such a request is refused first.
 FORBIDDEN_IN_HEADERS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-
-
-def new_secret() -> str:
-    """A fresh Standard Webhooks signing secret (``whsec_`` + 32 random bytes, base64)."""
-    return SECRET_PREFIX + base64.b64encode(os.urandom(32)).decode()
 
 
 class WebhookSpec(DestinationSpec):
@@ -78,17 +72,7 @@ class WebhookSpec(DestinationSpec):
     @field_validator("secret")
     @classmethod
     def _whsec(cls, secret: str | None) -> str | None:
-        if secret is None:
-            return None
-        if not secret.startswith(SECRET_PREFIX):
-            raise ValueError(f"secret must start with {SECRET_PREFIX!r}")
-        try:
-            raw = base64.b64decode(secret[len(SECRET_PREFIX):], validate=True)
-        except ValueError:
-            raise ValueError("secret must be whsec_ followed by base64") from None
-        if not 24 <= len(raw) <= 64:
-            raise ValueError("secret must hold 24 to 64 bytes")
-        return secret
+        return None if secret is None else wire.check_secret(secret)
 
 
 class GuardedResolver(AbstractResolver):

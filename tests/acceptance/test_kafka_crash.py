@@ -20,6 +20,7 @@ from receivers import wire
 from sender import Worker
 from sender.kafka import KafkaSpec
 
+from ..conftest import SECRET
 from ..kafka import Broker
 from .conftest import clean_env, kill_9, outbox_worker
 
@@ -64,7 +65,7 @@ async def enqueued(box: Outbox, broker: Broker, intents: int) -> None:
     """The destination ``log`` (the broker's topic) and ``intents`` intents for it, ``order-0`` on."""
     await box.put_destination("log", KafkaSpec.model_validate({
         "channel": "kafka", "bootstrap_servers": [broker.bootstrap], "topic": TOPIC,
-        "allow_private_network": True, "timeout_seconds": 5}))
+        "allow_private_network": True, "timeout_seconds": 5, "secret": SECRET}))
     await box.enqueue_many({"destination": "log", "scope": "acme", "action_id": f"order-{n}",
                             "payload": {"n": n}} for n in range(intents))
 

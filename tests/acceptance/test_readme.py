@@ -134,6 +134,7 @@ def test_the_kafka_example_produces_one_record_with_its_identity(tmp_path: Path,
     key, value, headers = record.split(" ", 2)
     assert (key, value) == ("b'order-42'", """b'{"event":"paid","order":42}'""")
     assert "'idempotency-key': b'acme/order-42-paid'" in headers and "'outbox-fence': b'1'" in headers
+    assert "'webhook-signature': b'v1," in headers
 
 
 async def test_the_postgres_transaction_example_commits_the_intent_with_the_order(tmp_path: Path):
