@@ -114,3 +114,19 @@ class DestinationSpec(BaseModel):
     def settings(self) -> dict[str, Any]:
         """The channel's own settings: every field but the shared ones, as JSON values."""
         return self.model_dump(mode="json", by_alias=True, exclude=set(DestinationSpec.model_fields))
+
+
+#: The most secrets a destination keeps of one kind: the newest and two older ones, for a rotation.
+KEPT_SECRETS = 3
+
+
+def rotate_secrets(held: tuple[str, ...], spec: DestinationSpec) -> tuple[str, ...]:
+    """The secrets a destination holds once ``spec`` replaces it (it held ``held``, newest first):
+    a new secret goes first, the previous ones stay for a rotation until ``drop_previous_secrets``
+    ends it, and without a secret the held ones stay."""
+    secrets = held
+    if spec.secret is not None and spec.secret not in secrets[:1]:
+        secrets = (spec.secret, *(s for s in secrets if s != spec.secret))[:KEPT_SECRETS]
+    if spec.drop_previous_secrets:
+        secrets = secrets[:1]
+    return secrets

@@ -339,7 +339,8 @@ class Outbox:
         destination keeps its channel: its intents' payloads were checked for that channel.
         Without a secret a new destination of a channel that needs one is refused and an
         existing one keeps its secrets. A new secret goes first; the previous ones stay for
-        rotation (at most three kept) until ``drop_previous_secrets`` ends the rotation.
+        rotation (at most three kept) until ``drop_previous_secrets`` ends the rotation (as the
+        channel's ``keep_secrets`` says, ``rotate_secrets`` unless it keeps secrets of two kinds).
         """
         check(DESTINATION_ID, destination_id, "destination id")
         kind = channels.get(spec.channel)
@@ -351,11 +352,7 @@ class Outbox:
                                "keeps its channel: register the new one under another id")
         if spec.secret is None and existing is None and kind.needs_secret:
             raise InvalidInput(f"destination {destination_id!r} is new: it needs {kind.secret_form}")
-        secrets: tuple[str, ...] = existing.secrets if existing else ()
-        if spec.secret is not None and spec.secret not in secrets[:1]:
-            secrets = (spec.secret, *(s for s in secrets if s != spec.secret))[:3]
-        if spec.drop_previous_secrets:
-            secrets = secrets[:1]
+        secrets = kind.keep_secrets(existing.secrets if existing else (), spec)
         now = self.clock.now()
         destination = Destination(
             id=destination_id,

@@ -221,6 +221,7 @@ def test_the_kafka_example_runs_on_the_local_broker_the_readme_starts(tmp_path: 
     key, value, headers = record.split(" ", 2)
     assert (key, value) == ("b'order-42'", """b'{"event":"paid","order":42}'""")
     assert "'idempotency-key': b'acme/order-42-paid'" in headers and "'outbox-fence': b'1'" in headers
+    assert "'webhook-signature': b'v1," in headers
 
 
 async def test_the_postgres_transaction_example_runs_after_the_createdb_it_names(tmp_path: Path):

@@ -21,6 +21,7 @@ import pytest
 
 from outbox import DestinationSpec, ManualClock, Outbox, Settings, Status
 from outbox.grants import GrantSpec
+from receivers.wire import new_secret
 from sender.email import EmailSpec
 
 from ..conftest import SECRET, eventually, snapshot
@@ -460,6 +461,21 @@ async def test_an_email_destination_from_the_cli_keeps_the_channels_defaults(she
     assert chosen["on_unknown"] == "always" and chosen["created"] is False
     listed = shell.run("destinations", "list").stdout
     assert "mail" in listed and "host=smtp.example.com port=587 tls=starttls" in listed
+
+
+async def test_a_kafka_destination_from_the_cli_gets_a_signing_secret_and_keeps_its_sasl_password(shell: Shell):
+    """A new Kafka destination is given a signing secret, printed once; its SASL password is a
+    setting of its own that no answer shows, and a rotation of the signing secret keeps it."""
+    kafka = ("destinations", "put", "events", "--channel", "kafka", "--set", 'bootstrap_servers=["k.example.com:9092"]',
+             "--set", "topic=orders", "--set", "tls=true", "--set", "sasl_mechanism=PLAIN",
+             "--set", "sasl_username=svc")
+    made = shell.json(*kafka, "--set", "sasl_password=hunter2-pw")
+    assert made["generated_secret"].startswith("whsec_")
+    assert "hunter2" not in json.dumps(made)
+    rotated = shell.json(*kafka, "--secret", new_secret())
+    assert rotated["created"] is False and "generated_secret" not in rotated
+    held = (await shell.box.get_destination("events")).secrets
+    assert held[1:] == (made["generated_secret"], "hunter2-pw")  # the password kept, last
 
 
 # -- rough edges a newcomer meets ------------------------------------------------------------
