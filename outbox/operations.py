@@ -21,6 +21,8 @@ Authorize = Callable[[Intent], Awaitable[str | None]]
 
 REPLAYABLE = frozenset({Status.DEAD, Status.REVOKED, Status.UNKNOWN})
 
+#: The longest an approval lasts (see ``timestamps.HEADROOM``).
+MAX_APPROVAL_SECONDS = 30 * 86_400
 #: Intents deleted per transaction when pruning, so other writers never wait long behind it.
 PRUNE_BATCH = 10_000
 
@@ -137,7 +139,7 @@ async def approve(
     if payload_digest != intent.payload_digest:
         raise InvalidInput(f"the approval names payload {payload_digest}, but {action_id!r} carries "
                            f"{intent.payload_digest}; look at it again")
-    if not 0 < valid_seconds <= 30 * 86_400:
+    if not 0 < valid_seconds <= MAX_APPROVAL_SECONDS:
         raise InvalidInput("an approval lasts between 1 second and 30 days")
     now = box.clock.now()
     until = now + timedelta(seconds=valid_seconds)

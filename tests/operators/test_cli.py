@@ -373,6 +373,22 @@ async def test_the_times_the_cli_prints_are_accepted_back(old_shell: Shell):
         assert "RFC 3339" in refused.stderr and "Traceback" not in refused.stderr
 
 
+async def test_a_time_outside_the_range_the_stores_hold_is_a_usage_error_and_stores_nothing(shell: Shell):
+    """``--expires-at 0001-01-01T00:00:00+01:00`` stored a row that then failed every claim."""
+    await shell.destination("hook", "/ok")
+    before = snapshot(shell.db)
+    for option, value in (("--expires-at", "0001-01-01T00:00:00+01:00"), ("--not-before", "9999-12-31T23:59:59-01:00")):
+        refused = shell.run("enqueue", "--destination", "hook", "--scope", "acme", "--payload", "{}", option, value,
+                            code=2)
+        assert "outside the times the outbox takes" in refused.stderr and option in refused.stderr
+        assert "Traceback" not in refused.stderr
+    granted = shell.run("grants", "put", "g", "--scope", "acme", "--destination", "hook", "--expires-at",
+                        "0001-01-01T00:00:00+00:01", code=2)
+    assert "outside the times" in granted.stderr
+    assert "outside the times" in shell.run("list", "--created-after", "9999-06-01T00:00:00Z", code=2).stderr
+    assert snapshot(shell.db) == before
+
+
 async def test_a_bad_setting_is_a_usage_error_that_names_it(shell: Shell):
     cases = (("OUTBOX_PORT", "abc", "valid integer"),
              ("OUTBOX_LOG_LEVEL", "verbose", "'debug', 'info', 'warning' or 'error'"),
