@@ -69,6 +69,9 @@ async def replay(
     if intent.status not in REPLAYABLE:
         raise IllegalTransition(
             f"only dead, revoked or unknown intents can be replayed; {action_id!r} is {intent.status.value}")
+    if intent.unreadable is not None:
+        raise IllegalTransition(f"{action_id!r} cannot be sent: {intent.unreadable}; cancel it, and enqueue it "
+                                "again with times the outbox takes")
     destination = await box.get_destination(intent.destination)
     if not destination.idempotent and not accept_duplicate_risk and await _may_have_taken_effect(box, intent):
         raise DuplicateRisk(

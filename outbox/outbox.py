@@ -556,6 +556,7 @@ def intent_json(intent: Intent, *, payload: bool = True) -> dict[str, Any]:
         "created_at": iso(intent.created_at),
         "updated_at": iso(intent.updated_at),
         "last_error": intent.last_error,
+        "unreadable": intent.unreadable,
     }
 
 

@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from outbox import DestinationSpec, Outcome, Status, Submission, operations
+from outbox import DestinationSpec, IntentQuery, Outcome, Status, Submission, operations
 from outbox.timestamps import LATEST
 from sender import Backoff, CallableAuthority, webhook
 
@@ -703,3 +703,5 @@ async def test_at_the_latest_time_a_client_may_give_the_sender_still_computes_ev
     assert (await env.box.get("retried")).status is Status.DEAD  # out of attempts
     assert (await env.box.get("unknown")).next_attempt_at > now + timedelta(seconds=month)
     assert (await env.box.get("held")).status is Status.HELD  # its approval ran out
+    listed = await env.box.list_intents(IntentQuery())
+    assert [i.unreadable for i in listed.intents] == [None] * 3
