@@ -1,11 +1,14 @@
 """What the API refuses at the edge, served by a real uvicorn over a real SQLite file (and a real
 PostgreSQL where the store decides): times that are not RFC 3339 strings with an offset or fall
-outside the range the stores hold and the sender computes with. Each is a problem that names
-what is wrong, and stores nothing."""
+outside the range the stores hold and the sender computes with, a name twice in one object,
+bodies that are not UTF-8, lone surrogates. Each is a problem that names what is wrong, on a
+connection that stays open, and stores nothing."""
 
 from __future__ import annotations
 
 import json
+import socket
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -34,6 +37,48 @@ BAD_TIMES = [
 async def api(db_path, db_url, serve_api) -> Api:
     """The API as test_api.py serves it."""
     return await open_api(db_path, db_url, serve_api)
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection, spoken by hand: a pool would quietly open another
+    when the server drops this one, which is what must show."""
+
+    def __init__(self, url: str, token: str) -> None:
+        where = urlsplit(url)
+        self.sock = socket.create_connection((where.hostname, where.port), timeout=10)
+        self.token = token
+        self.pending = b""
+
+    def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
+        head = (f"{method} {path} HTTP/1.1\r\nHost: outbox\r\nAuthorization: Bearer {self.token}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+        self.sock.sendall(head + body)
+        while b"\r\n\r\n" not in self.pending:
+            self._more()
+        raw, self.pending = self.pending.split(b"\r\n\r\n", 1)
+        status_line, *lines = raw.decode("latin-1").split("\r\n")
+        headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
+        length = int(headers["content-length"])
+        while len(self.pending) < length:
+            self._more()
+        answer, self.pending = self.pending[:length], self.pending[length:]
+        return int(status_line.split()[1]), headers, answer
+
+    def _more(self) -> None:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("the server closed the connection")
+        self.pending += chunk
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def problem(status: int, headers: dict[str, str], body: bytes, expected: int, kind: str, words: str = "") -> None:
+    assert status == expected, body
+    assert headers["content-type"] == "application/problem+json"
+    found = json.loads(body)
+    assert found["type"] == f"urn:outbox:problem:{kind}" and words in found["detail"], found
 
 
 # -- times --------------------------------------------------------------------------------------
@@ -97,3 +142,69 @@ async def test_times_are_refused_on_postgresql_too(pg_url, serve_api):
             batch = await c.post("/v1/intents:batch", json={"intents": [{**INTENT, field: value}]})
             assert batch.json()["results"][0]["status"] == 422
         assert (await c.get("/v1/intents")).json()["items"] == []
+
+
+# -- the JSON itself ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("body,name", [
+    (b'{"scope": "beta", "scope": "acme", "destination": "billing", "payload": {}}', "scope"),
+    (b'{"scope": "acme", "destination": "billing", "payload": {"amount": 1, "amount": 1000}}', "amount"),
+    (b'{"intents": [{"scope": "acme", "destination": "billing", "payload": {}, "payload": []}]}', "payload"),
+])
+async def test_a_name_twice_in_one_object_is_refused(api: Api, body, name):
+    """The first created an acme intent: the last name won, where another parser takes the first."""
+    before = snapshot(api.db_path)
+    async with api.client(api.producer) as c:
+        path = "/v1/intents:batch" if body.startswith(b'{"intents"') else "/v1/intents"
+        refused = await c.post(path, content=body, headers={"content-type": "application/json"})
+        assert_problem(refused, 422, "invalid-input", f"names {name!r} twice")
+    async with api.client(api.admin) as c:
+        twice = b'{"url": "https://a.example/", "url": "https://b.example/", "secret": "' + SECRET.encode() + b'"}'
+        assert_problem(await c.put("/v1/destinations/twice", content=twice,
+                                   headers={"content-type": "application/json"}), 422, "invalid-input", "'url' twice")
+    assert snapshot(api.db_path) == before
+
+
+@pytest.mark.parametrize("body,words", [
+    (json.dumps(INTENT).encode("utf-16"), "UTF-8"),  # with its byte order mark
+    (json.dumps(INTENT).encode("utf-16-le"), "not JSON"),
+    (json.dumps(INTENT).encode("utf-32"), "UTF-8"),
+    (b"\xef\xbb\xbf" + json.dumps(INTENT).encode(), "BOM"),
+    (json.dumps(INTENT).replace("acme", "acm\u00e9").encode("latin-1"), "UTF-8"),
+])
+async def test_a_body_that_is_not_utf_8_is_refused(api: Api, body, words):
+    """UTF-16 and UTF-32 (which Python's json reads from bytes) and a byte order mark were taken."""
+    before = snapshot(api.db_path)
+    async with api.client(api.producer) as c:
+        refused = await c.post("/v1/intents", content=body, headers={"content-type": "application/json"})
+        assert_problem(refused, 400, "invalid-json", words)
+    assert snapshot(api.db_path) == before
+
+
+@pytest.mark.parametrize("body", [
+    b'{"scope": "acme", "destination": "billing", "payload": {"\\udfff": 1}}',
+    b'{"scope": "acme", "destination": "billing", "payload": ["\\ud800"]}',
+    b'{"scope": "acme", "destination": "billing", "payload": {"note": "\\ude00\\ud83d"}}',
+    b'{"scope": "acme", "destination": "billing", "payload": {}, "ordering_key": "k\\udc00"}',
+])
+async def test_a_lone_surrogate_is_refused_on_a_connection_that_stays_open(api: Api, body):
+    """It was a 500 (the digest cannot encode it), and the 500 escaped the app: uvicorn dropped
+    the connection, so the client's next request on it was reset."""
+    before = snapshot(api.db_path)
+    connection = Connection(api.url, api.producer)
+    try:
+        problem(*connection.request("POST", "/v1/intents", body), 422, "invalid-input", "lone surrogate")
+        status, _, listed = connection.request("GET", "/v1/intents")
+        assert status == 200 and json.loads(listed)["items"] == []
+    finally:
+        connection.close()
+    assert snapshot(api.db_path) == before
+
+
+async def test_a_surrogate_pair_is_one_character_and_taken(api: Api):
+    body = b'{"scope": "acme", "destination": "billing", "payload": {"\\ud83d\\ude00": "\\\\ud800"}}'
+    async with api.client(api.producer) as c:
+        created = await c.post("/v1/intents", content=body, headers={"content-type": "application/json"})
+        assert created.status_code == 201, created.text
+        assert created.json()["payload"] == {"\U0001F600": "\\ud800"}  # (the second: an escaped backslash)
