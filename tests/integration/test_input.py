@@ -2,7 +2,8 @@
 PostgreSQL where the store decides): times that are not RFC 3339 strings with an offset or fall
 outside the range the stores hold and the sender computes with, a name twice in one object,
 bodies that are not UTF-8, lone surrogates. Each is a problem that names what is wrong, on a
-connection that stays open, and stores nothing."""
+connection that stays open, and stores nothing; and an unforeseen fault is a 500 problem on a
+connection that stays open too."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ import httpx
 import pytest
 
 from outbox import DestinationSpec, Outbox, Role, Settings
+from outbox.api import create_app
 from outbox.timestamps import LATEST
 
 from ..conftest import SECRET, snapshot
+from ..servers import Served
 from .test_api import INTENT, Api, assert_problem, open_api
 
 #: Times the API refuses, and words the refusal says.
@@ -208,3 +211,30 @@ async def test_a_surrogate_pair_is_one_character_and_taken(api: Api):
         created = await c.post("/v1/intents", content=body, headers={"content-type": "application/json"})
         assert created.status_code == 201, created.text
         assert created.json()["payload"] == {"\U0001F600": "\\ud800"}  # (the second: an escaped backslash)
+
+
+# -- an unforeseen fault --------------------------------------------------------------------------
+
+
+async def test_an_unforeseen_fault_is_a_500_problem_on_a_connection_that_stays_open(db_url, caplog):
+    async with await Outbox.open(db_url) as box:
+        operator, _ = await box.create_token(Role.OPERATOR)
+
+        async def broken(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("injected fault")
+
+        box.store.list_intents = broken  # type: ignore[method-assign]
+        served = Served(create_app(outbox=box))
+        connection = Connection(served.url, operator)
+        try:
+            status, headers, body = connection.request("GET", "/v1/intents")
+            problem(status, headers, body, 500, "internal", "in its log")
+            assert "injected" not in body.decode()
+            assert headers.get("connection", "keep-alive") != "close"
+            status, _, health = connection.request("GET", "/healthz")
+            assert status == 200 and json.loads(health) == {"status": "ok"}
+        finally:
+            connection.close()
+            served.stop()
+    assert any(r.exc_info and "injected fault" in str(r.exc_info[1]) for r in caplog.records
+               if r.name == "outbox.api")
