@@ -168,8 +168,8 @@ class Outbox:
             expires_at = timestamps.checked(expires_at, "expires_at")
         if not_before and expires_at and expires_at <= not_before:
             raise InvalidInput("expires_at must be later than not_before")
-        if max_attempts is not None and not 1 <= max_attempts <= 1000:
-            raise InvalidInput("max_attempts must be between 1 and 1000")
+        if max_attempts is not None and (type(max_attempts) is not int or not 1 <= max_attempts <= 1000):
+            raise InvalidInput(f"max_attempts must be an integer between 1 and 1000, not {max_attempts!r}")
         now = self.clock.now()
         new = NewIntent(
             action_id=action_id,

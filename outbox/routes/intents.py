@@ -8,7 +8,7 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictInt, WithJsonSchema
 from pydantic_core import to_json
 
 from .. import openapi
@@ -45,7 +45,7 @@ class IntentIn(BaseModel):
     payload: JsonValue = Field(description="the JSON the destination receives")
     not_before: Timestamp | None = Field(default=None, description="not sent before this (RFC 3339 with an offset)")
     expires_at: Timestamp | None = Field(default=None, description="dead-lettered if not sent by this")
-    max_attempts: int | None = Field(default=None, ge=1, le=1000)
+    max_attempts: StrictInt | None = Field(default=None, ge=1, le=1000)
     ordering_key: str | None = Field(
         default=None, description="intents of a destination with ordering 'key' and the same ordering_key are "
                                   "delivered one at a time, in enqueue order (a Kafka record's key)")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat
 
 from .. import openapi, operations
 from ..errors import OutboxError
@@ -48,7 +48,7 @@ class ApproveIn(ReasonIn):
     """An approval of the exact payload digest the operator looked at."""
 
     payload_digest: str
-    valid_seconds: float = Field(default=3600, gt=0, le=operations.MAX_APPROVAL_SECONDS)
+    valid_seconds: StrictFloat = Field(default=3600, gt=0, le=operations.MAX_APPROVAL_SECONDS)
 
 
 class ReplayFilter(BaseModel):

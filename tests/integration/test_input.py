@@ -1,9 +1,9 @@
 """What the API refuses at the edge, served by a real uvicorn over a real SQLite file (and a real
 PostgreSQL where the store decides): times that are not RFC 3339 strings with an offset or fall
-outside the range the stores hold and the sender computes with, a name twice in one object,
-bodies that are not UTF-8, lone surrogates. Each is a problem that names what is wrong, on a
-connection that stays open, and stores nothing; and an unforeseen fault is a 500 problem on a
-connection that stays open too."""
+outside the range the stores hold and the sender computes with, integers that are not JSON
+integers, a name twice in one object, bodies that are not UTF-8, lone surrogates. Each is a
+problem that names what is wrong, on a connection that stays open, and stores nothing; and an
+unforeseen fault is a 500 problem on a connection that stays open too."""
 
 from __future__ import annotations
 
@@ -145,6 +145,34 @@ async def test_times_are_refused_on_postgresql_too(pg_url, serve_api):
             batch = await c.post("/v1/intents:batch", json={"intents": [{**INTENT, field: value}]})
             assert batch.json()["results"][0]["status"] == 422
         assert (await c.get("/v1/intents")).json()["items"] == []
+
+
+# -- integers -------------------------------------------------------------------------------------
+
+
+WEBHOOK = {"url": "https://crm.example/", "secret": SECRET}
+EMAIL = {"channel": "email", "host": "mx.example.com", "from": "a@example.com", "tls": "implicit"}
+#: Where the API takes a number, and values that are not one of its kind: who sends, where, the
+#: field, and the body around it.
+NUMBERS = [
+    *(("producer", "POST", "/v1/intents", "max_attempts", INTENT, v) for v in (True, "5", 5.0)),
+    *(("admin", "PUT", "/v1/destinations/crm", "retention_seconds", WEBHOOK, v) for v in (True, "3600", 3600.0)),
+    *(("admin", "PUT", "/v1/destinations/crm", "timeout_seconds", WEBHOOK, v) for v in (True, "5")),
+    *(("admin", "PUT", "/v1/destinations/mail", "port", EMAIL, v) for v in (True, "465", 465.0)),
+    *(("operator", "POST", "/v1/intents/x/approve", "valid_seconds", {"reason": "r", "payload_digest": "sha256:0"}, v)
+      for v in (True, "60")),
+]
+
+
+@pytest.mark.parametrize("who,method,path,field,around,value", NUMBERS)
+async def test_integers_are_json_integers_and_numbers_json_numbers(api: Api, who, method, path, field, around,
+                                                                    value):
+    """true, "5" and 5.0 were taken as 1 and 5."""
+    before = snapshot(api.db_path)
+    async with api.client(getattr(api, who)) as c:
+        refused = await c.request(method, path, json={**around, field: value})
+        assert_problem(refused, 422, "invalid-input", field)
+    assert snapshot(api.db_path) == before
 
 
 # -- the JSON itself ------------------------------------------------------------------------------

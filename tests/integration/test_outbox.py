@@ -60,6 +60,8 @@ async def test_bad_input_is_refused_before_anything_is_written(db_path, box: Out
          "not_before: .* outside the times"),
         (dict(not_before=0), InvalidInput, "not_before: 0 is not a time"),
         (dict(max_attempts=0), InvalidInput, "max_attempts"),
+        (dict(max_attempts=True), InvalidInput, "max_attempts must be an integer"),
+        (dict(max_attempts=5.0), InvalidInput, "max_attempts must be an integer"),
         (dict(payload={"\udfff": 1}), InvalidInput, "lone surrogate"),
         (dict(action_id="nl-1\n"), InvalidInput, "action_id"),
         (dict(scope="acme\n"), InvalidInput, "scope"),
