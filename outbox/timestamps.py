@@ -16,7 +16,7 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
-from pydantic import AwareDatetime, BeforeValidator
+from pydantic import AwareDatetime, BeforeValidator, Field
 from pydantic_core import PydanticCustomError
 
 from .clock import iso
@@ -88,5 +88,6 @@ def _validated(value: Any) -> datetime:
 
 
 #: A time in a request body or query, as pydantic validates it (and documents it: a date-time
-#: string); every model a client sends uses it for its times.
-Timestamp = Annotated[AwareDatetime, BeforeValidator(_validated)]
+#: string, and its range); every model a client sends uses it for its times.
+Timestamp = Annotated[AwareDatetime, BeforeValidator(_validated), Field(
+    description=f"RFC 3339 with its offset, from {iso(EARLIEST)} to {iso(LATEST)} once the offset is applied")]

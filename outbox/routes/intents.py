@@ -43,7 +43,7 @@ class IntentIn(BaseModel):
     scope: str = Field(description="tenant/account on whose authority the effect is made")
     destination: str = Field(description="id of a registered destination")
     payload: JsonValue = Field(description="the JSON the destination receives")
-    not_before: Timestamp | None = Field(default=None, description="not sent before this (RFC 3339 with an offset)")
+    not_before: Timestamp | None = Field(default=None, description="not sent before this")
     expires_at: Timestamp | None = Field(default=None, description="dead-lettered if not sent by this")
     max_attempts: StrictInt | None = Field(default=None, ge=1, le=1000)
     ordering_key: str | None = Field(
