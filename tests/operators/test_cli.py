@@ -334,7 +334,7 @@ async def test_the_workers_prune_takes_as_many_batches_as_it_needs(old_shell: Sh
 async def test_list_created_after(old_shell: Shell):
     shell = old_shell
     await _history_over_ten_days(shell)
-    since = (datetime.now(UTC) - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%S%z")
+    since = (datetime.now(UTC) - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%S+00:00")
     recent = shell.json("list", "--created-after", since)
     assert [i["action_id"] for i in recent["items"]] == ["new-2", "new-1"]  # newest first
     assert recent["next_cursor"] is None
@@ -350,8 +350,9 @@ async def test_list_created_after(old_shell: Shell):
     assert rest["items"][0]["created_at"] <= paged["items"][-1]["created_at"]
     more = shell.run("list", "--limit", "2").stdout.strip().splitlines()[-1]
     assert more == f"more: --cursor {paged['next_cursor']}"
-    bad = shell.run("list", "--created-after", "yesterday", code=2)
-    assert "--created-after" in bad.stderr
+    for bad_time in ("yesterday", since.replace("+00:00", "+0000")):  # (RFC 3339's offset has its colon)
+        bad = shell.run("list", "--created-after", bad_time, code=2)
+        assert "--created-after" in bad.stderr and "RFC 3339" in bad.stderr
     altered = shell.run("list", "--cursor", "bm90LWEtY3Vyc29y", code=2)
     assert "--cursor" in altered.stderr and "Traceback" not in altered.stderr
 
