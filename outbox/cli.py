@@ -10,7 +10,6 @@ import asyncio
 import getpass
 import json
 import logging
-import re
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
@@ -21,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 from pydantic import BaseModel, ValidationError
 
-from . import channels, logs, operations
+from . import channels, logs, operations, timestamps
 from .clock import iso
 from .destinations import DestinationSpec
 from .errors import InvalidInput, NoDatabase, OutboxError
@@ -120,23 +119,17 @@ def _run_migrating(fn: Callable[..., Awaitable[T]]) -> Callable[..., T]:
 
 
 class Timestamp(click.ParamType):
-    """An RFC 3339 time with its offset (or +HHMM) or ``Z``, fractions of a second allowed:
-    what the CLI and the API print (``2026-11-30T08:30:07.167183Z``) is accepted back."""
+    """A time as the API takes it (``outbox.timestamps``): RFC 3339 with an offset, fractions of
+    a second allowed, so what the CLI and the API print (``2026-11-30T08:30:07.167183Z``) is
+    accepted back."""
 
     name = "timestamp"
-    FORM = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:?\d{2})")
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> datetime:
-        if isinstance(value, datetime):
-            return value
-        if not isinstance(value, str) or not self.FORM.fullmatch(value):
-            self.fail(f"{value!r} is not an RFC 3339 time with a timezone, such as 2030-01-01T09:00:00Z "
-                      "or 2030-01-01T10:00:00.5+01:00", param, ctx)
-        whole, dot, fraction = value.upper().partition(".")
-        if dot:  # Python reads at most microseconds: keep six digits of the fraction
-            digits = re.match(r"\d+", fraction).group()  # type: ignore[union-attr]
-            whole += "." + digits[:6].ljust(6, "0") + fraction[len(digits):]
-        return datetime.fromisoformat(whole)
+        try:
+            return timestamps.read(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 TIMESTAMP = Timestamp()

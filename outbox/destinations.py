@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from .clock import iso
 from .model import OnDead, OnUnknown, Ordering
@@ -87,11 +87,11 @@ class DestinationSpec(BaseModel):
     idempotent: StrictBool = Field(
         default=False, description="the receiver deduplicates on Idempotency-Key"
     )
-    retention_seconds: int = Field(
+    retention_seconds: StrictInt = Field(
         default=86_400, ge=60, le=90 * 86_400, description="how long the receiver keeps keys"
     )
     on_unknown: OnUnknown = OnUnknown.DECLARED
-    timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+    timeout_seconds: StrictFloat = Field(default=10.0, gt=0, le=300)
     requires_approval: StrictBool = False
     allow_private_network: StrictBool = Field(
         default=False, description="allow loopback and private addresses (off: SSRF guard)"

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from . import channels
+from . import channels, timestamps
 from .clock import Clock, OffsetClock, SystemClock, iso
 from .destinations import Destination, DestinationSpec
 from .digest import canonical_json, digest_of
@@ -162,13 +162,14 @@ class Outbox:
                 f"payload is {len(canonical)} bytes of canonical JSON; "
                 f"the limit is {self.settings.max_payload_bytes}"
             )
-        for name, value in (("not_before", not_before), ("expires_at", expires_at)):
-            if value is not None and value.tzinfo is None:
-                raise InvalidInput(f"{name} must carry a timezone (for example 2030-01-01T00:00:00Z)")
+        if not_before is not None:
+            not_before = timestamps.checked(not_before, "not_before")
+        if expires_at is not None:
+            expires_at = timestamps.checked(expires_at, "expires_at")
         if not_before and expires_at and expires_at <= not_before:
             raise InvalidInput("expires_at must be later than not_before")
-        if max_attempts is not None and not 1 <= max_attempts <= 1000:
-            raise InvalidInput("max_attempts must be between 1 and 1000")
+        if max_attempts is not None and (type(max_attempts) is not int or not 1 <= max_attempts <= 1000):
+            raise InvalidInput(f"max_attempts must be an integer between 1 and 1000, not {max_attempts!r}")
         now = self.clock.now()
         new = NewIntent(
             action_id=action_id,
@@ -322,6 +323,9 @@ class Outbox:
             raise InvalidInput(f"limit must be between 1 and {MAX_PAGE}")
         for scope in query.scopes or ():  # (every store can then take them: no NUL, no odd length)
             check(SCOPE, scope, "scope")
+        for name, value in (("created_after", query.created_after), ("created_before", query.created_before)):
+            if value is not None:
+                timestamps.checked(value, name)
         if query.destination is not None:
             check(DESTINATION_ID, query.destination, "destination")
         if query.channel is not None and query.channel not in channels.names():
@@ -549,6 +553,7 @@ def intent_json(intent: Intent, *, payload: bool = True) -> dict[str, Any]:
         "created_at": iso(intent.created_at),
         "updated_at": iso(intent.updated_at),
         "last_error": intent.last_error,
+        "unreadable": intent.unreadable,
     }
 
 

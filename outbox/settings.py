@@ -55,7 +55,7 @@ class Settings(BaseSettings):
     circuit_pause_seconds: float = Field(
         default=5.0, gt=0, description="a paused destination's first pause; each next one twice as long, up to 300 s"
     )
-    lease_seconds: float = Field(default=30.0, gt=0, description="how long a claim lasts unless renewed")
+    lease_seconds: float = Field(default=30.0, gt=0, le=86_400, description="how long a claim lasts unless renewed")
     poll_seconds: float = Field(
         default=1.0, gt=0, description="longest a worker waits before looking for work again"
     )
@@ -68,7 +68,7 @@ class Settings(BaseSettings):
     )
     authority_seconds: float = Field(default=2.0, ge=0, description="longest a decision is cached")
     backoff_initial_seconds: float = Field(default=1.0, gt=0, description="first retry delay")
-    backoff_cap_seconds: float = Field(default=3600.0, gt=0, description="longest retry delay")
+    backoff_cap_seconds: float = Field(default=3600.0, gt=0, le=30 * 86_400, description="longest retry delay")
     retention_margin_seconds: float = Field(
         default=300.0, ge=0, description="stop blind retries this long before a receiver forgets"
     )

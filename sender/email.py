@@ -39,6 +39,8 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    StrictFloat,
+    StrictInt,
     ValidationError,
     field_validator,
     model_validator,
@@ -210,7 +212,7 @@ class EmailSpec(DestinationSpec):
 
     channel: Literal["email"]
     host: str = Field(max_length=253, description="the SMTP server (a relay or the recipients' MX)")
-    port: int = Field(default=587, ge=1, le=65535)
+    port: StrictInt = Field(default=587, ge=1, le=65535)
     tls: Literal["starttls", "implicit", "none"] = Field(
         default="starttls", description="starttls (required, not opportunistic), implicit (port 465) or none")
     allow_insecure: StrictBool = Field(default=False, description="allow tls: none (the message and any password "
@@ -220,11 +222,11 @@ class EmailSpec(DestinationSpec):
                                                  "names the Message-ID")
     reply_to: Mailbox | None = None
     headers: dict[str, str] = Field(default_factory=dict, description="added to every message")
-    data_timeout_seconds: float = Field(
+    data_timeout_seconds: StrictFloat = Field(
         default=600.0, gt=0, le=3600, description="how long the reply to the end of a message may take (RFC 5321 "
                                                   "allows 10 minutes: servers scan before they queue); other "
                                                   "replies wait timeout_seconds")
-    connections: int = Field(default=4, ge=1, le=256, description="connections to the server at most at once; "
+    connections: StrictInt = Field(default=4, ge=1, le=256, description="connections to the server at most at once; "
                                                                   "each is reused for the next message")
     on_unknown: OnUnknown = Field(default=OnUnknown.NEVER, description="mail servers do not deduplicate: an "
                                                                        "unknown outcome waits for an operator")

@@ -67,7 +67,7 @@ from aiokafka.errors import (
 )
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import TopicPartition
-from pydantic import ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator, model_validator
 
 from outbox import Destination, DestinationSpec, Intent, OnUnknown, Outcome, Submission, hosts
 from outbox.clock import Clock, SystemClock
@@ -116,8 +116,8 @@ class KafkaSpec(DestinationSpec):
     acks: Literal["all", "leader"] = Field(
         default="all", description="all: every in-sync replica has the record before it counts as delivered")
     compression: Literal["none", "gzip"] = "none"
-    linger_ms: int = Field(default=0, ge=0, le=1000, description="how long a batch may wait for more records")
-    max_request_size: int = Field(default=1_048_576, ge=1024, le=64 * 1_048_576,
+    linger_ms: StrictInt = Field(default=0, ge=0, le=1000, description="how long a batch may wait for more records")
+    max_request_size: StrictInt = Field(default=1_048_576, ge=1024, le=64 * 1_048_576,
                                   description="the largest produce request; a larger record is rejected")
     on_unknown: OnUnknown = Field(
         default=OnUnknown.ALWAYS, description="consumers deduplicate (the receivers' idempotent consumer), so an "

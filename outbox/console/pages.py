@@ -22,6 +22,7 @@ from fastapi.responses import RedirectResponse, Response
 
 from .. import operations, problems
 from ..errors import InvalidInput, NotFound, OutboxError
+from ..ids import KEY_SEPARATOR
 from ..model import Intent, Role, Status
 from ..outbox import Behind, Outbox
 from ..store import IntentQuery
@@ -152,7 +153,7 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             sections.append(f"<h2 id='{status.value}'>{title}</h2>" + _intents(found.intents, now) + more)
         search = ("<form class='filters' method='get' action='/console/intents'><label>action id"
                   "<input name='q' size='24'></label><button>Find</button></form>")
-        return page("Overview", search + "<h2>Last hour</h2>" + graphs
+        return page("Overview", _set_aside(request, now) + search + "<h2>Last hour</h2>" + graphs
                     + "<h2>Destinations (last hour)</h2>" + destination_health
                     + "<h2>Backlog by status</h2>" + statuses + "".join(sections))
 
@@ -229,6 +230,9 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             f"<td>{escape(e.reason or '')}</td><td>{pretty(json.dumps(dict(e.data)) if e.data else '')}</td></tr>"
             for e in history.events]
         waiting = f"<p class='flash error'>waiting {_behind_link(behind, intent)}</p>" if behind else ""
+        if intent.unreadable:
+            waiting += (f"<p class='flash error'>{escape(intent.unreadable)}: the sender sets it aside unsent; "
+                        "cancel it, and enqueue it again with times the outbox takes</p>")
         last_error = ("" if intent.status is Status.DELIVERED or not intent.last_error
                       else f"<p>last error: {escape(intent.last_error)}</p>")
         return page(f"Intent {action_id}", flashes(done, error) + (
@@ -396,9 +400,22 @@ def chosen_form(chosen: Filter, destinations: list[str], *, action: str = "/cons
             f"</label><button>Filter</button></form>")
 
 
+def _set_aside(request: Request, now: datetime) -> str:
+    """A warning naming what the sender in this process set aside since it started, if anything."""
+    worker = getattr(request.app.state, "worker", None)
+    last: tuple[str, datetime] | None = getattr(worker, "last_set_aside", None)
+    if last is None:
+        return ""
+    scope, _, action_id = last[0].rpartition(KEY_SEPARATOR)
+    return (f"<p class='flash error'>The sender set aside {getattr(worker, 'set_aside', 0)} intent(s) whose stored "
+            f"times cannot be read (dead, nothing sent), the last {intent_link(action_id, scope)} "
+            f"{when(last[1], now)}: cancel them, and have them enqueued again with times the outbox takes.</p>")
+
+
 def _intents(intents: list[Intent], now: datetime) -> str:
     return table(["action_id", "status", "destination", "scope", "attempts", "enqueued", "changed", "last error"], [
-        f"<tr><td>{intent_link(i.action_id, i.scope)}</td><td>{pill(i.status.value)}</td>"
+        f"<tr><td>{intent_link(i.action_id, i.scope)}</td>"
+        f"<td>{pill(i.status.value)}{' ' + pill('unreadable') if i.unreadable else ''}</td>"
         f"<td>{escape(i.destination)}</td><td>{escape(i.scope)}</td><td class='num'>{i.attempts}</td>"
         f"<td>{when(i.created_at, now)}</td><td>{when(i.updated_at, now)}</td>"
         f"<td>{'' if i.status is Status.DELIVERED else escape((i.last_error or '')[:200])}</td></tr>"

@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar, cast, overload
 
 import asyncpg
@@ -129,8 +129,38 @@ def _unavailable(conn: asyncpg.Connection | None = None) -> Iterator[None]:
                                ) from exc
 
 
+#: PostgreSQL's epoch: a timestamptz travels as microseconds from it.
+PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _encode_time(value: datetime) -> tuple[int]:
+    """A datetime as a timestamptz travels (a naive one in local time, as asyncpg takes it)."""
+    if value.tzinfo is None:
+        value = value.astimezone(UTC)
+    return ((value - PG_EPOCH) // _MICROSECOND,)
+
+
+def _decode_time(stored: tuple[int]) -> datetime | int:
+    """A timestamptz as a UTC datetime; one no datetime can hold (before year 1, after 9999,
+    ``infinity``) stays its microseconds, for ``_as_stored`` to refuse: asyncpg's own decoding
+    raises for it, and so failed the whole result it was in (a claim, a listing)."""
+    try:
+        return PG_EPOCH + stored[0] * _MICROSECOND
+    except OverflowError:
+        return stored[0]
+
+
+async def _codecs(conn: asyncpg.Connection) -> None:
+    """Every pooled connection reads and writes timestamptz through ``_decode_time``."""
+    await conn.set_type_codec("timestamptz", schema="pg_catalog", encoder=_encode_time, decoder=_decode_time,
+                              format="tuple")
+
+
 def _as_stored(value: Any) -> Any:
-    """asyncpg gives timestamptz as timezone-aware datetimes already."""
+    """A time as ``_decode_time`` gave it; OverflowError for one no datetime can hold."""
+    if isinstance(value, int):
+        raise OverflowError(f"timestamptz {value} µs from {PG_EPOCH.date()} is beyond what a datetime can hold")
     return value
 
 
@@ -141,6 +171,8 @@ _event = functools.partial(records.event, time=_as_stored)
 _destination = functools.partial(records.destination, time=_as_stored)
 _token = functools.partial(records.token, time=_as_stored)
 _grant = functools.partial(records.grant, time=_as_stored)
+#: A time read outside a record (an aggregate's), as records read theirs.
+_time = functools.partial(records.nearest, _as_stored)
 
 
 def _data(event: Event) -> str:
@@ -330,7 +362,7 @@ class PostgresStore:
             return
         try:
             self._pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=self.pool_size, reset=_unchanged,
-                                                   command_timeout=self.statement_seconds)
+                                                   init=_codecs, command_timeout=self.statement_seconds)
         except (*UNAVAILABLE, asyncpg.PostgresError) as exc:
             raise StoreUnavailable(f"cannot use the PostgreSQL database: {exc}") from exc
 
@@ -638,11 +670,11 @@ class PostgresStore:
                 for row in await self._fetch("expired_leases", now, limit)]
 
     async def first_submission_at(self, key: str) -> datetime | None:
-        found: datetime | None = await self._fetchval("first_submission", key)
+        found: datetime | None = _time(await self._fetchval("first_submission", key))
         return found
 
     async def next_due_at(self) -> datetime | None:
-        found: datetime | None = await self._fetchval("next_due_at")
+        found: datetime | None = _time(await self._fetchval("next_due_at"))
         return found
 
     async def prune(self, before: datetime, *, dry_run: bool, limit: int | None) -> list[str]:
@@ -652,16 +684,19 @@ class PostgresStore:
         return [(row[0], row[1], row[2]) for row in await self._fetch("count_by_status")]
 
     async def oldest_due_at(self, now: datetime) -> datetime | None:
-        found: datetime | None = await self._fetchval("oldest_due", now)
+        found: datetime | None = _time(await self._fetchval("oldest_due", now))
         return found
 
     async def activity(self, since: datetime, now: datetime) -> Activity:
         async def work(conn: asyncpg.Connection) -> Activity:
             return Activity(
-                [AttemptMinute(*row) for row in await conn.fetch(SQL["activity_minutes"], since)],
-                [Failure(*row) for row in await conn.fetch(SQL["activity_failures"], since)],
-                [Waiting(*row) for row in await conn.fetch(SQL["activity_waiting"], now)],
-                [Span(*row) for row in await conn.fetch(SQL["activity_backlog"], since)])
+                [AttemptMinute(d, _time(m), o, n, ms, _time(last))
+                 for d, m, o, n, ms, last in await conn.fetch(SQL["activity_minutes"], since)],
+                [Failure(d, _time(at), o, code, error)
+                 for d, at, o, code, error in await conn.fetch(SQL["activity_failures"], since)],
+                [Waiting(d, n, _time(oldest)) for d, n, oldest in await conn.fetch(SQL["activity_waiting"], now)],
+                [Span(_time(start), _time(end), n)
+                 for start, end, n in await conn.fetch(SQL["activity_backlog"], since)])
 
         return await self._run(work, transaction=SNAPSHOT)
 

@@ -67,6 +67,8 @@ _event = functools.partial(records.event, time=from_us)
 _destination = functools.partial(records.destination, time=from_us)
 _token = functools.partial(records.token, time=from_us)
 _grant = functools.partial(records.grant, time=from_us)
+#: A time read outside a record (an aggregate's), as records read theirs.
+_time = functools.partial(records.nearest, from_us)
 
 
 def _attempt_row(seq: int, a: Attempt) -> list[Any]:
@@ -547,14 +549,14 @@ class SqliteStore:
             row = conn.execute(SQL["intent_by_key"], (key,)).fetchone()
             if row is None:
                 return None
-            return from_us(conn.execute(SQL["first_submission"], (row["seq"],)).fetchone()[0])
+            return _time(conn.execute(SQL["first_submission"], (row["seq"],)).fetchone()[0])
 
         return await self._read(run)
 
     async def next_due_at(self) -> datetime | None:
         def run(conn: sqlite3.Connection) -> datetime | None:
             row = conn.execute(SQL["next_due_at"]).fetchone()
-            return None if row is None else from_us(row[0])
+            return None if row is None else _time(row[0])
 
         return await self._read(run)
 
@@ -578,19 +580,19 @@ class SqliteStore:
         return await self._read(lambda conn: [tuple(r) for r in conn.execute(SQL["count_by_status"])])
 
     async def oldest_due_at(self, now: datetime) -> datetime | None:
-        return await self._read(lambda conn: from_us(conn.execute(SQL["oldest_due"], (to_us(now),)).fetchone()[0]))
+        return await self._read(lambda conn: _time(conn.execute(SQL["oldest_due"], (to_us(now),)).fetchone()[0]))
 
     async def activity(self, since: datetime, now: datetime) -> Activity:
         def read(conn: sqlite3.Connection) -> Activity:
             after = to_us(since)
             return Activity(
-                [AttemptMinute(d, from_us(m), o, n, ms, from_us(last))
+                [AttemptMinute(d, _time(m), o, n, ms, _time(last))
                  for d, m, o, n, ms, last in conn.execute(SQL["activity_minutes"], (after,))],
-                [Failure(d, from_us(at), o, code, error)
+                [Failure(d, _time(at), o, code, error)
                  for d, at, o, code, error in conn.execute(SQL["activity_failures"], (after,))],
-                [Waiting(d, n, from_us(oldest))
+                [Waiting(d, n, _time(oldest))
                  for d, n, oldest in conn.execute(SQL["activity_waiting"], (to_us(now),))],
-                [Span(from_us(start), from_us(end), n)
+                [Span(_time(start), _time(end), n)
                  for start, end, n in conn.execute(SQL["activity_backlog"], (after,))])
 
         return await self._read(read)

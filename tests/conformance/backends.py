@@ -26,6 +26,13 @@ class CallerSql:
     create: str  # creates the table ``orders (id, total)``
     insert: str  # inserts one order; two parameters: id, total
     count: str  # counts the orders
+    #: Times no datetime can hold, written by hand: an intent's (its action id, the parameter)
+    #: expires_at before year 1 UTC, its next_attempt_at after 9999 or as late as the store can
+    #: hold, and grant g1's expires_at as early as the store can hold.
+    before_year_1: str
+    after_year_9999: str
+    latest: str
+    grant_earliest: str
 
 
 async def sqlite(directory: Path) -> Store:
@@ -55,10 +62,20 @@ CALLER_SQL: dict[str, CallerSql] = {
         create="CREATE TABLE orders (id INTEGER PRIMARY KEY, total INTEGER NOT NULL)",
         insert="INSERT INTO orders (id, total) VALUES (?, ?)",
         count="SELECT count(*) FROM orders",
+        # integer microseconds since 1970: 0000-12-31T23:00:00Z, and 10000-01-01T00:59:59Z
+        before_year_1="UPDATE intents SET expires_at = -62135600400000000 WHERE action_id = ?",
+        after_year_9999="UPDATE intents SET next_attempt_at = 253402304399000000 WHERE action_id = ?",
+        latest="UPDATE intents SET next_attempt_at = 9223372036854775807 WHERE action_id = ?",
+        grant_earliest="UPDATE grants SET expires_at = -9223372036854775808 WHERE id = 'g1'",
     ),
     "postgres": CallerSql(
         create="CREATE TABLE orders (id integer PRIMARY KEY, total integer NOT NULL)",
         insert="INSERT INTO orders (id, total) VALUES ($1, $2)",
         count="SELECT count(*) FROM orders",
+        # what the issue's requests would have stored, had PostgreSQL not refused them in Python
+        before_year_1="UPDATE intents SET expires_at = '0001-01-01 00:00:00+01' WHERE action_id = $1",
+        after_year_9999="UPDATE intents SET next_attempt_at = '9999-12-31 23:59:59-01' WHERE action_id = $1",
+        latest="UPDATE intents SET next_attempt_at = 'infinity' WHERE action_id = $1",
+        grant_earliest="UPDATE grants SET expires_at = '-infinity' WHERE id = 'g1'",
     ),
 }

@@ -42,6 +42,7 @@ from outbox.destinations import Destination
 from outbox.grants import GrantSpec
 from outbox.model import NewIntent, OnDead, Ordering
 from outbox.store import Store
+from outbox.store.records import FIRST, LAST
 from outbox.tokens import TokenInfo
 
 from .backends import CALLER_SQL, STORE_FACTORIES, StoreFactory
@@ -679,6 +680,61 @@ async def test_due_times_count_only_pending_intents(store):
     assert claimed.action_id == "soon"
     assert await store.next_due_at() == T0 + timedelta(minutes=3)
     assert await store.oldest_due_at(T0 + timedelta(minutes=2)) is None
+
+
+# -- times written by hand, beyond what a datetime holds --------------------------------------
+
+
+async def written_by_hand(store: Store, statement: str, *parameters: str) -> None:
+    async with store.transaction() as tx:
+        await tx.execute(statement, parameters)
+
+
+async def test_a_time_no_datetime_can_hold_fails_no_read_of_the_rows_beside_it(store):
+    """Such a time (the issue's requests stored them on SQLite; anyone can write them by hand)
+    made every read that met its row raise OverflowError: each claim, each listing, the due
+    times, the history. It reads as the nearest time that can be read, the intent says which,
+    and what is due, expired or older stays so."""
+    sql = CALLER_SQL[store.dialect]
+    await store.insert_intents([new(name) for name in ("expired", "never", "latest", "fine")])
+    await store.put_grant("g1", GrantSpec(scope="acme", destination="*"), T0)
+    await written_by_hand(store, sql.before_year_1, "expired")
+    await written_by_hand(store, sql.after_year_9999, "never")
+    await written_by_hand(store, sql.latest, "latest")
+    await written_by_hand(store, sql.grant_earliest)
+
+    listed = {i.action_id: i for i in (await store.list_intents(IntentQuery())).intents}
+    assert listed["fine"].unreadable is None and listed["fine"].expires_at is None
+    assert listed["expired"].expires_at == FIRST
+    assert listed["expired"].unreadable is not None and "expires_at before 0001-01-01T00:00:00Z" in \
+        listed["expired"].unreadable
+    for name in ("never", "latest"):
+        assert listed[name].next_attempt_at == LAST
+        assert "next_attempt_at after 9999-12-31T23:59:59.999999Z" in (listed[name].unreadable or "")
+    claimed = await store.claim("w1", now=T0, lease_until=T0 + timedelta(seconds=30), limit=10)
+    assert sorted(i.action_id for i in claimed) == ["expired", "fine"]
+    assert await store.next_due_at() == LAST  # never and latest wait
+    assert [i.unreadable is not None for i in sorted(claimed, key=lambda i: i.action_id)] == [True, False]
+    activity = await store.activity(T0 - timedelta(hours=1), T0)
+    assert [(w.count, w.oldest_due_at) for w in activity.waiting] == [(4, None)]
+    assert await store.oldest_due_at(T0) is None
+
+    history = await store.history("acme/expired")
+    assert history.intent is not None and history.intent.unreadable and len(history.events) == 2
+    assert [i.action_id for i in await store.intents_named("never")] == ["never"]
+    dead = await store.update_intent("acme/expired", expected=Status.LEASED, status=Status.DEAD,
+                                     fence=history.intent.fence, changes={"lease_owner": None,
+                                                                          "lease_expires_at": None},
+                                     events=[Event(kind="dead_lettered", at=T0, actor="w1")])
+    assert dead.status is Status.DEAD and dead.expires_at == FIRST and dead.unreadable
+    for name, status in (("expired", Status.DEAD), ("never", Status.PENDING)):
+        cancelled = await store.update_intent(f"acme/{name}", expected=status, status=Status.CANCELLED,
+                                              events=[Event(kind="cancelled", at=T0, actor="op")])
+        assert cancelled.status is Status.CANCELLED
+
+    grant = await store.get_grant("g1")
+    assert grant is not None and grant.expires_at == FIRST  # long expired, as stored
+    assert await store.find_grant("acme", "billing", T0) is None
 
 
 # -- ordering per key --------------------------------------------------------------------------

@@ -338,7 +338,7 @@ async def test_the_workers_prune_takes_as_many_batches_as_it_needs(old_shell: Sh
 async def test_list_created_after(old_shell: Shell):
     shell = old_shell
     await _history_over_ten_days(shell)
-    since = (datetime.now(UTC) - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%S%z")
+    since = (datetime.now(UTC) - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%S+00:00")
     recent = shell.json("list", "--created-after", since)
     assert [i["action_id"] for i in recent["items"]] == ["new-2", "new-1"]  # newest first
     assert recent["next_cursor"] is None
@@ -354,8 +354,9 @@ async def test_list_created_after(old_shell: Shell):
     assert rest["items"][0]["created_at"] <= paged["items"][-1]["created_at"]
     more = shell.run("list", "--limit", "2").stdout.strip().splitlines()[-1]
     assert more == f"more: --cursor {paged['next_cursor']}"
-    bad = shell.run("list", "--created-after", "yesterday", code=2)
-    assert "--created-after" in bad.stderr
+    for bad_time in ("yesterday", since.replace("+00:00", "+0000")):  # (RFC 3339's offset has its colon)
+        bad = shell.run("list", "--created-after", bad_time, code=2)
+        assert "--created-after" in bad.stderr and "RFC 3339" in bad.stderr
     altered = shell.run("list", "--cursor", "bm90LWEtY3Vyc29y", code=2)
     assert "--cursor" in altered.stderr and "Traceback" not in altered.stderr
 
@@ -375,6 +376,22 @@ async def test_the_times_the_cli_prints_are_accepted_back(old_shell: Shell):
     for wrong in ("2026-11-30", "2026-11-30T08:30:07", "2026-11-30T08:30:07.Z", "2026-11-30T08:30:07Zjunk"):
         refused = shell.run("list", "--created-after", wrong, code=2)
         assert "RFC 3339" in refused.stderr and "Traceback" not in refused.stderr
+
+
+async def test_a_time_outside_the_range_the_stores_hold_is_a_usage_error_and_stores_nothing(shell: Shell):
+    """``--expires-at 0001-01-01T00:00:00+01:00`` stored a row that then failed every claim."""
+    await shell.destination("hook", "/ok")
+    before = snapshot(shell.db)
+    for option, value in (("--expires-at", "0001-01-01T00:00:00+01:00"), ("--not-before", "9999-12-31T23:59:59-01:00")):
+        refused = shell.run("enqueue", "--destination", "hook", "--scope", "acme", "--payload", "{}", option, value,
+                            code=2)
+        assert "outside the times the outbox takes" in refused.stderr and option in refused.stderr
+        assert "Traceback" not in refused.stderr
+    granted = shell.run("grants", "put", "g", "--scope", "acme", "--destination", "hook", "--expires-at",
+                        "0001-01-01T00:00:00+00:01", code=2)
+    assert "outside the times" in granted.stderr
+    assert "outside the times" in shell.run("list", "--created-after", "9999-06-01T00:00:00Z", code=2).stderr
+    assert snapshot(shell.db) == before
 
 
 async def test_a_bad_setting_is_a_usage_error_that_names_it(shell: Shell):
