@@ -35,7 +35,7 @@ async def test_migrations_are_recorded_and_reapplied_never(db_path, db_url):
         assert conn.execute("SELECT version, name FROM schema_migrations").fetchall() == [
             (1, "0001_initial"), (2, "0002_sender"), (3, "0003_reconcile"), (4, "0004_operators"),
             (5, "0005_scoped_action_ids"), (6, "0006_channel_settings"), (7, "0007_attempt_stage"),
-            (8, "0008_ordering"), (9, "0009_activity")]
+            (8, "0008_ordering"), (9, "0009_activity"), (10, "0010_secrets_key")]
     async with await Outbox.open(db_url) as box:
         assert await box.store.migrate() == []
 
@@ -159,22 +159,25 @@ async def test_a_database_of_the_previous_migrations_migrates_with_nothing_lost_
     with monkeypatch.context() as patched:
         previous = [m for m in migrator.scripts_for("sqlite") if m.version <= 5]
         patched.setattr(dialect, "scripts_for", lambda name: previous)
-        async with await Outbox.open(f"sqlite:///{db}") as box:
-            with sqlite3.connect(db) as conn:
-                conn.execute(
-                    "INSERT INTO destinations (id, channel, url, secrets, idempotent, retention_seconds, on_unknown,"
-                    " timeout_seconds, requires_approval, allow_private_network, disabled, created_at, updated_at,"
-                    " reconcile) VALUES ('hook', 'webhook', ?, ?, 1, 3600, 'never', 2.5, 0, 1, 0, ?, ?, 1)",
-                    (f"{receiver.url}/hook", json.dumps([SECRET_NEW, SECRET]), at, at))
-                conn.execute("INSERT INTO grants (id, scope, destination, revision, created_at, updated_at)"
-                             " VALUES ('g1', 'acme', 'hook', 1, ?, ?)", (at, at))
-                # written as that release wrote it (today's enqueue writes columns added since)
-                conn.execute(
-                    "INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest,"
-                    " status, max_attempts, next_attempt_at, created_at, updated_at) VALUES ('acme/old-1', 'old-1',"
-                    " 'acme', 'hook', 'webhook', ?, ?, 'pending', 5, ?, ?, ?)",
-                    ('{"n":1}', digest_of(b'{"n":1}'), at, at, at))
-            conn.close()
+        old = store_for_url(f"sqlite:///{db}")  # as that release made it (today's outbox needs today's schema)
+        await old.open()
+        await old.migrate()
+        await old.close()
+        with sqlite3.connect(db) as conn:
+            conn.execute(
+                "INSERT INTO destinations (id, channel, url, secrets, idempotent, retention_seconds, on_unknown,"
+                " timeout_seconds, requires_approval, allow_private_network, disabled, created_at, updated_at,"
+                " reconcile) VALUES ('hook', 'webhook', ?, ?, 1, 3600, 'never', 2.5, 0, 1, 0, ?, ?, 1)",
+                (f"{receiver.url}/hook", json.dumps([SECRET_NEW, SECRET]), at, at))
+            conn.execute("INSERT INTO grants (id, scope, destination, revision, created_at, updated_at)"
+                         " VALUES ('g1', 'acme', 'hook', 1, ?, ?)", (at, at))
+            # written as that release wrote it (today's enqueue writes columns added since)
+            conn.execute(
+                "INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest,"
+                " status, max_attempts, next_attempt_at, created_at, updated_at) VALUES ('acme/old-1', 'old-1',"
+                " 'acme', 'hook', 'webhook', ?, ?, 'pending', 5, ?, ?, ?)",
+                ('{"n":1}', digest_of(b'{"n":1}'), at, at, at))
+        conn.close()
     with sqlite3.connect(db) as conn:
         assert "url" in {row[1] for row in conn.execute("PRAGMA table_info(destinations)")}
     conn.close()
