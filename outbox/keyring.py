@@ -118,15 +118,20 @@ class Keyring:
         """The ids of the keys held, in the file's order."""
         return tuple(self._order)
 
+    def reload(self) -> None:
+        """Read the key file again (what it holds now replaces what it held). Raises
+        SecretsKeyError when it cannot be read or holds anything but keys."""
+        if self.path is not None:
+            keys = _read_keys(self.path)
+            self._keys, self._order = self._index(keys), [key_id(k) for k in keys]
+
     def holds(self, key: str) -> bool:
         """Whether the key named ``key`` is held, reading the file again if it is not."""
-        if key not in self._keys and self.path is not None:
+        if key not in self._keys:
             try:
-                keys = _read_keys(self.path)
+                self.reload()
             except SecretsKeyError as exc:
                 log.warning("could not read the secrets key file again: %s", exc)
-            else:
-                self._keys, self._order = self._index(keys), [key_id(k) for k in keys]
         return key in self._keys
 
     def sealing(self, recorded: str | None) -> str:
@@ -315,12 +320,11 @@ async def rotate(store: Store) -> Rotation:
     transaction committed, and then left alone in the file. Raises SecretsKeyError when there is
     no other key to rotate to, or some destination's secrets cannot be opened (nothing changes)."""
     keyring = required(store.keyring)
+    keyring.reload()  # the file as it is now: the operator may have put a new key first
     previous = await store.sealing_key()
     if keyring.managed and keyring.path is not None and keyring.primary == previous:
-        fresh = generate_key()
-        write_keys(keyring.path, [fresh, *_key_lines(keyring.path)], replace=True)
-        if not keyring.holds(key_id(base64.b64decode(fresh))):
-            raise SecretsKeyError(f"the key just written to {keyring.path} cannot be read back")
+        write_keys(keyring.path, [generate_key(), *_key_lines(keyring.path)], replace=True)
+        keyring.reload()
     target = keyring.primary
     if target == previous:
         raise SecretsKeyError(f"the first key of {keyring.path or 'the keyring'} ({target}) already seals the "

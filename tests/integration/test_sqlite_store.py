@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import sqlite3
 
 import pytest
 
-from outbox import IntentQuery, Outbox, SchemaTooNew, Settings, Status, StoreUnavailable
+from outbox import DestinationSpec, IntentQuery, Outbox, SchemaTooNew, Settings, Status, StoreUnavailable
 from outbox.digest import digest_of
 from outbox.store import migrator, store_for_url
 from outbox.store import sqlite as dialect
@@ -199,3 +200,27 @@ async def test_a_database_of_the_previous_migrations_migrates_with_nothing_lost_
     assert request.headers["webhook-id"] == "acme/old-1" and request.json() == {"n": 1}
     for secret in (SECRET, SECRET_NEW):  # the receiver may hold either while the rotation lasts
         verify_signature(secret, request.headers, request.body)
+
+
+async def test_sealing_overwrites_the_plain_secrets_it_replaces_in_the_file(db_path, db_url, monkeypatch):
+    """Sealing plain secrets (an older release's) leaves none of them in the database file, even
+    where the SQLite build does not overwrite deleted content by default: rows with overflow pages,
+    the connection's secure_delete off as some builds have it."""
+    monkeypatch.delenv("OUTBOX_SECRETS_KEY_FILE", raising=False)
+    passwords = [secrets.token_hex(500) for _ in range(9)]
+    async with await Outbox.open(db_url) as box:
+        store = box.store
+        for n in range(3):
+            await box.put_destination(f"mail-{n}", DestinationSpec.model_validate({
+                "channel": "email", "host": "mail.example.com", "username": "outbox", "secret": "x",
+                "from": "outbox@example.com"}))
+            plain = json.dumps(passwords[3 * n:3 * n + 3])
+            await store._write(lambda conn, n=n, plain=plain: conn.execute(
+                "UPDATE destinations SET secrets = ? WHERE id = ?", (plain, f"mail-{n}")))
+        await store._write(lambda conn: conn.execute("DELETE FROM secrets_key"))
+        await store._write(lambda conn: conn.execute("PRAGMA secure_delete = OFF"))
+        assert await store.reseal_secrets(store.keyring.primary, plain_only=True) == 3
+        files = b"".join(p.read_bytes() for p in db_path.parent.glob(db_path.name + "*"))
+        assert [p for p in passwords if p.encode() in files] == []
+        assert [d.secrets for d in await box.list_destinations()] == [
+            tuple(passwords[3 * n:3 * n + 3]) for n in range(3)]
