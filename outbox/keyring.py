@@ -214,8 +214,8 @@ def _read_keys(path: Path) -> list[bytes]:
     except (OSError, UnicodeDecodeError) as exc:
         raise SecretsKeyError(f"cannot read the secrets key file {path}: {getattr(exc, 'strerror', None) or exc}"
                               ) from None
-    if stat.S_IMODE(mode) & 0o077 and stat.S_ISREG(mode):
-        log.warning("the secrets key file %s can be read by others than its owner (mode %o): chmod 600 it",
+    if stat.S_IMODE(mode) & 0o007:  # (group-readable is how Kubernetes mounts it for the pod's group)
+        log.warning("every user of this host can read the secrets key file %s (mode %o): chmod 600 it",
                     path, stat.S_IMODE(mode))
     return parse_keys(text, str(path))
 
