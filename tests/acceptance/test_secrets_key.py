@@ -25,6 +25,11 @@ from .test_service import Service
 pytestmark = pytest.mark.acceptance
 
 
+def without_key_file(**settings: str) -> dict[str, str]:
+    """``clean_env`` without the key file it gives a PostgreSQL URL."""
+    return {k: v for k, v in clean_env(**settings).items() if k != "OUTBOX_SECRETS_KEY_FILE"}
+
+
 def outbox(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([OUTBOX, *args], cwd=cwd, env=clean_env(**env), capture_output=True, text=True,
                           timeout=60)
@@ -143,7 +148,8 @@ def test_rotating_with_an_operator_key_file_on_postgresql(tmp_path: Path):
         assert done.returncode == 0 and f"under key {key_id(base64.b64decode(new))}" in done.stdout, done.stderr
         key_file.write_text(new + "\n")  # the old key leaves the file
         assert "hook" in outbox(tmp_path, "destinations", "list", **env).stdout
-        unset = outbox(tmp_path, "destinations", "list", OUTBOX_DATABASE_URL=url)
+        unset = subprocess.run([OUTBOX, "destinations", "list"], cwd=tmp_path, capture_output=True, text=True,
+                               env=without_key_file(OUTBOX_DATABASE_URL=url), timeout=60)
         assert unset.returncode == 1 and "OUTBOX_SECRETS_KEY_FILE is not set" in unset.stderr
     finally:
         asyncio.run(pg.drop_database(url))
