@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import json
 import os
 import re
@@ -13,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from outbox.keyring import KEY, key_id
 from receivers import IdempotencyMiddleware
 from receivers.wire import sign
 
@@ -142,7 +145,7 @@ async def test_the_postgres_transaction_example_commits_the_intent_with_the_orde
     async with pg.database() as url:
         script = tmp_path / "pg_example.py"
         script.write_text(python_blocks()["postgres-transaction"])
-        env = {**os.environ, "OUTBOX_DATABASE_URL": url}
+        env = {**os.environ, "OUTBOX_DATABASE_URL": url, **pg.key_env()}  # as Running on PostgreSQL says
         for _ in range(2):  # safe to run again: the same order and intent
             done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True,
                                   text=True, timeout=60)
@@ -156,6 +159,36 @@ async def test_the_postgres_transaction_example_commits_the_intent_with_the_orde
             assert await conn.fetchval("SELECT count(*) FROM intents WHERE action_id = 'order-42-invoice'") == 1
         finally:
             await conn.close()
+
+
+def test_the_secrets_key_walkthrough_makes_a_key_file_postgresql_opens_with(tmp_path: Path):
+    """The Security section's commands, run by bash as printed, then `outbox migrate` on a fresh
+    PostgreSQL database in the same shell: the key file is private and is the one used."""
+    from tests import pg
+
+    url = asyncio.run(pg.create_database())
+    try:
+        block = shell_block_after("### The secrets key")
+        env = {**clean_env(OUTBOX_DATABASE_URL=url), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+        env.pop("OUTBOX_SECRETS_KEY_FILE")  # the block exports its own
+        done = subprocess.run(["bash", "-euo", "pipefail", "-c", f"{block}\noutbox migrate"], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=90)
+        assert done.returncode == 0, done.stderr
+        key_file = tmp_path / "secrets.key"
+        assert key_file.stat().st_mode & 0o777 == 0o600 and KEY.fullmatch(key_file.read_text().strip())
+        assert asyncio.run(sealing_key(url)) == key_id(base64.b64decode(key_file.read_text()))
+    finally:
+        asyncio.run(pg.drop_database(url))
+
+
+async def sealing_key(url: str) -> str | None:
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        return await conn.fetchval("SELECT key_id FROM secrets_key")
+    finally:
+        await conn.close()
 
 
 def shell_block_after(heading: str, nth: int = 0) -> str:
