@@ -15,9 +15,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from outbox import DestinationSpec, Outbox, SecretsKeyError, Settings, Status
+from outbox import DestinationSpec, Outbox, Role, SecretsKeyError, Settings, Status
 from outbox.keyring import generate_key, key_id, rotate
 from receivers import IdempotencyMiddleware, SqliteRecordStore
 from sender import Worker
@@ -265,3 +266,23 @@ async def test_processes_sharing_a_database_rotate_by_the_documented_steps(
     async with await Outbox.open(store_url, settings=Settings(secrets_key_file=copies[0], authority="allow-all")) as c:
         assert await deliver(c, "after-the-old-key-left") is Status.DELIVERED
     assert effects.keys == ["acme/by-b", "acme/after-the-old-key-left"]
+
+
+async def test_the_api_answers_a_key_it_lacks_with_a_problem_that_names_the_key_only(
+        store_url: str, tmp_path: Path, serve_api):
+    mine, its = tmp_path / "mine.key", tmp_path / "api.key"
+    mine.write_text(generate_key() + "\n")
+    its.write_text(mine.read_text())
+    async with await Outbox.open(store_url, settings=Settings(secrets_key_file=mine)) as box:
+        await box.put_destination("hook", DestinationSpec(url="https://hook.example/", secret=SECRET))
+        admin, _ = await box.create_token(Role.ADMIN)
+        api = serve_api(Settings(database_url=store_url, secrets_key_file=its, worker=False))
+        mine.write_text(generate_key() + "\n" + mine.read_text())
+        done = await rotate(box.store)  # the API's file never gets the new key
+    async with httpx.AsyncClient(base_url=api, headers={"Authorization": f"Bearer {admin}"}) as client:
+        for path in ("/v1/destinations/hook", "/v1/destinations"):
+            answer = await client.get(path)
+            assert answer.status_code == 503 and answer.headers["content-type"] == "application/problem+json"
+            problem = answer.json()
+            assert problem["type"] == "urn:outbox:problem:secrets-key" and done.key in problem["detail"]
+            assert SECRET not in answer.text and RAW.hex() not in answer.text
