@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 from pydantic import BaseModel, ValidationError
 
-from . import channels, logs, operations, timestamps
+from . import channels, keyring, logs, operations, timestamps
 from .clock import iso
 from .destinations import DestinationSpec
 from .errors import InvalidInput, NoDatabase, OutboxError
@@ -292,6 +292,7 @@ def demo() -> None:
 async def migrate(ctx: Context, box: Outbox) -> None:
     """Apply pending schema migrations (serve also does this on start)."""
     applied = await box.store.migrate()
+    await keyring.unlock(box.store, box.settings)  # checks the key, makes it on first start, seals plain secrets
     ctx.emit({"database_url": box.settings.database_url, "status": "migrated", "applied": applied},
              f"applied {len(applied)} migration{'' if len(applied) == 1 else 's'}: {', '.join(applied)}" if applied
              else "database is up to date: no migration to apply")
@@ -791,6 +792,37 @@ async def destinations_delete(ctx: Context, box: Outbox, destination_id: str) ->
     """Remove a destination that no intent refers to."""
     await box.delete_destination(destination_id)
     ctx.emit({"id": destination_id, "deleted": True}, f"deleted {destination_id}")
+
+
+# -- secrets at rest -----------------------------------------------------------------------
+
+
+@main.group("secrets")
+def secrets_group() -> None:
+    """The key that seals destination secrets in the database (see the README's Security)."""
+
+
+@secrets_group.command("generate-key")
+def secrets_generate_key() -> None:
+    """Print a new random key, for a key file (OUTBOX_SECRETS_KEY_FILE): one key a line."""
+    click.echo(keyring.generate_key())
+
+
+@secrets_group.command("rotate")
+@_run
+async def secrets_rotate(ctx: Context, box: Outbox) -> None:
+    """Seal every destination's secrets under the first key of the key file, in one transaction.
+
+    On SQLite's own key file (beside the database) a new key is made for it, and the old one
+    dropped once everything is sealed under the new one. With OUTBOX_SECRETS_KEY_FILE, put the
+    new key first in that file (`outbox secrets generate-key`) for every process, then rotate.
+    """
+    done = await keyring.rotate(box.store)
+    after = (f"; {done.key_file} now holds only the new key: back it up (older backups of the database open "
+             "only with the key file of their time)" if box.store.keyring and box.store.keyring.managed else
+             "; every process seals under it now: the old key can leave the key files")
+    ctx.emit(done.json(), f"sealed the secrets of {done.resealed} destination(s) under key {done.key}"
+                          f" (was {done.previous or 'none'})" + after)
 
 
 if __name__ == "__main__":

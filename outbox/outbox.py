@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from . import channels, timestamps
+from . import channels, keyring, timestamps
 from .clock import Clock, OffsetClock, SystemClock, iso
 from .destinations import Destination, DestinationSpec
 from .digest import canonical_json, digest_of
@@ -93,7 +93,11 @@ class Outbox:
         the database's time (an OffsetClock, re-measured every few minutes), so every host writes
         and judges leases on one timeline. A store that tells of intents made pending by other
         processes wakes this outbox's workers (``enqueued``) when they are; polling remains the
-        fallback."""
+        fallback.
+
+        The store gets this process's keyring (``outbox.keyring.unlock``: the settings' key file,
+        or on SQLite the one beside the database, made on first start); a key file that is
+        missing, unreadable or does not hold the database's key raises SecretsKeyError."""
         settings = settings or Settings()
         url = url or settings.database_url
         store = store_for_url(url, busy_timeout_ms=settings.sqlite_busy_timeout_ms, create=create)
@@ -103,8 +107,9 @@ class Outbox:
         except NoDatabase as exc:
             raise NoDatabase(f"there is no outbox database at {url} ({exc.message})") from None
         try:
-            if migrate:
+            if migrate:  # (a caller that migrates itself unlocks after it: ``keyring.unlock``)
                 await store.migrate()
+                await keyring.unlock(store, settings)
             if measure is not None:
                 clock = OffsetClock(await measure())
         except BaseException:

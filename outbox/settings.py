@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -24,6 +25,12 @@ class Settings(BaseSettings):
 
     database_url: str = Field(
         default="sqlite:///./outbox.db", description="sqlite:///path.db (embedded default) or postgresql://user@host/db"
+    )
+    secrets_key_file: Path | None = Field(
+        default=None,
+        description="file with the key that seals destination secrets in the database, one key a line "
+                    "(default on SQLite: beside the database, outbox.db -> outbox.key, made on first start; "
+                    "required on PostgreSQL)",
     )
     host: str = Field(default="127.0.0.1", description="address `outbox serve` listens on")
     port: int = Field(default=8080, ge=0, le=65535, description="port `outbox serve` listens on")

@@ -27,6 +27,7 @@ from outbox import (
     Intent,
     Outbox,
     Outcome,
+    SecretsKeyError,
     StaleWrite,
     Status,
     StoreUnavailable,
@@ -362,7 +363,7 @@ class Worker:
             await asyncio.shield(self._abandon(intent, attempt, sent, result, "the worker stopped"))
             raise
         except Exception as exc:
-            if isinstance(exc, StoreUnavailable):  # the database said "not now": a line, not a traceback
+            if isinstance(exc, StoreUnavailable | SecretsKeyError):  # "not now" / "not this key": a line
                 log.warning("delivery interrupted: %s", exc, extra=self._fields(intent, attempt))
             else:
                 log.exception("delivery failed unexpectedly", extra=self._fields(intent, attempt))

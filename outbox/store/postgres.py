@@ -31,6 +31,7 @@ from .. import crash
 from ..destinations import Destination
 from ..errors import NotFound, OutboxError, StoreUnavailable
 from ..grants import Grant, GrantSpec
+from ..keyring import Keyring, required
 from ..model import Attempt, Enqueued, Event, Intent, NewIntent, Status
 from ..tokens import TokenInfo
 from . import records
@@ -168,7 +169,6 @@ def _as_stored(value: Any) -> Any:
 _intent = functools.partial(records.intent, time=_as_stored)
 _attempt = functools.partial(records.attempt, time=_as_stored)
 _event = functools.partial(records.event, time=_as_stored)
-_destination = functools.partial(records.destination, time=_as_stored)
 _token = functools.partial(records.token, time=_as_stored)
 _grant = functools.partial(records.grant, time=_as_stored)
 #: A time read outside a record (an aggregate's), as records read theirs.
@@ -349,8 +349,10 @@ class PostgresStore:
 
     dialect = "postgres"
 
-    def __init__(self, dsn: str, *, pool_size: int = 10, statement_seconds: float = STATEMENT_SECONDS) -> None:
+    def __init__(self, dsn: str, *, pool_size: int = 10, statement_seconds: float = STATEMENT_SECONDS,
+                 keyring: Keyring | None = None) -> None:
         self.dsn = dsn
+        self.keyring = keyring
         self.pool_size = pool_size
         self.statement_seconds = statement_seconds
         self._pool: asyncpg.Pool | None = None
@@ -729,21 +731,58 @@ class PostgresStore:
 
     async def put_destination(self, destination: Destination) -> bool:
         d = destination
-        created: bool = await self._fetchval(
-            "put_destination",
-            d.id, d.channel, json.dumps(dict(d.settings)), json.dumps(list(d.secrets)), d.idempotent,
-            d.retention_seconds, d.on_unknown.value, d.timeout_seconds, d.requires_approval,
-            d.allow_private_network, d.disabled, d.created_at, d.updated_at, d.reconcile,
-            d.ordering.value, d.ordering_on_dead.value,
-        )
-        return created
+        keyring = required(self.keyring)
+
+        async def work(conn: asyncpg.Connection) -> bool:
+            await conn.execute(SQL["propose_sealing_key"], keyring.primary)
+            key = keyring.sealing(await conn.fetchval(SQL["share_sealing_key"]))
+            created: bool = await conn.fetchval(
+                SQL["put_destination"],
+                d.id, d.channel, json.dumps(dict(d.settings)), keyring.seal(d.secrets, destination_id=d.id, key=key),
+                d.idempotent, d.retention_seconds, d.on_unknown.value, d.timeout_seconds, d.requires_approval,
+                d.allow_private_network, d.disabled, d.created_at, d.updated_at, d.reconcile,
+                d.ordering.value, d.ordering_on_dead.value,
+            )
+            return created
+
+        return await self._run(work, transaction={})
+
+    def _destination(self, row: asyncpg.Record) -> Destination:
+        return records.destination(row, _as_stored, self.keyring)
 
     async def get_destination(self, destination_id: str) -> Destination | None:
         row = await self._fetchrow("destination_by_id", destination_id)
-        return None if row is None else _destination(row)
+        return None if row is None else self._destination(row)
 
     async def list_destinations(self) -> list[Destination]:
-        return [_destination(row) for row in await self._fetch("list_destinations")]
+        return [self._destination(row) for row in await self._fetch("list_destinations")]
+
+    async def sealing_key(self) -> str | None:
+        try:
+            key: str | None = await self._fetchval("sealing_key")
+        except asyncpg.UndefinedTableError as exc:
+            raise StoreUnavailable("the database is not migrated; run `outbox migrate`") from exc
+        return key
+
+    async def reseal_secrets(self, key: str, *, plain_only: bool = False) -> int:
+        keyring = required(self.keyring)
+
+        def changes(rows: list[asyncpg.Record]) -> list[tuple[str, str]]:
+            return [(row["id"], sealed) for row in rows
+                    if (sealed := keyring.resealed(row["secrets"], destination_id=row["id"], key=key,
+                                                   plain_only=plain_only)) is not None]
+
+        if await self.sealing_key() == key and not changes(await self._fetch("destination_secrets")):
+            return 0  # nothing to seal: no write
+        async def work(conn: asyncpg.Connection) -> int:
+            await conn.execute(SQL["propose_sealing_key"], key)
+            await conn.execute(SQL["lock_sealing_key"])  # writers of secrets wait until this commits
+            resealed = changes(await conn.fetch(SQL["lock_destination_secrets"]))
+            await conn.executemany(SQL["put_destination_secrets"], resealed)
+            await conn.execute(SQL["set_sealing_key"], key)
+            return len(resealed)
+
+        return await self._run(work, transaction={})
 
     async def delete_destination(self, destination_id: str) -> None:
         async def work(conn: asyncpg.Connection) -> None:

@@ -3,7 +3,8 @@
 Every dialect's driver gives rows that map column names to values, and keeps JSON columns as JSON
 text; dialects differ only in how a time is stored, so each passes ``time``, which turns a stored
 time into a timezone-aware datetime (None staying None). One mapping, so a column added to a
-record is read back the same way by every store.
+record is read back the same way by every store; a destination's secrets are opened here, with
+the store's keyring, for every dialect alike.
 
 A stored time no datetime can hold (before year 1 or after 9999, UTC: written by hand, or
 before the API checked times) must not fail the read of every row beside it, a claim or a
@@ -22,6 +23,7 @@ from typing import Any, Protocol
 from ..clock import iso
 from ..destinations import Destination
 from ..grants import Grant
+from ..keyring import Keyring, required
 from ..model import Attempt, Event, Intent, OnDead, OnUnknown, Ordering, Outcome, Role, Status, Submission
 from ..tokens import TokenInfo
 
@@ -139,14 +141,15 @@ def event(row: Row, time: Time) -> Event:
     )
 
 
-def destination(row: Row, time: Time) -> Destination:
-    """A destination from its row (flags may be stored as integers or booleans)."""
+def destination(row: Row, time: Time, keyring: Keyring | None) -> Destination:
+    """A destination from its row (flags may be stored as integers or booleans), its secrets
+    opened with ``keyring``. Raises SecretsKeyError when they do not open."""
     at = _Times(row, time)
     return Destination(
         id=row["id"],
         channel=row["channel"],
         settings=json.loads(row["settings"]),
-        secrets=tuple(json.loads(row["secrets"])),
+        secrets=required(keyring).open(row["secrets"], destination_id=row["id"]),
         idempotent=bool(row["idempotent"]),
         retention_seconds=row["retention_seconds"],
         on_unknown=OnUnknown(row["on_unknown"]),

@@ -4,6 +4,8 @@ newcomer who activated it would; only ports, tokens and database names are this 
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import json
 import os
 import re
@@ -21,6 +23,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from outbox.keyring import KEY, key_id
 from outbox.store.migrator import scripts_for
 from receivers import IdempotencyMiddleware
 from receivers.wire import sign
@@ -235,7 +238,8 @@ async def test_the_postgres_transaction_example_runs_after_the_createdb_it_names
     async with pg.database(create=False) as url:  # made by the README's createdb, dropped after
         server = urlsplit(url)
         ours = f"-h {server.hostname} -p {server.port or 5432} -U {server.username} {server.path.lstrip('/')}"
-        env = {"OUTBOX_DATABASE_URL": url, **({"PGPASSWORD": server.password} if server.password else {})}
+        env = {"OUTBOX_DATABASE_URL": url, **pg.key_env(),  # as Running on PostgreSQL says
+               **({"PGPASSWORD": server.password} if server.password else {})}
         first = bash(block.replace("-h 127.0.0.1 -U postgres shop", ours), tmp_path, **env)
         again = bash("python postgres_example.py", tmp_path, **env)  # safe to run again: the same order and intent
         assert (first.split(), again.split()) == (["True", "pending"], ["False", "pending"])
@@ -245,6 +249,36 @@ async def test_the_postgres_transaction_example_runs_after_the_createdb_it_names
             assert await conn.fetchval("SELECT count(*) FROM intents WHERE action_id = 'order-42-invoice'") == 1
         finally:
             await conn.close()
+
+
+def test_the_secrets_key_walkthrough_makes_a_key_file_postgresql_opens_with(tmp_path: Path):
+    """The Security section's commands, run by bash as printed, then `outbox migrate` on a fresh
+    PostgreSQL database in the same shell: the key file is private and is the one used."""
+    from tests import pg
+
+    url = asyncio.run(pg.create_database())
+    try:
+        block = shell_block_after("### The secrets key")
+        env = {**clean_env(OUTBOX_DATABASE_URL=url), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+        env.pop("OUTBOX_SECRETS_KEY_FILE")  # the block exports its own
+        done = subprocess.run(["bash", "-euo", "pipefail", "-c", f"{block}\noutbox migrate"], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=90)
+        assert done.returncode == 0, done.stderr
+        key_file = tmp_path / "secrets.key"
+        assert key_file.stat().st_mode & 0o777 == 0o600 and KEY.fullmatch(key_file.read_text().strip())
+        assert asyncio.run(sealing_key(url)) == key_id(base64.b64decode(key_file.read_text()))
+    finally:
+        asyncio.run(pg.drop_database(url))
+
+
+async def sealing_key(url: str) -> str | None:
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        return await conn.fetchval("SELECT key_id FROM secrets_key")
+    finally:
+        await conn.close()
 
 
 def test_the_http_walkthrough_delivers_to_the_fastapi_receiver_it_starts(tmp_path: Path):

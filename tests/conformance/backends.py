@@ -10,12 +10,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from outbox.keyring import Keyring, generate_key
 from outbox.store import SqliteStore, Store
 
 from .. import pg
 
-#: Makes a fresh, empty, unopened store; ``directory`` is a new empty directory it may use. Its
-#: ``__name__`` names the backend in test ids.
+#: Makes a fresh, empty, unopened store with a keyring of its own; ``directory`` is a new empty
+#: directory it may use. Its ``__name__`` names the backend in test ids.
 StoreFactory = Callable[[Path], Awaitable[Store]]
 
 
@@ -35,8 +36,15 @@ class CallerSql:
     grant_earliest: str
 
 
+def keyring(directory: Path) -> Keyring:
+    """A keyring of one new key, read from a file in ``directory`` (where a test may add keys)."""
+    path = directory / "secrets.key"
+    path.write_text(generate_key() + "\n")
+    return Keyring.read(path)
+
+
 async def sqlite(directory: Path) -> Store:
-    return SqliteStore(directory / "conformance.db")
+    return SqliteStore(directory / "conformance.db", keyring=keyring(directory))
 
 
 async def postgres(directory: Path) -> Store:
@@ -50,7 +58,7 @@ async def postgres(directory: Path) -> Store:
             finally:
                 await pg.drop_database(self.dsn)
 
-    return ThrowawayPostgresStore(await pg.create_database())
+    return ThrowawayPostgresStore(await pg.create_database(), keyring=keyring(directory))
 
 
 #: Every backend the suite runs against.

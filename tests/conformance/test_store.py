@@ -11,6 +11,8 @@ branches; the last one fails if some method of the store protocol was never call
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -32,6 +34,7 @@ from outbox import (
     OnUnknown,
     Outcome,
     Role,
+    SecretsKeyError,
     StaleWrite,
     Status,
     StoreUnavailable,
@@ -40,6 +43,7 @@ from outbox import (
 )
 from outbox.destinations import Destination
 from outbox.grants import GrantSpec
+from outbox.keyring import generate_key, key_id
 from outbox.model import NewIntent, OnDead, Ordering
 from outbox.store import Store
 from outbox.store.records import FIRST, LAST
@@ -351,6 +355,74 @@ async def test_destinations_are_registered_replaced_and_listed(store):
     assert found.settings == settings and found.secrets == ("whsec_x",)
     assert [d.id for d in await store.list_destinations()] == ["approvals", "billing", "crm"]
     assert await store.get_destination("nope") is None
+
+
+async def stored_secrets(store: Store) -> dict[str, dict]:
+    """Each destination's secrets as the database holds them, read with the caller's own SQL."""
+    async with store.transaction() as tx:
+        return {id: json.loads(text) for id, text in await tx.execute("SELECT id, secrets FROM destinations")}
+
+
+async def test_secrets_are_stored_sealed_under_the_key_the_database_names(store):
+    await store.put_destination(destination("crm", secrets=("whsec_new", "whsec_old")))
+    key = await store.sealing_key()
+    assert key == store.keyring.primary  # named by the first write of a secret
+    stored = await stored_secrets(store)
+    assert {value["key"] for value in stored.values()} == {key}
+    assert "whsec_" not in json.dumps(stored)
+    assert (await store.get_destination("crm")).secrets == ("whsec_new", "whsec_old")
+    assert [d.secrets for d in await store.list_destinations()] == [("whsec_x",), ("whsec_x",),
+                                                                    ("whsec_new", "whsec_old")]
+
+
+async def test_a_write_under_a_key_the_keyring_lacks_is_refused_and_writes_nothing(store):
+    async with store.transaction() as tx:
+        await tx.execute("UPDATE secrets_key SET key_id = '0123456789abcdef'")
+    with pytest.raises(SecretsKeyError, match="0123456789abcdef"):
+        await store.put_destination(destination("crm"))
+    assert await store.get_destination("crm") is None
+
+
+def add_key(store: Store) -> str:
+    """A new key put first in the store's key file (its keyring reads it when asked for it); its id."""
+    new, path = generate_key(), store.keyring.path
+    path.write_text(new + "\n" + path.read_text())
+    return key_id(base64.b64decode(new))
+
+
+async def test_resealing_moves_every_secret_to_a_new_key_in_one_go(store):
+    key = add_key(store)
+    async with store.transaction() as tx:  # one destination still as an older release stored it
+        await tx.execute("""UPDATE destinations SET secrets = '["whsec_plain"]' WHERE id = 'approvals'""")
+    assert await store.reseal_secrets(key) == 2
+    assert await store.sealing_key() == key
+    assert {value["key"] for value in (await stored_secrets(store)).values()} == {key}
+    assert (await store.get_destination("approvals")).secrets == ("whsec_plain",)
+    assert await store.reseal_secrets(key) == 0  # nothing left to seal
+
+
+async def test_sealing_plain_secrets_leaves_sealed_ones_alone(store):
+    key = await store.sealing_key()
+    sealed = await stored_secrets(store)
+    async with store.transaction() as tx:
+        await tx.execute("""UPDATE destinations SET secrets = '["whsec_plain"]' WHERE id = 'approvals'""")
+    assert await store.reseal_secrets(key, plain_only=True) == 1
+    after = await stored_secrets(store)
+    assert after["billing"] == sealed["billing"] and after["approvals"]["key"] == key
+    assert (await store.get_destination("approvals")).secrets == ("whsec_plain",)
+
+
+async def test_a_reseal_that_cannot_open_one_destination_changes_nothing(store):
+    before = await stored_secrets(store)
+    altered = {**before["billing"], "sealed": before["approvals"]["sealed"]}  # another row's value
+    async with store.transaction() as tx:
+        await tx.execute(f"UPDATE destinations SET secrets = '{json.dumps(altered)}' WHERE id = 'billing'")
+    with pytest.raises(SecretsKeyError, match="'billing'"):
+        await store.get_destination("billing")
+    with pytest.raises(SecretsKeyError, match="'billing'"):
+        await store.reseal_secrets(add_key(store))
+    assert await stored_secrets(store) == {**before, "billing": altered}
+    assert await store.sealing_key() == before["approvals"]["key"]
 
 
 async def test_a_destination_is_deleted_only_when_nothing_refers_to_it(store):

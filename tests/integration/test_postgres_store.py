@@ -6,6 +6,7 @@ PostgreSQL they skip, or fail under CI=true."""
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -25,6 +26,7 @@ from outbox import (
 )
 from outbox.clock import OffsetClock
 from outbox.grants import GrantSpec
+from outbox.keyring import generate_key, key_id, rotate
 from outbox.model import Event, EventKind
 from outbox.operations import Actor, replay
 from outbox.store import migrator
@@ -578,3 +580,59 @@ async def test_a_statement_cancelled_or_past_the_limit_leaves_its_connection_to_
     finally:
         await admin.close()
         await store.close()
+async def test_a_write_of_secrets_waits_for_a_rotation_under_way_and_seals_under_its_key(pg_url, tmp_path):
+    """A rotation holds the database's sealing key locked until it commits; a process writing a
+    destination meanwhile waits, then seals under the new key, so nothing is left sealed under
+    the key the rotation retires."""
+    key_file = tmp_path / "secrets.key"
+    key_file.write_text(generate_key() + "\n")
+    async with await Outbox.open(pg_url, settings=Settings(secrets_key_file=key_file)) as box:
+        await box.put_destination("hook", DestinationSpec(url="https://hook.example/", secret=SECRET))
+        new = generate_key()
+        key_file.write_text(new + "\n" + key_file.read_text())
+        rotation = await asyncpg.connect(pg_url)
+        try:
+            under_way = rotation.transaction()
+            await under_way.start()
+            await rotation.execute(SQL["lock_sealing_key"])
+            await rotation.execute(SQL["set_sealing_key"], key_id(base64.b64decode(new)))
+            write = asyncio.create_task(box.put_destination(
+                "other", DestinationSpec(url="https://other.example/", secret=SECRET)))
+            await asyncio.sleep(0.5)
+            assert not write.done(), "the write waits for the rotation"
+            await under_way.commit()
+            await write
+            sealed = await rotation.fetchval("SELECT secrets->>'key' FROM destinations WHERE id = 'other'")
+        finally:
+            await rotation.close()
+        assert sealed == key_id(base64.b64decode(new))
+        assert (await box.get_destination("other")).secrets == (SECRET,)
+
+
+async def test_a_rotation_waits_for_a_write_of_secrets_under_way_and_seals_it_too(pg_url, tmp_path):
+    """The other order: a destination being written (its secrets sealed under the current key, not
+    yet committed) holds the sealing key shared, so a rotation waits for it, then seals it again."""
+    key_file = tmp_path / "secrets.key"
+    key_file.write_text(generate_key() + "\n")
+    async with await Outbox.open(pg_url, settings=Settings(secrets_key_file=key_file)) as box:
+        await box.put_destination("hook", DestinationSpec(url="https://hook.example/", secret=SECRET))
+        writer = await asyncpg.connect(pg_url)
+        try:
+            under_way = writer.transaction()  # put_destination's statements, stopped before its commit
+            await under_way.start()
+            key = await writer.fetchval(SQL["share_sealing_key"])
+            now = datetime.now(UTC)
+            await writer.execute(SQL["put_destination"], "other", "webhook", '{"url": "https://other.example/"}',
+                                 box.store.keyring.seal([SECRET], destination_id="other", key=key), False, 86_400,
+                                 "declared", 10.0, False, False, False, now, now, False, "none", "block")
+            key_file.write_text(generate_key() + "\n" + key_file.read_text())
+            rotation = asyncio.create_task(rotate(box.store))
+            await asyncio.sleep(0.5)
+            assert not rotation.done(), "the rotation waits for the write"
+            await under_way.commit()
+            done = await rotation
+            sealed = {row[0] for row in await writer.fetch("SELECT secrets->>'key' FROM destinations")}
+        finally:
+            await writer.close()
+        assert done.resealed == 2 and sealed == {done.key}
+        assert (await box.get_destination("other")).secrets == (SECRET,)
