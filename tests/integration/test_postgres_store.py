@@ -26,7 +26,7 @@ from outbox import (
 )
 from outbox.clock import OffsetClock
 from outbox.grants import GrantSpec
-from outbox.keyring import generate_key, key_id, rotate
+from outbox.keyring import generate_key, key_id, rotate, unlock
 from outbox.model import Event, EventKind
 from outbox.operations import Actor, replay
 from outbox.store import migrator
@@ -498,6 +498,7 @@ async def test_a_connection_the_server_ended_while_idle_is_never_given_the_next_
     admin = await asyncpg.connect(pg_url)
     try:
         await store.migrate()
+        await unlock(store, Settings(secrets_key_file=pg.key_file()))  # as Outbox.open gives the store its keyring
         await box.put_destination("billing", DestinationSpec(url="https://billing.example/hook", secret=SECRET))
 
         async def cut() -> None:

@@ -28,8 +28,10 @@ from ..servers import Served
 
 SMTP_PASSWORD = "smtp-password-7f3a9c"
 SASL_PASSWORD = "sasl-password-51d2e8"
+#: The Kafka destination's signing secret (its records are signed as webhooks are).
+RECORDS_SECRET = "whsec_" + base64.b64encode(b"records-signing-secret-0123456789").decode()
 #: Every secret registered below, and the signing secret's raw bytes (what HMAC is keyed with).
-REGISTERED = (SECRET, SMTP_PASSWORD, SASL_PASSWORD)
+REGISTERED = (SECRET, SMTP_PASSWORD, SASL_PASSWORD, RECORDS_SECRET)
 RAW = base64.b64decode(SECRET.removeprefix("whsec_"))
 
 
@@ -77,7 +79,8 @@ async def register(box: Outbox, url: str) -> None:
         "allow_private_network": True, "username": "outbox", "secret": SMTP_PASSWORD, "from": "outbox@example.com"}))
     await box.put_destination("topic", DestinationSpec.model_validate({
         "channel": "kafka", "bootstrap_servers": ["127.0.0.1:9092"], "topic": "orders", "sasl_mechanism": "PLAIN",
-        "sasl_username": "outbox", "allow_insecure": True, "allow_private_network": True, "secret": SASL_PASSWORD}))
+        "sasl_username": "outbox", "allow_insecure": True, "allow_private_network": True, "secret": RECORDS_SECRET,
+        "sasl_password": SASL_PASSWORD}))
 
 
 async def deliver(box: Outbox, action_id: str) -> Status:
@@ -124,7 +127,7 @@ async def test_a_copy_of_the_database_reveals_no_secret_and_deliveries_verify_af
     async with await Outbox.open(store_url, settings=settings) as box:
         await register(box, url)
         assert {d.id: d.secrets for d in await box.list_destinations()} == {
-            "hook": (SECRET,), "mail": (SMTP_PASSWORD,), "topic": (SASL_PASSWORD,)}
+            "hook": (SECRET,), "mail": (SMTP_PASSWORD,), "topic": (RECORDS_SECRET, SASL_PASSWORD)}
         assert await deliver(box, "before-restart") is Status.DELIVERED
         await assert_no_secret_in(store_url)  # with the store open: its WAL included
         first = await box.store.sealing_key()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from outbox import IntentQuery, Status
 
+from .. import pg
 from ..conftest import eventually, rows
 from ..receiver import Reply
 from .conftest import OpenOps, assert_problem
@@ -38,7 +39,8 @@ PLANTED = {
 
 
 def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}, "OUTBOX_DATABASE_URL": url}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}, "OUTBOX_DATABASE_URL": url,
+           **(pg.key_env() if url.startswith("postgresql:") else {})}  # as every PostgreSQL process is given
     return subprocess.run([OUTBOX, *args], env=env, capture_output=True, text=True, timeout=60,
                           stdin=subprocess.DEVNULL)
 
