@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
-from .destinations import DestinationSpec
+from .destinations import DestinationSpec, rotate_secrets
 from .errors import InvalidInput
 
 #: The entry-point group a channel's module registers its ``ChannelKind`` under.
@@ -31,7 +31,8 @@ class ChannelKind:
     registered with (the common fields plus its own settings and the form of its secret),
     whether a new destination must be given a secret (``secret_form`` names it for an error
     message) and how to make one if the channel can
-    (a signing key), and ``check_payload``, which raises
+    (a signing key), ``keep_secrets``, which says what a destination holds once a spec replaces
+    it (a channel with secrets of two kinds keeps each apart), and ``check_payload``, which raises
     ValueError for a payload the channel could never deliver, so it is refused at enqueue
     rather than dead-lettered later. The sender's half (how to send) extends this class."""
 
@@ -40,6 +41,7 @@ class ChannelKind:
     needs_secret: bool = True
     secret_form: str = "a secret"
     new_secret: Callable[[], str] | None = None
+    keep_secrets: Callable[[tuple[str, ...], Any], tuple[str, ...]] = rotate_secrets
     check_payload: Callable[[Any], None] | None = None  # None: every JSON payload is deliverable
 
 

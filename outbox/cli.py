@@ -10,7 +10,6 @@ import asyncio
 import getpass
 import json
 import logging
-import re
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
@@ -21,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, get_args
 import click
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from . import channels, logs, operations
+from . import channels, keyring, logs, operations, timestamps
 from .clock import iso
 from .destinations import DestinationSpec
 from .errors import InvalidInput, NoDatabase, OutboxError
@@ -61,6 +60,18 @@ class Context:
             click.echo(text() if callable(text) else text)
 
 
+def _fields(data: Mapping[str, Any], width: int) -> list[str]:
+    """A record as ``name value`` lines, the names padded to ``width``."""
+    return [f"{name:<{width}} {_shown(value)}" for name, value in data.items()]
+
+
+def _shown(value: Any) -> str:
+    """A value as the JSON output writes it (``-`` for null), never as Python prints it (None, False)."""
+    if value is None:
+        return "-"
+    return json.dumps(value) if isinstance(value, bool | dict | list) else str(value)
+
+
 def _json_flag(click_ctx: click.Context, param: click.Parameter, value: bool) -> None:
     if value:
         click_ctx.find_object(Context).as_json = True  # type: ignore[union-attr]
@@ -75,17 +86,17 @@ NO_DATABASE = ("; only serve, worker and migrate create one: run this where the 
                "--database-url, OUTBOX_DATABASE_URL or database_url in ./outbox.toml")
 
 
-def _run(fn: Callable[..., Awaitable[T]], *, create: bool = False) -> Callable[..., T]:
+def _run(fn: Callable[..., Awaitable[T]], *, create: bool = False, migrate: bool = True) -> Callable[..., T]:
     """Run an async command with an open Outbox; outbox errors exit 1 with their message. The
     database must exist unless ``create``: a command run from another directory must not make
-    a new empty one there and answer from it."""
+    a new empty one there and answer from it. Without ``migrate`` the command migrates it."""
 
     @JSON
     @click.pass_obj
     @wraps(fn)
     def command(ctx: Context, *args: Any, **kwargs: Any) -> T:
         async def main() -> T:
-            async with await Outbox.open(settings=ctx.settings(), create=create) as box:
+            async with await Outbox.open(settings=ctx.settings(), create=create, migrate=migrate) as box:
                 return await fn(ctx, box, *args, **kwargs)
 
         try:
@@ -101,29 +112,24 @@ def _run(fn: Callable[..., Awaitable[T]], *, create: bool = False) -> Callable[.
     return command
 
 
-def _run_creating(fn: Callable[..., Awaitable[T]]) -> Callable[..., T]:
-    """``_run`` for a command that makes the database when there is none (migrate)."""
-    return _run(fn, create=True)
+def _run_migrating(fn: Callable[..., Awaitable[T]]) -> Callable[..., T]:
+    """``_run`` for migrate: it makes the database when there is none, and applies the migrations
+    itself, so that it can say which it applied."""
+    return _run(fn, create=True, migrate=False)
 
 
 class Timestamp(click.ParamType):
-    """An RFC 3339 time with its offset (or +HHMM) or ``Z``, fractions of a second allowed:
-    what the CLI and the API print (``2026-11-30T08:30:07.167183Z``) is accepted back."""
+    """A time as the API takes it (``outbox.timestamps``): RFC 3339 with an offset, fractions of
+    a second allowed, so what the CLI and the API print (``2026-11-30T08:30:07.167183Z``) is
+    accepted back."""
 
     name = "timestamp"
-    FORM = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:?\d{2})")
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> datetime:
-        if isinstance(value, datetime):
-            return value
-        if not isinstance(value, str) or not self.FORM.fullmatch(value):
-            self.fail(f"{value!r} is not an RFC 3339 time with a timezone, such as 2030-01-01T09:00:00Z "
-                      "or 2030-01-01T10:00:00.5+01:00", param, ctx)
-        whole, dot, fraction = value.upper().partition(".")
-        if dot:  # Python reads at most microseconds: keep six digits of the fraction
-            digits = re.match(r"\d+", fraction).group()  # type: ignore[union-attr]
-            whole += "." + digits[:6].ljust(6, "0") + fraction[len(digits):]
-        return datetime.fromisoformat(whole)
+        try:
+            return timestamps.read(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 TIMESTAMP = Timestamp()
@@ -286,10 +292,14 @@ def demo() -> None:
 
 
 @main.command()
-@_run_creating
+@_run_migrating
 async def migrate(ctx: Context, box: Outbox) -> None:
     """Apply pending schema migrations (serve also does this on start)."""
-    ctx.emit({"database_url": box.settings.database_url, "status": "migrated"}, "database is up to date")
+    applied = await box.store.migrate()
+    await keyring.unlock(box.store, box.settings)  # checks the key, makes it on first start, seals plain secrets
+    ctx.emit({"database_url": box.settings.database_url, "status": "migrated", "applied": applied},
+             f"applied {len(applied)} migration{'' if len(applied) == 1 else 's'}: {', '.join(applied)}" if applied
+             else "database is up to date: no migration to apply")
 
 
 # -- tokens --------------------------------------------------------------------------------
@@ -418,14 +428,17 @@ async def show(ctx: Context, box: Outbox, action_id: str, scope: str | None) -> 
     data = {**intent_json(intent), "waiting_behind": behind.json() if behind else None, **history_json(history)}
 
     def text() -> str:
-        lines = [f"{k:<16} {json.dumps(v) if isinstance(v, dict | list) else v}"
-                 for k, v in data.items() if k not in ("attempts", "events", "waiting_behind")]
-        if behind:
-            lines.insert(lines.index(next(line for line in lines if line.startswith("status "))) + 1,
-                         f"{'waiting':<16} {behind.text(intent)}")
+        fields: dict[str, Any] = {}
+        for name, value in data.items():
+            if name not in ("attempts", "events", "waiting_behind"):
+                fields[name] = value
+            if name == "status" and behind:
+                fields["waiting"] = behind.text(intent)
+        lines = _fields(fields, 16)
         lines.append("attempts:" if data["attempts"] else "attempts: none")
-        lines += [f"  #{a['number']} {a['attempt_id']} {a['submission']} {a['outcome']} "
-                  f"{a['status_code'] or ''} {a['error'] or ''}".rstrip() for a in data["attempts"]]
+        lines += ["  " + " ".join(str(part) for part in (f"#{a['number']}", a["attempt_id"], a["submission"],
+                                                         a["outcome"], a["status_code"], a["error"]) if part)
+                  for a in data["attempts"]]
         lines.append("events:")
         lines += [f"  {e['at']} {e['kind']:<16} {e['actor']} {e['reason'] or ''}".rstrip()
                   for e in data["events"]]
@@ -766,7 +779,7 @@ async def destinations_put(
 async def destinations_show(ctx: Context, box: Outbox, destination_id: str) -> None:
     """Show a destination (never its secrets)."""
     data = (await box.get_destination(destination_id)).public()
-    ctx.emit(data, "\n".join(f"{k:<22} {v}" for k, v in data.items()))
+    ctx.emit(data, "\n".join(_fields(data, 22)))
 
 
 @destinations.command("list")
@@ -790,6 +803,37 @@ async def destinations_delete(ctx: Context, box: Outbox, destination_id: str) ->
     """Remove a destination that no intent refers to."""
     await box.delete_destination(destination_id)
     ctx.emit({"id": destination_id, "deleted": True}, f"deleted {destination_id}")
+
+
+# -- secrets at rest -----------------------------------------------------------------------
+
+
+@main.group("secrets")
+def secrets_group() -> None:
+    """The key that seals destination secrets in the database (see the README's Security)."""
+
+
+@secrets_group.command("generate-key")
+def secrets_generate_key() -> None:
+    """Print a new random key, for a key file (OUTBOX_SECRETS_KEY_FILE): one key a line."""
+    click.echo(keyring.generate_key())
+
+
+@secrets_group.command("rotate")
+@_run
+async def secrets_rotate(ctx: Context, box: Outbox) -> None:
+    """Seal every destination's secrets under the first key of the key file, in one transaction.
+
+    On SQLite's own key file (beside the database) a new key is made for it, and the old one
+    dropped once everything is sealed under the new one. With OUTBOX_SECRETS_KEY_FILE, put the
+    new key first in that file (`outbox secrets generate-key`) for every process, then rotate.
+    """
+    done = await keyring.rotate(box.store)
+    after = (f"; {done.key_file} now holds only the new key: back it up (older backups of the database open "
+             "only with the key file of their time)" if box.store.keyring and box.store.keyring.managed else
+             "; every process seals under it now: the old key can leave the key files")
+    ctx.emit(done.json(), f"sealed the secrets of {done.resealed} destination(s) under key {done.key}"
+                          f" (was {done.previous or 'none'})" + after)
 
 
 if __name__ == "__main__":

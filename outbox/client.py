@@ -31,7 +31,7 @@ from urllib.parse import quote
 import httpx
 import tenacity
 
-from . import errors
+from . import errors, timestamps
 from .ids import uuid7
 
 #: What the batch endpoint takes in one request.
@@ -258,10 +258,12 @@ def _intent_body(destination: str, payload: Any, scope: str, action_id: str | No
     """An intent as POST /v1/intents takes it, its action id fixed now (before any try)."""
     body: dict[str, Any] = {"action_id": action_id or uuid7(), "scope": scope, "destination": destination,
                             "payload": payload}
-    for name, value in (("not_before", not_before), ("expires_at", expires_at), ("max_attempts", max_attempts),
-                        ("ordering_key", ordering_key)):
+    for name, when in (("not_before", not_before), ("expires_at", expires_at)):
+        if when is not None:
+            body[name] = timestamps.text(when, name)
+    for name, value in (("max_attempts", max_attempts), ("ordering_key", ordering_key)):
         if value is not None:
-            body[name] = value.isoformat() if isinstance(value, datetime) else value
+            body[name] = value
     return body
 
 
@@ -305,10 +307,12 @@ def _list_params(status: Sequence[str] | str | None, scope: Sequence[str] | str 
     params: builtins.list[tuple[str, str]] = [("limit", str(page_size))]
     for name, values in (("status", status), ("scope", scope)):
         params += [(name, v) for v in ([values] if isinstance(values, str) else values or [])]
-    for name, value in (("destination", destination), ("channel", channel), ("created_after", created_after),
-                        ("created_before", created_before)):
+    for name, value in (("destination", destination), ("channel", channel)):
         if value is not None:
-            params.append((name, value.isoformat() if isinstance(value, datetime) else value))
+            params.append((name, value))
+    for name, when in (("created_after", created_after), ("created_before", created_before)):
+        if when is not None:
+            params.append((name, timestamps.text(when, name)))
     return params
 
 

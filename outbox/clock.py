@@ -6,11 +6,15 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import Protocol, overload
 
 log = logging.getLogger("outbox.clock")
 
 
+@overload
+def iso(value: datetime) -> str: ...
+@overload
+def iso(value: None) -> None: ...
 def iso(value: datetime | None) -> str | None:
     """RFC 3339 in UTC with a ``Z``, as the API and CLI show every time."""
     return None if value is None else value.astimezone(UTC).isoformat().replace("+00:00", "Z")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from .clock import iso
 from .model import OnDead, OnUnknown, Ordering
@@ -87,11 +87,11 @@ class DestinationSpec(BaseModel):
     idempotent: StrictBool = Field(
         default=False, description="the receiver deduplicates on Idempotency-Key"
     )
-    retention_seconds: int = Field(
+    retention_seconds: StrictInt = Field(
         default=86_400, ge=60, le=90 * 86_400, description="how long the receiver keeps keys"
     )
     on_unknown: OnUnknown = OnUnknown.DECLARED
-    timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+    timeout_seconds: StrictFloat = Field(default=10.0, gt=0, le=300)
     requires_approval: StrictBool = False
     allow_private_network: StrictBool = Field(
         default=False, description="allow loopback and private addresses (off: SSRF guard)"
@@ -114,3 +114,19 @@ class DestinationSpec(BaseModel):
     def settings(self) -> dict[str, Any]:
         """The channel's own settings: every field but the shared ones, as JSON values."""
         return self.model_dump(mode="json", by_alias=True, exclude=set(DestinationSpec.model_fields))
+
+
+#: The most secrets a destination keeps of one kind: the newest and two older ones, for a rotation.
+KEPT_SECRETS = 3
+
+
+def rotate_secrets(held: tuple[str, ...], spec: DestinationSpec) -> tuple[str, ...]:
+    """The secrets a destination holds once ``spec`` replaces it (it held ``held``, newest first):
+    a new secret goes first, the previous ones stay for a rotation until ``drop_previous_secrets``
+    ends it, and without a secret the held ones stay."""
+    secrets = held
+    if spec.secret is not None and spec.secret not in secrets[:1]:
+        secrets = (spec.secret, *(s for s in secrets if s != spec.secret))[:KEPT_SECRETS]
+    if spec.drop_previous_secrets:
+        secrets = secrets[:1]
+    return secrets

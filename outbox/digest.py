@@ -46,6 +46,9 @@ def canonical_json(value: Any) -> bytes:
         raise InvalidInput(f"payload holds a number JSON cannot carry (NaN or infinity): {exc}") from exc
     except rfc8785.CanonicalizationError as exc:
         raise InvalidInput(f"payload is not canonicalizable JSON: {exc}") from exc
+    except UnicodeEncodeError as exc:  # a lone surrogate: no UTF-8 (nor UTF-16, which JCS sorts by) holds it
+        raise InvalidInput(f"payload holds a lone surrogate ({exc.object[exc.start:exc.end]!r}), "
+                           "which is not Unicode text") from exc
 
 
 def digest_of(canonical: bytes) -> str:

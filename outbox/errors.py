@@ -15,7 +15,8 @@
     ├── AuthorityDenied         the authority provider still denies the intent
     ├── StoreUnavailable        the database is locked, full or unreachable; retry later
     │   └── NoDatabase          opened not to create one, and there is none at its URL
-    └── SchemaTooNew            the database was migrated by a newer release
+    ├── SchemaTooNew            the database was migrated by a newer release
+    └── SecretsKeyError         the key sealing destination secrets is missing, wrong or unreadable
 
 Each subclass's docstring is its default message; raise with a specific one when it helps the
 user act (``UnknownDestination("destination 'billing' is not registered")``).
@@ -93,3 +94,7 @@ class NoDatabase(StoreUnavailable):
 
 class SchemaTooNew(OutboxError):
     """The database schema is newer than this release understands; upgrade the outbox."""
+
+
+class SecretsKeyError(OutboxError):
+    """The key that seals destination secrets is missing, wrong or unreadable."""

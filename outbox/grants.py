@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from .clock import iso
+from .timestamps import Timestamp
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,5 +50,5 @@ class GrantSpec(BaseModel):
 
     scope: str = Field(description="the scope allowed")
     destination: str = Field(description="a destination id, or '*' for every destination")
-    expires_at: AwareDatetime | None = Field(default=None, description="no sends after this")
+    expires_at: Timestamp | None = Field(default=None, description="no sends after this")
     note: str | None = Field(default=None, max_length=500, description="why it was granted")

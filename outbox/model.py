@@ -193,6 +193,9 @@ class Intent:
     #: Intents of one destination with the same key are delivered in enqueue order when the
     #: destination asks for it (``Ordering.KEY``); a Kafka record's key.
     ordering_key: str | None = None
+    #: Which stored times no datetime can hold (each read as the nearest one that can), or None:
+    #: the row was written by hand or before times were checked, and the sender sets it aside.
+    unreadable: str | None = None
 
     @property
     def payload(self) -> Any:

@@ -58,6 +58,9 @@ class BatchIntent(BaseModel):
     created_at: AwareDatetime
     updated_at: AwareDatetime
     last_error: str | None
+    unreadable: str | None = Field(description=(
+        "null, unless some of its stored times are beyond what can be read (years 1 to 9999 UTC; a row written "
+        "by hand): which, each shown as the nearest time that can be read; the sender sets it aside, dead"))
 
 
 class Intent(BatchIntent):
@@ -211,10 +214,11 @@ class BulkReplayResult(BaseModel):
 
 
 class Health(BaseModel):
-    """The process is up (degraded: its sender is waiting for the database)."""
+    """The process is up (degraded: its sender is waiting for the database, or set intents aside
+    whose stored times cannot be read)."""
 
     status: Literal["ok", "degraded"]
-    detail: str | None = Field(default=None, description="what the sender waits for, when degraded")
+    detail: str | None = Field(default=None, description="what the sender waits for, or set aside, when degraded")
 
 
 class Ready(BaseModel):

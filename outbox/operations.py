@@ -21,6 +21,8 @@ Authorize = Callable[[Intent], Awaitable[str | None]]
 
 REPLAYABLE = frozenset({Status.DEAD, Status.REVOKED, Status.UNKNOWN})
 
+#: The longest an approval lasts (see ``timestamps.HEADROOM``).
+MAX_APPROVAL_SECONDS = 30 * 86_400
 #: Intents deleted per transaction when pruning, so other writers never wait long behind it.
 PRUNE_BATCH = 10_000
 
@@ -67,6 +69,9 @@ async def replay(
     if intent.status not in REPLAYABLE:
         raise IllegalTransition(
             f"only dead, revoked or unknown intents can be replayed; {action_id!r} is {intent.status.value}")
+    if intent.unreadable is not None:
+        raise IllegalTransition(f"{action_id!r} cannot be sent: {intent.unreadable}; cancel it, and enqueue it "
+                                "again with times the outbox takes")
     destination = await box.get_destination(intent.destination)
     if not destination.idempotent and not accept_duplicate_risk and await _may_have_taken_effect(box, intent):
         raise DuplicateRisk(
@@ -137,7 +142,7 @@ async def approve(
     if payload_digest != intent.payload_digest:
         raise InvalidInput(f"the approval names payload {payload_digest}, but {action_id!r} carries "
                            f"{intent.payload_digest}; look at it again")
-    if not 0 < valid_seconds <= 30 * 86_400:
+    if not 0 < valid_seconds <= MAX_APPROVAL_SECONDS:
         raise InvalidInput("an approval lasts between 1 second and 30 days")
     now = box.clock.now()
     until = now + timedelta(seconds=valid_seconds)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from . import channels
+from . import channels, keyring, timestamps
 from .clock import Clock, OffsetClock, SystemClock, iso
 from .destinations import Destination, DestinationSpec
 from .digest import canonical_json, digest_of
@@ -93,7 +93,11 @@ class Outbox:
         the database's time (an OffsetClock, re-measured every few minutes), so every host writes
         and judges leases on one timeline. A store that tells of intents made pending by other
         processes wakes this outbox's workers (``enqueued``) when they are; polling remains the
-        fallback."""
+        fallback.
+
+        The store gets this process's keyring (``outbox.keyring.unlock``: the settings' key file,
+        or on SQLite the one beside the database, made on first start); a key file that is
+        missing, unreadable or does not hold the database's key raises SecretsKeyError."""
         settings = settings or Settings()
         url = url or settings.database_url
         store = store_for_url(url, busy_timeout_ms=settings.sqlite_busy_timeout_ms, create=create)
@@ -103,8 +107,9 @@ class Outbox:
         except NoDatabase as exc:
             raise NoDatabase(f"there is no outbox database at {url} ({exc.message})") from None
         try:
-            if migrate:
+            if migrate:  # (a caller that migrates itself unlocks after it: ``keyring.unlock``)
                 await store.migrate()
+                await keyring.unlock(store, settings)
             if measure is not None:
                 clock = OffsetClock(await measure())
         except BaseException:
@@ -162,13 +167,14 @@ class Outbox:
                 f"payload is {len(canonical)} bytes of canonical JSON; "
                 f"the limit is {self.settings.max_payload_bytes}"
             )
-        for name, value in (("not_before", not_before), ("expires_at", expires_at)):
-            if value is not None and value.tzinfo is None:
-                raise InvalidInput(f"{name} must carry a timezone (for example 2030-01-01T00:00:00Z)")
+        if not_before is not None:
+            not_before = timestamps.checked(not_before, "not_before")
+        if expires_at is not None:
+            expires_at = timestamps.checked(expires_at, "expires_at")
         if not_before and expires_at and expires_at <= not_before:
             raise InvalidInput("expires_at must be later than not_before")
-        if max_attempts is not None and not 1 <= max_attempts <= 1000:
-            raise InvalidInput("max_attempts must be between 1 and 1000")
+        if max_attempts is not None and (type(max_attempts) is not int or not 1 <= max_attempts <= 1000):
+            raise InvalidInput(f"max_attempts must be an integer between 1 and 1000, not {max_attempts!r}")
         now = self.clock.now()
         new = NewIntent(
             action_id=action_id,
@@ -322,6 +328,9 @@ class Outbox:
             raise InvalidInput(f"limit must be between 1 and {MAX_PAGE}")
         for scope in query.scopes or ():  # (every store can then take them: no NUL, no odd length)
             check(SCOPE, scope, "scope")
+        for name, value in (("created_after", query.created_after), ("created_before", query.created_before)):
+            if value is not None:
+                timestamps.checked(value, name)
         if query.destination is not None:
             check(DESTINATION_ID, query.destination, "destination")
         if query.channel is not None and query.channel not in channels.names():
@@ -339,7 +348,8 @@ class Outbox:
         destination keeps its channel: its intents' payloads were checked for that channel.
         Without a secret a new destination of a channel that needs one is refused and an
         existing one keeps its secrets. A new secret goes first; the previous ones stay for
-        rotation (at most three kept) until ``drop_previous_secrets`` ends the rotation.
+        rotation (at most three kept) until ``drop_previous_secrets`` ends the rotation (as the
+        channel's ``keep_secrets`` says, ``rotate_secrets`` unless it keeps secrets of two kinds).
         """
         check(DESTINATION_ID, destination_id, "destination id")
         kind = channels.get(spec.channel)
@@ -351,11 +361,7 @@ class Outbox:
                                "keeps its channel: register the new one under another id")
         if spec.secret is None and existing is None and kind.needs_secret:
             raise InvalidInput(f"destination {destination_id!r} is new: it needs {kind.secret_form}")
-        secrets: tuple[str, ...] = existing.secrets if existing else ()
-        if spec.secret is not None and spec.secret not in secrets[:1]:
-            secrets = (spec.secret, *(s for s in secrets if s != spec.secret))[:3]
-        if spec.drop_previous_secrets:
-            secrets = secrets[:1]
+        secrets = kind.keep_secrets(existing.secrets if existing else (), spec)
         now = self.clock.now()
         destination = Destination(
             id=destination_id,
@@ -554,6 +560,7 @@ def intent_json(intent: Intent, *, payload: bool = True) -> dict[str, Any]:
         "created_at": iso(intent.created_at),
         "updated_at": iso(intent.updated_at),
         "last_error": intent.last_error,
+        "unreadable": intent.unreadable,
     }
 
 

@@ -71,6 +71,7 @@ _ANSWERS: list[tuple[type[errors.OutboxError], int, str, str]] = [
     (errors.AuthorityDenied, 409, "authority-denied", "Authority still denied"),
     (errors.StoreUnavailable, 503, "store-unavailable", "Store unavailable"),
     (errors.SchemaTooNew, 503, "schema-too-new", "Database schema is newer than this release"),
+    (errors.SecretsKeyError, 503, "secrets-key", "The key sealing destination secrets is not at hand"),
 ]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
@@ -25,6 +26,12 @@ class Settings(BaseSettings):
 
     database_url: str = Field(
         default="sqlite:///./outbox.db", description="sqlite:///path.db (embedded default) or postgresql://user@host/db"
+    )
+    secrets_key_file: Path | None = Field(
+        default=None,
+        description="file with the key that seals destination secrets in the database, one key a line "
+                    "(default on SQLite: beside the database, outbox.db -> outbox.key, made on first start; "
+                    "required on PostgreSQL)",
     )
     host: str = Field(default="127.0.0.1", description="address `outbox serve` listens on")
     port: int = Field(default=8080, ge=0, le=65535, description="port `outbox serve` listens on")
@@ -61,7 +68,7 @@ class Settings(BaseSettings):
     circuit_pause_seconds: float = Field(
         default=5.0, gt=0, description="a paused destination's first pause; each next one twice as long, up to 300 s"
     )
-    lease_seconds: float = Field(default=30.0, gt=0, description="how long a claim lasts unless renewed")
+    lease_seconds: float = Field(default=30.0, gt=0, le=86_400, description="how long a claim lasts unless renewed")
     poll_seconds: float = Field(
         default=1.0, gt=0, description="longest a worker waits before looking for work again"
     )
@@ -74,7 +81,7 @@ class Settings(BaseSettings):
     )
     authority_seconds: float = Field(default=2.0, ge=0, description="longest a decision is cached")
     backoff_initial_seconds: float = Field(default=1.0, gt=0, description="first retry delay")
-    backoff_cap_seconds: float = Field(default=3600.0, gt=0, description="longest retry delay")
+    backoff_cap_seconds: float = Field(default=3600.0, gt=0, le=30 * 86_400, description="longest retry delay")
     retention_margin_seconds: float = Field(
         default=300.0, ge=0, description="stop blind retries this long before a receiver forgets"
     )

@@ -6,6 +6,11 @@ action twice. ``IdempotentConsumer`` claims each record's (consumer group, idemp
 record store before its handler runs, stores the completion after, and commits the offset only
 then; a redelivered record finds its key completed and is skipped.
 
+Given the destination's signing secrets, it also checks each record's signature (the Kafka
+channel signs as webhooks are signed, ``receivers.wire``) before anything is claimed: a record
+anyone else wrote to the topic under a real key, unsigned or badly signed, never runs and never
+claims the key, so the genuine record still does.
+
 Per fetched batch it pays one claim transaction and one completion transaction (the stores'
 ``claim_many``/``complete_many``) and one offset commit, not one of each per record. Handlers
 run one at a time, in each partition's order; a record that must be retried holds its
@@ -21,7 +26,7 @@ import inspect
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeAlias
@@ -43,10 +48,22 @@ from .records import (
     StaleFence,
     StoredResponse,
 )
-from .wire import EXTERNAL_ID, KAFKA_FENCE, KAFKA_IDEMPOTENCY_KEY, KAFKA_PAYLOAD_DIGEST, Problem
+from .wire import (
+    EXTERNAL_ID,
+    KAFKA_FENCE,
+    KAFKA_IDEMPOTENCY_KEY,
+    KAFKA_PAYLOAD_DIGEST,
+    KAFKA_SIGNATURE,
+    KAFKA_TIMESTAMP,
+    WEBHOOK_ID,
+    InvalidSignature,
+    Problem,
+    check_secret,
+    verify_signature,
+)
 
 log = logging.getLogger("receivers.kafka")
-_OURS = frozenset({KAFKA_IDEMPOTENCY_KEY, KAFKA_PAYLOAD_DIGEST, KAFKA_FENCE})
+_OURS = frozenset({KAFKA_IDEMPOTENCY_KEY, KAFKA_PAYLOAD_DIGEST, KAFKA_FENCE, KAFKA_TIMESTAMP, KAFKA_SIGNATURE})
 
 Record: TypeAlias = "ConsumerRecord[Any, Any]"
 #: Your effect for one record; ``context.epoch`` rises on a takeover, to fence downstream writes.
@@ -59,6 +76,8 @@ class Refusal(str, enum.Enum):
 
     MISSING_KEY = Problem.MISSING_KEY
     MALFORMED_KEY = Problem.MALFORMED_KEY
+    MISSING_SIGNATURE = "missing-signature"  # with secrets: not signed (not the outbox's, or no signing secret)
+    INVALID_SIGNATURE = Problem.INVALID_SIGNATURE  # with secrets: no signature matches, or one too old
     MALFORMED_FENCE = Problem.MALFORMED_FENCE
     MISSING_DIGEST = "missing-payload-digest"
     DIGEST_MISMATCH = "payload-digest-mismatch"
@@ -83,11 +102,15 @@ def _log_refusal(record: Record, refused: Refused) -> None:
                 refused.key, refused.reason.value, refused.detail)
 
 
-def digest_of(value: Any) -> str:
-    """``sha256:<hex>`` of a record value: its bytes as they are (the sender's value is the
+def _value_bytes(value: Any) -> bytes:
+    """A record value as the sender sent it: its bytes as they are (the sender's value is the
     canonical JSON itself), or the canonical JSON of a value a deserializer already decoded."""
-    data = value if isinstance(value, bytes) else rfc8785.dumps(value)
-    return "sha256:" + hashlib.sha256(data).hexdigest()
+    return value if isinstance(value, bytes) else rfc8785.dumps(value)
+
+
+def digest_of(value: Any) -> str:
+    """``sha256:<hex>`` of a record value (``_value_bytes``)."""
+    return "sha256:" + hashlib.sha256(_value_bytes(value)).hexdigest()
 
 
 def payload_matches(value: object, digest: str) -> bool:
@@ -135,6 +158,8 @@ class IdempotentConsumer:
         lease_seconds: float = 60,
         max_batch: int = 500,
         verify_digest: bool = True,
+        secrets: str | Sequence[str] | None = None,
+        signature_tolerance_seconds: float | None = None,
         retry_seconds: float = 0.2,
         max_retry_seconds: float = 30,
         purge_seconds: float = 300,
@@ -159,6 +184,20 @@ class IdempotentConsumer:
         self.max_batch = max_batch
         #: Refuse a record whose value is not the payload its ``payload-digest`` names.
         self.verify_digest = verify_digest
+        #: With the destination's signing secrets (several while rotating), a record runs only if
+        #: one of them signed it, no longer ago than the tolerance: the retention by default, beyond
+        #: which a replayed record's key may be purged and could run again.
+        self.secrets = None if secrets is None else [check_secret(s) for s in
+                                                     ([secrets] if isinstance(secrets, str) else secrets)]
+        if self.secrets == []:
+            raise ValueError("secrets= holds no secret; pass None to turn signature checks off")
+        self.signature_tolerance_seconds = (retention_seconds if signature_tolerance_seconds is None
+                                            else signature_tolerance_seconds)
+        if secrets is None:
+            log.warning("idempotent consumer of group %r set up without secrets=: record signatures are not "
+                        "checked, so anyone who can write to the topic can run the handler under a real key "
+                        "(and have the genuine record refused); pass the destination's whsec_ secret(s) as "
+                        "secrets= to check them", group)
         self.retry_seconds = retry_seconds
         self.max_retry_seconds = max_retry_seconds
         self.purge_seconds = purge_seconds
@@ -423,26 +462,29 @@ class IdempotentConsumer:
     def _item(self, partition: TopicPartition, record: Record) -> _Item:
         """The record with its key, fingerprint and fence read, or with why it is refused."""
         item = _Item(record, partition)
-        keys: list[str] = []
-        digests: list[str] = []
-        fences: list[str] = []
+        ours: dict[str, list[str]] = {name: [] for name in _OURS}
         for name, value in record.headers:
-            if name in _OURS:
-                # a null or non-UTF-8 value reads as text no key, digest or fence can be
-                (keys if name == KAFKA_IDEMPOTENCY_KEY else digests if name == KAFKA_PAYLOAD_DIGEST else fences
-                 ).append(value.decode(errors="replace") if value is not None else "")
+            if name in ours:  # a null or non-UTF-8 value reads as text no key, digest or fence can be
+                ours[name].append(value.decode(errors="replace") if value is not None else "")
+        digests = ours[KAFKA_PAYLOAD_DIGEST]
         try:
-            item.key = parse_key(keys)
-            fence = parse_fence(fences)
+            item.key = parse_key(ours[KAFKA_IDEMPOTENCY_KEY])
         except MalformedKey as exc:
             item.refused = Refused(Refusal.MALFORMED_KEY, str(exc), None)
             return item
+        if item.key is None:
+            item.refused = Refused(Refusal.MISSING_KEY, f"no {KAFKA_IDEMPOTENCY_KEY} header", None)
+            return item
+        if self.secrets is not None:
+            item.refused = self._unsigned(record, item.key, ours[KAFKA_TIMESTAMP], ours[KAFKA_SIGNATURE])
+            if item.refused is not None:
+                return item
+        try:
+            fence = parse_fence(ours[KAFKA_FENCE])
         except MalformedFence as exc:
             item.refused = Refused(Refusal.MALFORMED_FENCE, str(exc), item.key)
             return item
-        if item.key is None:
-            item.refused = Refused(Refusal.MISSING_KEY, f"no {KAFKA_IDEMPOTENCY_KEY} header", None)
-        elif len(digests) != 1:
+        if len(digests) != 1:
             item.refused = Refused(Refusal.MISSING_DIGEST, f"send exactly one {KAFKA_PAYLOAD_DIGEST} header",
                                    item.key)
         elif self.verify_digest and not payload_matches(record.value, digests[0]):
@@ -451,6 +493,26 @@ class IdempotentConsumer:
         else:
             item.request = ClaimRequest(identity(self.group, item.key), digests[0], fence)
         return item
+
+    def _unsigned(self, record: Record, key: str, stamps: list[str], signatures: list[str]) -> Refused | None:
+        """Why the record is not signed with one of ``secrets``, or None when it is."""
+        assert self.secrets is not None
+        if not stamps and not signatures:
+            return Refused(Refusal.MISSING_SIGNATURE, f"no {KAFKA_SIGNATURE} header: not signed by the outbox, or "
+                           "by a destination that holds no signing secret", key)
+        if len(stamps) != 1 or len(signatures) != 1:
+            return Refused(Refusal.INVALID_SIGNATURE, f"send exactly one {KAFKA_TIMESTAMP} and one "
+                           f"{KAFKA_SIGNATURE} header", key)
+        signed = {WEBHOOK_ID: key, KAFKA_TIMESTAMP: stamps[0], KAFKA_SIGNATURE: signatures[0]}
+        try:
+            verify_signature(self.secrets, signed, _value_bytes(record.value),
+                             tolerance_seconds=self.signature_tolerance_seconds, now=self.clock().timestamp())
+        except InvalidSignature as exc:
+            return Refused(Refusal.INVALID_SIGNATURE, str(exc), key)
+        except (TypeError, ValueError, RecursionError):  # a decoded value that has no canonical JSON
+            return Refused(Refusal.INVALID_SIGNATURE, "the value has no canonical JSON to check the signature "
+                           "over", key)
+        return None
 
 
 def _next_round(queue: list[_Item]) -> tuple[list[_Item], list[_Item]]:

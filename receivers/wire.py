@@ -1,7 +1,10 @@
 """The wire contract between the sender and the receivers: header names, the Standard Webhooks
 signature (``webhook-id``, ``webhook-timestamp``, ``webhook-signature``) and its verification,
-with secret rotation and a timestamp tolerance against replays, RFC 9530 ``Content-Digest``, and
-the problem types the middleware answers with.
+with secret rotation and a timestamp tolerance against replays, the form of its ``whsec_``
+secrets, RFC 9530 ``Content-Digest``, and the problem types the middleware answers with.
+
+A Kafka record is signed the same way, with the idempotency key as the message id: its
+``webhook-signature`` is over ``key.timestamp.value``.
 
 Header names are spelled as the sender sends them; HTTP compares names case-insensitively, and
 the middleware reads and writes them lower-cased.
@@ -10,9 +13,11 @@ the middleware reads and writes them lower-cased.
 from __future__ import annotations
 
 import base64
+import binascii
 import functools
 import hashlib
 import hmac
+import os
 import time
 from collections.abc import Mapping, Sequence
 
@@ -44,6 +49,9 @@ EXTERNAL_ID = "External-Id"
 #: the idempotency key (the action id), the payload digest, the attempt id and the fence.
 KAFKA_HEADERS = (IDEMPOTENCY_KEY.lower(), PAYLOAD_DIGEST.lower(), ATTEMPT_ID.lower(), FENCE.lower())
 KAFKA_IDEMPOTENCY_KEY, KAFKA_PAYLOAD_DIGEST, KAFKA_ATTEMPT_ID, KAFKA_FENCE = KAFKA_HEADERS
+#: A signed Kafka record's Standard Webhooks headers: when it was signed, and its signatures over
+#: ``key.timestamp.value`` (the ``idempotency-key`` standing for ``webhook-id``).
+KAFKA_TIMESTAMP, KAFKA_SIGNATURE = WEBHOOK_TIMESTAMP, WEBHOOK_SIGNATURE
 
 # -- problems (RFC 9457) -----------------------------------------------------------------------
 
@@ -84,6 +92,28 @@ def content_digest(body: bytes) -> str:
 
 
 # -- Standard Webhooks signatures --------------------------------------------------------------
+
+#: A signing secret is this prefix and the base64 of ``SECRET_BYTES`` bytes.
+SECRET_PREFIX = "whsec_"
+SECRET_BYTES = range(24, 65)
+
+
+def new_secret() -> str:
+    """A fresh signing secret (``whsec_`` + 32 random bytes, base64)."""
+    return SECRET_PREFIX + base64.b64encode(os.urandom(32)).decode()
+
+
+def check_secret(secret: str) -> str:
+    """``secret`` if it is in the signing secrets' form, else ValueError saying what is wrong."""
+    if not secret.startswith(SECRET_PREFIX):
+        raise ValueError(f"secret must start with {SECRET_PREFIX!r}")
+    try:
+        raw = base64.b64decode(secret[len(SECRET_PREFIX):], validate=True)
+    except binascii.Error:
+        raise ValueError(f"secret must be {SECRET_PREFIX} followed by base64") from None
+    if len(raw) not in SECRET_BYTES:
+        raise ValueError(f"secret must hold {SECRET_BYTES.start} to {SECRET_BYTES.stop - 1} bytes")
+    return secret
 
 
 @functools.lru_cache(maxsize=256)

@@ -7,7 +7,7 @@ once it is written, only the server's reply to it says what happened, and withou
 the attempt is ``maybe_submitted``. The message is written by this module after aiosmtplib has
 had the DATA command accepted, so that boundary is ours to see rather than inside a library call.
 
-The socket is connected here, to an address the SSRF guard has checked, and handed to
+The socket is connected by ``sender.guard``, to an address the SSRF guard allowed, and handed to
 aiosmtplib with the host's name for TLS verification. Connections are reused per destination
 (at most its ``connections`` at once) and dropped after any failure.
 """
@@ -18,7 +18,6 @@ import asyncio
 import base64
 import binascii
 import re
-import socket
 import ssl
 import time
 from collections.abc import Iterator
@@ -40,6 +39,8 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    StrictFloat,
+    StrictInt,
     ValidationError,
     field_validator,
     model_validator,
@@ -50,6 +51,7 @@ from outbox.clock import Clock, SystemClock
 from outbox.crash import crash_point
 from receivers import wire
 
+from . import guard
 from .channel import REPLY_BYTES, ChannelModule, ProbeAnswer, SendResult
 
 #: Recipients of one message (to, cc and bcc together).
@@ -210,7 +212,7 @@ class EmailSpec(DestinationSpec):
 
     channel: Literal["email"]
     host: str = Field(max_length=253, description="the SMTP server (a relay or the recipients' MX)")
-    port: int = Field(default=587, ge=1, le=65535)
+    port: StrictInt = Field(default=587, ge=1, le=65535)
     tls: Literal["starttls", "implicit", "none"] = Field(
         default="starttls", description="starttls (required, not opportunistic), implicit (port 465) or none")
     allow_insecure: StrictBool = Field(default=False, description="allow tls: none (the message and any password "
@@ -220,11 +222,11 @@ class EmailSpec(DestinationSpec):
                                                  "names the Message-ID")
     reply_to: Mailbox | None = None
     headers: dict[str, str] = Field(default_factory=dict, description="added to every message")
-    data_timeout_seconds: float = Field(
+    data_timeout_seconds: StrictFloat = Field(
         default=600.0, gt=0, le=3600, description="how long the reply to the end of a message may take (RFC 5321 "
                                                   "allows 10 minutes: servers scan before they queue); other "
                                                   "replies wait timeout_seconds")
-    connections: int = Field(default=4, ge=1, le=256, description="connections to the server at most at once; "
+    connections: StrictInt = Field(default=4, ge=1, le=256, description="connections to the server at most at once; "
                                                                   "each is reused for the next message")
     on_unknown: OnUnknown = Field(default=OnUnknown.NEVER, description="mail servers do not deduplicate: an "
                                                                        "unknown outcome waits for an operator")
@@ -448,9 +450,10 @@ class EmailChannel:
         timeout = destination.timeout_seconds
         stage = "connect"
         try:
-            sock = await _guarded_socket(spec.host, spec.port, destination.allow_private_network, timeout)
-        except _Refused:
-            raise
+            sock = await guard.connect(spec.host, spec.port, allow_private=destination.allow_private_network,
+                                       timeout=timeout)
+        except guard.PrivateAddressRefused as exc:
+            raise _Refused(stage, Outcome.REJECTED, exc.explain()) from None
         except OSError as exc:
             raise _Refused(stage, Outcome.RETRYABLE, _describe(exc)) from None
         context = None if spec.tls == "none" else self._context()
@@ -515,29 +518,6 @@ class EmailChannel:
             for client, _ in pool.idle:
                 client.close()
         self._pools.clear()
-
-
-async def _guarded_socket(host: str, port: int, allow_private: bool, timeout: float) -> socket.socket:
-    """A socket connected to ``host``: to one of its addresses the SSRF guard allows (checked on
-    the address connected to, so neither a spelling nor a DNS answer gets past it)."""
-    loop = asyncio.get_running_loop()
-    infos = await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout)
-    allowed = [info for info in infos if allow_private or hosts.is_public(str(info[4][0]))]
-    if not allowed:
-        raise _Refused("connect", Outcome.REJECTED, f"refused: {host} resolves only to non-public addresses "
-                       "and the destination does not allow the private network")
-    error: OSError | None = None
-    for family, kind, proto, _, address in allowed:
-        sock = socket.socket(family, kind, proto)
-        sock.setblocking(False)
-        try:
-            await asyncio.wait_for(loop.sock_connect(sock, address), timeout)
-            return sock
-        except (OSError, TimeoutError) as exc:
-            sock.close()
-            error = exc if isinstance(exc, OSError) else OSError(f"connecting to {address[0]} timed out")
-    assert error is not None
-    raise error
 
 
 def _part(text: str, subtype: str) -> MIMEText:

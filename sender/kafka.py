@@ -11,15 +11,32 @@ record too large or a topic that cannot exist). A timeout or a lost connection a
 duplicates its own retries would make; a retry of an unknown outcome by the outbox is a new
 record, which the receivers' idempotent consumer recognises by its ``idempotency-key``.
 
-One producer per destination (as its settings read now), shared by every send to it, so
-concurrent sends are batched per partition.
+Each record is signed as a webhook is (``receivers.wire``): with the destination's ``whsec_``
+secrets (several during a rotation), over ``key.timestamp.value`` with the idempotency key as the
+id, in the ``webhook-timestamp`` and ``webhook-signature`` headers, so a consumer holding the
+secret tells the outbox's records from anything else written to the topic. A destination's
+secrets hold its signing secrets and, after them, its SASL password; one registered before
+records were signed holds no signing secret (or only the password) and its records go unsigned.
 
-The SSRF guard: a destination without ``allow_private_network`` is produced to only while every
-address its bootstrap servers and the brokers its metadata names resolve to is public. aiokafka
-opens its connections itself and does its own name lookups, so this is a check of what those
-names resolve to (refreshed when the brokers change, and at least every ``RECHECK_SECONDS``),
-not of each connected socket as for webhooks and email: an answer that changes between the
-check and aiokafka's own lookup is not seen.
+One producer per destination (as its settings read now), shared by every send to it, so
+concurrent sends are batched per partition. An idempotent producer can end while the process
+lives on: a broker that crashed and lost its producer state, or a newer producer that fenced
+it, refuses every later record of that producer id (``ENDED``). The Java client then starts
+afresh with a new id, and so does this channel: the producer is replaced, and the record it
+was refused for is ``maybe_submitted``, since aiokafka may have sent it once before the broker
+lost the state (its retries after a lost connection are invisible here).
+
+The SSRF guard: a destination without ``allow_private_network`` never opens a TCP connection to
+an address the guard refuses, whether its bootstrap servers name it or the brokers of its
+metadata do (a hostile broker can name any address). aiokafka opens its connections itself and
+has no hook for it (kafkajs has a socket factory, librdkafka a connect callback), so this module
+puts one where every connection of aiokafka's is made, its connection factory
+``aiokafka.client.create_conn``: for a guarded producer the broker's name is resolved and
+connected by ``sender.guard`` (the address connected to is the one checked), and aiokafka is
+handed that socket. Which producer a connection is for is in a context variable, set around each
+send and so inherited by the tasks aiokafka starts for the producer; aiokafka used by anything
+else in the process connects as it always does. A refused connection fails the attempt before
+the record is handed to the producer: ``not_submitted``, rejected.
 """
 
 from __future__ import annotations
@@ -28,42 +45,51 @@ import asyncio
 import re
 import socket
 import ssl
-import time
-from collections.abc import Iterable
+from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
+import aiokafka.client
 from aiokafka import AIOKafkaProducer
+from aiokafka.conn import AIOKafkaConnection, create_conn
 from aiokafka.errors import (
     BrokerResponseError,
+    InvalidProducerEpoch,
     KafkaError,
     MessageSizeTooLargeError,
     NotEnoughReplicasAfterAppendError,
+    OutOfOrderSequenceNumber,
+    ProducerFenced,
     RequestTimedOutError,
+    UnknownProducerId,
 )
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import TopicPartition
-from pydantic import ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator, model_validator
 
 from outbox import Destination, DestinationSpec, Intent, OnUnknown, Outcome, Submission, hosts
+from outbox.clock import Clock, SystemClock
 from outbox.crash import crash_point
+from outbox.destinations import rotate_secrets
 from receivers import wire
 
+from . import guard
 from .channel import ChannelModule, ProbeAnswer, SendResult
 
 #: A topic name as Kafka allows it (``.`` and ``..`` are refused by the broker too).
 TOPIC = re.compile(r"(?!\.{1,2}$)[A-Za-z0-9._-]{1,249}")
-#: How long a check of the brokers' addresses holds (the SSRF guard, above).
-RECHECK_SECONDS = 60.0
 #: Broker errors that say the record was refused for good: it is too large, or the topic cannot be.
 PERMANENT = frozenset(
     {"MessageSizeTooLargeError", "RecordListTooLargeError", "InvalidTopicError", "CorruptRecordException",
      "InvalidRecordError", "InvalidRequiredAcksError"})
 
 
-class PrivateBroker(Exception):
-    """A broker address the destination may not be produced to."""
+#: Errors after which the broker refuses every record of this producer id: it lost the producer's
+#: state or sequence (a crash, an expired id) or a newer producer fenced it (aiokafka reports an
+#: ``InvalidProducerEpoch`` answer as ``ProducerFenced``). The producer is replaced.
+ENDED = (OutOfOrderSequenceNumber, UnknownProducerId, InvalidProducerEpoch, ProducerFenced)
 
 
 class KafkaSpec(DestinationSpec):
@@ -77,8 +103,12 @@ class KafkaSpec(DestinationSpec):
     topic: str = Field(description="the topic every record of this destination is produced to")
     tls: StrictBool = Field(default=False, description="connect with TLS, verifying the brokers' certificates")
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
-        default=None, description="authenticate with SASL; the secret is the password")
+        default=None, description="authenticate with SASL as sasl_username with sasl_password")
     sasl_username: str | None = Field(default=None, min_length=1, max_length=256)
+    sasl_password: str | None = Field(
+        default=None, min_length=1, max_length=1024, exclude=True, repr=False, json_schema_extra={"writeOnly": True},
+        description="write-only, kept with the destination's secrets (never shown). Omitted on update: the "
+                    "current one stays")
     allow_insecure: StrictBool = Field(
         default=False, description="allow SASL without TLS (the password crosses the network in the clear)")
     enable_idempotence: StrictBool = Field(
@@ -86,8 +116,8 @@ class KafkaSpec(DestinationSpec):
     acks: Literal["all", "leader"] = Field(
         default="all", description="all: every in-sync replica has the record before it counts as delivered")
     compression: Literal["none", "gzip"] = "none"
-    linger_ms: int = Field(default=0, ge=0, le=1000, description="how long a batch may wait for more records")
-    max_request_size: int = Field(default=1_048_576, ge=1024, le=64 * 1_048_576,
+    linger_ms: StrictInt = Field(default=0, ge=0, le=1000, description="how long a batch may wait for more records")
+    max_request_size: StrictInt = Field(default=1_048_576, ge=1024, le=64 * 1_048_576,
                                   description="the largest produce request; a larger record is rejected")
     on_unknown: OnUnknown = Field(
         default=OnUnknown.ALWAYS, description="consumers deduplicate (the receivers' idempotent consumer), so an "
@@ -109,10 +139,19 @@ class KafkaSpec(DestinationSpec):
 
     @field_validator("secret")
     @classmethod
-    def _password(cls, secret: str | None) -> str | None:
-        if secret is not None and not 1 <= len(secret) <= 1024:
-            raise ValueError("the secret (the SASL password) must hold 1 to 1024 characters")
-        return secret
+    def _whsec(cls, secret: str | None) -> str | None:
+        """The records' signing secret, in a webhook's form (the SASL password has a field of its own)."""
+        if secret is not None and not secret.startswith(wire.SECRET_PREFIX):
+            raise ValueError(f"secret is the {wire.SECRET_PREFIX} signing secret of the records; give the SASL "
+                             "password as sasl_password")
+        return None if secret is None else wire.check_secret(secret)
+
+    @field_validator("sasl_password")
+    @classmethod
+    def _password(cls, password: str | None) -> str | None:
+        if password is not None and password.startswith(wire.SECRET_PREFIX):
+            raise ValueError(f"sasl_password must not start with {wire.SECRET_PREFIX!r}, the signing secrets' form")
+        return password
 
     @model_validator(mode="after")
     def _consistent(self) -> KafkaSpec:
@@ -122,6 +161,8 @@ class KafkaSpec(DestinationSpec):
             raise ValueError("the idempotent producer needs acks: all")
         if (self.sasl_mechanism is None) != (self.sasl_username is None):
             raise ValueError("give sasl_mechanism and sasl_username together")
+        if self.sasl_password is not None and self.sasl_mechanism is None:
+            raise ValueError("sasl_password needs sasl_mechanism and sasl_username")
         if self.sasl_mechanism is not None and not self.tls and not self.allow_insecure:
             raise ValueError("SASL without tls sends the password in the clear; set tls, or allow_insecure")
         if not self.allow_private_network:
@@ -155,54 +196,138 @@ class _Producer:
     #: The topic's partitions as last seen, sorted, and those with a leader.
     partitions: tuple[set[int] | None, list[int], list[int]] = (None, [], [])
     starting: asyncio.Lock = field(default_factory=asyncio.Lock)
-    #: The broker addresses last found public, and when (the SSRF guard).
-    checked: frozenset[tuple[str, int]] = frozenset()
-    checked_at: float = 0.0
+    #: The SSRF guard of its connections; None when the destination allows the private network.
+    guard: _Guard | None = None
+
+
+@dataclass
+class _Guard:
+    """The SSRF guard of one destination's producer, which every connection it opens goes
+    through; it keeps what it refused, for the attempt to say so."""
+
+    timeout: float
+    refused: dict[tuple[str, int], str] = field(default_factory=dict)
+
+    async def connect(self, host: str, port: int) -> socket.socket:
+        try:
+            return await guard.connect(host, port, allow_private=False, timeout=self.timeout)
+        except guard.PrivateAddressRefused as exc:
+            self.refused[(host, port)] = exc.explain()
+            raise
+
+
+#: The guard of the producer whose work runs in this context: set around each send, and so
+#: inherited by the tasks aiokafka starts for the producer. None: not guarded.
+_GUARD: ContextVar[_Guard | None] = ContextVar("kafka_guard", default=None)
+
+
+class _Connected:
+    """The running loop as one guarded AIOKafkaConnection sees it while it connects: its
+    ``create_connection`` takes the socket the guard connected instead of resolving and connecting
+    the broker's name again; TLS still verifies the certificate against that name."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+        self._loop = loop
+        self._sock: socket.socket | None = sock
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loop, name)
+
+    async def create_connection(self, factory: Callable[[], asyncio.Protocol], host: str, port: int, *,
+                                ssl: ssl.SSLContext | None = None) -> tuple[asyncio.Transport, asyncio.Protocol]:
+        sock, self._sock = self._sock, None  # the transport owns it from here, closing it on failure
+        assert sock is not None, "one connection per socket"
+        return await self._loop.create_connection(factory, sock=sock, ssl=ssl,
+                                                  server_hostname=host if ssl is not None else None)
+
+    def close_unused(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+
+
+async def _create_conn(host: str, port: int, **options: Any) -> AIOKafkaConnection:
+    """aiokafka's connection factory, through which it opens every connection (bootstrap servers
+    and the brokers metadata names), with the SSRF guard of the producer it connects for."""
+    checking = _GUARD.get()
+    if checking is None:
+        return await create_conn(host, port, **options)
+    connected = _Connected(asyncio.get_running_loop(), await checking.connect(host, port))
+    conn = AIOKafkaConnection(host, port, **options)
+    conn._loop = connected
+    try:
+        await conn.connect()
+    finally:
+        conn._loop = connected._loop
+        connected.close_unused()
+    return conn
+
+
+aiokafka.client.create_conn = _create_conn
 
 
 class KafkaChannel:
     """Produces intents to Kafka destinations, one shared producer per destination."""
 
-    def __init__(self, *, tls_context: ssl.SSLContext | None = None) -> None:
+    def __init__(self, *, tls_context: ssl.SSLContext | None = None, clock: Clock | None = None) -> None:
         self._tls = tls_context  # None until first needed: the system's trusted CAs, verified
+        self._clock = clock or SystemClock()  # what a record's webhook-timestamp says
         self._producers: dict[str, _Producer] = {}
         self._partitioner = DefaultPartitioner()
 
     async def send(self, intent: Intent, destination: Destination, *, attempt_id: str, fence: int) -> SendResult:
         try:
             entry = await self._entry(destination)
+        except ValidationError as exc:  # registered before today's rules: it can never be produced
+            return SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="connect",
+                              error=f"refused: the destination's settings are not valid: {exc.errors()[0]['msg']}")
+        guarding = _GUARD.set(entry.guard)
+        try:
+            return await self._send(entry, intent, destination, attempt_id, fence)
+        finally:
+            _GUARD.reset(guarding)
+
+    async def _send(self, entry: _Producer, intent: Intent, destination: Destination, attempt_id: str,
+                    fence: int) -> SendResult:
+        try:
             producer = await self._started(entry, destination)
             tp = await self._partition(producer, entry, intent, destination)
         except _Refused as stop:
             return SendResult(Submission.NOT_SUBMITTED, stop.outcome, error=stop.error, stage=stop.stage)
-        except ValidationError as exc:  # registered before today's rules: it can never be produced
-            return SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="connect",
-                              error=f"refused: the destination's settings are not valid: {exc.errors()[0]['msg']}")
+        value = intent.payload_json.encode()
         headers = [(wire.KAFKA_IDEMPOTENCY_KEY, intent.key.encode()),
                    (wire.KAFKA_PAYLOAD_DIGEST, intent.payload_digest.encode()),
                    (wire.KAFKA_ATTEMPT_ID, attempt_id.encode()),
                    (wire.KAFKA_FENCE, str(fence).encode())]
+        signing, _ = _split(destination.secrets)
+        if signing:
+            timestamp = int(self._clock.now().timestamp())
+            headers += [(wire.KAFKA_TIMESTAMP, str(timestamp).encode()),
+                        (wire.KAFKA_SIGNATURE, wire.sign(signing, intent.key, timestamp, value).encode())]
         try:
-            future = await producer.send(tp.topic, intent.payload_json.encode(), key=_record_key(intent),
-                                         partition=tp.partition, headers=headers)
+            future = await producer.send(tp.topic, value, key=_record_key(intent), partition=tp.partition,
+                                         headers=headers)
         except MessageSizeTooLargeError as exc:
             return SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="produce",
                               error=f"refused: the record is larger than max_request_size: {_describe(exc)}")
         except KafkaError as exc:  # the producer failed for good, before taking the record
-            await self._discard(entry)
+            await self._discard(entry, producer)
             return SendResult(Submission.NOT_SUBMITTED, Outcome.RETRYABLE, stage="produce", error=_describe(exc))
         # From here a produce request carrying the record may leave: only the broker can say it did not.
         crash_point("after_request")
         try:
             sent = await asyncio.wait_for(future, destination.timeout_seconds)
+        except ENDED as exc:
+            await self._discard(entry, producer)
+            return _producer_ended(exc)
         except BrokerResponseError as exc:
             return _broker_refused(exc)
         except (KafkaError, TimeoutError, OSError) as exc:
             return SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, stage="produce",
                               error=f"no answer to the produce request: {_describe(exc)}")
-        return SendResult(Submission.SUBMITTED, Outcome.DELIVERED, stage="done", answered=True,
-                          external_id=f"{sent.topic}/{sent.partition}/{sent.offset}",
-                          reply=f"appended at {sent.topic}/{sent.partition}/{sent.offset}")
+        where = f"{sent.topic}/{sent.partition}/{sent.offset}"
+        return SendResult(Submission.SUBMITTED, Outcome.DELIVERED, stage="done", answered=True, external_id=where,
+                          reply=f"appended at {where}" + ("" if signing else ", unsigned: the destination holds no "
+                                                          "signing secret"))
 
     async def _entry(self, destination: Destination) -> _Producer:
         """The destination's producer entry; a change of the destination (its ``updated_at``)
@@ -211,7 +336,8 @@ class KafkaChannel:
         if entry is None or entry.version != destination.updated_at:
             spec = KafkaSpec.model_validate({**destination.settings, "channel": "kafka",
                                              "allow_private_network": destination.allow_private_network})
-            self._producers[destination.id] = fresh = _Producer(spec, destination.updated_at)
+            checking = None if destination.allow_private_network else _Guard(destination.timeout_seconds)
+            self._producers[destination.id] = fresh = _Producer(spec, destination.updated_at, guard=checking)
             if entry is not None:
                 await self._discard(entry)  # (stopping flushes what it holds)
             entry = fresh
@@ -225,10 +351,11 @@ class KafkaChannel:
             if entry.producer is not None:
                 return entry.producer
             spec = entry.spec
-            if spec.sasl_mechanism is not None and not destination.secrets:
+            _, password = _split(destination.secrets)
+            if spec.sasl_mechanism is not None and password is None:
                 raise _Refused("connect", Outcome.REJECTED, "the destination names a SASL user but holds no password")
-            if not destination.allow_private_network:
-                await self._guard(entry, [hosts.check_host_port(s) for s in spec.bootstrap_servers], "connect")
+            if entry.guard is not None:
+                entry.guard.refused.clear()
             timeout_ms = int(destination.timeout_seconds * 1000)
             producer = AIOKafkaProducer(
                 bootstrap_servers=spec.bootstrap_servers, client_id="outbox", acks="all" if spec.acks == "all" else 1,
@@ -237,12 +364,13 @@ class KafkaChannel:
                 request_timeout_ms=timeout_ms, security_protocol=spec.security_protocol,
                 ssl_context=self._context() if spec.tls else None, sasl_mechanism=spec.sasl_mechanism or "PLAIN",
                 sasl_plain_username=spec.sasl_username,
-                sasl_plain_password=destination.secrets[0] if spec.sasl_mechanism else None,
+                sasl_plain_password=password if spec.sasl_mechanism else None,
             )
             try:
                 await asyncio.wait_for(producer.start(), destination.timeout_seconds)
             except (KafkaError, TimeoutError, OSError) as exc:
                 await _stop(producer)
+                await self._refused(entry)
                 if isinstance(exc, BrokerResponseError) and not exc.retriable and spec.enable_idempotence:
                     # a broker answered, refusing a producer id for good: it lacks the idempotent producer
                     raise _Refused("connect", Outcome.REJECTED, "the broker refused the idempotent producer "
@@ -256,8 +384,8 @@ class KafkaChannel:
 
     async def _partition(self, producer: AIOKafkaProducer, entry: _Producer, intent: Intent,
                          destination: Destination) -> TopicPartition:
-        """The record's partition, once the topic's metadata is known, the brokers pass the guard
-        and the partition's leader takes connections (so a failure here proves nothing left)."""
+        """The record's partition, once the topic's metadata is known and the partition's leader
+        takes connections (so a failure here proves nothing left). Raises _Refused."""
         topic = entry.spec.topic
         cluster = producer.client.cluster
         partitions = cluster.partitions_for_topic(topic)  # known: no need to ask (and to make a timer)
@@ -265,45 +393,41 @@ class KafkaChannel:
             try:
                 partitions = await asyncio.wait_for(producer.partitions_for(topic), destination.timeout_seconds)
             except (KafkaError, TimeoutError, OSError) as exc:
+                await self._refused(entry)
                 raise _Refused("metadata", Outcome.RETRYABLE,
                                f"no metadata for topic {topic}: {_describe(exc)}") from None
-        if not destination.allow_private_network:
-            await self._guard(entry, [(b.host, b.port) for b in cluster.brokers()], "metadata")
         if entry.partitions[0] != partitions:  # the partitioner's inputs, kept until the metadata changes
             entry.partitions = (partitions, sorted(partitions), list(cluster.available_partitions_for_topic(topic)))
         _, every, available = entry.partitions
         tp = TopicPartition(topic, self._partitioner(_record_key(intent), every, available))
         leader = cluster.leader_for_partition(tp)
         if leader is None or leader < 0 or not await producer.client.ready(leader):
+            await self._refused(entry)
             raise _Refused("connect", Outcome.RETRYABLE,
                            f"the leader of partition {tp.partition} of {topic} does not take connections")
         return tp
 
-    async def _guard(self, entry: _Producer, servers: Iterable[tuple[str, int]], stage: str) -> None:
-        """The SSRF guard on what the brokers' names resolve to (see the module's docstring)."""
-        if time.monotonic() - entry.checked_at >= RECHECK_SECONDS:
-            entry.checked, entry.checked_at = frozenset(), time.monotonic()
-        loop = asyncio.get_running_loop()
-        for host, port in frozenset(servers) - entry.checked:
-            try:
-                infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            except OSError as exc:
-                raise _Refused(stage, Outcome.RETRYABLE, f"{host}: {_describe(exc)}") from None
-            if not all(hosts.is_public(str(info[4][0])) for info in infos):
-                await self._discard(entry)
-                raise _Refused(stage, Outcome.REJECTED, f"refused: broker {host} resolves to a non-public address "
-                               "and the destination does not allow the private network")
-            entry.checked |= {(host, port)}
+    async def _refused(self, entry: _Producer) -> None:
+        """Raise _Refused (rejected: the destination names a broker it may not reach) if the guard
+        refused a connection of the entry's producer, stopping the producer, which would try it
+        again and again."""
+        if entry.guard is not None and entry.guard.refused:
+            refused, entry.guard.refused = entry.guard.refused, {}
+            await self._discard(entry)
+            raise _Refused("connect", Outcome.REJECTED, "; ".join(sorted(set(refused.values()))))
 
     def _context(self) -> ssl.SSLContext:
         if self._tls is None:
             self._tls = ssl.create_default_context()
         return self._tls
 
-    async def _discard(self, entry: _Producer) -> None:
-        producer, entry.producer = entry.producer, None
-        if producer is not None:
-            await _stop(producer)
+    async def _discard(self, entry: _Producer, producer: AIOKafkaProducer | None = None) -> None:
+        """Stop the entry's producer, so the next send starts a new one; given ``producer``, only
+        if that is still the entry's (concurrent sends that saw it fail replace it once)."""
+        if entry.producer is None or (producer is not None and entry.producer is not producer):
+            return
+        stopping, entry.producer = entry.producer, None
+        await _stop(stopping)
 
     async def probe(self, intent: Intent, destination: Destination, *, fence: int) -> ProbeAnswer:
         return ProbeAnswer(None, error="a Kafka broker cannot be asked whether a record was appended")
@@ -312,6 +436,21 @@ class KafkaChannel:
         entries, self._producers = list(self._producers.values()), {}
         for entry in entries:
             await self._discard(entry)
+
+
+def _split(secrets: tuple[str, ...]) -> tuple[tuple[str, ...], str | None]:
+    """A Kafka destination's secrets as its signing secrets (newest first) and its SASL password:
+    any secret not in the signing secrets' form (one stored before records were signed is such)."""
+    signing = tuple(s for s in secrets if s.startswith(wire.SECRET_PREFIX))
+    return signing, next((s for s in secrets if not s.startswith(wire.SECRET_PREFIX)), None)
+
+
+def keep_secrets(held: tuple[str, ...], spec: KafkaSpec) -> tuple[str, ...]:
+    """What a Kafka destination holds once ``spec`` replaces it: its signing secrets, rotated as
+    a webhook's, then its SASL password, the one given or else the one held, while it uses SASL."""
+    signing, password = _split(held)
+    password = spec.sasl_password or password
+    return rotate_secrets(signing, spec) + ((password,) if password is not None and spec.sasl_mechanism else ())
 
 
 def _record_key(intent: Intent) -> bytes:
@@ -331,6 +470,14 @@ def _broker_refused(exc: BrokerResponseError) -> SendResult:
                       error=f"the broker did not append the record: {_describe(exc)}")
 
 
+def _producer_ended(exc: KafkaError) -> SendResult:
+    """The broker refused the record because it no longer knows the producer (``ENDED``)."""
+    return SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, stage="produce", answered=True,
+                      error=f"the broker no longer knows this producer ({_describe(exc)}): an earlier try of the "
+                            "record, before the broker lost the producer's state, may have been appended; the "
+                            "producer is replaced")
+
+
 async def _stop(producer: AIOKafkaProducer) -> None:
     try:
         await asyncio.wait_for(producer.stop(), 5)
@@ -344,6 +491,6 @@ def _describe(exc: BaseException) -> str:
 
 
 CHANNEL = ChannelModule(
-    name="kafka", spec=KafkaSpec, needs_secret=False, secret_form="a SASL password",
-    open=lambda concurrency: KafkaChannel(),
+    name="kafka", spec=KafkaSpec, secret_form="a whsec_ secret to sign its records", new_secret=wire.new_secret,
+    keep_secrets=keep_secrets, open=lambda concurrency: KafkaChannel(),
 )

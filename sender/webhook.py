@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
 import re
 import socket
 from dataclasses import dataclass
@@ -27,10 +26,11 @@ from outbox import Destination, DestinationSpec, Intent, Outcome, Submission, cr
 from outbox.clock import Clock, SystemClock
 from outbox.crash import crash_point
 from receivers import wire
+from receivers.wire import new_secret
 
 from .channel import REPLY_BYTES, ChannelModule, ProbeAnswer, SendResult
+from .guard import PrivateAddressRefused
 
-SECRET_PREFIX = "whsec_"
 USER_AGENT = "outbox-delivery/0.1"
 #: Prepared destinations kept (a destination's new URL or timeout is a new entry).
 MAX_TARGETS = 1024
@@ -39,11 +39,6 @@ KEPT_HEADERS = ("content-type", "retry-after", wire.EXTERNAL_ID.lower(), wire.RE
 #: What aiohttp refuses in a header name or value (RFC 9110 5.5: controls other than HTAB). It
 #: raises ValueError once the connection is already taken, so such a request is refused first.
 FORBIDDEN_IN_HEADERS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-
-
-def new_secret() -> str:
-    """A fresh Standard Webhooks signing secret (``whsec_`` + 32 random bytes, base64)."""
-    return SECRET_PREFIX + base64.b64encode(os.urandom(32)).decode()
 
 
 class WebhookSpec(DestinationSpec):
@@ -77,22 +72,7 @@ class WebhookSpec(DestinationSpec):
     @field_validator("secret")
     @classmethod
     def _whsec(cls, secret: str | None) -> str | None:
-        if secret is None:
-            return None
-        if not secret.startswith(SECRET_PREFIX):
-            raise ValueError(f"secret must start with {SECRET_PREFIX!r}")
-        try:
-            raw = base64.b64decode(secret[len(SECRET_PREFIX):], validate=True)
-        except ValueError:
-            raise ValueError("secret must be whsec_ followed by base64") from None
-        if not 24 <= len(raw) <= 64:
-            raise ValueError("secret must hold 24 to 64 bytes")
-        return secret
-
-
-class PrivateAddressRefused(OSError):
-    """The SSRF guard refused a connection: the destination resolves only to non-public
-    addresses, or the address about to be connected to is not public."""
+        return None if secret is None else wire.check_secret(secret)
 
 
 class GuardedResolver(AbstractResolver):
@@ -395,7 +375,7 @@ def _refusal(exc: BaseException) -> tuple[Outcome, str]:
     """A connection that was never made: our own SSRF refusal (permanent), or the network's."""
     cause: Any = getattr(exc, "os_error", None) or exc.__cause__
     if isinstance(cause, PrivateAddressRefused):
-        return Outcome.REJECTED, f"refused: {cause.args[0]} and the destination does not allow the private network"
+        return Outcome.REJECTED, cause.explain()
     return Outcome.RETRYABLE, _describe(exc)
 
 

@@ -27,6 +27,7 @@ from outbox import (
     Intent,
     Outbox,
     Outcome,
+    SecretsKeyError,
     StaleWrite,
     Status,
     StoreUnavailable,
@@ -113,6 +114,10 @@ class Worker:
         self.circuits = Circuits(settings.circuit_failures, settings.circuit_pause_seconds)
         outbox.metrics.paused_destinations.set_function(lambda: self.circuits.paused)
         self.stale_writes = 0  # fenced writes this worker had rejected (also logged)
+        #: Intents this worker set aside because the store cannot read their times: how many,
+        #: and the last one's key and when (``/healthz`` and the console say so).
+        self.set_aside = 0
+        self.last_set_aside: tuple[str, datetime] | None = None
         arm(settings.crash_at)  # tests only: where this process kills itself (unset: nowhere)
 
     # -- running ---------------------------------------------------------------------------
@@ -358,7 +363,7 @@ class Worker:
             await asyncio.shield(self._abandon(intent, attempt, sent, result, "the worker stopped"))
             raise
         except Exception as exc:
-            if isinstance(exc, StoreUnavailable):  # the database said "not now": a line, not a traceback
+            if isinstance(exc, StoreUnavailable | SecretsKeyError):  # "not now" / "not this key": a line
                 log.warning("delivery interrupted: %s", exc, extra=self._fields(intent, attempt))
             else:
                 log.exception("delivery failed unexpectedly", extra=self._fields(intent, attempt))
@@ -368,6 +373,9 @@ class Worker:
     async def _ready(self, intent: Intent) -> tuple[Destination, Decision] | None:
         """The checks before an attempt, authority last; None when they settled the intent or
         gave it back (nothing sent)."""
+        if intent.unreadable is not None:
+            await self._set_aside(intent)
+            return None
         destination = await self._destination(intent.destination)
         now = self.clock.now()
         if destination is None or destination.disabled:
@@ -409,6 +417,16 @@ class Worker:
             self.outbox.metrics.authority_denials.inc()
             await self._settle(intent, Fate(Status.REVOKED, EventKind.REVOKED, decision.reason), [checked])
         return None
+
+    async def _set_aside(self, intent: Intent) -> None:
+        """Dead-letter an intent whose stored times cannot be read (``Intent.unreadable``), before
+        any attempt: nothing is sent, so nothing is claimed about its delivery, and the intents
+        beside it go on. An operator shows it and cancels it (it cannot be replayed)."""
+        reason = (f"set aside unsent: {intent.unreadable}; cancel it, and enqueue it again with times "
+                  "the outbox takes")
+        await self._settle(intent, Fate(Status.DEAD, EventKind.DEAD_LETTERED, reason), [])
+        self.set_aside += 1
+        self.last_set_aside = (intent.key, self.clock.now())
 
     async def _finish(self, intent: Intent, destination: Destination, attempt: Attempt,
                       result: SendResult, seconds: float) -> None:

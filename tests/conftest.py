@@ -63,8 +63,10 @@ def db_url(db_path: Path) -> str:
 
 
 @pytest.fixture
-async def pg_url() -> AsyncIterator[str]:
-    """A new, empty PostgreSQL database (tests/pg.py), dropped after the test."""
+async def pg_url(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
+    """A new, empty PostgreSQL database (tests/pg.py), dropped after the test; the test's
+    outboxes get the run's secrets key file (``OUTBOX_SECRETS_KEY_FILE``), as PostgreSQL needs."""
+    monkeypatch.setenv(*pg.key_env().popitem())
     async with pg.database() as url:
         yield url
 

@@ -18,19 +18,28 @@ the tests run on, so the tests start one of these, on loopback, and stop it afte
     broker.start()           # the same port and data directory
 
 A broker that does not start FAILS the test under ``CI=true`` and skips it elsewhere.
+
+``MetadataProxy`` stands in front of a broker as a hostile one would: it forwards every request
+and answer, except that each Metadata answer names another address as every broker of the
+cluster. ``Listener`` is such an address: it counts the connections it accepts.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
 import socket
+import ssl
+import struct
 import subprocess
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
+from aiokafka.protocol import metadata
 
 from tests.conftest import free_port
 
@@ -131,3 +140,120 @@ class Broker:
             await admin.create_topics([NewTopic(name, partitions, 1)])
         finally:
             await admin.close()
+
+
+#: The Metadata answers aiokafka asks for, by version (the API key of a Metadata request is 3).
+METADATA = 3
+_ANSWERS: dict[int, Any] = {answer.API_VERSION: answer for answer in (
+    metadata.MetadataResponse_v0, metadata.MetadataResponse_v1, metadata.MetadataResponse_v2,
+    metadata.MetadataResponse_v3, metadata.MetadataResponse_v4, metadata.MetadataResponse_v5)}
+
+
+async def _frame(reader: asyncio.StreamReader) -> bytes:
+    """One Kafka request or answer: a 4-byte big-endian size, then that many bytes."""
+    size = struct.unpack(">i", await reader.readexactly(4))[0]
+    return await reader.readexactly(size)
+
+
+class MetadataProxy:
+    """Forwards ``host:port`` to ``broker``, rewriting every Metadata answer so that each of the
+    cluster's brokers is at ``named`` (a host and port; None: this proxy, by ``host``) instead.
+    With ``tls``, clients connect to it with TLS (the broker behind it is plaintext)."""
+
+    def __init__(self, broker: Broker, host: str, named: tuple[str, int] | None = None, *,
+                 tls: ssl.SSLContext | None = None) -> None:
+        self.broker, self.host, self.named, self.tls = broker, host, named, tls
+        self.rewritten = 0  # Metadata answers rewritten
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def __aenter__(self) -> MetadataProxy:
+        self._server = await asyncio.start_server(self._serve, self.host, 0, ssl=self.tls)
+        if self.named is None:
+            self.named = (self.host, self.port)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _serve(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.broker.port)
+        asked: dict[int, int] = {}  # correlation id of a Metadata request: its version
+        try:
+            await asyncio.gather(self._requests(client_reader, upstream_writer, asked),
+                                 self._answers(upstream_reader, client_writer, asked))
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            for writer in (client_writer, upstream_writer):
+                writer.close()
+            self._tasks.discard(task)
+
+    @staticmethod
+    async def _requests(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, asked: dict[int, int]) -> None:
+        while True:
+            request = await _frame(reader)
+            api_key, version, correlation = struct.unpack(">hhi", request[:8])
+            if api_key == METADATA:
+                asked[correlation] = version
+            writer.write(struct.pack(">i", len(request)) + request)
+            await writer.drain()
+
+    async def _answers(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, asked: dict[int, int]) -> None:
+        while True:
+            answer = await _frame(reader)
+            correlation = struct.unpack(">i", answer[:4])[0]
+            version = asked.pop(correlation, None)
+            if version is not None:
+                decoded = _ANSWERS[version].decode(answer[4:])
+                assert self.named is not None
+                decoded.brokers = [(node, *self.named, *rest) for node, _, _, *rest in decoded.brokers]
+                answer = answer[:4] + decoded.encode()
+                self.rewritten += 1
+            writer.write(struct.pack(">i", len(answer)) + answer)
+            await writer.drain()
+
+
+class Listener:
+    """A TCP listener on 127.0.0.1 that counts the connections it accepts and closes them."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self._server: asyncio.Server | None = None
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    async def __aenter__(self) -> Listener:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        with contextlib.suppress(Exception):
+            await self._server.wait_closed()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        writer.close()

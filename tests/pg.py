@@ -2,7 +2,8 @@
 since CI must not pass by skipping, and skips elsewhere, saying why), and throwaway databases.
 
 Each throwaway database is made for one test and dropped after it; its name carries the time it
-was made, so the first one a run makes also drops any a killed run left behind.
+was made, so the first one a run makes also drops any a killed run left behind. An outbox on
+PostgreSQL needs a secrets key file (``OUTBOX_SECRETS_KEY_FILE``): ``key_file`` is the run's.
 """
 
 from __future__ import annotations
@@ -11,10 +12,13 @@ import asyncio
 import os
 import re
 import secrets
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import cache
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -28,6 +32,22 @@ PREFIX = "outbox_conf_"
 STALE_SECONDS = 3 * 3600
 
 _errors: dict[str, BaseException | None] = {}
+
+
+@cache
+def key_file() -> Path:
+    """The key file the outboxes of this run seal their PostgreSQL databases' secrets with (as an
+    operator gives every process one), made once per run; ``OUTBOX_SECRETS_KEY_FILE`` names it."""
+    from outbox.keyring import generate_key, write_keys
+
+    path = Path(tempfile.mkdtemp(prefix="outbox-pg-key-")) / "secrets.key"
+    write_keys(path, [generate_key()], replace=False)
+    return path
+
+
+def key_env() -> dict[str, str]:
+    """The setting that gives an outbox process ``key_file``."""
+    return {"OUTBOX_SECRETS_KEY_FILE": str(key_file())}
 _swept: set[str] = set()
 
 
@@ -71,9 +91,10 @@ def _with_database(dsn: str, name: str) -> str:
     return urlunsplit(parts._replace(path="/" + name))
 
 
-async def create_database() -> str:
+async def create_database(*, create: bool = True) -> str:
     """A new, empty database on the test server (the test fails or skips if there is none); returns
-    its DSN. Drop it with ``drop_database``."""
+    its DSN. Drop it with ``drop_database``. Without ``create`` its name is only chosen, for a test
+    that makes it itself, as a user would (``createdb``)."""
     import asyncpg
 
     require(ADMIN_DSN)
@@ -83,7 +104,8 @@ async def create_database() -> str:
         if ADMIN_DSN not in _swept:
             _swept.add(ADMIN_DSN)
             await _drop_stale(admin)
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+        if create:
+            await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
     finally:
         await admin.close()
     return _with_database(ADMIN_DSN, name)
@@ -103,9 +125,9 @@ async def drop_database(dsn: str) -> None:
 
 
 @asynccontextmanager
-async def database() -> AsyncIterator[str]:
+async def database(*, create: bool = True) -> AsyncIterator[str]:
     """A new, empty database (``create_database``), yielding its DSN; dropped on leaving."""
-    dsn = await create_database()
+    dsn = await create_database(create=create)
     try:
         yield dsn
     finally:

@@ -20,8 +20,9 @@ from urllib.parse import parse_qs, quote
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
-from .. import operations
-from ..errors import NotFound, OutboxError
+from .. import operations, problems
+from ..errors import InvalidInput, NotFound, OutboxError
+from ..ids import KEY_SEPARATOR
 from ..model import Intent, Role, Status
 from ..outbox import Behind, Outbox
 from ..store import IntentQuery
@@ -36,6 +37,12 @@ from .replays import Replays
 COOKIE = "outbox_console"
 ATTENTION = ((Status.DEAD, "Dead letters"), (Status.UNKNOWN, "Unknown outcomes"),
              (Status.REVOKED, "Revoked"), (Status.HELD, "Held for approval"))
+#: What an intent's page says after an action succeeded, by the code its URL carries
+#: (``?done=replay``), and why sign-in was refused (``?error=refused``). Only these words are ever
+#: shown: a link anyone can make must not put text of its own on a console page, so an unknown
+#: code shows nothing. A failed action's own message is drawn in the answer to its form instead.
+DONE = {name: f"{name} done" for name in ("replay", "resolve", "cancel", "approve", "reject")}
+SIGN_IN_REFUSED = {"refused": "that is not an operator or admin token"}
 
 
 def csrf_for(token: str) -> str:
@@ -78,7 +85,7 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
 
     @pages.get("/login")
     async def login_page(request: Request, error: str = "") -> Response:
-        return page("Sign in", flashes(error=error) + (
+        return page("Sign in", flashes(error=SIGN_IN_REFUSED.get(error, "")) + (
             "<form method='post' action='/console/login'><p><label>Operator or admin token<br>"
             "<input name='token' type='password' size='40' autofocus></label></p>"
             "<button type='submit'>Sign in</button></form>"), signed_in=False)
@@ -88,8 +95,7 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
         token = (await form(request)).get("token", [""])[-1].strip()
         info = await box(request).authenticate(token) if token else None
         if info is None or info.role not in (Role.OPERATOR, Role.ADMIN):
-            return RedirectResponse("/console/login?error=" + quote("that is not an operator or admin token"),
-                                    status_code=303)
+            return RedirectResponse("/console/login?error=refused", status_code=303)
         response = RedirectResponse("/console", status_code=303)
         response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/console",
                             secure=secure_cookie(request))
@@ -102,7 +108,7 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
         return response
 
     @pages.get("")
-    async def overview(request: Request, done: str = "") -> Response:
+    async def overview(request: Request) -> Response:
         if await session(request) is None:
             return to_login()
         outbox = box(request)
@@ -147,7 +153,7 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             sections.append(f"<h2 id='{status.value}'>{title}</h2>" + _intents(found.intents, now) + more)
         search = ("<form class='filters' method='get' action='/console/intents'><label>action id"
                   "<input name='q' size='24'></label><button>Find</button></form>")
-        return page("Overview", flashes(done) + search + "<h2>Last hour</h2>" + graphs
+        return page("Overview", _set_aside(request, now) + search + "<h2>Last hour</h2>" + graphs
                     + "<h2>Destinations (last hour)</h2>" + destination_health
                     + "<h2>Backlog by status</h2>" + statuses + "".join(sections))
 
@@ -175,10 +181,14 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
         return page("Intents", chosen_form(chosen, destinations) + bulk + _intents(intents, now) + older)
 
     @pages.get("/intents/{action_id}")
-    async def intent_page(request: Request, action_id: str, scope: str | None = None, done: str = "",
-                          error: str = "") -> Response:
+    async def intent_page(request: Request, action_id: str, scope: str | None = None, done: str = "") -> Response:
         if await session(request) is None:
             return to_login()
+        return await intent_view(request, action_id, scope, done=DONE.get(done, ""))
+
+    async def intent_view(request: Request, action_id: str, scope: str | None, *, done: str = "", error: str = "",
+                          status: int = 200) -> Response:
+        """An intent's page for a signed-in operator, with what an action did or why it failed."""
         outbox = box(request)
         try:
             intent, history = await outbox.show(action_id, scope=scope)
@@ -220,6 +230,9 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             f"<td>{escape(e.reason or '')}</td><td>{pretty(json.dumps(dict(e.data)) if e.data else '')}</td></tr>"
             for e in history.events]
         waiting = f"<p class='flash error'>waiting {_behind_link(behind, intent)}</p>" if behind else ""
+        if intent.unreadable:
+            waiting += (f"<p class='flash error'>{escape(intent.unreadable)}: the sender sets it aside unsent; "
+                        "cancel it, and enqueue it again with times the outbox takes</p>")
         last_error = ("" if intent.status is Status.DELIVERED or not intent.last_error
                       else f"<p>last error: {escape(intent.last_error)}</p>")
         return page(f"Intent {action_id}", flashes(done, error) + (
@@ -233,7 +246,7 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             f"<h2>Actions</h2>{''.join(actions) or '<p>none for this status</p>'}"
             f"<h2>Attempts</h2>" + table(["#", "attempt_id", "fence", "started", "submission", "outcome", "stage",
                                            "status", "external id", "ms", "error", "reply"], attempts)
-            + "<h2>Timeline</h2>" + table(["at", "event", "actor", "reason", "data"], events)))
+            + "<h2>Timeline</h2>" + table(["at", "event", "actor", "reason", "data"], events)), status=status)
 
     async def act(request: Request, action_id: str, scope: str | None, name: str,
                   run: Callable[[Outbox, operations.Actor, dict[str, str]], Awaitable[object]]) -> Response:
@@ -247,8 +260,9 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
         try:
             await run(box(request), operations.Actor(who.actor, fields.get("reason", "")), fields)
         except OutboxError as exc:
-            return RedirectResponse(intent_url(action_id, scope, error=exc.message), status_code=303)
-        return RedirectResponse(intent_url(action_id, scope, done=name + " done"), status_code=303)
+            return await intent_view(request, action_id, scope, error=exc.message,
+                                     status=problems.from_error(exc).status)
+        return RedirectResponse(intent_url(action_id, scope, done=name), status_code=303)
 
     @pages.post("/intents/{action_id}/replay")
     async def replay(request: Request, action_id: str, scope: str | None = None) -> Response:
@@ -262,7 +276,7 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             try:
                 resolution = operations.Resolution(f.get("resolution", ""))
             except ValueError:
-                raise OutboxError("choose delivered, retry or dead") from None
+                raise InvalidInput("choose delivered, retry or dead") from None
             return await operations.resolve(b, action_id, resolution, who, scope=scope,
                                             external_id=f.get("external_id") or None)
 
@@ -386,9 +400,22 @@ def chosen_form(chosen: Filter, destinations: list[str], *, action: str = "/cons
             f"</label><button>Filter</button></form>")
 
 
+def _set_aside(request: Request, now: datetime) -> str:
+    """A warning naming what the sender in this process set aside since it started, if anything."""
+    worker = getattr(request.app.state, "worker", None)
+    last: tuple[str, datetime] | None = getattr(worker, "last_set_aside", None)
+    if last is None:
+        return ""
+    scope, _, action_id = last[0].rpartition(KEY_SEPARATOR)
+    return (f"<p class='flash error'>The sender set aside {getattr(worker, 'set_aside', 0)} intent(s) whose stored "
+            f"times cannot be read (dead, nothing sent), the last {intent_link(action_id, scope)} "
+            f"{when(last[1], now)}: cancel them, and have them enqueued again with times the outbox takes.</p>")
+
+
 def _intents(intents: list[Intent], now: datetime) -> str:
     return table(["action_id", "status", "destination", "scope", "attempts", "enqueued", "changed", "last error"], [
-        f"<tr><td>{intent_link(i.action_id, i.scope)}</td><td>{pill(i.status.value)}</td>"
+        f"<tr><td>{intent_link(i.action_id, i.scope)}</td>"
+        f"<td>{pill(i.status.value)}{' ' + pill('unreadable') if i.unreadable else ''}</td>"
         f"<td>{escape(i.destination)}</td><td>{escape(i.scope)}</td><td class='num'>{i.attempts}</td>"
         f"<td>{when(i.created_at, now)}</td><td>{when(i.updated_at, now)}</td>"
         f"<td>{'' if i.status is Status.DELIVERED else escape((i.last_error or '')[:200])}</td></tr>"

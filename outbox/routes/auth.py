@@ -53,7 +53,10 @@ async def authorized(request: Request, token: str, *allowed: Role) -> TokenInfo:
         raise unauthenticated("the bearer token is unknown or revoked")
     if info.role not in allowed and info.role is not Role.ADMIN:
         names = " or ".join(r.value for r in allowed)
-        raise Problem(403, "forbidden", "Forbidden", f"a {info.role.value} token cannot do this; it needs {names}")
+        raise Problem(
+            403, "forbidden", "Forbidden",
+            f"a token of role {info.role.value} cannot do this; it needs role {names}",
+        )
     return info
 
 

@@ -1,10 +1,18 @@
 """Request bodies: the routes read them themselves, so a body is refused by its declared or
 streamed size before it is parsed, must be JSON (``application/json`` or ``+json``), and may
-nest no deeper than a payload may plus its envelope."""
+nest no deeper than a payload may plus its envelope.
+
+A body must be I-JSON (RFC 7493) as well, the payload inside it included: UTF-8 (no other
+encoding, no byte order mark), no lone surrogate in any string or name (it is no Unicode, and
+the payload's digest could not be computed), no name twice in one object (JSON parsers differ on
+which one wins: the outbox would act on one and a proxy or the receiver read the other).
+"""
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -22,6 +30,40 @@ ENVELOPE_BYTES = 64 * 1024
 JSON_TYPES = ("application/json",)
 #: A request body is the payload inside an envelope (and a filter object inside it).
 BODY_NESTING = MAX_NESTING + 2
+#: A ``\\u`` escape of a surrogate, which a lone surrogate needs (a pair is one character once
+#: parsed); its match may be an escaped backslash's false alarm, which the parsed body settles.
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class _RepeatedName(ValueError):
+    """An object of the body names a member twice."""
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object of the body, refused if it names a member twice."""
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        seen: set[str] = set()
+        for name, _ in pairs:
+            if name in seen:
+                raise _RepeatedName(name)
+            seen.add(name)
+    return found
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string in a parsed body, member names included, without recursion."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, dict):
+            yield from item
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
 
 
 async def json_body(request: Request, *, batch: bool = False) -> Any:
@@ -54,9 +96,19 @@ async def json_body(request: Request, *, batch: bool = False) -> Any:
             )
         chunks.append(chunk)
     try:
-        body = json.loads(b"".join(chunks))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        text = b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Problem(400, "invalid-json", "Invalid JSON",
+                      f"the body is not JSON: JSON is sent as UTF-8 (RFC 8259 section 8.1), and this is not: {exc}"
+                      ) from None
+    try:
+        body = json.loads(text, object_pairs_hook=_object)
+    except json.JSONDecodeError as exc:
         raise Problem(400, "invalid-json", "Invalid JSON", f"the body is not JSON: {exc}") from None
+    except _RepeatedName as exc:
+        raise Problem(422, "invalid-input", "Invalid input",
+                      f"the body names {exc.args[0]!r} twice in one object; each name once (I-JSON, RFC 7493 "
+                      "section 2.3)") from None
     except RecursionError:
         body = None  # far too deep to parse: refused below like any body over the limit
         depth = body_nesting + 1
@@ -66,6 +118,10 @@ async def json_body(request: Request, *, batch: bool = False) -> Any:
         raise Problem(422, "invalid-input", "Invalid input",
                       f"the body nests arrays and objects deeper than allowed: a payload may nest "
                       f"{MAX_NESTING} levels")
+    if SURROGATE_ESCAPE.search(text) and any(LONE_SURROGATE.search(s) for s in _strings(body)):
+        raise Problem(422, "invalid-input", "Invalid input",
+                      "the body holds a lone surrogate (a \\ud800-\\udfff escape not in a pair) in a string or a "
+                      "name: that is not Unicode text (I-JSON, RFC 7493 section 2.1)")
     return body
 
 

@@ -1,5 +1,9 @@
 """Every error the API answers, as RFC 9457 problem+json: the problems routes raise, the
-outbox's own errors, invalid input, routing's 404 and 405, and anything unforeseen (500)."""
+outbox's own errors, invalid input, routing's 404 and 405, and anything unforeseen (500).
+
+The unforeseen is answered by ``Faults``, around the app, not by an exception handler: Starlette
+answers a handler's 500 and then raises the exception on to the server, which takes it for a
+broken response and closes the connection, so the client's next request on it was reset."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import OutboxError
 from ..problems import Problem, from_error
@@ -54,11 +59,35 @@ async def _http(request: Request, exc: HTTPException) -> Response:
     return problem.response(request.url.path)
 
 
-async def _crash(request: Request, exc: Exception) -> Response:
-    log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return Problem(
-        500, "internal", "Internal error", "the server failed; the error is in its log"
-    ).response(request.url.path)
+class Faults:
+    """Answers an exception no handler took with a 500 problem, logged, and ends it there: the
+    connection stays open for the client's next request. Once an answer has started, nothing
+    can be said in its place, so the exception goes on to the server, which drops the connection
+    (the client must not take half an answer for a whole one)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception:
+            path = scope.get("path", "")
+            log.exception("unhandled error on %s %s", scope.get("method"), path)
+            if started:
+                raise
+            await Problem(500, "internal", "Internal error", "the server failed; the error is in its log"
+                          ).response(path)(scope, receive, send)
 
 
 def install(app: FastAPI) -> None:
@@ -67,4 +96,4 @@ def install(app: FastAPI) -> None:
     app.exception_handler(OutboxError)(_outbox_error)
     app.exception_handler(RequestValidationError)(_invalid)
     app.exception_handler(HTTPException)(_http)
-    app.exception_handler(Exception)(_crash)
+    app.add_middleware(Faults)

@@ -8,7 +8,7 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictInt, WithJsonSchema
 from pydantic_core import to_json
 
 from .. import openapi
@@ -18,6 +18,7 @@ from ..model import SETTLED, Enqueued, Intent, Status
 from ..outbox import MAX_PAGE, history_json, intent_json
 from ..problems import Problem, from_error
 from ..store import IntentQuery
+from ..timestamps import Timestamp
 from .auth import Producer, Reader, box, in_scope, readable
 from .bodies import json_body, parsed, validated
 
@@ -42,9 +43,9 @@ class IntentIn(BaseModel):
     scope: str = Field(description="tenant/account on whose authority the effect is made")
     destination: str = Field(description="id of a registered destination")
     payload: JsonValue = Field(description="the JSON the destination receives")
-    not_before: AwareDatetime | None = None
-    expires_at: AwareDatetime | None = None
-    max_attempts: int | None = Field(default=None, ge=1, le=1000)
+    not_before: Timestamp | None = Field(default=None, description="not sent before this")
+    expires_at: Timestamp | None = Field(default=None, description="dead-lettered if not sent by this")
+    max_attempts: StrictInt | None = Field(default=None, ge=1, le=1000)
     ordering_key: str | None = Field(
         default=None, description="intents of a destination with ordering 'key' and the same ordering_key are "
                                   "delivered one at a time, in enqueue order (a Kafka record's key)")
@@ -158,8 +159,8 @@ async def list_intents(
     scope: Annotated[list[str] | None, Query(description="repeat for several")] = None,
     destination: str | None = None,
     channel: Annotated[str | None, Query(description="an installed channel's name")] = None,
-    created_after: AwareDatetime | None = None,
-    created_before: AwareDatetime | None = None,
+    created_after: Timestamp | None = None,
+    created_before: Timestamp | None = None,
     cursor: str | None = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
 ) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat
 
 from .. import openapi, operations
 from ..errors import OutboxError
@@ -15,6 +15,7 @@ from ..model import EventKind, Intent, Status
 from ..outbox import history_json, intent_json
 from ..problems import Problem
 from ..store import History, IntentQuery
+from ..timestamps import Timestamp
 from ..tokens import TokenInfo
 from .auth import Operator, box
 from .bodies import parsed
@@ -47,7 +48,7 @@ class ApproveIn(ReasonIn):
     """An approval of the exact payload digest the operator looked at."""
 
     payload_digest: str
-    valid_seconds: float = Field(default=3600, gt=0, le=30 * 86_400)
+    valid_seconds: StrictFloat = Field(default=3600, gt=0, le=operations.MAX_APPROVAL_SECONDS)
 
 
 class ReplayFilter(BaseModel):
@@ -58,8 +59,8 @@ class ReplayFilter(BaseModel):
     scope: list[str] | None = None
     destination: str | None = None
     channel: str | None = Field(default=None, description="an installed channel's name")
-    created_after: AwareDatetime | None = None
-    created_before: AwareDatetime | None = None
+    created_after: Timestamp | None = None
+    created_before: Timestamp | None = None
 
     def query(self) -> IntentQuery:
         return IntentQuery(statuses=self.status, scopes=self.scope, destination=self.destination,

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from .. import openapi
+from ..clock import iso
 from ..model import Role
 from ..problems import Problem
 from .auth import authorized, bearer, box, unauthenticated
@@ -36,12 +37,27 @@ async def healthz(request: Request) -> dict[str, str]:
         raise Problem(503, "sender-stopped", "Sender stopped",
                       f"the embedded sender stopped: {ended_by(task)}; restart the process")
     # The sender keeps trying a database that stopped answering; a restart would not help, so
-    # the process stays live and says what it waits for (``/readyz`` fails meanwhile).
-    trouble: tuple[str, datetime] | None = getattr(getattr(request.app.state, "worker", None), "trouble", None)
-    if trouble is not None:
-        return {"status": "degraded", "detail": f"the sender cannot reach the database since "
-                                                f"{trouble[1].isoformat()}: {trouble[0]}; it keeps trying"}
-    return {"status": "ok"}
+    # the process stays live and says what it waits for (``/readyz`` fails meanwhile). Intents
+    # it set aside need an operator, not a restart.
+    worker = getattr(request.app.state, "worker", None)
+    trouble: tuple[str, datetime] | None = getattr(worker, "trouble", None)
+    details = [] if trouble is None else [
+        f"the sender cannot reach the database since {trouble[1].isoformat()}: {trouble[0]}; it keeps trying"]
+    if (aside := set_aside(worker)) is not None:
+        details.append(aside)
+    return {"status": "degraded", "detail": "; ".join(details)} if details else {"status": "ok"}
+
+
+def set_aside(worker: object) -> str | None:
+    """What the sender in this process set aside since it started, in words that name no intent
+    (the probes need no token); None when nothing was."""
+    last: tuple[str, datetime] | None = getattr(worker, "last_set_aside", None)
+    if last is None:
+        return None
+    count: int = getattr(worker, "set_aside", 0)
+    return (f"the sender set aside {count} intent{'s' if count != 1 else ''} whose stored times cannot be read, "
+            f"the last at {iso(last[1])}: dead, nothing sent; an operator shows and cancels "
+            f"{'them' if count != 1 else 'it'} (the console's dead letters, outbox list --status dead)")
 
 
 @router.get("/readyz", summary="The store answers and is migrated",

@@ -20,10 +20,10 @@ import functools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from datetime import datetime
-from typing import Any, Literal, cast, overload
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, TypeVar, cast, overload
 
 import asyncpg
 
@@ -31,6 +31,7 @@ from .. import crash
 from ..destinations import Destination
 from ..errors import NotFound, OutboxError, StoreUnavailable
 from ..grants import Grant, GrantSpec
+from ..keyring import Keyring, required
 from ..model import Attempt, Enqueued, Event, Intent, NewIntent, Status
 from ..tokens import TokenInfo
 from . import records
@@ -54,6 +55,7 @@ SQL = queries.load("postgres")
 #: The statements that pick due intents share one rule for ordered keys (``claimable``).
 SQL = {**SQL, **{name: SQL[name].format(claimable=SQL["claimable"]) for name in ("claim", "next_due_at")}}
 log = logging.getLogger("outbox.store")
+T = TypeVar("T")
 
 #: What the statements that make an intent pending notify (sql/postgres.sql), and ``listen`` hears.
 CHANNEL = "outbox_due"
@@ -69,6 +71,8 @@ STATEMENT_SECONDS = 60.0
 MIGRATION_SECONDS = 3600.0
 #: The pause before listening again after a lost connection, doubling while connecting fails.
 RELISTEN_SECONDS = (0.1, 30.0)
+#: The transaction of reads that must see one snapshot.
+SNAPSHOT: Mapping[str, Any] = {"isolation": "repeatable_read", "readonly": True}
 
 #: Errors that mean "not now" rather than "wrong", answered 503 with Retry-After: the server
 #: unreachable or shutting down, the connection lost, resources exhausted, the database not there
@@ -84,24 +88,81 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.LockNotAvailableError,  # 55P03
     asyncpg.exceptions.InvalidCatalogNameError,  # 3D000: no such database
     asyncpg.exceptions.ReadOnlySQLTransactionError,  # 25006: a standby, or a primary read-only for now
-    # A pooled connection whose server end was just terminated can fail its next call with
-    # "cannot switch to state N; another operation is in progress" before it knows it is gone.
-    asyncpg.exceptions.InternalClientError,
 )
 
 
+def _gone(conn: asyncpg.Connection) -> bool:
+    """Whether ``conn`` is closed: dropped by asyncpg, or, lost while lent, already taken back by
+    the pool (whose proxy then refuses every call)."""
+    try:
+        return bool(conn.is_closed())
+    except asyncpg.InterfaceError:
+        return True
+
+
+def _ended_before(exc: BaseException, conn: asyncpg.Connection) -> bool:
+    """Whether ``exc`` is asyncpg refusing work on ``conn`` because the server had already ended
+    its session, so none of that work took effect.
+
+    The server says goodbye (an error such as ``pg_terminate_backend``'s FATAL) and then closes
+    the socket. asyncpg reads a goodbye that comes while the connection is idle as the start of an
+    operation and waits for its end, and only the close, read later, tells it the connection is
+    gone: a statement in between is refused before anything of it is sent ("cannot switch to
+    state 12; another operation (2) is in progress", an InternalClientError) and the connection
+    dropped. After the close a statement is refused as well (an InterfaceError), and asyncpg
+    ends no transaction on a closed connection, whose session the server rolled back."""
+    return isinstance(exc, asyncpg.InternalClientError | asyncpg.InterfaceError) and _gone(conn)
+
+
 @contextmanager
-def _unavailable() -> Iterator[None]:
-    """Raise the outbox's StoreUnavailable for the database answering "not now"; anything else,
-    such as a constraint the caller's own SQL broke, goes through as it is."""
+def _unavailable(conn: asyncpg.Connection | None = None) -> Iterator[None]:
+    """Raise the outbox's StoreUnavailable for the database answering "not now", or for work on
+    ``conn`` refused because the server had ended its session (``_ended_before``); anything
+    else, such as a constraint the caller's own SQL broke or a fault of the driver on a live
+    connection, goes through as it is."""
     try:
         yield
     except UNAVAILABLE as exc:
         raise StoreUnavailable(f"the PostgreSQL database is unavailable: {exc}") from exc
+    except asyncpg.InternalClientError as exc:
+        if conn is None or not _ended_before(exc, conn):
+            raise
+        raise StoreUnavailable("the PostgreSQL database had ended the connection; nothing of the work took effect"
+                               ) from exc
+
+
+#: PostgreSQL's epoch: a timestamptz travels as microseconds from it.
+PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _encode_time(value: datetime) -> tuple[int]:
+    """A datetime as a timestamptz travels (a naive one in local time, as asyncpg takes it)."""
+    if value.tzinfo is None:
+        value = value.astimezone(UTC)
+    return ((value - PG_EPOCH) // _MICROSECOND,)
+
+
+def _decode_time(stored: tuple[int]) -> datetime | int:
+    """A timestamptz as a UTC datetime; one no datetime can hold (before year 1, after 9999,
+    ``infinity``) stays its microseconds, for ``_as_stored`` to refuse: asyncpg's own decoding
+    raises for it, and so failed the whole result it was in (a claim, a listing)."""
+    try:
+        return PG_EPOCH + stored[0] * _MICROSECOND
+    except OverflowError:
+        return stored[0]
+
+
+async def _codecs(conn: asyncpg.Connection) -> None:
+    """Every pooled connection reads and writes timestamptz through ``_decode_time``."""
+    await conn.set_type_codec("timestamptz", schema="pg_catalog", encoder=_encode_time, decoder=_decode_time,
+                              format="tuple")
 
 
 def _as_stored(value: Any) -> Any:
-    """asyncpg gives timestamptz as timezone-aware datetimes already."""
+    """A time as ``_decode_time`` gave it; OverflowError for one no datetime can hold."""
+    if isinstance(value, int):
+        raise OverflowError(f"timestamptz {value} µs from {PG_EPOCH.date()} is beyond what a datetime can hold")
     return value
 
 
@@ -109,9 +170,10 @@ def _as_stored(value: Any) -> Any:
 _intent = functools.partial(records.intent, time=_as_stored)
 _attempt = functools.partial(records.attempt, time=_as_stored)
 _event = functools.partial(records.event, time=_as_stored)
-_destination = functools.partial(records.destination, time=_as_stored)
 _token = functools.partial(records.token, time=_as_stored)
 _grant = functools.partial(records.grant, time=_as_stored)
+#: A time read outside a record (an aggregate's), as records read theirs.
+_time = functools.partial(records.nearest, _as_stored)
 
 
 def _data(event: Event) -> str:
@@ -258,11 +320,11 @@ class _PostgresTransaction:
         self._conn = conn
 
     async def execute(self, sql: str, parameters: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        with _unavailable():
+        with _unavailable(self._conn):
             return [tuple(row) for row in await self._conn.fetch(sql, *parameters)]
 
     async def insert_intent(self, new: NewIntent, event: Event) -> Enqueued:
-        with _unavailable():
+        with _unavailable(self._conn):
             return await _insert_intent(self._conn, new, event)
 
 
@@ -288,8 +350,10 @@ class PostgresStore:
 
     dialect = "postgres"
 
-    def __init__(self, dsn: str, *, pool_size: int = 10, statement_seconds: float = STATEMENT_SECONDS) -> None:
+    def __init__(self, dsn: str, *, pool_size: int = 10, statement_seconds: float = STATEMENT_SECONDS,
+                 keyring: Keyring | None = None) -> None:
         self.dsn = dsn
+        self.keyring = keyring
         self.pool_size = pool_size
         self.statement_seconds = statement_seconds
         self._pool: asyncpg.Pool | None = None
@@ -301,7 +365,7 @@ class PostgresStore:
             return
         try:
             self._pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=self.pool_size, reset=_unchanged,
-                                                   command_timeout=self.statement_seconds)
+                                                   init=_codecs, command_timeout=self.statement_seconds)
         except (*UNAVAILABLE, asyncpg.PostgresError) as exc:
             raise StoreUnavailable(f"cannot use the PostgreSQL database: {exc}") from exc
 
@@ -336,33 +400,41 @@ class PostgresStore:
         except Exception as exc:
             log.info("a pooled connection could not be reset and was closed (%s: %s)", type(exc).__name__, exc)
 
+    async def _run(self, work: Callable[[asyncpg.Connection], Awaitable[T]], *,
+                   transaction: Mapping[str, Any] | None = None) -> T:
+        """``work`` on a pooled connection, inside a transaction if ``transaction`` gives its
+        options (asyncpg's isolation, readonly; empty for the defaults), else as one statement or
+        reads only. Work refused because the server had already ended the session of the
+        connection taken (``_ended_before``: none of it took effect) runs again on another, so a
+        connection the server cut is never one more failed operation; each connection taken
+        goes back to the pool (``_release``), and the pool replaces a dropped one."""
+        for _ in range(self.pool_size + 1):  # every pooled connection cut at once, then a fresh one
+            with _unavailable():
+                async with self._connection() as conn:
+                    try:
+                        if transaction is None:
+                            return await work(conn)
+                        async with conn.transaction(**transaction):
+                            return await work(conn)
+                    except (asyncpg.InternalClientError, asyncpg.InterfaceError) as exc:
+                        if not _ended_before(exc, conn):
+                            raise
+                        cut: BaseException = exc
+            log.debug("the database had ended a pooled connection's session (%s); running the work on another", cut)
+        raise StoreUnavailable(f"the PostgreSQL database ended {self.pool_size + 1} connections in a row "
+                               "before the work reached it") from cut
+
     async def _fetch(self, name: str, *args: Any) -> list[Any]:
-        with _unavailable():
-            async with self._connection() as conn:
-                return list(await conn.fetch(SQL[name], *args))
+        return list(await self._run(lambda conn: conn.fetch(SQL[name], *args)))
 
     async def _execute(self, name: str, *args: Any) -> None:
-        with _unavailable():
-            async with self._connection() as conn:
-                await conn.execute(SQL[name], *args)
+        await self._run(lambda conn: conn.execute(SQL[name], *args))
 
     async def _fetchrow(self, name: str, *args: Any) -> Any:
-        with _unavailable():
-            async with self._connection() as conn:
-                return await conn.fetchrow(SQL[name], *args)
+        return await self._run(lambda conn: conn.fetchrow(SQL[name], *args))
 
     async def _fetchval(self, name: str, *args: Any) -> Any:
-        with _unavailable():
-            async with self._connection() as conn:
-                return await conn.fetchval(SQL[name], *args)
-
-    @asynccontextmanager
-    async def _transaction(self, **options: Any) -> AsyncIterator[asyncpg.Connection]:
-        """A pooled connection in a transaction (``options``: asyncpg's isolation, readonly),
-        committed when the block ends, rolled back when it raises."""
-        with _unavailable():
-            async with self._connection() as conn, conn.transaction(**options):
-                yield conn
+        return await self._run(lambda conn: conn.fetchval(SQL[name], *args))
 
     @asynccontextmanager
     async def transaction(self, *, connection: Any = None) -> AsyncIterator[_PostgresTransaction]:
@@ -390,7 +462,7 @@ class PostgresStore:
         async with self._connection() as conn:
             try:
                 tx = conn.transaction()
-                with _unavailable():
+                with _unavailable(conn):
                     await tx.start()
                 try:
                     yield _PostgresTransaction(conn)
@@ -398,7 +470,7 @@ class PostgresStore:
                     with contextlib.suppress(*UNAVAILABLE):  # a lost connection's transaction is the server's to undo
                         await tx.rollback()
                     raise
-                with _unavailable():
+                with _unavailable(conn):
                     await tx.commit()
             finally:
                 with contextlib.suppress(Exception):  # the caller's SQL may have changed the session (SET, ...)
@@ -407,10 +479,12 @@ class PostgresStore:
     # -- schema, clock and wake-ups ----------------------------------------------------------
 
     async def migrate(self) -> list[str]:
-        async with self._transaction() as conn:
+        async def work(conn: asyncpg.Connection) -> list[str]:
             await conn.execute(SQL["lock_migrations"])
             await conn.execute(SQL["create_migrations_table"])
             return await run_migrations(_PostgresMigration(conn), scripts_for(self.dialect))
+
+        return await self._run(work, transaction={})
 
     async def ping(self) -> None:
         try:
@@ -422,15 +496,16 @@ class PostgresStore:
         """How far the database's clock is ahead of this host's, in seconds (negative: behind):
         the database's time minus this host's at the middle of the round trip that read it, the
         quickest of three (the least room for the answer to have been read early or late)."""
-        samples: list[tuple[float, float]] = []
-        with _unavailable():
-            async with self._connection() as conn:
-                for _ in range(3):
-                    sent = time.time()
-                    theirs: datetime = await conn.fetchval(SQL["clock"])
-                    back = time.time()
-                    samples.append((back - sent, theirs.timestamp() - (sent + back) / 2))
-        return min(samples)[1]
+        async def work(conn: asyncpg.Connection) -> float:
+            samples: list[tuple[float, float]] = []
+            for _ in range(3):
+                sent = time.time()
+                theirs: datetime = await conn.fetchval(SQL["clock"])
+                back = time.time()
+                samples.append((back - sent, theirs.timestamp() - (sent + back) / 2))
+            return min(samples)[1]
+
+        return await self._run(work)
 
     async def listen(self, wake: Callable[[], None]) -> None:
         """Call ``wake`` whenever a transaction that made an intent pending (an enqueue, a replay,
@@ -445,6 +520,7 @@ class PostgresStore:
             except Exception as exc:  # the next try may work; polling covers the gap
                 log.warning("cannot listen for due intents (%s); trying again in %.1fs", exc, pause)
             else:
+                failure: Exception | None = None
                 try:
                     lost = await _start_listening(conn, wake)
                     pause = RELISTEN_SECONDS[0]
@@ -454,27 +530,30 @@ class PostgresStore:
                             await asyncio.wait_for(lost.wait(), KEEPALIVE_SECONDS)
                         except TimeoutError:
                             await conn.fetchval(SQL["ping"], timeout=KEEPALIVE_SECONDS)
-                    log.warning("the connection listening for due intents was lost; listening again")
-                except Exception as exc:
-                    log.warning("listening for due intents failed (%s); listening again", exc)
+                except Exception as exc:  # refused as the server ended the session: lost, like the rest
+                    failure = None if _ended_before(exc, conn) else exc
                 finally:
                     await _hang_up(conn)
+                if failure is None:
+                    log.warning("the connection listening for due intents was lost; listening again")
+                else:
+                    log.warning("listening for due intents failed (%s); listening again", failure)
             await asyncio.sleep(pause)
             pause = min(pause * 2, RELISTEN_SECONDS[1])
 
     # -- intents ---------------------------------------------------------------------------
 
     async def insert_intent(self, new: NewIntent, event: Event) -> Enqueued:
-        async with self._transaction() as conn:
-            return await _insert_intent(conn, new, event)
+        return await self._run(lambda conn: _insert_intent(conn, new, event), transaction={})
 
     async def insert_intents(self, items: Sequence[tuple[NewIntent, Event]]) -> list[Enqueued]:
-        async with self._transaction() as conn:
+        async def work(conn: asyncpg.Connection) -> list[Enqueued]:
             return whole_or_refused(await _insert_batch(conn, items))
 
+        return await self._run(work, transaction={})
+
     async def insert_each(self, items: Sequence[tuple[NewIntent, Event]]) -> list[Enqueued | OutboxError]:
-        async with self._transaction() as conn:
-            return await _insert_batch(conn, items)
+        return await self._run(lambda conn: _insert_batch(conn, items), transaction={})
 
     async def get_intent(self, key: str) -> Intent | None:
         row = await self._fetchrow("intent_by_key", key)
@@ -484,7 +563,7 @@ class PostgresStore:
         return [_intent(row) for row in await self._fetch("intents_by_action", action_id)]
 
     async def history(self, key: str) -> History:
-        async with self._transaction(isolation="repeatable_read", readonly=True) as conn:  # one snapshot
+        async def work(conn: asyncpg.Connection) -> History:
             row = await conn.fetchrow(SQL["intent_by_key"], key)
             if row is None:
                 return History()
@@ -493,6 +572,8 @@ class PostgresStore:
                 events=[_event(r) for r in await conn.fetch(SQL["events_of"], row["seq"])],
                 intent=_intent(row),
             )
+
+        return await self._run(work, transaction=SNAPSHOT)
 
     async def list_intents(self, query: IntentQuery) -> Page:
         params: list[Any] = [query.limit + 1]
@@ -515,9 +596,8 @@ class PostgresStore:
         ):
             if value is not None:
                 where.append(f"{condition} {param(value)}")
-        with _unavailable():
-            async with self._connection() as conn:
-                rows = await conn.fetch(SQL["list_intents"].format(where=" AND ".join(where) or "true"), *params)
+        rows = await self._run(lambda conn: conn.fetch(
+            SQL["list_intents"].format(where=" AND ".join(where) or "true"), *params))
         intents = [_intent(row) for row in rows[: query.limit]]
         more = len(rows) > query.limit
         return Page(intents, intents[-1].seq if more and intents else None)
@@ -554,12 +634,15 @@ class PostgresStore:
                   [e.reason for e in events], [_data(e) for e in events])
         # (tests only) an outcome's write in a transaction of its own, so a crash can cut it before COMMIT
         crashing = crash.armed == "mid_group_commit" and attempt is not None and attempt.finished_at is not None
-        with _unavailable():
-            async with self._connection() as conn, conn.transaction() if crashing else contextlib.nullcontext():
-                row = await conn.fetchrow(_update_sql(tuple(values)), key, expected.value, fence, *logged,
-                                          *_attempt_values(attempt), *values.values())
-                if crashing:
-                    crash.crash_point("mid_group_commit")
+
+        async def work(conn: asyncpg.Connection) -> Any:
+            row = await conn.fetchrow(_update_sql(tuple(values)), key, expected.value, fence, *logged,
+                                      *_attempt_values(attempt), *values.values())
+            if crashing:
+                crash.crash_point("mid_group_commit")
+            return row
+
+        row = await self._run(work, transaction={} if crashing else None)
         refused = decide_target(key, None if row is None else (row["found_status"], row["found_fence"]),
                                 expected=expected, fence=fence)
         if refused is not None:
@@ -590,11 +673,11 @@ class PostgresStore:
                 for row in await self._fetch("expired_leases", now, limit)]
 
     async def first_submission_at(self, key: str) -> datetime | None:
-        found: datetime | None = await self._fetchval("first_submission", key)
+        found: datetime | None = _time(await self._fetchval("first_submission", key))
         return found
 
     async def next_due_at(self) -> datetime | None:
-        found: datetime | None = await self._fetchval("next_due_at")
+        found: datetime | None = _time(await self._fetchval("next_due_at"))
         return found
 
     async def prune(self, before: datetime, *, dry_run: bool, limit: int | None) -> list[str]:
@@ -604,17 +687,21 @@ class PostgresStore:
         return [(row[0], row[1], row[2]) for row in await self._fetch("count_by_status")]
 
     async def oldest_due_at(self, now: datetime) -> datetime | None:
-        found: datetime | None = await self._fetchval("oldest_due", now)
+        found: datetime | None = _time(await self._fetchval("oldest_due", now))
         return found
 
     async def activity(self, since: datetime, now: datetime) -> Activity:
-        with _unavailable():
-            async with self._connection() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
-                return Activity(
-                    [AttemptMinute(*row) for row in await conn.fetch(SQL["activity_minutes"], since)],
-                    [Failure(*row) for row in await conn.fetch(SQL["activity_failures"], since)],
-                    [Waiting(*row) for row in await conn.fetch(SQL["activity_waiting"], now)],
-                    [Span(*row) for row in await conn.fetch(SQL["activity_backlog"], since)])
+        async def work(conn: asyncpg.Connection) -> Activity:
+            return Activity(
+                [AttemptMinute(d, _time(m), o, n, ms, _time(last))
+                 for d, m, o, n, ms, last in await conn.fetch(SQL["activity_minutes"], since)],
+                [Failure(d, _time(at), o, code, error)
+                 for d, at, o, code, error in await conn.fetch(SQL["activity_failures"], since)],
+                [Waiting(d, n, _time(oldest)) for d, n, oldest in await conn.fetch(SQL["activity_waiting"], now)],
+                [Span(_time(start), _time(end), n)
+                 for start, end, n in await conn.fetch(SQL["activity_backlog"], since)])
+
+        return await self._run(work, transaction=SNAPSHOT)
 
     async def disable_destination(self, destination_id: str, at: datetime) -> None:
         await self._execute("disable_destination", at, destination_id)
@@ -645,24 +732,61 @@ class PostgresStore:
 
     async def put_destination(self, destination: Destination) -> bool:
         d = destination
-        created: bool = await self._fetchval(
-            "put_destination",
-            d.id, d.channel, json.dumps(dict(d.settings)), json.dumps(list(d.secrets)), d.idempotent,
-            d.retention_seconds, d.on_unknown.value, d.timeout_seconds, d.requires_approval,
-            d.allow_private_network, d.disabled, d.created_at, d.updated_at, d.reconcile,
-            d.ordering.value, d.ordering_on_dead.value,
-        )
-        return created
+        keyring = required(self.keyring)
+
+        async def work(conn: asyncpg.Connection) -> bool:
+            await conn.execute(SQL["propose_sealing_key"], keyring.primary)
+            key = keyring.sealing(await conn.fetchval(SQL["share_sealing_key"]))
+            created: bool = await conn.fetchval(
+                SQL["put_destination"],
+                d.id, d.channel, json.dumps(dict(d.settings)), keyring.seal(d.secrets, destination_id=d.id, key=key),
+                d.idempotent, d.retention_seconds, d.on_unknown.value, d.timeout_seconds, d.requires_approval,
+                d.allow_private_network, d.disabled, d.created_at, d.updated_at, d.reconcile,
+                d.ordering.value, d.ordering_on_dead.value,
+            )
+            return created
+
+        return await self._run(work, transaction={})
+
+    def _destination(self, row: asyncpg.Record) -> Destination:
+        return records.destination(row, _as_stored, self.keyring)
 
     async def get_destination(self, destination_id: str) -> Destination | None:
         row = await self._fetchrow("destination_by_id", destination_id)
-        return None if row is None else _destination(row)
+        return None if row is None else self._destination(row)
 
     async def list_destinations(self) -> list[Destination]:
-        return [_destination(row) for row in await self._fetch("list_destinations")]
+        return [self._destination(row) for row in await self._fetch("list_destinations")]
+
+    async def sealing_key(self) -> str | None:
+        try:
+            key: str | None = await self._fetchval("sealing_key")
+        except asyncpg.UndefinedTableError as exc:
+            raise StoreUnavailable("the database is not migrated; run `outbox migrate`") from exc
+        return key
+
+    async def reseal_secrets(self, key: str, *, plain_only: bool = False) -> int:
+        keyring = required(self.keyring)
+
+        def changes(rows: list[asyncpg.Record]) -> list[tuple[str, str]]:
+            return [(row["id"], sealed) for row in rows
+                    if (sealed := keyring.resealed(row["secrets"], destination_id=row["id"], key=key,
+                                                   plain_only=plain_only)) is not None]
+
+        if await self.sealing_key() == key and not changes(await self._fetch("destination_secrets")):
+            return 0  # nothing to seal: no write
+        async def work(conn: asyncpg.Connection) -> int:
+            await conn.execute(SQL["propose_sealing_key"], key)
+            await conn.execute(SQL["lock_sealing_key"])  # writers of secrets wait until this commits
+            resealed = changes(await conn.fetch(SQL["lock_destination_secrets"]))
+            await conn.executemany(SQL["put_destination_secrets"], resealed)
+            await conn.execute(SQL["set_sealing_key"], key)
+            return len(resealed)
+
+        return await self._run(work, transaction={})
 
     async def delete_destination(self, destination_id: str) -> None:
-        async with self._transaction() as conn:
+        async def work(conn: asyncpg.Connection) -> None:
             decide_destination_delete(
                 destination_id,
                 exists=await conn.fetchval(SQL["lock_destination"], destination_id) is not None,
@@ -671,6 +795,8 @@ class PostgresStore:
                 grants=[row[0] for row in await conn.fetch(SQL["grants_for_destination"], destination_id)],
             )
             await conn.execute(SQL["delete_destination"], destination_id)
+
+        await self._run(work, transaction={})
 
     # -- tokens ----------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from typing import Any, Literal, Protocol, overload
 from ..destinations import Destination
 from ..errors import OutboxError
 from ..grants import Grant, GrantSpec
+from ..keyring import Keyring
 from ..model import Attempt, Enqueued, Event, Intent, NewIntent, Status
 from ..tokens import TokenInfo
 
@@ -139,6 +140,8 @@ class Store(Protocol):
     """An outbox database."""
 
     dialect: str
+    #: Seals and opens destination secrets (``outbox.keyring``); ``Outbox.open`` gives it one.
+    keyring: Keyring | None
 
     async def open(self) -> None:
         """Connect; does not migrate."""
@@ -307,7 +310,9 @@ class Store(Protocol):
         ...
 
     async def put_destination(self, destination: Destination) -> bool:
-        """Register or replace a destination; True when it was new."""
+        """Register or replace a destination, its secrets sealed with the keyring under the key
+        the database names (naming the keyring's first when it names none); True when it was new.
+        Raises SecretsKeyError when the keyring does not hold that key."""
         ...
 
     async def get_destination(self, destination_id: str) -> Destination | None:
@@ -321,6 +326,17 @@ class Store(Protocol):
     async def delete_destination(self, destination_id: str) -> None:
         """Remove a destination. Raises NotFound, or DestinationInUse while intents still wait
         on it or name it in their history."""
+        ...
+
+    async def sealing_key(self) -> str | None:
+        """The id of the key destination secrets are sealed under, or None before any is named."""
+        ...
+
+    async def reseal_secrets(self, key: str, *, plain_only: bool = False) -> int:
+        """In one transaction, seal every destination's secrets under ``key`` (with ``plain_only``,
+        only those still stored plain) and name ``key`` as the one to seal under; returns how
+        many destinations' secrets changed. Raises SecretsKeyError, changing nothing, when some
+        destination's secrets do not open."""
         ...
 
     async def insert_token(self, info: TokenInfo, token_hash: str) -> None:

@@ -27,6 +27,7 @@ from ..crash import crash_point
 from ..destinations import Destination
 from ..errors import NoDatabase, NotFound, OutboxError, StoreUnavailable
 from ..grants import Grant, GrantSpec
+from ..keyring import Keyring, required
 from ..model import Attempt, Enqueued, Event, Intent, NewIntent, Status
 from ..tokens import TokenInfo
 from . import records
@@ -65,9 +66,10 @@ def _stored(value: Any) -> Any:
 _intent = functools.partial(records.intent, time=from_us)
 _attempt = functools.partial(records.attempt, time=from_us)
 _event = functools.partial(records.event, time=from_us)
-_destination = functools.partial(records.destination, time=from_us)
 _token = functools.partial(records.token, time=from_us)
 _grant = functools.partial(records.grant, time=from_us)
+#: A time read outside a record (an aggregate's), as records read theirs.
+_time = functools.partial(records.nearest, from_us)
 
 
 def _attempt_row(seq: int, a: Attempt) -> list[Any]:
@@ -281,10 +283,12 @@ class SqliteStore:
     dialect = "sqlite"
     max_batch = 256
 
-    def __init__(self, path: str | Path, *, busy_timeout_ms: int = 5000, create: bool = True) -> None:
+    def __init__(self, path: str | Path, *, busy_timeout_ms: int = 5000, create: bool = True,
+                 keyring: Keyring | None = None) -> None:
         self.path = Path(path)
         #: Whether opening makes the file when there is none (else NoDatabase).
         self.create = create
+        self.keyring = keyring
         self._busy_timeout_ms = busy_timeout_ms
         self._writer: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
@@ -548,14 +552,14 @@ class SqliteStore:
             row = conn.execute(SQL["intent_by_key"], (key,)).fetchone()
             if row is None:
                 return None
-            return from_us(conn.execute(SQL["first_submission"], (row["seq"],)).fetchone()[0])
+            return _time(conn.execute(SQL["first_submission"], (row["seq"],)).fetchone()[0])
 
         return await self._read(run)
 
     async def next_due_at(self) -> datetime | None:
         def run(conn: sqlite3.Connection) -> datetime | None:
             row = conn.execute(SQL["next_due_at"]).fetchone()
-            return None if row is None else from_us(row[0])
+            return None if row is None else _time(row[0])
 
         return await self._read(run)
 
@@ -579,19 +583,19 @@ class SqliteStore:
         return await self._read(lambda conn: [tuple(r) for r in conn.execute(SQL["count_by_status"])])
 
     async def oldest_due_at(self, now: datetime) -> datetime | None:
-        return await self._read(lambda conn: from_us(conn.execute(SQL["oldest_due"], (to_us(now),)).fetchone()[0]))
+        return await self._read(lambda conn: _time(conn.execute(SQL["oldest_due"], (to_us(now),)).fetchone()[0]))
 
     async def activity(self, since: datetime, now: datetime) -> Activity:
         def read(conn: sqlite3.Connection) -> Activity:
             after = to_us(since)
             return Activity(
-                [AttemptMinute(d, from_us(m), o, n, ms, from_us(last))
+                [AttemptMinute(d, _time(m), o, n, ms, _time(last))
                  for d, m, o, n, ms, last in conn.execute(SQL["activity_minutes"], (after,))],
-                [Failure(d, from_us(at), o, code, error)
+                [Failure(d, _time(at), o, code, error)
                  for d, at, o, code, error in conn.execute(SQL["activity_failures"], (after,))],
-                [Waiting(d, n, from_us(oldest))
+                [Waiting(d, n, _time(oldest))
                  for d, n, oldest in conn.execute(SQL["activity_waiting"], (to_us(now),))],
-                [Span(from_us(start), from_us(end), n)
+                [Span(_time(start), _time(end), n)
                  for start, end, n in conn.execute(SQL["activity_backlog"], (after,))])
 
         return await self._read(read)
@@ -640,16 +644,19 @@ class SqliteStore:
 
     async def put_destination(self, destination: Destination) -> bool:
         d = destination
+        keyring = required(self.keyring)
 
         def run(conn: sqlite3.Connection) -> bool:
             existed = conn.execute(SQL["destination_by_id"], (d.id,)).fetchone() is not None
+            conn.execute(SQL["propose_sealing_key"], (keyring.primary,))
+            key = keyring.sealing(conn.execute(SQL["sealing_key"]).fetchone()[0])
             conn.execute(
                 SQL["put_destination"],
                 (
                     d.id,
                     d.channel,
                     json.dumps(dict(d.settings)),
-                    json.dumps(list(d.secrets)),
+                    keyring.seal(d.secrets, destination_id=d.id, key=key),
                     int(d.idempotent),
                     d.retention_seconds,
                     d.on_unknown.value,
@@ -668,18 +675,64 @@ class SqliteStore:
 
         return await self._write(run)
 
+    def _destination(self, row: sqlite3.Row) -> Destination:
+        return records.destination(row, from_us, self.keyring)
+
     async def get_destination(self, destination_id: str) -> Destination | None:
         def run(conn: sqlite3.Connection) -> Destination | None:
             row = conn.execute(SQL["destination_by_id"], (destination_id,)).fetchone()
-            return None if row is None else _destination(row)
+            return None if row is None else self._destination(row)
 
         return await self._read(run)
 
     async def list_destinations(self) -> list[Destination]:
         def run(conn: sqlite3.Connection) -> list[Destination]:
-            return [_destination(row) for row in conn.execute(SQL["list_destinations"])]
+            return [self._destination(row) for row in conn.execute(SQL["list_destinations"])]
 
         return await self._read(run)
+
+    async def sealing_key(self) -> str | None:
+        def run(conn: sqlite3.Connection) -> str | None:
+            try:
+                row = conn.execute(SQL["sealing_key"]).fetchone()
+            except sqlite3.OperationalError as exc:
+                raise StoreUnavailable("the database is not migrated; run `outbox migrate`") from exc
+            return None if row is None else str(row[0])
+
+        return await self._read(run)
+
+    async def reseal_secrets(self, key: str, *, plain_only: bool = False) -> int:
+        keyring = required(self.keyring)
+
+        def changes(conn: sqlite3.Connection) -> tuple[str | None, list[tuple[str, str]]]:
+            recorded = conn.execute(SQL["sealing_key"]).fetchone()
+            return recorded and recorded[0], [
+                (sealed, row["id"]) for row in conn.execute(SQL["destination_secrets"])
+                if (sealed := keyring.resealed(row["secrets"], destination_id=row["id"], key=key,
+                                               plain_only=plain_only)) is not None]
+
+        recorded, found = await self._read(changes)
+        if recorded == key and not found:
+            return 0  # nothing to seal: no write
+
+        def run(conn: sqlite3.Connection) -> int:
+            _, resealed = changes(conn)
+            # what the new values replace (plain text, or values sealed under a retired key) is
+            # overwritten in the file, not only unlinked from the table
+            secure = conn.execute("PRAGMA secure_delete").fetchone()[0]
+            conn.execute("PRAGMA secure_delete = ON")
+            try:
+                conn.executemany(SQL["put_destination_secrets"], resealed)
+            finally:
+                conn.execute(f"PRAGMA secure_delete = {('OFF', 'ON', 'FAST')[secure]}")
+            conn.execute(SQL["propose_sealing_key"], (key,))
+            conn.execute(SQL["set_sealing_key"], (key,))
+            return len(resealed)
+
+        resealed = await self._write(run)
+        async with self._c.lock:  # and earlier versions of those pages leave the write-ahead log
+            await on_thread(self._c.db, lambda conn: conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall())
+        return resealed
 
     async def delete_destination(self, destination_id: str) -> None:
         def run(conn: sqlite3.Connection) -> None:

@@ -18,14 +18,20 @@ from typing import Any
 import pytest
 import uvicorn
 
+from .. import pg
 from ..receiver import Receiver
 
 OUTBOX = str(Path(sys.executable).parent / "outbox")
 
 
 def clean_env(**settings: str) -> dict[str, str]:
-    """This process's environment without any ``OUTBOX_*`` variable, plus ``settings``."""
-    return {**{k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}, **settings}
+    """This process's environment without any ``OUTBOX_*`` variable, plus ``settings``; a
+    PostgreSQL database URL comes with the run's secrets key file (``tests/pg.py``), which every
+    process on one PostgreSQL needs, unless ``settings`` name one."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
+    if settings.get("OUTBOX_DATABASE_URL", "").startswith("postgres"):
+        env.update(pg.key_env())
+    return {**env, **settings}
 
 
 @contextmanager

@@ -15,6 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from outbox.store.migrator import scripts_for
+
 from ..conftest import SECRET, free_port
 from ..receiver import Receiver, Reply
 from .conftest import OUTBOX, clean_env
@@ -178,7 +180,8 @@ def test_sigterm_answers_long_polls_and_stops_the_sender_at_once(workdir: Path, 
 def test_cli_errors_are_clear_and_exit_nonzero(workdir: Path):
     nowhere = cli(workdir, "show", "nothing-here", check=False)
     assert nowhere.returncode == 1 and "error: there is no outbox database at sqlite:///./outbox.db" in nowhere.stderr
-    assert cli(workdir, "migrate").stdout.strip() == "database is up to date"
+    shipped = [m.name for m in scripts_for("sqlite")]
+    assert cli(workdir, "migrate").stdout.strip() == f"applied {len(shipped)} migrations: {', '.join(shipped)}"
     missing = cli(workdir, "show", "nothing-here", check=False)
     assert missing.returncode == 1
     assert "error: intent 'nothing-here' does not exist" in missing.stderr
@@ -192,7 +195,8 @@ def test_cli_errors_are_clear_and_exit_nonzero(workdir: Path):
     clash = cli(workdir, "enqueue", "--destination", "billing", "--scope", "acme", "--payload",
                 '{"a": 2}', "--action-id", "x-1", check=False)
     assert clash.returncode == 1 and "already exists" in clash.stderr
-    assert cli(workdir, "migrate").stdout.strip() == "database is up to date"
+    assert cli(workdir, "migrate").stdout.strip() == "database is up to date: no migration to apply"
+    assert json.loads(cli(workdir, "migrate", "--json").stdout)["applied"] == []
 
 
 def test_help_names_the_environment_variable_behind_each_option(workdir: Path):

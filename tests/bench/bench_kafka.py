@@ -57,6 +57,7 @@ from typing import Any
 
 import harness
 from bench_delivery import (
+    SECRET,
     Cpu,
     NoopChannel,
     check_delivered,
@@ -260,7 +261,7 @@ def destination_spec(bootstrap: str, topic: str, ordered: bool) -> Any:
 
     return KafkaSpec.model_validate({
         "channel": "kafka", "bootstrap_servers": [bootstrap], "topic": topic, "allow_private_network": True,
-        "timeout_seconds": TIMEOUT_SECONDS, **({"ordering": "key"} if ordered else {})})
+        "timeout_seconds": TIMEOUT_SECONDS, "secret": SECRET, **({"ordering": "key"} if ordered else {})})
 
 
 async def channel_alone(peer: KafkaPeer, topic: str, n: int, concurrency: int) -> Run:
@@ -276,7 +277,7 @@ async def channel_alone(peer: KafkaPeer, topic: str, n: int, concurrency: int) -
     now = datetime.now(UTC)
     spec = destination_spec(peer.broker.bootstrap, topic, ordered=False)
     destination = Destination(
-        id=DESTINATION, channel="kafka", settings=spec.settings(), secrets=(), idempotent=False,
+        id=DESTINATION, channel="kafka", settings=spec.settings(), secrets=(SECRET,), idempotent=False,
         retention_seconds=86_400, on_unknown=OnUnknown.ALWAYS, timeout_seconds=TIMEOUT_SECONDS,
         requires_approval=False, allow_private_network=True, disabled=False, created_at=now, updated_at=now)
     total = WARMUP_PER_SLOT * concurrency + n

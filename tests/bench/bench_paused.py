@@ -7,7 +7,7 @@ at concurrency 16 runs until the healthy intent is delivered. Printed per round:
 ``circuit_failures=0`` (never pause) and with the default (pause after 5 sends without an
 answer), and the ratio of the two. The receiver is bench_delivery.py's, in its own process.
 
-    python tests/bench/bench_paused.py [--n N] [--rounds R]
+    python tests/bench/bench_paused.py [--n N] [--rounds R] [--quick]
 """
 
 from __future__ import annotations
@@ -90,12 +90,13 @@ async def run(n: int, rounds: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = harness.new_parser(__doc__)
-    parser.add_argument("--n", type=int, default=300, help="intents to the silent receiver (300)")
+    parser.add_argument("--n", type=int, help="intents to the silent receiver (300; 100 with --quick)")
     parser.add_argument("--rounds", type=int, default=1, help="rounds (1)")
+    parser.add_argument("--quick", action="store_true", help="100 intents to the silent receiver: a third of the wait")
     args = parser.parse_args(argv)
-    if args.n < 1 or args.rounds < 1:
-        parser.error("--n and --rounds must be positive")
-    return harness.run_main(run(args.n, args.rounds), uvloop=False)
+    harness.require_positive(parser, args, ("n", "rounds"))
+    n = args.n if args.n is not None else (100 if args.quick else 300)
+    return harness.run_main(run(n, args.rounds), uvloop=False)
 
 
 if __name__ == "__main__":

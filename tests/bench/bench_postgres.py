@@ -379,7 +379,7 @@ async def check_received(receiver: Receiver, path: str, n: int) -> None:
 def outbox_settings(concurrency: int) -> Any:
     from outbox import Settings
 
-    return Settings(authority="allow-all", worker_concurrency=concurrency)
+    return Settings(authority="allow-all", worker_concurrency=concurrency, secrets_key_file=harness.key_file())
 
 
 async def open_outbox(dsn: str, hook: str, concurrency: int) -> Any:

@@ -58,9 +58,27 @@ def log_tail(path: Path, lines: int = 30) -> str:
     return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
 
 
+def key_file() -> Path:
+    """The key file that seals the benchmarks' destination secrets on PostgreSQL (which needs one
+    from the operator), made once per run."""
+    global _key_file
+    if _key_file is None:
+        from outbox.keyring import generate_key, write_keys
+
+        _key_file = Path(tempfile.mkdtemp(prefix="bench-key-")) / "secrets.key"
+        write_keys(_key_file, [generate_key()], replace=False)
+    return _key_file
+
+
+_key_file: Path | None = None
+
+
 def clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without any ``OUTBOX_*`` variable, plus ``extra``."""
+    """This process's environment without any ``OUTBOX_*`` variable, plus ``extra``; a PostgreSQL
+    database URL comes with the run's secrets key file."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
+    if extra.get("OUTBOX_DATABASE_URL", "").startswith("postgres"):
+        env["OUTBOX_SECRETS_KEY_FILE"] = str(key_file())
     return {**env, **extra}
 
 

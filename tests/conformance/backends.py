@@ -10,12 +10,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from outbox.keyring import Keyring, generate_key
 from outbox.store import SqliteStore, Store
 
 from .. import pg
 
-#: Makes a fresh, empty, unopened store; ``directory`` is a new empty directory it may use. Its
-#: ``__name__`` names the backend in test ids.
+#: Makes a fresh, empty, unopened store with a keyring of its own; ``directory`` is a new empty
+#: directory it may use. Its ``__name__`` names the backend in test ids.
 StoreFactory = Callable[[Path], Awaitable[Store]]
 
 
@@ -26,10 +27,24 @@ class CallerSql:
     create: str  # creates the table ``orders (id, total)``
     insert: str  # inserts one order; two parameters: id, total
     count: str  # counts the orders
+    #: Times no datetime can hold, written by hand: an intent's (its action id, the parameter)
+    #: expires_at before year 1 UTC, its next_attempt_at after 9999 or as late as the store can
+    #: hold, and grant g1's expires_at as early as the store can hold.
+    before_year_1: str
+    after_year_9999: str
+    latest: str
+    grant_earliest: str
+
+
+def keyring(directory: Path) -> Keyring:
+    """A keyring of one new key, read from a file in ``directory`` (where a test may add keys)."""
+    path = directory / "secrets.key"
+    path.write_text(generate_key() + "\n")
+    return Keyring.read(path)
 
 
 async def sqlite(directory: Path) -> Store:
-    return SqliteStore(directory / "conformance.db")
+    return SqliteStore(directory / "conformance.db", keyring=keyring(directory))
 
 
 async def postgres(directory: Path) -> Store:
@@ -43,7 +58,7 @@ async def postgres(directory: Path) -> Store:
             finally:
                 await pg.drop_database(self.dsn)
 
-    return ThrowawayPostgresStore(await pg.create_database())
+    return ThrowawayPostgresStore(await pg.create_database(), keyring=keyring(directory))
 
 
 #: Every backend the suite runs against.
@@ -55,10 +70,20 @@ CALLER_SQL: dict[str, CallerSql] = {
         create="CREATE TABLE orders (id INTEGER PRIMARY KEY, total INTEGER NOT NULL)",
         insert="INSERT INTO orders (id, total) VALUES (?, ?)",
         count="SELECT count(*) FROM orders",
+        # integer microseconds since 1970: 0000-12-31T23:00:00Z, and 10000-01-01T00:59:59Z
+        before_year_1="UPDATE intents SET expires_at = -62135600400000000 WHERE action_id = ?",
+        after_year_9999="UPDATE intents SET next_attempt_at = 253402304399000000 WHERE action_id = ?",
+        latest="UPDATE intents SET next_attempt_at = 9223372036854775807 WHERE action_id = ?",
+        grant_earliest="UPDATE grants SET expires_at = -9223372036854775808 WHERE id = 'g1'",
     ),
     "postgres": CallerSql(
         create="CREATE TABLE orders (id integer PRIMARY KEY, total integer NOT NULL)",
         insert="INSERT INTO orders (id, total) VALUES ($1, $2)",
         count="SELECT count(*) FROM orders",
+        # what the issue's requests would have stored, had PostgreSQL not refused them in Python
+        before_year_1="UPDATE intents SET expires_at = '0001-01-01 00:00:00+01' WHERE action_id = $1",
+        after_year_9999="UPDATE intents SET next_attempt_at = '9999-12-31 23:59:59-01' WHERE action_id = $1",
+        latest="UPDATE intents SET next_attempt_at = 'infinity' WHERE action_id = $1",
+        grant_earliest="UPDATE grants SET expires_at = '-infinity' WHERE id = 'g1'",
     ),
 }

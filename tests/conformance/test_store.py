@@ -11,6 +11,8 @@ branches; the last one fails if some method of the store protocol was never call
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -33,6 +35,7 @@ from outbox import (
     OnUnknown,
     Outcome,
     Role,
+    SecretsKeyError,
     StaleWrite,
     Status,
     StoreUnavailable,
@@ -41,8 +44,10 @@ from outbox import (
 )
 from outbox.destinations import Destination
 from outbox.grants import GrantSpec
+from outbox.keyring import generate_key, key_id
 from outbox.model import NewIntent, OnDead, Ordering
 from outbox.store import Store
+from outbox.store.records import FIRST, LAST
 from outbox.tokens import TokenInfo
 
 from .backends import CALLER_SQL, STORE_FACTORIES, StoreFactory
@@ -351,6 +356,74 @@ async def test_destinations_are_registered_replaced_and_listed(store):
     assert found.settings == settings and found.secrets == ("whsec_x",)
     assert [d.id for d in await store.list_destinations()] == ["approvals", "billing", "crm"]
     assert await store.get_destination("nope") is None
+
+
+async def stored_secrets(store: Store) -> dict[str, dict]:
+    """Each destination's secrets as the database holds them, read with the caller's own SQL."""
+    async with store.transaction() as tx:
+        return {id: json.loads(text) for id, text in await tx.execute("SELECT id, secrets FROM destinations")}
+
+
+async def test_secrets_are_stored_sealed_under_the_key_the_database_names(store):
+    await store.put_destination(destination("crm", secrets=("whsec_new", "whsec_old")))
+    key = await store.sealing_key()
+    assert key == store.keyring.primary  # named by the first write of a secret
+    stored = await stored_secrets(store)
+    assert {value["key"] for value in stored.values()} == {key}
+    assert "whsec_" not in json.dumps(stored)
+    assert (await store.get_destination("crm")).secrets == ("whsec_new", "whsec_old")
+    assert [d.secrets for d in await store.list_destinations()] == [("whsec_x",), ("whsec_x",),
+                                                                    ("whsec_new", "whsec_old")]
+
+
+async def test_a_write_under_a_key_the_keyring_lacks_is_refused_and_writes_nothing(store):
+    async with store.transaction() as tx:
+        await tx.execute("UPDATE secrets_key SET key_id = '0123456789abcdef'")
+    with pytest.raises(SecretsKeyError, match="0123456789abcdef"):
+        await store.put_destination(destination("crm"))
+    assert await store.get_destination("crm") is None
+
+
+def add_key(store: Store) -> str:
+    """A new key put first in the store's key file (its keyring reads it when asked for it); its id."""
+    new, path = generate_key(), store.keyring.path
+    path.write_text(new + "\n" + path.read_text())
+    return key_id(base64.b64decode(new))
+
+
+async def test_resealing_moves_every_secret_to_a_new_key_in_one_go(store):
+    key = add_key(store)
+    async with store.transaction() as tx:  # one destination still as an older release stored it
+        await tx.execute("""UPDATE destinations SET secrets = '["whsec_plain"]' WHERE id = 'approvals'""")
+    assert await store.reseal_secrets(key) == 2
+    assert await store.sealing_key() == key
+    assert {value["key"] for value in (await stored_secrets(store)).values()} == {key}
+    assert (await store.get_destination("approvals")).secrets == ("whsec_plain",)
+    assert await store.reseal_secrets(key) == 0  # nothing left to seal
+
+
+async def test_sealing_plain_secrets_leaves_sealed_ones_alone(store):
+    key = await store.sealing_key()
+    sealed = await stored_secrets(store)
+    async with store.transaction() as tx:
+        await tx.execute("""UPDATE destinations SET secrets = '["whsec_plain"]' WHERE id = 'approvals'""")
+    assert await store.reseal_secrets(key, plain_only=True) == 1
+    after = await stored_secrets(store)
+    assert after["billing"] == sealed["billing"] and after["approvals"]["key"] == key
+    assert (await store.get_destination("approvals")).secrets == ("whsec_plain",)
+
+
+async def test_a_reseal_that_cannot_open_one_destination_changes_nothing(store):
+    before = await stored_secrets(store)
+    altered = {**before["billing"], "sealed": before["approvals"]["sealed"]}  # another row's value
+    async with store.transaction() as tx:
+        await tx.execute(f"UPDATE destinations SET secrets = '{json.dumps(altered)}' WHERE id = 'billing'")
+    with pytest.raises(SecretsKeyError, match="'billing'"):
+        await store.get_destination("billing")
+    with pytest.raises(SecretsKeyError, match="'billing'"):
+        await store.reseal_secrets(add_key(store))
+    assert await stored_secrets(store) == {**before, "billing": altered}
+    assert await store.sealing_key() == before["approvals"]["key"]
 
 
 async def test_a_destination_is_deleted_only_when_nothing_refers_to_it(store):
@@ -705,6 +778,61 @@ async def test_due_times_count_only_pending_intents(store):
     assert claimed.action_id == "soon"
     assert await store.next_due_at() == T0 + timedelta(minutes=3)
     assert await store.oldest_due_at(T0 + timedelta(minutes=2)) is None
+
+
+# -- times written by hand, beyond what a datetime holds --------------------------------------
+
+
+async def written_by_hand(store: Store, statement: str, *parameters: str) -> None:
+    async with store.transaction() as tx:
+        await tx.execute(statement, parameters)
+
+
+async def test_a_time_no_datetime_can_hold_fails_no_read_of_the_rows_beside_it(store):
+    """Such a time (the issue's requests stored them on SQLite; anyone can write them by hand)
+    made every read that met its row raise OverflowError: each claim, each listing, the due
+    times, the history. It reads as the nearest time that can be read, the intent says which,
+    and what is due, expired or older stays so."""
+    sql = CALLER_SQL[store.dialect]
+    await store.insert_intents([new(name) for name in ("expired", "never", "latest", "fine")])
+    await store.put_grant("g1", GrantSpec(scope="acme", destination="*"), T0)
+    await written_by_hand(store, sql.before_year_1, "expired")
+    await written_by_hand(store, sql.after_year_9999, "never")
+    await written_by_hand(store, sql.latest, "latest")
+    await written_by_hand(store, sql.grant_earliest)
+
+    listed = {i.action_id: i for i in (await store.list_intents(IntentQuery())).intents}
+    assert listed["fine"].unreadable is None and listed["fine"].expires_at is None
+    assert listed["expired"].expires_at == FIRST
+    assert listed["expired"].unreadable is not None and "expires_at before 0001-01-01T00:00:00Z" in \
+        listed["expired"].unreadable
+    for name in ("never", "latest"):
+        assert listed[name].next_attempt_at == LAST
+        assert "next_attempt_at after 9999-12-31T23:59:59.999999Z" in (listed[name].unreadable or "")
+    claimed = await store.claim("w1", now=T0, lease_until=T0 + timedelta(seconds=30), limit=10)
+    assert sorted(i.action_id for i in claimed) == ["expired", "fine"]
+    assert await store.next_due_at() == LAST  # never and latest wait
+    assert [i.unreadable is not None for i in sorted(claimed, key=lambda i: i.action_id)] == [True, False]
+    activity = await store.activity(T0 - timedelta(hours=1), T0)
+    assert [(w.count, w.oldest_due_at) for w in activity.waiting] == [(4, None)]
+    assert await store.oldest_due_at(T0) is None
+
+    history = await store.history("acme/expired")
+    assert history.intent is not None and history.intent.unreadable and len(history.events) == 2
+    assert [i.action_id for i in await store.intents_named("never")] == ["never"]
+    dead = await store.update_intent("acme/expired", expected=Status.LEASED, status=Status.DEAD,
+                                     fence=history.intent.fence, changes={"lease_owner": None,
+                                                                          "lease_expires_at": None},
+                                     events=[Event(kind="dead_lettered", at=T0, actor="w1")])
+    assert dead.status is Status.DEAD and dead.expires_at == FIRST and dead.unreadable
+    for name, status in (("expired", Status.DEAD), ("never", Status.PENDING)):
+        cancelled = await store.update_intent(f"acme/{name}", expected=status, status=Status.CANCELLED,
+                                              events=[Event(kind="cancelled", at=T0, actor="op")])
+        assert cancelled.status is Status.CANCELLED
+
+    grant = await store.get_grant("g1")
+    assert grant is not None and grant.expires_at == FIRST  # long expired, as stored
+    assert await store.find_grant("acme", "billing", T0) is None
 
 
 # -- ordering per key --------------------------------------------------------------------------

@@ -18,7 +18,10 @@ Exactly what is substituted, since a pod or a container is not this host:
 - the metrics token (the Secret's ``metrics-token``) is secret.example.yaml's, as outbox.env's is
   outbox.env.example's, and /metrics is asked with it as Prometheus would send it;
 - the second worker replica's metrics port (the declared one, wherever it is given) becomes a free
-  port: on one host two processes cannot share it as two pods or containers do.
+  port: on one host two processes cannot share it as two pods or containers do;
+- the secrets key file (``OUTBOX_SECRETS_KEY_FILE``: where a pod mounts the Secret's
+  ``secrets-key``, or Compose its secret ``outbox-secrets-key``) becomes a key file made here, the
+  same for every process, as the Secret or the Compose secret is.
 Everything else (arguments, every other variable, the API's port, the first worker's metrics port,
 probe paths, grace periods) is used as declared.
 """
@@ -48,6 +51,7 @@ import yaml
 
 from outbox import DestinationSpec, Outbox, Settings, Status
 from outbox.grants import GrantSpec
+from outbox.keyring import generate_key
 
 from .. import pg
 from ..acceptance.test_postgres_scale import pid_of
@@ -168,12 +172,23 @@ def secret_example() -> dict[str, str]:
     return dict(documents(KUBERNETES / "secret.example.yaml")[0]["stringData"])
 
 
-def from_kubernetes(database_url: str) -> Declared:
+def with_key_file(declared: Declared, key_file: Path | None) -> Declared:
+    """``declared`` with each container's OUTBOX_SECRETS_KEY_FILE (which every one sets) made
+    ``key_file``, when given."""
+    for container in (declared.migrate, declared.api, declared.worker):
+        assert container.env.get("OUTBOX_SECRETS_KEY_FILE", "").startswith("/"), f"{container.name} names its key"
+    if key_file is None:
+        return declared
+    return Declared(*(replace(c, env={**c.env, "OUTBOX_SECRETS_KEY_FILE": str(key_file)})
+                      for c in (declared.migrate, declared.api, declared.worker)))
+
+
+def from_kubernetes(database_url: str, key_file: Path | None = None) -> Declared:
     secrets = {("outbox", key): value for key, value in secret_example().items()}
     secrets["outbox", "database-url"] = database_url
-    return Declared(migrate=kubernetes_container("Job", "outbox-migrate", secrets),
-                    api=kubernetes_container("Deployment", "outbox-api", secrets),
-                    worker=kubernetes_container("Deployment", "outbox-worker", secrets))
+    return with_key_file(Declared(migrate=kubernetes_container("Job", "outbox-migrate", secrets),
+                                  api=kubernetes_container("Deployment", "outbox-api", secrets),
+                                  worker=kubernetes_container("Deployment", "outbox-worker", secrets)), key_file)
 
 
 def compose() -> dict[str, Any]:
@@ -218,9 +233,10 @@ def compose_service(name: str, database_url: str) -> Container:
                      replicas=service.get("deploy", {}).get("replicas", 1))
 
 
-def from_compose(database_url: str) -> Declared:
-    return Declared(migrate=compose_service("migrate", database_url), api=compose_service("api", database_url),
-                    worker=compose_service("worker", database_url))
+def from_compose(database_url: str, key_file: Path | None = None) -> Declared:
+    return with_key_file(Declared(migrate=compose_service("migrate", database_url),
+                                  api=compose_service("api", database_url),
+                                  worker=compose_service("worker", database_url)), key_file)
 
 
 def both(database_url: str = "postgresql://outbox@db.example/outbox") -> list[Declared]:
@@ -252,22 +268,47 @@ def test_secrets_are_referenced_never_written_in() -> None:
     example = documents(KUBERNETES / "secret.example.yaml")[0]
     assert example["kind"] == "Secret" and example["metadata"]["name"] == "outbox"
     assert not [r for r in resources() if r["kind"] == "Secret"], "no Secret with values is applied"
-    for config in (r for r in resources() if r["kind"] == "ConfigMap"):
-        assert not any(re.search(r"URL|PASSWORD|TOKEN|SECRET", k) for k in config["data"]), config["data"]
+    for config in (r for r in resources() if r["kind"] == "ConfigMap"):  # (a *_FILE setting is a path)
+        assert not any(re.search(r"URL|PASSWORD|TOKEN|SECRET", k) and not k.endswith("_FILE")
+                       for k in config["data"]), config["data"]
     for workload in (r for r in resources() if r["kind"] in ("Job", "Deployment")):
         for spec in workload["spec"]["template"]["spec"]["containers"]:
             refs = {(v["valueFrom"]["secretKeyRef"]["name"], v["valueFrom"]["secretKeyRef"]["key"])
                     for v in spec["env"] if "secretKeyRef" in v.get("valueFrom", {})}
-            # every pod needs the database; the ones serving /metrics its token too
+            # every pod needs the database; the ones serving /metrics its token too (the secrets
+            # key is mounted as a file, never an environment variable)
             serves = workload["kind"] == "Deployment"
             assert refs == {("outbox", "database-url"), *([("outbox", "metrics-token")] if serves else [])}
-    assert set(example["stringData"]) == {"database-url", "metrics-token"}
+    assert set(example["stringData"]) == {"database-url", "metrics-token", "secrets-key"}
     # Compose: secrets only in env files (committed as .example), never in `environment`.
     for name, service in compose()["services"].items():
-        inline = {k for k in service.get("environment", {}) if re.search(r"PASSWORD|DATABASE_URL|TOKEN|SECRET", k)}
+        inline = {k for k in service.get("environment", {})
+                  if re.search(r"PASSWORD|DATABASE_URL|TOKEN|SECRET", k) and not k.endswith("_FILE")}
         assert not inline, f"{name} writes secrets inline: {inline}"
         for entry in service.get("env_file", []):
             assert (DEPLOY / f"{entry['path']}.example").is_file()
+
+
+def test_every_process_reads_the_secrets_key_from_a_secret_mounted_read_only() -> None:
+    """Kubernetes: OUTBOX_SECRETS_KEY_FILE names the Secret "outbox"'s key secrets-key as each pod
+    mounts it (read-only, readable by the pod's group only). Compose: it names the secret
+    outbox-secrets-key as Compose mounts it, from deploy/secrets.key, which git ignores."""
+    path = Path(one("ConfigMap", "outbox-config")["data"]["OUTBOX_SECRETS_KEY_FILE"])
+    for workload in (r for r in resources() if r["kind"] in ("Job", "Deployment")):
+        pod = workload["spec"]["template"]["spec"]
+        (spec,) = pod["containers"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        (mount,) = [m for m in spec["volumeMounts"] if Path(m["mountPath"]) == path.parent]
+        secret = volumes[mount["name"]]["secret"]
+        assert mount["readOnly"] is True and secret["secretName"] == "outbox", workload["metadata"]["name"]
+        assert secret["items"] == [{"key": "secrets-key", "path": path.name}]
+        assert secret["defaultMode"] == 0o440 and pod["securityContext"]["fsGroup"] == 10001
+    services = compose()["services"]
+    for name in ("migrate", "api", "worker"):
+        assert services[name]["secrets"] == ["outbox-secrets-key"], name
+        assert services[name]["environment"]["OUTBOX_SECRETS_KEY_FILE"] == "/run/secrets/outbox-secrets-key"
+    assert compose()["secrets"] == {"outbox-secrets-key": {"file": "./secrets.key"}}
+    assert "secrets.key" in (DEPLOY / ".gitignore").read_text().split()
 
 
 def test_pods_run_unprivileged_with_resources_and_probes() -> None:
@@ -515,11 +556,15 @@ def receiver() -> Iterator[Receiver]:
 
 @pytest.mark.acceptance
 @pytest.mark.parametrize("source", ["kubernetes", "compose"])
-def test_declared_commands_migrate_serve_deliver_and_drain(source: str, tmp_path: Path, receiver: Receiver) -> None:
+def test_declared_commands_migrate_serve_deliver_and_drain(source: str, tmp_path: Path, receiver: Receiver,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     with ExitStack() as stack:
         url = asyncio.run(pg.create_database())
         stack.callback(lambda: asyncio.run(pg.drop_database(url)))
-        declared = from_kubernetes(url) if source == "kubernetes" else from_compose(url)
+        key_file = tmp_path / "secrets.key"  # the Secret's secrets-key, or deploy/secrets.key
+        key_file.write_text(generate_key() + "\n")
+        monkeypatch.setenv("OUTBOX_SECRETS_KEY_FILE", str(key_file))  # this test's own outbox, too
+        declared = from_kubernetes(url, key_file) if source == "kubernetes" else from_compose(url, key_file)
 
         # The migration: runs to completion with exit code 0.
         with running(tmp_path, "migrate", declared.migrate) as migrate:

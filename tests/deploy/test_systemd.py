@@ -4,6 +4,7 @@ unit's command run for real, and stop timeouts above the worker's drain time."""
 
 from __future__ import annotations
 
+import asyncio
 import configparser
 import os
 import re
@@ -15,12 +16,16 @@ from pathlib import Path
 import pytest
 
 from outbox import Settings
+from outbox.keyring import generate_key
 
+from .. import pg
 from ..acceptance.conftest import OUTBOX, clean_env
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = ROOT / "deploy" / "systemd"
 DROP_IN = UNITS / "outbox-.service.d" / "10-common.conf"
+#: The second drop-in, installed as outbox-.service.d/20-secrets-key.conf where the key is kept apart.
+KEY_DROP_IN = UNITS / "secrets-key.conf"
 SERVICES = ("outbox-migrate.service", "outbox-serve.service", "outbox-worker.service")
 #: Where the units expect the installed program (a venv at /opt/outbox; see the README).
 INSTALLED = "/opt/outbox/bin/outbox"
@@ -144,3 +149,34 @@ def test_the_shared_drop_in_runs_every_unit_unprivileged_and_sandboxed():
         assert not {"User", "Group", "EnvironmentFile", "Environment"} & set(service), name  # one place for them
     sysusers = (UNITS / "outbox.sysusers.conf").read_text()
     assert re.search(r"^u outbox - \"[^\"]+\" /var/lib/outbox /usr/sbin/nologin$", sysusers, re.MULTILINE)
+
+
+def test_the_secrets_key_drop_in_verifies_and_hands_the_key_file_to_every_unit(tmp_path: Path):
+    """Installed beside the common drop-in, systemd accepts it; its OUTBOX_SECRETS_KEY_FILE is the
+    credential it loads (``%d`` is the unit's credentials directory), and what the migration unit
+    runs with such a file migrates a PostgreSQL database, where a key file is required."""
+    copy = installed_copy(tmp_path)
+    shutil.copy(KEY_DROP_IN, copy / DROP_IN.parent.name / "20-secrets-key.conf")
+    done = verify(copy, *SERVICES)
+    assert (done.returncode, done.stdout + done.stderr) == (0, "")
+    service = unit(KEY_DROP_IN)["Service"]
+    credential, source = service["LoadCredential"].split(":", 1)
+    assert source == "/etc/outbox/secrets.key" and service["Environment"] == f"OUTBOX_SECRETS_KEY_FILE=%d/{credential}"
+
+    credentials = tmp_path / "credentials"  # what systemd makes of %d, holding the copied key
+    credentials.mkdir()
+    (credentials / credential).write_text(generate_key() + "\n")
+    _, *arguments = shlex.split(unit(UNITS / "outbox-migrate.service")["Service"]["ExecStart"])
+    url = asyncio.run(pg.create_database())
+    try:
+        env = clean_env(OUTBOX_DATABASE_URL=url,
+                        OUTBOX_SECRETS_KEY_FILE=service["Environment"].split("=", 1)[1].replace("%d", str(credentials)))
+        migrated = subprocess.run([OUTBOX, *arguments], cwd=tmp_path, env=env, capture_output=True, text=True,
+                                  timeout=60)
+        assert migrated.returncode == 0, migrated.stderr
+        env.pop("OUTBOX_SECRETS_KEY_FILE")
+        without = subprocess.run([OUTBOX, *arguments], cwd=tmp_path, env=env, capture_output=True, text=True,
+                                 timeout=60)
+        assert without.returncode != 0 and "OUTBOX_SECRETS_KEY_FILE is not set" in without.stderr
+    finally:
+        asyncio.run(pg.drop_database(url))

@@ -40,7 +40,7 @@ from sender.email import EmailSpec
 from sender.kafka import KafkaSpec
 
 from ..acceptance.conftest import outbox_worker
-from ..conftest import rows
+from ..conftest import SECRET, rows
 from ..kafka import Broker
 from ..smtp import SmtpServer
 from .checker import IntentFact, Truth, check, off_diagonal, truth_table
@@ -102,7 +102,8 @@ async def target(request: pytest.FixtureRequest) -> AsyncIterator[Target]:
     await broker.create_topic(TOPIC, partitions=2)
     yield Target("kafka", KafkaSpec.model_validate({
         "channel": "kafka", "bootstrap_servers": [broker.bootstrap], "topic": TOPIC, "allow_private_network": True,
-        "timeout_seconds": 5.0, "enable_idempotence": broker.kind == "noida"}),  # (Tansu has no idempotent producer)
+        "timeout_seconds": 5.0, "secret": SECRET,
+        "enable_idempotence": broker.kind == "noida"}),  # (Tansu has no idempotent producer)
         lambda n: {"n": n}, lambda: topic_truth(broker), f"-{broker.kind}")
 
 

@@ -49,6 +49,7 @@ from outbox.store.sqlite import SqliteStore
 from sender import Worker
 
 from ..acceptance.conftest import clean_env, outbox_worker
+from ..acceptance.test_postgres_scale import Process, named, start
 from ..conftest import SECRET, eventually, rows
 from ..servers import Served
 from .checker import IntentFact, Truth, check, off_diagonal, truth_table
@@ -100,6 +101,12 @@ async def enqueue(box: Outbox, url: str, count: int = INTENTS, spread: float = S
     return [(r.intent.scope, r.intent.action_id) for r in results]
 
 
+def worker_env(url: str) -> dict[str, str]:
+    """The environment of an ``outbox worker`` process on ``url`` with the WORKER settings."""
+    return clean_env(OUTBOX_DATABASE_URL=url, OUTBOX_WORKER_CONCURRENCY="8",
+                     **{f"OUTBOX_{name.upper()}": str(value) for name, value in WORKER.items()})
+
+
 def judge(store: str, title: str, still_open: list[str], history: list[IntentFact], truth: Truth) -> None:
     """Print the truth table; assert everything settled, delivered, and the checker found nothing."""
     table = truth_table(history, truth)
@@ -121,8 +128,8 @@ def said(caplog: pytest.LogCaptureFixture, words: str) -> int:
 # -- PostgreSQL: connections terminated -------------------------------------------------------
 
 #: Every backend of the outbox database but the terminator's own and the test's observer.
-TERMINATE = ("SELECT state, pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
-             "AND pid <> pg_backend_pid() AND application_name <> $1")
+TERMINATE = ("SELECT state, application_name, pg_terminate_backend(pid) FROM pg_stat_activity "
+             "WHERE datname = current_database() AND pid <> pg_backend_pid() AND application_name <> $1")
 #: Only those inside a statement or an open transaction (not the listener waiting).
 TERMINATE_BUSY = TERMINATE + (" AND (state = 'idle in transaction' OR (state = 'active' AND application_name <> "
                               f"'{LISTENER}'))")
@@ -138,7 +145,7 @@ async def terminate(url: str, rng: random.Random, rounds: int) -> Counter[str]:
             await asyncio.sleep(rng.uniform(0.1, 0.3))
             for _ in range(1 if n % 2 == 0 else 100):
                 found = await conn.fetch(TERMINATE if n % 2 == 0 else TERMINATE_BUSY, OBSERVER)
-                killed.update(state or "none" for state, done in found if done)
+                killed.update(state or "none" for state, _, done in found if done)
                 if found:
                     break
                 await asyncio.sleep(0.003)
@@ -169,6 +176,67 @@ async def test_postgres_connections_terminated_mid_batch_lose_duplicate_or_misre
           + ", ".join(f"{state} {n}" for state, n in sorted(killed.items())), still_open, history, receiver.truth())
     assert sum(killed.values()) >= 10 and busy > 0, killed
     assert said(caplog, "connection") > 0, "the worker never noticed a lost connection"
+
+
+# -- PostgreSQL: every connection of three worker processes terminated, five times -------------
+
+#: Worker processes, and the rounds in which every backend of theirs is terminated.
+PROCESSES = 3
+ROUNDS = 5
+#: The pause before each round, drawn from this range (seconds; LONG times as long with --faults=long).
+ROUND_PAUSE = (0.2, 1.2)
+#: The intents' due times are spread over this long, past the last round however the pauses fall.
+ROUNDS_SPREAD_SECONDS = 12.0
+#: What a worker's log must never say: asyncpg's words for work refused on a connection whose
+#: session the server had ended, and any traceback (a fault not answered as "not now").
+NEVER_LOGGED = ("another operation", "cannot switch to state", "InternalClientError", "Traceback")
+
+
+async def test_three_worker_processes_deliver_everything_through_five_rounds_of_terminated_connections(
+        seeded: tuple[int, int], pg_url: str, ground: tuple[Ground, str], tmp_path: Path) -> None:
+    """Three real ``outbox worker`` processes deliver while, five times at random moments, every
+    backend of theirs (pools and listeners) is terminated. A connection the server ended must
+    never be given more work: no worker may log asyncpg's refusal of it or die, and every intent
+    is delivered within a minute of the last round."""
+    (seed, scale), (receiver, url) = seeded, ground
+    rng = random.Random(seed)
+    observer = await Outbox.open(f"{pg_url}?application_name={OBSERVER.replace(' ', '+')}",
+                                 settings=Settings(**WORKER))
+    monitor = await asyncpg.connect(pg_url)
+    workers: list[Process] = []
+    rounds: list[tuple[int, Counter[str]]] = []  # intents not yet delivered, and the backends cut by name
+    try:
+        keys = await enqueue(observer, url, INTENTS * scale, ROUNDS_SPREAD_SECONDS * scale)
+        workers = [start(tmp_path, f"worker-{n}", ["worker"], worker_env(named(pg_url, f"worker-{n}")))
+                   for n in range(PROCESSES)]
+        for w in workers:  # each has its pool open, and claims
+            assert await eventually(lambda w=w: " started (concurrency" in w.log.read_text(), timeout=30), w.tail()
+        for _ in range(ROUNDS):
+            await asyncio.sleep(rng.uniform(*ROUND_PAUSE) * scale)
+            found = await monitor.fetch(TERMINATE, OBSERVER)
+            rounds.append((len(keys) - await delivered(pg_url), Counter(name for _, name, done in found if done)))
+        still_open = await settled(observer, keys, timeout=60.0)
+        alive = {w.name: w.proc.poll() is None for w in workers}
+        history = await facts(observer, keys)
+    finally:
+        for w in workers:
+            if w.proc.poll() is None:
+                w.proc.terminate()
+        for w in workers:
+            w.proc.wait(15)
+        await monitor.close()
+        await observer.close()
+    judge("postgres-terminated-processes", f"{len(keys)} intents, {PROCESSES} worker processes, seed {seed}, "
+          f"{ROUNDS} rounds of every backend terminated (undelivered, backends cut): "
+          + "; ".join(f"{left}, {sum(cut.values())}" for left, cut in rounds), still_open, history, receiver.truth())
+    assert all(alive.values()), alive
+    # each round hit a running system and cut every worker's pool, and listeners (a listener may
+    # still be pausing before it listens again after the round before)
+    for left, cut in rounds:
+        assert left > 0, rounds
+        assert all(cut[f"worker-{n}"] > 0 for n in range(PROCESSES)) and cut[LISTENER] > 0, rounds
+    said = {w.name: [words for words in NEVER_LOGGED if words in w.log.read_text()] for w in workers}
+    assert not any(said.values()), "\n".join(w.tail() for w in workers if said[w.name])
 
 
 # -- SQLite: locked ---------------------------------------------------------------------------
@@ -236,8 +304,7 @@ async def test_sqlite_disk_full_for_a_worker_process_loses_duplicates_or_misrepo
     and stops, unable to record what it drains) and a new one takes over."""
     receiver, url = ground
     db_url = f"sqlite:///{db_path}"
-    env = clean_env(OUTBOX_DATABASE_URL=db_url, OUTBOX_WORKER_CONCURRENCY="8",
-                    **{f"OUTBOX_{name.upper()}": str(value) for name, value in WORKER.items()})
+    env = worker_env(db_url)
     async with await Outbox.open(db_url, settings=Settings(**WORKER)) as box:
         keys = await enqueue(box, url)
         with outbox_worker(tmp_path, env) as (worker, log):

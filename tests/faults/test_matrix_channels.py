@@ -41,7 +41,7 @@ from sender import Worker
 from sender.email import EmailChannel, EmailSpec
 from sender.kafka import KafkaChannel, KafkaSpec
 
-from ..conftest import free_port, rows
+from ..conftest import SECRET, free_port, rows
 from ..kafka import Broker
 from ..smtp import SmtpServer
 from .checker import Truth, check, off_diagonal, truth_table
@@ -167,7 +167,8 @@ async def test_smtp_faults_lose_or_misreport_nothing(request: pytest.FixtureRequ
 
 async def topic_truth(broker: Broker) -> tuple[Truth, int]:
     """Every record's attempt id (reached), and the effects per key as the receivers' idempotent
-    consumer applies them (a key produced twice has one effect); and how many records the topic holds."""
+    consumer applies them, checking their signatures (a key produced twice has one effect); and how many
+    records the topic holds."""
     effects: Counter[str] = Counter()
     reached: set[str] = set()
     records = 0
@@ -188,7 +189,7 @@ async def topic_truth(broker: Broker) -> tuple[Truth, int]:
         await plain.stop()
     consumer = AIOKafkaConsumer(TOPIC, bootstrap_servers=broker.bootstrap, group_id="effects",
                                 auto_offset_reset="earliest", enable_auto_commit=False)
-    async with IdempotentConsumer(consumer, MemoryRecordStore(), handle):
+    async with IdempotentConsumer(consumer, MemoryRecordStore(), handle, secrets=SECRET):
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and consumer.assignment() == set():
             await asyncio.sleep(0.1)
@@ -243,7 +244,7 @@ async def test_broker_faults_lose_duplicate_or_misreport_nothing(
     try:
         await box.put_destination("log", KafkaSpec.model_validate({
             "channel": "kafka", "bootstrap_servers": [kafka.bootstrap], "topic": TOPIC,
-            "allow_private_network": True, "timeout_seconds": 1.0}))
+            "allow_private_network": True, "timeout_seconds": 1.0, "secret": SECRET}))
         task = asyncio.create_task(worker.run())
         try:
             for number, fault in enumerate([None, *rounds]):

@@ -64,7 +64,8 @@ INTENTS = 12
 CRASHES = 3
 RECEIVER_LEASE_SECONDS = 2.0
 SETTINGS = Settings(authority="allow-all", backoff_initial_seconds=0.05, backoff_cap_seconds=0.5,
-                    circuit_failures=0, poll_seconds=0.1, default_max_attempts=500)
+                    circuit_failures=0, poll_seconds=0.1, default_max_attempts=500,
+                    secrets_key_file=pg.key_file())  # (made before pg_url could set it; PostgreSQL needs it)
 #: Takes a record store down (False) or brings it back (True).
 Switch = Callable[[bool], Awaitable[None]]
 DESTINATION: dict[str, Any] = {"secret": SECRET, "allow_private_network": True, "timeout_seconds": 2.0,

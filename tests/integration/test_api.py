@@ -6,7 +6,7 @@ import base64
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,15 +32,21 @@ class Api:
         return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=10)
 
 
-@pytest.fixture
-async def api(db_path, db_url, serve_api) -> AsyncIterator[Api]:
+async def open_api(db_path: Path, db_url: str, serve_api: Callable[[Settings], str]) -> Api:
+    """The API served on the SQLite file at ``db_path`` (no sender, payloads up to 4096 bytes),
+    with destination ``billing`` and the three tokens."""
     async with await Outbox.open(db_url) as box:
         await box.put_destination("billing", DestinationSpec(url="https://billing.example/", secret=SECRET))
         admin, _ = await box.create_token(Role.ADMIN)
         operator, _ = await box.create_token(Role.OPERATOR)
         producer, _ = await box.create_token(Role.PRODUCER, ["acme", "shop"])
-    yield Api(serve_api(Settings(database_url=db_url, max_payload_bytes=4096, worker=False)), admin, operator,
-              producer, db_path)
+    return Api(serve_api(Settings(database_url=db_url, max_payload_bytes=4096, worker=False)), admin, operator,
+               producer, db_path)
+
+
+@pytest.fixture
+async def api(db_path, db_url, serve_api) -> Api:
+    return await open_api(db_path, db_url, serve_api)
 
 
 def assert_problem(response: httpx.Response, status: int, kind: str, words: str = "") -> dict:
@@ -153,8 +159,10 @@ async def test_every_route_checks_its_role(api: Api):
         assert_problem(await producer.put("/v1/destinations/crm", json=spec), 403, "forbidden", "producer")
         assert_problem(await producer.get("/v1/destinations"), 403, "forbidden")
     async with api.client(api.operator) as operator:
-        assert_problem(await operator.put("/v1/destinations/crm", json=spec), 403, "forbidden", "admin")
-        assert_problem(await operator.post("/v1/intents", json=INTENT), 403, "forbidden", "producer")
+        assert_problem(await operator.put("/v1/destinations/crm", json=spec), 403, "forbidden",
+                       "a token of role operator cannot do this; it needs role admin")
+        assert_problem(await operator.post("/v1/intents", json=INTENT), 403, "forbidden",
+                       "a token of role operator cannot do this; it needs role producer")
         assert (await operator.get("/v1/destinations")).status_code == 200
         assert (await operator.get("/v1/intents")).status_code == 200
 

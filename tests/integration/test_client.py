@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from outbox.client import (
     WaitTimeout,
 )
 from outbox.errors import IntentConflict as LibraryIntentConflict
+from outbox.errors import InvalidInput as LibraryInvalidInput
 
 from ..receiver import Receiver, Reply
 from ..servers import Served
@@ -300,6 +302,25 @@ def test_connection_errors_are_retried_then_raised(unanswered_port: int):
         with pytest.raises(httpx.TransportError):
             outbox.get("x")
     assert time.monotonic() - began >= 0.4  # three tries of 0.2 s each, at least two of them timed out
+
+
+async def test_a_time_the_api_refuses_is_refused_before_any_request(service: Service):
+    """The client builds the times it sends by the API's rule: a naive one, or one outside the
+    range, raises the library's InvalidInput naming it, and nothing is sent."""
+    bad = {"not_before": datetime(2030, 1, 1),
+           "expires_at": datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone(-timedelta(hours=1)))}
+    with Client(service.url, token=service.producer) as outbox:
+        for name, value in bad.items():
+            with pytest.raises(LibraryInvalidInput, match=f"^{name}: "):
+                outbox.enqueue("hook", {"n": 1}, scope="acme", **{name: value})
+            with pytest.raises(LibraryInvalidInput, match=f"^{name}: "):
+                outbox.enqueue_many([{"destination": "hook", "payload": {}, "scope": "acme", name: value}])
+        with pytest.raises(LibraryInvalidInput, match="^created_after: "):
+            list(outbox.list(created_after=bad["expires_at"]))
+        taken = outbox.enqueue("hook", {"n": 2}, scope="acme", not_before=datetime(2030, 1, 1, 1, tzinfo=timezone(
+            timedelta(hours=1))))
+    assert taken.intent.data["not_before"] == "2030-01-01T00:00:00Z"
+    assert intents_in(service.db_path) == [taken.intent.action_id]
 
 
 # -- what a producer host imports -----------------------------------------------------------------

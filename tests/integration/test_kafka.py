@@ -4,19 +4,24 @@ it supports): each failure is recorded as what it is, held against what the topi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
+import ssl
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from outbox import Attempt, Intent, OnUnknown, Outcome, Status, Submission
+from outbox import Attempt, Intent, OnUnknown, Outcome, Status, Submission, hosts
 from receivers import IdempotentConsumer, MemoryRecordStore, wire
+from receivers.kafka import Refusal, Refused, digest_of
 from sender.kafka import KafkaChannel, KafkaSpec
-from tests.conftest import eventually
-from tests.kafka import Broker
+from tests import smtp
+from tests.conftest import SECRET, eventually
+from tests.kafka import Broker, Listener, MetadataProxy
 
 from .conftest import SenderEnv
 from .test_api import Api, api, assert_problem  # noqa: F401  (api: the fixture)
@@ -26,7 +31,7 @@ TOPIC = "orders"
 
 async def register(env: SenderEnv, broker: Broker, destination_id: str = "log", **spec: Any) -> Any:
     options: dict[str, Any] = {"channel": "kafka", "bootstrap_servers": [broker.bootstrap], "topic": TOPIC,
-                               "allow_private_network": True, "timeout_seconds": 2.0,
+                               "allow_private_network": True, "timeout_seconds": 2.0, "secret": SECRET,
                                "enable_idempotence": broker.kind == "noida", **spec}
     return await env.box.put_destination(destination_id, KafkaSpec.model_validate(options))
 
@@ -95,11 +100,74 @@ async def test_a_record_carries_its_identity_and_the_canonical_payload(env: Send
         assert attempt.external_id == f"{TOPIC}/{record.partition}/{record.offset}"
         assert record.key == b"order-1"
         assert record.value == intent.payload_json.encode() == b'{"id":"o-1","total":12.5}'
-        assert dict(record.headers) == {
+        headers = dict(record.headers)
+        signed = {wire.KAFKA_TIMESTAMP: headers.pop(wire.KAFKA_TIMESTAMP).decode(),
+                  wire.KAFKA_SIGNATURE: headers.pop(wire.KAFKA_SIGNATURE).decode()}
+        assert headers == {
             wire.KAFKA_IDEMPOTENCY_KEY: b"acme/order-1", wire.KAFKA_PAYLOAD_DIGEST: intent.payload_digest.encode(),
             wire.KAFKA_ATTEMPT_ID: attempt.attempt_id.encode(), wire.KAFKA_FENCE: str(attempt.fence).encode()}
+        # signed as a webhook is, the idempotency key standing for webhook-id (the reference library agrees)
+        assert Webhook(SECRET).verify(record.value, {"webhook-id": "acme/order-1", **signed}) == {
+            "id": "o-1", "total": 12.5}
+        with pytest.raises(WebhookVerificationError):  # the signature covers the key
+            Webhook(SECRET).verify(record.value, {"webhook-id": "acme/order-2", **signed})
     finally:
         broker.stop()
+
+
+async def test_a_record_anyone_else_wrote_under_a_real_key_never_runs_and_the_genuine_one_does(
+        env: SenderEnv, channel, kafka: Broker):
+    """Someone who can write to the topic produces a record with a real intent's idempotency key,
+    another payload and its own valid digest, before the outbox sends the intent. A consumer given
+    the destination's secret reports the forgery and runs the outbox's record; without the secret
+    it could tell them apart only by arrival, running the forgery and refusing the genuine record
+    as a reuse of the key."""
+    await kafka.create_topic(TOPIC)
+    await register(env, kafka)
+    forged = b'{"total":999}'
+    attacker = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap)
+    await attacker.start()
+    try:
+        await (await attacker.send(TOPIC, forged, key=b"order-5", headers=[
+            (wire.KAFKA_IDEMPOTENCY_KEY, b"acme/order-5"), (wire.KAFKA_PAYLOAD_DIGEST, digest_of(forged).encode())]))
+    finally:
+        await attacker.stop()
+    await env.enqueue("order-5", {"total": 5}, destination="log")
+    intent, _ = await run_until(env, channel, "order-5")
+    assert intent.status is Status.DELIVERED
+
+    ran: list[bytes] = []
+    refused: list[Refused] = []
+
+    async def handle(record: Any, context: Any) -> None:
+        ran.append(record.value)
+
+    consumer = AIOKafkaConsumer(TOPIC, bootstrap_servers=kafka.bootstrap, group_id="billing",
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    async with IdempotentConsumer(consumer, MemoryRecordStore(), handle, secrets=SECRET,
+                                  on_error=lambda record, why: refused.append(why)):
+        assert await eventually(lambda: bool(ran and refused), timeout=15)
+    assert ran == [b'{"total":5}']
+    assert [(why.reason, why.key) for why in refused] == [(Refusal.MISSING_SIGNATURE, "acme/order-5")]
+
+
+async def test_a_destination_registered_before_records_were_signed_produces_them_unsigned(
+        env: SenderEnv, channel, kafka: Broker):
+    """Backward compatible: a destination stored without a signing secret goes on producing, its
+    records unsigned (the attempt says so), and keeps doing so when it is updated without one."""
+    await kafka.create_topic(TOPIC)
+    destination, _ = await register(env, kafka)
+    await env.box.store.put_destination(dataclasses.replace(destination, secrets=()))  # as stored before
+    spec = {"channel": "kafka", "bootstrap_servers": [kafka.bootstrap], "topic": TOPIC, "allow_private_network": True,
+            "timeout_seconds": 2.0}
+    updated, created = await env.box.put_destination("log", KafkaSpec.model_validate(spec))
+    assert not created and updated.secrets == ()
+    await env.enqueue("old", destination="log")
+    intent, attempt = await run_until(env, channel, "old")
+    assert intent.status is Status.DELIVERED
+    assert attempt.reply == f"appended at {attempt.external_id}, unsigned: the destination holds no signing secret"
+    [record] = await records(kafka)
+    assert {wire.KAFKA_TIMESTAMP, wire.KAFKA_SIGNATURE}.isdisjoint(dict(record.headers))
 
 
 async def test_a_stopped_broker_is_not_submitted_and_the_retry_is_delivered(env: SenderEnv, channel, kafka: Broker):
@@ -177,7 +245,7 @@ async def test_a_record_too_large_is_rejected_without_a_send(env: SenderEnv, cha
 async def test_no_broker_at_all_is_not_submitted(env: SenderEnv, channel, closed_port: int):
     await env.box.put_destination("log", KafkaSpec.model_validate({
         "channel": "kafka", "bootstrap_servers": [f"127.0.0.1:{closed_port}"], "topic": TOPIC,
-        "allow_private_network": True, "timeout_seconds": 1.0}))
+        "allow_private_network": True, "timeout_seconds": 1.0, "secret": SECRET}))
     await env.enqueue("nowhere", destination="log")
     intent, attempt = await run_until(env, channel, "nowhere")
     assert facts(attempt) == ("connect", Submission.NOT_SUBMITTED, Outcome.RETRYABLE)
@@ -187,12 +255,85 @@ async def test_no_broker_at_all_is_not_submitted(env: SenderEnv, channel, closed
 async def test_a_loopback_broker_without_the_private_network_is_refused(env: SenderEnv, channel, kafka: Broker):
     await kafka.create_topic(TOPIC)
     await env.box.put_destination("log", KafkaSpec.model_validate({
-        "channel": "kafka", "bootstrap_servers": [f"localhost:{kafka.port}"], "topic": TOPIC}))
+        "channel": "kafka", "bootstrap_servers": [f"localhost:{kafka.port}"], "topic": TOPIC,
+        "secret": SECRET}))
     await env.enqueue("ssrf", destination="log")
     _, attempt = await run_until(env, channel, "ssrf")
     assert facts(attempt) == ("connect", Submission.NOT_SUBMITTED, Outcome.REJECTED)
     assert "non-public" in (attempt.error or "")
     assert await records(kafka) == []
+
+
+PUBLIC = "127.0.0.2"  # a loopback address the tests below judge public, as a broker on the internet would be
+
+
+@pytest.fixture
+def public_proxy_address(monkeypatch: pytest.MonkeyPatch) -> str:
+    """``PUBLIC``, judged a public address by the SSRF guard (this machine has none of its own)."""
+    judged = hosts.is_public
+    monkeypatch.setattr(hosts, "is_public", lambda address: address == PUBLIC or judged(address))
+    return PUBLIC
+
+
+@pytest.mark.parametrize("named", ["127.0.0.1", "localhost"])
+async def test_a_broker_only_the_metadata_names_is_never_connected_to_when_the_guard_refuses_it(
+        env: SenderEnv, channel, kafka: Broker, public_proxy_address: str, named: str):
+    """A hostile broker (the proxy, at an address the guard allows) answers Metadata naming a
+    listener on loopback as the cluster's broker, as an address or as a name resolving to one: no
+    connection reaches the listener, and the attempt is refused before anything was sent."""
+    await kafka.create_topic(TOPIC)
+    async with Listener() as listener, MetadataProxy(kafka, public_proxy_address, (named, listener.port)) as proxy:
+        await env.box.put_destination("log", KafkaSpec.model_validate({
+            "channel": "kafka", "bootstrap_servers": [proxy.bootstrap], "topic": TOPIC, "timeout_seconds": 2.0,
+            "secret": SECRET}))
+        await env.enqueue("ssrf", destination="log")
+        intent, attempt = await run_until(env, channel, "ssrf")
+        await asyncio.sleep(0.5)  # time for any connection aiokafka would still be opening
+    assert proxy.rewritten >= 1
+    assert listener.connections == 0
+    assert facts(attempt) == ("connect", Submission.NOT_SUBMITTED, Outcome.REJECTED), attempt.error
+    assert f"refused: {named} resolves only to non-public addresses" in (attempt.error or "")
+    assert intent.status is Status.DEAD
+    assert await records(kafka) == []
+
+
+async def test_the_same_metadata_reaches_the_listener_when_the_private_network_is_allowed(
+        env: SenderEnv, channel, kafka: Broker, public_proxy_address: str):
+    """The control for the test above: the proxy's rewritten metadata does send the producer to the
+    listener, which counts it, when the destination allows the private network."""
+    await kafka.create_topic(TOPIC)
+    async with Listener() as listener, MetadataProxy(kafka, public_proxy_address,
+                                                     ("127.0.0.1", listener.port)) as proxy:
+        await register(env, kafka, bootstrap_servers=[proxy.bootstrap])
+        await env.enqueue("private", destination="log")
+        _, attempt = await run_until(env, channel, "private")
+    assert listener.connections >= 1
+    assert facts(attempt)[1:] == (Submission.NOT_SUBMITTED, Outcome.RETRYABLE), attempt.error
+
+
+async def test_a_guarded_tls_connection_verifies_the_brokers_certificate_against_its_name(
+        env: SenderEnv, kafka: Broker, monkeypatch: pytest.MonkeyPatch):
+    """The guard connects the socket itself (to the address it checked) and hands it to aiokafka,
+    which must still verify the broker's certificate against the broker's name: the certificate
+    names only ``localhost`` (no IP address), so it checks out only if the name is what TLS was
+    given. Every broker the metadata names is the TLS proxy, by name."""
+    judged = hosts.is_public
+    monkeypatch.setattr(hosts, "is_public", lambda address: address == "127.0.0.1" or judged(address))
+    cert = smtp.CA.issue_cert("localhost")
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    cert.configure_cert(server)
+    client = ssl.create_default_context()
+    smtp.CA.configure_trust(client)
+    await kafka.create_topic(TOPIC)
+    async with MetadataProxy(kafka, "127.0.0.1", tls=server) as proxy:
+        proxy.named = ("localhost", proxy.port)
+        await env.box.put_destination("log", KafkaSpec.model_validate({
+            "channel": "kafka", "bootstrap_servers": [f"localhost:{proxy.port}"], "topic": TOPIC, "tls": True,
+            "timeout_seconds": 2.0, "secret": SECRET}))
+        await env.enqueue("over-tls", destination="log")
+        intent, attempt = await run_until(env, KafkaChannel(tls_context=client), "over-tls")
+    assert facts(attempt) == ("done", Submission.SUBMITTED, Outcome.DELIVERED), attempt.error
+    assert proxy.rewritten >= 1 and intent.status is Status.DELIVERED
 
 
 async def test_the_destination_defaults_say_what_kafka_needs(env: SenderEnv, kafka: Broker):
@@ -202,8 +343,11 @@ async def test_the_destination_defaults_say_what_kafka_needs(env: SenderEnv, kaf
 
 
 async def test_the_api_registers_kafka_destinations_and_refuses_what_cannot_be_produced(api: Api):  # noqa: F811
-    base = {"channel": "kafka", "bootstrap_servers": ["kafka.example.com:9092"], "topic": "orders"}
+    base = {"channel": "kafka", "bootstrap_servers": ["kafka.example.com:9092"], "topic": "orders", "secret": SECRET}
     cases: list[tuple[dict[str, Any], str]] = [
+        ({"secret": None}, "is new: it needs a whsec_ secret to sign its records"),
+        ({"secret": "hunter2-pw"}, "give the SASL password as sasl_password"),
+        ({"sasl_password": "hunter2-pw"}, "sasl_password needs sasl_mechanism"),
         ({"topic": "bad topic"}, "is not a Kafka topic name"),
         ({"bootstrap_servers": ["kafka.example.com"]}, "has no port"),
         ({"bootstrap_servers": ["10.0.0.1:9092"]}, "is not a public address"),
@@ -217,12 +361,14 @@ async def test_the_api_registers_kafka_destinations_and_refuses_what_cannot_be_p
             refused = await admin.put("/v1/destinations/log", json={**base, **change})
             assert_problem(refused, 422, "invalid-input", words)
         registered = await admin.put("/v1/destinations/log", json={
-            **base, "tls": True, "sasl_mechanism": "SCRAM-SHA-512", "sasl_username": "svc", "secret": "hunter2-pw"})
+            **base, "tls": True, "sasl_mechanism": "SCRAM-SHA-512", "sasl_username": "svc",
+            "sasl_password": "hunter2-pw"})
         assert registered.status_code == 201, registered.text
         shown = registered.json()
         assert (shown["channel"], shown["topic"], shown["acks"], shown["on_unknown"]) == (
             "kafka", "orders", "all", "always")
-        assert "hunter2" not in registered.text
+        assert "hunter2" not in registered.text and SECRET not in registered.text
+        assert "sasl_password" not in shown
 
 
 async def test_a_broker_without_the_idempotent_producer_says_so(env: SenderEnv, channel, tansu: Broker):

@@ -145,6 +145,22 @@ async def test_id_parameters_carry_the_patterns_the_api_checks(served: Served):
     assert scope.search("acme/eu") and not scope.search("") and not scope.search("acme eu")
 
 
+async def test_times_are_date_time_strings_with_their_range_and_integers_integers(served: Served):
+    """What the API takes, as it checks it: a time is never a number, an integer never a string."""
+    schemas = served.document["components"]["schemas"]
+    times = [schemas["IntentIn"]["properties"]["not_before"], schemas["IntentIn"]["properties"]["expires_at"],
+             schemas["GrantSpec"]["properties"]["expires_at"], schemas["ReplayFilter"]["properties"]["created_after"],
+             *(p["schema"] for p in served.document["paths"]["/v1/intents"]["get"]["parameters"]
+               if p["name"] in ("created_after", "created_before"))]
+    for time in times:
+        [text] = [branch for branch in time["anyOf"] if branch != {"type": "null"}]
+        assert text["type"] == "string" and text["format"] == "date-time", time
+        assert "0001-01-01T00:00:00Z to 9998-12-31T23:59:59.999999Z" in text["description"]
+    integers = [schemas["IntentIn"]["properties"]["max_attempts"]["anyOf"][0],
+                schemas["WebhookSpec"]["properties"]["retention_seconds"]]
+    assert [i["type"] for i in integers] == ["integer", "integer"]
+
+
 def as_ecma(pattern: str) -> re.Pattern[str]:
     """A JSON Schema pattern as ECMA-262 reads it (without the m flag)."""
     assert pattern.startswith("^") and pattern.endswith("$")

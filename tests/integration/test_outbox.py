@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
+from pydantic import ValidationError
 
 from outbox import (
     DestinationSpec,
     IntentConflict,
+    IntentQuery,
     InvalidInput,
     ManualClock,
     NotFound,
@@ -19,6 +21,7 @@ from outbox import (
     Settings,
     Status,
 )
+from outbox.grants import GrantSpec
 
 from ..conftest import SECRET, snapshot
 
@@ -51,7 +54,15 @@ async def test_bad_input_is_refused_before_anything_is_written(db_path, box: Out
         (dict(destination="Bad!"), InvalidInput, "destination"),
         (dict(payload={"n": 2**64}), InvalidInput, "I-JSON"),
         (dict(not_before=datetime(2030, 1, 1)), InvalidInput, "timezone"),
+        (dict(expires_at=datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1)))), InvalidInput,
+         "expires_at: .* outside the times"),
+        (dict(not_before=datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone(-timedelta(hours=1)))), InvalidInput,
+         "not_before: .* outside the times"),
+        (dict(not_before=0), InvalidInput, "not_before: 0 is not a time"),
         (dict(max_attempts=0), InvalidInput, "max_attempts"),
+        (dict(max_attempts=True), InvalidInput, "max_attempts must be an integer"),
+        (dict(max_attempts=5.0), InvalidInput, "max_attempts must be an integer"),
+        (dict(payload={"\udfff": 1}), InvalidInput, "lone surrogate"),
         (dict(action_id="nl-1\n"), InvalidInput, "action_id"),
         (dict(scope="acme\n"), InvalidInput, "scope"),
         (dict(scope="s" * 60, action_id="a" * 200), InvalidInput, "at most 255"),
@@ -82,6 +93,23 @@ async def test_not_before_schedules_the_first_attempt(db_url):
         result = await box.enqueue(destination="billing", scope="acme", payload={}, not_before=later)
         assert result.intent.next_attempt_at == later
         assert result.intent.created_at == clock.now()
+
+
+async def test_every_time_a_caller_gives_the_library_is_held_to_the_apis_rule(box: Outbox):
+    """The batch calls, a grant's expiry and a listing's filters, as ``enqueue`` (above)."""
+    early = datetime(1, 1, 1, tzinfo=timezone(timedelta(minutes=1)))
+    good = dict(destination="billing", scope="acme", payload={})
+    with pytest.raises(InvalidInput, match="expires_at: .* outside the times"):
+        await box.enqueue_many([good, {**good, "expires_at": early}])
+    [refused, taken] = await box.enqueue_each([{**good, "not_before": early}, {**good, "action_id": "ok"}])
+    assert isinstance(refused, InvalidInput) and "not_before: " in refused.message
+    with pytest.raises(ValidationError, match="outside the times"):
+        GrantSpec(scope="acme", destination="billing", expires_at=early)
+    for name in ("created_after", "created_before"):
+        with pytest.raises(InvalidInput, match=f"{name}: .* outside the times"):
+            await box.list_intents(IntentQuery(**{name: early}))
+    assert taken.intent.action_id == "ok"  # (and the whole of enqueue_many was refused)
+    assert [i.action_id for i in (await box.list_intents(IntentQuery())).intents] == ["ok"]
 
 
 async def test_enqueue_many_is_all_or_nothing(box: Outbox):

@@ -6,6 +6,7 @@ PostgreSQL they skip, or fail under CI=true."""
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -26,6 +27,7 @@ from outbox import (
 )
 from outbox.clock import OffsetClock
 from outbox.grants import GrantSpec
+from outbox.keyring import generate_key, key_id, rotate, unlock
 from outbox.model import Event, EventKind
 from outbox.operations import Actor, replay
 from outbox.store import migrator
@@ -412,11 +414,16 @@ async def test_the_callers_session_settings_do_not_stay_on_the_pooled_connection
 
 
 class _Proxy:
-    """A TCP relay to the test server that can go silent: connections stay open, nothing moves."""
+    """A TCP relay to the test server that can go silent (connections stay open, nothing moves)
+    or pass on the server's closing of a connection ``hold_close`` seconds late, as a network
+    may: the client has the server's last words (its goodbye) that long before it learns the
+    connection is gone. ``closed`` is set whenever the server closes one."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, *, hold_close: float | None = None) -> None:
         self.target = (host, port)
         self.silent = False
+        self.hold_close = hold_close
+        self.closed = asyncio.Event()
         self.server: asyncio.AbstractServer | None = None
 
     async def start(self) -> int:
@@ -433,7 +440,14 @@ class _Proxy:
                 sink.write(data)
                 await sink.drain()
 
-        await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer), return_exceptions=True)
+        async def downstream() -> None:
+            await pipe(upstream_reader, writer)
+            if self.hold_close is not None:  # the server closed it: everything it said is passed on
+                self.closed.set()
+                await asyncio.sleep(self.hold_close)
+                writer.close()
+
+        await asyncio.gather(pipe(reader, upstream_writer), downstream(), return_exceptions=True)
 
     def close(self) -> None:
         if self.server is not None:
@@ -464,6 +478,167 @@ async def test_a_database_that_goes_silent_is_unavailable_within_the_statement_l
         proxy.silent = False
         await asyncio.wait_for(store.close(), 10)
         proxy.close()
+
+
+async def test_a_connection_the_server_ended_while_idle_is_never_given_the_next_work(pg_url):
+    """The server ends an idle pooled connection's session (pg_terminate_backend) and its goodbye
+    arrives before the close: asyncpg reads it as an operation under way until the close comes,
+    and refuses a statement in between ("cannot switch to state 12; another operation (2) is in
+    progress"). The store's next work, a statement or a transaction, must not fail on that
+    connection, nor cost the pool its only place: it runs on a new one. A block of the caller's,
+    which cannot be run again, is told the store was unavailable and that nothing of it took effect."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(pg_url)
+    proxy = _Proxy(parts.hostname or "127.0.0.1", parts.port or 5432, hold_close=2.0)
+    port = await proxy.start()
+    url = urlunsplit(parts._replace(netloc=f"{parts.username}@127.0.0.1:{port}", query="application_name=cut"))
+    store = PostgresStore(url, pool_size=1, statement_seconds=5.0)  # one connection: the next work meets it
+    await store.open()
+    box = Outbox(store)
+    admin = await asyncpg.connect(pg_url)
+    try:
+        await store.migrate()
+        await unlock(store, Settings(secrets_key_file=pg.key_file()))  # as Outbox.open gives the store its keyring
+        await box.put_destination("billing", DestinationSpec(url="https://billing.example/hook", secret=SECRET))
+
+        async def cut() -> None:
+            """End the pooled connection's session; return once its goodbye has reached the store."""
+            proxy.closed.clear()
+            (pid,) = [row[0] for row in await admin.fetch(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = 'cut' AND state = 'idle'")]
+            assert await admin.fetchval("SELECT pg_terminate_backend($1, 5000)", pid)  # (waits for its end)
+            await asyncio.wait_for(proxy.closed.wait(), 5)
+            await asyncio.sleep(0.1)  # the store's loop reads the goodbye; the close is held 2 s
+
+        await cut()
+        assert await store.next_due_at() is None  # a statement
+        await cut()
+        assert (await box.enqueue(destination="billing", scope="acme", action_id="a-1", payload={})).created
+        await cut()
+        with pytest.raises(StoreUnavailable, match="had ended the connection"):  # a block of the caller's
+            async with box.transaction() as tx:  # cannot run again: it is told, in the outbox's words
+                await tx.execute("SELECT 1")
+        assert [intent.action_id for intent in await store.intents_named("a-1")] == ["a-1"]
+    finally:
+        await admin.close()
+        await asyncio.wait_for(store.close(), 10)
+        proxy.close()
+
+
+class _FaultyDriver:
+    """The caller's real connection, whose statements fail inside the driver while it stays open:
+    the precise fault (asyncpg's InternalClientError on a live connection) no server can cause."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    def is_in_transaction(self) -> bool:
+        return bool(self._conn.is_in_transaction())
+
+    def is_closed(self) -> bool:
+        return bool(self._conn.is_closed())
+
+    async def fetch(self, *_: Any) -> list[Any]:
+        raise asyncpg.InternalClientError("injected: the driver lost track of the protocol")
+
+
+async def test_a_driver_fault_on_a_live_connection_is_not_called_unavailable(box, conn):
+    """Only work refused because the session had ended is "not now" (StoreUnavailable, a 503);
+    a fault of the driver on a connection still open has an unknown effect and goes through as
+    it is, to be seen."""
+    async with conn.transaction(), box.transaction(connection=_FaultyDriver(conn)) as tx:
+        with pytest.raises(asyncpg.InternalClientError, match="injected"):
+            await tx.execute("SELECT 1")
+
+
+async def test_a_statement_cancelled_or_past_the_limit_leaves_its_connection_to_no_other_work(pg_url):
+    """A task cancelled in the middle of a statement, or a statement past the limit, leaves the
+    server still running it until asyncpg's cancel request lands; the store's one connection goes
+    to no other work before that (no "another operation is in progress"), then serves again."""
+    store = PostgresStore(pg_url, pool_size=1, statement_seconds=1.0)
+    await store.open()
+    admin = await asyncpg.connect(pg_url)
+    try:
+        await store.migrate()
+        async with admin.transaction():
+            await admin.execute("LOCK TABLE destinations IN ACCESS EXCLUSIVE MODE")
+            reading = asyncio.create_task(store.list_destinations())  # waits for the lock, on the server
+
+            async def waiting() -> bool:
+                return bool(await admin.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'"))
+
+            assert await eventually(waiting)
+            reading.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await reading
+            with pytest.raises(StoreUnavailable, match="unavailable"):  # the limit: asyncpg's TimeoutError
+                await store.list_destinations()
+        assert await store.list_destinations() == []
+        assert await asyncio.gather(*(store.next_due_at() for _ in range(20))) == [None] * 20
+    finally:
+        await admin.close()
+        await store.close()
+
+
+async def test_a_write_of_secrets_waits_for_a_rotation_under_way_and_seals_under_its_key(pg_url, tmp_path):
+    """A rotation holds the database's sealing key locked until it commits; a process writing a
+    destination meanwhile waits, then seals under the new key, so nothing is left sealed under
+    the key the rotation retires."""
+    key_file = tmp_path / "secrets.key"
+    key_file.write_text(generate_key() + "\n")
+    async with await Outbox.open(pg_url, settings=Settings(secrets_key_file=key_file)) as box:
+        await box.put_destination("hook", DestinationSpec(url="https://hook.example/", secret=SECRET))
+        new = generate_key()
+        key_file.write_text(new + "\n" + key_file.read_text())
+        rotation = await asyncpg.connect(pg_url)
+        try:
+            under_way = rotation.transaction()
+            await under_way.start()
+            await rotation.execute(SQL["lock_sealing_key"])
+            await rotation.execute(SQL["set_sealing_key"], key_id(base64.b64decode(new)))
+            write = asyncio.create_task(box.put_destination(
+                "other", DestinationSpec(url="https://other.example/", secret=SECRET)))
+            await asyncio.sleep(0.5)
+            assert not write.done(), "the write waits for the rotation"
+            await under_way.commit()
+            await write
+            sealed = await rotation.fetchval("SELECT secrets->>'key' FROM destinations WHERE id = 'other'")
+        finally:
+            await rotation.close()
+        assert sealed == key_id(base64.b64decode(new))
+        assert (await box.get_destination("other")).secrets == (SECRET,)
+
+
+async def test_a_rotation_waits_for_a_write_of_secrets_under_way_and_seals_it_too(pg_url, tmp_path):
+    """The other order: a destination being written (its secrets sealed under the current key, not
+    yet committed) holds the sealing key shared, so a rotation waits for it, then seals it again."""
+    key_file = tmp_path / "secrets.key"
+    key_file.write_text(generate_key() + "\n")
+    async with await Outbox.open(pg_url, settings=Settings(secrets_key_file=key_file)) as box:
+        await box.put_destination("hook", DestinationSpec(url="https://hook.example/", secret=SECRET))
+        writer = await asyncpg.connect(pg_url)
+        try:
+            under_way = writer.transaction()  # put_destination's statements, stopped before its commit
+            await under_way.start()
+            key = await writer.fetchval(SQL["share_sealing_key"])
+            now = datetime.now(UTC)
+            await writer.execute(SQL["put_destination"], "other", "webhook", '{"url": "https://other.example/"}',
+                                 box.store.keyring.seal([SECRET], destination_id="other", key=key), False, 86_400,
+                                 "declared", 10.0, False, False, False, now, now, False, "none", "block")
+            key_file.write_text(generate_key() + "\n" + key_file.read_text())
+            rotation = asyncio.create_task(rotate(box.store))
+            await asyncio.sleep(0.5)
+            assert not rotation.done(), "the rotation waits for the write"
+            await under_way.commit()
+            done = await rotation
+            sealed = {row[0] for row in await writer.fetch("SELECT secrets->>'key' FROM destinations")}
+        finally:
+            await writer.close()
+        assert done.resealed == 2 and sealed == {done.key}
+        assert (await box.get_destination("other")).secrets == (SECRET,)
 
 
 # -- the last admin token ---------------------------------------------------------------------

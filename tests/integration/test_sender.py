@@ -19,7 +19,8 @@ import aiohttp
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from outbox import DestinationSpec, Outcome, Status, Submission, operations
+from outbox import DestinationSpec, IntentQuery, Outcome, Status, Submission, operations
+from outbox.timestamps import LATEST
 from sender import Backoff, CallableAuthority, webhook
 
 from ..receiver import Receiver, Reply
@@ -666,3 +667,43 @@ async def test_what_on_call_is_asked_about_gets_a_log_line_naming_the_intent(env
     for record in caplog.records:
         if record.__dict__.get("action_id"):
             assert record.__dict__["worker"] in ("w1", "w2", "w3") and record.__dict__["fence"] >= 1
+
+
+# -- the end of the range of times ------------------------------------------------------------
+
+
+async def test_at_the_latest_time_a_client_may_give_the_sender_still_computes_everything(open_env, receiver):
+    """A clock at ``LATEST`` with every duration the sender adds at its maximum: a lease of a
+    day, backoff and Retry-After capped at 30 days, an approval of 30 days, a receiver's
+    retention of 90 days on an unknown outcome. Each is written and read back (a time past
+    what a datetime holds would fail the write, or every later read)."""
+    month = 30 * 86_400.0
+    env: SenderEnv = await open_env(lease_seconds=86_400, backoff_initial_seconds=month, backoff_cap_seconds=month)
+    env.clock.advance((LATEST - env.clock.now()).total_seconds())
+    now = env.clock.now()  # (LATEST, to the float's precision)
+    assert abs(now - LATEST) < timedelta(milliseconds=1)
+    receiver.script("/busy", Reply(503, headers={"Retry-After": "999999999"}))
+    receiver.script("/slow", Reply(200, delay=2))
+    await env.destination(f"{receiver.url}/busy", "busy")
+    await env.destination(f"{receiver.url}/slow", "slow", retention_seconds=90 * 86_400)
+    await env.destination(f"{receiver.url}/busy", "approved", requires_approval=True)
+    await env.enqueue("retried", destination="busy", not_before=LATEST, max_attempts=2)
+    await env.enqueue("unknown", destination="slow", not_before=LATEST)
+    held = await env.enqueue("held", destination="approved", not_before=LATEST)
+    worker = env.worker()
+    assert await worker.run_once() == 2  # (held waits for its approval)
+    retried = await env.box.get("retried")
+    assert retried.status is Status.PENDING and retried.next_attempt_at == now + timedelta(seconds=month)
+    unknown = await env.box.get("unknown")  # (timed out: retried within the receiver's retention, jittered)
+    assert unknown.status is Status.PENDING and now < unknown.next_attempt_at <= now + timedelta(seconds=month)
+    approved = await operations.approve(env.box, "held", operations.Actor("ops", "checked"),
+                                        payload_digest=held.payload_digest, valid_seconds=month)
+    assert approved.approval_expires_at == now + timedelta(seconds=month)
+    assert await worker.run_once() == 1
+    env.clock.advance(month)
+    assert await worker.run_once() == 3
+    assert (await env.box.get("retried")).status is Status.DEAD  # out of attempts
+    assert (await env.box.get("unknown")).next_attempt_at > now + timedelta(seconds=month)
+    assert (await env.box.get("held")).status is Status.HELD  # its approval ran out
+    listed = await env.box.list_intents(IntentQuery())
+    assert [i.unreadable for i in listed.intents] == [None] * 3

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import sqlite3
 
 import pytest
 
-from outbox import IntentQuery, Outbox, SchemaTooNew, Settings, Status, StoreUnavailable
+from outbox import DestinationSpec, IntentQuery, Outbox, SchemaTooNew, Settings, Status, StoreUnavailable
 from outbox.digest import digest_of
 from outbox.store import migrator, store_for_url
 from outbox.store import sqlite as dialect
@@ -35,7 +36,7 @@ async def test_migrations_are_recorded_and_reapplied_never(db_path, db_url):
         assert conn.execute("SELECT version, name FROM schema_migrations").fetchall() == [
             (1, "0001_initial"), (2, "0002_sender"), (3, "0003_reconcile"), (4, "0004_operators"),
             (5, "0005_scoped_action_ids"), (6, "0006_channel_settings"), (7, "0007_attempt_stage"),
-            (8, "0008_ordering"), (9, "0009_activity")]
+            (8, "0008_ordering"), (9, "0009_activity"), (10, "0010_secrets_key")]
     async with await Outbox.open(db_url) as box:
         assert await box.store.migrate() == []
 
@@ -159,22 +160,25 @@ async def test_a_database_of_the_previous_migrations_migrates_with_nothing_lost_
     with monkeypatch.context() as patched:
         previous = [m for m in migrator.scripts_for("sqlite") if m.version <= 5]
         patched.setattr(dialect, "scripts_for", lambda name: previous)
-        async with await Outbox.open(f"sqlite:///{db}") as box:
-            with sqlite3.connect(db) as conn:
-                conn.execute(
-                    "INSERT INTO destinations (id, channel, url, secrets, idempotent, retention_seconds, on_unknown,"
-                    " timeout_seconds, requires_approval, allow_private_network, disabled, created_at, updated_at,"
-                    " reconcile) VALUES ('hook', 'webhook', ?, ?, 1, 3600, 'never', 2.5, 0, 1, 0, ?, ?, 1)",
-                    (f"{receiver.url}/hook", json.dumps([SECRET_NEW, SECRET]), at, at))
-                conn.execute("INSERT INTO grants (id, scope, destination, revision, created_at, updated_at)"
-                             " VALUES ('g1', 'acme', 'hook', 1, ?, ?)", (at, at))
-                # written as that release wrote it (today's enqueue writes columns added since)
-                conn.execute(
-                    "INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest,"
-                    " status, max_attempts, next_attempt_at, created_at, updated_at) VALUES ('acme/old-1', 'old-1',"
-                    " 'acme', 'hook', 'webhook', ?, ?, 'pending', 5, ?, ?, ?)",
-                    ('{"n":1}', digest_of(b'{"n":1}'), at, at, at))
-            conn.close()
+        old = store_for_url(f"sqlite:///{db}")  # as that release made it (today's outbox needs today's schema)
+        await old.open()
+        await old.migrate()
+        await old.close()
+        with sqlite3.connect(db) as conn:
+            conn.execute(
+                "INSERT INTO destinations (id, channel, url, secrets, idempotent, retention_seconds, on_unknown,"
+                " timeout_seconds, requires_approval, allow_private_network, disabled, created_at, updated_at,"
+                " reconcile) VALUES ('hook', 'webhook', ?, ?, 1, 3600, 'never', 2.5, 0, 1, 0, ?, ?, 1)",
+                (f"{receiver.url}/hook", json.dumps([SECRET_NEW, SECRET]), at, at))
+            conn.execute("INSERT INTO grants (id, scope, destination, revision, created_at, updated_at)"
+                         " VALUES ('g1', 'acme', 'hook', 1, ?, ?)", (at, at))
+            # written as that release wrote it (today's enqueue writes columns added since)
+            conn.execute(
+                "INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest,"
+                " status, max_attempts, next_attempt_at, created_at, updated_at) VALUES ('acme/old-1', 'old-1',"
+                " 'acme', 'hook', 'webhook', ?, ?, 'pending', 5, ?, ?, ?)",
+                ('{"n":1}', digest_of(b'{"n":1}'), at, at, at))
+        conn.close()
     with sqlite3.connect(db) as conn:
         assert "url" in {row[1] for row in conn.execute("PRAGMA table_info(destinations)")}
     conn.close()
@@ -196,3 +200,27 @@ async def test_a_database_of_the_previous_migrations_migrates_with_nothing_lost_
     assert request.headers["webhook-id"] == "acme/old-1" and request.json() == {"n": 1}
     for secret in (SECRET, SECRET_NEW):  # the receiver may hold either while the rotation lasts
         verify_signature(secret, request.headers, request.body)
+
+
+async def test_sealing_overwrites_the_plain_secrets_it_replaces_in_the_file(db_path, db_url, monkeypatch):
+    """Sealing plain secrets (an older release's) leaves none of them in the database file, even
+    where the SQLite build does not overwrite deleted content by default: rows with overflow pages,
+    the connection's secure_delete off as some builds have it."""
+    monkeypatch.delenv("OUTBOX_SECRETS_KEY_FILE", raising=False)
+    passwords = [secrets.token_hex(500) for _ in range(9)]
+    async with await Outbox.open(db_url) as box:
+        store = box.store
+        for n in range(3):
+            await box.put_destination(f"mail-{n}", DestinationSpec.model_validate({
+                "channel": "email", "host": "mail.example.com", "username": "outbox", "secret": "x",
+                "from": "outbox@example.com"}))
+            plain = json.dumps(passwords[3 * n:3 * n + 3])
+            await store._write(lambda conn, n=n, plain=plain: conn.execute(
+                "UPDATE destinations SET secrets = ? WHERE id = ?", (plain, f"mail-{n}")))
+        await store._write(lambda conn: conn.execute("DELETE FROM secrets_key"))
+        await store._write(lambda conn: conn.execute("PRAGMA secure_delete = OFF"))
+        assert await store.reseal_secrets(store.keyring.primary, plain_only=True) == 3
+        files = b"".join(p.read_bytes() for p in db_path.parent.glob(db_path.name + "*"))
+        assert [p for p in passwords if p.encode() in files] == []
+        assert [d.secrets for d in await box.list_destinations()] == [
+            tuple(passwords[3 * n:3 * n + 3]) for n in range(3)]

@@ -174,13 +174,14 @@ OpenOps = Callable[..., Awaitable[Ops]]
 
 @pytest.fixture
 async def open_ops(tmp_path: Path) -> AsyncIterator[OpenOps]:
-    """Open an outbox on ``tmp_path/ops.db`` (grants authority, no authority cache, backoff of
-    tens of milliseconds, a grant for scope acme to every destination), serve the API on it
-    (``worker=True``: with its embedded sender) and start a receiver."""
+    """Open an outbox on ``tmp_path/ops.db`` (or the ``database_url`` given; grants authority, no
+    authority cache, backoff of tens of milliseconds, a grant for scope acme to every
+    destination), serve the API on it (``worker=True``: with its embedded sender) and start a
+    receiver."""
     stack: list[Any] = []
 
     async def open_(*, worker: bool = False, clock: ManualClock | None = None, **settings: Any) -> Ops:
-        url = f"sqlite:///{tmp_path / 'ops.db'}"
+        url = settings.pop("database_url", f"sqlite:///{tmp_path / 'ops.db'}")
         values: dict[str, Any] = {"database_url": url, "worker": worker, "authority": "grants",
                                   "authority_seconds": 0, "backoff_initial_seconds": 0.05,
                                   "backoff_cap_seconds": 0.2, "poll_seconds": 0.2, **settings}

@@ -7,6 +7,8 @@ import asyncio
 import getpass
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -17,10 +19,12 @@ from typing import Any
 
 import pytest
 
-from outbox import ManualClock, Outbox, Settings, Status
+from outbox import DestinationSpec, ManualClock, Outbox, Settings, Status
 from outbox.grants import GrantSpec
+from receivers.wire import new_secret
+from sender.email import EmailSpec
 
-from ..conftest import eventually, snapshot
+from ..conftest import SECRET, eventually, snapshot
 from ..receiver import Receiver, Reply
 from .conftest import Filled
 
@@ -334,7 +338,7 @@ async def test_the_workers_prune_takes_as_many_batches_as_it_needs(old_shell: Sh
 async def test_list_created_after(old_shell: Shell):
     shell = old_shell
     await _history_over_ten_days(shell)
-    since = (datetime.now(UTC) - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%S%z")
+    since = (datetime.now(UTC) - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%S+00:00")
     recent = shell.json("list", "--created-after", since)
     assert [i["action_id"] for i in recent["items"]] == ["new-2", "new-1"]  # newest first
     assert recent["next_cursor"] is None
@@ -350,8 +354,9 @@ async def test_list_created_after(old_shell: Shell):
     assert rest["items"][0]["created_at"] <= paged["items"][-1]["created_at"]
     more = shell.run("list", "--limit", "2").stdout.strip().splitlines()[-1]
     assert more == f"more: --cursor {paged['next_cursor']}"
-    bad = shell.run("list", "--created-after", "yesterday", code=2)
-    assert "--created-after" in bad.stderr
+    for bad_time in ("yesterday", since.replace("+00:00", "+0000")):  # (RFC 3339's offset has its colon)
+        bad = shell.run("list", "--created-after", bad_time, code=2)
+        assert "--created-after" in bad.stderr and "RFC 3339" in bad.stderr
     altered = shell.run("list", "--cursor", "bm90LWEtY3Vyc29y", code=2)
     assert "--cursor" in altered.stderr and "Traceback" not in altered.stderr
 
@@ -371,6 +376,22 @@ async def test_the_times_the_cli_prints_are_accepted_back(old_shell: Shell):
     for wrong in ("2026-11-30", "2026-11-30T08:30:07", "2026-11-30T08:30:07.Z", "2026-11-30T08:30:07Zjunk"):
         refused = shell.run("list", "--created-after", wrong, code=2)
         assert "RFC 3339" in refused.stderr and "Traceback" not in refused.stderr
+
+
+async def test_a_time_outside_the_range_the_stores_hold_is_a_usage_error_and_stores_nothing(shell: Shell):
+    """``--expires-at 0001-01-01T00:00:00+01:00`` stored a row that then failed every claim."""
+    await shell.destination("hook", "/ok")
+    before = snapshot(shell.db)
+    for option, value in (("--expires-at", "0001-01-01T00:00:00+01:00"), ("--not-before", "9999-12-31T23:59:59-01:00")):
+        refused = shell.run("enqueue", "--destination", "hook", "--scope", "acme", "--payload", "{}", option, value,
+                            code=2)
+        assert "outside the times the outbox takes" in refused.stderr and option in refused.stderr
+        assert "Traceback" not in refused.stderr
+    granted = shell.run("grants", "put", "g", "--scope", "acme", "--destination", "hook", "--expires-at",
+                        "0001-01-01T00:00:00+00:01", code=2)
+    assert "outside the times" in granted.stderr
+    assert "outside the times" in shell.run("list", "--created-after", "9999-06-01T00:00:00Z", code=2).stderr
+    assert snapshot(shell.db) == before
 
 
 async def test_a_bad_setting_is_a_usage_error_that_names_it(shell: Shell):
@@ -463,6 +484,21 @@ async def test_an_email_destination_from_the_cli_keeps_the_channels_defaults(she
     assert "mail" in listed and "host=smtp.example.com port=587 tls=starttls" in listed
 
 
+async def test_a_kafka_destination_from_the_cli_gets_a_signing_secret_and_keeps_its_sasl_password(shell: Shell):
+    """A new Kafka destination is given a signing secret, printed once; its SASL password is a
+    setting of its own that no answer shows, and a rotation of the signing secret keeps it."""
+    kafka = ("destinations", "put", "events", "--channel", "kafka", "--set", 'bootstrap_servers=["k.example.com:9092"]',
+             "--set", "topic=orders", "--set", "tls=true", "--set", "sasl_mechanism=PLAIN",
+             "--set", "sasl_username=svc")
+    made = shell.json(*kafka, "--set", "sasl_password=hunter2-pw")
+    assert made["generated_secret"].startswith("whsec_")
+    assert "hunter2" not in json.dumps(made)
+    rotated = shell.json(*kafka, "--secret", new_secret())
+    assert rotated["created"] is False and "generated_secret" not in rotated
+    held = (await shell.box.get_destination("events")).secrets
+    assert held[1:] == (made["generated_secret"], "hunter2-pw")  # the password kept, last
+
+
 # -- tokens ------------------------------------------------------------------------------------
 
 
@@ -495,6 +531,33 @@ async def test_json_is_accepted_after_the_command_as_well_as_before(shell: Shell
     assert [i["action_id"] for i in shell.json("list")["items"]] == ["json-1"]
     refused = shell.run("show", "nope-1", "--json", code=1)
     assert json.loads(refused.stderr)["error"] == "NotFound" and refused.stdout == ""
+
+
+async def test_show_writes_absent_values_and_booleans_as_json_does_never_as_python(shell: Shell):
+    """An intent with no ordering key, times or error, and an attempt without a status code: each
+    absent value reads ``-``, a boolean ``true``/``false``, as in --json (null, false), never
+    Python's None or False."""
+    with socket.socket() as s:  # a port nobody listens on: the attempt gets no status code
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    await shell.box.put_destination("gone", DestinationSpec(url=f"http://127.0.0.1:{closed}/hook", secret=SECRET,
+                                                            allow_private_network=True))
+    await shell.enqueue("plain-1", destination="gone", max_attempts=1)
+    await shell.deliver(["plain-1"])
+    await shell.box.put_destination("mail", EmailSpec.model_validate(
+        {"channel": "email", "host": "smtp.example.com", "from": "shop@example.com"}))
+    shown = shell.run("show", "plain-1").stdout
+    fields = dict(line.split(None, 1) for line in shown.splitlines()
+                  if not line.startswith((" ", "attempts", "events")))
+    assert (fields["ordering_key"], fields["not_before"], fields["lease_owner"]) == ("-", "-", "-")
+    assert fields["status"] == "dead" and fields["payload"] == '{"action": "plain-1"}'
+    [attempt] = [line for line in shown.splitlines() if line.startswith("  #")]
+    assert re.fullmatch(r"  #1 \S+ not_submitted retryable ClientConnectorError: .+", attempt), attempt
+    described = shell.run("destinations", "show", "mail").stdout
+    settings = dict(line.split(None, 1) for line in described.splitlines())
+    assert settings["idempotent"] == "false" and settings["reply_to"] == "-" and settings["headers"] == "{}"
+    for printed in (shown, described):
+        assert not re.search(r"\b(None|False|True)\b", printed), printed
 
 
 async def test_an_unreadable_payload_file_is_one_error_line(shell: Shell):

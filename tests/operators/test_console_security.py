@@ -14,7 +14,7 @@ import pytest
 
 from outbox import DestinationSpec, Outbox, Role, Settings
 from outbox.api import create_app
-from outbox.console import COOKIE
+from outbox.console import COOKIE, csrf_for
 
 from ..conftest import SECRET
 from ..servers import Served
@@ -112,3 +112,32 @@ def test_the_console_renders_under_its_policy_in_a_browser(site: Site):
         page.get_by_role("button", name="Sign out").click()
         page.wait_for_url(site.url + "/console/login")
     assert not [m for m in messages if "Content Security Policy" in m or "Refused" in m], messages
+
+
+def test_a_link_cannot_put_words_of_its_own_on_a_console_page(site: Site):
+    """What a page says after a redirect comes from a code in its URL and a table of the console's
+    own sentences: an unknown code, or text, shows nothing. A failed action's message is the
+    server's, drawn in the answer to its form, never carried in a URL."""
+    planted = "Session expired: call +1 555 0100 and read your token out"
+    with httpx.Client(base_url=site.url, timeout=10) as http:
+        refused = http.get("/console/login", params={"error": planted})
+        named = http.get("/console/login", params={"error": "refused"})
+        http.post("/console/login", data={"token": site.operator})
+        pages = [http.get("/console", params={"done": planted}),
+                 http.get("/console/intents/inv-1", params={"done": planted, "error": planted}),
+                 http.get("/console/intents/inv-1", params={"done": "cancel done"})]
+        done = http.get("/console/intents/inv-1", params={"done": "cancel"})
+        csrf = csrf_for(site.operator)
+        not_now = http.post("/console/intents/inv-1/replay", data={"csrf": csrf, "reason": "try"})
+        no_reason = http.post("/console/intents/inv-1/cancel", data={"csrf": csrf, "reason": " "})
+        cancelled = http.post("/console/intents/inv-1/cancel", data={"csrf": csrf, "reason": "not wanted"})
+    for answer in (refused, *pages):
+        assert answer.status_code == 200 and "Session expired" not in answer.text and "flash" not in answer.text
+    assert "<p class='flash error'>that is not an operator or admin token</p>" in named.text
+    assert "<p class='flash'>cancel done</p>" in done.text
+    assert not_now.status_code == 409 and "location" not in not_now.headers
+    assert "<p class='flash error'>only dead, revoked or unknown intents can be replayed; &#x27;inv-1&#x27; is " \
+           "pending</p>" in not_now.text
+    assert no_reason.status_code == 422 and "say why: operator actions are recorded with a reason" in no_reason.text
+    assert "<h1>Intent inv-1</h1>" in no_reason.text
+    assert cancelled.status_code == 303 and cancelled.headers["location"] == "/console/intents/inv-1?done=cancel"

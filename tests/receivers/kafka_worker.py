@@ -6,9 +6,9 @@ after every handled record's completion was stored: the crash between handler an
 exactly there. Otherwise it runs until the group's committed offset of partition 0 reaches
 ``--until``, then stops gracefully.
 
-    python -m tests.receivers.kafka_worker BOOTSTRAP TOPIC GROUP STORE EFFECTS [--die-before-commit] [--until N]
+    python -m tests.receivers.kafka_worker BOOTSTRAP TOPIC GROUP STORE EFFECTS SECRET [--die-before-commit] [--until N]
 
-STORE is ``sqlite:PATH`` or ``postgres:TABLE:DSN``.
+STORE is ``sqlite:PATH`` or ``postgres:TABLE:DSN``; SECRET the signing secret the records carry.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ async def main(args: argparse.Namespace) -> int:
             os.kill(os.getpid(), signal.SIGKILL)
 
         kafka.commit = die  # the one fault: the process dies where the commit would be sent
-    consumer = IdempotentConsumer(kafka, open_store(args.store), handle)
+    consumer = IdempotentConsumer(kafka, open_store(args.store), handle, secrets=args.secret)
     async with consumer:
         for _ in range(600):
             if await kafka.committed(TopicPartition(args.topic, 0)) == args.until:
@@ -60,7 +60,7 @@ async def main(args: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    for name in ("bootstrap", "topic", "group", "store", "effects"):
+    for name in ("bootstrap", "topic", "group", "store", "effects", "secret"):
         parser.add_argument(name)
     parser.add_argument("--die-before-commit", action="store_true")
     parser.add_argument("--until", type=int, default=-1)

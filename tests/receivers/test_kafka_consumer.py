@@ -30,16 +30,19 @@ from receivers import (
     PostgresRecordStore,
     SqliteRecordStore,
     State,
+    wire,
 )
 from receivers.kafka import Refusal, Refused, payload_matches
 from receivers.keys import identity
 from receivers.wire import KAFKA_ATTEMPT_ID, KAFKA_FENCE, KAFKA_IDEMPOTENCY_KEY, KAFKA_PAYLOAD_DIGEST
-from tests.conftest import eventually
+from tests.conftest import SECRET, eventually
 from tests.kafka import Broker
 
 TOPIC = "orders"
 GROUP = "billing"
 ROOT = Path(__file__).resolve().parents[2]
+#: The destination's previous signing secret, still held by consumers during a rotation.
+PREVIOUS = wire.new_secret()
 
 
 def payload(value: Any) -> bytes:
@@ -51,14 +54,20 @@ def digest(data: bytes) -> str:
 
 
 def headers(key: str | None, value: bytes, *, fence: int | None = 1, declared: str | None = None,
-            ) -> list[tuple[str, bytes]]:
-    """The headers the sender puts on a record (``declared`` overrides the payload digest)."""
+            signed: str | None = None, signed_at: float | None = None) -> list[tuple[str, bytes]]:
+    """The headers the sender puts on a record (``declared`` overrides the payload digest), signed
+    over ``value`` with the secret ``signed`` (at ``signed_at``, else now) when given."""
     found = [(KAFKA_ATTEMPT_ID, uuid.uuid4().hex.encode())]
     if key is not None:
         found.append((KAFKA_IDEMPOTENCY_KEY, key.encode()))
     found.append((KAFKA_PAYLOAD_DIGEST, (declared or digest(value)).encode()))
     if fence is not None:
         found.append((KAFKA_FENCE, str(fence).encode()))
+    if signed is not None:
+        assert key is not None
+        stamp = int(datetime.now(UTC).timestamp() if signed_at is None else signed_at)
+        found += [(wire.KAFKA_TIMESTAMP, str(stamp).encode()),
+                  (wire.KAFKA_SIGNATURE, wire.sign([signed], key, stamp, value).encode())]
     return found
 
 
@@ -191,7 +200,8 @@ async def test_a_crash_between_the_handler_and_the_offset_commit_runs_the_handle
     wait for ever in the rebalance."""
     await tansu.create_topic(TOPIC, partitions=1)
     keys = [f"k{i}" for i in range(40)]
-    await produce(tansu, *((key, payload({"n": key})) for key in keys))
+    signed = [(key, value, headers(key, value, signed=SECRET)) for key in keys for value in [payload({"n": key})]]
+    await produce(tansu, *signed)
 
     async def run(*args: str) -> tuple[int | None, str]:
         proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "tests.receivers.kafka_worker", *args,
@@ -201,7 +211,7 @@ async def test_a_crash_between_the_handler_and_the_offset_commit_runs_the_handle
 
     async def crash_then_resume(kind: str, store: str) -> list[str]:
         effects = tmp_path / f"effects-{kind}.txt"
-        worker = (tansu.bootstrap, TOPIC, f"crash-{kind}", store, str(effects))
+        worker = (tansu.bootstrap, TOPIC, f"crash-{kind}", store, str(effects), SECRET)
         assert await run(*worker, "--die-before-commit") == (-signal.SIGKILL, "")
         assert effects.read_text()  # it ran handlers before it died
         assert await run(*worker, "--until", str(len(keys))) == (0, "")
@@ -274,6 +284,53 @@ async def test_records_that_cannot_be_deduplicated_are_reported_and_skipped(topi
         (0, Refusal.MISSING_KEY), (1, Refusal.DIGEST_MISMATCH), (2, Refusal.MISSING_DIGEST),
         (3, Refusal.MALFORMED_FENCE), (4, Refusal.MALFORMED_KEY)]
     assert calls == 6  # the failed report was made again, not skipped
+
+
+async def test_with_secrets_only_records_they_signed_run_and_the_others_never_claim_their_key(
+        topic: Broker, new_store: Any) -> None:
+    """Anyone who can write to the topic produced records under a real intent's key before the
+    outbox's own one, with another payload and its own valid digest. Given the destination's
+    secrets (the current one and the previous, mid-rotation), the consumer runs only what they
+    signed: the forgeries are reported, never run and never claim the key, so the genuine record
+    runs rather than being refused as a reuse of the key."""
+    genuine, forged = payload({"amount": 10}), payload({"amount": 99})
+    two_days_ago = datetime.now(UTC).timestamp() - 2 * 86_400
+    await produce(
+        topic,
+        ("a", forged, headers("a", forged)),  # unsigned
+        ("a", forged, headers("a", forged, signed=wire.new_secret())),  # signed with a secret of its own
+        ("a", genuine, headers("a", genuine, signed=SECRET)),
+        # a genuine signature over another value
+        ("b", forged, headers("b", genuine, declared=digest(forged), signed=SECRET)),
+        ("c", genuine, headers("c", genuine, signed=SECRET, signed_at=two_days_ago)),  # older than the retention
+        ("d", genuine, headers("d", genuine, signed=PREVIOUS)),  # the previous secret, still held
+    )
+    effects = Effects()
+    store = new_store()
+    consumer = consumer_for(topic, store, effects, secrets=[SECRET, PREVIOUS])
+    async with consumer:
+        await until_committed(consumer, 6)
+    assert effects.keys == ["a", "d"]
+    assert [(offset, refused.reason, refused.key) for _, offset, refused in effects.refused] == [
+        (0, Refusal.MISSING_SIGNATURE, "a"), (1, Refusal.INVALID_SIGNATURE, "a"), (3, Refusal.INVALID_SIGNATURE, "b"),
+        (4, Refusal.INVALID_SIGNATURE, "c")]
+    assert "no webhook-signature matches" in effects.refused[1][2].detail
+    assert "more than 86400s from now" in effects.refused[3][2].detail
+    await store.open()
+    try:
+        assert await store.get(identity(GROUP, "b")) is None and await store.get(identity(GROUP, "c")) is None
+        record = await store.get(identity(GROUP, "a"))
+        assert record.state is State.COMPLETED and record.fingerprint == digest(genuine)
+    finally:
+        await store.close()
+
+
+async def test_secrets_must_be_signing_secrets() -> None:
+    kafka = AIOKafkaConsumer(TOPIC, bootstrap_servers="127.0.0.1:9", group_id=GROUP, enable_auto_commit=False)
+    with pytest.raises(ValueError, match="must start with 'whsec_'"):
+        IdempotentConsumer(kafka, MemoryRecordStore(), Effects().handle, secrets="hunter2")
+    with pytest.raises(ValueError, match="holds no secret"):
+        IdempotentConsumer(kafka, MemoryRecordStore(), Effects().handle, secrets=[])
 
 
 # -- retries --------------------------------------------------------------------------------

@@ -7,9 +7,12 @@ from aiokafka import errors
 from pydantic import ValidationError
 
 from outbox import OnUnknown, Outcome, Submission
-from sender.kafka import KafkaSpec, _broker_refused
+from sender.kafka import KafkaSpec, _broker_refused, keep_secrets
+from tests.conftest import SECRET
 
 SPEC = {"channel": "kafka", "bootstrap_servers": ["kafka.example.com:9092"], "topic": "orders"}
+SASL = {**SPEC, "tls": True, "sasl_mechanism": "SCRAM-SHA-256", "sasl_username": "svc"}
+NEWER, NEWEST = "whsec_" + "Tk" * 20, "whsec_" + "Tl" * 20
 
 
 def refused(spec: dict) -> list[tuple[str, str]]:
@@ -49,7 +52,12 @@ def test_servers_are_normalised_as_they_are_connected_to():
     ({"sasl_mechanism": "PLAIN", "sasl_username": "svc"}, "", "set tls, or allow_insecure"),
     ({"reconcile": True}, "", "cannot answer the reconcile probe"),
     ({"compression": "lz4"}, "compression", "'none' or 'gzip'"),
-    ({"secret": ""}, "secret", "1 to 1024 characters"),
+    ({"secret": "hunter2"}, "secret", "give the SASL password as sasl_password"),
+    ({"secret": "whsec_QQ=="}, "secret", "24 to 64 bytes"),
+    ({"sasl_password": "pw"}, "", "sasl_password needs sasl_mechanism"),
+    ({"sasl_password": ""}, "sasl_password", "at least 1 character"),
+    ({"tls": True, "sasl_mechanism": "PLAIN", "sasl_username": "svc", "sasl_password": SECRET}, "sasl_password",
+     "must not start with 'whsec_'"),
     ({"surprise": 1}, "surprise", "Extra inputs are not permitted"),
 ])
 def test_what_cannot_be_produced_is_refused_naming_the_field(change, field, words):
@@ -65,6 +73,25 @@ def test_a_special_purpose_address_needs_allow_private_network(server):
     assert where == "" and "not a public address" in message, message
     spec = KafkaSpec.model_validate({**SPEC, "bootstrap_servers": [server], "allow_private_network": True})
     assert spec.allow_private_network
+
+
+def test_the_sasl_password_is_write_only():
+    spec = KafkaSpec.model_validate({**SASL, "sasl_password": "hunter2-pw", "secret": SECRET})
+    assert "sasl_password" not in spec.settings() and "hunter2" not in repr(spec)
+
+
+def test_signing_secrets_rotate_as_a_webhooks_and_the_sasl_password_stays_apart():
+    def kept(held: tuple[str, ...], **change: object) -> tuple[str, ...]:
+        return keep_secrets(held, KafkaSpec.model_validate({**SASL, **change}))
+
+    assert kept((), secret=SECRET, sasl_password="pw") == (SECRET, "pw")
+    assert kept((SECRET, "pw"), secret=NEWER) == (NEWER, SECRET, "pw")  # a rotation keeps the password
+    assert kept((NEWER, SECRET, "pw"), secret=NEWEST) == (NEWEST, NEWER, SECRET, "pw")
+    assert kept((NEWER, SECRET, "pw"), drop_previous_secrets=True) == (NEWER, "pw")
+    assert kept((SECRET, "pw"), sasl_password="new-pw") == (SECRET, "new-pw")
+    assert kept(("pw",)) == ("pw",)  # stored before records were signed: the password alone
+    assert kept(("pw",), secret=SECRET) == (SECRET, "pw")
+    assert keep_secrets((SECRET, "pw"), KafkaSpec.model_validate(SPEC)) == (SECRET,)  # no SASL, no password
 
 
 def test_a_loopback_broker_is_allowed_with_the_private_network():

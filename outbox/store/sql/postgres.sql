@@ -290,6 +290,38 @@ ON CONFLICT (id) DO UPDATE SET
     ordering_on_dead = excluded.ordering_on_dead
 RETURNING NOT EXISTS (SELECT 1 FROM existing) AS created;
 
+-- name: sealing_key
+-- The id of the key destination secrets are sealed under (no row: nothing sealed yet).
+SELECT key_id FROM secrets_key;
+
+-- name: propose_sealing_key
+-- Name the key to seal under, unless one is named already (read it back, locked, below).
+INSERT INTO secrets_key (key_id) VALUES ($1) ON CONFLICT (only_row) DO NOTHING;
+
+-- name: share_sealing_key
+-- The key to seal under, locked against a rotation until this write's transaction ends.
+SELECT key_id FROM secrets_key FOR SHARE;
+
+-- name: lock_sealing_key
+-- The key sealed under, locked while a rotation seals everything again (writers of secrets wait).
+SELECT key_id FROM secrets_key FOR UPDATE;
+
+-- name: set_sealing_key
+-- Name the key to seal under, in the transaction that sealed every destination's secrets under it.
+UPDATE secrets_key SET key_id = $1;
+
+-- name: destination_secrets
+-- Every destination's stored secrets, by id (to seal them again).
+SELECT id, secrets FROM destinations ORDER BY id;
+
+-- name: lock_destination_secrets
+-- Every destination's stored secrets, by id, locked until they are sealed again.
+SELECT id, secrets FROM destinations ORDER BY id FOR UPDATE;
+
+-- name: put_destination_secrets
+-- Replace one destination's stored secrets (sealed again).
+UPDATE destinations SET secrets = $2 WHERE id = $1;
+
 -- name: destination_by_id
 -- One destination.
 SELECT * FROM destinations WHERE id = $1;

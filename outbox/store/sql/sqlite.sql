@@ -260,6 +260,26 @@ ON CONFLICT (id) DO UPDATE SET
     ordering_on_dead = excluded.ordering_on_dead
 RETURNING *;
 
+-- name: sealing_key
+-- The id of the key destination secrets are sealed under (no row: nothing sealed yet).
+SELECT key_id FROM secrets_key;
+
+-- name: propose_sealing_key
+-- Name the key to seal under, unless one is named already (read it back with sealing_key).
+INSERT INTO secrets_key (only_row, key_id) VALUES (1, ?) ON CONFLICT (only_row) DO NOTHING;
+
+-- name: set_sealing_key
+-- Name the key to seal under, in the transaction that sealed every destination's secrets under it.
+UPDATE secrets_key SET key_id = ?;
+
+-- name: destination_secrets
+-- Every destination's stored secrets, by id (to seal them again).
+SELECT id, secrets FROM destinations ORDER BY id;
+
+-- name: put_destination_secrets
+-- Replace one destination's stored secrets (sealed again).
+UPDATE destinations SET secrets = ? WHERE id = ?;
+
 -- name: destination_by_id
 -- One destination.
 SELECT * FROM destinations WHERE id = ?;

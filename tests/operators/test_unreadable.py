@@ -1,0 +1,107 @@
+"""An intent whose stored times no datetime can hold, the issue's rows written into the database
+by hand (plain sqlite3 on the real file; plain SQL on PostgreSQL), while the service runs with
+its embedded sender and a real receiver: the sender sets it aside unsent and delivers the rest,
+``/healthz`` and the console say so, the API lists and shows it, and the CLI shows and cancels
+it. Before, every claim failed (nothing was delivered for any tenant), and the listings, the
+console's search and ``outbox show``/``outbox cancel`` failed with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from outbox import IntentQuery, Status
+
+from .. import pg
+from ..conftest import eventually, rows
+from ..receiver import Reply
+from .conftest import OpenOps, assert_problem
+from .test_console_pages import console
+
+OUTBOX = str(Path(sys.executable).parent / "outbox")
+#: By store: what each planted row is written with (the issue's two requests, as stored).
+PLANTED = {
+    "sqlite": {  # integer microseconds since 1970: 0000-12-31T23:00:00Z and 10000-01-01T00:59:59Z
+        "expires_at": "-62135600400000000",
+        "next_attempt_at": "253402304399000000",
+        "now": lambda: str((datetime.now(UTC) - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)),
+    },
+    "postgres": {
+        "expires_at": "'0001-01-01 00:00:00+01'",
+        "next_attempt_at": "'9999-12-31 23:59:59-01'",
+        "now": lambda: "now()",
+    },
+}
+
+
+def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}, "OUTBOX_DATABASE_URL": url,
+           **(pg.key_env() if url.startswith("postgresql:") else {})}  # as every PostgreSQL process is given
+    return subprocess.run([OUTBOX, *args], env=env, capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+
+
+async def test_a_row_the_store_cannot_read_is_set_aside_and_the_rest_delivered(open_ops: OpenOps, store_url: str):
+    ops = await open_ops(worker=True, database_url=store_url)
+    url = ops.box.settings.database_url
+    dialect = ops.box.store.dialect
+    ops.receiver.script("/ok", Reply(200))
+    await ops.destination("hook", "/ok")
+    later = datetime.now(UTC) + timedelta(hours=1)  # not due until its row is written by hand
+    await ops.enqueue("bad", not_before=later)
+    await ops.enqueue("never", not_before=later)
+    planted = PLANTED[dialect]
+    await rows(url, f"UPDATE intents SET expires_at = {planted['expires_at']}, not_before = NULL, "
+                    f"next_attempt_at = {planted['now']()} WHERE action_id = 'bad'")
+    await rows(url, f"UPDATE intents SET next_attempt_at = {planted['next_attempt_at']} WHERE action_id = 'never'")
+    for n in range(3):
+        await ops.enqueue(f"good-{n}")
+
+    async def settled() -> bool:
+        return all([await ops.status(f"good-{n}") is Status.DELIVERED for n in range(3)]
+                   + [await ops.status("bad") is Status.DEAD])
+
+    assert await eventually(settled, 30), [(i.action_id, i.status) for i in
+                                           (await ops.box.list_intents(IntentQuery())).intents]
+    bad, history = await ops.box.show("bad")
+    assert history.attempts == [] and history.events[-1].kind.value == "dead_lettered"
+    assert bad.last_error and bad.last_error.startswith("set aside unsent: stored times beyond what can be read")
+    assert "expires_at before 0001-01-01T00:00:00Z" in bad.last_error
+    sent = {r.headers["idempotency-key"] for r in ops.receiver.requests("/ok")}
+    assert sent == {f"acme/good-{n}" for n in range(3)}  # nothing was sent for it
+
+    async with ops.client(None) as anyone:
+        health = (await anyone.get("/healthz")).json()
+    assert health["status"] == "degraded" and "set aside 1 intent whose stored times cannot be read" in health["detail"]
+    assert "bad" not in health["detail"]  # the probes take no token: they name no intent
+
+    async with ops.client(ops.operator) as c:
+        listed = (await c.get("/v1/intents")).json()["items"]
+        unreadable = {i["action_id"]: i["unreadable"] for i in listed}
+        assert unreadable["good-0"] is None and "expires_at before" in unreadable["bad"]
+        assert "next_attempt_at after 9999-12-31T23:59:59.999999Z" in unreadable["never"]
+        assert (await c.get("/v1/intents/never")).json()["next_attempt_at"] == "9999-12-31T23:59:59.999999Z"
+        assert_problem(await c.post("/v1/intents/bad/replay", json={"reason": "try"}), 409, "illegal-transition",
+                       "cannot be sent")
+        cancelled = await c.post("/v1/intents/never/cancel", json={"reason": "written by hand"})
+        assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+
+    async with console(ops) as http:
+        overview = await http.get("/console")
+        assert overview.status_code == 200 and "The sender set aside 1 intent(s)" in overview.text
+        assert "/console/intents/bad?scope=acme" in overview.text
+        found = await http.get("/console/intents", params={"status": "dead"})
+        assert found.status_code == 200 and "unreadable" in found.text
+        page = await http.get("/console/intents/bad")
+        assert page.status_code == 200 and "the sender sets it aside unsent" in page.text
+
+    shown = cli(url, "--json", "show", "bad")
+    assert shown.returncode == 0, shown.stderr
+    assert "expires_at before" in json.loads(shown.stdout)["unreadable"]
+    gone = cli(url, "cancel", "bad", "--reason", "written by hand")
+    assert gone.returncode == 0, gone.stderr
+    assert await ops.status("bad") is Status.CANCELLED

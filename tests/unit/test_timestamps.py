@@ -1,0 +1,52 @@
+"""The one rule for the times clients give (``outbox.timestamps``)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+from outbox import InvalidInput, Settings, operations, timestamps
+from outbox.destinations import DestinationSpec
+from outbox.timestamps import EARLIEST, HEADROOM, LATEST
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("2030-01-01T09:00:00Z", datetime(2030, 1, 1, 9, tzinfo=UTC)),
+    ("2030-01-01t10:00:00.5+01:00", datetime(2030, 1, 1, 9, 0, 0, 500_000, tzinfo=UTC)),
+    ("2030-01-01 09:00:00.1234567z", datetime(2030, 1, 1, 9, 0, 0, 123_456, tzinfo=UTC)),  # to microseconds
+    ("0001-01-01T00:00:00Z", EARLIEST),
+    ("9999-01-01T00:59:59.999999+01:00", LATEST),
+])
+def test_rfc_3339_with_an_offset_inside_the_range_is_read_as_utc(text, expected):
+    assert timestamps.read(text) == expected and timestamps.read(text).tzinfo is UTC
+
+
+@pytest.mark.parametrize("value", [
+    "0001-01-01T00:00:00+00:01", "9999-01-01T01:00:00+01:00", "9999-12-31T23:59:59Z", "10000-01-01T00:00:00Z",
+    "2030-01-01T00:00:00", "2030-01-01", "2030-01-01T00:00Z", "2030-01-01T00:00:00+0100", "2030-01-01T00:00:00 Z",
+    "2030-01-01T00:00:00Z\n", "1700000000", "0", "", "2030-02-30T00:00:00Z", "2030-01-01T24:00:00Z",
+    "2030-01-01T00:00:60Z", "2030-01-01T00:00:00+24:00", "２０３０-01-01T00:00:00Z",
+    0, 1.5, True, None, [], datetime(2030, 1, 1), datetime(9999, 12, 31, 23, tzinfo=timezone(-timedelta(hours=1))),
+])
+def test_anything_else_is_refused_with_the_field_named(value):
+    with pytest.raises(InvalidInput, match="^not_before: "):
+        timestamps.checked(value, "not_before")
+
+
+def test_what_the_api_prints_is_taken_back():
+    assert timestamps.read(timestamps.text(LATEST, "t")) == LATEST
+
+
+def test_what_the_sender_adds_to_a_time_fits_in_the_headroom():
+    """A lease, then a backoff (or a Retry-After) up to its cap, an approval, a receiver's
+    retention: each bounded, and all of them together still within what a datetime holds."""
+    fields = Settings.model_fields
+    most = (_le(fields["lease_seconds"]) + _le(fields["backoff_cap_seconds"]) + operations.MAX_APPROVAL_SECONDS
+            + _le(DestinationSpec.model_fields["retention_seconds"]))
+    assert timedelta(seconds=most) < HEADROOM
+    assert datetime.max.replace(tzinfo=UTC) == LATEST + HEADROOM
+
+
+def _le(field) -> float:
+    return next(m.le for m in field.metadata if getattr(m, "le", None) is not None)
