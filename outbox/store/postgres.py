@@ -812,12 +812,14 @@ class PostgresStore:
         return [_token(row) for row in await self._fetch("list_tokens")]
 
     async def revoke_token(self, token_id: str, at: datetime, *, keep_an_admin: bool = True) -> TokenInfo:
-        async with self._transaction() as conn:
+        async def work(conn: asyncpg.Connection) -> TokenInfo:
             row = await conn.fetchrow(SQL["revoke_token"], at, token_id, keep_an_admin)
             if row is None:
                 found = await conn.fetchrow(SQL["token_by_id"], token_id)
                 raise not_revoked(token_id, None if found is None else _token(found))
-        return _token(row)
+            return _token(row)
+
+        return await self._run(work, transaction={})
 
     async def count_active_tokens(self, role: str) -> int:
         return int(await self._fetchval("count_active_tokens", role))
