@@ -275,12 +275,13 @@ def public_proxy_address(monkeypatch: pytest.MonkeyPatch) -> str:
     return PUBLIC
 
 
-@pytest.mark.parametrize("named", ["127.0.0.1", "localhost"])
+@pytest.mark.parametrize("named", ["127.0.0.1", "localhost", "::ffff:0:7f00:1"])
 async def test_a_broker_only_the_metadata_names_is_never_connected_to_when_the_guard_refuses_it(
         env: SenderEnv, channel, kafka: Broker, public_proxy_address: str, named: str):
     """A hostile broker (the proxy, at an address the guard allows) answers Metadata naming a
-    listener on loopback as the cluster's broker, as an address or as a name resolving to one: no
-    connection reaches the listener, and the attempt is refused before anything was sent."""
+    listener on loopback as the cluster's broker, as an address, as a name resolving to one, or in
+    SIIT's IPv4-translated form (special-purpose, which Python's ``is_global`` calls global on
+    3.11): no connection reaches the listener, and the attempt is refused before anything was sent."""
     await kafka.create_topic(TOPIC)
     async with Listener() as listener, MetadataProxy(kafka, public_proxy_address, (named, listener.port)) as proxy:
         await env.box.put_destination("log", KafkaSpec.model_validate({
