@@ -473,8 +473,10 @@ class PostgresStore:
                 with _unavailable(conn):
                     await tx.commit()
             finally:
-                with contextlib.suppress(Exception):  # the caller's SQL may have changed the session (SET, ...)
+                try:  # the caller's SQL may have changed the session (SET, ...)
                     await conn.reset()
+                except Exception:  # (a statement_timeout it set can cut the reset itself short)
+                    conn.terminate()  # a session that could not be reset serves no one else
 
     # -- schema, clock and wake-ups ----------------------------------------------------------
 

@@ -413,6 +413,28 @@ async def test_the_callers_session_settings_do_not_stay_on_the_pooled_connection
         await store.close()
 
 
+async def test_a_session_the_store_cannot_reset_is_dropped_not_given_back(pg_url, monkeypatch):
+    """The reset after the caller's block can fail (a statement_timeout the caller set cuts it
+    short, on a loaded server): that connection must not go back to the pool with the caller's
+    settings on it; the store's next work gets a fresh one."""
+    from outbox.store.postgres import PostgresStore
+
+    store = PostgresStore(pg_url, pool_size=1)
+    await store.open()
+    try:
+        await store.migrate()
+        async def reset(*args: object, **kwargs: object) -> None:
+            raise asyncpg.QueryCanceledError("canceling statement due to statement timeout")
+
+        async with store.transaction() as tx:
+            await tx.execute("SET search_path TO nowhere")
+            monkeypatch.setattr(asyncpg.Connection, "reset", reset)  # the precise fault: the reset itself fails
+        monkeypatch.undo()
+        assert await store.list_destinations() == []
+    finally:
+        await store.close()
+
+
 class _Proxy:
     """A TCP relay to the test server that can go silent (connections stay open, nothing moves)
     or pass on the server's closing of a connection ``hold_close`` seconds late, as a network
