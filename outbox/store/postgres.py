@@ -476,7 +476,8 @@ class PostgresStore:
                 try:  # the caller's SQL may have changed the session (SET, ...)
                     await conn.reset()
                 except Exception:  # (a statement_timeout it set can cut the reset itself short)
-                    conn.terminate()  # a session that could not be reset serves no one else
+                    if not _gone(conn):  # (one the server cut is the pool's to replace already)
+                        conn.terminate()  # a session that could not be reset serves no one else
 
     # -- schema, clock and wake-ups ----------------------------------------------------------
 
