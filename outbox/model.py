@@ -46,38 +46,67 @@ MEANING: Mapping[Status, str] = {
 #: The statuses an intent may be created in (``held`` when its destination requires approval).
 INITIAL: frozenset[Status] = frozenset({Status.PENDING, Status.HELD})
 
-_UNUSED = "allowed, though nothing makes this move today"
+@dataclass(frozen=True, slots=True)
+class Move:
+    """One named move of the lifecycle: where it starts and ends, who makes it, and which
+    intent columns it writes. Each store runs it as one named SQL block over a batch (its
+    ``name`` names the block), so a move is spelled once here and once per dialect, never
+    assembled from a column dictionary at run time."""
 
-#: Every legal status change, and who makes it. Nothing else may move an intent.
-MOVES: Mapping[tuple[Status, Status], str] = {
-    (Status.PENDING, Status.LEASED): "a worker's claim",
-    (Status.PENDING, Status.CANCELLED): "an operator's cancel",
-    (Status.PENDING, Status.DEAD): _UNUSED,
-    (Status.LEASED, Status.DELIVERED): "the worker, on the receiver's acknowledgement; the worker or the sweeper, "
-                                       "when a reconcile probe finds it completed",
-    (Status.LEASED, Status.PENDING): "the worker, retrying after backoff or giving the lease back unsent; the "
-                                     "sweeper, after the lease expired",
-    (Status.LEASED, Status.UNKNOWN): "the worker or the sweeper, when an attempt may have taken effect and no "
-                                     "blind retry is allowed",
-    (Status.LEASED, Status.REVOKED): "the worker, when authority is denied right before the send",
-    (Status.LEASED, Status.DEAD): "the worker: rejected, conflicting, out of attempts or expired",
-    (Status.LEASED, Status.HELD): "the worker, when the destination requires approval and no live approval "
-                                  "covers this payload",
-    (Status.HELD, Status.PENDING): "an operator's approval",
-    (Status.HELD, Status.DEAD): _UNUSED,
-    (Status.HELD, Status.CANCELLED): "an operator's reject or cancel",
-    (Status.UNKNOWN, Status.DELIVERED): "an operator's resolve as delivered",
-    (Status.UNKNOWN, Status.PENDING): "an operator's resolve as retry, or a replay",
-    (Status.UNKNOWN, Status.DEAD): "an operator's resolve as dead",
-    (Status.REVOKED, Status.PENDING): "an operator's replay (after a fresh authority check)",
-    (Status.REVOKED, Status.CANCELLED): "an operator's cancel",
-    (Status.DEAD, Status.PENDING): "an operator's replay",
-    (Status.DEAD, Status.CANCELLED): "an operator's cancel (giving it up; under ordering this lets its key go on)",
-}
+    name: str
+    sources: frozenset[Status]
+    targets: frozenset[Status]
+    who: str
+    #: Intent columns it sets from the change, besides ``status`` and ``updated_at``.
+    sets: tuple[str, ...] = ()
+    #: Intent columns it sets to null.
+    clears: tuple[str, ...] = ()
+    #: Whether the move is fenced: made for the lease holder at its fence (a stale fence's change is
+    #: refused, never applied); ``start`` also needs the lease unexpired.
+    fenced: bool = False
 
-#: The statuses each status may move to: ``MOVES`` without the who.
+
+def _move(name: str, sources: str, targets: str, who: str, *, sets: tuple[str, ...] = (),
+          clears: tuple[str, ...] = (), fenced: bool = False) -> Move:
+    return Move(name, frozenset(Status(s) for s in sources.split()), frozenset(Status(s) for s in targets.split()),
+                who, sets, clears, fenced)
+
+
+_LEASE = ("lease_owner", "lease_expires_at")
+
+#: Every move an intent may make, by name. Nothing else changes an intent's status.
+MOVES: Mapping[str, Move] = {move.name: move for move in (
+    _move("claim", "pending", "leased", "a worker's claim, bumping the fence",
+          sets=(*_LEASE, "fence")),
+    _move("start", "leased", "leased", "the worker, durably recording an attempt before its send (the intent "
+          "row is not written: its attempt count is the attempts settled)", fenced=True),
+    _move("settle", "leased", "delivered pending unknown revoked dead",
+          "the worker, with an attempt's fate (delivered, a retry after backoff, unknown, revoked, dead)",
+          sets=("last_error", "next_attempt_at", "attempts", "fence"), clears=_LEASE, fenced=True),
+    _move("release", "leased", "pending", "the worker, giving a lease back before any attempt started",
+          sets=("next_attempt_at", "fence"), clears=_LEASE, fenced=True),
+    _move("hold", "leased", "held", "the worker, when the destination requires approval and no live approval "
+          "covers this payload", sets=("last_error",), clears=_LEASE, fenced=True),
+    _move("recover", "leased", "pending", "the sweeper, giving back an expired lease whose holder started no "
+          "attempt (an attempt in flight is settled instead, at a raised fence)", sets=("next_attempt_at", "fence"),
+          clears=_LEASE),
+    _move("replay", "dead revoked unknown", "pending", "an operator's replay, with a fresh budget of attempts",
+          sets=("next_attempt_at", "max_attempts"), clears=("last_error",)),
+    _move("resolve", "unknown", "delivered pending dead", "an operator's resolve as delivered, retry or dead",
+          sets=("next_attempt_at", "max_attempts")),
+    _move("cancel", "pending held revoked dead", "cancelled",
+          "an operator's cancel (of a dead letter too: under ordering this lets its key go on)"),
+    _move("approve", "held", "pending", "an operator's approval of the payload digest",
+          sets=("approved_digest", "approval_expires_at", "approved_by", "next_attempt_at")),
+    _move("reject", "held", "cancelled", "an operator's reject"),
+)}
+
+#: The statuses each status may move to, from ``MOVES`` (a move that stays put is not a change
+#: of status).
 TRANSITIONS: Mapping[Status, frozenset[Status]] = {
-    status: frozenset(new for old, new in MOVES if old is status) for status in Status
+    status: frozenset(new for move in MOVES.values() if status in move.sources
+                      for new in move.targets if new is not status)
+    for status in Status
 }
 
 TERMINAL: frozenset[Status] = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
@@ -106,11 +135,11 @@ def lifecycle_table() -> str:
              "| status | meaning |", "|---|---|"]
     lines += [f"| {code(s)} | {MEANING[s]}{' (terminal)' if s in TERMINAL else ''} |" for s in Status]
     lines += ["", f"An intent starts {' or '.join(code(s) for s in Status if s in INITIAL)}. "
-              "The moves it may make, and who makes each:", "",
-              "| from | to | who |", "|---|---|---|"]
-    lines += [f"| {code(old)} | {code(new)} | {MOVES[old, new]} |"
-              for old in Status for new in Status if new in TRANSITIONS[old]]
-    lines += ["", "They are one table, `outbox.model.TRANSITIONS`; any other status change is an",
+              "The moves it may make, each one named block of SQL per store:", "",
+              "| move | from | to | who |", "|---|---|---|---|"]
+    lines += [f"| `{m.name}` | {', '.join(code(s) for s in Status if s in m.sources)} | "
+              f"{', '.join(code(s) for s in Status if s in m.targets)} | {m.who} |" for m in MOVES.values()]
+    lines += ["", "They are one table, `outbox.model.MOVES`; any other status change is an",
               "`IllegalTransition` error and writes nothing."]
     return "\n".join(lines) + "\n"
 
@@ -298,3 +327,154 @@ class Enqueued:
 
     intent: Intent
     created: bool
+
+
+# -- changes: one typed value per move, as ``Store.apply`` takes them ------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Move ``start``: record ``attempt`` (unfinished) and its ``attempt_started`` event, durably
+    before the send, if the intent is still leased at ``fence`` and its lease has not expired."""
+
+    key: str
+    fence: int
+    attempt: Attempt
+    event: Event
+    move = "start"
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """Move ``settle``: a leased intent at ``fence`` takes its fate ``status``; the lease is
+    cleared, ``attempt`` (finished) recorded when there is one, and ``events`` appended.
+    ``attempts`` is the settled attempt's number; ``new_fence`` a fence raised past every earlier
+    request (a reconcile probe's, the sweeper's)."""
+
+    key: str
+    fence: int
+    status: Status
+    events: tuple[Event, ...]
+    last_error: str | None = None
+    next_attempt_at: datetime | None = None
+    attempts: int | None = None
+    attempt: Attempt | None = None
+    new_fence: int | None = None
+    move = "settle"
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Move ``release``: give a lease at ``fence`` back unsent, due again at ``next_attempt_at``."""
+
+    key: str
+    fence: int
+    next_attempt_at: datetime
+    events: tuple[Event, ...]
+    move = "release"
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Move ``hold``: a leased intent at ``fence`` waits for an operator's approval."""
+
+    key: str
+    fence: int
+    last_error: str
+    events: tuple[Event, ...]
+    move = "hold"
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """Move ``replay``: an intent the caller saw ``expected`` (dead, revoked, unknown) is due at
+    ``next_attempt_at`` with ``max_attempts``."""
+
+    key: str
+    expected: Status
+    next_attempt_at: datetime
+    max_attempts: int
+    events: tuple[Event, ...]
+    move = "replay"
+
+
+@dataclass(frozen=True, slots=True)
+class Resolve:
+    """Move ``resolve``: an unknown intent becomes ``status`` (delivered, pending, dead); a retry
+    gets ``next_attempt_at`` and ``max_attempts``."""
+
+    key: str
+    status: Status
+    events: tuple[Event, ...]
+    next_attempt_at: datetime | None = None
+    max_attempts: int | None = None
+    move = "resolve"
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Move ``cancel``: an intent the caller saw ``expected`` is withdrawn."""
+
+    key: str
+    expected: Status
+    events: tuple[Event, ...]
+    move = "cancel"
+
+
+@dataclass(frozen=True, slots=True)
+class Approve:
+    """Move ``approve``: a held intent's ``approved_digest`` is approved until
+    ``approval_expires_at`` by ``approved_by``; it is due at ``next_attempt_at``."""
+
+    key: str
+    approved_digest: str
+    approval_expires_at: datetime
+    approved_by: str
+    next_attempt_at: datetime
+    events: tuple[Event, ...]
+    move = "approve"
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Move ``reject``: a held intent is cancelled, never sent."""
+
+    key: str
+    events: tuple[Event, ...]
+    move = "reject"
+
+
+#: A change the worker makes under its lease (answered None when applied).
+WorkerChange = Start | Settle | Release | Hold
+#: A change an operator makes (answered with the intent as it became).
+OperatorChange = Replay | Resolve | Cancel | Approve | Reject
+Change = WorkerChange | OperatorChange
+
+
+def expected_status(change: Change) -> frozenset[Status]:
+    """The statuses ``change`` may apply in: the caller's ``expected`` where it names one, else
+    its move's sources."""
+    expected = getattr(change, "expected", None)
+    return frozenset({expected}) if expected is not None else MOVES[change.move].sources
+
+
+def target_status(change: Change) -> Status:
+    """The status ``change`` moves its intent to."""
+    status = getattr(change, "status", None)
+    if status is not None:
+        return status
+    (target,) = MOVES[change.move].targets
+    return target
+
+
+def check_change(change: Change) -> None:
+    """Refuse a change its move does not allow, before anything is written: raises
+    IllegalTransition (a target or an expected status outside the move), ValueError (no event)."""
+    move = MOVES[change.move]
+    if target_status(change) not in move.targets:
+        raise IllegalTransition(f"move {move.name!r} cannot end in {target_status(change).value!r}")
+    for status in expected_status(change):
+        if status not in move.sources:
+            raise IllegalTransition(f"an intent cannot go from {status.value!r} to {target_status(change).value!r}")
+    if not getattr(change, "events", None) and not isinstance(change, Start):
+        raise ValueError("every change to an intent appends at least one event")

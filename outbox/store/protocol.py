@@ -19,7 +19,7 @@ from ..destinations import Destination
 from ..errors import OutboxError
 from ..grants import Grant, GrantSpec
 from ..keyring import Keyring
-from ..model import Attempt, Enqueued, Event, Intent, NewIntent, Status
+from ..model import Attempt, Change, Enqueued, Event, Intent, NewIntent, Status
 from ..tokens import TokenInfo
 
 #: Columns an intent update may set, besides ``status`` and ``updated_at``.
@@ -122,6 +122,27 @@ class Activity:
     failures: list[Failure]
     waiting: list[Waiting]
     backlog: list[Span]
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A claim made with a batch of changes: lease up to ``limit`` due intents to ``owner``
+    until ``lease_until`` (see ``Store.claim``)."""
+
+    owner: str
+    now: datetime
+    lease_until: datetime
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What ``Store.apply`` did: one result per change, in order (None for a worker's change
+    applied, the intent as it became for an operator's, or the error that refused it: NotFound,
+    StaleWrite, IllegalTransition), and the intents claimed after the changes, oldest due first."""
+
+    results: list[Intent | OutboxError | None]
+    claimed: list[Intent] = field(default_factory=list)
 
 
 class Transaction(Protocol):
@@ -231,6 +252,23 @@ class Store(Protocol):
         still in ``expected`` (and at ``fence`` when given). Returns the updated intent, or None
         with ``fetch=False`` (the sender's hot path does not read it back).
         Raises IllegalTransition, NotFound, StaleWrite; nothing is written when it raises."""
+        ...
+
+    async def apply(self, changes: Sequence[Change], *, claim: Claim | None = None) -> Applied:
+        """Make each change's move (``outbox.model.MOVES``) as one set per move, in one transaction
+        (SQLite: one group commit), then make ``claim`` in the same transaction. Each change is
+        judged on its own against the intent as it is: one refused (its intent gone, in another
+        status, at another fence, or, for ``Start``, its lease expired) writes nothing and is
+        answered by its error in its place; the others go on. A key named twice is changed in
+        turn. Raises (writing nothing) only when the database fails, or for a change its move
+        cannot make at all (``model.check_change``)."""
+        ...
+
+    async def recover(self, now: datetime, limit: int, actor: str) -> int:
+        """Give back, in one transaction, up to ``limit`` intents whose lease expired before ``now``
+        with no attempt in flight (move ``recover``: pending, due now, fence raised, a
+        ``lease_expired`` event by ``actor``); returns how many. Those with an attempt in flight
+        are left for the sweeper to settle (``expired_leases``)."""
         ...
 
     async def claim(

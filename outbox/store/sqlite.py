@@ -28,12 +28,12 @@ from ..destinations import Destination
 from ..errors import NoDatabase, NotFound, OutboxError, StoreUnavailable
 from ..grants import Grant, GrantSpec
 from ..keyring import Keyring, required
-from ..model import Attempt, Enqueued, Event, Intent, NewIntent, Status
+from ..model import Attempt, Change, Enqueued, Event, Intent, NewIntent, Status
 from ..tokens import TokenInfo
-from . import records
+from . import moves, records
 from .migrator import Migration, run_migrations, scripts_for
 from .plumbing import GroupCommitter, connect, on_thread, queries, unavailable
-from .protocol import Activity, AttemptMinute, Failure, History, IntentQuery, Page, Span, Waiting
+from .protocol import Activity, Applied, AttemptMinute, Claim, Failure, History, IntentQuery, Page, Span, Waiting
 from .rules import (
     check_claim,
     check_payload,
@@ -500,6 +500,12 @@ class SqliteStore:
         return await self._write(job)
 
     # -- the sender's work -----------------------------------------------------------------
+
+    async def apply(self, changes: Sequence[Change], *, claim: Claim | None = None) -> Applied:
+        return await moves.apply_each(self, changes, claim)
+
+    async def recover(self, now: datetime, limit: int, actor: str) -> int:
+        return await moves.recover_each(self, now, limit, actor)
 
     async def claim(
         self, owner: str, *, now: datetime, lease_until: datetime, limit: int
