@@ -12,7 +12,19 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 
 from .errors import AuthorityDenied, DuplicateRisk, IllegalTransition, InvalidInput, OutboxError
-from .model import Event, EventKind, Intent, Status, Submission
+from .model import (
+    Approve,
+    Cancel,
+    Event,
+    EventKind,
+    Intent,
+    OperatorChange,
+    Reject,
+    Replay,
+    Resolve,
+    Status,
+    Submission,
+)
 from .outbox import Outbox
 from .store import IntentQuery
 
@@ -83,13 +95,10 @@ async def replay(
     if authorize is not None and (denied := await authorize(intent)) is not None:
         raise AuthorityDenied(f"authority does not allow {action_id!r} now: {denied}")
     now = box.clock.now()
-    replayed = await box.store.update_intent(
-        intent.key, expected=intent.status, status=Status.PENDING,
-        changes={"next_attempt_at": now, "max_attempts": intent.attempts + box.settings.default_max_attempts,
-                 "last_error": None},
-        events=[Event(EventKind.REPLAYED, now, actor.name, actor.reason,
-                      {"from": intent.status.value, "accept_duplicate_risk": accept_duplicate_risk})],
-    )
+    replayed = await _made(box, Replay(
+        intent.key, intent.status, now, intent.attempts + box.settings.default_max_attempts,
+        (Event(EventKind.REPLAYED, now, actor.name, actor.reason,
+               {"from": intent.status.value, "accept_duplicate_risk": accept_duplicate_risk}),)))
     box.enqueued.notify()
     return replayed
 
@@ -105,14 +114,13 @@ async def resolve(
     now = box.clock.now()
     status = {Resolution.DELIVERED: Status.DELIVERED, Resolution.RETRY: Status.PENDING,
               Resolution.DEAD: Status.DEAD}[resolution]
-    changes: dict[str, object] = {}
-    if status is Status.PENDING:  # a fresh budget, as for a replay
-        changes = {"next_attempt_at": now, "max_attempts": intent.attempts + box.settings.default_max_attempts}
-    resolved = await box.store.update_intent(
-        intent.key, expected=Status.UNKNOWN, status=status, changes=changes,
-        events=[Event(EventKind.RESOLVED, now, actor.name, actor.reason,
-                      {"resolution": resolution.value, "external_id": external_id})],
-    )
+    retry = status is Status.PENDING  # a fresh budget, as for a replay
+    resolved = await _made(box, Resolve(
+        intent.key, status,
+        (Event(EventKind.RESOLVED, now, actor.name, actor.reason,
+               {"resolution": resolution.value, "external_id": external_id}),),
+        next_attempt_at=now if retry else None,
+        max_attempts=intent.attempts + box.settings.default_max_attempts if retry else None))
     (box.enqueued if status is Status.PENDING else box.settled).notify()
     return resolved
 
@@ -122,10 +130,8 @@ async def cancel(box: Outbox, action_id: str, actor: Actor, *, scope: str | None
     intent = await box.get(action_id, scope=scope)
     if intent.status is Status.LEASED:
         raise IllegalTransition(f"{action_id!r} is being sent right now; cancel it after this attempt")
-    cancelled = await box.store.update_intent(
-        intent.key, expected=intent.status, status=Status.CANCELLED,
-        events=[Event(EventKind.CANCELLED, box.clock.now(), actor.name, actor.reason, {"from": intent.status.value})],
-    )
+    cancelled = await _made(box, Cancel(intent.key, intent.status, (
+        Event(EventKind.CANCELLED, box.clock.now(), actor.name, actor.reason, {"from": intent.status.value}),)))
     box.settled.notify()
     return cancelled
 
@@ -146,13 +152,10 @@ async def approve(
         raise InvalidInput("an approval lasts between 1 second and 30 days")
     now = box.clock.now()
     until = now + timedelta(seconds=valid_seconds)
-    approved = await box.store.update_intent(
-        intent.key, expected=Status.HELD, status=Status.PENDING,
-        changes={"approved_digest": payload_digest, "approval_expires_at": until, "approved_by": actor.name,
-                 "next_attempt_at": now},
-        events=[Event(EventKind.APPROVED, now, actor.name, actor.reason,
-                      {"payload_digest": payload_digest, "expires_at": until.isoformat()})],
-    )
+    approved = await _made(box, Approve(
+        intent.key, payload_digest, until, actor.name, now,
+        (Event(EventKind.APPROVED, now, actor.name, actor.reason,
+               {"payload_digest": payload_digest, "expires_at": until.isoformat()}),)))
     box.enqueued.notify()
     return approved
 
@@ -162,12 +165,20 @@ async def reject(box: Outbox, action_id: str, actor: Actor, *, scope: str | None
     intent = await box.get(action_id, scope=scope)
     if intent.status is not Status.HELD:
         raise IllegalTransition(f"only held intents can be rejected; {action_id!r} is {intent.status.value}")
-    rejected = await box.store.update_intent(
-        intent.key, expected=Status.HELD, status=Status.CANCELLED,
-        events=[Event(EventKind.REJECTED, box.clock.now(), actor.name, actor.reason)],
-    )
+    rejected = await _made(box, Reject(intent.key, (Event(EventKind.REJECTED, box.clock.now(), actor.name,
+                                                           actor.reason),)))
     box.settled.notify()
     return rejected
+
+
+async def _made(box: Outbox, change: OperatorChange) -> Intent:
+    """Make an operator's ``change`` alone; returns the intent as it became, or raises the store's
+    refusal (NotFound, StaleWrite: it changed since it was read)."""
+    [result] = (await box.store.apply([change])).results
+    if isinstance(result, OutboxError):
+        raise result
+    assert isinstance(result, Intent)
+    return result
 
 
 async def matching(box: Outbox, query: IntentQuery) -> AsyncIterator[Intent]:
