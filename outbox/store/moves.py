@@ -1,5 +1,6 @@
-"""Changes made one by one through ``update_intent``: the stores' ``apply`` until each dialect
-runs its moves as sets (interim; it goes once both stores have their named blocks)."""
+"""The rules of the moves both dialects share (pure), and changes made one by one through
+``update_intent``: the stores' ``apply`` until each dialect runs its moves as sets (``apply_each``
+and ``recover_each`` are interim; they go once both stores have their named blocks)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from ..errors import OutboxError
+from ..errors import OutboxError, StaleWrite
 from ..model import (
     Approve,
     Cancel,
@@ -29,6 +30,16 @@ from ..model import (
 from .protocol import Applied, Claim
 
 _LEASE = {"lease_owner": None, "lease_expires_at": None}
+
+
+def decide_start(key: str, lease_expires_at: datetime | None, started_at: datetime) -> StaleWrite | None:
+    """Whether a ``Start`` found its intent's lease (held at its fence) still running when its
+    attempt starts: a lease that has ended may already be another worker's, so an attempt
+    started after it is refused (returned, not raised, as ``rules.decide_target`` does)."""
+    if lease_expires_at is not None and lease_expires_at <= started_at:
+        return StaleWrite(f"intent {key!r}'s lease ended at {lease_expires_at.isoformat()}, before its attempt "
+                          f"started at {started_at.isoformat()}; the write was not applied")
+    return None
 
 
 def _columns(change: Change) -> dict[str, Any]:
@@ -71,6 +82,13 @@ async def apply_each(store: Any, changes: Sequence[Change], claim: Claim | None)
         expected = getattr(change, "expected", None) or (
             Status.LEASED if worker else Status.UNKNOWN if isinstance(change, Resolve) else Status.HELD)
         events = [change.event] if isinstance(change, Start) else list(change.events)
+        if isinstance(change, Start):
+            found = await store.get_intent(change.key)
+            expired = found is not None and found.fence == change.fence and decide_start(
+                change.key, found.lease_expires_at, change.attempt.started_at)
+            if expired:
+                results.append(expired)
+                continue
         try:
             results.append(await store.update_intent(
                 change.key, expected=expected, status=target_status(change), events=events,
