@@ -8,6 +8,7 @@ a move added to ``MOVES`` without a test here fails ``test_every_move_is_made_by
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import fields, replace
 from datetime import datetime, timedelta
@@ -40,9 +41,8 @@ LEASE = timedelta(seconds=30)
 #: Tests here a backend is known to fail, by backend and test name, with why: each runs as a strict
 #: expected failure there (so it fails once the backend passes it, and its entry must go).
 KNOWN_FAILING: dict[str, dict[str, str]] = {
-    backend: {"test_a_start_leaves_the_intent_row_as_it_was":
-              "its apply makes a start through update_intent, which writes the intent's updated_at"}
-    for backend in ("sqlite", "postgres")
+    "postgres": {"test_a_start_leaves_the_intent_row_as_it_was":
+                 "its apply makes a start through update_intent, which writes the intent's updated_at"},
 }
 
 
@@ -360,6 +360,20 @@ async def test_a_change_its_move_cannot_make_raises_and_writes_nothing_of_the_ba
     for intent in (a, b):
         history = await store.history(intent.key)
         assert history.intent == intent and len(history.events) == 2
+
+
+async def test_an_apply_that_fails_fails_alone_beside_the_applies_made_with_it(store):
+    intents = [await leased(store, f"g{i}") for i in range(4)]
+    unwritable = Event(kind="released", at=T0, actor="w1", data={"what": object()})  # no JSON holds it
+    answers = await asyncio.gather(
+        store.apply([Release(intents[0].key, 1, T0, (unwritable,))]),
+        *(store.apply([Release(i.key, 1, T0, (event("released"),))]) for i in intents[1:]),
+        return_exceptions=True)
+    assert isinstance(answers[0], TypeError)
+    assert [a.results for a in answers[1:]] == [[None]] * 3
+    history = await store.history(intents[0].key)
+    assert history.intent == intents[0] and len(history.events) == 2
+    assert [(await store.get_intent(i.key)).status for i in intents[1:]] == [Status.PENDING] * 3
 
 
 async def test_operator_changes_answer_the_intent_as_it_became(store):
