@@ -1,9 +1,10 @@
 """The embedded SQLite store (aiosqlite, WAL, ``synchronous=FULL``).
 
 Writes go through one connection and are group-committed: concurrent writers share a
-transaction and its fsync (one writer's failure undoes only its own writes), conditional intent
-updates in it run as one set, and each writer is acknowledged only after the commit that made
-its write durable. Reads use a second connection, which WAL lets run beside the writer.
+transaction and its fsync (one writer's failure undoes only its own writes), the changes of the
+applies in it are made as one set (a named block per move, ``sql/sqlite.sql``), and each writer
+is acknowledged only after the commit that made its write durable. Reads use a second
+connection, which WAL lets run beside the writer.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import contextvars
 import functools
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -176,6 +177,21 @@ def _insert_each(conn: sqlite3.Connection, items: Sequence[tuple[NewIntent, Even
     return cast(list[Enqueued | OutboxError], results)  # every place filled above
 
 
+def _in_turn(keys: Sequence[str]) -> Iterator[list[int]]:
+    """The positions of ``keys`` in rounds that name each key once, in order: what names a key
+    again waits for the next round, so that it sees what the earlier one did."""
+    waiting = list(range(len(keys)))
+    while waiting:
+        ready: list[int] = []
+        later: list[int] = []
+        named: set[str] = set()
+        for i in waiting:
+            (later if keys[i] in named else ready).append(i)
+            named.add(keys[i])
+        yield ready
+        waiting = later
+
+
 @functools.cache
 def _update_sql(columns: tuple[str, ...]) -> str:
     """The set-wide UPDATE for one combination of columns (names from UPDATABLE, never input)."""
@@ -199,16 +215,8 @@ class _IntentUpdate(SetJob):
     @classmethod
     def run_many(cls, conn: sqlite3.Connection, jobs: Sequence[Any]) -> list[tuple[bool, Any]]:
         results: list[tuple[bool, Any]] = [(False, None)] * len(jobs)
-        waiting = list(range(len(jobs)))
-        while waiting:  # an intent named twice is updated in turn, the second seeing the first
-            ready: list[int] = []
-            later: list[int] = []
-            named: set[str] = set()
-            for i in waiting:
-                (later if jobs[i].key in named else ready).append(i)
-                named.add(jobs[i].key)
+        for ready in _in_turn([job.key for job in jobs]):
             cls._apply(conn, [(i, jobs[i]) for i in ready], results)
-            waiting = later
         return results
 
     @staticmethod
@@ -242,6 +250,7 @@ class _IntentUpdate(SetJob):
 
 
 def _stored_row(seq: int, values: Sequence[Any]) -> list[Any]:
+    """A move's row for its named block: the intent's seq, then ``moves.written``, stored."""
     return [seq, *map(_stored, values)]
 
 
@@ -264,16 +273,8 @@ def _make(conn: sqlite3.Connection, changes: Sequence[Change]) -> list[Intent | 
     per move present, one write of their attempts and one of their events), a round of them
     more for each time a key comes again (the second change sees the first)."""
     results: list[Intent | OutboxError | None] = [None] * len(changes)
-    waiting = list(range(len(changes)))
-    while waiting:
-        ready: list[int] = []
-        later: list[int] = []
-        named: set[str] = set()
-        for i in waiting:
-            (later if changes[i].key in named else ready).append(i)
-            named.add(changes[i].key)
+    for ready in _in_turn([change.key for change in changes]):
         _make_round(conn, [(i, changes[i]) for i in ready], results)
-        waiting = later
     return results
 
 
