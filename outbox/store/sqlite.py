@@ -292,7 +292,7 @@ def _make_round(conn: sqlite3.Connection, changes: list[tuple[int, Change]],
         refused = decide_target(change.key, None if seq is None else (status, fence),
                                 expected=moves.expected(change), fence=moves.fence(change))
         if refused is None and isinstance(change, Start):
-            refused = moves.decide_start(change.key, from_us(lease_expires_at), change.attempt.started_at)
+            refused = moves.decide_start(change.key, _time(lease_expires_at), change.attempt.started_at)
         if refused is not None:
             results[i] = refused
             continue
@@ -621,6 +621,8 @@ class SqliteStore:
             check_change(change)
         if claim is not None:
             check_claim()
+        elif not changes:
+            return Applied([])  # nothing to commit
         return await self._write(_Apply(changes, claim))
 
     async def recover(self, now: datetime, limit: int, actor: str) -> int:
