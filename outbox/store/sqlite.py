@@ -1,9 +1,10 @@
 """The embedded SQLite store (aiosqlite, WAL, ``synchronous=FULL``).
 
 Writes go through one connection and are group-committed: concurrent writers share a
-transaction and its fsync (one writer's failure undoes only its own writes), conditional intent
-updates in it run as one set, and each writer is acknowledged only after the commit that made
-its write durable. Reads use a second connection, which WAL lets run beside the writer.
+transaction and its fsync (one writer's failure undoes only its own writes), the changes of the
+applies in it are made as one set (a named block per move, ``sql/sqlite.sql``), and each writer
+is acknowledged only after the commit that made its write durable. Reads use a second
+connection, which WAL lets run beside the writer.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import contextvars
 import functools
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,7 +29,7 @@ from ..destinations import Destination
 from ..errors import NoDatabase, NotFound, OutboxError, StoreUnavailable
 from ..grants import Grant, GrantSpec
 from ..keyring import Keyring, required
-from ..model import Attempt, Change, Enqueued, Event, Intent, NewIntent, Status
+from ..model import Attempt, Change, Enqueued, Event, Intent, NewIntent, Start, Status, check_change
 from ..tokens import TokenInfo
 from . import moves, records
 from .migrator import Migration, run_migrations, scripts_for
@@ -79,6 +80,11 @@ def _attempt_row(seq: int, a: Attempt) -> list[Any]:
         a.submission.value if a.submission else None, a.outcome.value if a.outcome else None,
         a.status_code, a.reply, a.external_id, a.error, a.duration_ms, a.stage,
     ]
+
+
+def _event_row(seq: int, e: Event) -> list[Any]:
+    """An event as an ``insert_events`` row."""
+    return [seq, e.kind, to_us(e.at), e.actor, e.reason, dict(e.data)]
 
 
 def _append_event(conn: sqlite3.Connection, seq: int, event: Event) -> None:
@@ -164,11 +170,26 @@ def _insert_each(conn: sqlite3.Connection, items: Sequence[tuple[NewIntent, Even
             except OutboxError as exc:
                 results[i] = exc
             continue
-        events.append([seq, event.kind, to_us(event.at), event.actor, event.reason, dict(event.data)])
+        events.append(_event_row(seq, event))
         results[i] = Enqueued(inserted_intent(seq, new, channel, status), created=True)
     if events:
         conn.execute(SQL["insert_events"], (json.dumps(events),))
     return cast(list[Enqueued | OutboxError], results)  # every place filled above
+
+
+def _in_turn(keys: Sequence[str]) -> Iterator[list[int]]:
+    """The positions of ``keys`` in rounds that name each key once, in order: what names a key
+    again waits for the next round, so that it sees what the earlier one did."""
+    waiting = list(range(len(keys)))
+    while waiting:
+        ready: list[int] = []
+        later: list[int] = []
+        named: set[str] = set()
+        for i in waiting:
+            (later if keys[i] in named else ready).append(i)
+            named.add(keys[i])
+        yield ready
+        waiting = later
 
 
 @functools.cache
@@ -194,16 +215,8 @@ class _IntentUpdate(SetJob):
     @classmethod
     def run_many(cls, conn: sqlite3.Connection, jobs: Sequence[Any]) -> list[tuple[bool, Any]]:
         results: list[tuple[bool, Any]] = [(False, None)] * len(jobs)
-        waiting = list(range(len(jobs)))
-        while waiting:  # an intent named twice is updated in turn, the second seeing the first
-            ready: list[int] = []
-            later: list[int] = []
-            named: set[str] = set()
-            for i in waiting:
-                (later if jobs[i].key in named else ready).append(i)
-                named.add(jobs[i].key)
+        for ready in _in_turn([job.key for job in jobs]):
             cls._apply(conn, [(i, jobs[i]) for i in ready], results)
-            waiting = later
         return results
 
     @staticmethod
@@ -211,7 +224,7 @@ class _IntentUpdate(SetJob):
                results: list[tuple[bool, Any]]) -> None:
         found = conn.execute(SQL["update_targets"], (json.dumps([job.key for _, job in jobs]),)).fetchone()
         live: list[tuple[int, _IntentUpdate, int]] = []
-        for position, seq, status, fence in json.loads(found[0]):
+        for position, seq, status, fence, _ in json.loads(found[0]):
             i, job = jobs[position]
             refused = decide_target(job.key, None if seq is None else (status, fence),
                                     expected=job.expected, fence=job.fence)
@@ -234,6 +247,108 @@ class _IntentUpdate(SetJob):
             if job.attempt is not None and job.attempt.finished_at is not None:
                 crash_point("mid_group_commit")  # (tests only) an outcome written, its batch not committed
             results[i] = (True, _intent(conn.execute(SQL["intent_by_seq"], (seq,)).fetchone()) if job.fetch else None)
+
+
+def _stored_row(seq: int, values: Sequence[Any]) -> list[Any]:
+    """A move's row for its named block: the intent's seq, then ``moves.written``, stored."""
+    return [seq, *map(_stored, values)]
+
+
+def _claim(conn: sqlite3.Connection, claim: Claim) -> list[Intent]:
+    """Lease up to ``claim.limit`` due intents to its owner (``Store.claim``), inside the write
+    transaction: four statements, however many."""
+    at = to_us(claim.now)
+    seqs = conn.execute(SQL["due_seqs"], (at, claim.limit)).fetchone()[0]
+    if seqs == "[]":
+        return []
+    conn.execute(SQL["lease"], (claim.owner, to_us(claim.lease_until), at, seqs))
+    conn.execute(SQL["leased_events"], (at, claim.owner, seqs))
+    rows = json.loads(conn.execute(SQL["intents_json"], (seqs,)).fetchone()[0])
+    return sorted((_intent(r) for r in rows), key=lambda i: i.next_attempt_at)
+
+
+def _make(conn: sqlite3.Connection, changes: Sequence[Change]) -> list[Intent | OutboxError | None]:
+    """Make ``changes`` (checked) in the write transaction, each judged on its own against its
+    intent as it is: a handful of statements for the lot (one read of their targets, one UPDATE
+    per move present, one write of their attempts and one of their events), a round of them
+    more for each time a key comes again (the second change sees the first)."""
+    results: list[Intent | OutboxError | None] = [None] * len(changes)
+    for ready in _in_turn([change.key for change in changes]):
+        _make_round(conn, [(i, changes[i]) for i in ready], results)
+    return results
+
+
+def _make_round(conn: sqlite3.Connection, changes: list[tuple[int, Change]],
+                results: list[Intent | OutboxError | None]) -> None:
+    """One round of ``_make``: ``changes`` name each key once."""
+    found = conn.execute(SQL["update_targets"], (json.dumps([change.key for _, change in changes]),)).fetchone()
+    rows: dict[str, list[list[Any]]] = {}
+    answered: dict[int, int] = {}  # seq -> the position of the operator's change that answers with it
+    attempts: list[list[Any]] = []
+    events: list[list[Any]] = []
+    outcome = False  # whether an attempt's outcome is among the writes
+    for position, seq, status, fence, lease_expires_at in json.loads(found[0]):
+        i, change = changes[position]
+        refused = decide_target(change.key, None if seq is None else (status, fence),
+                                expected=moves.expected(change), fence=moves.fence(change))
+        if refused is None and isinstance(change, Start):
+            refused = moves.decide_start(change.key, _time(lease_expires_at), change.attempt.started_at)
+        if refused is not None:
+            results[i] = refused
+            continue
+        if change.move in moves.ANSWERED:
+            answered[seq] = i
+        if not isinstance(change, Start):
+            rows.setdefault(change.move, []).append(_stored_row(seq, moves.written(change)))
+        attempt = moves.attempt(change)
+        if attempt is not None:
+            attempts.append(_attempt_row(seq, attempt))
+            outcome = outcome or attempt.finished_at is not None
+        events += [_event_row(seq, e) for e in moves.events(change)]
+    for move, values in rows.items():
+        for row in conn.execute(SQL[move], (json.dumps(values),)).fetchall():  # the operators' moves return rows
+            results[answered[row["seq"]]] = _intent(row)
+    if attempts:
+        conn.execute(SQL["put_attempts"], (json.dumps(attempts),))
+    if events:
+        conn.execute(SQL["insert_events"], (json.dumps(events),))
+    if outcome:
+        crash_point("mid_group_commit")  # (tests only) an outcome written, its batch not committed
+
+
+@dataclass(slots=True, eq=False)
+class _Apply(SetJob):
+    """One ``apply``: its changes (already checked) and its claim. The applies committed together
+    (several workers' cycles) make their changes as one set, then each its claim."""
+
+    changes: Sequence[Change]
+    claim: Claim | None
+
+    @classmethod
+    def run_many(cls, conn: sqlite3.Connection, jobs: Sequence[Any]) -> list[tuple[bool, Any]]:
+        made = iter(_make(conn, [change for job in jobs for change in job.changes]))
+        return [(True, Applied([next(made) for _ in job.changes], [] if job.claim is None else _claim(conn, job.claim)))
+                for job in jobs]
+
+
+@dataclass(slots=True, eq=False)
+class _Recover:
+    """Move ``recover``: one sweep of expired leases with no attempt in flight (``Store.recover``)."""
+
+    now: datetime
+    limit: int
+    actor: str
+
+    def __call__(self, conn: sqlite3.Connection) -> int:
+        at = to_us(self.now)
+        found = conn.execute(SQL["recoverable"], (at, self.limit)).fetchone()[0]
+        recovered = json.loads(found)
+        if not recovered:
+            return 0
+        conn.execute(SQL["recover"], (at, found))
+        events = [_event_row(seq, moves.recovered_event(owner, self.now, self.actor)) for seq, owner in recovered]
+        conn.execute(SQL["insert_events"], (json.dumps(events),))
+        return len(recovered)
 
 
 class _SqliteTransaction:
@@ -502,27 +617,22 @@ class SqliteStore:
     # -- the sender's work -----------------------------------------------------------------
 
     async def apply(self, changes: Sequence[Change], *, claim: Claim | None = None) -> Applied:
-        return await moves.apply_each(self, changes, claim)
+        for change in changes:
+            check_change(change)
+        if claim is not None:
+            check_claim()
+        elif not changes:
+            return Applied([])  # nothing to commit
+        return await self._write(_Apply(changes, claim))
 
     async def recover(self, now: datetime, limit: int, actor: str) -> int:
-        return await moves.recover_each(self, now, limit, actor)
+        return await self._write(_Recover(now, limit, actor))
 
     async def claim(
         self, owner: str, *, now: datetime, lease_until: datetime, limit: int
     ) -> list[Intent]:
         check_claim()
-        at, until = to_us(now), to_us(lease_until)
-
-        def run(conn: sqlite3.Connection) -> list[Intent]:
-            seqs = conn.execute(SQL["due_seqs"], (at, limit)).fetchone()[0]
-            if seqs == "[]":
-                return []
-            conn.execute(SQL["lease"], (owner, until, at, seqs))
-            conn.execute(SQL["leased_events"], (at, owner, seqs))
-            rows = json.loads(conn.execute(SQL["intents_json"], (seqs,)).fetchone()[0])
-            return sorted((_intent(r) for r in rows), key=lambda i: i.next_attempt_at)
-
-        return await self._write(run)
+        return await self._write(functools.partial(_claim, claim=Claim(owner, now, lease_until, limit)))
 
     async def waiting_behind(self, key: str) -> Intent | None:
         def run(conn: sqlite3.Connection) -> Intent | None:

@@ -3,15 +3,17 @@
 The suite runs once per factory in ``backends.STORE_FACTORIES`` (SQLite today); a new dialect
 joins there, with its caller SQL in ``backends.CALLER_SQL``, and needs no tests of its own for
 what the protocol promises. Another project can run the suite against its store by importing
-this module's tests and fixtures (``from tests.conformance.test_store import *``) into a test
-module that defines its own ``store_factory`` fixture. The tests hold no backend-specific
-branches; the last one fails if some method of the store protocol was never called.
+the tests of ``test_moves.py`` (every move of the lifecycle by name) and then this module's tests
+and fixtures (``from tests.conformance.test_store import *``) into a test module that defines its
+own ``store_factory`` fixture. The tests hold no backend-specific branches; the last one fails if
+some method of the store protocol was never called.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import importlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
@@ -59,6 +61,8 @@ T0 = datetime(2030, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
 #: evidence).
 EXERCISED: dict[str, set[str]] = {}
 RAN: dict[str, set[str]] = {}
+#: The suite's other modules (run before this one), whose tests count towards its coverage.
+SUITE = ("test_moves",)
 
 
 @pytest.fixture(params=STORE_FACTORIES, ids=lambda factory: factory.__name__)
@@ -946,10 +950,12 @@ async def test_keys_are_per_destination(store):
 
 
 def test_every_protocol_method_is_exercised(store_factory, request):
-    """Every method of the store and transaction protocols was called by this suite for this
-    backend. It runs after the others (pytest keeps definition order) and needs all of them."""
+    """Every method of the store and transaction protocols was called by this suite (this module
+    and those of SUITE) for this backend. It runs after the others (pytest keeps definition order,
+    and runs the modules of a directory by name) and needs all of them."""
     backend = store_factory.__name__
-    suite = {name for name in globals() if name.startswith("test_")} - {request.node.originalname}
+    modules = [vars(importlib.import_module(f"{__package__}.{name}")) for name in SUITE] + [globals()]
+    suite = {name for names in modules for name in names if name.startswith("test_")} - {request.node.originalname}
     skipped = sorted(suite - RAN.get(backend, set()))
     if skipped:
         pytest.skip(f"only a run of the whole suite proves its coverage ({len(skipped)} of its tests did not run)")

@@ -6,13 +6,29 @@ import asyncio
 import json
 import secrets
 import sqlite3
+from dataclasses import replace
+from datetime import timedelta
 
 import pytest
 
-from outbox import DestinationSpec, IntentQuery, Outbox, SchemaTooNew, Settings, Status, StoreUnavailable
+from outbox import (
+    Attempt,
+    DestinationSpec,
+    Event,
+    IntentQuery,
+    Outbox,
+    Outcome,
+    SchemaTooNew,
+    Settings,
+    Status,
+    StoreUnavailable,
+    Submission,
+)
 from outbox.digest import digest_of
+from outbox.model import EventKind, Settle, Start
 from outbox.store import migrator, store_for_url
 from outbox.store import sqlite as dialect
+from outbox.store.protocol import Claim
 from receivers import verify_signature
 from sender import Worker
 
@@ -73,6 +89,52 @@ async def test_the_claim_asks_whether_an_earlier_intent_of_a_key_is_in_the_way_w
     assert "SEARCH earlier USING INDEX intents_ordering (destination=? AND ordering_key=? AND seq<?)" in behind, behind
     tables = [step for step in claim + behind if step.startswith("SCAN") and "subquery" not in step]
     assert not tables and not any("TEMP B-TREE" in step for step in claim + behind), claim + behind
+
+
+async def test_the_moves_find_their_intents_by_seq_and_recovery_its_leases_by_index(box: Outbox):
+    from outbox.store.sqlite import SQL
+
+    def plan(conn: sqlite3.Connection, name: str, *args: object) -> list[str]:
+        return [row[-1] for row in conn.execute("EXPLAIN QUERY PLAN " + SQL[name], args)]
+
+    for move in ("settle", "release", "hold", "replay", "resolve", "cancel", "approve", "reject"):
+        assert await box.store._read(plan, move, "[]") == [
+            "SCAN u VIRTUAL TABLE INDEX 1:", "SEARCH intents USING INTEGER PRIMARY KEY (rowid=?)"], move
+    recoverable = await box.store._read(plan, "recoverable", 0, 10)
+    assert "SEARCH i USING INDEX intents_lease (lease_expires_at<?)" in recoverable, recoverable
+    assert not [step for step in recoverable if step.startswith("SCAN") and "subquery" not in step], recoverable
+
+
+async def test_a_batch_of_changes_is_the_same_few_statements_whatever_its_size(box: Outbox):
+    await box.enqueue_many([{"scope": "acme", "action_id": f"s{i}", "destination": "billing", "payload": {"n": i}}
+                           for i in range(42)])
+    now = box.clock.now() + timedelta(seconds=1)
+    lease = now + timedelta(minutes=1)
+    statements: list[str] = []
+
+    async def deliver(size: int) -> int:
+        """Start and settle ``size`` claimed intents (claiming one more with the settles); the
+        statements it took."""
+        claimed = await box.store.claim("w1", now=now, lease_until=lease, limit=size)
+        tried = {i.key: Attempt(i.key, 1, i.fence, "w1", now, None, None, None, None, None, None, None, None)
+                 for i in claimed}
+        starts = [Start(i.key, i.fence, tried[i.key], Event(EventKind.ATTEMPT_STARTED, now, "w1")) for i in claimed]
+        settles = [Settle(i.key, i.fence, Status.DELIVERED, (Event(EventKind.DELIVERED, now, "w1"),), attempts=1,
+                          attempt=replace(tried[i.key], finished_at=now, submission=Submission.SUBMITTED,
+                                          outcome=Outcome.DELIVERED)) for i in claimed]
+        await box.store._write(lambda conn: conn.set_trace_callback(statements.append))
+        try:
+            statements.clear()
+            assert (await box.store.apply(starts)).results == [None] * size
+            applied = await box.store.apply(settles, claim=Claim("w1", now, lease, 1))
+            assert applied.results == [None] * size and len(applied.claimed) == 1
+        finally:
+            await box.store._write(lambda conn: conn.set_trace_callback(None))
+        return len(statements)
+
+    assert await deliver(1) == await deliver(39)
+    page = await box.store.list_intents(IntentQuery(statuses=[Status.DELIVERED], limit=50))
+    assert len(page.intents) == 40
 
 
 async def test_an_acknowledged_enqueue_is_there_after_reopening(db_url):

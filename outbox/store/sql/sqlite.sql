@@ -1,5 +1,9 @@
 -- The SQLite dialect. Each statement is a named block: "-- name: NAME" then a one-line purpose.
 -- {placeholders} in braces are filled from fixed fragments in Python, never from user input.
+-- Each move of outbox.model.MOVES that writes an intent row is the block named for it: one UPDATE over a JSON
+-- array of rows, the intent's seq then what moves.written gives for the move in its order (updated_at last), each
+-- judged by the store (rules.decide_target) in the same transaction; the operators' moves return the intents as
+-- they became.
 
 -- name: create_migrations_table
 -- The record of applied migrations.
@@ -231,14 +235,86 @@ ORDER BY destination = '*', revision DESC LIMIT 1;
 SELECT * FROM intents WHERE {where} ORDER BY seq DESC LIMIT ?;
 
 -- name: update_targets
--- Where each of a set of conditional updates (a JSON array of intent keys) stands:
--- [position, seq, status, fence] per update, seq null for an intent that does not exist.
-SELECT json_group_array(json_array(u.key, i.seq, i.status, i.fence))
+-- Where each of a set of conditional updates or changes (a JSON array of intent keys) stands:
+-- [position, seq, status, fence, lease_expires_at] per key, seq null for an intent that does not exist.
+SELECT json_group_array(json_array(u.key, i.seq, i.status, i.fence, i.lease_expires_at))
 FROM json_each(?) AS u LEFT JOIN intents AS i ON i.intent_key = u.value;
 
 -- name: update_intents
 -- Set columns of several intents from a JSON array of [seq, value, ...] rows.
 UPDATE intents SET {assignments} FROM json_each(?) AS u WHERE intents.seq = json_extract(u.value, '$[0]');
+
+-- name: settle
+-- Move settle: [seq, status, last_error, next_attempt_at, attempts, fence, updated_at] rows (null next_attempt_at,
+-- attempts or fence: kept), the lease cleared.
+UPDATE intents SET status = u.value ->> 1, last_error = u.value ->> 2,
+                   next_attempt_at = coalesce(u.value ->> 3, next_attempt_at),
+                   attempts = coalesce(u.value ->> 4, attempts), fence = coalesce(u.value ->> 5, fence),
+                   lease_owner = NULL, lease_expires_at = NULL, updated_at = u.value ->> 6
+FROM json_each(?) AS u WHERE intents.seq = u.value ->> 0;
+
+-- name: release
+-- Move release: [seq, next_attempt_at, updated_at] rows, pending again, the lease cleared.
+UPDATE intents SET status = 'pending', next_attempt_at = u.value ->> 1, lease_owner = NULL, lease_expires_at = NULL,
+                   updated_at = u.value ->> 2
+FROM json_each(?) AS u WHERE intents.seq = u.value ->> 0;
+
+-- name: hold
+-- Move hold: [seq, last_error, updated_at] rows, held for approval, the lease cleared.
+UPDATE intents SET status = 'held', last_error = u.value ->> 1, lease_owner = NULL, lease_expires_at = NULL,
+                   updated_at = u.value ->> 2
+FROM json_each(?) AS u WHERE intents.seq = u.value ->> 0;
+
+-- name: replay
+-- Move replay: [seq, next_attempt_at, max_attempts, updated_at] rows, pending again with no last error.
+UPDATE intents SET status = 'pending', next_attempt_at = u.value ->> 1, max_attempts = u.value ->> 2,
+                   last_error = NULL, updated_at = u.value ->> 3
+FROM json_each(?) AS u WHERE intents.seq = u.value ->> 0
+RETURNING *;
+
+-- name: resolve
+-- Move resolve: [seq, status, next_attempt_at, max_attempts, updated_at] rows (null next_attempt_at or
+-- max_attempts: kept).
+UPDATE intents SET status = u.value ->> 1, next_attempt_at = coalesce(u.value ->> 2, next_attempt_at),
+                   max_attempts = coalesce(u.value ->> 3, max_attempts), updated_at = u.value ->> 4
+FROM json_each(?) AS u WHERE intents.seq = u.value ->> 0
+RETURNING *;
+
+-- name: cancel
+-- Move cancel: [seq, updated_at] rows, withdrawn.
+UPDATE intents SET status = 'cancelled', updated_at = u.value ->> 1
+FROM json_each(?) AS u WHERE intents.seq = u.value ->> 0
+RETURNING *;
+
+-- name: approve
+-- Move approve: [seq, approved_digest, approval_expires_at, approved_by, next_attempt_at, updated_at] rows, pending.
+UPDATE intents SET status = 'pending', approved_digest = u.value ->> 1, approval_expires_at = u.value ->> 2,
+                   approved_by = u.value ->> 3, next_attempt_at = u.value ->> 4, updated_at = u.value ->> 5
+FROM json_each(?) AS u WHERE intents.seq = u.value ->> 0
+RETURNING *;
+
+-- name: reject
+-- Move reject: [seq, updated_at] rows, cancelled unsent.
+UPDATE intents SET status = 'cancelled', updated_at = u.value ->> 1
+FROM json_each(?) AS u WHERE intents.seq = u.value ->> 0
+RETURNING *;
+
+-- name: recoverable
+-- Move recover's intents: up to ?2 leases that ran out by ?1 with no attempt in flight (started under the
+-- current fence, unfinished), as one JSON array of [seq, lease_owner].
+SELECT json_group_array(json_array(seq, lease_owner)) FROM (
+    SELECT seq, lease_owner FROM intents AS i INDEXED BY intents_lease
+    WHERE status = 'leased' AND lease_expires_at <= ?1
+      AND NOT EXISTS (SELECT 1 FROM attempts AS a
+                      WHERE a.intent_seq = i.seq AND a.fence = i.fence AND a.finished_at IS NULL)
+    ORDER BY lease_expires_at LIMIT ?2);
+
+-- name: recover
+-- Move recover: the intents (a JSON array of [seq, ...]) pending again and due at ?1, their fence raised past the
+-- lost holder's, the lease cleared.
+UPDATE intents SET status = 'pending', next_attempt_at = ?1, fence = fence + 1, lease_owner = NULL,
+                   lease_expires_at = NULL, updated_at = ?1
+WHERE seq IN (SELECT value ->> 0 FROM json_each(?2));
 
 -- name: intent_by_seq
 -- One intent by its seq.
