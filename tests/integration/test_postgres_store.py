@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import signal
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -412,6 +415,34 @@ async def test_an_operators_batch_answers_each_intent_as_it_became(box):
                                      for i in intents])
     assert [(r.status, r.max_attempts, r.fence) for r in applied.results] == [  # type: ignore[union-attr]
         (Status.PENDING, 9, 1), (Status.PENDING, 9, 1)]
+
+
+#: A process that arms crash point mid_group_commit and applies a batch: a start and a settle.
+CRASHING_BATCH = """
+import asyncio, sys
+from outbox import crash
+from outbox.store.postgres import PostgresStore
+from tests.integration.test_postgres_store import settle, start
+
+async def main(url, started, settled):
+    store = PostgresStore(url)
+    await store.open()
+    crash.arm("mid_group_commit")
+    await store.apply([start(await store.get_intent(started)), settle(await store.get_intent(settled))])
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+async def test_a_batch_cut_after_its_outcomes_are_written_commits_nothing(box, pg_url):
+    intents = await leased(box, 2)
+    await box.store.apply([start(intents[1])])
+    crashed = await asyncio.create_subprocess_exec(sys.executable, "-c", CRASHING_BATCH, pg_url, intents[0].key,
+                                                   intents[1].key, cwd=Path(__file__).parents[2])
+    assert await crashed.wait() == -signal.SIGKILL
+    found = [await box.store.history(i.key) for i in intents]
+    assert [(h.intent.status, [a.finished_at for a in h.attempts]) for h in found] == [  # type: ignore[union-attr]
+        (Status.LEASED, []), (Status.LEASED, [None])]
 
 
 async def test_recover_gives_back_expired_leases_without_an_attempt_in_one_go(box):
