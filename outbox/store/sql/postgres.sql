@@ -131,7 +131,7 @@ WITH due AS (
 ), leased AS (
     UPDATE intents SET status = 'leased', lease_owner = $2, lease_expires_at = $3, fence = intents.fence + 1,
                        updated_at = $1
-    FROM due WHERE intents.seq = due.seq
+    WHERE intents.seq = ANY(ARRAY(SELECT seq FROM due))  -- (an index scan of the few picked, never a seq scan)
     RETURNING intents.*
 ), logged AS (
     INSERT INTO events (intent_seq, kind, at, actor, reason, data)
@@ -236,6 +236,8 @@ FROM found LEFT JOIN updated ON true;
 -- name: logged
 -- The events of a move's batch (arrays $1-$6: the change's place in the batch, kind, time, actor, reason, data), each
 -- appended to the intent its change moved ("changed": seq, n), in order. Filled into each move's block as {logged}.
+-- Each block also names its keys as "= ANY($7)" beside its join on them: the batch's intents are then found by one
+-- scan of intents_intent_key_key, whatever the statistics say of the batch or the table.
 logged AS (
     INSERT INTO events (intent_seq, kind, at, actor, reason, data)
     SELECT changed.seq, e.kind, e.at, e.actor, e.reason, e.data::jsonb
@@ -255,7 +257,7 @@ WITH batch AS (
         WITH ORDINALITY AS b (intent_key, fence, attempt_id, number, attempt_fence, worker, started_at, n)
 ), changed AS (
     SELECT intents.seq, batch.* FROM intents JOIN batch USING (intent_key)
-    WHERE intents.status = 'leased' AND intents.fence = batch.fence AND intents.lease_expires_at > batch.started_at
+    WHERE intents.intent_key = ANY($7::text[]) AND intents.status = 'leased' AND intents.fence = batch.fence AND intents.lease_expires_at > batch.started_at
     FOR KEY SHARE OF intents
 ), attempted AS (
     INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at)
@@ -282,7 +284,7 @@ WITH batch AS (
                        attempts = coalesce(b.attempts, intents.attempts), fence = coalesce(b.new_fence, intents.fence),
                        updated_at = b.updated_at
     FROM batch AS b
-    WHERE intents.intent_key = b.intent_key AND intents.status = 'leased' AND intents.fence = b.fence
+    WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'leased' AND intents.fence = b.fence
     RETURNING intents.seq, intents.status, b.n
 ), attempted AS (
     INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at, finished_at,
@@ -306,7 +308,7 @@ WITH changed AS (
                        next_attempt_at = b.next_attempt_at, updated_at = b.updated_at
     FROM unnest($7::text[], $8::bigint[], $9::timestamptz[], $10::timestamptz[])
         WITH ORDINALITY AS b (intent_key, fence, next_attempt_at, updated_at, n)
-    WHERE intents.intent_key = b.intent_key AND intents.status = 'leased' AND intents.fence = b.fence
+    WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'leased' AND intents.fence = b.fence
     RETURNING intents.seq, b.n
 ), {logged}
 SELECT n, pg_notify('outbox_due', '') AS notified FROM changed;
@@ -319,7 +321,7 @@ WITH changed AS (
                        updated_at = b.updated_at
     FROM unnest($7::text[], $8::bigint[], $9::text[], $10::timestamptz[])
         WITH ORDINALITY AS b (intent_key, fence, last_error, updated_at, n)
-    WHERE intents.intent_key = b.intent_key AND intents.status = 'leased' AND intents.fence = b.fence
+    WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'leased' AND intents.fence = b.fence
     RETURNING intents.seq, b.n
 ), {logged}
 SELECT n FROM changed;
@@ -332,7 +334,7 @@ WITH changed AS (
                        last_error = NULL, updated_at = b.updated_at
     FROM unnest($7::text[], $8::text[], $9::timestamptz[], $10::integer[], $11::timestamptz[])
         WITH ORDINALITY AS b (intent_key, expected, next_attempt_at, max_attempts, updated_at, n)
-    WHERE intents.intent_key = b.intent_key AND intents.status = b.expected
+    WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = b.expected
     RETURNING intents.*, b.n
 ), {logged}
 SELECT *, pg_notify('outbox_due', '') AS notified FROM changed;
@@ -345,7 +347,7 @@ WITH changed AS (
                        max_attempts = coalesce(b.max_attempts, intents.max_attempts), updated_at = b.updated_at
     FROM unnest($7::text[], $8::text[], $9::timestamptz[], $10::integer[], $11::timestamptz[])
         WITH ORDINALITY AS b (intent_key, status, next_attempt_at, max_attempts, updated_at, n)
-    WHERE intents.intent_key = b.intent_key AND intents.status = 'unknown'
+    WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'unknown'
     RETURNING intents.*, b.n
 ), {logged}
 SELECT *, CASE WHEN status = 'pending' THEN pg_notify('outbox_due', '') END AS notified FROM changed;
@@ -356,7 +358,7 @@ SELECT *, CASE WHEN status = 'pending' THEN pg_notify('outbox_due', '') END AS n
 WITH changed AS (
     UPDATE intents SET status = 'cancelled', updated_at = b.updated_at
     FROM unnest($7::text[], $8::text[], $9::timestamptz[]) WITH ORDINALITY AS b (intent_key, expected, updated_at, n)
-    WHERE intents.intent_key = b.intent_key AND intents.status = b.expected
+    WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = b.expected
     RETURNING intents.*, b.n
 ), {logged}
 SELECT * FROM changed;
@@ -371,7 +373,7 @@ WITH changed AS (
     FROM unnest($7::text[], $8::text[], $9::timestamptz[], $10::text[], $11::timestamptz[], $12::timestamptz[])
         WITH ORDINALITY AS b (intent_key, approved_digest, approval_expires_at, approved_by, next_attempt_at,
                               updated_at, n)
-    WHERE intents.intent_key = b.intent_key AND intents.status = 'held'
+    WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'held'
     RETURNING intents.*, b.n
 ), {logged}
 SELECT *, pg_notify('outbox_due', '') AS notified FROM changed;
@@ -382,7 +384,7 @@ SELECT *, pg_notify('outbox_due', '') AS notified FROM changed;
 WITH changed AS (
     UPDATE intents SET status = 'cancelled', updated_at = b.updated_at
     FROM unnest($7::text[], $8::timestamptz[]) WITH ORDINALITY AS b (intent_key, updated_at, n)
-    WHERE intents.intent_key = b.intent_key AND intents.status = 'held'
+    WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'held'
     RETURNING intents.*, b.n
 ), {logged}
 SELECT * FROM changed;
@@ -408,7 +410,7 @@ WITH changed AS (
     UPDATE intents SET status = 'pending', lease_owner = NULL, lease_expires_at = NULL, next_attempt_at = $3,
                        fence = intents.fence + 1, updated_at = $3
     FROM unnest($1::bigint[], $2::text[]) AS held (seq, lease_owner)
-    WHERE intents.seq = held.seq AND intents.status = 'leased'
+    WHERE intents.seq = ANY($1::bigint[]) AND intents.seq = held.seq AND intents.status = 'leased'
       AND NOT EXISTS (SELECT 1 FROM attempts
                       WHERE attempts.intent_seq = intents.seq AND attempts.fence = intents.fence
                         AND attempts.finished_at IS NULL)
