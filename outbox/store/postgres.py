@@ -432,6 +432,7 @@ async def _apply_rounds(conn: asyncpg.Connection, changes: Sequence[Change],
 
 
 async def _claim(conn: asyncpg.Connection, claim: Claim | None) -> list[Intent]:
+    """``Store.claim`` on ``conn`` (nothing for no claim)."""
     if claim is None:
         return []
     check_claim()
@@ -796,9 +797,7 @@ class PostgresStore:
         statements = sum(map(len, rounds)) + (claim is not None)
         try:  # one statement needs no transaction of its own around it
             return await self._run(together, transaction={} if statements > 1 or crashing else None)
-        except asyncpg.PostgresError as exc:
-            if isinstance(exc, UNAVAILABLE):
-                raise
+        except asyncpg.PostgresError as exc:  # ("not now" is StoreUnavailable by here, and raised)
             log.info("a batch of %d change(s) failed (%s: %s); applying each alone", len(changes),
                      type(exc).__name__, exc)
 
@@ -831,8 +830,7 @@ class PostgresStore:
     async def claim(
         self, owner: str, *, now: datetime, lease_until: datetime, limit: int
     ) -> list[Intent]:
-        check_claim()
-        return [_intent(row) for row in await self._fetch("claim", now, owner, lease_until, limit)]
+        return await self._run(lambda conn: _claim(conn, Claim(owner, now, lease_until, limit)))
 
     async def waiting_behind(self, key: str) -> Intent | None:
         row = await self._fetchrow("waiting_behind", key)
