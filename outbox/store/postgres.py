@@ -29,12 +29,33 @@ import asyncpg
 
 from .. import crash
 from ..destinations import Destination
-from ..errors import NotFound, OutboxError, StoreUnavailable
+from ..errors import InvalidInput, NotFound, OutboxError, StaleWrite, StoreUnavailable
 from ..grants import Grant, GrantSpec
 from ..keyring import Keyring, required
-from ..model import Attempt, Change, Enqueued, Event, Intent, NewIntent, Status
+from ..model import (
+    MOVES,
+    Approve,
+    Attempt,
+    Cancel,
+    Change,
+    Enqueued,
+    Event,
+    Hold,
+    Intent,
+    NewIntent,
+    OperatorChange,
+    Reject,
+    Release,
+    Replay,
+    Resolve,
+    Settle,
+    Start,
+    Status,
+    check_change,
+    expected_status,
+)
 from ..tokens import TokenInfo
-from . import moves, records
+from . import records
 from .migrator import Migration, run_migrations, scripts_for
 from .plumbing import queries
 from .protocol import Activity, Applied, AttemptMinute, Claim, Failure, History, IntentQuery, Page, Span, Waiting
@@ -54,6 +75,8 @@ from .rules import (
 SQL = queries.load("postgres")
 #: The statements that pick due intents share one rule for ordered keys (``claimable``).
 SQL = {**SQL, **{name: SQL[name].format(claimable=SQL["claimable"]) for name in ("claim", "next_due_at")}}
+#: Each move's block appends its events the same way (``logged``).
+SQL = {**SQL, **{name: SQL[name].format(logged=SQL["logged"]) for name in MOVES if name not in ("claim", "recover")}}
 log = logging.getLogger("outbox.store")
 T = TypeVar("T")
 
@@ -311,6 +334,110 @@ def _update_sql(columns: tuple[str, ...]) -> str:
     input), their values from parameter 23 on."""
     return SQL["update_intent"].format(
         assignments=", ".join(f"{name} = ${i}" for i, name in enumerate(columns, 23)))
+
+
+def _row(change: Change) -> tuple[Any, ...]:
+    """A change as one row of its move's block (the arrays from $7 on, sql/postgres.sql)."""
+    match change:
+        case Start(attempt=a):
+            return change.key, change.fence, a.attempt_id, a.number, a.fence, a.worker, a.started_at
+        case Settle():
+            return (change.key, change.fence, change.status.value, change.last_error, change.next_attempt_at,
+                    change.attempts, change.new_fence, change.events[-1].at, *_attempt_values(change.attempt))
+        case Release():
+            return change.key, change.fence, change.next_attempt_at, change.events[-1].at
+        case Hold():
+            return change.key, change.fence, change.last_error, change.events[-1].at
+        case Replay():
+            return (change.key, change.expected.value, change.next_attempt_at, change.max_attempts,
+                    change.events[-1].at)
+        case Resolve():
+            return (change.key, change.status.value, change.next_attempt_at, change.max_attempts,
+                    change.events[-1].at)
+        case Cancel():
+            return change.key, change.expected.value, change.events[-1].at
+        case Approve():
+            return (change.key, change.approved_digest, change.approval_expires_at, change.approved_by,
+                    change.next_attempt_at, change.events[-1].at)
+        case Reject():
+            return change.key, change.events[-1].at
+    raise TypeError(f"not a change: {change!r}")
+
+
+def _move_arguments(batch: Sequence[Change]) -> list[list[Any]]:
+    """A batch of one move's changes as its block's arrays: the events ($1-$6, each with its
+    change's place in the batch, from 1; every change has one at least), then the changes' columns."""
+    logged = [(n, e.kind.value, e.at, e.actor, e.reason, _data(e))
+              for n, change in enumerate(batch, 1)
+              for e in ((change.event,) if isinstance(change, Start) else change.events)]
+    return [list(column) for rows in (logged, [_row(change) for change in batch])
+            for column in zip(*rows, strict=True)]
+
+
+def _rounds(changes: Sequence[Change]) -> list[dict[str, list[int]]]:
+    """The changes' places in rounds, each round by move (in key order, so batches that overlap
+    lock their rows in one order): a key named again goes to the next round, so it is changed
+    after, and sees, its earlier change."""
+    rounds: list[dict[str, list[int]]] = []
+    named: dict[str, int] = {}
+    for i in sorted(range(len(changes)), key=lambda i: changes[i].key):
+        turn = named[changes[i].key] = named.get(changes[i].key, -1) + 1
+        if turn == len(rounds):
+            rounds.append({})
+        rounds[turn].setdefault(changes[i].move, []).append(i)
+    return rounds
+
+
+def _refusal(change: Change, found: Any) -> OutboxError:
+    """Why ``change`` was not applied, worded from its intent as it is now (``found``, None: gone)."""
+    (expected,) = expected_status(change)
+    refused = decide_target(change.key, None if found is None else (found["status"], found["fence"]),
+                            expected=expected, fence=getattr(change, "fence", None))
+    if refused is not None:
+        return refused
+    if isinstance(change, Start):
+        return StaleWrite(f"intent {change.key!r}'s lease expired before attempt {change.attempt.attempt_id!r} "
+                          "started; the write was not applied")
+    return StaleWrite(f"intent {change.key!r} changed while the write was judged; the write was not applied")
+
+
+def _crashing(changes: Sequence[Change]) -> bool:
+    """(tests only) Whether a crash is armed to cut the batch after an attempt's outcome is written."""
+    return crash.armed == "mid_group_commit" and any(
+        isinstance(c, Settle) and c.attempt is not None and c.attempt.finished_at is not None for c in changes)
+
+
+async def _apply_rounds(conn: asyncpg.Connection, changes: Sequence[Change],
+                        rounds: Sequence[Mapping[str, Sequence[int]]]) -> list[Intent | OutboxError | None]:
+    """The changes, round by round, one statement per move present; then, for a round with
+    changes refused, one read of their intents to word each refusal."""
+    results: list[Intent | OutboxError | None] = [None] * len(changes)
+    for round_ in rounds:
+        refused: list[int] = []
+        for move, places in round_.items():
+            batch = [changes[i] for i in places]
+            applied = {row["n"]: row for row in await conn.fetch(SQL[move], *_move_arguments(batch))}
+            for n, i in enumerate(places, 1):
+                row = applied.get(n)
+                if row is None:
+                    refused.append(i)
+                elif isinstance(changes[i], OperatorChange):
+                    results[i] = _intent(row)
+        if refused:
+            found = {row["intent_key"]: row for row in await conn.fetch(
+                SQL["intents_by_keys"], [changes[i].key for i in refused])}
+            for i in refused:
+                results[i] = _refusal(changes[i], found.get(changes[i].key))
+    return results
+
+
+async def _claim(conn: asyncpg.Connection, claim: Claim | None) -> list[Intent]:
+    """``Store.claim`` on ``conn`` (nothing for no claim)."""
+    if claim is None:
+        return []
+    check_claim()
+    return [_intent(row) for row in await conn.fetch(SQL["claim"], claim.now, claim.owner, claim.lease_until,
+                                                     claim.limit)]
 
 
 class _PostgresTransaction:
@@ -656,16 +783,54 @@ class PostgresStore:
     # -- the sender's work -----------------------------------------------------------------
 
     async def apply(self, changes: Sequence[Change], *, claim: Claim | None = None) -> Applied:
-        return await moves.apply_each(self, changes, claim)
+        for change in changes:
+            check_change(change)
+        rounds = _rounds(changes)
+        crashing = _crashing(changes)
+
+        async def together(conn: asyncpg.Connection) -> Applied:
+            results = await _apply_rounds(conn, changes, rounds)
+            if crashing:
+                crash.crash_point("mid_group_commit")
+            return Applied(results, await _claim(conn, claim))
+
+        statements = sum(map(len, rounds)) + (claim is not None)
+        try:  # one statement needs no transaction of its own around it
+            return await self._run(together, transaction={} if statements > 1 or crashing else None)
+        except asyncpg.PostgresError as exc:  # ("not now" is StoreUnavailable by here, and raised)
+            log.info("a batch of %d change(s) failed (%s: %s); applying each alone", len(changes),
+                     type(exc).__name__, exc)
+
+        async def each(conn: asyncpg.Connection) -> Applied:
+            results: list[Intent | OutboxError | None] = []
+            for change in changes:
+                try:
+                    async with conn.transaction():  # a savepoint: a change that fails undoes itself only
+                        results += await _apply_rounds(conn, [change], _rounds([change]))
+                except asyncpg.PostgresError as exc:
+                    if isinstance(exc, UNAVAILABLE):
+                        raise
+                    results.append(InvalidInput(f"the change to intent {change.key!r} cannot be written: {exc}"))
+            if crashing:
+                crash.crash_point("mid_group_commit")
+            return Applied(results, await _claim(conn, claim))
+
+        return await self._run(each, transaction={})
 
     async def recover(self, now: datetime, limit: int, actor: str) -> int:
-        return await moves.recover_each(self, now, limit, actor)
+        async def work(conn: asyncpg.Connection) -> int:
+            held = await conn.fetch(SQL["lock_recoverable"], now, limit)
+            if not held:
+                return 0
+            return len(await conn.fetch(SQL["recover"], [row["seq"] for row in held],
+                                        [row["lease_owner"] for row in held], now, actor, now.isoformat()))
+
+        return await self._run(work, transaction={})
 
     async def claim(
         self, owner: str, *, now: datetime, lease_until: datetime, limit: int
     ) -> list[Intent]:
-        check_claim()
-        return [_intent(row) for row in await self._fetch("claim", now, owner, lease_until, limit)]
+        return await self._run(lambda conn: _claim(conn, Claim(owner, now, lease_until, limit)))
 
     async def waiting_behind(self, key: str) -> Intent | None:
         row = await self._fetchrow("waiting_behind", key)

@@ -31,7 +31,9 @@ as a ratio to a bare aiohttp client loop measured in the same round:
 
 The cases run in interleaved rounds (their order rotating), each ratio is that of one round, and
 the figures are medians. The targets: the outbox at least as fast as pgqueuer's best rate of the
-same round, and two worker processes at least 1.1 times as fast as one. Beside the rates, per
+same round, and two worker processes at least 1.1 times as fast as one; per delivery, PostgreSQL
+CPU at most twice pgqueuer's best case's, at most 0.1 write transactions, fewer intents row
+versions than the 3.0 of the design before set-based moves, and the HOT share of each table said. Beside the rates, per
 delivery: CPU time of the worker process(es) and of PostgreSQL's processes (every ``postgres``
 process's user and system time from /proc, with the children the postmaster reaped), the
 server's write transactions (transaction ids used) and WAL bytes; the outbox's updates of
@@ -47,13 +49,19 @@ Then, on PostgreSQL, as in bench_enqueue.py and bench_delivery.py for SQLite:
 6. ``store.claim(limit=CONCURRENCY)`` latency with 10,000 and with 1,000,000 pending intents
    (the million are copies of enqueued ones, inserted with ``generate_series``, then ``VACUUM
    ANALYZE`` as autovacuum would), plus the claim statement alone in a rolled-back
-   transaction, which leaves out the commit's WAL flush.
+   transaction, which leaves out the commit's WAL flush;
+7. the store alone, as a pipelined worker calls it: N intents driven through their bookkeeping
+   by ``store.apply`` on one connection, each cycle one call with the starts of the batch claimed
+   the cycle before, the outcomes of the batch started the cycle before and a claim of
+   ``--store-batch`` more, nothing sent: PostgreSQL CPU, statements sent, write transactions, WAL
+   bytes and row versions per delivery (``--store-only`` runs this alone).
 
 Targets are printed beside the figures; nothing here asserts on timing. The exit status is
 non-zero only when a measurement is invalid (an undelivered intent, a wrong count at the
 receiver or in the store, a failed request, a dead process).
 
     python tests/bench/bench_postgres.py [--n N] [--rounds R] [--concurrency C] [--big-n M] [--quick]
+                                         [--store-only] [--store-batch B]
 """
 
 from __future__ import annotations
@@ -238,6 +246,7 @@ class Drain:
     warnings: Counter[str] = field(default_factory=Counter)
     claims: int | None = None  # the outbox's claim statements (from its "leased" events)
     updates: tuple[int, int] | None = None  # the outbox's updates of intents rows, and how many were HOT
+    attempt_updates: tuple[int, int] | None = None  # the same of attempts rows
 
     @property
     def rate(self) -> float:
@@ -376,6 +385,22 @@ async def check_received(receiver: Receiver, path: str, n: int) -> None:
 # -- the outbox ----------------------------------------------------------------------------------
 
 
+#: Updates of the outbox's intents and attempts rows, and how many of each were HOT.
+ROW_UPDATES = ("SELECT relname, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+               "WHERE relname IN ('intents', 'attempts')")
+
+
+async def row_updates(conn: asyncpg.Connection) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(updates, HOT updates) of intents rows, then of attempts rows, as the server counted them
+    (a backend's counts are in once its transaction ends and it reports, or it has ended)."""
+    found = {name: (updated, hot) for name, updated, hot in await conn.fetch(ROW_UPDATES)}
+    return found["intents"], found["attempts"]
+
+
+def hot_share(updates: tuple[int, int] | None) -> str:
+    return "-" if not updates else "0 updates" if not updates[0] else f"{updates[1] / updates[0]:.0%} HOT"
+
+
 def outbox_settings(concurrency: int) -> Any:
     from outbox import Settings
 
@@ -418,8 +443,7 @@ async def outbox_drain(admin_dsn: str, receiver: Receiver, n: int, concurrency: 
             statuses = dict(await conn.fetch("SELECT status, count(*) FROM intents GROUP BY status"))
             attempts = await conn.fetchval("SELECT count(*) FROM attempts")
             got.claims = await conn.fetchval("SELECT count(DISTINCT (actor, at)) FROM events WHERE kind = 'leased'")
-            got.updates = tuple(await conn.fetchrow(  # the workers' backends have ended: their counts are in
-                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'intents'"))
+            got.updates, got.attempt_updates = await row_updates(conn)  # the workers' backends have ended
         finally:
             await conn.close()
     if statuses != {"delivered": n}:
@@ -634,6 +658,120 @@ async def claim_latency(small: str, big: str, concurrency: int) -> tuple[ClaimTi
     return times[small], times[big]
 
 
+# -- the store alone, as the pipelined worker calls it ---------------------------------------------
+
+
+@dataclass
+class StoreRun:
+    """N deliveries' bookkeeping made through ``store.apply`` alone, nothing sent."""
+
+    n: int
+    seconds: float
+    client_cpu: float  # this process's CPU seconds
+    postgres_cpu: float | None
+    statements: int  # what the store's connection sent, transaction commands included
+    transactions: int
+    wal_bytes: float
+    updates: tuple[int, int]  # intents rows updated, HOT
+    attempt_updates: tuple[int, int]  # attempts rows updated, HOT
+
+    def per_delivery(self, value: float) -> float:
+        return value / self.n
+
+
+async def store_alone(admin_dsn: str, n: int, batch: int) -> StoreRun:
+    """N intents enqueued (untimed), then driven through their bookkeeping as a pipelined worker
+    would: each cycle is one ``apply`` with the starts of the batch claimed the cycle before, the
+    outcomes (delivered) of the batch started the cycle before, and a claim of ``batch`` more.
+    The store has one pooled connection, whose statements are counted as asyncpg sends them."""
+    from datetime import UTC, datetime
+
+    from outbox.model import Attempt, Event, EventKind, Outcome, Settle, Start, Status, Submission
+    from outbox.store.postgres import PostgresStore
+    from outbox.store.protocol import Claim
+
+    async with fresh_database(admin_dsn) as dsn:
+        box = await open_outbox(dsn, "http://127.0.0.1:9/hook", batch)
+        try:
+            await fill(box, 0, n)
+        finally:
+            await box.close()
+        store = PostgresStore(dsn, pool_size=1)
+        await store.open()
+        sent: list[str] = []
+        async with store._p.acquire() as conn:
+            conn._con.add_query_logger(lambda record: sent.append(record.query))
+        watch = await asyncpg.connect(dsn)
+        try:
+            now = datetime.now(UTC)  # warm-up: the statements prepared, the driver's types introspected
+            claimed = (await store.apply([], claim=Claim("bench", now, now + timedelta(minutes=5), 1))).claimed
+            started: list[tuple[str, Attempt]] = []  # (intent key, its attempt)
+            sent.clear()
+            mark = await watch.fetchrow(SERVER_MARK)
+            pg_before, cpu_before, began = postgres_cpu(), time.process_time(), time.perf_counter()
+            done, left = 0, n - len(claimed)
+            while done < n:
+                now = datetime.now(UTC)
+                attempts = [Attempt(f"{i.key}-1", 1, i.fence, "bench", now, None, None, None, None, None, None,
+                                    None, None) for i in claimed]
+                changes: list[Any] = [Start(i.key, i.fence, a, Event(EventKind.ATTEMPT_STARTED, now, "bench"))
+                                      for i, a in zip(claimed, attempts, strict=True)]
+                for key, a in started:
+                    finished = Attempt(a.attempt_id, 1, a.fence, "bench", a.started_at, now, Submission.SUBMITTED,
+                                       Outcome.DELIVERED, 200, None, None, None, 1.0)
+                    changes.append(Settle(key, a.fence, Status.DELIVERED, (
+                        Event(EventKind.ATTEMPT_FINISHED, now, "bench"), Event(EventKind.DELIVERED, now, "bench")),
+                        attempts=1, attempt=finished))
+                take = min(batch, left)
+                applied = await store.apply(changes, claim=Claim("bench", now, now + timedelta(minutes=5), take)
+                                            if take else None)
+                if any(result is not None for result in applied.results):
+                    raise BenchError(f"apply refused a change: {next(r for r in applied.results if r is not None)}")
+                done += len(started)
+                left -= len(applied.claimed)
+                started, claimed = [(i.key, a) for i, a in zip(claimed, attempts, strict=True)], applied.claimed
+            seconds = time.perf_counter() - began
+            client_cpu, pg_after = time.process_time() - cpu_before, postgres_cpu()
+            statements = len(sent)
+            await store.close()  # its backend's statistics are in once it has gone
+            deadline = time.monotonic() + harness.SERVER_STOP_SECONDS
+            while time.monotonic() < deadline and await watch.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> $1",
+                    watch.get_server_pid()):
+                await asyncio.sleep(0.02)
+            transactions, wal = await watch.fetchrow(SERVER_SINCE, *mark)
+            updates, attempt_updates = await row_updates(watch)
+            statuses = dict(await watch.fetch("SELECT status, count(*) FROM intents GROUP BY status"))
+        finally:
+            await store.close()
+            await watch.close()
+    if statuses != {"delivered": n}:
+        raise BenchError(f"intents by status after the store's run: {statuses}, expected {{'delivered': {n}}}")
+    return StoreRun(n, seconds, client_cpu, None if pg_before is None or pg_after is None else pg_after - pg_before,
+                    statements, transactions, wal, updates, attempt_updates)
+
+
+def store_table(runs: list[StoreRun], batch: int) -> str:
+    """The store's runs, per delivery, median of the rounds."""
+    def median(value: Callable[[StoreRun], float | None]) -> float | None:
+        return median_of([value(run) for run in runs])
+
+    pg = median(lambda r: None if r.postgres_cpu is None else r.per_delivery(r.postgres_cpu) * 1e6)
+    lines = [("per delivery (median of rounds)", "value"),
+             ("deliveries/s (bookkeeping only)", us(median(lambda r: r.n / r.seconds))),
+             ("PostgreSQL CPU, us", us(pg)),
+             ("client CPU, us", us(median(lambda r: r.per_delivery(r.client_cpu) * 1e6))),
+             ("statements sent (BEGIN, COMMIT included)", f"{median(lambda r: r.per_delivery(r.statements)):.3f}"),
+             ("write transactions", f"{median(lambda r: r.per_delivery(r.transactions)):.3f}"),
+             ("WAL bytes", us(median(lambda r: r.per_delivery(r.wal_bytes)))),
+             ("intents row versions (updates)", f"{median(lambda r: r.per_delivery(r.updates[0])):.2f}"),
+             ("attempts row versions (updates)", f"{median(lambda r: r.per_delivery(r.attempt_updates[0])):.2f}")]
+    hot = "; ".join(f"{name} {hot_share(updates)}" for name, updates in (
+        ("intents", runs[-1].updates), ("attempts", runs[-1].attempt_updates)))
+    return (f"The store alone: apply with {batch} starts, {batch} outcomes and a claim of {batch} per cycle "
+            f"(last round: {hot})\n" + harness.render_table(lines, right={1}))
+
+
 # -- running and reporting ------------------------------------------------------------------------
 
 
@@ -654,6 +792,47 @@ def us(value: float | None) -> str:
 def median_of(values: list[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return statistics.median(known) if known else None
+
+
+#: The issue's targets per delivery, against pgqueuer's best case of the same run.
+PG_CPU_TARGET = 2.0
+WRITE_TX_TARGET = 0.1
+ROW_VERSIONS_BEFORE = 3.0
+
+
+def per_delivery_targets(cases: list[Case]) -> str:
+    """Each outbox case's PostgreSQL CPU per delivery against pgqueuer's fastest case (medians of
+    the rounds), its write transactions and intents row versions per delivery, and its HOT shares."""
+    def median(case: Case, value: Callable[[Drain], float | None]) -> float | None:
+        return median_of([value(d) for d in case.drains])
+
+    peers = [c for c in cases if c.key.startswith("pgqueuer") and c.drains]
+    best = max(peers, key=lambda c: median(c, lambda d: d.rate) or 0.0, default=None)
+    theirs = None if best is None else median(best, lambda d: d.per_delivery_us(d.postgres_cpu))
+    rows: list[Row] = []
+    for case in cases:
+        if not case.key.startswith("outbox") or not case.drains:
+            continue
+        ours = median(case, lambda d: d.per_delivery_us(d.postgres_cpu))
+        if ours is not None and theirs:
+            ratio = ours / theirs
+            rows.append(Row(f"{case.short}: PostgreSQL CPU / {best.short if best else ''}'s", "", "",
+                            f"{ratio:.2f}x", "", f"<= {PG_CPU_TARGET:.1f}x", "met" if ratio <= PG_CPU_TARGET else
+                            "NOT MET"))
+        tx = median(case, lambda d: d.transactions / d.n) or 0.0
+        rows.append(Row(f"{case.short}: write transactions", f"{tx:.2f}", "per delivery", "", "",
+                        f"<= {WRITE_TX_TARGET:.2f}", "met" if tx <= WRITE_TX_TARGET else "NOT MET"))
+        versions = median(case, lambda d: d.updates[0] / d.n if d.updates else None)
+        if versions is not None:
+            rows.append(Row(f"{case.short}: intents row versions", f"{versions:.2f}", "per delivery", "", "",
+                            f"< {ROW_VERSIONS_BEFORE:.1f}", "met" if versions < ROW_VERSIONS_BEFORE else "NOT MET"))
+        last = case.drains[-1]
+        rows.append(Row(f"{case.short}: HOT share (last round)",
+                        f"intents {hot_share(last.updates)}, attempts {hot_share(last.attempt_updates)}", ""))
+    if not rows:
+        return ""
+    return "\nPer delivery against the targets\n" + render(rows, ("case", "value", "unit", "ratio", "spread",
+                                                                   "target", ""))
 
 
 async def server_facts(admin_dsn: str) -> str:
@@ -723,11 +902,12 @@ async def run(args: argparse.Namespace) -> int:
     second_worker: list[float] = []
     enqueues: list[Enqueues] = []
     claim_times: tuple[ClaimTimes, ClaimTimes] | None = None
+    store_runs: list[StoreRun] = []
     with tempfile.TemporaryDirectory(prefix="bench-postgres-", dir=args.dir) as tmp:
         root = Path(tmp)
         async with running_receiver(root) as receiver:
             # 1-4: the bare client, then every drain, in rounds (the drains' order rotating)
-            for round_ in range(1, rounds + 1):
+            for round_ in range(1, 0 if args.store_only else rounds + 1):
                 try:
                     load = await bench_delivery.baseline(receiver, n)
                 except BenchError as exc:
@@ -823,6 +1003,20 @@ async def run(args: argparse.Namespace) -> int:
         if claim_times is not None:
             rows += claim_rows(*claim_times, big_n, c, "claim statement alone")
 
+        # 7: the store alone
+        if not args.skip_store:
+            for round_ in range(1, rounds + 1):
+                try:
+                    alone = await store_alone(admin_dsn, n, args.store_batch)
+                except BenchError as exc:
+                    problems.append(f"store alone, round {round_}: {exc}")
+                    print(f"store {round_}: FAILED: {exc}", flush=True)
+                    continue
+                store_runs.append(alone)
+                pg_us = None if alone.postgres_cpu is None else alone.per_delivery(alone.postgres_cpu) * 1e6
+                progress(f"store {round_}", f"apply, {args.store_batch} starts + outcomes + claim a cycle",
+                         f"{alone.n / alone.seconds:>9,.0f} deliveries/s, {us(pg_us)} us of PostgreSQL CPU each")
+
         for case in cases:
             if case.drains:
                 peak = statistics.median(max(d.peak_rss_kib) for d in case.drains)
@@ -857,13 +1051,17 @@ async def run(args: argparse.Namespace) -> int:
                 "" if claims is None else f"{n / claims:.1f}",
             ))
         print(harness.render_table(lines, right={1, 2, 3, 4, 5, 6, 7}))
+        print(per_delivery_targets(cases))
+    if store_runs:
+        print("\n" + store_table(store_runs, args.store_batch))
     for case in cases:
         for round_, d in enumerate(case.drains, 1):
             if d.warnings:
                 print(f"{case.label}, round {round_}: warnings {dict(d.warnings)}")
-            if d.updates:
+            if d.updates and d.attempt_updates:
                 print(f"{case.label}, round {round_}: {d.updates[0]:,} updates of intents rows "
-                      f"({d.updates[0] / d.n:.1f} per delivery), {d.updates[1]:,} of them HOT (no index touched)")
+                      f"({d.updates[0] / d.n:.2f} per delivery, {hot_share(d.updates)}), "
+                      f"{d.attempt_updates[0]:,} of attempts rows ({hot_share(d.attempt_updates)})")
             if d.others_busy:
                 print(f"{case.label}, round {round_}: up to {d.others_busy} connection(s) to other databases were "
                       "active during the drain (their CPU, transactions and WAL count in its figures)")
@@ -891,9 +1089,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--skip-pgqueuer", action="store_true", help="skip the pgqueuer drains")
     add("--skip-enqueue", action="store_true", help="skip the enqueue rates")
     add("--skip-claims", action="store_true", help="skip the claim latency case")
+    add("--skip-store", action="store_true", help="skip the store alone (apply in pipelined cycles)")
+    add("--store-only", action="store_true", help="only the store alone: no drains, enqueues or claims")
+    add("--store-batch", type=int, default=32, help="starts, outcomes and claim per apply for the store alone (32)")
     add("--dir", help="where the logs go")
     args = parser.parse_args(argv)
-    bench_delivery.check_sizes(parser, args, ("n", "rounds", "big_n", "concurrency"))
+    bench_delivery.check_sizes(parser, args, ("n", "rounds", "big_n", "concurrency", "store_batch"))
+    if args.store_only:
+        args.skip_enqueue = args.skip_claims = args.skip_pgqueuer = True
     return args
 
 

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import signal
+import sys
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -26,12 +30,26 @@ from outbox import (
     StoreUnavailable,
 )
 from outbox.clock import OffsetClock
+from outbox.errors import InvalidInput, NotFound, StaleWrite
 from outbox.grants import GrantSpec
 from outbox.keyring import generate_key, key_id, rotate, unlock
-from outbox.model import Event, EventKind
+from outbox.model import (
+    Attempt,
+    Cancel,
+    Event,
+    EventKind,
+    Intent,
+    Outcome,
+    Release,
+    Replay,
+    Settle,
+    Start,
+    Submission,
+)
 from outbox.operations import Actor, replay
 from outbox.store import migrator
 from outbox.store.postgres import LISTENER, SQL, PostgresStore
+from outbox.store.protocol import Claim
 from sender import Worker
 
 from .. import pg
@@ -225,7 +243,9 @@ async def test_the_claim_and_expired_lease_lookups_use_their_partial_indexes_amo
         assert "Index Scan using intents_due on intents" in pick and "Sort" not in pick, claim
         expired = await plan(SQL["expired_leases"], now, 10)
         assert "Index Scan using intents_lease on intents" in expired and "Sort" not in expired, expired
-        assert "Seq Scan on intents" not in claim + expired, claim + expired
+        recoverable = await plan(SQL["lock_recoverable"], now, 10)
+        assert "Index Scan using intents_lease on intents" in recoverable and "Sort" not in recoverable, recoverable
+        assert "Seq Scan on intents" not in claim + expired + recoverable, claim + expired + recoverable
     finally:
         await writer.close()
     claimed = await box.store.claim("w1", now=now, lease_until=now + timedelta(seconds=30), limit=500)
@@ -259,6 +279,203 @@ async def test_the_claim_of_an_ordered_destination_seeks_each_keys_earlier_inten
     claimed = await box.store.claim("w1", now=now, lease_until=now + timedelta(seconds=30), limit=2000)
     # the 1,000 pending are 20 of each of 50 keys: the first of each is claimed
     assert sorted(i.seq for i in claimed) == list(range(20, 1001, 20))
+
+
+# -- the moves as sets ------------------------------------------------------------------------
+
+T0 = datetime(2030, 1, 1, 12, tzinfo=UTC)
+LEASE = timedelta(seconds=30)
+
+
+async def leased(box: Outbox, n: int, *, at: datetime = T0) -> list[Intent]:
+    """``n`` intents enqueued due at ``at`` and claimed by worker w1 until ``at`` + LEASE."""
+    await box.enqueue_many([{"destination": "billing", "scope": "acme", "action_id": f"a{i}", "payload": {"i": i}}
+                            for i in range(n)])
+    return await box.store.claim("w1", now=at, lease_until=at + LEASE, limit=n)
+
+
+def start(intent: Intent, at: datetime = T0) -> Start:
+    attempt = Attempt(f"{intent.key}-1", 1, intent.fence, "w1", at, None, None, None, None, None, None, None, None)
+    return Start(intent.key, intent.fence, attempt, Event(EventKind.ATTEMPT_STARTED, at, "w1"))
+
+
+def settle(intent: Intent, at: datetime = T0, **changes: Any) -> Settle:
+    attempt = Attempt(f"{intent.key}-1", 1, intent.fence, "w1", at, at + timedelta(milliseconds=5),
+                      Submission.SUBMITTED, Outcome.DELIVERED, 200, "ok", None, None, 5.0)
+    fate = {"status": Status.DELIVERED, "attempts": 1, "attempt": attempt,
+            "events": (Event(EventKind.ATTEMPT_FINISHED, at, "w1"), Event(EventKind.DELIVERED, at, "w1")), **changes}
+    return Settle(intent.key, intent.fence, **fate)
+
+
+class Statements:
+    """The store's own statements and transaction commands its one pooled connection runs, as
+    asyncpg logs them (the driver's introspection of types left out)."""
+
+    def __init__(self) -> None:
+        self.sql: list[str] = []
+
+    def __call__(self, record: Any) -> None:
+        named = {sql: name for name, sql in SQL.items()}
+        if record.query in named or record.query.rstrip(";") in ("BEGIN", "COMMIT"):
+            self.sql.append(named.get(record.query, record.query.rstrip(";")))
+
+
+async def logged_store(url: str) -> tuple[PostgresStore, Statements]:
+    store = PostgresStore(url, pool_size=1)
+    await store.open()
+    statements = Statements()
+    async with store._p.acquire() as conn:
+        conn._con.add_query_logger(statements)  # (the connection itself: the pool lends it again)
+    return store, statements
+
+
+async def test_a_batch_of_starts_settles_and_a_claim_is_one_transaction_of_a_statement_each(box, pg_url):
+    intents = await leased(box, 8)
+    await box.enqueue_many([{"destination": "billing", "scope": "acme", "action_id": f"b{i}", "payload": {}}
+                            for i in range(3)])
+    store, statements = await logged_store(pg_url)
+    try:
+        applied = await store.apply([start(i) for i in intents[:4]], claim=Claim("w1", T0, T0 + LEASE, 2))
+        assert applied.results == [None] * 4 and len(applied.claimed) == 2
+        assert statements.sql == ["BEGIN", "start", "claim", "COMMIT"]
+        statements.sql.clear()
+        later = T0 + timedelta(seconds=1)
+        applied = await store.apply([*(settle(i, later) for i in intents[:4]), *(start(i, later) for i in intents[4:])],
+                                    claim=Claim("w1", later, later + LEASE, 5))
+        assert applied.results == [None] * 8 and len(applied.claimed) == 1
+        assert statements.sql == ["BEGIN", "settle", "start", "claim", "COMMIT"]
+        started = await box.store.history(intents[5].key)
+        assert started.intent is not None and started.intent.updated_at == intents[5].updated_at  # not written
+        assert [(a.number, a.finished_at) for a in started.attempts] == [(1, None)]
+        statements.sql.clear()
+        await store.apply([settle(i, later) for i in intents[4:]])
+        assert statements.sql == ["settle"]  # alone: no transaction around it
+    finally:
+        await store.close()
+    history = await box.store.history(intents[0].key)
+    assert history.intent is not None and history.intent.status is Status.DELIVERED and history.intent.attempts == 1
+    assert [(a.attempt_id, a.outcome, a.finished_at is not None) for a in history.attempts] == [
+        (f"{intents[0].key}-1", Outcome.DELIVERED, True)]
+    assert [e.kind for e in history.events] == [EventKind.ENQUEUED, EventKind.LEASED, EventKind.ATTEMPT_STARTED,
+                                                EventKind.ATTEMPT_FINISHED, EventKind.DELIVERED]
+
+
+async def test_the_changes_a_batch_refuses_are_answered_in_place_and_the_rest_commit(box, pg_url):
+    intents = await leased(box, 5)
+    stale = replace(intents[1], fence=intents[1].fence + 1)
+    expired = start(intents[2], T0 + LEASE)  # the lease ends as the attempt would start
+    gone = start(replace(intents[3], action_id="nobody"))
+    applied = await box.store.apply([start(intents[0]), start(stale), expired, gone,
+                                     Cancel(intents[4].key, Status.PENDING, (Event(EventKind.CANCELLED, T0, "op"),))])
+    ok, wrong_fence, late, missing, wrong_status = applied.results
+    assert ok is None
+    assert isinstance(wrong_fence, StaleWrite) and str(wrong_fence) == (
+        f"intent {intents[1].key!r} is leased at fence {intents[1].fence}, not leased at fence "
+        f"{intents[1].fence + 1}; the write was not applied")
+    assert isinstance(late, StaleWrite) and "lease expired" in str(late)
+    assert isinstance(missing, NotFound) and str(missing) == "intent 'acme/nobody' does not exist"
+    assert isinstance(wrong_status, StaleWrite) and "is leased at fence 1, not pending" in str(wrong_status)
+    for intent, attempts in zip(intents, (1, 0, 0, 0, 0), strict=True):
+        history = await box.store.history(intent.key)
+        assert len(history.attempts) == attempts and history.intent is not None
+        assert history.intent.status is Status.LEASED
+
+
+async def test_a_key_named_twice_in_a_batch_is_changed_in_turn(box):
+    (intent,) = await leased(box, 1)
+    applied = await box.store.apply([
+        start(intent), settle(intent, status=Status.PENDING, next_attempt_at=T0 + LEASE, events=(
+            Event(EventKind.SCHEDULED_RETRY, T0, "w1"),), new_fence=intent.fence + 1),
+        Cancel(intent.key, Status.PENDING, (Event(EventKind.CANCELLED, T0, "op"),)),
+        Release(intent.key, intent.fence, T0, (Event(EventKind.RELEASED, T0, "w1"),))])
+    assert applied.results[:2] == [None, None]
+    cancelled = applied.results[2]
+    assert isinstance(cancelled, Intent) and cancelled.status is Status.CANCELLED and cancelled.fence == 2
+    assert isinstance(applied.results[3], StaleWrite)  # its fence was raised by the settle
+    history = await box.store.history(intent.key)
+    assert [e.kind for e in history.events][2:] == [EventKind.ATTEMPT_STARTED, EventKind.SCHEDULED_RETRY,
+                                                    EventKind.CANCELLED]
+
+
+async def test_a_change_the_database_refuses_is_answered_alone_and_the_rest_commit(box):
+    intents = await leased(box, 3)
+    applied = await box.store.apply([settle(intents[0]), settle(intents[1], last_error="nul \x00 byte"),
+                                     settle(intents[2])])
+    assert applied.results[0] is None and applied.results[2] is None
+    assert isinstance(applied.results[1], InvalidInput) and intents[1].key in str(applied.results[1])
+    assert [(await box.store.get_intent(i.key)).status for i in intents] == [  # type: ignore[union-attr]
+        Status.DELIVERED, Status.LEASED, Status.DELIVERED]
+
+
+async def test_an_operators_batch_answers_each_intent_as_it_became(box):
+    intents = await leased(box, 2)
+    await box.store.apply([settle(i, status=Status.DEAD, events=(Event(EventKind.DEAD_LETTERED, T0, "w1"),))
+                           for i in intents])
+    applied = await box.store.apply([Replay(i.key, Status.DEAD, T0, 9, (Event(EventKind.REPLAYED, T0, "op"),))
+                                     for i in intents])
+    assert [(r.status, r.max_attempts, r.fence) for r in applied.results] == [  # type: ignore[union-attr]
+        (Status.PENDING, 9, 1), (Status.PENDING, 9, 1)]
+
+
+#: A process that arms crash point mid_group_commit and applies a batch: a start and a settle.
+CRASHING_BATCH = """
+import asyncio, sys
+from outbox import crash
+from outbox.store.postgres import PostgresStore
+from tests.integration.test_postgres_store import settle, start
+
+async def main(url, started, settled):
+    store = PostgresStore(url)
+    await store.open()
+    crash.arm("mid_group_commit")
+    await store.apply([start(await store.get_intent(started)), settle(await store.get_intent(settled))])
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+async def test_a_batch_cut_after_its_outcomes_are_written_commits_nothing(box, pg_url):
+    intents = await leased(box, 2)
+    await box.store.apply([start(intents[1])])
+    crashed = await asyncio.create_subprocess_exec(sys.executable, "-c", CRASHING_BATCH, pg_url, intents[0].key,
+                                                   intents[1].key, cwd=Path(__file__).parents[2])
+    assert await crashed.wait() == -signal.SIGKILL
+    found = [await box.store.history(i.key) for i in intents]
+    assert [(h.intent.status, [a.finished_at for a in h.attempts]) for h in found] == [  # type: ignore[union-attr]
+        (Status.LEASED, []), (Status.LEASED, [None])]
+
+
+async def test_recover_gives_back_expired_leases_without_an_attempt_in_one_go(box):
+    intents = await leased(box, 3)
+    await box.store.apply([start(intents[0])])
+    after = T0 + LEASE
+    assert await box.store.recover(after, 10, "sweeper") == 2
+    assert await box.store.recover(after, 10, "sweeper") == 0
+    found = [await box.store.history(i.key) for i in intents]
+    assert [(h.intent.status, h.intent.fence) for h in found] == [  # type: ignore[union-attr]
+        (Status.LEASED, 1), (Status.PENDING, 2), (Status.PENDING, 2)]
+    event = found[1].events[-1]
+    assert (event.kind, event.actor, event.reason, dict(event.data)) == (
+        EventKind.LEASE_EXPIRED, "sweeper", "lease of w1 expired before any attempt started",
+        {"next_attempt_at": after.isoformat()})
+
+
+async def test_recover_leaves_an_intent_whose_attempt_start_is_under_way(box, pg_url):
+    """A Start holds its intent FOR KEY SHARE from its check until it commits: the sweeper's
+    recover skips the intent meanwhile, and sees the attempt once it is in."""
+    (intent,) = await leased(box, 1)
+    starter = await asyncpg.connect(pg_url)
+    try:
+        async with starter.transaction():
+            await starter.execute("SELECT 1 FROM intents WHERE intent_key = $1 FOR KEY SHARE", intent.key)
+            assert await box.store.recover(T0 + LEASE, 10, "sweeper") == 0
+            await starter.execute(
+                "INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at) "
+                "VALUES ('x', $1, 1, $2, 'w1', $3)", intent.seq, intent.fence, T0)
+        assert await box.store.recover(T0 + LEASE, 10, "sweeper") == 0
+    finally:
+        await starter.close()
+    assert (await box.store.get_intent(intent.key)).status is Status.LEASED  # type: ignore[union-attr]
 
 
 # -- the database's clock ----------------------------------------------------------------------
@@ -315,9 +532,10 @@ async def test_an_enqueue_or_a_replay_in_another_process_wakes_the_workers_at_co
 
         assert not await wakes(box, rolled_back(), timeout=0.5)  # nothing was made due
 
-        intent = await other.get("a1", scope="acme")
-        await other.store.update_intent(intent.key, expected=Status.PENDING, status=Status.DEAD,
-                                        events=[Event(EventKind.DEAD_LETTERED, other.clock.now(), "test")])
+        now = other.clock.now()
+        (intent,) = await other.store.claim("w1", now=now, lease_until=now + LEASE, limit=1)
+        await other.store.apply([Settle(intent.key, intent.fence, Status.DEAD,
+                                        (Event(EventKind.DEAD_LETTERED, now, "test"),))])
         assert await wakes(box, replay(other, "a1", Actor("ops", "the receiver is fixed"), scope="acme"))
     finally:
         await other.close()

@@ -131,7 +131,7 @@ WITH due AS (
 ), leased AS (
     UPDATE intents SET status = 'leased', lease_owner = $2, lease_expires_at = $3, fence = intents.fence + 1,
                        updated_at = $1
-    FROM due WHERE intents.seq = due.seq
+    WHERE intents.seq = ANY(ARRAY(SELECT seq FROM due))  -- (an index scan of the few picked, never a seq scan)
     RETURNING intents.*
 ), logged AS (
     INSERT INTO events (intent_seq, kind, at, actor, reason, data)
@@ -232,6 +232,196 @@ WITH found AS (
 SELECT found.status AS found_status, found.fence AS found_fence, updated.*,
        CASE WHEN updated.status = 'pending' THEN pg_notify('outbox_due', '') END AS notified
 FROM found LEFT JOIN updated ON true;
+
+-- name: logged
+-- The events of a move's batch (arrays $1-$6: the change's place in the batch, kind, time, actor, reason, data), each
+-- appended to the intent its change moved ("changed": seq, n), in order. Filled into each move's block as {logged}.
+-- Each block also names its keys as "= ANY($7)" beside its join on them: the batch's intents are then found by one
+-- scan of intents_intent_key_key, whatever the statistics say of the batch or the table.
+logged AS (
+    INSERT INTO events (intent_seq, kind, at, actor, reason, data)
+    SELECT changed.seq, e.kind, e.at, e.actor, e.reason, e.data::jsonb
+    FROM changed JOIN unnest($1::bigint[], $2::text[], $3::timestamptz[], $4::text[], $5::text[], $6::text[])
+        WITH ORDINALITY AS e (n, kind, at, actor, reason, data, i) USING (n)
+    ORDER BY e.i
+)
+
+-- name: start
+-- Move start for a batch (arrays from $7: key, fence, then the attempt): each intent still leased at its fence, with
+-- its lease unexpired when the attempt starts, is locked FOR KEY SHARE (a sweeper's recover, FOR UPDATE, then skips
+-- it until the attempt is in) and gets its attempt row, unfinished, and its event; the intent row is not written.
+-- Returns the batch places (n) that applied.
+WITH batch AS (
+    SELECT * FROM unnest($7::text[], $8::bigint[], $9::text[], $10::integer[], $11::bigint[], $12::text[],
+                         $13::timestamptz[])
+        WITH ORDINALITY AS b (intent_key, fence, attempt_id, number, attempt_fence, worker, started_at, n)
+), changed AS (
+    SELECT intents.seq, batch.* FROM intents JOIN batch USING (intent_key)
+    WHERE intents.intent_key = ANY($7::text[]) AND intents.status = 'leased' AND intents.fence = batch.fence AND intents.lease_expires_at > batch.started_at
+    FOR KEY SHARE OF intents
+), attempted AS (
+    INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at)
+    SELECT attempt_id, seq, number, attempt_fence, worker, started_at FROM changed ORDER BY n
+    ON CONFLICT (attempt_id) DO NOTHING
+), {logged}
+SELECT n FROM changed;
+
+-- name: settle
+-- Move settle for a batch (arrays from $7: key, fence, fate, last_error, next_attempt_at, attempts and new fence (null:
+-- kept), updated_at, then the attempt, none where its id is null): each intent still leased at its fence takes its
+-- fate, its lease cleared, its attempt inserted or finished and its events appended. Returns the places applied.
+WITH batch AS (
+    SELECT * FROM unnest($7::text[], $8::bigint[], $9::text[], $10::text[], $11::timestamptz[], $12::integer[],
+                         $13::bigint[], $14::timestamptz[], $15::text[], $16::integer[], $17::bigint[], $18::text[],
+                         $19::timestamptz[], $20::timestamptz[], $21::text[], $22::text[], $23::integer[], $24::text[],
+                         $25::text[], $26::text[], $27::float8[], $28::text[])
+        WITH ORDINALITY AS b (intent_key, fence, status, last_error, next_attempt_at, attempts, new_fence, updated_at,
+                              attempt_id, number, attempt_fence, worker, started_at, finished_at, submission, outcome,
+                              status_code, reply, external_id, error, duration_ms, stage, n)
+), changed AS (
+    UPDATE intents SET status = b.status, last_error = b.last_error, lease_owner = NULL, lease_expires_at = NULL,
+                       next_attempt_at = coalesce(b.next_attempt_at, intents.next_attempt_at),
+                       attempts = coalesce(b.attempts, intents.attempts), fence = coalesce(b.new_fence, intents.fence),
+                       updated_at = b.updated_at
+    FROM batch AS b
+    WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'leased' AND intents.fence = b.fence
+    RETURNING intents.seq, intents.status, b.n
+), attempted AS (
+    INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at, finished_at,
+                          submission, outcome, status_code, reply, external_id, error, duration_ms, stage)
+    SELECT b.attempt_id, changed.seq, b.number, b.attempt_fence, b.worker, b.started_at, b.finished_at, b.submission,
+           b.outcome, b.status_code, b.reply, b.external_id, b.error, b.duration_ms, b.stage
+    FROM changed JOIN batch AS b USING (n) WHERE b.attempt_id IS NOT NULL ORDER BY n
+    ON CONFLICT (attempt_id) DO UPDATE SET
+        finished_at = excluded.finished_at, submission = excluded.submission,
+        outcome = excluded.outcome, status_code = excluded.status_code, reply = excluded.reply,
+        external_id = excluded.external_id, error = excluded.error, duration_ms = excluded.duration_ms,
+        stage = excluded.stage
+), {logged}
+SELECT n, CASE WHEN status = 'pending' THEN pg_notify('outbox_due', '') END AS notified FROM changed;
+
+-- name: release
+-- Move release for a batch (arrays from $7: key, fence, next_attempt_at, updated_at): each intent still leased at its
+-- fence is pending again, unsent, its lease cleared. Returns the places applied.
+WITH changed AS (
+    UPDATE intents SET status = 'pending', lease_owner = NULL, lease_expires_at = NULL,
+                       next_attempt_at = b.next_attempt_at, updated_at = b.updated_at
+    FROM unnest($7::text[], $8::bigint[], $9::timestamptz[], $10::timestamptz[])
+        WITH ORDINALITY AS b (intent_key, fence, next_attempt_at, updated_at, n)
+    WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'leased' AND intents.fence = b.fence
+    RETURNING intents.seq, b.n
+), {logged}
+SELECT n, pg_notify('outbox_due', '') AS notified FROM changed;
+
+-- name: hold
+-- Move hold for a batch (arrays from $7: key, fence, last_error, updated_at): each intent still leased at its fence
+-- waits for an operator's approval, its lease cleared. Returns the places applied.
+WITH changed AS (
+    UPDATE intents SET status = 'held', lease_owner = NULL, lease_expires_at = NULL, last_error = b.last_error,
+                       updated_at = b.updated_at
+    FROM unnest($7::text[], $8::bigint[], $9::text[], $10::timestamptz[])
+        WITH ORDINALITY AS b (intent_key, fence, last_error, updated_at, n)
+    WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'leased' AND intents.fence = b.fence
+    RETURNING intents.seq, b.n
+), {logged}
+SELECT n FROM changed;
+
+-- name: replay
+-- Move replay for a batch (arrays from $7: key, expected status, next_attempt_at, max_attempts, updated_at): each
+-- intent still in the status its caller saw is pending with a fresh budget. Returns the places applied, with the rows.
+WITH changed AS (
+    UPDATE intents SET status = 'pending', next_attempt_at = b.next_attempt_at, max_attempts = b.max_attempts,
+                       last_error = NULL, updated_at = b.updated_at
+    FROM unnest($7::text[], $8::text[], $9::timestamptz[], $10::integer[], $11::timestamptz[])
+        WITH ORDINALITY AS b (intent_key, expected, next_attempt_at, max_attempts, updated_at, n)
+    WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = b.expected
+    RETURNING intents.*, b.n
+), {logged}
+SELECT *, pg_notify('outbox_due', '') AS notified FROM changed;
+
+-- name: resolve
+-- Move resolve for a batch (arrays from $7: key, status, next_attempt_at and max_attempts (null: kept), updated_at):
+-- each intent still unknown becomes its status. Returns the places applied, with the rows.
+WITH changed AS (
+    UPDATE intents SET status = b.status, next_attempt_at = coalesce(b.next_attempt_at, intents.next_attempt_at),
+                       max_attempts = coalesce(b.max_attempts, intents.max_attempts), updated_at = b.updated_at
+    FROM unnest($7::text[], $8::text[], $9::timestamptz[], $10::integer[], $11::timestamptz[])
+        WITH ORDINALITY AS b (intent_key, status, next_attempt_at, max_attempts, updated_at, n)
+    WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'unknown'
+    RETURNING intents.*, b.n
+), {logged}
+SELECT *, CASE WHEN status = 'pending' THEN pg_notify('outbox_due', '') END AS notified FROM changed;
+
+-- name: cancel
+-- Move cancel for a batch (arrays from $7: key, expected status, updated_at): each intent still in the status its
+-- caller saw is withdrawn. Returns the places applied, with the rows.
+WITH changed AS (
+    UPDATE intents SET status = 'cancelled', updated_at = b.updated_at
+    FROM unnest($7::text[], $8::text[], $9::timestamptz[]) WITH ORDINALITY AS b (intent_key, expected, updated_at, n)
+    WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = b.expected
+    RETURNING intents.*, b.n
+), {logged}
+SELECT * FROM changed;
+
+-- name: approve
+-- Move approve for a batch (arrays from $7: key, approved digest, approval expiry, approver, next_attempt_at,
+-- updated_at): each intent still held is pending under its approval. Returns the places applied, with the rows.
+WITH changed AS (
+    UPDATE intents SET status = 'pending', approved_digest = b.approved_digest,
+                       approval_expires_at = b.approval_expires_at, approved_by = b.approved_by,
+                       next_attempt_at = b.next_attempt_at, updated_at = b.updated_at
+    FROM unnest($7::text[], $8::text[], $9::timestamptz[], $10::text[], $11::timestamptz[], $12::timestamptz[])
+        WITH ORDINALITY AS b (intent_key, approved_digest, approval_expires_at, approved_by, next_attempt_at,
+                              updated_at, n)
+    WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'held'
+    RETURNING intents.*, b.n
+), {logged}
+SELECT *, pg_notify('outbox_due', '') AS notified FROM changed;
+
+-- name: reject
+-- Move reject for a batch (arrays from $7: key, updated_at): each intent still held is cancelled, never sent.
+-- Returns the places applied, with the rows.
+WITH changed AS (
+    UPDATE intents SET status = 'cancelled', updated_at = b.updated_at
+    FROM unnest($7::text[], $8::timestamptz[]) WITH ORDINALITY AS b (intent_key, updated_at, n)
+    WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'held'
+    RETURNING intents.*, b.n
+), {logged}
+SELECT * FROM changed;
+
+-- name: lock_recoverable
+-- The sweeper's pick for move recover: up to $2 leases expired by $1 with no attempt in flight under their fence,
+-- oldest first, locked FOR UPDATE (a Start's FOR KEY SHARE and this wait for each other); rows another transaction
+-- has locked are skipped. Returns each one's seq and lease owner.
+SELECT seq, lease_owner FROM intents
+WHERE status = 'leased' AND lease_expires_at <= $1
+  AND NOT EXISTS (SELECT 1 FROM attempts
+                  WHERE attempts.intent_seq = intents.seq AND attempts.fence = intents.fence
+                    AND attempts.finished_at IS NULL)
+ORDER BY lease_expires_at LIMIT $2
+FOR UPDATE SKIP LOCKED;
+
+-- name: recover
+-- Move recover for the intents lock_recoverable locked (arrays $1, $2: seq, lease owner), judged again in this
+-- statement's snapshot, taken after the locks: one whose holder's attempt start committed meanwhile is left (its
+-- attempt is settled by the sweeper instead). The rest are pending and due at $3, fence raised, with a lease_expired
+-- event by $4 ($5: the due time as the event's data gives it). Returns those recovered.
+WITH changed AS (
+    UPDATE intents SET status = 'pending', lease_owner = NULL, lease_expires_at = NULL, next_attempt_at = $3,
+                       fence = intents.fence + 1, updated_at = $3
+    FROM unnest($1::bigint[], $2::text[]) AS held (seq, lease_owner)
+    WHERE intents.seq = ANY($1::bigint[]) AND intents.seq = held.seq AND intents.status = 'leased'
+      AND NOT EXISTS (SELECT 1 FROM attempts
+                      WHERE attempts.intent_seq = intents.seq AND attempts.fence = intents.fence
+                        AND attempts.finished_at IS NULL)
+    RETURNING intents.seq, held.lease_owner
+), logged AS (
+    INSERT INTO events (intent_seq, kind, at, actor, reason, data)
+    SELECT seq, 'lease_expired', $3, $4, format('lease of %s expired before any attempt started', lease_owner),
+           jsonb_build_object('next_attempt_at', $5::text)
+    FROM changed ORDER BY seq
+)
+SELECT seq, pg_notify('outbox_due', '') AS notified FROM changed;
 
 -- name: first_submission
 -- When an intent's first attempt that may have reached the receiver started.
