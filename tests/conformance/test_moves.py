@@ -38,21 +38,6 @@ from .test_store import attempt as numbered
 
 LEASE = timedelta(seconds=30)
 
-#: Tests here a backend is known to fail, by backend and test name, with why: each runs as a strict
-#: expected failure there (so it fails once the backend passes it, and its entry must go).
-KNOWN_FAILING: dict[str, dict[str, str]] = {
-    "postgres": {"test_a_start_leaves_the_intent_row_as_it_was":
-                 "its apply makes a start through update_intent, which writes the intent's updated_at"},
-}
-
-
-def known_failing(request: pytest.FixtureRequest, store_factory) -> None:
-    """Mark this test an expected failure on a backend ``KNOWN_FAILING`` names it for."""
-    reason = KNOWN_FAILING.get(store_factory.__name__, {}).get(request.node.originalname)
-    if reason:
-        request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
-
-
 async def leased(store: Store, action_id: str, *, dest: str = "billing", lease: timedelta = LEASE) -> Intent:
     """A new intent, claimed by ``w1`` at T0 (fence 1)."""
     await store.insert_intent(*new(action_id, dest=dest))
@@ -326,8 +311,7 @@ async def test_a_start_on_an_expired_lease_is_refused(store):
     assert (await store.history(intent.key)).attempts == [in_time]
 
 
-async def test_a_start_leaves_the_intent_row_as_it_was(store, request, store_factory):
-    known_failing(request, store_factory)
+async def test_a_start_leaves_the_intent_row_as_it_was(store):
     intent = await leased(store, "s1")
     started = attempt(intent.key, 1, 1, at=T0 + timedelta(seconds=3))
     await store.apply([Start(intent.key, 1, started, event("attempt_started", 3))])
