@@ -1,5 +1,10 @@
 """The delivery worker: lease due intents, re-check authority, send, record, decide.
 
+The worker runs in cycles, each one ``Store.apply`` (one transaction): the outcomes, releases
+and holds buffered since the last cycle, the attempt starts of the leases whose checks just
+passed, and a claim for the lease slots free. A start commits before its send, as ever, but
+together with the others of its cycle, so a delivery costs a share of a transaction, not three.
+
 Every write a worker makes after its claim is conditional on the fence it was given; if the
 lease expired and the sweeper (or another worker) moved the intent on, the write is rejected
 and logged, never applied. A lease expiring is not proof that its worker stopped, so the
