@@ -654,8 +654,8 @@ class Worker:
                     and not (destination.requires_approval and _approval_refusal(intent, now))):
                 lease.decision = await self.authority.check(AuthorityRequest(
                     intent.scope, intent.channel, intent.destination, intent.action_id))
-        except StoreUnavailable as exc:
-            lease.destination = UNREAD
+        except StoreUnavailable as exc:  # its lease is confirmed again before it is taken next
+            lease.destination, lease.picked = UNREAD, False
             lease.not_before = time.monotonic() + self.outbox.settings.poll_seconds
             log.warning("checks before the attempt wait: %s", exc, extra=self._fields(intent))
         except Exception as exc:
