@@ -192,6 +192,14 @@ class CachedAuthority:
         self._cache: dict[tuple[str, str, str], tuple[float, Decision]] = {}
         self._pending: dict[tuple[str, str, str], asyncio.Future[Decision]] = {}
 
+    def cached(self, request: AuthorityRequest) -> Decision | None:
+        """The decision still remembered for ``request``, or None: a worker checks a batch
+        without awaiting the ones the cache answers."""
+        cached = self._cache.get((request.scope, request.channel, request.destination))
+        if cached and self._clock() - cached[0] < self.seconds:
+            return cached[1]
+        return None
+
     async def check(self, request: AuthorityRequest) -> Decision:
         if self.seconds <= 0:
             return await self._ask(request)

@@ -1,5 +1,10 @@
 """The delivery worker: lease due intents, re-check authority, send, record, decide.
 
+The worker runs in cycles, each one ``Store.apply`` (one transaction): the outcomes, releases
+and holds buffered since the last cycle, the attempt starts of the leases whose checks just
+passed, and a claim for the lease slots free. A start commits before its send, as ever, but
+together with the others of its cycle, so a delivery costs a share of a transaction, not three.
+
 Every write a worker makes after its claim is conditional on the fence it was given; if the
 lease expired and the sweeper (or another worker) moved the intent on, the write is rejected
 and logged, never applied. A lease expiring is not proof that its worker stopped, so the
@@ -15,8 +20,9 @@ import os
 import re
 import socket
 import time
-from collections.abc import Awaitable, Mapping
-from dataclasses import replace
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from outbox import (
@@ -28,7 +34,6 @@ from outbox import (
     Outbox,
     Outcome,
     SecretsKeyError,
-    StaleWrite,
     Status,
     StoreUnavailable,
     Submission,
@@ -37,7 +42,8 @@ from outbox import (
 )
 from outbox.crash import arm, crash_point
 from outbox.ids import KEY_SEPARATOR, uuid7
-from outbox.model import SETTLED
+from outbox.model import SETTLED, Change, Hold, Release, Settle, Start
+from outbox.store.protocol import Claim
 
 from .authority import (
     Authority,
@@ -65,14 +71,65 @@ PARKED_SECONDS = 60.0
 #: Longest pause between claims while the database keeps failing (the pause doubles from
 #: poll_seconds up to this).
 MAX_CLAIM_BACKOFF_SECONDS = 30.0
+#: Changes buffered that make a cycle run at once (otherwise within FLUSH_SECONDS).
+FLUSH_BATCH = 100
+#: Longest a finished send's outcome waits in the buffer for others to share its transaction.
+FLUSH_SECONDS = 0.05
 #: Leases a worker holds per send slot: while some sends run, the next intents are being
 #: claimed and their attempts recorded, and finished ones' outcomes committed, so recording
 #: never leaves a slot idle.
 LEASES_PER_SLOT = 2
 
 
+class _Unread:
+    """A destination not read yet (the cache had none fresh enough)."""
+
+
+UNREAD = _Unread()
+#: What ``Worker._judge`` answers when a check must await the store or the authority provider.
+FETCH = object()
+
+
+@dataclass(eq=False, slots=True)
+class _Lease:
+    """An intent this worker holds, from its claim until its last change is applied."""
+
+    intent: Intent
+    confirmed: datetime  # until when the store last confirmed the lease (claim or renewal)
+    picked: bool = False  # taken to be sent, its lease found confirmed then
+    destination: Destination | _Unread | None = UNREAD  # read for its checks by a fetch
+    decision: Decision | None = None  # the authority's answer a fetch got, used once
+    not_before: float = 0.0  # (monotonic) its checks wait until then: the store failed a read
+    final: bool = False  # its last change is buffered, or it was let go
+
+
+@dataclass(slots=True)
+class _Entry:
+    """A worker change waiting for a cycle, and what to do once the store applied it."""
+
+    change: Settle | Release | Hold
+    intent: Intent
+    attempt: Attempt | None = None
+    applied: Callable[[], None] | None = None
+    lease: _Lease | None = None
+
+
+@dataclass(slots=True)
+class _Ready:
+    """A lease whose checks passed in this cycle, with the start that goes in its apply."""
+
+    lease: _Lease
+    start: Start
+    destination: Destination
+
+
 class Worker:
-    """Delivers due intents from one outbox until stopped."""
+    """Delivers due intents from one outbox until stopped.
+
+    A pipeline over ``Store.apply``: each cycle is one transaction holding the changes of the
+    work that finished since the last one, the attempt starts of the leases ready to send now,
+    and a claim for the lease slots free; the starts applied are then sent, each as a task.
+    """
 
     def __init__(
         self,
@@ -95,20 +152,29 @@ class Worker:
             Backoff(settings.backoff_initial_seconds, settings.backoff_cap_seconds),
             settings.retention_margin_seconds,
         )
-        self.authority: Authority = CachedAuthority(
+        self.authority = CachedAuthority(
             authority or authority_from_setting(settings.authority, outbox), settings.authority_seconds,
             wall=self.clock.now,
         )
         self.channels: dict[str, Channel] = dict(channels or {})  # the rest are opened when first needed
         self.leases = LEASES_PER_SLOT * self.concurrency
-        self._sends = asyncio.Semaphore(self.concurrency)
-        self._in_flight: dict[str, tuple[int, asyncio.Task[None]]] = {}  # every lease held
-        #: For each lease held, until when the store last confirmed it (claim or renewal).
-        self._confirmed: dict[str, datetime] = {}
+        self._claim_batch = max(1, self.concurrency // 4)  # claim once a quarter of the leases are free
+        self._flush_batch = min(FLUSH_BATCH, max(1, self.concurrency // 2))
+        self._held: dict[str, _Lease] = {}  # every lease held, by key, in claim order
+        self._waiting: deque[_Lease] = deque()  # leased, not yet started
+        self._fetching: set[asyncio.Task[None]] = set()
+        self._sending: set[asyncio.Task[None]] = set()
+        self._buffer: list[_Entry] = []  # at most one per lease held, so bounded by the leases
+        self._buffered_at = 0.0  # (monotonic) when the oldest change in the buffer came
+        self._flushing: set[str] = set()  # keys whose changes are in the apply under way
+        self._wake = asyncio.Event()
+        self._claimable = True  # False once a claim came back short, until an enqueue or _claim_at
+        self._claim_at = 0.0
+        self._ticket = outbox.enqueued.ticket()
+        self._failures = 0  # cycles in a row whose apply failed
+        self._retry_at = 0.0
         #: Why and since when the store has been failing this worker, or None while it answers.
         self.trouble: tuple[str, datetime] | None = None
-        self._settling: set[str] = set()  # final write under way: the lease is given back, not lost
-        self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
         self._destinations: dict[str, tuple[float, Destination | None]] = {}
         self.circuits = Circuits(settings.circuit_failures, settings.circuit_pause_seconds)
@@ -126,37 +192,26 @@ class Worker:
         """Claim and deliver until ``stop()``; then drain and release (graceful shutdown)."""
         log.info("worker %s started (concurrency %d)", self.id, self.concurrency)
         helpers = [asyncio.create_task(self._heartbeat()), asyncio.create_task(self._sweep_forever())]
+        cycles = asyncio.create_task(self._loop(claiming=True))
         try:
-            # claim in batches: once a quarter of the leases are free, or when there are none
-            batch = max(1, self.concurrency // 4)
-            failures = 0  # claims in a row that failed
-            while not self._stopping.is_set():
-                free = self.leases - len(self._in_flight)
-                if free < batch and self._in_flight:
-                    self._slot_free.clear()
-                    await self._wait(self._slot_free.wait(), None)
-                    continue
-                try:
-                    woken = self.outbox.enqueued.ticket()  # a wake-up during the claim is not missed
-                    claimed = await self._claim(free)
-                    failures = self._answered(failures)
-                    if not claimed:
-                        await self._idle(woken)
-                except Exception as exc:  # a store hiccup must not end the worker: back off
-                    failures += 1
-                    pause = claim_pause(self.outbox.settings.poll_seconds, failures)
-                    if self.trouble is None:
-                        self.trouble = (f"{type(exc).__name__}: {exc}", self.clock.now())
-                    log.error("claiming failed %d time(s) in a row (%s); trying again in %.1fs", failures, exc,
-                              pause, exc_info=not isinstance(exc, StoreUnavailable))
-                    await self._wait(asyncio.sleep(pause), pause)
+            stopped = asyncio.create_task(self._stopping.wait())
+            await asyncio.wait({cycles, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            if not cycles.done():
+                drain = self.outbox.settings.drain_seconds
+                if self._sending:
+                    log.info("draining %d in-flight sends for up to %.0fs", len(self._sending), drain)
+                await asyncio.wait({cycles}, timeout=drain)
         finally:
-            await self._drain()
+            self._stopping.set()
+            await self._cut(cycles)
             for helper in helpers:
                 helper.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
             await self.aclose()
             log.info("worker %s stopped", self.id)
+        if not cycles.cancelled() and (failure := cycles.exception()) is not None:
+            raise failure
 
     def _channel(self, name: str) -> Channel:
         """The channel called ``name``, opened from the registry the first time it is needed."""
@@ -178,12 +233,13 @@ class Worker:
     def stop(self) -> None:
         """Stop claiming; in-flight sends get ``drain_seconds`` to finish."""
         self._stopping.set()
+        self._wake.set()
 
     async def run_once(self, limit: int | None = None) -> int:
-        """Claim what is due now, deliver it, and return how many were claimed (for tests
-        and one-shot runs; the clock decides what is due)."""
-        claimed = await self._claim(limit or self.concurrency)
-        await asyncio.gather(*(task for _, task in list(self._in_flight.values())))
+        """Claim what is due now, deliver it, record the outcomes, and return how many were
+        claimed (for tests and one-shot runs; the clock decides what is due)."""
+        claimed = await self._cycle(limit or self.concurrency, start=False)
+        await self._loop(claiming=False)
         return claimed
 
     async def sweep(self) -> int:
@@ -191,64 +247,237 @@ class Worker:
         recovered leaves the expired set); returns how many."""
         recovered = 0
         while True:
-            expired = await self.store.expired_leases(self.clock.now(), SWEEP_BATCH)
+            now = self.clock.now()
+            expired = await self.store.expired_leases(now, SWEEP_BATCH)
+            idle = [intent for intent, attempt in expired if attempt is None]
+            if idle:  # none in flight: given back in one transaction
+                given_back = await self.store.recover(now, SWEEP_BATCH, self.id)
+                self._given_back(idle, given_back)
+                recovered += given_back
             for intent, attempt in expired:
-                await self._recover(intent, attempt)
-            recovered += len(expired)
+                if attempt is not None:
+                    recovered += await self._recover(intent, attempt)
             if len(expired) < SWEEP_BATCH:
                 return recovered
 
-    # -- claiming --------------------------------------------------------------------------
+    # -- cycles ----------------------------------------------------------------------------
 
-    async def _claim(self, limit: int) -> int:
+    async def _loop(self, *, claiming: bool) -> None:
+        """Run cycles as they fall due: until stopped and nothing is held, or (not
+        ``claiming``) until what is held now is done."""
+        while True:
+            self._wake.clear()  # before looking, so a wake-up from now on is not missed
+            stopping = self._stopping.is_set()
+            if stopping:
+                self._let_waiting_go("worker stopped before sending")
+            if (stopping or not claiming) and not (self._held or self._buffer or self._sending or self._fetching):
+                return
+            delay = self._due(claiming=claiming and not stopping)
+            if delay != 0:
+                await self._sleep(delay)
+                continue
+            try:
+                await self._cycle(None if claiming and not stopping else 0, start=not stopping and not self._failures)
+                self._answered()
+            except Exception as exc:  # a store hiccup must not end the worker: back off, keep the buffer
+                self._failed(exc)
+
+    def _due(self, *, claiming: bool) -> float | None:
+        """Seconds until the next cycle is due (0: now), or None when only a wake-up brings one."""
+        now = time.monotonic()
+        if self._failures:
+            return max(0.0, self._retry_at - now)
+        if self._stopping.is_set():
+            return 0.0 if self._buffer else None
+        if len(self._buffer) >= self._flush_batch or (claiming and self._claim_size() > 0):
+            return 0.0
+        waits: list[float] = []
+        if self.concurrency > len(self._sending) + len(self._fetching) and self._waiting:
+            soonest = min(lease.not_before for lease in self._waiting)
+            if soonest <= now:
+                return 0.0
+            waits.append(soonest - now)
+        if self._buffer:
+            waits.append(self._buffered_at + FLUSH_SECONDS - now)
+        if claiming and not self._claimable:
+            waits.append(self._claim_at - now)
+        return max(0.0, min(waits)) if waits else None
+
+    def _claim_size(self) -> int:
+        """How many intents the next cycle claims: the lease slots free once its changes are
+        applied, when at least a batch of them is (or none is held) and work may be due."""
+        if not self._claimable:
+            if not self._ticket.is_set() and time.monotonic() < self._claim_at:
+                return 0
+            self._claimable = True
+        free = self.leases - len(self._held) + len(self._buffer)
+        return free if free >= self._claim_batch or (free > 0 and len(self._held) == len(self._buffer)) else 0
+
+    async def _sleep(self, timeout: float | None) -> None:
+        """Until woken (a send or check finished, a change buffered, ``stop()``), an enqueue
+        while the last claim found nothing more, or ``timeout``."""
+        woken = [asyncio.ensure_future(self._wake.wait())]
+        if not self._claimable:
+            woken.append(asyncio.ensure_future(self._ticket.wait()))
+        await asyncio.wait(woken, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        for task in woken:
+            task.cancel()
+
+    async def _cycle(self, claim: int | None, *, start: bool) -> int:
+        """One ``Store.apply``: the buffered changes, the starts of the leases ready now
+        (``start``), and a claim of ``claim`` intents (None: as many as ``_claim_size``); then
+        the sends of the starts applied. Returns how many intents were claimed. When the apply
+        fails, the changes go back to the buffer, and the starts, never sent, are recorded as
+        not submitted."""
         now = self.clock.now()
-        intents = await self.store.claim(self.id, now=now, lease_until=now + self.lease, limit=limit)
-        for intent in intents:
+        ready = self._ready(now) if start else []
+        flush, self._buffer = self._buffer, []
+        changes: list[Change] = [entry.change for entry in flush]
+        changes += [item.start for item in ready]
+        limit = self._claim_size() if claim is None else claim
+        asked = Claim(self.id, now, now + self.lease, limit) if limit > 0 else None
+        if not changes and asked is None:
+            return 0
+        if any(isinstance(entry.change, Settle) and entry.attempt is not None for entry in flush):
+            crash_point("before_outcome")
+        ticket = self.outbox.enqueued.ticket()  # an enqueue during the claim is not missed
+        self._flushing = {change.key for change in changes}
+        try:
+            applied = await self.store.apply(changes, claim=asked)
+        except BaseException as exc:
+            self._buffer[:0] = flush
+            why = "the worker stopped" if isinstance(exc, asyncio.CancelledError) else f"{type(exc).__name__}: {exc}"
+            for item in ready:
+                self._not_started(item, why)
+            raise
+        finally:
+            self._flushing = set()
+        results = applied.results
+        for entry, result in zip(flush, results, strict=False):
+            self._flushed(entry, result)
+        for item, result in zip(ready, results[len(flush):], strict=True):
+            self._started(item, result)
+        for intent in applied.claimed:
             crash_point("after_claim")
-            self._confirmed[intent.key] = now + self.lease
-            self._settling.discard(intent.key)
-            task = asyncio.create_task(self._deliver(intent))
-            self._in_flight[intent.key] = (intent.fence, task)
-            task.add_done_callback(functools.partial(self._done, intent.key, intent.ordering_key is not None))
-        return len(intents)
+            lease = self._held[intent.key] = _Lease(intent, now + self.lease)
+            self._waiting.append(lease)
+        if asked is not None and len(applied.claimed) < asked.limit:
+            await self._look_again(ticket)
+        return len(applied.claimed)
 
-    def _answered(self, failures: int) -> int:
-        """The store answered a claim: say so if it had been failing; returns the new count."""
+    async def _look_again(self, ticket: asyncio.Event) -> None:
+        """A claim found all that was due: claim next on an enqueue (since ``ticket``), when the
+        next intent falls due, or after poll_seconds."""
+        self._claimable, self._ticket = False, ticket
+        wait = self.outbox.settings.poll_seconds
+        try:
+            due = await self.store.next_due_at()
+        except Exception as exc:  # the poll bounds the wait all the same
+            log.warning("could not read when the next intent falls due (%s)", exc)
+            due = None
+        if due is not None:
+            wait = min(wait, max(0.0, (due - self.clock.now()).total_seconds()))
+        self._claim_at = time.monotonic() + wait
+
+    def _answered(self) -> None:
+        """The store answered a cycle: say so if it had been failing."""
         if self.trouble is not None:
-            log.warning("the database answers again after %d failed claim(s) since %s", failures,
+            log.warning("the database answers again after %d failed claim(s) since %s", self._failures,
                         self.trouble[1].isoformat())
             self.trouble = None
-        return 0
+        self._failures = 0
 
-    def _done(self, key: str, keyed: bool, _: object = None) -> None:
-        self._in_flight.pop(key, None)
-        self._confirmed.pop(key, None)
-        self._settling.discard(key)
-        self._slot_free.set()
-        if keyed:  # the next intent of its ordering key may be claimable now: claim without waiting a poll
-            self.outbox.enqueued.notify()
+    def _failed(self, exc: Exception) -> None:
+        self._failures += 1
+        pause = claim_pause(self.outbox.settings.poll_seconds, self._failures)
+        self._retry_at = time.monotonic() + pause
+        if self.trouble is None:
+            self.trouble = (f"{type(exc).__name__}: {exc}", self.clock.now())
+        log.error("claiming failed %d time(s) in a row (%s); trying again in %.1fs (%d changes kept to record)",
+                  self._failures, exc, pause, len(self._buffer), exc_info=not isinstance(exc, StoreUnavailable))
 
-    async def _idle(self, woken: asyncio.Event) -> None:
-        """Sleep until new work is enqueued here (since ``woken`` was taken), the next intent
-        falls due, or poll_seconds."""
-        timeout = self.outbox.settings.poll_seconds
-        due = await self.store.next_due_at()
-        if due is not None:
-            timeout = min(timeout, max(0.0, (due - self.clock.now()).total_seconds()))
-        await self._wait(self.outbox.enqueued.wait(timeout, since=woken), timeout)
+    def _keep(self, lease: _Lease, entry: _Entry) -> None:
+        """Buffer the last change of ``lease`` for the next cycle."""
+        lease.final = True
+        entry.lease = lease
+        if not self._buffer:
+            self._buffered_at = time.monotonic()
+        self._buffer.append(entry)
+        self._wake.set()
 
-    async def _wait(self, awaitable: Awaitable[object], timeout: float | None) -> None:
-        stop = asyncio.create_task(self._stopping.wait())
-        other = asyncio.ensure_future(awaitable)
-        await asyncio.wait({stop, other}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        for task in (stop, other):
+    def _let_go(self, lease: _Lease) -> None:
+        """Stop holding ``lease`` (its last change applied or refused, or nothing to write)."""
+        lease.final = True
+        if self._held.get(lease.intent.key) is lease:
+            del self._held[lease.intent.key]
+        self._wake.set()
+
+    def _let_waiting_go(self, reason: str) -> None:
+        """Give back every lease not started (stopping): its checks are cut, it is due again now."""
+        for task in self._fetching:
+            task.cancel()  # its lease comes back to the waiting ones, and is given back then
+        now = self.clock.now()
+        while self._waiting:
+            lease = self._waiting.popleft()
+            if not lease.final:
+                self._keep(lease, self._release(lease.intent, reason, now))
+
+    def _flushed(self, entry: _Entry, result: object) -> None:
+        if entry.lease is not None:
+            self._let_go(entry.lease)
+        if result is None:
+            if entry.applied is not None:
+                entry.applied()
+            if entry.intent.ordering_key is not None:  # the next of its key may be claimable now
+                self.outbox.enqueued.notify()
+            return
+        self.stale_writes += 1
+        log.warning("fenced write rejected: %s", result, extra=self._fields(entry.intent, entry.attempt))
+
+    def _started(self, item: _Ready, result: object) -> None:
+        if result is not None:  # the lease was lost meanwhile: nothing is sent, the slot is free
+            self.stale_writes += 1
+            log.warning("fenced write rejected: %s", result, extra=self._fields(item.lease.intent, item.start.attempt))
+            self._let_go(item.lease)
+            return
+        crash_point("after_attempt_start")
+        task = asyncio.create_task(self._send(item.lease, item.destination, item.start.attempt))
+        self._sending.add(task)
+        task.add_done_callback(self._finished_task)
+
+    def _finished_task(self, task: asyncio.Task[None]) -> None:
+        self._sending.discard(task)
+        self._fetching.discard(task)
+        self._wake.set()
+
+    async def _cut(self, cycles: asyncio.Task[None]) -> None:
+        """Past the drain: cut the sends still running and the cycle under way, then record in
+        one last apply what they and the leases not started leave (bounded by the lease: past
+        it the sweeper gives them back anyway)."""
+        sending = list(self._sending)
+        for task in sending:
             task.cancel()
+        await asyncio.gather(*sending, return_exceptions=True)
+        cycles.cancel()
+        await asyncio.gather(cycles, return_exceptions=True)
+        fetching = list(self._fetching)
+        self._let_waiting_go("worker stopped before sending")
+        await asyncio.gather(*fetching, return_exceptions=True)
+        self._let_waiting_go("worker stopped before sending")
+        if not self._buffer:
+            return
+        try:
+            await asyncio.wait_for(self._cycle(0, start=False), self.lease.total_seconds())
+        except Exception as exc:
+            log.error("could not record %d outcomes and releases before stopping (%s); the sweeper will recover "
+                      "their leases", len(self._buffer), exc,
+                      exc_info=not isinstance(exc, StoreUnavailable | TimeoutError))
 
     async def _heartbeat(self) -> None:
         interval = self.lease.total_seconds() / 3
         while True:
             await asyncio.sleep(interval)
-            held = [(key, fence) for key, (fence, _) in self._in_flight.items() if key not in self._settling]
+            held = [(key, lease.intent.fence) for key, lease in self._held.items() if key not in self._flushing]
             if held:
                 until = self.clock.now() + self.lease
                 try:
@@ -258,12 +487,13 @@ class Worker:
                               "that is not confirmed", len(held), exc, interval,
                               exc_info=not isinstance(exc, StoreUnavailable))
                     continue
-                for key, _ in held:
-                    if key in self._confirmed:
-                        self._confirmed[key] = until
                 fences = dict(held)
+                for key, fence in held:
+                    if (lease := self._held.get(key)) is not None and lease.intent.fence == fence:
+                        lease.confirmed = until
                 for key in lost:
-                    if key not in self._in_flight or key in self._settling:
+                    lease = self._held.get(key)
+                    if lease is None or lease.intent.fence != fences[key] or key in self._flushing:
                         continue  # it finished while we renewed
                     log.warning("lease lost; this worker's writes for it will be rejected",
                                 extra={"action_id": key.rpartition(KEY_SEPARATOR)[2], "fence": fences[key],
@@ -285,123 +515,115 @@ class Worker:
                 log.error("sweep failed: %s", exc, exc_info=not isinstance(exc, StoreUnavailable))
             await asyncio.sleep(interval)
 
-    async def _drain(self) -> None:
-        tasks = [task for _, task in self._in_flight.values()]
-        if not tasks:
-            return
-        drain = self.outbox.settings.drain_seconds
-        log.info("draining %d in-flight sends for up to %.0fs", len(tasks), drain)
-        _, pending = await asyncio.wait(tasks, timeout=drain)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+    # -- checking --------------------------------------------------------------------------
 
-    # -- delivering ------------------------------------------------------------------------
-
-    def _lease_confirmed(self, intent: Intent) -> bool:
+    def _lease_confirmed(self, lease: _Lease, now: datetime) -> bool:
         """Whether the store confirmed this lease far enough ahead to start a send on it (a
         third of the lease). If not (renewals are failing), nothing is sent or written: the
         lease runs out and a sweeper gives the intent back, its attempt never started."""
-        confirmed = self._confirmed.get(intent.key)
-        if confirmed is not None and confirmed - self.clock.now() >= self.lease / 3:
+        if lease.confirmed - now >= self.lease / 3:
             return True
         log.warning("not sending: the lease is not confirmed (the database is not answering renewals); "
-                    "it will be recovered when it expires", extra=self._fields(intent, None))
+                    "it will be recovered when it expires", extra=self._fields(lease.intent, None))
         return False
 
-    async def _destination(self, destination_id: str) -> Destination | None:
+    def _cached_destination(self, destination_id: str) -> Destination | _Unread | None:
         cached = self._destinations.get(destination_id)
         if cached and time.monotonic() - cached[0] < DESTINATION_CACHE_SECONDS:
             return cached[1]
-        found = await self.store.get_destination(destination_id)
-        self._destinations[destination_id] = (time.monotonic(), found)
+        return UNREAD
+
+    async def _destination(self, destination_id: str) -> Destination | None:
+        found = self._cached_destination(destination_id)
+        if isinstance(found, _Unread):
+            found = await self.store.get_destination(destination_id)
+            self._destinations[destination_id] = (time.monotonic(), found)
         return found
 
-    async def _deliver(self, intent: Intent) -> None:
-        """One leased intent: wait for a send slot, make the attempt, then record its outcome
-        outside the slot, so the next send need not wait for this one's commit."""
-        attempt: Attempt | None = None
-        sent = False  # once the channel has the request, it may have gone out
-        result: SendResult | None = None
-        try:
-            async with self._sends:
-                if self._stopping.is_set():
-                    await self._release(intent, "worker stopped before sending", self.clock.now())
-                    return
-                if not self._lease_confirmed(intent):
-                    return
-                ready = await self._ready(intent)
-                if ready is None:
-                    return
-                destination, decision = ready
-                now = self.clock.now()
-                attempt = Attempt(uuid7(), intent.attempts + 1, intent.fence, self.id, now,
-                                  None, None, None, None, None, None, None, None)
-                await self.store.update_intent(
-                    intent.key, fetch=False, expected=Status.LEASED, status=Status.LEASED,
-                    fence=intent.fence, changes={"attempts": attempt.number}, attempt=attempt,
-                    events=[Event(EventKind.ATTEMPT_STARTED, now, self.id, None,
-                                  {"attempt_id": attempt.attempt_id, "number": attempt.number,
-                                   "fence": intent.fence, "authority": decision.reason,
-                                   "authority_revision": decision.revision,
-                                   "authority_checked_at": decision.checked_at and decision.checked_at.isoformat()})],
-                )
-                crash_point("after_attempt_start")
-                channel = self._channel(intent.channel)
-                started = time.perf_counter()
-                sent = True
-                result = await channel.send(intent, destination, attempt_id=attempt.attempt_id, fence=intent.fence)
-                crash_point("after_answer")
-                seconds = time.perf_counter() - started
-            if changed := self.circuits.record(destination, result, self.clock.now()):
-                log.log(*changed, extra={"destination": destination.id, "worker": self.id})
-            await self._finish(intent, destination, attempt, result, seconds)
-        except StaleWrite as exc:
-            self.stale_writes += 1
-            log.warning("fenced write rejected: %s", exc, extra=self._fields(intent, attempt))
-        except asyncio.CancelledError:
-            await asyncio.shield(self._abandon(intent, attempt, sent, result, "the worker stopped"))
-            raise
-        except Exception as exc:
-            if isinstance(exc, StoreUnavailable | SecretsKeyError):  # "not now" / "not this key": a line
-                log.warning("delivery interrupted: %s", exc, extra=self._fields(intent, attempt))
-            else:
-                log.exception("delivery failed unexpectedly", extra=self._fields(intent, attempt))
-            await asyncio.shield(self._abandon(intent, attempt, sent, result, f"{type(exc).__name__}: {exc}",
-                                               retry_in=self.policy.backoff.delay(intent.fence)))
+    def _ready(self, now: datetime) -> list[_Ready]:
+        """The attempts to start in this cycle: waiting leases, one per free send slot, checked
+        now, authority last. A lease whose check must await the store or the provider is
+        fetched meanwhile and judged again in a later cycle; one the checks refuse has its
+        change buffered for this cycle."""
+        room = self.concurrency - len(self._sending) - len(self._fetching)
+        ready: list[_Ready] = []
+        later: list[_Lease] = []
+        mono = time.monotonic()
+        while self._waiting and room > 0:
+            lease = self._waiting.popleft()
+            if lease.final:
+                continue
+            if lease.not_before > mono:
+                later.append(lease)
+                continue
+            if not lease.picked:
+                if not self._lease_confirmed(lease, now):
+                    self._let_go(lease)
+                    continue
+                lease.picked = True
+            judged = self._judge(lease, now)
+            if judged is None:
+                continue
+            room -= 1
+            if judged is FETCH:
+                task = asyncio.create_task(self._fetch(lease))
+                self._fetching.add(task)
+                task.add_done_callback(self._finished_task)
+                continue
+            assert isinstance(judged, tuple)
+            destination, decision = judged
+            intent = lease.intent
+            attempt = Attempt(uuid7(), intent.attempts + 1, intent.fence, self.id, now,
+                              None, None, None, None, None, None, None, None)
+            ready.append(_Ready(lease, Start(intent.key, intent.fence, attempt, Event(
+                EventKind.ATTEMPT_STARTED, now, self.id, None,
+                {"attempt_id": attempt.attempt_id, "number": attempt.number, "fence": intent.fence,
+                 "authority": decision.reason, "authority_revision": decision.revision,
+                 "authority_checked_at": decision.checked_at and decision.checked_at.isoformat()})), destination))
+        self._waiting.extendleft(reversed(later))
+        return ready
 
-    async def _ready(self, intent: Intent) -> tuple[Destination, Decision] | None:
-        """The checks before an attempt, authority last; None when they settled the intent or
-        gave it back (nothing sent)."""
+    def _judge(self, lease: _Lease, now: datetime) -> tuple[Destination, Decision] | object | None:
+        """The checks before an attempt, authority last, without awaiting: (destination,
+        decision) to start it; None when they buffered the change that settles it or gives it
+        back (nothing sent); FETCH when the destination or the decision must be read first."""
+        intent = lease.intent
         if intent.unreadable is not None:
-            await self._set_aside(intent)
+            self._keep(lease, self._set_aside(intent))
             return None
-        destination = await self._destination(intent.destination)
-        now = self.clock.now()
+        destination = lease.destination
+        if isinstance(destination, _Unread):
+            destination = self._cached_destination(intent.destination)
+            if isinstance(destination, _Unread):
+                return FETCH
         if destination is None or destination.disabled:
             why = "is not registered" if destination is None else "is disabled"
             # parked, looking again less often the longer it stays so (the fence counts claims)
             wait = max(PARKED_SECONDS, self.policy.backoff.delay(intent.fence))
-            await self._release(intent, f"destination {intent.destination!r} {why}",
-                                now + timedelta(seconds=wait))
-            log.info("not sent: destination %s; parked for %.0fs", why, wait, extra=self._fields(intent))
+            self._keep(lease, self._release(intent, f"destination {intent.destination!r} {why}",
+                                            now + timedelta(seconds=wait), applied=functools.partial(
+                                                log.info, "not sent: destination %s; parked for %.0fs", why, wait,
+                                                extra=self._fields(intent))))
             return None
         if intent.expires_at is not None and now >= intent.expires_at:
             expired = Fate(Status.DEAD, EventKind.DEAD_LETTERED, "expired before it could be sent")
-            await self._settle(intent, expired, [])
+            self._keep(lease, self._settle(intent, expired, []))
             return None
         if (paused := self.circuits.hold(destination, now)) is not None:
-            await self._release(intent, paused[1], paused[0])  # nothing sent, no attempt made
+            self._keep(lease, self._release(intent, paused[1], paused[0]))  # nothing sent, no attempt made
             return None
         if destination.requires_approval and (refusal := _approval_refusal(intent, now)):
-            await self.store.update_intent(
-                intent.key, fetch=False, expected=Status.LEASED, status=Status.HELD, fence=intent.fence,
-                changes={"lease_owner": None, "lease_expires_at": None, "last_error": refusal},
-                events=[Event(EventKind.HELD, now, self.id, refusal)])
-            log.info("held: %s", refusal, extra=self._fields(intent))
+            hold = Hold(intent.key, intent.fence, refusal, (Event(EventKind.HELD, now, self.id, refusal),))
+            self._keep(lease, _Entry(hold, intent, applied=functools.partial(
+                log.info, "held: %s", refusal, extra=self._fields(intent))))
             return None
-        decision = await self.authority.check(AuthorityRequest(
+        decision = lease.decision or self.authority.cached(AuthorityRequest(
             intent.scope, intent.channel, intent.destination, intent.action_id))
+        lease.decision = None
+        if decision is None:
+            lease.destination = destination
+            return FETCH
+        lease.destination = UNREAD  # judged again (a later attempt) with a fresh read
         if decision.verdict is Verdict.ALLOW:  # recorded on attempt_started
             return destination, decision
         checked = Event(EventKind.AUTHORITY_CHECKED, self.clock.now(), self.id, decision.reason,
@@ -409,27 +631,95 @@ class Worker:
                          "revision": decision.revision})
         if decision.verdict is Verdict.UNAVAILABLE:
             wait = self.policy.backoff.delay(intent.fence)  # backs off over repeated outages
-            await self._release(intent, decision.reason, self.clock.now() + timedelta(seconds=wait),
-                                extra=[checked])
-            log.warning("not sent: authority unavailable (%s); again in %.0fs", decision.reason, wait,
-                        extra=self._fields(intent))
+            self._keep(lease, self._release(
+                intent, decision.reason, self.clock.now() + timedelta(seconds=wait), extra=[checked],
+                applied=functools.partial(log.warning, "not sent: authority unavailable (%s); again in %.0fs",
+                                          decision.reason, wait, extra=self._fields(intent))))
         else:
             self.outbox.metrics.authority_denials.inc()
-            await self._settle(intent, Fate(Status.REVOKED, EventKind.REVOKED, decision.reason), [checked])
+            self._keep(lease, self._settle(intent, Fate(Status.REVOKED, EventKind.REVOKED, decision.reason), [checked]))
         return None
 
-    async def _set_aside(self, intent: Intent) -> None:
+    async def _fetch(self, lease: _Lease) -> None:
+        """Read what a lease's checks need (its destination, then, where it would be sent, the
+        authority's decision); the next cycle judges it with the answers. A store that cannot
+        answer leaves it waiting, leased, for a later cycle."""
+        intent = lease.intent
+        try:
+            if isinstance(lease.destination, _Unread):
+                lease.destination = await self._destination(intent.destination)
+            destination, now = lease.destination, self.clock.now()
+            if (destination is not None and not destination.disabled
+                    and (intent.expires_at is None or now < intent.expires_at)
+                    and not (destination.requires_approval and _approval_refusal(intent, now))):
+                lease.decision = await self.authority.check(AuthorityRequest(
+                    intent.scope, intent.channel, intent.destination, intent.action_id))
+        except StoreUnavailable as exc:  # its lease is confirmed again before it is taken next
+            lease.destination, lease.picked = UNREAD, False
+            lease.not_before = time.monotonic() + self.outbox.settings.poll_seconds
+            log.warning("checks before the attempt wait: %s", exc, extra=self._fields(intent))
+        except Exception as exc:
+            if isinstance(exc, SecretsKeyError):  # "not this key": a line
+                log.warning("delivery interrupted: %s", exc, extra=self._fields(intent))
+            else:
+                log.exception("delivery failed unexpectedly", extra=self._fields(intent))
+            retry = self.clock.now() + timedelta(seconds=self.policy.backoff.delay(intent.fence))
+            self._keep(lease, self._release(intent, f"{type(exc).__name__}: {exc} before an attempt started", retry))
+        finally:
+            if not lease.final:
+                self._waiting.appendleft(lease)
+
+    def _set_aside(self, intent: Intent) -> _Entry:
         """Dead-letter an intent whose stored times cannot be read (``Intent.unreadable``), before
         any attempt: nothing is sent, so nothing is claimed about its delivery, and the intents
         beside it go on. An operator shows it and cancels it (it cannot be replayed)."""
         reason = (f"set aside unsent: {intent.unreadable}; cancel it, and enqueue it again with times "
                   "the outbox takes")
-        await self._settle(intent, Fate(Status.DEAD, EventKind.DEAD_LETTERED, reason), [])
-        self.set_aside += 1
-        self.last_set_aside = (intent.key, self.clock.now())
+        entry = self._settle(intent, Fate(Status.DEAD, EventKind.DEAD_LETTERED, reason), [])
+        settled = entry.applied
+
+        def counted() -> None:
+            self.set_aside += 1
+            self.last_set_aside = (intent.key, self.clock.now())
+            if settled is not None:
+                settled()
+
+        entry.applied = counted
+        return entry
+
+    # -- sending ---------------------------------------------------------------------------
+
+    async def _send(self, lease: _Lease, destination: Destination, attempt: Attempt) -> None:
+        """Send a started attempt and buffer its outcome for the next cycle."""
+        intent = lease.intent
+        sent = False  # once the channel has the request, it may have gone out
+        result: SendResult | None = None
+        try:
+            channel = self._channel(intent.channel)
+            started = time.perf_counter()
+            sent = True
+            result = await channel.send(intent, destination, attempt_id=attempt.attempt_id, fence=intent.fence)
+            crash_point("after_answer")
+            seconds = time.perf_counter() - started
+            if changed := self.circuits.record(destination, result, self.clock.now()):
+                log.log(*changed, extra={"destination": destination.id, "worker": self.id})
+            self._keep(lease, await self._finish(intent, destination, attempt, result, seconds))
+        except asyncio.CancelledError:
+            await asyncio.shield(self._abandon(lease, destination, attempt, sent, result, "the worker stopped"))
+            raise
+        except Exception as exc:
+            if isinstance(exc, StoreUnavailable | SecretsKeyError):  # "not now" / "not this key": a line
+                log.warning("delivery interrupted: %s", exc, extra=self._fields(intent, attempt))
+            else:
+                log.exception("delivery failed unexpectedly", extra=self._fields(intent, attempt))
+            await asyncio.shield(self._abandon(lease, destination, attempt, sent, result,
+                                               f"{type(exc).__name__}: {exc}"))
+        finally:
+            if not lease.final:  # nothing to record: the sweeper recovers it when its lease runs out
+                self._let_go(lease)
 
     async def _finish(self, intent: Intent, destination: Destination, attempt: Attempt,
-                      result: SendResult, seconds: float) -> None:
+                      result: SendResult, seconds: float) -> _Entry:
         now = self.clock.now()
         finished = _finished(attempt, result, now, round(seconds * 1000, 3))
         if result.disable_destination:  # before the outcome, so whoever sees the 410 sees it disabled
@@ -437,21 +727,37 @@ class Worker:
             self._destinations.pop(destination.id, None)
             log.warning("destination %s disabled: it answered 410 Gone", destination.id,
                         extra=self._fields(intent, attempt))
-        await self._conclude(intent, destination, result, finished, _finished_event(finished, self.id), intent.fence)
+        return await self._conclude(intent, destination, result, finished, _finished_event(finished, self.id),
+                                    intent.fence)
 
     async def _conclude(self, intent: Intent, destination: Destination, result: SendResult, finished: Attempt,
-                        event: Event, fence: int) -> None:
+                        event: Event, fence: int) -> _Entry:
         """Decide what a finished attempt means (reconciling an unknown outcome where the
-        receiver answers the probe) and record it with ``event``; ``fence`` is the one the
-        intent moves to (a probe raises it further)."""
+        receiver answers the probe), recorded with ``event``; ``fence`` is the one the intent
+        moves to (a probe raises it further)."""
         first = await self.store.first_submission_at(intent.key) \
             if result.outcome is Outcome.UNKNOWN else None
         fate = decide(intent, destination, result, attempts_made=finished.number,
                       first_submission_at=first, now=self.clock.now(), policy=self.policy)
         fate, reconciled, fence = await self._reconcile(intent, destination, fate, fence)
+        return self._decided(intent, destination, result, finished, fate, [event, *reconciled], fence)
+
+    def _decided(self, intent: Intent, destination: Destination, result: SendResult, finished: Attempt,
+                 fate: Fate, events: list[Event], fence: int) -> _Entry:
         self.outbox.metrics.attempts.labels(destination.id, result.outcome.value).inc()
-        await self._settle(intent, fate, [event, *reconciled], attempt=finished,
-                           new_fence=fence if fence != intent.fence else None)
+        return self._settle(intent, fate, events, attempt=finished,
+                            new_fence=fence if fence != intent.fence else None)
+
+    def _not_started(self, item: _Ready, why: str) -> None:
+        """A start whose apply failed or was cut: never sent, so ``not_submitted`` (our own
+        refusal before the send is proof), recorded by the next cycle."""
+        intent, now = item.lease.intent, self.clock.now()
+        result = SendResult(Submission.NOT_SUBMITTED, Outcome.RETRYABLE, error=f"{why} before the request was sent")
+        finished = _finished(item.start.attempt, result, now, 0.0)
+        fate = decide(intent, item.destination, result, attempts_made=finished.number, first_submission_at=None,
+                      now=now, policy=self.policy)
+        self._keep(item.lease, self._decided(intent, item.destination, result, finished, fate,
+                                             [_finished_event(finished, self.id)], intent.fence))
 
     async def _reconcile(self, intent: Intent, destination: Destination, fate: Fate,
                          fence: int) -> tuple[Fate, list[Event], int]:
@@ -484,32 +790,22 @@ class Worker:
             fate = Fate(Status.UNKNOWN, EventKind.UNKNOWN, f"{fate.reason}; {answer.error}")
         return fate, [event], probe_fence
 
-    async def _settle(self, intent: Intent, fate: Fate, events: list[Event], *,
-                      attempt: Attempt | None = None, new_fence: int | None = None) -> None:
+    def _settle(self, intent: Intent, fate: Fate, events: list[Event], *,
+                attempt: Attempt | None = None, new_fence: int | None = None) -> _Entry:
+        """The change that gives ``intent`` its fate, and what is counted and logged once it
+        is applied."""
         now = self.clock.now()
-        changes: dict[str, object] = {"lease_owner": None, "lease_expires_at": None,
-                                      "last_error": None if fate.status is Status.DELIVERED else fate.reason}
-        if fate.next_attempt_at is not None:
-            changes["next_attempt_at"] = fate.next_attempt_at
-        if attempt is not None:  # counted even when its start could not be recorded
-            changes["attempts"] = attempt.number
-        if new_fence is not None:
-            changes["fence"] = new_fence
         data = {"next_attempt_at": fate.next_attempt_at.isoformat()} if fate.next_attempt_at else {}
-        ours = intent.key in self._in_flight  # (the sweeper settles other workers' leases too)
-        if ours:  # until the task is done (``_done``): a renewal that meets the lease given back
-            self._settling.add(intent.key)  # must not call it lost
-        if attempt is not None:
-            crash_point("before_outcome")
-        try:
-            await self.store.update_intent(
-                intent.key, fetch=False, expected=Status.LEASED, status=fate.status, fence=intent.fence,
-                changes=changes, attempt=attempt,
-                events=[*events, Event(fate.event, now, self.id, fate.reason, data)],
-            )
-        except BaseException:
-            self._settling.discard(intent.key)  # still ours: renew it while the outcome is recorded again
-            raise
+        events = [*events, Event(fate.event, now, self.id, fate.reason, data)]
+        change = Settle(intent.key, intent.fence, fate.status, tuple(events),
+                        last_error=None if fate.status is Status.DELIVERED else fate.reason,
+                        next_attempt_at=fate.next_attempt_at,
+                        attempts=attempt.number if attempt is not None else None,  # counted even when its start
+                        attempt=attempt, new_fence=new_fence)  # could not be recorded
+        return _Entry(change, intent, attempt, functools.partial(self._settled, intent, fate, attempt, now, data))
+
+    def _settled(self, intent: Intent, fate: Fate, attempt: Attempt | None, now: datetime,
+                 data: dict[str, str]) -> None:
         metrics = self.outbox.metrics
         if fate.status is Status.DELIVERED:
             metrics.latency.observe(max(0.0, (now - intent.created_at).total_seconds()))
@@ -527,80 +823,85 @@ class Worker:
         if fate.status in SETTLED:
             self.outbox.settled.notify()
 
-    async def _release(self, intent: Intent, reason: str, due: datetime, *,
-                       extra: list[Event] | None = None, new_fence: int | None = None,
-                       kind: EventKind = EventKind.RELEASED) -> None:
-        """Give a lease back without an attempt having started: nothing was sent."""
-        changes: dict[str, object] = {"lease_owner": None, "lease_expires_at": None, "next_attempt_at": due}
-        if new_fence is not None:
-            changes["fence"] = new_fence
-        await self.store.update_intent(
-            intent.key, fetch=False, expected=Status.LEASED, status=Status.PENDING, fence=intent.fence,
-            changes=changes,
-            events=[*(extra or []), Event(kind, self.clock.now(), self.id, reason,
-                                          {"next_attempt_at": due.isoformat()})],
-        )
+    def _release(self, intent: Intent, reason: str, due: datetime, *, extra: list[Event] | None = None,
+                 applied: Callable[[], None] | None = None) -> _Entry:
+        """The change that gives a lease back without an attempt having started: nothing was sent."""
+        return _Entry(Release(intent.key, intent.fence, due, (
+            *(extra or []), Event(EventKind.RELEASED, self.clock.now(), self.id, reason,
+                                  {"next_attempt_at": due.isoformat()}))), intent, applied=applied)
 
-    async def _abandon(self, intent: Intent, attempt: Attempt | None, sent: bool,
-                       result: SendResult | None, why: str, *, retry_in: float = 0.0) -> None:
-        """Record what is known when a delivery is cut short (shutdown, a failure of our own code
-        or of the store). Before its attempt started, the lease is given back, due again in
-        ``retry_in`` seconds (a failure would otherwise be claimed again at once, in a loop).
-        Started but never handed to the channel, the attempt is ``not_submitted``: our own
+    async def _abandon(self, lease: _Lease, destination: Destination, attempt: Attempt, sent: bool,
+                       result: SendResult | None, why: str) -> None:
+        """Buffer what is known when a send is cut short (shutdown, a failure of our own code or
+        of the store). Never handed to the channel, the attempt is ``not_submitted``: our own
         refusal before the send is proof. Handed over, it keeps the result that came back, or
         else is ``maybe_submitted``."""
+        intent = lease.intent
+        if not sent:
+            result = SendResult(Submission.NOT_SUBMITTED, Outcome.RETRYABLE, error=f"{why} before the request was sent")
+        elif result is None:
+            result = SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN,
+                                error=f"{why} while the request was in flight")
         try:
-            if attempt is None:
-                await self._release(intent, f"{why} before an attempt started",
-                                    self.clock.now() + timedelta(seconds=retry_in))
-                return
-            if not sent:
-                result = SendResult(Submission.NOT_SUBMITTED, Outcome.RETRYABLE,
-                                    error=f"{why} before the request was sent")
-            elif result is None:
-                result = SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN,
-                                    error=f"{why} while the request was in flight")
-            destination = await self._destination(intent.destination)
-            if destination is None:
-                return
-            await self._finish(intent, destination, attempt, result, 0.0)
-        except StaleWrite:
-            self.stale_writes += 1
-            log.warning("fenced write rejected while abandoning the send", extra=self._fields(intent, attempt))
+            self._keep(lease, await self._finish(intent, destination, attempt, result, 0.0))
         except Exception as exc:
             log.error("could not record the abandoned send (%s); the sweeper will", exc,
                       exc_info=not isinstance(exc, StoreUnavailable), extra=self._fields(intent, attempt))
 
-    async def _recover(self, intent: Intent, attempt: Attempt | None) -> None:
-        """The sweeper's work on one expired lease; bumps the fence so the old holder is shut out."""
+    async def _apply_now(self, entry: _Entry) -> bool:
+        """Apply one change at once (the sweeper's, on another worker's lease); whether it applied."""
+        if isinstance(entry.change, Settle) and entry.attempt is not None:
+            crash_point("before_outcome")
+        [result] = (await self.store.apply([entry.change])).results
+        if result is not None:
+            return False
+        self._flushed(entry, None)
+        return True
+
+    async def _recover(self, intent: Intent, attempt: Attempt) -> int:
+        """The sweeper's work on one expired lease with an attempt in flight: it may have been sent.
+        Settled under a raised fence, so the old holder is shut out; 1 if it was, 0 if its holder
+        finished or another sweeper got there first."""
         reason = f"lease of {intent.lease_owner} expired"
-        try:
-            destination = await self.store.get_destination(intent.destination)
-            if attempt is None or destination is None:
-                # nothing was sent (or there is nowhere to judge it against): give the intent back
-                await self._release(intent, reason + (" before any attempt started" if attempt is None
-                                                      else " and its destination is gone"),
-                                    self.clock.now(), new_fence=intent.fence + 1, kind=EventKind.LEASE_EXPIRED)
-                self._recovered(intent, attempt)
-                return
-            result = SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN,
-                                error=reason + " while its attempt was in flight; it may have been sent")
-            now = self.clock.now()
-            await self._conclude(intent, destination, result, _finished(attempt, result, now),
-                                 Event(EventKind.LEASE_EXPIRED, now, self.id, reason, {"fence": intent.fence}),
-                                 intent.fence + 1)
-            self._recovered(intent, attempt)
-        except StaleWrite:
-            pass  # the holder finished or another sweeper got there first
+        destination = await self.store.get_destination(intent.destination)
+        now = self.clock.now()
+        result = SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN,
+                            error=reason + " while its attempt was in flight; it may have been sent")
+        finished = _finished(attempt, result, now)
+        if destination is None:  # nowhere to judge it against: due again, parked when claimed
+            entry = self._settle(intent, Fate(Status.PENDING, EventKind.LEASE_EXPIRED,
+                                              reason + " and its destination is gone", now), [],
+                                 attempt=finished, new_fence=intent.fence + 1)
+        else:
+            entry = await self._conclude(intent, destination, result, finished,
+                                         Event(EventKind.LEASE_EXPIRED, now, self.id, reason, {"fence": intent.fence}),
+                                         intent.fence + 1)
+        if not await self._apply_now(entry):
+            return 0
+        self._recovered(intent, attempt)
+        return 1
+
+    def _given_back(self, idle: list[Intent], given_back: int) -> None:
+        """Count and log the leases ``recover`` gave back (each by name when they are the ones read)."""
+        self.outbox.metrics.lease_expiries.inc(given_back)
+        if given_back == len(idle):
+            for intent in idle:
+                self._recovered(intent, None)
+        elif given_back:
+            log.warning("recovered %d expired leases before any attempt started", given_back,
+                        extra={"worker": self.id})
 
     def _recovered(self, intent: Intent, attempt: Attempt | None) -> None:
-        self.outbox.metrics.lease_expiries.inc()
+        if attempt is not None:
+            self.outbox.metrics.lease_expiries.inc()
         log.warning("recovered an expired lease of %s", intent.lease_owner, extra=self._fields(intent, attempt))
 
     def _fields(self, intent: Intent, attempt: Attempt | None = None) -> dict[str, object]:
         """The identities a log record about ``intent`` carries (see outbox.logs)."""
         return {"action_id": intent.action_id, "attempt_id": attempt.attempt_id if attempt else None,
                 "fence": intent.fence, "worker": self.id, "destination": intent.destination}
+
+
 
 
 def _approval_refusal(intent: Intent, now: datetime) -> str | None:

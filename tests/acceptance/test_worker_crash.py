@@ -32,7 +32,7 @@ from outbox import (
     Status,
     Submission,
 )
-from outbox.model import SETTLED
+from outbox.model import SETTLED, Settle
 from sender import Worker
 
 from ..conftest import SECRET, rows, snapshot
@@ -220,10 +220,10 @@ async def test_kill_9_mid_batch_loses_nothing_and_fences_out_the_dead_worker(
         # 3. a write under the dead worker's fence is refused and changes nothing
         victim = next(iter(in_flight))
         before_rows = await snapshot_of(url)
-        with pytest.raises(StaleWrite):
-            await box.store.update_intent(
-                f"acme/{victim}", expected=Status.LEASED, status=Status.DELIVERED, fence=crash[victim].fence,
-                events=[Event("delivered", box.clock.now(), "the-dead-worker", "a late write")])
+        late = Settle(f"acme/{victim}", crash[victim].fence, Status.DELIVERED,
+                      (Event("delivered", box.clock.now(), "the-dead-worker", "a late write"),))
+        [refused] = (await box.store.apply([late])).results
+        assert isinstance(refused, StaleWrite)
         assert await snapshot_of(url) == before_rows
 
 
@@ -246,16 +246,14 @@ async def test_a_write_under_a_superseded_fence_is_refused_even_when_the_status_
 
         before = await snapshot_of(url)
         late = Event("delivered", box.clock.now(), "the-dead-worker", "a late write")
-        with pytest.raises(StaleWrite):
-            await box.store.update_intent("acme/probe", expected=Status.LEASED, status=Status.DELIVERED,
-                                          events=[late], fence=old.fence)
+        [refused] = (await box.store.apply([Settle("acme/probe", old.fence, Status.DELIVERED, (late,))])).results
+        assert isinstance(refused, StaleWrite)
         assert await snapshot_of(url) == before
         history = await box.history("probe")
         assert [e.kind for e in history.events] == ["enqueued", "leased", "lease_expired", "leased"]
         assert history.events[2].data["next_attempt_at"]
 
         # the holder of the current fence may write
-        done = await box.store.update_intent("acme/probe", expected=Status.LEASED, status=Status.DELIVERED,
-                                             events=[Event("delivered", box.clock.now(), "successor")],
-                                             fence=new.fence)
-        assert done.status is Status.DELIVERED
+        ours = Settle("acme/probe", new.fence, Status.DELIVERED, (Event("delivered", box.clock.now(), "successor"),))
+        assert (await box.store.apply([ours])).results == [None]
+        assert (await box.get("probe")).status is Status.DELIVERED

@@ -66,7 +66,8 @@ async def delivery_rate(workdir: Path, receiver: bench_delivery.Receiver, n: int
 async def claim_ms(workdir: Path, hook: str, hot: int, others: int, ordered: bool) -> float:
     """Median ms of a claim of CONCURRENCY from ``hot`` intents of one key (the first leased)
     due before ``others`` of distinct keys; each claim's leases are given back, untimed."""
-    from outbox import DestinationSpec, Event, EventKind, Status
+    from outbox import DestinationSpec, Event, EventKind
+    from outbox.model import Release
 
     box = await open_box(workdir / "claims.db", hook)
     try:
@@ -84,10 +85,9 @@ async def claim_ms(workdir: Path, hook: str, hot: int, others: int, ordered: boo
             times.append(time.perf_counter() - began)
             if len(claimed) != CONCURRENCY:
                 raise BenchError(f"a claim got {len(claimed)} intents, expected {CONCURRENCY}")
-            for intent in claimed:  # back to pending, as they were
-                await box.store.update_intent(intent.key, expected=Status.LEASED, status=Status.PENDING,
-                                              fence=intent.fence, events=[Event(EventKind.RELEASED, now, "bench")],
-                                              changes={"lease_owner": None, "lease_expires_at": None})
+            # back to pending, as they were (their due time unchanged)
+            await box.store.apply([Release(intent.key, intent.fence, intent.next_attempt_at,
+                                           (Event(EventKind.RELEASED, now, "bench"),)) for intent in claimed])
     finally:
         await box.close()
     return statistics.median(times) * 1000

@@ -9,6 +9,7 @@ import asyncio
 from datetime import timedelta
 
 from outbox import Outcome, Status, StoreUnavailable, Submission
+from outbox.model import Settle, Start
 from sender import CallableAuthority
 
 from ..conftest import eventually
@@ -199,22 +200,26 @@ async def test_stopping_lets_an_in_flight_send_finish_within_the_drain(open_env,
 
 
 def fault_attempt_write(env: SenderEnv, fault: BaseException | None, *, outcome: bool = False) -> asyncio.Event:
-    """Make the store's next attempt-start write (or, with ``outcome``, attempt-outcome write)
-    fail with ``fault``, or (None) wait forever without writing; returns an event set once that
-    write was reached. Every other write passes."""
+    """Make the store's next apply that starts an attempt (or, with ``outcome``, that records an
+    attempt's outcome) fail with ``fault``, or (None) wait forever without writing; returns an
+    event set once that apply was reached. Every other apply passes."""
     reached = asyncio.Event()
-    update = env.box.store.update_intent
+    apply = env.box.store.apply
 
-    async def faulty(*args, **kwargs):
-        attempt = kwargs.get("attempt")
-        if attempt is not None and (attempt.finished_at is not None) is outcome and not reached.is_set():
+    def writes_attempt(change: object) -> bool:
+        if outcome:
+            return isinstance(change, Settle) and change.attempt is not None
+        return isinstance(change, Start)
+
+    async def faulty(changes, *, claim=None):
+        if any(writes_attempt(change) for change in changes) and not reached.is_set():
             reached.set()
             if fault is not None:
                 raise fault
             await asyncio.Event().wait()
-        return await update(*args, **kwargs)
+        return await apply(changes, claim=claim)
 
-    env.box.store.update_intent = faulty  # type: ignore[method-assign]
+    env.box.store.apply = faulty  # type: ignore[method-assign]
     return reached
 
 
@@ -418,4 +423,4 @@ async def test_a_lease_the_sweeper_recovered_is_renewed_when_the_same_worker_cla
     worker = env.worker()
     assert await worker.sweep() == 1
     assert await env.status_is("a1", Status.PENDING)
-    assert not worker._settling  # nothing of another worker's is left marked as this one's
+    assert not worker._held  # nothing of another worker's is left for this one's heartbeat

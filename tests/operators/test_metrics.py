@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from outbox import Attempt, DestinationSpec, Event, ManualClock, Outbox, Role, Settings, Status
 from outbox.grants import GrantSpec
+from outbox.model import Start
 from outbox.service import create_service
 from sender import Worker
 
@@ -198,10 +199,9 @@ async def _vanish(scene: Scene, action_id: str, *, mid_send: bool) -> None:
         attempt = Attempt(attempt_id="a-" + action_id, number=1, fence=claimed.fence, worker="vanished-worker",
                           started_at=s.clock.now(), finished_at=None, submission=None, outcome=None,
                           status_code=None, reply=None, external_id=None, error=None, duration_ms=None)
-        await s.box.store.update_intent(
-            claimed.key, expected=Status.LEASED, status=Status.LEASED, fence=claimed.fence,
-            changes={"attempts": 1}, attempt=attempt,
-            events=[Event("attempt_started", s.clock.now(), "vanished-worker", None, {"number": 1})])
+        started = Start(claimed.key, claimed.fence, attempt,
+                        Event("attempt_started", s.clock.now(), "vanished-worker", None, {"number": 1}))
+        assert (await s.box.store.apply([started])).results == [None]
     s.clock.advance(60)
     assert await s.worker.sweep() == 1
     assert (await s.box.history(action_id)).events[-2 if mid_send else -1].kind == "lease_expired"

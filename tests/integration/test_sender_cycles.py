@@ -1,0 +1,114 @@
+"""The worker's cycles: each one ``Store.apply`` of the outcomes buffered, the attempt starts of
+the leases ready and a claim; what happens when a start is refused, a read fails, the store is
+down, or work is enqueued while a cycle runs."""
+
+from __future__ import annotations
+
+import asyncio
+
+from outbox import Event, EventKind, Status, StoreUnavailable
+from outbox.model import Release, Settle, Start
+
+from ..conftest import eventually
+from ..receiver import Receiver, Reply
+from .conftest import SenderEnv
+from .test_sender_leases import fail_once, kinds
+
+
+async def test_a_refused_start_gives_its_slot_back_and_nothing_is_sent(env: SenderEnv, receiver: Receiver):
+    receiver.script("/hook", Reply(200))
+    await env.destination(f"{receiver.url}/hook")
+    await env.enqueue("a1")
+    await env.enqueue("a2")
+    apply = env.box.store.apply
+
+    async def lost_before_its_start(changes, *, claim=None):
+        for change in changes:  # a1's lease is given back by someone else just before its start commits
+            if isinstance(change, Start) and change.key == "acme/a1":
+                taken = Release(change.key, change.fence, env.clock.now(),
+                                (Event(EventKind.RELEASED, env.clock.now(), "someone-else", "taken back"),))
+                assert (await apply([taken])).results == [None]
+        return await apply(changes, claim=claim)
+
+    env.box.store.apply = lost_before_its_start  # type: ignore[method-assign]
+    worker = env.worker(worker_id="w1", concurrency=1)  # one send slot: a2 goes only if a1 gives it back
+    assert await worker.run_once(limit=2) == 2
+
+    assert worker.stale_writes == 1 and not worker._held
+    assert [r.headers["idempotency-key"] for r in receiver.requests("/hook")] == ["acme/a2"]
+    assert (await env.box.get("a2")).status is Status.DELIVERED
+    refused = await env.box.history("a1")
+    assert refused.intent.status is Status.PENDING and refused.attempts == []
+    assert "attempt_started" not in kinds(refused)
+
+
+async def test_a_lease_whose_destination_cannot_be_read_waits_for_a_later_cycle(open_env, receiver: Receiver):
+    env: SenderEnv = await open_env(poll_seconds=0.05)
+    receiver.script("/hook", Reply(200))
+    await env.destination(f"{receiver.url}/hook")
+    await env.enqueue("a1")
+    read = fail_once(env, "get_destination", StoreUnavailable("database is locked"))
+    assert await env.worker(worker_id="w1").run_once() == 1
+
+    assert read  # read again once the store answered
+    history = await env.box.history("a1")
+    assert history.intent.status is Status.DELIVERED and history.intent.fence == 1  # the same lease
+    assert [a.number for a in history.attempts] == [1]
+    assert "released" not in kinds(history)  # kept leased while it waited, never given back
+    assert len(receiver.requests("/hook")) == 1
+
+
+async def test_outcomes_buffered_while_the_store_is_down_are_all_recorded_once_it_is_back(
+        open_env, receiver: Receiver):
+    env: SenderEnv = await open_env(poll_seconds=0.05)
+    receiver.script("/hook", *[Reply(200, headers={"External-Id": f"r-{n}"}) for n in range(5)])
+    await env.destination(f"{receiver.url}/hook")
+    for n in range(5):
+        await env.enqueue(f"a{n}")
+    apply = env.box.store.apply
+    down = True
+    refused: list[int] = []
+
+    async def outcomes_fail(changes, *, claim=None):
+        if down and any(isinstance(change, Settle) for change in changes):
+            refused.append(len(changes))
+            raise StoreUnavailable("could not connect to the database")
+        return await apply(changes, claim=claim)
+
+    env.box.store.apply = outcomes_fail  # type: ignore[method-assign]
+    async with env.running(worker_id="w1", concurrency=8) as (worker, _):
+        assert await eventually(lambda: len(receiver.requests("/hook")) == 5)
+        assert await eventually(lambda: len(refused) >= 3)  # retried, backing off, the outcomes kept
+        assert worker.trouble is not None
+        down = False
+        for n in range(5):
+            assert await eventually(lambda n=n: env.status_is(f"a{n}", Status.DELIVERED))
+        assert worker.stale_writes == 0 and worker.trouble is None
+    assert len(receiver.requests("/hook")) == 5  # no attempt made twice
+    external = set()
+    for n in range(5):
+        history = await env.box.history(f"a{n}")
+        [attempt] = history.attempts
+        assert history.intent.attempts == 1 and attempt.finished_at is not None
+        external.add(attempt.external_id)
+    assert external == {f"r-{n}" for n in range(5)}  # every receiver's answer recorded
+
+
+async def test_an_enqueue_during_a_cycle_is_not_missed(open_env, receiver: Receiver):
+    env: SenderEnv = await open_env(poll_seconds=30)  # only the wake-up can bring it in time
+    receiver.script("/hook", Reply(200))
+    await env.destination(f"{receiver.url}/hook")
+    next_due_at = env.box.store.next_due_at
+    enqueued = asyncio.Event()
+
+    async def enqueue_meanwhile():
+        due = await next_due_at()  # the cycle found nothing due, and is about to sleep ...
+        if not enqueued.is_set():
+            await env.enqueue("late")  # ... when this comes
+            enqueued.set()
+        return due
+
+    env.box.store.next_due_at = enqueue_meanwhile  # type: ignore[method-assign]
+    async with env.running(worker_id="w1"):
+        await asyncio.wait_for(enqueued.wait(), 5)
+        assert await eventually(lambda: env.status_is("late", Status.DELIVERED))
