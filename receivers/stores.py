@@ -19,23 +19,21 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ._sql import Queries
 from ._sqlite import SQLITE, GroupCommitter, from_us, to_us
 from .records import (
+    Claimed,
     ClaimRequest,
     ClaimResult,
-    Decide,
     ProbeResult,
     Record,
     Replay,
     State,
     StoredResponse,
     StoreUnavailable,
-    claims,
-    completions,
     decide_claim,
     decide_complete,
-    decide_each,
     decide_probe,
     decide_release,
-    releases,
+    distinct_runs,
+    refusal,
 )
 
 if TYPE_CHECKING:
@@ -80,6 +78,19 @@ def _row(record: Record) -> tuple[Any, ...]:
     columns = list(_columns(record))
     columns[4], columns[5] = to_us(columns[4]), to_us(columns[5])
     return (record.identity, *columns)
+
+
+def _unhex(text: str | None) -> bytes | None:
+    return None if text is None else bytes.fromhex(text)
+
+
+def _identity(request: ClaimRequest) -> str:
+    return request.identity
+
+
+def _first(item: tuple[Any, ...]) -> str:
+    identity: str = item[0]
+    return identity
 
 
 class MemoryRecordStore:
@@ -129,20 +140,39 @@ class MemoryRecordStore:
 
     async def claim_many(self, requests: Sequence[ClaimRequest], *, now: datetime, lease_until: datetime,
                          expires_at: datetime) -> list[ClaimResult]:
-        return await self._apply(claims(requests, now=now, lease_until=lease_until, expires_at=expires_at))
+        async with self._lock:
+            self._check()
+            records, answers = self._records, []
+            for request in requests:
+                result, new = decide_claim(records.get(request.identity), request.identity, request.fingerprint,
+                                           fence=request.fence, now=now, lease_until=lease_until,
+                                           expires_at=expires_at)
+                if new is not None:
+                    records[request.identity] = new
+                answers.append(result)
+            return answers
 
     async def complete_many(self, done: Sequence[tuple[str, int, StoredResponse]], *,
                             expires_at: datetime) -> list[bool]:
-        return await self._apply(completions(done, expires_at))
-
-    async def release_many(self, held: Sequence[tuple[str, int]]) -> list[bool]:
-        return await self._apply(releases(held))
-
-    async def _apply(self, decisions: Sequence[tuple[str, Decide[T]]]) -> list[T]:
         async with self._lock:
             self._check()
-            answers, written = decide_each(self._records, decisions)
-            self._records.update(written)
+            records, answers = self._records, []
+            for identity, epoch, response in done:
+                new = decide_complete(records.get(identity), epoch, response, expires_at)
+                if new is not None:
+                    records[identity] = new
+                answers.append(new is not None)
+            return answers
+
+    async def release_many(self, held: Sequence[tuple[str, int]]) -> list[bool]:
+        async with self._lock:
+            self._check()
+            records, answers = self._records, []
+            for identity, epoch in held:
+                new = decide_release(records.get(identity), epoch)
+                if new is not None:
+                    records[identity] = new
+                answers.append(new is not None)
             return answers
 
     async def probe(self, identity: str, fence: int, *, now: datetime, expires_at: datetime) -> ProbeResult:
@@ -188,6 +218,8 @@ class SqliteRecordStore:
         except StoreUnavailable:
             await writer.close()
             raise
+        # A batch's bodies travel as hex inside its JSON: SQLite before 3.41 has no unhex().
+        await SQLITE.on_thread(writer, lambda conn: conn.create_function("unhex_blob", 1, _unhex, deterministic=True))
         self._committer = GroupCommitter(writer)
 
     async def close(self) -> None:
@@ -273,7 +305,23 @@ class SqliteRecordStore:
 
     async def claim_many(self, requests: Sequence[ClaimRequest], *, now: datetime, lease_until: datetime,
                          expires_at: datetime) -> list[ClaimResult]:
-        answers = await self._apply(claims(requests, now=now, lease_until=lease_until, expires_at=expires_at))
+        times = {"now": to_us(now), "lease_until": to_us(lease_until), "expires_at": to_us(expires_at)}
+
+        def run(conn: sqlite3.Connection) -> list[ClaimResult]:
+            answers: list[ClaimResult] = []
+            for batch in distinct_runs(requests, _identity):
+                params = {"requests": json.dumps([(r.identity, r.fingerprint, r.fence) for r in batch]),
+                          "unfenced": json.dumps([r.identity for r in batch if r.fence is None]), **times}
+                epochs = dict(conn.execute(self._sql["claim_many"], params).fetchall())
+                refused = json.dumps([r.identity for r in batch if r.identity not in epochs])
+                found = {} if refused == "[]" else {
+                    row["identity"]: self._record(row) for row in conn.execute(self._sql["get_many"], (refused,))}
+                answers += [Claimed(epochs[r.identity]) if r.identity in epochs else
+                            refusal(found.get(r.identity), r, now=now, lease_until=lease_until, expires_at=expires_at)
+                            for r in batch]
+            return answers
+
+        answers: list[ClaimResult] = await self._write(run)
         for request, answer in zip(requests, answers, strict=True):
             if isinstance(answer, Replay):
                 self._remember(request.identity)
@@ -281,26 +329,32 @@ class SqliteRecordStore:
 
     async def complete_many(self, done: Sequence[tuple[str, int, StoredResponse]], *,
                             expires_at: datetime) -> list[bool]:
-        answers = await self._apply(completions(done, expires_at))
+        def run(conn: sqlite3.Connection) -> list[bool]:
+            answers: list[bool] = []
+            for batch in distinct_runs(done, _first):
+                rows = json.dumps([(ident, epoch, r.status, r.headers, None if r.body is None else r.body.hex())
+                                   for ident, epoch, r in batch])
+                completed = {row[0] for row in conn.execute(self._sql["complete_many"],
+                                                            {"done": rows, "expires_at": to_us(expires_at)})}
+                answers += [ident in completed for ident, _, _ in batch]
+            return answers
+
+        answers: list[bool] = await self._write(run)
         for (identity, _, _), completed in zip(done, answers, strict=True):
             if completed:
                 self._remember(identity)
         return answers
 
     async def release_many(self, held: Sequence[tuple[str, int]]) -> list[bool]:
-        return await self._apply(releases(held))
-
-    async def _apply(self, decisions: Sequence[tuple[str, Decide[T]]]) -> list[T]:
-        """Decide a batch on the records as read, and write what changed, in one transaction."""
-        def run(conn: sqlite3.Connection) -> list[T]:
-            named = json.dumps(list({ident for ident, _ in decisions}))
-            found = {row["identity"]: self._record(row) for row in conn.execute(self._sql["get_many"], (named,))}
-            answers, written = decide_each(found, decisions)
-            conn.executemany(self._sql["put"], [_row(record) for record in written.values()])
+        def run(conn: sqlite3.Connection) -> list[bool]:
+            answers: list[bool] = []
+            for batch in distinct_runs(held, _first):
+                released = {row[0] for row in conn.execute(self._sql["release_many"], (json.dumps(batch),))}
+                answers += [ident in released for ident, _ in batch]
             return answers
 
-        result: list[T] = await self._write(run)
-        return result
+        answers: list[bool] = await self._write(run)
+        return answers
 
     async def probe(self, identity: str, fence: int, *, now: datetime, expires_at: datetime) -> ProbeResult:
         def run(conn: sqlite3.Connection) -> ProbeResult:
@@ -403,22 +457,6 @@ class PostgresRecordStore:
             await conn.execute(self._sql["update"], new.identity, *_columns(new))
             return result
 
-    async def _apply(self, decisions: Sequence[tuple[str, Decide[T]]], *,
-                     placeholders_until: datetime | None = None) -> list[T]:
-        """Decide a batch on its records, locked, and write what changed, in one transaction. With
-        ``placeholders_until`` (claims), identities without a record first get an absent one, so
-        that every row decided on is locked and a concurrent batch waits rather than races."""
-        identities = sorted({ident for ident, _ in decisions})
-        async with self._transaction() as conn:
-            if placeholders_until is not None:
-                await conn.execute(self._sql["placeholders"], identities, placeholders_until)
-            found = {row["identity"]: record for row in await conn.fetch(self._sql["lock_many"], identities)
-                     if (record := self._record(row)) is not None}
-            answers, written = decide_each(found, decisions)
-            if written:
-                await conn.executemany(self._sql["update"], [(r.identity, *_columns(r)) for r in written.values()])
-            return answers
-
     async def claim(self, identity: str, fingerprint: str, *, fence: int | None, now: datetime,
                     lease_until: datetime, expires_at: datetime) -> ClaimResult:
         return await self._locked(identity, lambda found: decide_claim(
@@ -441,15 +479,49 @@ class PostgresRecordStore:
 
     async def claim_many(self, requests: Sequence[ClaimRequest], *, now: datetime, lease_until: datetime,
                          expires_at: datetime) -> list[ClaimResult]:
-        return await self._apply(claims(requests, now=now, lease_until=lease_until, expires_at=expires_at),
-                                 placeholders_until=expires_at)
+        answers: list[ClaimResult] = []
+        if not requests:
+            return answers
+        async with self._transaction() as conn:
+            for batch in distinct_runs(requests, _identity):
+                rows = await conn.fetch(self._sql["claim_many"], [r.identity for r in batch],
+                                        [r.fingerprint for r in batch], [r.fence for r in batch], now, lease_until,
+                                        expires_at, [r.identity for r in batch if r.fence is None])
+                epochs = dict(rows)
+                refused = [r.identity for r in batch if r.identity not in epochs]
+                found = {} if not refused else {
+                    row["identity"]: self._record(row) for row in await conn.fetch(self._sql["get_many"], refused)}
+                answers += [Claimed(epochs[r.identity]) if r.identity in epochs else
+                            refusal(found.get(r.identity), r, now=now, lease_until=lease_until, expires_at=expires_at)
+                            for r in batch]
+        return answers
 
     async def complete_many(self, done: Sequence[tuple[str, int, StoredResponse]], *,
                             expires_at: datetime) -> list[bool]:
-        return await self._apply(completions(done, expires_at))
+        answers: list[bool] = []
+        if not done:
+            return answers
+        async with self._transaction() as conn:
+            for batch in distinct_runs(done, _first):
+                rows = await conn.fetch(self._sql["complete_many"], [ident for ident, _, _ in batch],
+                                        [epoch for _, epoch, _ in batch], [r.status for _, _, r in batch],
+                                        [json.dumps(r.headers) for _, _, r in batch], [r.body for _, _, r in batch],
+                                        expires_at)
+                completed = {row[0] for row in rows}
+                answers += [ident in completed for ident, _, _ in batch]
+        return answers
 
     async def release_many(self, held: Sequence[tuple[str, int]]) -> list[bool]:
-        return await self._apply(releases(held))
+        answers: list[bool] = []
+        if not held:
+            return answers
+        async with self._transaction() as conn:
+            for batch in distinct_runs(held, _first):
+                rows = await conn.fetch(self._sql["release_many"], [ident for ident, _ in batch],
+                                        [epoch for _, epoch in batch])
+                released = {row[0] for row in rows}
+                answers += [ident in released for ident, _ in batch]
+        return answers
 
     async def probe(self, identity: str, fence: int, *, now: datetime, expires_at: datetime) -> ProbeResult:
         return await self._locked(identity, lambda found: decide_probe(
