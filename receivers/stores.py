@@ -93,11 +93,18 @@ def _first(item: tuple[Any, ...]) -> str:
     return identity
 
 
+#: A record as the memory store keeps it (after its identity): plain values only, so that the
+#: garbage collector stops tracking it and a store of many records does not slow every collection.
+_Packed = tuple[str | None, str, int, int, datetime | None, datetime, int | None, tuple[tuple[str, str], ...],
+                bytes | None]
+_STATES = {state.value: state for state in State}
+
+
 class MemoryRecordStore:
     """Records in a dict: for tests and single-process experiments (nothing survives a restart)."""
 
     def __init__(self) -> None:
-        self._records: dict[str, Record] = {}
+        self._records: dict[str, _Packed] = {}
         self._lock = asyncio.Lock()
         self.available = True  # tests turn it off to see the middleware answer 503
 
@@ -107,6 +114,20 @@ class MemoryRecordStore:
     async def close(self) -> None:
         return None
 
+    def _read(self, identity: str) -> Record | None:
+        packed = self._records.get(identity)
+        if packed is None:
+            return None
+        fingerprint, state, epoch, min_fence, lease_expires_at, expires_at, status, headers, body = packed
+        return Record(identity, fingerprint, _STATES[state], epoch, min_fence, lease_expires_at, expires_at,
+                      None if status is None else StoredResponse(status, headers, body))
+
+    def _keep(self, record: Record) -> None:
+        response = record.response
+        self._records[record.identity] = (
+            record.fingerprint, record.state.value, record.epoch, record.min_fence, record.lease_expires_at,
+            record.expires_at, *((response.status, response.headers, response.body) if response else (None, (), None)))
+
     def _check(self) -> None:
         if not self.available:
             raise StoreUnavailable("the in-memory record store is switched off")
@@ -115,40 +136,40 @@ class MemoryRecordStore:
                     lease_until: datetime, expires_at: datetime) -> ClaimResult:
         async with self._lock:
             self._check()
-            result, new = decide_claim(self._records.get(identity), identity, fingerprint, fence=fence,
+            result, new = decide_claim(self._read(identity), identity, fingerprint, fence=fence,
                                        now=now, lease_until=lease_until, expires_at=expires_at)
             if new is not None:
-                self._records[identity] = new
+                self._keep(new)
             return result
 
     async def complete(self, identity: str, epoch: int, response: StoredResponse, *,
                        expires_at: datetime) -> bool:
         async with self._lock:
             self._check()
-            new = decide_complete(self._records.get(identity), epoch, response, expires_at)
+            new = decide_complete(self._read(identity), epoch, response, expires_at)
             if new is not None:
-                self._records[identity] = new
+                self._keep(new)
             return new is not None
 
     async def release(self, identity: str, epoch: int) -> bool:
         async with self._lock:
             self._check()
-            new = decide_release(self._records.get(identity), epoch)
+            new = decide_release(self._read(identity), epoch)
             if new is not None:
-                self._records[identity] = new
+                self._keep(new)
             return new is not None
 
     async def claim_many(self, requests: Sequence[ClaimRequest], *, now: datetime, lease_until: datetime,
                          expires_at: datetime) -> list[ClaimResult]:
         async with self._lock:
             self._check()
-            records, answers = self._records, []
+            answers = []
             for request in requests:
-                result, new = decide_claim(records.get(request.identity), request.identity, request.fingerprint,
+                result, new = decide_claim(self._read(request.identity), request.identity, request.fingerprint,
                                            fence=request.fence, now=now, lease_until=lease_until,
                                            expires_at=expires_at)
                 if new is not None:
-                    records[request.identity] = new
+                    self._keep(new)
                 answers.append(result)
             return answers
 
@@ -156,39 +177,39 @@ class MemoryRecordStore:
                             expires_at: datetime) -> list[bool]:
         async with self._lock:
             self._check()
-            records, answers = self._records, []
+            answers = []
             for identity, epoch, response in done:
-                new = decide_complete(records.get(identity), epoch, response, expires_at)
+                new = decide_complete(self._read(identity), epoch, response, expires_at)
                 if new is not None:
-                    records[identity] = new
+                    self._keep(new)
                 answers.append(new is not None)
             return answers
 
     async def release_many(self, held: Sequence[tuple[str, int]]) -> list[bool]:
         async with self._lock:
             self._check()
-            records, answers = self._records, []
+            answers = []
             for identity, epoch in held:
-                new = decide_release(records.get(identity), epoch)
+                new = decide_release(self._read(identity), epoch)
                 if new is not None:
-                    records[identity] = new
+                    self._keep(new)
                 answers.append(new is not None)
             return answers
 
     async def probe(self, identity: str, fence: int, *, now: datetime, expires_at: datetime) -> ProbeResult:
         async with self._lock:
             self._check()
-            result, new = decide_probe(self._records.get(identity), identity, fence, now=now,
+            result, new = decide_probe(self._read(identity), identity, fence, now=now,
                                        expires_at=expires_at)
-            self._records[identity] = new
+            self._keep(new)
             return result
 
     async def get(self, identity: str) -> Record | None:
-        return self._records.get(identity)
+        return self._read(identity)
 
     async def purge(self, now: datetime) -> int:
         async with self._lock:
-            gone = [k for k, r in self._records.items() if r.expires_at <= now]
+            gone = [k for k, packed in self._records.items() if packed[5] <= now]
             for key in gone:
                 del self._records[key]
             return len(gone)
