@@ -462,13 +462,18 @@ class IdempotentConsumer:
     def _item(self, partition: TopicPartition, record: Record) -> _Item:
         """The record with its key, fingerprint and fence read, or with why it is refused."""
         item = _Item(record, partition)
-        ours: dict[str, list[str]] = {name: [] for name in _OURS}
+        ours: dict[str, list[str]] = {}
         for name, value in record.headers:
-            if name in ours:  # a null or non-UTF-8 value reads as text no key, digest or fence can be
-                ours[name].append(value.decode(errors="replace") if value is not None else "")
-        digests = ours[KAFKA_PAYLOAD_DIGEST]
+            if name in _OURS:  # a null or non-UTF-8 value reads as text no key, digest or fence can be
+                text = value.decode("utf-8", "replace") if value is not None else ""
+                if name in ours:
+                    ours[name].append(text)
+                else:
+                    ours[name] = [text]
+        header = ours.get
+        digests = header(KAFKA_PAYLOAD_DIGEST, ())
         try:
-            item.key = parse_key(ours[KAFKA_IDEMPOTENCY_KEY])
+            item.key = parse_key(header(KAFKA_IDEMPOTENCY_KEY, ()))
         except MalformedKey as exc:
             item.refused = Refused(Refusal.MALFORMED_KEY, str(exc), None)
             return item
@@ -476,11 +481,11 @@ class IdempotentConsumer:
             item.refused = Refused(Refusal.MISSING_KEY, f"no {KAFKA_IDEMPOTENCY_KEY} header", None)
             return item
         if self.secrets is not None:
-            item.refused = self._unsigned(record, item.key, ours[KAFKA_TIMESTAMP], ours[KAFKA_SIGNATURE])
+            item.refused = self._unsigned(record, item.key, header(KAFKA_TIMESTAMP, ()), header(KAFKA_SIGNATURE, ()))
             if item.refused is not None:
                 return item
         try:
-            fence = parse_fence(ours[KAFKA_FENCE])
+            fence = parse_fence(header(KAFKA_FENCE, ()))
         except MalformedFence as exc:
             item.refused = Refused(Refusal.MALFORMED_FENCE, str(exc), item.key)
             return item
@@ -494,7 +499,7 @@ class IdempotentConsumer:
             item.request = ClaimRequest(identity(self.group, item.key), digests[0], fence)
         return item
 
-    def _unsigned(self, record: Record, key: str, stamps: list[str], signatures: list[str]) -> Refused | None:
+    def _unsigned(self, record: Record, key: str, stamps: Sequence[str], signatures: Sequence[str]) -> Refused | None:
         """Why the record is not signed with one of ``secrets``, or None when it is."""
         assert self.secrets is not None
         if not stamps and not signatures:
