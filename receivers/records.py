@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 X = TypeVar("X")
 
@@ -48,9 +48,9 @@ class StoredResponse:
     body: bytes | None
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """A key's record."""
+class Record(NamedTuple):
+    """A key's record (a named tuple: a batch builds several per Kafka record, and a tuple is the
+    cheapest immutable value Python builds)."""
 
     identity: str
     fingerprint: str | None
@@ -173,19 +173,19 @@ def decide_probe(
     record = live(found, now)
     raised = max(fence, record.min_fence if record else 0)
     if record is not None and record.state is State.COMPLETED:
-        return ProbeResult(State.COMPLETED, raised, record.response), replace(record, min_fence=raised)
+        return ProbeResult(State.COMPLETED, raised, record.response), record._replace(min_fence=raised)
     if (record is not None and record.state is State.IN_PROGRESS and record.lease_expires_at is not None
             and now < record.lease_expires_at):
-        return ProbeResult(State.IN_PROGRESS, raised), replace(record, min_fence=raised)
+        return ProbeResult(State.IN_PROGRESS, raised), record._replace(min_fence=raised)
     epoch = (found.epoch if found else 0) + (1 if record is not None else 0)
     absent = Record(identity, None, State.ABSENT, epoch, raised, None,
                     record.expires_at if record else expires_at)
     return ProbeResult(State.ABSENT, raised), absent
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimRequest:
-    """One claim of a batch (``RecordStore.claim_many``)."""
+class ClaimRequest(NamedTuple):
+    """One claim of a batch (``RecordStore.claim_many``), one per Kafka record (a named tuple, as
+    ``Record``)."""
 
     identity: str
     fingerprint: str

@@ -331,7 +331,7 @@ class SqliteRecordStore:
         def run(conn: sqlite3.Connection) -> list[ClaimResult]:
             answers: list[ClaimResult] = []
             for batch in distinct_runs(requests, _identity):
-                params = {"requests": json.dumps([(r.identity, r.fingerprint, r.fence) for r in batch]),
+                params = {"requests": json.dumps(batch),  # each request a [identity, fingerprint, fence] array
                           "unfenced": json.dumps([r.identity for r in batch if r.fence is None]), **times}
                 epochs = dict(conn.execute(self._sql["claim_many"], params).fetchall())
                 refused = json.dumps([r.identity for r in batch if r.identity not in epochs])
