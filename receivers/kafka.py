@@ -63,6 +63,7 @@ from .wire import (
 )
 
 log = logging.getLogger("receivers.kafka")
+_EXTERNAL_ID = EXTERNAL_ID.lower()
 _OURS = frozenset({KAFKA_IDEMPOTENCY_KEY, KAFKA_PAYLOAD_DIGEST, KAFKA_FENCE, KAFKA_TIMESTAMP, KAFKA_SIGNATURE})
 
 Record: TypeAlias = "ConsumerRecord[Any, Any]"
@@ -534,5 +535,5 @@ def _next_round(queue: list[_Item]) -> tuple[list[_Item], list[_Item]]:
 
 def _result(record: Record) -> StoredResponse:
     """What a completed record stores: where its effect was made (``topic/partition/offset``)."""
-    return StoredResponse(200, ((EXTERNAL_ID.lower(), f"{record.topic}/{record.partition}/{record.offset}"),), b"")
+    return StoredResponse(200, ((_EXTERNAL_ID, f"{record.topic}/{record.partition}/{record.offset}"),), b"")
 

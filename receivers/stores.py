@@ -98,6 +98,7 @@ def _first(item: tuple[Any, ...]) -> str:
 _Packed = tuple[str | None, str, int, int, datetime | None, datetime, int | None, tuple[tuple[str, str], ...],
                 bytes | None]
 _STATES = {state.value: state for state in State}
+_VALUES = {state: state.value for state in State}
 
 
 class MemoryRecordStore:
@@ -125,7 +126,7 @@ class MemoryRecordStore:
     def _keep(self, record: Record) -> None:
         response = record.response
         self._records[record.identity] = (
-            record.fingerprint, record.state.value, record.epoch, record.min_fence, record.lease_expires_at,
+            record.fingerprint, _VALUES[record.state], record.epoch, record.min_fence, record.lease_expires_at,
             record.expires_at, *((response.status, response.headers, response.body) if response else (None, (), None)))
 
     def _check(self) -> None:
