@@ -11,8 +11,8 @@ channel signs as webhooks are signed, ``receivers.wire``) before anything is cla
 anyone else wrote to the topic under a real key, unsigned or badly signed, never runs and never
 claims the key, so the genuine record still does.
 
-Per fetched batch it pays one claim transaction and one completion transaction (the stores'
-``claim_many``/``complete_many``) and one offset commit, not one of each per record. Handlers
+Per fetched batch it pays one claim and one completion (the stores' ``claim_many`` and
+``complete_many``, one statement each) and one offset commit, not one of each per record. Handlers
 run one at a time, in each partition's order; a record that must be retried holds its
 partition (seek back, pause, resume after a backoff) while the others go on.
 """

@@ -1,8 +1,15 @@
 """Record stores: in memory (tests, one process), SQLite (aiosqlite) and PostgreSQL (asyncpg).
 
-Each reads the current record and writes back what ``receivers.records`` decides, atomically:
-SQLite inside a group-committed transaction (durable before the handler runs), PostgreSQL under
-``SELECT … FOR UPDATE``, memory under a lock. A store imports its driver when it is opened.
+A single claim, completion, release or probe reads the current record and writes back what
+``receivers.records`` decides, atomically: SQLite inside a group-committed transaction (durable
+before the handler runs), PostgreSQL under ``SELECT … FOR UPDATE``, memory under a lock.
+
+A batch (the Kafka consumer's ``claim_many``, ``complete_many``, ``release_many``) runs as one
+statement over the whole batch in the SQL stores, whatever its size: the same rules spelled in
+SQL (``INSERT … ON CONFLICT DO UPDATE … WHERE`` for claims, ``UPDATE … FROM`` for the rest, over
+``unnest`` arrays or ``json_each``), each row guarded on its own, and the refused claims read back
+to say why; the conformance suite checks the batch rules against ``decide_claim``. A store
+imports its driver when it is opened.
 """
 
 from __future__ import annotations
