@@ -11,8 +11,8 @@ channel signs as webhooks are signed, ``receivers.wire``) before anything is cla
 anyone else wrote to the topic under a real key, unsigned or badly signed, never runs and never
 claims the key, so the genuine record still does.
 
-Per fetched batch it pays one claim transaction and one completion transaction (the stores'
-``claim_many``/``complete_many``) and one offset commit, not one of each per record. Handlers
+Per fetched batch it pays one claim and one completion (the stores' ``claim_many`` and
+``complete_many``, one statement each) and one offset commit, not one of each per record. Handlers
 run one at a time, in each partition's order; a record that must be retried holds its
 partition (seek back, pause, resume after a backoff) while the others go on.
 """
@@ -63,6 +63,7 @@ from .wire import (
 )
 
 log = logging.getLogger("receivers.kafka")
+_EXTERNAL_ID = EXTERNAL_ID.lower()
 _OURS = frozenset({KAFKA_IDEMPOTENCY_KEY, KAFKA_PAYLOAD_DIGEST, KAFKA_FENCE, KAFKA_TIMESTAMP, KAFKA_SIGNATURE})
 
 Record: TypeAlias = "ConsumerRecord[Any, Any]"
@@ -462,13 +463,18 @@ class IdempotentConsumer:
     def _item(self, partition: TopicPartition, record: Record) -> _Item:
         """The record with its key, fingerprint and fence read, or with why it is refused."""
         item = _Item(record, partition)
-        ours: dict[str, list[str]] = {name: [] for name in _OURS}
+        ours: dict[str, list[str]] = {}
         for name, value in record.headers:
-            if name in ours:  # a null or non-UTF-8 value reads as text no key, digest or fence can be
-                ours[name].append(value.decode(errors="replace") if value is not None else "")
-        digests = ours[KAFKA_PAYLOAD_DIGEST]
+            if name in _OURS:  # a null or non-UTF-8 value reads as text no key, digest or fence can be
+                text = value.decode("utf-8", "replace") if value is not None else ""
+                if name in ours:
+                    ours[name].append(text)
+                else:
+                    ours[name] = [text]
+        header = ours.get
+        digests = header(KAFKA_PAYLOAD_DIGEST, ())
         try:
-            item.key = parse_key(ours[KAFKA_IDEMPOTENCY_KEY])
+            item.key = parse_key(header(KAFKA_IDEMPOTENCY_KEY, ()))
         except MalformedKey as exc:
             item.refused = Refused(Refusal.MALFORMED_KEY, str(exc), None)
             return item
@@ -476,11 +482,11 @@ class IdempotentConsumer:
             item.refused = Refused(Refusal.MISSING_KEY, f"no {KAFKA_IDEMPOTENCY_KEY} header", None)
             return item
         if self.secrets is not None:
-            item.refused = self._unsigned(record, item.key, ours[KAFKA_TIMESTAMP], ours[KAFKA_SIGNATURE])
+            item.refused = self._unsigned(record, item.key, header(KAFKA_TIMESTAMP, ()), header(KAFKA_SIGNATURE, ()))
             if item.refused is not None:
                 return item
         try:
-            fence = parse_fence(ours[KAFKA_FENCE])
+            fence = parse_fence(header(KAFKA_FENCE, ()))
         except MalformedFence as exc:
             item.refused = Refused(Refusal.MALFORMED_FENCE, str(exc), item.key)
             return item
@@ -494,7 +500,7 @@ class IdempotentConsumer:
             item.request = ClaimRequest(identity(self.group, item.key), digests[0], fence)
         return item
 
-    def _unsigned(self, record: Record, key: str, stamps: list[str], signatures: list[str]) -> Refused | None:
+    def _unsigned(self, record: Record, key: str, stamps: Sequence[str], signatures: Sequence[str]) -> Refused | None:
         """Why the record is not signed with one of ``secrets``, or None when it is."""
         assert self.secrets is not None
         if not stamps and not signatures:
@@ -529,5 +535,5 @@ def _next_round(queue: list[_Item]) -> tuple[list[_Item], list[_Item]]:
 
 def _result(record: Record) -> StoredResponse:
     """What a completed record stores: where its effect was made (``topic/partition/offset``)."""
-    return StoredResponse(200, ((EXTERNAL_ID.lower(), f"{record.topic}/{record.partition}/{record.offset}"),), b"")
+    return StoredResponse(200, ((_EXTERNAL_ID, f"{record.topic}/{record.partition}/{record.offset}"),), b"")
 

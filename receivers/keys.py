@@ -20,6 +20,8 @@ MAX_KEY_LENGTH = 255
 MAX_JSON_DEPTH = 64
 
 
+#: A key's characters: 1 to MAX_KEY_LENGTH visible ASCII.
+_KEY = re.compile(rf"[\x21-\x7e]{{1,{MAX_KEY_LENGTH}}}")
 #: A fence is an integer from 0 to 10**18-1: it fits every store's 64-bit column.
 _FENCE = re.compile(r"[0-9]{1,18}")
 
@@ -46,7 +48,7 @@ def parse_key(values: Sequence[str]) -> str | None:
         raise MalformedKey("send exactly one Idempotency-Key header")
     raw = values[0].strip()
     key = _unquote(raw[1:-1]) if len(raw) >= 2 and raw[0] == raw[-1] == '"' else raw
-    if not 1 <= len(key) <= MAX_KEY_LENGTH or not all(0x21 <= ord(c) <= 0x7E for c in key):
+    if not _KEY.fullmatch(key):
         raise MalformedKey(f"Idempotency-Key must be 1-{MAX_KEY_LENGTH} visible ASCII characters")
     return key
 
@@ -55,9 +57,10 @@ def parse_fence(values: Sequence[str]) -> int | None:
     """The fence from the Outbox-Fence header values (None when absent). Raises MalformedFence."""
     if not values:
         return None
-    if len(values) > 1 or not _FENCE.fullmatch(values[0].strip()):
+    text = values[0].strip()
+    if len(values) > 1 or not _FENCE.fullmatch(text):
         raise MalformedFence("Outbox-Fence must be one integer from 0 to 10**18-1")
-    return int(values[0].strip())
+    return int(text)
 
 
 def _unquote(inner: str) -> str:

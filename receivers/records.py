@@ -19,13 +19,12 @@ c. The minimum fence is a field of the key's record, so it lives exactly as long
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from functools import partial
-from typing import Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
-T = TypeVar("T")
+X = TypeVar("X")
 
 
 class StoreUnavailable(Exception):
@@ -49,9 +48,9 @@ class StoredResponse:
     body: bytes | None
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """A key's record."""
+class Record(NamedTuple):
+    """A key's record (a named tuple: a batch builds several per Kafka record, and a tuple is the
+    cheapest immutable value Python builds)."""
 
     identity: str
     fingerprint: str | None
@@ -149,15 +148,15 @@ def decide_complete(
     """The completed record, or None if ``epoch`` no longer holds it (a stale owner)."""
     if found is None or found.state is not State.IN_PROGRESS or found.epoch != epoch:
         return None
-    return replace(found, state=State.COMPLETED, lease_expires_at=None, response=response,
-                   expires_at=expires_at)
+    return Record(found.identity, found.fingerprint, State.COMPLETED, epoch, found.min_fence, None, expires_at,
+                  response)
 
 
 def decide_release(found: Record | None, epoch: int) -> Record | None:
     """The released record (the next request runs again), or None for a stale owner."""
     if found is None or found.state is not State.IN_PROGRESS or found.epoch != epoch:
         return None
-    return replace(found, state=State.ABSENT, fingerprint=None, lease_expires_at=None, response=None)
+    return Record(found.identity, None, State.ABSENT, epoch, found.min_fence, None, found.expires_at)
 
 
 def decide_probe(
@@ -174,71 +173,52 @@ def decide_probe(
     record = live(found, now)
     raised = max(fence, record.min_fence if record else 0)
     if record is not None and record.state is State.COMPLETED:
-        return ProbeResult(State.COMPLETED, raised, record.response), replace(record, min_fence=raised)
+        return ProbeResult(State.COMPLETED, raised, record.response), record._replace(min_fence=raised)
     if (record is not None and record.state is State.IN_PROGRESS and record.lease_expires_at is not None
             and now < record.lease_expires_at):
-        return ProbeResult(State.IN_PROGRESS, raised), replace(record, min_fence=raised)
+        return ProbeResult(State.IN_PROGRESS, raised), record._replace(min_fence=raised)
     epoch = (found.epoch if found else 0) + (1 if record is not None else 0)
     absent = Record(identity, None, State.ABSENT, epoch, raised, None,
                     record.expires_at if record else expires_at)
     return ProbeResult(State.ABSENT, raised), absent
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimRequest:
-    """One claim of a batch (``RecordStore.claim_many``)."""
+class ClaimRequest(NamedTuple):
+    """One claim of a batch (``RecordStore.claim_many``), one per Kafka record (a named tuple, as
+    ``Record``)."""
 
     identity: str
     fingerprint: str
     fence: int | None
 
 
-#: One decision on a key's record (as read, None when absent): the answer, and the record to write.
-Decide = Callable[[Record | None], tuple[T, Record | None]]
+def distinct_runs(items: Sequence[X], identity: Callable[[X], str]) -> list[Sequence[X]]:
+    """``items`` cut, in order, into runs that name each identity once: a batch statement decides
+    each row once, so a key named again goes to the next run and sees what the first one wrote."""
+    runs: list[Sequence[X]] = []
+    seen: set[str] = set()
+    start = 0
+    for n, item in enumerate(items):
+        key = identity(item)
+        if key in seen:
+            runs.append(items[start:n])
+            seen.clear()
+            start = n
+        seen.add(key)
+    if start < len(items):
+        runs.append(items[start:])
+    return runs
 
 
-def decide_each(found: Mapping[str, Record], decisions: Sequence[tuple[str, Decide[T]]],
-                ) -> tuple[list[T], dict[str, Record]]:
-    """Apply ``(identity, decide)`` pairs in order over the records read (``found``, absent keys
-    missing), each seeing what an earlier one decided for its key, as one request after another
-    would; returns every answer and the records to write (each identity's last)."""
-    written: dict[str, Record] = {}
-    answers = []
-    for ident, decide in decisions:
-        answer, new = decide(written.get(ident) or found.get(ident))
-        if new is not None:
-            written[ident] = new
-        answers.append(answer)
-    return answers, written
-
-
-def claims(requests: Sequence[ClaimRequest], *, now: datetime, lease_until: datetime, expires_at: datetime,
-           ) -> list[tuple[str, Decide[ClaimResult]]]:
-    """``decide_each`` pairs for a batch of claims."""
-    def decide(request: ClaimRequest, found: Record | None) -> tuple[ClaimResult, Record | None]:
-        return decide_claim(found, request.identity, request.fingerprint, fence=request.fence, now=now,
-                            lease_until=lease_until, expires_at=expires_at)
-
-    return [(request.identity, partial(decide, request)) for request in requests]
-
-
-def completions(done: Sequence[tuple[str, int, StoredResponse]], expires_at: datetime,
-                ) -> list[tuple[str, Decide[bool]]]:
-    """``decide_each`` pairs for a batch of completions (``(identity, epoch, response)``)."""
-    def decide(epoch: int, response: StoredResponse, found: Record | None) -> tuple[bool, Record | None]:
-        new = decide_complete(found, epoch, response, expires_at)
-        return new is not None, new
-
-    return [(ident, partial(decide, epoch, response)) for ident, epoch, response in done]
-
-
-def releases(held: Sequence[tuple[str, int]]) -> list[tuple[str, Decide[bool]]]:
-    """``decide_each`` pairs for a batch of releases (``(identity, epoch)``)."""
-    def decide(epoch: int, found: Record | None) -> tuple[bool, Record | None]:
-        new = decide_release(found, epoch)
-        return new is not None, new
-
-    return [(ident, partial(decide, epoch)) for ident, epoch in held]
+def refusal(found: Record | None, request: ClaimRequest, *, now: datetime, lease_until: datetime,
+            expires_at: datetime) -> ClaimResult:
+    """Why a batch claim statement left ``request`` unclaimed, from the record as it judged it:
+    the statement's SQL spells ``decide_claim``'s rules, and a disagreement is a bug, not an answer."""
+    result, _ = decide_claim(found, request.identity, request.fingerprint, fence=request.fence, now=now,
+                             lease_until=lease_until, expires_at=expires_at)
+    if isinstance(result, Claimed):
+        raise RuntimeError(f"the batch claim refused {request.identity!r}, which decide_claim would claim")
+    return result
 
 
 class RecordStore(Protocol):
@@ -268,17 +248,18 @@ class RecordStore(Protocol):
 
     async def claim_many(self, requests: Sequence[ClaimRequest], *, now: datetime, lease_until: datetime,
                          expires_at: datetime) -> list[ClaimResult]:
-        """``claim`` each, in order, in one atomic step (one transaction: a batch of Kafka
-        records costs one durable write, not one each). Raises StoreUnavailable."""
+        """``claim`` each, in order, in one atomic step: one transaction of a constant number of
+        statements (one per run of distinct identities), so a batch of Kafka records costs one
+        durable write, not one each. Raises StoreUnavailable."""
         ...
 
     async def complete_many(self, done: Sequence[tuple[str, int, StoredResponse]], *,
                             expires_at: datetime) -> list[bool]:
-        """``complete`` each ``(identity, epoch, response)`` in one atomic step."""
+        """``complete`` each ``(identity, epoch, response)`` in one atomic step, as ``claim_many``."""
         ...
 
     async def release_many(self, held: Sequence[tuple[str, int]]) -> list[bool]:
-        """``release`` each ``(identity, epoch)`` in one atomic step."""
+        """``release`` each ``(identity, epoch)`` in one atomic step, as ``claim_many``."""
         ...
 
     async def probe(self, identity: str, fence: int, *, now: datetime, expires_at: datetime) -> ProbeResult:

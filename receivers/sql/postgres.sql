@@ -44,12 +44,41 @@ WHERE identity = $1;
 -- Delete records whose retention ran out.
 DELETE FROM {table} WHERE expires_at <= $1;
 
--- name: lock_many
--- Several records, locked in identity order (concurrent batches never deadlock) for the rest of the transaction.
-SELECT * FROM {table} WHERE identity = ANY($1::text[]) ORDER BY identity FOR UPDATE;
+-- name: get_many
+-- Several records, named by an array of identities (the refusals of a batch claim, locked by it).
+SELECT * FROM {table} WHERE identity = ANY($1::text[]);
 
--- name: placeholders
--- An absent record (read as no record at all) for each identity without one, so a batch of claims can lock every row it decides on.
-INSERT INTO {table} (identity, state, epoch, min_fence, expires_at)
-SELECT identity, 'absent', 0, 0, $2 FROM unnest($1::text[]) AS identity ORDER BY identity
-ON CONFLICT (identity) DO NOTHING;
+-- name: claim_many
+-- Claim a batch of distinct identities ($1 identities, $2 fingerprints, $3 fences, null for none) by decide_claim's rules, in identity order (concurrent batches never deadlock); returns each claimed identity with its new epoch. A refused row is locked, not written.
+INSERT INTO {table} AS t (identity, fingerprint, state, epoch, min_fence, lease_expires_at, expires_at)
+SELECT r.identity, r.fingerprint, 'in_progress', 1, coalesce(r.fence, 0), $5, $6
+FROM unnest($1::text[], $2::text[], $3::bigint[]) AS r (identity, fingerprint, fence)
+ORDER BY r.identity
+ON CONFLICT (identity) DO UPDATE
+SET fingerprint = excluded.fingerprint, state = 'in_progress', epoch = t.epoch + 1,
+    min_fence = greatest(excluded.min_fence, CASE WHEN t.expires_at > $4 THEN t.min_fence ELSE 0 END),
+    lease_expires_at = excluded.lease_expires_at, expires_at = excluded.expires_at,
+    status = NULL, headers = NULL, body = NULL, body_stored = false
+WHERE (t.expires_at <= $4 OR t.state = 'absent'
+       OR (t.state = 'in_progress' AND t.fingerprint = excluded.fingerprint AND t.lease_expires_at <= $4))
+  AND (excluded.min_fence >= CASE WHEN t.expires_at > $4 THEN t.min_fence ELSE 0 END
+       OR excluded.identity = ANY($7::text[]))
+RETURNING t.identity, t.epoch;
+
+-- name: complete_many
+-- Complete a batch of distinct identities still held by the given epochs ($1 identities, $2 epochs, $3 statuses, $4 headers, $5 bodies, null when not stored); returns the identities completed.
+UPDATE {table} AS t
+SET state = 'completed', lease_expires_at = NULL, expires_at = $6, status = d.status, headers = d.headers,
+    body = d.body, body_stored = d.body IS NOT NULL
+FROM unnest($1::text[], $2::bigint[], $3::integer[], $4::text[], $5::bytea[]) AS d (identity, epoch, status, headers, body)
+WHERE t.identity = d.identity AND t.state = 'in_progress' AND t.epoch = d.epoch
+RETURNING t.identity;
+
+-- name: release_many
+-- Release a batch of distinct identities still held by the given epochs ($1 identities, $2 epochs); returns the identities released.
+UPDATE {table} AS t
+SET state = 'absent', fingerprint = NULL, lease_expires_at = NULL, status = NULL, headers = NULL, body = NULL,
+    body_stored = false
+FROM unnest($1::text[], $2::bigint[]) AS d (identity, epoch)
+WHERE t.identity = d.identity AND t.state = 'in_progress' AND t.epoch = d.epoch
+RETURNING t.identity;

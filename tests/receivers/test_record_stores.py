@@ -7,6 +7,7 @@ import asyncio
 import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 
 from receivers import MemoryRecordStore, PostgresRecordStore, SqliteRecordStore, State, StoredResponse
-from receivers.records import Busy, Claimed, ClaimRequest, Mismatch, ProbeResult, Replay, StaleFence
+from receivers.records import Busy, Claimed, ClaimRequest, Mismatch, ProbeResult, Replay, StaleFence, decide_claim
 
 from .conftest import T0
 
@@ -508,3 +509,141 @@ async def test_records_of_different_identities_are_independent(store: Any) -> No
     assert await claim(store, "3:a:b|1:c", FP_B) == Claimed(1)
     await store.complete("1:a|3:b:c", 1, OK, expires_at=T0 + RETENTION)
     assert (await store.get("3:a:b|1:c")).state is State.IN_PROGRESS
+
+
+# -- batches: one statement per batch, the single claim's rules ------------------------------
+
+
+@asynccontextmanager
+async def statements(kind: str, store: Any) -> AsyncIterator[list[str]]:
+    """The SQL statements ``store`` runs meanwhile, from its real connection's trace (the memory
+    store runs none)."""
+    ran: list[str] = []
+
+    def logged(query: Any) -> None:
+        # executemany is logged once with its list of argument rows: the server ran one each
+        ran.extend([query.query] * (len(query.args) if isinstance(query.args, list) else 1))
+
+    if kind == "sqlite":
+        await store._committer.db.set_trace_callback(ran.append)
+    elif kind == "postgres":
+        async with store._pool.acquire() as conn:  # sequential calls all run on this one connection
+            conn.add_query_logger(logged)
+    yield ran
+    if kind == "sqlite":
+        await store._committer.db.set_trace_callback(None)
+    elif kind == "postgres":
+        await asyncio.sleep(0)  # query loggers are called soon after their statement
+        async with store._pool.acquire() as conn:
+            conn.remove_query_logger(logged)
+
+
+async def mixed_batch(store: Any, backend: Backend, new: int) -> tuple[list[Any], list[str]]:
+    """Claim, in one batch, a completed key, one in progress in another store, one whose lease ran
+    out, one fenced higher, one of another payload and ``new`` fresh keys; returns the answers and
+    the statements the batch ran."""
+    tag = f"{new}-"
+    elsewhere = backend.new() if backend.kind != "memory" else store
+    if elsewhere is not store:
+        await elsewhere.open()
+    try:
+        await claim(elsewhere, tag + "done")
+        await elsewhere.complete(tag + "done", 1, OK, expires_at=T0 + RETENTION)
+        await claim(elsewhere, tag + "busy", at=T0)
+        await claim(elsewhere, tag + "stale-lease", at=T0 - LEASE)
+        await claim(elsewhere, tag + "fenced", fence=9)
+        await elsewhere.release(tag + "fenced", 1)
+        await claim(elsewhere, tag + "other", FP_B)
+    finally:
+        if elsewhere is not store:
+            await elsewhere.close()
+    at = T0 + timedelta(seconds=1)
+    requests = [ClaimRequest(tag + name, FP_A, fence) for name, fence in
+                (("done", 1), ("busy", 1), ("stale-lease", 1), ("fenced", 3), ("other", 1))]
+    requests += [ClaimRequest(f"{tag}new-{i}", FP_A, 1) for i in range(new)]
+    async with statements(backend.kind, store) as ran:
+        answers = await store.claim_many(requests, now=at, lease_until=at + LEASE, expires_at=at + RETENTION)
+    return answers, ran
+
+
+async def test_a_mixed_batch_of_claims_runs_the_same_statements_whatever_its_size(backend: Backend) -> None:
+    store = await backend.open()
+    await mixed_batch(store, backend, 1)  # the driver's first use of a statement asks for its types
+    few, few_ran = await mixed_batch(store, backend, 2)
+    many, many_ran = await mixed_batch(store, backend, 300)
+    for answers, new in ((few, 2), (many, 300)):
+        assert answers == [Replay(OK), Busy(59.0), Claimed(2), StaleFence(9), Mismatch()] + [Claimed(1)] * new
+    assert len(many_ran) == len(few_ran)
+    if backend.kind != "memory":
+        # the claim itself, the read of its refusals, and the transaction around them
+        assert len(few_ran) <= 4, few_ran
+    taken = await store.get("300-stale-lease")
+    at = T0 + timedelta(seconds=1)
+    assert (taken.state, taken.epoch, taken.lease_expires_at) == (State.IN_PROGRESS, 2, at + LEASE)
+    assert (await store.get("300-busy")).lease_expires_at == T0 + LEASE  # left as it was
+    assert (await store.get("300-done")).state is State.COMPLETED
+    fresh = await store.get("300-new-299")
+    assert (fresh.state, fresh.epoch, fresh.min_fence, fresh.fingerprint) == (State.IN_PROGRESS, 1, 1, FP_A)
+
+
+async def test_batches_of_completions_and_releases_run_the_same_statements_whatever_their_size(
+        backend: Backend) -> None:
+    store = await backend.open()
+    counts = []
+    for size in (4, 6, 300):  # the first warms the driver's type cache
+        requests = [ClaimRequest(f"{size}-{i}", FP_A, None) for i in range(size)]
+        await store.claim_many(requests, now=T0, lease_until=T0 + LEASE, expires_at=T0 + RETENTION)
+        half = size // 2
+        async with statements(backend.kind, store) as completed:
+            answers = await store.complete_many([(f"{size}-{i}", 1 if i else 2, OK) for i in range(half)],
+                                                expires_at=T0 + RETENTION)
+        assert answers == [False] + [True] * (half - 1)  # the first names a stale epoch
+        async with statements(backend.kind, store) as released:
+            answers = await store.release_many([(f"{size}-{i}", 1) for i in range(half - 1, size)])
+        assert answers == [False] + [True] * (size - half)  # the first was completed
+        counts.append((len(completed), len(released)))
+        assert (await store.get(f"{size}-{half - 1}")).response == OK
+        assert (await store.get(f"{size}-{size - 1}")).state is State.ABSENT
+    assert counts[1] == counts[2]
+    if backend.kind != "memory":
+        assert counts[1][0] <= 3 and counts[1][1] <= 3, counts  # the statement (and its transaction)
+
+
+async def test_a_batch_claim_decides_every_kind_of_record_as_decide_claim_does(store: Any) -> None:
+    """Each record a key can have (none, absent and fenced, released, running, with its lease run
+    out, completed, expired) met by the same and by another payload, with no fence, a lower, the
+    same and a higher one: the batch statement answers and writes what ``decide_claim`` says."""
+    past = T0 - 2 * RETENTION
+    setups: dict[str, Callable[[str], Awaitable[Any]]] = {
+        "none": lambda k: asyncio.sleep(0),
+        "probed": lambda k: store.probe(k, 5, now=T0, expires_at=T0 + RETENTION),
+        "released": lambda k: _then(claim(store, k, fence=5), store.release(k, 1)),
+        "running": lambda k: claim(store, k, fence=5, at=T0),
+        "lease-out": lambda k: claim(store, k, fence=5, at=T0 - LEASE),
+        "completed": lambda k: _then(claim(store, k, fence=5),
+                                     store.complete(k, 1, OK, expires_at=T0 + RETENTION)),
+        "expired": lambda k: _then(claim(store, k, fence=5, at=past),
+                                   store.complete(k, 1, OK, expires_at=past + RETENTION)),
+        "expired-running": lambda k: claim(store, k, fence=5, at=past),
+    }
+    requests = []
+    for name, setup in setups.items():
+        for fp in (FP_A, FP_B):
+            for fence in (None, 3, 5, 7):
+                ident = f"{name}/{fp[7]}/{fence}"
+                await setup(ident)
+                requests.append(ClaimRequest(ident, fp, fence))
+    before = {r.identity: await store.get(r.identity) for r in requests}
+    at = T0 + timedelta(seconds=10)
+    answers = await store.claim_many(requests, now=at, lease_until=at + LEASE, expires_at=at + RETENTION)
+    for request, answer in zip(requests, answers, strict=True):
+        expected, written = decide_claim(before[request.identity], request.identity, request.fingerprint,
+                                         fence=request.fence, now=at, lease_until=at + LEASE,
+                                         expires_at=at + RETENTION)
+        assert answer == expected, request
+        assert await store.get(request.identity) == (written or before[request.identity]), request
+
+
+async def _then(first: Awaitable[Any], second: Awaitable[Any]) -> Any:
+    await first
+    return await second
