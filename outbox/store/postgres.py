@@ -55,7 +55,7 @@ from ..model import (
     expected_status,
 )
 from ..tokens import TokenInfo
-from . import records
+from . import moves, records
 from .migrator import Migration, run_migrations, scripts_for
 from .plumbing import queries
 from .protocol import Activity, Applied, AttemptMinute, Claim, Failure, History, IntentQuery, Page, Span, Waiting
@@ -395,9 +395,9 @@ def _refusal(change: Change, found: Any) -> OutboxError:
                             expected=expected, fence=getattr(change, "fence", None))
     if refused is not None:
         return refused
-    if isinstance(change, Start):
-        return StaleWrite(f"intent {change.key!r}'s lease expired before attempt {change.attempt.attempt_id!r} "
-                          "started; the write was not applied")
+    if isinstance(change, Start) and found is not None and (late := moves.decide_start(
+            change.key, _time(found["lease_expires_at"]), change.attempt.started_at)) is not None:
+        return late
     return StaleWrite(f"intent {change.key!r} changed while the write was judged; the write was not applied")
 
 
@@ -822,8 +822,9 @@ class PostgresStore:
             held = await conn.fetch(SQL["lock_recoverable"], now, limit)
             if not held:
                 return 0
-            return len(await conn.fetch(SQL["recover"], [row["seq"] for row in held],
-                                        [row["lease_owner"] for row in held], now, actor, now.isoformat()))
+            logged = [moves.recovered_event(row["lease_owner"], now, actor) for row in held]
+            return len(await conn.fetch(SQL["recover"], [row["seq"] for row in held], [e.reason for e in logged],
+                                        now, actor, _data(logged[0])))
 
         return await self._run(work, transaction={})
 

@@ -372,7 +372,9 @@ async def test_the_changes_a_batch_refuses_are_answered_in_place_and_the_rest_co
     assert isinstance(wrong_fence, StaleWrite) and str(wrong_fence) == (
         f"intent {intents[1].key!r} is leased at fence {intents[1].fence}, not leased at fence "
         f"{intents[1].fence + 1}; the write was not applied")
-    assert isinstance(late, StaleWrite) and "lease expired" in str(late)
+    assert isinstance(late, StaleWrite) and str(late) == (
+        f"intent {intents[2].key!r}'s lease ended at {(T0 + LEASE).isoformat()}, before its attempt started at "
+        f"{(T0 + LEASE).isoformat()}; the write was not applied")
     assert isinstance(missing, NotFound) and str(missing) == "intent 'acme/nobody' does not exist"
     assert isinstance(wrong_status, StaleWrite) and "is leased at fence 1, not pending" in str(wrong_status)
     for intent, attempts in zip(intents, (1, 0, 0, 0, 0), strict=True):

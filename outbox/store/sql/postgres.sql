@@ -402,24 +402,22 @@ ORDER BY lease_expires_at LIMIT $2
 FOR UPDATE SKIP LOCKED;
 
 -- name: recover
--- Move recover for the intents lock_recoverable locked (arrays $1, $2: seq, lease owner), judged again in this
+-- Move recover for the intents lock_recoverable locked (arrays $1, $2: seq, its event's reason), judged again in this
 -- statement's snapshot, taken after the locks: one whose holder's attempt start committed meanwhile is left (its
 -- attempt is settled by the sweeper instead). The rest are pending and due at $3, fence raised, with a lease_expired
--- event by $4 ($5: the due time as the event's data gives it). Returns those recovered.
+-- event by $4 (data $5). Returns those recovered.
 WITH changed AS (
     UPDATE intents SET status = 'pending', lease_owner = NULL, lease_expires_at = NULL, next_attempt_at = $3,
                        fence = intents.fence + 1, updated_at = $3
-    FROM unnest($1::bigint[], $2::text[]) AS held (seq, lease_owner)
+    FROM unnest($1::bigint[], $2::text[]) AS held (seq, reason)
     WHERE intents.seq = ANY($1::bigint[]) AND intents.seq = held.seq AND intents.status = 'leased'
       AND NOT EXISTS (SELECT 1 FROM attempts
                       WHERE attempts.intent_seq = intents.seq AND attempts.fence = intents.fence
                         AND attempts.finished_at IS NULL)
-    RETURNING intents.seq, held.lease_owner
+    RETURNING intents.seq, held.reason
 ), logged AS (
     INSERT INTO events (intent_seq, kind, at, actor, reason, data)
-    SELECT seq, 'lease_expired', $3, $4, format('lease of %s expired before any attempt started', lease_owner),
-           jsonb_build_object('next_attempt_at', $5::text)
-    FROM changed ORDER BY seq
+    SELECT seq, 'lease_expired', $3, $4, reason, $5::jsonb FROM changed ORDER BY seq
 )
 SELECT seq, pg_notify('outbox_due', '') AS notified FROM changed;
 
