@@ -143,6 +143,8 @@ class Cpu:
 
     own_us: float  # this process
     receiver_us: float | None
+    loop_us: float | None = None  # of own_us: the event loop's thread
+    writer_us: float | None = None  # of own_us: the SQLite writer connection's thread
 
     @classmethod
     def measure(cls, before: tuple[float, float | None], after: tuple[float, float | None],
@@ -244,11 +246,19 @@ class Peer(Protocol):
     def alive(self) -> None: ...
 
 
+def thread_cpu(box: Any) -> tuple[float, float]:
+    """CPU seconds of the event loop's thread (this one) and of the SQLite store's writer thread."""
+    writer = box.store._writer  # aiosqlite runs each connection on a thread of its own
+    return time.thread_time(), time.clock_gettime(time.pthread_getcpuclockid(writer.ident))
+
+
 async def time_worker(box: Any, worker: Any, n: int, peer: Peer) -> tuple[float, float, Cpu]:
     """Run ``worker`` until the SQLite store says n intents are delivered, then stop it:
-    (seconds to the last delivery recorded, seconds to the poll that saw it, CPU per delivery)."""
+    (seconds to the last delivery recorded, seconds to the poll that saw it, CPU per delivery,
+    the event loop's and the writer thread's apart)."""
     delivered_sql = "SELECT count(*) FROM intents WHERE status = 'delivered'"
     cpu = peer.cpu()
+    threads = thread_cpu(box)
     start_wall = time.time()
     began = time.perf_counter()
     task = asyncio.create_task(worker.run())
@@ -262,6 +272,8 @@ async def time_worker(box: Any, worker: Any, n: int, peer: Peer) -> tuple[float,
             if await scalar(box, delivered_sql) >= n:
                 observed = time.perf_counter() - began
                 used = Cpu.measure(cpu, peer.cpu(), n)
+                loop, writer = (b - a for a, b in zip(threads, thread_cpu(box), strict=True))
+                used.loop_us, used.writer_us = loop / n * 1e6, writer / n * 1e6
                 break
             if time.perf_counter() > deadline:
                 raise BenchError(f"only {await scalar(box, delivered_sql)} of {n} delivered in "
@@ -343,8 +355,8 @@ class Delivery:
     rate: float  # intents delivered per second, first claim to last delivery recorded
     seconds: float
     observed_seconds: float  # until the 0.2 s poll saw the last one
-    claims: int  # store.claim calls made by the worker
-    claimed: int  # intents they returned
+    claims: int  # claims the worker made (``apply(..., claim=...)`` or ``store.claim``)
+    claimed: int  # intents they leased
     commits: int | None  # write transactions (group commits) the store ran, if countable
     jobs: int  # writes they carried
     cpu: Cpu
@@ -444,12 +456,12 @@ async def channel_alone(receiver: Receiver, n: int) -> Load:
 
 @asynccontextmanager
 async def counted(box: Any) -> AsyncIterator[tuple[Counter[str], LogCounter]]:
-    """While the block runs: the store's claims (``claims``, ``claimed``) and, on SQLite, its
-    group commits (``commits``, ``jobs``) counted, and the sender's log counted rather than
-    printed; everything is put back after."""
+    """While the block runs: the store's claims (``claims``, ``claimed``: those made in an
+    ``apply`` and by ``store.claim``) and, on SQLite, its group commits (``commits``, ``jobs``)
+    counted, and the sender's log counted rather than printed; everything is put back after."""
     store = box.store
     calls = Counter[str]()
-    claim = store.claim
+    claim, apply_changes = store.claim, store.apply
 
     async def counting_claim(*args: Any, **kwargs: Any) -> Any:
         got = await claim(*args, **kwargs)
@@ -457,17 +469,24 @@ async def counted(box: Any) -> AsyncIterator[tuple[Counter[str], LogCounter]]:
         calls["claimed"] += len(got)
         return got
 
-    store.claim = counting_claim
+    async def counting_apply(changes: Any, *, claim: Any = None) -> Any:
+        applied = await apply_changes(changes, claim=claim)
+        if claim is not None:
+            calls["claims"] += 1
+            calls["claimed"] += len(applied.claimed)
+        return applied
+
+    store.claim, store.apply = counting_claim, counting_apply
     committer = commit_module()
     apply = getattr(committer, "_apply_batch", None)
 
-    def counting_apply(conn: Any, jobs: Any) -> Any:
+    def counting_batch(conn: Any, jobs: Any) -> Any:
         calls["commits"] += 1
         calls["jobs"] += len(jobs)
         return apply(conn, jobs)  # type: ignore[misc]
 
     if apply is not None:
-        committer._apply_batch = counting_apply
+        committer._apply_batch = counting_batch
     sender_log = LogCounter()
     logger = logging.getLogger("outbox.sender")
     logger.addHandler(sender_log)
@@ -479,7 +498,7 @@ async def counted(box: Any) -> AsyncIterator[tuple[Counter[str], LogCounter]]:
         logger.propagate = True
         if apply is not None:
             committer._apply_batch = apply
-        store.claim = claim
+        store.claim, store.apply = claim, apply_changes
 
 
 async def outbox_delivery(workdir: Path, receiver: Receiver, n: int, *, noop: bool = False) -> Delivery:
@@ -706,6 +725,21 @@ def check_sizes(parser: argparse.ArgumentParser, args: argparse.Namespace, names
         parser.error(f"--big-n must be more than {SMALL_PENDING:,}")
 
 
+def per_delivery(runs: list[Delivery], n: int) -> str:
+    """The medians over ``runs`` of the worker's CPU per delivery (by thread) and of its commits
+    and writes per delivery."""
+    def median(values: Any) -> float:
+        return statistics.median(v for v in values if v is not None)
+
+    cpu = [d.cpu for d in runs]
+    commits = "" if runs[0].commits is None else (
+        f"; {median(d.commits for d in runs) / n:.3f} commits, {median(d.jobs for d in runs) / n:.3f} writes "
+        f"and {median(d.claims for d in runs) / n:.3f} claims per delivery")
+    return (f"{median(c.own_us for c in cpu):,.0f} us CPU per delivery (event loop thread "
+            f"{median(c.loop_us for c in cpu):,.0f} us, SQLite writer thread "
+            f"{median(c.writer_us for c in cpu):,.0f} us){commits}")
+
+
 def ms(seconds: float) -> str:
     return f"{seconds * 1000:.2f}"
 
@@ -859,6 +893,9 @@ async def run(args: argparse.Namespace) -> int:
         if channel_loads and channel_loads[-1].cpu and noops:
             print(f"  apart, last round: the webhook channel alone {channel_loads[-1].cpu.own_us:,.0f} us per "
                   f"request; the worker with a no-op channel {noops[-1].cpu.own_us:,.0f} us per delivery")
+        for label, runs in (("durable webhook", deliveries), ("no-op channel", noops)):
+            if runs:
+                print(f"worker, {label}, median of {len(runs)}: {per_delivery(runs, n)}")
         for round_, got in enumerate(deliveries, 1):
             if got.warnings:
                 print(f"worker warnings, round {round_}: {got.warnings}; e.g. {got.warning_samples[:1]}")
