@@ -248,7 +248,7 @@ class Peer(Protocol):
 
 def thread_cpu(box: Any) -> tuple[float, float]:
     """CPU seconds of the event loop's thread (this one) and of the SQLite store's writer thread."""
-    writer = box.store._writer  # aiosqlite runs each connection on a thread of its own
+    writer = box.store._writer._thread  # aiosqlite runs each connection on a thread of its own
     return time.thread_time(), time.clock_gettime(time.pthread_getcpuclockid(writer.ident))
 
 
