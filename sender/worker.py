@@ -412,7 +412,7 @@ class Worker:
     def _answered(self) -> None:
         """The store answered a cycle: say so if it had been failing."""
         if self.trouble is not None:
-            log.warning("the database answers again after %d failed claim(s) since %s", self._failures,
+            log.warning("the database answers again after %d failed cycle(s) since %s", self._failures,
                         self.trouble[1].isoformat())
             self.trouble = None
         self._failures = 0
@@ -423,7 +423,7 @@ class Worker:
         self._retry_at = time.monotonic() + pause
         if self.trouble is None:
             self.trouble = (f"{type(exc).__name__}: {exc}", self.clock.now())
-        log.error("claiming failed %d time(s) in a row (%s); trying again in %.1fs (%d changes kept to record)",
+        log.error("a store cycle failed %d time(s) in a row (%s); trying again in %.1fs (%d changes kept to record)",
                   self._failures, exc, pause, len(self._buffer), exc_info=not isinstance(exc, StoreUnavailable))
 
     def _keep(self, lease: _Lease, entry: _Entry) -> None:
@@ -950,7 +950,7 @@ CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 def claim_pause(poll_seconds: float, failures: int) -> float:
-    """How long to wait after ``failures`` failed claims in a row: poll_seconds, doubling, at most
+    """How long to wait after ``failures`` failed cycles in a row: poll_seconds, doubling, at most
     MAX_CLAIM_BACKOFF_SECONDS (the exponent is capped, so an outage of any length is no overflow)."""
     return min(MAX_CLAIM_BACKOFF_SECONDS, poll_seconds * 2 ** min(failures - 1, 32))
 
