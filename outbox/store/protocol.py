@@ -9,11 +9,11 @@ proven by those same tests, not by its own.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol, overload
+from typing import Any, Protocol
 
 from ..destinations import Destination
 from ..errors import OutboxError
@@ -217,41 +217,6 @@ class Store(Protocol):
 
     async def list_intents(self, query: IntentQuery) -> Page:
         """A page of intents matching ``query``, newest first."""
-        ...
-
-    @overload
-    async def update_intent(
-        self, key: str, *, expected: Status, status: Status, events: Sequence[Event],
-        changes: Mapping[str, Any] | None = None, fence: int | None = None, attempt: Attempt | None = None,
-        fetch: Literal[True] = True,
-    ) -> Intent: ...
-
-    @overload
-    async def update_intent(
-        self, key: str, *, expected: Status, status: Status, events: Sequence[Event],
-        changes: Mapping[str, Any] | None = None, fence: int | None = None, attempt: Attempt | None = None,
-        fetch: Literal[False],
-    ) -> None: ...
-
-    async def update_intent(
-        self,
-        key: str,
-        *,
-        expected: Status,
-        status: Status,
-        events: Sequence[Event],
-        changes: Mapping[str, Any] | None = None,
-        fence: int | None = None,
-        attempt: Attempt | None = None,
-        fetch: bool = True,
-    ) -> Intent | None:
-        """Move an intent from ``expected`` to ``status`` (checked against TRANSITIONS; only a
-        leased intent may stay in its status, to record its attempt), applying ``changes``
-        (columns in UPDATABLE), recording ``attempt`` (new, or its outcome) and appending
-        ``events``, atomically and only if the intent is
-        still in ``expected`` (and at ``fence`` when given). Returns the updated intent, or None
-        with ``fetch=False`` (the sender's hot path does not read it back).
-        Raises IllegalTransition, NotFound, StaleWrite; nothing is written when it raises."""
         ...
 
     async def apply(self, changes: Sequence[Change], *, claim: Claim | None = None) -> Applied:
