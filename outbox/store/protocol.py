@@ -1,8 +1,9 @@
 """The store protocol: what the outbox needs from a database, whatever the dialect.
 
-What the outbox's rules decide (an intent's first status, the enqueue conflict, which updates
-are legal, which migrations run) is decided once, in ``rules.py`` and ``migrator.py``; a
-dialect holds its SQL and connection handling only. Every backend passes the conformance suite
+What the outbox's rules decide (an intent's first status, the enqueue conflict, which moves a
+change may make and what each writes, which migrations run) is decided once, in
+``outbox.model``, ``rules.py``, ``moves.py`` and ``migrator.py``; a dialect holds its SQL (one
+named block per move) and connection handling only. Every backend passes the conformance suite
 in ``tests/conformance`` (its factory listed in ``backends.STORE_FACTORIES``); a new backend is
 proven by those same tests, not by its own.
 """
