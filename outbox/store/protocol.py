@@ -74,7 +74,8 @@ class History:
 
 @dataclass(frozen=True, slots=True)
 class AttemptMinute:
-    """The attempts to one destination that finished in one minute with one outcome."""
+    """The attempts to one destination that finished in one minute with one outcome (of those that
+    started in the window asked for)."""
 
     destination: str
     minute: datetime
@@ -285,8 +286,9 @@ class Store(Protocol):
         ...
 
     async def activity(self, since: datetime, now: datetime) -> Activity:
-        """Attempts finished, failures and settled intents since ``since`` (minute by minute,
-        through indexes on finish and change times), and the open intents as of ``now``."""
+        """Attempts started since ``since`` that finished, the failures among them, and the intents
+        settled since (minute by minute, through indexes on start and change times: an attempt's
+        finish then changes no indexed column), and the open intents as of ``now``."""
         ...
 
     async def disable_destination(self, destination_id: str, at: datetime) -> None:

@@ -570,17 +570,18 @@ SELECT * FROM tokens WHERE id = $1;
 SELECT count(*) FROM tokens WHERE role = $1 AND revoked_at IS NULL;
 
 -- name: activity_minutes
--- Attempts finished since $1, per destination, minute and outcome: count, summed duration, last end.
+-- Attempts started since $1 and finished, per destination, minute of their finish and outcome:
+-- count, summed duration, last end.
 SELECT i.destination, date_trunc('minute', a.finished_at) AS minute, a.outcome, count(*),
        coalesce(sum(a.duration_ms), 0)::float8, max(a.finished_at)
 FROM attempts a JOIN intents i ON i.seq = a.intent_seq
-WHERE a.finished_at >= $1 GROUP BY i.destination, minute, a.outcome;
+WHERE a.started_at >= $1 AND a.finished_at IS NOT NULL GROUP BY i.destination, minute, a.outcome;
 
 -- name: activity_failures
--- Each destination's latest failed attempt since $1.
+-- Each destination's latest failed attempt of those started since $1.
 SELECT DISTINCT ON (i.destination) i.destination, a.finished_at, a.outcome, a.status_code, a.error
 FROM attempts a JOIN intents i ON i.seq = a.intent_seq
-WHERE a.finished_at >= $1 AND a.outcome <> 'delivered' ORDER BY i.destination, a.finished_at DESC;
+WHERE a.started_at >= $1 AND a.outcome <> 'delivered' ORDER BY i.destination, a.finished_at DESC;
 
 -- name: activity_waiting
 -- Each destination's open intents and when its oldest due one (at $1) fell due.

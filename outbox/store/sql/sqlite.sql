@@ -405,17 +405,19 @@ SELECT * FROM tokens WHERE id = ?;
 SELECT count(*) FROM tokens WHERE role = ? AND revoked_at IS NULL;
 
 -- name: activity_minutes
--- Attempts finished since ?1, per destination, minute (microseconds) and outcome: count, summed duration, last end.
+-- Attempts started since ?1 and finished, per destination, minute of their finish (microseconds)
+-- and outcome: count, summed duration, last end.
 SELECT i.destination, a.finished_at / 60000000 * 60000000 AS minute, a.outcome, count(*),
        coalesce(sum(a.duration_ms), 0), max(a.finished_at)
-FROM attempts a INDEXED BY attempts_finished JOIN intents i ON i.seq = a.intent_seq
-WHERE a.finished_at >= ?1 GROUP BY i.destination, minute, a.outcome;
+FROM attempts a INDEXED BY attempts_started JOIN intents i ON i.seq = a.intent_seq
+WHERE a.started_at >= ?1 AND a.finished_at IS NOT NULL GROUP BY i.destination, minute, a.outcome;
 
 -- name: activity_failures
--- Each destination's latest failed attempt since ?1 (SQLite takes the bare columns from the max row).
+-- Each destination's latest failed attempt of those started since ?1 (SQLite takes the bare columns
+-- from the max row).
 SELECT i.destination, max(a.finished_at), a.outcome, a.status_code, a.error
-FROM attempts a INDEXED BY attempts_finished JOIN intents i ON i.seq = a.intent_seq
-WHERE a.finished_at >= ?1 AND a.outcome <> 'delivered' GROUP BY i.destination;
+FROM attempts a INDEXED BY attempts_started JOIN intents i ON i.seq = a.intent_seq
+WHERE a.started_at >= ?1 AND a.outcome <> 'delivered' GROUP BY i.destination;
 
 -- name: activity_waiting
 -- Each destination's open intents and when its oldest due one (at ?1) fell due.
