@@ -23,22 +23,6 @@ from ..keyring import Keyring
 from ..model import Attempt, Change, Enqueued, Event, Intent, NewIntent, Status
 from ..tokens import TokenInfo
 
-#: Columns an intent update may set, besides ``status`` and ``updated_at``.
-UPDATABLE = frozenset(
-    {
-        "attempts",
-        "max_attempts",
-        "next_attempt_at",
-        "lease_owner",
-        "lease_expires_at",
-        "fence",
-        "last_error",
-        "approved_digest",
-        "approval_expires_at",
-        "approved_by",
-    }
-)
-
 
 @dataclass(frozen=True, slots=True)
 class IntentQuery:
