@@ -118,12 +118,6 @@ SETTLED: frozenset[Status] = frozenset(
 OPEN: frozenset[Status] = frozenset({Status.PENDING, Status.LEASED, Status.HELD, Status.UNKNOWN})
 
 
-def check_transition(current: Status, new: Status) -> None:
-    """Raise IllegalTransition unless ``current -> new`` is in TRANSITIONS."""
-    if new not in TRANSITIONS[current]:
-        raise IllegalTransition(f"an intent cannot go from {current.value!r} to {new.value!r}")
-
-
 def lifecycle_table() -> str:
     """The README's "Intent lifecycle" section (below its heading), rendered from ``MEANING``,
     ``INITIAL``, ``TERMINAL`` and ``MOVES``: paste it there when they change."""

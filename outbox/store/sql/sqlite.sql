@@ -235,14 +235,10 @@ ORDER BY destination = '*', revision DESC LIMIT 1;
 SELECT * FROM intents WHERE {where} ORDER BY seq DESC LIMIT ?;
 
 -- name: update_targets
--- Where each of a set of conditional updates or changes (a JSON array of intent keys) stands:
+-- Where the intent of each of a set of changes (a JSON array of intent keys) stands:
 -- [position, seq, status, fence, lease_expires_at] per key, seq null for an intent that does not exist.
 SELECT json_group_array(json_array(u.key, i.seq, i.status, i.fence, i.lease_expires_at))
 FROM json_each(?) AS u LEFT JOIN intents AS i ON i.intent_key = u.value;
-
--- name: update_intents
--- Set columns of several intents from a JSON array of [seq, value, ...] rows.
-UPDATE intents SET {assignments} FROM json_each(?) AS u WHERE intents.seq = json_extract(u.value, '$[0]');
 
 -- name: settle
 -- Move settle: [seq, status, last_error, next_attempt_at, attempts, fence, updated_at] rows (null next_attempt_at,
