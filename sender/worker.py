@@ -72,14 +72,18 @@ PARKED_SECONDS = 60.0
 #: Longest pause between claims while the database keeps failing (the pause doubles from
 #: poll_seconds up to this).
 MAX_CLAIM_BACKOFF_SECONDS = 30.0
+#: Applies a worker has under way at once: while one waits on the database, the next gathers
+#: the outcomes and starts that arrive meanwhile, as a second worker process would.
+CYCLES_IN_FLIGHT = 2
 #: Changes buffered that make a cycle run at once (otherwise within FLUSH_SECONDS).
 FLUSH_BATCH = 100
 #: Longest a finished send's outcome waits in the buffer for others to share its transaction.
 FLUSH_SECONDS = 0.05
-#: Leases a worker holds per send slot: while some sends run, the next intents are being
-#: claimed and their attempts recorded, and finished ones' outcomes committed, so recording
-#: never leaves a slot idle.
-LEASES_PER_SLOT = 2
+#: Leases a worker holds per send slot: a lease lives through three applies (its claim, its
+#: attempt's start, its outcome) around a send that is often shorter than one of them, so while
+#: some sends run, the next intents are being claimed and started and finished ones' outcomes
+#: committed, and recording never leaves a slot idle.
+LEASES_PER_SLOT = 4
 
 
 class _Unread:
@@ -167,7 +171,10 @@ class Worker:
         self._sending: set[asyncio.Task[None]] = set()
         self._buffer: list[_Entry] = []  # at most one per lease held, so bounded by the leases
         self._buffered_at = 0.0  # (monotonic) when the oldest change in the buffer came
-        self._flushing: set[str] = set()  # keys whose changes are in the apply under way
+        self._flushing: set[str] = set()  # keys whose changes are in an apply under way
+        self._cycles: set[asyncio.Task[int]] = set()  # applies under way (at most CYCLES_IN_FLIGHT)
+        self._claiming = 0  # intents the claims under way may lease
+        self._starting = 0  # attempt starts in the applies under way (their send slots are taken)
         self._wake = asyncio.Event()
         self._claimable = True  # False once a claim came back short, until an enqueue or _claim_at
         self._claim_at = 0.0
@@ -265,24 +272,42 @@ class Worker:
     # -- cycles ----------------------------------------------------------------------------
 
     async def _loop(self, *, claiming: bool) -> None:
-        """Run cycles as they fall due: until stopped and nothing is held, or (not
-        ``claiming``) until what is held now is done."""
-        while True:
-            self._wake.clear()  # before looking, so a wake-up from now on is not missed
-            stopping = self._stopping.is_set()
-            if stopping:
-                self._let_waiting_go("worker stopped before sending")
-            if (stopping or not claiming) and not (self._held or self._buffer or self._sending or self._fetching):
-                return
-            delay = self._due(claiming=claiming and not stopping)
-            if delay != 0:
-                await self._sleep(delay)
-                continue
-            try:
-                await self._cycle(None if claiming and not stopping else 0, start=not stopping and not self._failures)
-                self._answered()
-            except Exception as exc:  # a store hiccup must not end the worker: back off, keep the buffer
-                self._failed(exc)
+        """Run cycles as they fall due, up to CYCLES_IN_FLIGHT at once (the next one's changes
+        gather while an apply waits on the database): until stopped and nothing is held, or (not
+        ``claiming``) until what is held now is done. Cut, it cuts the applies under way."""
+        try:
+            while True:
+                self._wake.clear()  # before looking, so a wake-up from now on is not missed
+                stopping = self._stopping.is_set()
+                if stopping:
+                    self._let_waiting_go("worker stopped before sending")
+                if (stopping or not claiming) and not (self._held or self._buffer or self._sending or self._fetching
+                                                       or self._cycles):
+                    return
+                full = len(self._cycles) >= CYCLES_IN_FLIGHT or (self._failures and self._cycles)
+                delay = None if full else self._due(claiming=claiming and not stopping)
+                if delay != 0:
+                    await self._sleep(delay)
+                    continue
+                cycle = asyncio.create_task(
+                    self._cycle(None if claiming and not stopping else 0, start=not stopping and not self._failures))
+                self._cycles.add(cycle)
+                cycle.add_done_callback(self._cycled)
+                await asyncio.sleep(0)  # let it take its changes before the next look
+        finally:
+            for cycle in self._cycles:
+                cycle.cancel()
+            await asyncio.gather(*self._cycles, return_exceptions=True)
+
+    def _cycled(self, cycle: asyncio.Task[int]) -> None:
+        self._cycles.discard(cycle)
+        self._wake.set()
+        if cycle.cancelled():
+            return
+        if (exc := cycle.exception()) is None:
+            self._answered()
+        elif isinstance(exc, Exception):  # a store hiccup must not end the worker: back off, keep the buffer
+            self._failed(exc)
 
     def _due(self, *, claiming: bool) -> float | None:
         """Seconds until the next cycle is due (0: now), or None when only a wake-up brings one."""
@@ -294,7 +319,7 @@ class Worker:
         if len(self._buffer) >= self._flush_batch or (claiming and self._claim_size() > 0):
             return 0.0
         waits: list[float] = []
-        if self.concurrency > len(self._sending) + len(self._fetching) and self._waiting:
+        if self.concurrency > len(self._sending) + len(self._fetching) + self._starting and self._waiting:
             soonest = min(lease.not_before for lease in self._waiting)
             if soonest <= now:
                 return 0.0
@@ -312,7 +337,7 @@ class Worker:
             if not self._ticket.is_set() and time.monotonic() < self._claim_at:
                 return 0
             self._claimable = True
-        free = self.leases - len(self._held) + len(self._buffer)
+        free = self.leases - len(self._held) - self._claiming + len(self._buffer)
         return free if free >= self._claim_batch or (free > 0 and len(self._held) == len(self._buffer)) else 0
 
     async def _sleep(self, timeout: float | None) -> None:
@@ -343,7 +368,10 @@ class Worker:
         if any(isinstance(entry.change, Settle) and entry.attempt is not None for entry in flush):
             crash_point("before_outcome")
         ticket = self.outbox.enqueued.ticket()  # an enqueue during the claim is not missed
-        self._flushing = {change.key for change in changes}
+        keys = {change.key for change in changes}
+        self._flushing |= keys
+        self._claiming += limit
+        self._starting += len(ready)
         try:
             applied = await self.store.apply(changes, claim=asked)
         except BaseException as exc:
@@ -353,7 +381,9 @@ class Worker:
                 self._not_started(item, why)
             raise
         finally:
-            self._flushing = set()
+            self._flushing -= keys
+            self._claiming -= limit
+            self._starting -= len(ready)
         results = applied.results
         for entry, result in zip(flush, results, strict=False):
             self._flushed(entry, result)
@@ -384,7 +414,7 @@ class Worker:
     def _answered(self) -> None:
         """The store answered a cycle: say so if it had been failing."""
         if self.trouble is not None:
-            log.warning("the database answers again after %d failed claim(s) since %s", self._failures,
+            log.warning("the database answers again after %d failed cycle(s) since %s", self._failures,
                         self.trouble[1].isoformat())
             self.trouble = None
         self._failures = 0
@@ -395,7 +425,7 @@ class Worker:
         self._retry_at = time.monotonic() + pause
         if self.trouble is None:
             self.trouble = (f"{type(exc).__name__}: {exc}", self.clock.now())
-        log.error("claiming failed %d time(s) in a row (%s); trying again in %.1fs (%d changes kept to record)",
+        log.error("a store cycle failed %d time(s) in a row (%s); trying again in %.1fs (%d changes kept to record)",
                   self._failures, exc, pause, len(self._buffer), exc_info=not isinstance(exc, StoreUnavailable))
 
     def _keep(self, lease: _Lease, entry: _Entry) -> None:
@@ -547,7 +577,7 @@ class Worker:
         now, authority last. A lease whose check must await the store or the provider is
         fetched meanwhile and judged again in a later cycle; one the checks refuse has its
         change buffered for this cycle."""
-        room = self.concurrency - len(self._sending) - len(self._fetching)
+        room = self.concurrency - len(self._sending) - len(self._fetching) - self._starting
         ready: list[_Ready] = []
         later: list[_Lease] = []
         mono = time.monotonic()
@@ -927,7 +957,7 @@ CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 def claim_pause(poll_seconds: float, failures: int) -> float:
-    """How long to wait after ``failures`` failed claims in a row: poll_seconds, doubling, at most
+    """How long to wait after ``failures`` failed cycles in a row: poll_seconds, doubling, at most
     MAX_CLAIM_BACKOFF_SECONDS (the exponent is capped, so an outage of any length is no overflow)."""
     return min(MAX_CLAIM_BACKOFF_SECONDS, poll_seconds * 2 ** min(failures - 1, 32))
 

@@ -1,14 +1,13 @@
-"""The rules of the moves both dialects share (pure), and changes made one by one through
-``update_intent``: the stores' ``apply`` until each dialect runs its moves as sets (``apply_each``
-and ``recover_each`` are interim; they go once both stores have their named blocks)."""
+"""The rules of the moves both dialects share, pure: what a change expects and writes, in the
+order each dialect's named block for its move reads it, and the refusals and events both dialects
+word alike; a dialect holds only the SQL of each move."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, get_args
 
-from ..errors import OutboxError, StaleWrite
+from ..errors import StaleWrite
 from ..model import (
     Approve,
     Attempt,
@@ -17,7 +16,6 @@ from ..model import (
     Event,
     EventKind,
     Hold,
-    Intent,
     OperatorChange,
     Reject,
     Release,
@@ -26,13 +24,8 @@ from ..model import (
     Settle,
     Start,
     Status,
-    check_change,
     expected_status,
-    target_status,
 )
-from .protocol import Applied, Claim
-
-_LEASE = {"lease_owner": None, "lease_expires_at": None}
 
 #: The moves whose changes are answered with the intent as it became (the operators').
 ANSWERED: frozenset[str] = frozenset(change.move for change in get_args(OperatorChange))
@@ -106,74 +99,3 @@ def recovered_event(owner: str | None, now: datetime, actor: str) -> Event:
     """The ``lease_expired`` event of an intent the sweeper gives back (move ``recover``)."""
     return Event(EventKind.LEASE_EXPIRED, now, actor, f"lease of {owner} expired before any attempt started",
                  {"next_attempt_at": now.isoformat()})
-
-
-def _columns(change: Change) -> dict[str, Any]:
-    match change:
-        case Start():
-            return {}
-        case Settle():
-            columns: dict[str, Any] = {**_LEASE, "last_error": change.last_error}
-            if change.next_attempt_at is not None:
-                columns["next_attempt_at"] = change.next_attempt_at
-            if change.attempts is not None:
-                columns["attempts"] = change.attempts
-            if change.new_fence is not None:
-                columns["fence"] = change.new_fence
-            return columns
-        case Release():
-            return {**_LEASE, "next_attempt_at": change.next_attempt_at}
-        case Hold():
-            return {**_LEASE, "last_error": change.last_error}
-        case Replay():
-            return {"next_attempt_at": change.next_attempt_at, "max_attempts": change.max_attempts,
-                    "last_error": None}
-        case Resolve():
-            return {name: value for name, value in (("next_attempt_at", change.next_attempt_at),
-                                                    ("max_attempts", change.max_attempts)) if value is not None}
-        case Approve():
-            return {"approved_digest": change.approved_digest, "approval_expires_at": change.approval_expires_at,
-                    "approved_by": change.approved_by, "next_attempt_at": change.next_attempt_at}
-        case Cancel() | Reject():
-            return {}
-    raise TypeError(f"not a change: {change!r}")
-
-
-async def apply_each(store: Any, changes: Sequence[Change], claim: Claim | None) -> Applied:
-    for change in changes:
-        check_change(change)
-    results: list[Intent | OutboxError | None] = []
-    for change in changes:
-        if isinstance(change, Start):
-            found = await store.get_intent(change.key)
-            expired = found is not None and found.fence == change.fence and decide_start(
-                change.key, found.lease_expires_at, change.attempt.started_at)
-            if expired:
-                results.append(expired)
-                continue
-        try:
-            results.append(await store.update_intent(
-                change.key, expected=expected(change), status=target_status(change), events=events(change),
-                changes=_columns(change), fence=fence(change), attempt=attempt(change),
-                fetch=change.move in ANSWERED))
-        except OutboxError as exc:
-            results.append(exc)
-    claimed = [] if claim is None else await store.claim(
-        claim.owner, now=claim.now, lease_until=claim.lease_until, limit=claim.limit)
-    return Applied(results, claimed)
-
-
-async def recover_each(store: Any, now: datetime, limit: int, actor: str) -> int:
-    recovered = 0
-    for intent, started in await store.expired_leases(now, limit):
-        if started is not None:
-            continue
-        try:
-            await store.update_intent(
-                intent.key, fetch=False, expected=Status.LEASED, status=Status.PENDING, fence=intent.fence,
-                changes={**_LEASE, "next_attempt_at": now, "fence": intent.fence + 1},
-                events=[recovered_event(intent.lease_owner, now, actor)])
-            recovered += 1
-        except OutboxError:
-            pass  # its holder finished, or another sweeper got there first
-    return recovered

@@ -23,7 +23,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, TypeVar, cast, overload
+from typing import Any, TypeVar, cast
 
 import asyncpg
 
@@ -60,13 +60,11 @@ from .migrator import Migration, run_migrations, scripts_for
 from .plumbing import queries
 from .protocol import Activity, Applied, AttemptMinute, Claim, Failure, History, IntentQuery, Page, Span, Waiting
 from .rules import (
-    check_claim,
     check_payload,
     decide_destination_delete,
     decide_existing,
     decide_initial_status,
     decide_target,
-    decide_update,
     inserted_intent,
     not_revoked,
     whole_or_refused,
@@ -213,7 +211,7 @@ async def _unchanged(conn: asyncpg.Connection) -> None:
 
 
 def _attempt_values(a: Attempt | None) -> tuple[Any, ...]:
-    """An attempt as ``update_intent``'s parameters 9-22 (all null: no attempt to record)."""
+    """An attempt as the last values of a ``settle`` row (all null: the settle records no attempt)."""
     if a is None:
         return (None,) * 14
     return (
@@ -328,14 +326,6 @@ async def _hang_up(conn: asyncpg.Connection) -> None:
         conn.terminate()
 
 
-@functools.cache
-def _update_sql(columns: tuple[str, ...]) -> str:
-    """The conditional update for one combination of columns (names from UPDATABLE, never
-    input), their values from parameter 23 on."""
-    return SQL["update_intent"].format(
-        assignments=", ".join(f"{name} = ${i}" for i, name in enumerate(columns, 23)))
-
-
 def _row(change: Change) -> tuple[Any, ...]:
     """A change as one row of its move's block (the arrays from $7 on, sql/postgres.sql)."""
     match change:
@@ -435,7 +425,6 @@ async def _claim(conn: asyncpg.Connection, claim: Claim | None) -> list[Intent]:
     """``Store.claim`` on ``conn`` (nothing for no claim)."""
     if claim is None:
         return []
-    check_claim()
     return [_intent(row) for row in await conn.fetch(SQL["claim"], claim.now, claim.owner, claim.lease_until,
                                                      claim.limit)]
 
@@ -731,54 +720,6 @@ class PostgresStore:
         intents = [_intent(row) for row in rows[: query.limit]]
         more = len(rows) > query.limit
         return Page(intents, intents[-1].seq if more and intents else None)
-
-    @overload
-    async def update_intent(
-        self, key: str, *, expected: Status, status: Status, events: Sequence[Event],
-        changes: Mapping[str, Any] | None = None, fence: int | None = None, attempt: Attempt | None = None,
-        fetch: Literal[True] = True,
-    ) -> Intent: ...
-
-    @overload
-    async def update_intent(
-        self, key: str, *, expected: Status, status: Status, events: Sequence[Event],
-        changes: Mapping[str, Any] | None = None, fence: int | None = None, attempt: Attempt | None = None,
-        fetch: Literal[False],
-    ) -> None: ...
-
-    async def update_intent(
-        self,
-        key: str,
-        *,
-        expected: Status,
-        status: Status,
-        events: Sequence[Event],
-        changes: Mapping[str, Any] | None = None,
-        fence: int | None = None,
-        attempt: Attempt | None = None,
-        fetch: bool = True,
-    ) -> Intent | None:
-        values = {name: value.value if isinstance(value, Status) else value
-                  for name, value in decide_update(expected, status, events, changes).items()}
-        logged = ([e.kind.value for e in events], [e.at for e in events], [e.actor for e in events],
-                  [e.reason for e in events], [_data(e) for e in events])
-        # (tests only) an outcome's write in a transaction of its own, so a crash can cut it before COMMIT
-        crashing = crash.armed == "mid_group_commit" and attempt is not None and attempt.finished_at is not None
-
-        async def work(conn: asyncpg.Connection) -> Any:
-            row = await conn.fetchrow(_update_sql(tuple(values)), key, expected.value, fence, *logged,
-                                      *_attempt_values(attempt), *values.values())
-            if crashing:
-                crash.crash_point("mid_group_commit")
-            return row
-
-        row = await self._run(work, transaction={} if crashing else None)
-        refused = decide_target(key, None if row is None else (row["found_status"], row["found_fence"]),
-                                expected=expected, fence=fence)
-        if refused is not None:
-            raise refused  # (the statement's condition, the same as the rule's, wrote nothing)
-        assert row is not None and row["seq"] is not None, "the update's condition and rules.decide_target disagree"
-        return _intent(row) if fetch else None
 
     # -- the sender's work -----------------------------------------------------------------
 

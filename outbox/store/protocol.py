@@ -1,19 +1,20 @@
 """The store protocol: what the outbox needs from a database, whatever the dialect.
 
-What the outbox's rules decide (an intent's first status, the enqueue conflict, which updates
-are legal, which migrations run) is decided once, in ``rules.py`` and ``migrator.py``; a
-dialect holds its SQL and connection handling only. Every backend passes the conformance suite
+What the outbox's rules decide (an intent's first status, the enqueue conflict, which moves a
+change may make and what each writes, which migrations run) is decided once, in
+``outbox.model``, ``rules.py``, ``moves.py`` and ``migrator.py``; a dialect holds its SQL (one
+named block per move) and connection handling only. Every backend passes the conformance suite
 in ``tests/conformance`` (its factory listed in ``backends.STORE_FACTORIES``); a new backend is
 proven by those same tests, not by its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol, overload
+from typing import Any, Protocol
 
 from ..destinations import Destination
 from ..errors import OutboxError
@@ -21,22 +22,6 @@ from ..grants import Grant, GrantSpec
 from ..keyring import Keyring
 from ..model import Attempt, Change, Enqueued, Event, Intent, NewIntent, Status
 from ..tokens import TokenInfo
-
-#: Columns an intent update may set, besides ``status`` and ``updated_at``.
-UPDATABLE = frozenset(
-    {
-        "attempts",
-        "max_attempts",
-        "next_attempt_at",
-        "lease_owner",
-        "lease_expires_at",
-        "fence",
-        "last_error",
-        "approved_digest",
-        "approval_expires_at",
-        "approved_by",
-    }
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +58,8 @@ class History:
 
 @dataclass(frozen=True, slots=True)
 class AttemptMinute:
-    """The attempts to one destination that finished in one minute with one outcome."""
+    """The attempts to one destination that finished in one minute with one outcome (of those that
+    started in the window asked for)."""
 
     destination: str
     minute: datetime
@@ -219,41 +205,6 @@ class Store(Protocol):
         """A page of intents matching ``query``, newest first."""
         ...
 
-    @overload
-    async def update_intent(
-        self, key: str, *, expected: Status, status: Status, events: Sequence[Event],
-        changes: Mapping[str, Any] | None = None, fence: int | None = None, attempt: Attempt | None = None,
-        fetch: Literal[True] = True,
-    ) -> Intent: ...
-
-    @overload
-    async def update_intent(
-        self, key: str, *, expected: Status, status: Status, events: Sequence[Event],
-        changes: Mapping[str, Any] | None = None, fence: int | None = None, attempt: Attempt | None = None,
-        fetch: Literal[False],
-    ) -> None: ...
-
-    async def update_intent(
-        self,
-        key: str,
-        *,
-        expected: Status,
-        status: Status,
-        events: Sequence[Event],
-        changes: Mapping[str, Any] | None = None,
-        fence: int | None = None,
-        attempt: Attempt | None = None,
-        fetch: bool = True,
-    ) -> Intent | None:
-        """Move an intent from ``expected`` to ``status`` (checked against TRANSITIONS; only a
-        leased intent may stay in its status, to record its attempt), applying ``changes``
-        (columns in UPDATABLE), recording ``attempt`` (new, or its outcome) and appending
-        ``events``, atomically and only if the intent is
-        still in ``expected`` (and at ``fence`` when given). Returns the updated intent, or None
-        with ``fetch=False`` (the sender's hot path does not read it back).
-        Raises IllegalTransition, NotFound, StaleWrite; nothing is written when it raises."""
-        ...
-
     async def apply(self, changes: Sequence[Change], *, claim: Claim | None = None) -> Applied:
         """Make each change's move (``outbox.model.MOVES``) as one set per move, in one transaction
         (SQLite: one group commit), then make ``claim`` in the same transaction. Each change is
@@ -319,8 +270,9 @@ class Store(Protocol):
         ...
 
     async def activity(self, since: datetime, now: datetime) -> Activity:
-        """Attempts finished, failures and settled intents since ``since`` (minute by minute,
-        through indexes on finish and change times), and the open intents as of ``now``."""
+        """Attempts started since ``since`` that finished, the failures among them, and the intents
+        settled since (minute by minute, through indexes on start and change times: an attempt's
+        finish then changes no indexed column), and the open intents as of ``now``."""
         ...
 
     async def disable_destination(self, destination_id: str, at: datetime) -> None:

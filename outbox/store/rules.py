@@ -8,8 +8,8 @@ I/O, no clock), so a dialect may call it inside a job that already runs on a dat
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from collections.abc import Sequence
+from typing import cast
 
 from .. import channels
 from ..errors import (
@@ -22,9 +22,8 @@ from ..errors import (
     StaleWrite,
     UnknownDestination,
 )
-from ..model import INITIAL, Enqueued, Event, Intent, NewIntent, Role, Status, check_transition
+from ..model import INITIAL, Enqueued, Intent, NewIntent, Role, Status
 from ..tokens import TokenInfo
-from .protocol import UPDATABLE
 
 # -- enqueue ----------------------------------------------------------------------------------
 
@@ -88,7 +87,7 @@ def decide_existing(existing: Intent, new: NewIntent) -> Enqueued:
     return Enqueued(existing, created=False)
 
 
-# -- updates ----------------------------------------------------------------------------------
+# -- changes ----------------------------------------------------------------------------------
 
 
 def whole_or_refused(results: Sequence[Enqueued | OutboxError]) -> list[Enqueued]:
@@ -100,31 +99,12 @@ def whole_or_refused(results: Sequence[Enqueued | OutboxError]) -> list[Enqueued
     return cast(list[Enqueued], list(results))
 
 
-def decide_update(
-    expected: Status, status: Status, events: Sequence[Event], changes: Mapping[str, Any] | None
-) -> dict[str, Any]:
-    """Check an ``update_intent`` before anything is written, and return the columns it sets:
-    ``changes``, then ``status`` and ``updated_at`` (the last event's time), as Python values.
-
-    The move must be in TRANSITIONS, except that a leased intent may stay leased (only a lease
-    is updated in place, to record its attempt); at least one event is appended; only columns
-    in UPDATABLE change. Raises IllegalTransition, ValueError."""
-    if status is not expected or status is not Status.LEASED:  # only a lease is updated in place
-        check_transition(expected, status)
-    if not events:
-        raise ValueError("every change to an intent appends at least one event")
-    unknown = set(changes or ()) - UPDATABLE
-    if unknown:
-        raise ValueError(f"columns {sorted(unknown)} cannot be updated")
-    return {**(changes or {}), "status": status, "updated_at": events[-1].at}
-
-
 def decide_target(
     key: str, found: tuple[str, int] | None, *, expected: Status, fence: int | None
 ) -> NotFound | StaleWrite | None:
-    """Whether a conditional update may apply to the intent it found as ``(status, fence)``
-    (None: no such intent): None if it may, else the error to answer (the write is not applied).
-    Returned rather than raised, so a set of updates reports each one's refusal."""
+    """Whether a change may apply to the intent it found as ``(status, fence)`` (None: no such
+    intent): None if it may, else the error to answer (the write is not applied). Returned
+    rather than raised, so a batch of changes reports each one's refusal."""
     if found is None:
         return NotFound(f"intent {key!r} does not exist")
     status, current = found
@@ -133,12 +113,6 @@ def decide_target(
             f"intent {key!r} is {status} at fence {current}, not {expected.value}"
             + (f" at fence {fence}" if fence is not None else "") + "; the write was not applied")
     return None
-
-
-def check_claim() -> None:
-    """A claim moves each due intent from pending to leased (bumping its fence and appending a
-    ``leased`` event); raises IllegalTransition should TRANSITIONS ever forbid that move."""
-    check_transition(Status.PENDING, Status.LEASED)
 
 
 # -- destinations -----------------------------------------------------------------------------

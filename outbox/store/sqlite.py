@@ -13,12 +13,12 @@ import contextvars
 import functools
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal, TypeVar, cast, overload
+from typing import Any, TypeVar, cast
 
 import aiosqlite
 
@@ -36,13 +36,11 @@ from .migrator import Migration, run_migrations, scripts_for
 from .plumbing import GroupCommitter, connect, on_thread, queries, unavailable
 from .protocol import Activity, Applied, AttemptMinute, Claim, Failure, History, IntentQuery, Page, Span, Waiting
 from .rules import (
-    check_claim,
     check_payload,
     decide_destination_delete,
     decide_existing,
     decide_initial_status,
     decide_target,
-    decide_update,
     inserted_intent,
     not_revoked,
     whole_or_refused,
@@ -190,63 +188,6 @@ def _in_turn(keys: Sequence[str]) -> Iterator[list[int]]:
             named.add(keys[i])
         yield ready
         waiting = later
-
-
-@functools.cache
-def _update_sql(columns: tuple[str, ...]) -> str:
-    """The set-wide UPDATE for one combination of columns (names from UPDATABLE, never input)."""
-    return SQL["update_intents"].format(
-        assignments=", ".join(f"{name} = json_extract(u.value, '$[{i}]')" for i, name in enumerate(columns, 1)))
-
-
-@dataclass(slots=True, eq=False)
-class _IntentUpdate(SetJob):
-    """One conditional intent update (``update_intent``); updates committed together run as a
-    set: a handful of statements for the lot, whatever their number."""
-
-    key: str
-    expected: Status
-    fence: int | None
-    values: dict[str, Any]  # column -> stored value, status and updated_at included
-    attempt: Attempt | None
-    events: list[list[Any]]  # [kind, at, actor, reason, data]
-    fetch: bool
-
-    @classmethod
-    def run_many(cls, conn: sqlite3.Connection, jobs: Sequence[Any]) -> list[tuple[bool, Any]]:
-        results: list[tuple[bool, Any]] = [(False, None)] * len(jobs)
-        for ready in _in_turn([job.key for job in jobs]):
-            cls._apply(conn, [(i, jobs[i]) for i in ready], results)
-        return results
-
-    @staticmethod
-    def _apply(conn: sqlite3.Connection, jobs: list[tuple[int, _IntentUpdate]],
-               results: list[tuple[bool, Any]]) -> None:
-        found = conn.execute(SQL["update_targets"], (json.dumps([job.key for _, job in jobs]),)).fetchone()
-        live: list[tuple[int, _IntentUpdate, int]] = []
-        for position, seq, status, fence, _ in json.loads(found[0]):
-            i, job = jobs[position]
-            refused = decide_target(job.key, None if seq is None else (status, fence),
-                                    expected=job.expected, fence=job.fence)
-            if refused is not None:
-                results[i] = (False, refused)
-            else:
-                live.append((i, job, seq))
-        by_columns: dict[tuple[str, ...], list[list[Any]]] = {}
-        for _, job, seq in live:
-            by_columns.setdefault(tuple(job.values), []).append([seq, *job.values.values()])
-        for columns, rows in by_columns.items():
-            conn.execute(_update_sql(columns), (json.dumps(rows),))
-        attempts = [_attempt_row(seq, job.attempt) for _, job, seq in live if job.attempt is not None]
-        if attempts:
-            conn.execute(SQL["put_attempts"], (json.dumps(attempts),))
-        events = [[seq, *event] for _, job, seq in live for event in job.events]
-        if events:
-            conn.execute(SQL["insert_events"], (json.dumps(events),))
-        for i, job, seq in live:
-            if job.attempt is not None and job.attempt.finished_at is not None:
-                crash_point("mid_group_commit")  # (tests only) an outcome written, its batch not committed
-            results[i] = (True, _intent(conn.execute(SQL["intent_by_seq"], (seq,)).fetchone()) if job.fetch else None)
 
 
 def _stored_row(seq: int, values: Sequence[Any]) -> list[Any]:
@@ -581,47 +522,12 @@ class SqliteStore:
 
         return await self._read(run)
 
-    @overload
-    async def update_intent(
-        self, key: str, *, expected: Status, status: Status, events: Sequence[Event],
-        changes: Mapping[str, Any] | None = None, fence: int | None = None, attempt: Attempt | None = None,
-        fetch: Literal[True] = True,
-    ) -> Intent: ...
-
-    @overload
-    async def update_intent(
-        self, key: str, *, expected: Status, status: Status, events: Sequence[Event],
-        changes: Mapping[str, Any] | None = None, fence: int | None = None, attempt: Attempt | None = None,
-        fetch: Literal[False],
-    ) -> None: ...
-
-    async def update_intent(
-        self,
-        key: str,
-        *,
-        expected: Status,
-        status: Status,
-        events: Sequence[Event],
-        changes: Mapping[str, Any] | None = None,
-        fence: int | None = None,
-        attempt: Attempt | None = None,
-        fetch: bool = True,
-    ) -> Intent | None:
-        values = {name: _stored(value) for name, value in decide_update(expected, status, events, changes).items()}
-        job = _IntentUpdate(
-            key, expected, fence, values, attempt,
-            [[e.kind, to_us(e.at), e.actor, e.reason, dict(e.data) if e.data else {}] for e in events], fetch,
-        )
-        return await self._write(job)
-
     # -- the sender's work -----------------------------------------------------------------
 
     async def apply(self, changes: Sequence[Change], *, claim: Claim | None = None) -> Applied:
         for change in changes:
             check_change(change)
-        if claim is not None:
-            check_claim()
-        elif not changes:
+        if claim is None and not changes:
             return Applied([])  # nothing to commit
         return await self._write(_Apply(changes, claim))
 
@@ -631,7 +537,6 @@ class SqliteStore:
     async def claim(
         self, owner: str, *, now: datetime, lease_until: datetime, limit: int
     ) -> list[Intent]:
-        check_claim()
         return await self._write(functools.partial(_claim, claim=Claim(owner, now, lease_until, limit)))
 
     async def waiting_behind(self, key: str) -> Intent | None:

@@ -35,6 +35,7 @@ from outbox import (
     LastAdmin,
     NotFound,
     OnUnknown,
+    OutboxError,
     Outcome,
     Role,
     SecretsKeyError,
@@ -47,7 +48,7 @@ from outbox import (
 from outbox.destinations import Destination
 from outbox.grants import GrantSpec
 from outbox.keyring import generate_key, key_id
-from outbox.model import NewIntent, OnDead, Ordering
+from outbox.model import Approve, Cancel, Change, NewIntent, OnDead, Ordering, Release, Replay, Resolve, Settle, Start
 from outbox.store import Store
 from outbox.store.records import FIRST, LAST
 from outbox.tokens import TokenInfo
@@ -106,6 +107,14 @@ async def store(open_store: Callable[[], Awaitable[Store]]) -> Store:
     await s.put_destination(destination("billing"))
     await s.put_destination(destination("approvals", requires_approval=True))
     return s
+
+
+async def made(store: Store, change: Change) -> Intent | None:
+    """Apply one change alone: its answer, or its refusal raised."""
+    [answer] = (await store.apply([change])).results
+    if isinstance(answer, Exception):
+        raise answer
+    return answer
 
 
 def destination(id: str, **changes) -> Destination:
@@ -253,79 +262,59 @@ async def test_a_batch_is_stored_in_its_order_with_each_event_and_a_repeated_key
         ("batch", "why", {"source": "import", "n": 2})]
 
 
-async def test_update_moves_status_applies_changes_and_appends_an_event(store):
-    await store.insert_intent(*new("a1"))
-    later = T0 + timedelta(seconds=1)
-    intent = await store.update_intent(
-        "acme/a1", expected=Status.PENDING, status=Status.LEASED,
-        events=[Event(kind="leased", at=later, actor="worker-1", data={"fence": 1})],
-        changes={"lease_owner": "worker-1", "lease_expires_at": later + timedelta(seconds=30), "fence": 1},
-    )
-    assert (intent.status, intent.lease_owner, intent.fence, intent.updated_at) == (
-        Status.LEASED, "worker-1", 1, later)
-    events = (await store.history("acme/a1")).events
-    assert [e.kind for e in events] == ["enqueued", "leased"]
-    assert events[-1].data == {"fence": 1}
-
-
-async def test_an_illegal_transition_raises_and_writes_nothing(store):
+async def test_an_illegal_move_raises_and_writes_nothing(store):
     before = (await store.insert_intent(*new("a1"))).intent
-    with pytest.raises(IllegalTransition, match="'pending' to 'delivered'"):
-        await store.update_intent("acme/a1", expected=Status.PENDING, status=Status.DELIVERED,
-                                  events=[Event(kind="delivered", at=T0, actor="x")])
+    with pytest.raises(IllegalTransition, match="'delivered' to 'cancelled'"):
+        await store.apply([Cancel("acme/a1", Status.DELIVERED, (Event(kind="cancelled", at=T0, actor="op"),))])
+    with pytest.raises(IllegalTransition, match="move 'resolve' cannot end in 'cancelled'"):
+        await store.apply([Resolve("acme/a1", Status.CANCELLED, (Event(kind="resolved", at=T0, actor="op"),))])
     assert await store.get_intent("acme/a1") == before
     assert len((await store.history("acme/a1")).events) == 1
 
 
 async def test_a_write_from_a_stale_status_or_fence_is_rejected(store):
     await store.insert_intent(*new("a1"))
-    ev = Event(kind="leased", at=T0, actor="w")
-    await store.update_intent("acme/a1", expected=Status.PENDING, status=Status.LEASED, events=[ev],
-                              changes={"fence": 1})
-    with pytest.raises(StaleWrite, match="leased at fence 1"):
-        await store.update_intent("acme/a1", expected=Status.PENDING, status=Status.LEASED, events=[ev])
+    await store.claim("w", now=T0, lease_until=T0 + timedelta(seconds=30), limit=1)
+    ev = (Event(kind="cancelled", at=T0, actor="w"),)
+    with pytest.raises(StaleWrite, match="leased at fence 1, not pending;"):
+        await made(store, Cancel("acme/a1", Status.PENDING, ev))
     with pytest.raises(StaleWrite, match="not leased at fence 7"):
-        await store.update_intent("acme/a1", expected=Status.LEASED, status=Status.DELIVERED,
-                                  events=[ev], fence=7)
+        await made(store, Settle("acme/a1", 7, Status.DELIVERED, ev))
     assert (await store.get_intent("acme/a1")).status is Status.LEASED
-    done = await store.update_intent("acme/a1", expected=Status.LEASED, status=Status.DELIVERED,
-                                     events=[ev], fence=1)
-    assert done.status is Status.DELIVERED
+    assert await made(store, Settle("acme/a1", 1, Status.DELIVERED, ev)) is None
+    assert (await store.get_intent("acme/a1")).status is Status.DELIVERED
     with pytest.raises(NotFound):
-        await store.update_intent("acme/ghost", expected=Status.PENDING, status=Status.LEASED, events=[ev])
+        await made(store, Cancel("acme/ghost", Status.PENDING, ev))
 
 
-async def test_updates_committed_together_are_each_conditional(store):
-    """Concurrent updates share a transaction; each is still checked against the intent as
-    the updates before it left it, and a rejected one writes nothing."""
-    for i in range(6):
-        await store.insert_intent(*new(f"c{i}"))
-    lease = {"fence": 1, "lease_owner": "w"}
+async def test_applies_committed_together_are_each_conditional(store):
+    """Concurrent applies share a transaction (SQLite) or wait on each other's row locks
+    (PostgreSQL); each change is still checked against the intent as the changes before it
+    left it, and a refused one writes nothing."""
+    await store.insert_intents([new("c0"), new("c1", at=T0 + timedelta(hours=1)), new("c2"), new("c3")])
+    await store.claim("w", now=T0, lease_until=T0 + timedelta(seconds=30), limit=10)  # c0, c2, c3: c1 is not due
 
-    def lease_update(action_id: str, fence: int | None = None):
-        return store.update_intent(f"acme/{action_id}", expected=Status.PENDING, status=Status.LEASED, fence=fence,
-                                   changes=lease, events=[Event(kind="leased", at=T0, actor="w")])
+    async def release(action_id: str, fence: int = 1) -> Intent | OutboxError | None:
+        [answer] = (await store.apply([Release(f"acme/{action_id}", fence, T0, (Event(kind="released", at=T0,
+                                                                                      actor="w"),))])).results
+        return answer
 
-    # the same intent twice in one batch: exactly one wins
-    results = await asyncio.gather(lease_update("c0"), lease_update("c0"), return_exceptions=True)
-    assert sorted(type(r).__name__ for r in results) == ["Intent", "StaleWrite"]
-    # a batch mixing good, stale (wrong fence) and missing intents
-    results = await asyncio.gather(
-        lease_update("c1"), lease_update("c2", fence=9), lease_update("ghost"), lease_update("c3", fence=0),
-        return_exceptions=True)
-    assert [type(r).__name__ for r in results] == ["Intent", "StaleWrite", "NotFound", "Intent"]
-    assert isinstance(results[0], Intent) and results[0].lease_owner == "w" and results[0].fence == 1
+    async def cancel(action_id: str) -> Intent | OutboxError | None:
+        [answer] = (await store.apply([Cancel(f"acme/{action_id}", Status.PENDING,
+                                              (Event(kind="cancelled", at=T0, actor="op"),))])).results
+        return answer
+
+    # the same intent twice at once: exactly one wins
+    results = await asyncio.gather(release("c0"), release("c0"))
+    assert sorted(type(r).__name__ for r in results) == ["NoneType", "StaleWrite"]
+    # applies mixing good, stale (wrong fence) and missing intents
+    results = await asyncio.gather(cancel("c1"), release("c2", fence=9), release("ghost"), release("c3"))
+    assert [type(r).__name__ for r in results] == ["Intent", "StaleWrite", "NotFound", "NoneType"]
+    assert isinstance(results[0], Intent) and results[0].status is Status.CANCELLED
     statuses = {i: (await store.get_intent(f"acme/c{i}")).status for i in range(4)}
-    assert statuses == {0: Status.LEASED, 1: Status.LEASED, 2: Status.PENDING, 3: Status.LEASED}
-    assert [e.kind for e in (await store.history("acme/c0")).events] == ["enqueued", "leased"]
-    assert [e.kind for e in (await store.history("acme/c2")).events] == ["enqueued"]
-
-
-async def test_only_known_columns_can_be_updated(store):
-    await store.insert_intent(*new("a1"))
-    with pytest.raises(ValueError, match="payload"):
-        await store.update_intent("acme/a1", expected=Status.PENDING, status=Status.LEASED,
-                                  events=[Event(kind="leased", at=T0, actor="x")], changes={"payload": "{}"})
+    assert statuses == {0: Status.PENDING, 1: Status.CANCELLED, 2: Status.LEASED, 3: Status.PENDING}
+    assert [e.kind for e in (await store.history("acme/c0")).events] == ["enqueued", "leased", "released"]
+    assert [e.kind for e in (await store.history("acme/c2")).events] == ["enqueued", "leased"]
 
 
 async def test_listing_filters_and_pages_newest_first_without_gaps(store):
@@ -434,8 +423,7 @@ async def test_a_destination_is_deleted_only_when_nothing_refers_to_it(store):
     await store.insert_intent(*new("a1"))
     with pytest.raises(DestinationInUse, match="1 intent"):
         await store.delete_destination("billing")
-    await store.update_intent("acme/a1", expected=Status.PENDING, status=Status.CANCELLED,
-                              events=[Event(kind="cancelled", at=T0, actor="op")])
+    await made(store, Cancel("acme/a1", Status.PENDING, (Event(kind="cancelled", at=T0, actor="op"),)))
     with pytest.raises(DestinationInUse, match="disable it instead"):
         await store.delete_destination("billing")
     with pytest.raises(NotFound):
@@ -546,11 +534,9 @@ async def test_history_is_one_snapshot_of_the_intent_and_its_events(store):
         for n in range(1, moves + 1):
             at = T0 + timedelta(milliseconds=n)
             if n % 2:
-                await store.update_intent("acme/snap", expected=Status.PENDING, status=Status.LEASED,
-                                          events=[Event(kind="leased", at=at, actor="w")])
+                [leased] = await store.claim("w", now=at, lease_until=at + timedelta(seconds=30), limit=1)
             else:
-                await store.update_intent("acme/snap", expected=Status.LEASED, status=Status.PENDING,
-                                          events=[Event(kind="released", at=at, actor="w")])
+                await made(store, Release("acme/snap", leased.fence, at, (Event(kind="released", at=at, actor="w"),)))
 
     async def reader() -> int:
         seen = 0
@@ -609,19 +595,17 @@ async def test_attempts_are_recorded_fenced_and_finished(store):
     await store.insert_intent(*new("a1"))
     [intent] = await store.claim("w1", now=T0, lease_until=T0 + timedelta(seconds=30), limit=1)
     started = attempt(1, intent.fence)
-    ev = [Event(kind="attempt_started", at=T0, actor="w1")]
-    await store.update_intent("acme/a1", expected=Status.LEASED, status=Status.LEASED, events=ev,
-                              fence=intent.fence, changes={"attempts": 1}, attempt=started)
+    await made(store, Start("acme/a1", intent.fence, started, Event(kind="attempt_started", at=T0, actor="w1")))
     assert (await store.history("acme/a1")).attempts == [started]
     assert await store.first_submission_at("acme/a1") == T0
     done = replace(started, finished_at=T0 + timedelta(seconds=1), submission=Submission.SUBMITTED,
                    outcome=Outcome.DELIVERED, status_code=200, external_id="ext-9")
+    ev = (Event(kind="delivered", at=T0 + timedelta(seconds=1), actor="w1"),)
     with pytest.raises(StaleWrite):
-        await store.update_intent("acme/a1", expected=Status.LEASED, status=Status.DELIVERED, events=ev,
-                                  fence=intent.fence + 1, attempt=done)
+        await made(store, Settle("acme/a1", intent.fence + 1, Status.DELIVERED, ev, attempts=1, attempt=done))
     assert (await store.history("acme/a1")).attempts == [started]
-    final = await store.update_intent("acme/a1", expected=Status.LEASED, status=Status.DELIVERED, events=ev,
-                                      fence=intent.fence, attempt=done)
+    await made(store, Settle("acme/a1", intent.fence, Status.DELIVERED, ev, attempts=1, attempt=done))
+    final = await store.get_intent("acme/a1")
     assert final.status is Status.DELIVERED and final.attempts == 1
     assert (await store.history("acme/a1")).attempts == [done]
 
@@ -632,18 +616,22 @@ async def test_activity_counts_attempts_by_minute_the_latest_failures_and_the_ba
     await store.insert_intent(*new("h1", dest="approvals", at=hour + timedelta(seconds=90)))
     await store.claim("w1", now=T0, lease_until=T0 + timedelta(hours=9), limit=3)
 
-    async def finish(action_id: str, number: int, at: datetime, status: Status, outcome: Outcome, **facts) -> None:
-        done = replace(attempt(number, 1, at=at), attempt_id=f"{action_id}-{number}", finished_at=at,
+    async def finish(action_id: str, number: int, at: datetime, status: Status, outcome: Outcome, fence: int = 1,
+                     **facts) -> None:
+        done = replace(attempt(number, fence, at=at), attempt_id=f"{action_id}-{number}", finished_at=at,
                        outcome=outcome, duration_ms=100.0, **facts)
-        await store.update_intent(f"acme/{action_id}", expected=Status.LEASED, status=status, fence=1,
-                                  attempt=done, changes={"next_attempt_at": at + timedelta(seconds=10)},
-                                  events=[Event(kind="attempt_finished", at=at, actor="w1")])
+        finished = (Event(kind="attempt_finished", at=at, actor="w1"),)
+        await made(store, Settle(f"acme/{action_id}", fence, status, finished,
+                                 next_attempt_at=at + timedelta(seconds=10), attempts=number, attempt=done))
 
     await finish("old", 1, hour - timedelta(hours=1), Status.DELIVERED, Outcome.DELIVERED)  # before the window
     await finish("a1", 1, T0 + timedelta(seconds=10), Status.DELIVERED, Outcome.DELIVERED)
-    await finish("a2", 1, T0 + timedelta(seconds=20), Status.LEASED, Outcome.RETRYABLE, status_code=503,
+    await finish("a2", 1, T0 + timedelta(seconds=20), Status.PENDING, Outcome.RETRYABLE, status_code=503,
                  error="older")
-    await finish("a2", 2, T0 + timedelta(seconds=70), Status.PENDING, Outcome.RETRYABLE, status_code=503,
+    again = T0 + timedelta(seconds=30)  # a2 due again
+    assert [i.action_id for i in await store.claim("w1", now=again, lease_until=again + timedelta(hours=9),
+                                                   limit=3)] == ["a2"]
+    await finish("a2", 2, T0 + timedelta(seconds=70), Status.PENDING, Outcome.RETRYABLE, fence=2, status_code=503,
                  error="down")
 
     seen = await store.activity(hour, T0 + timedelta(seconds=120))
@@ -672,9 +660,7 @@ async def test_leases_are_renewed_only_while_held_and_expired_ones_are_found(sto
     held = [(i.key, i.fence) for i in claimed]
     assert await store.renew_leases(held, T0 + timedelta(seconds=60)) == []
     assert await store.renew_leases([("acme/l1", 99)], T0 + timedelta(seconds=90)) == ["acme/l1"]
-    await store.update_intent("acme/l2", expected=Status.LEASED, status=Status.LEASED,
-                              events=[Event(kind="attempt_started", at=T0, actor="w1")],
-                              fence=1, attempt=attempt(1, 1))
+    await made(store, Start("acme/l2", 1, attempt(1, 1), Event(kind="attempt_started", at=T0, actor="w1")))
     assert await store.expired_leases(T0 + timedelta(seconds=59), 10) == []
     expired = await store.expired_leases(T0 + timedelta(seconds=61), 10)
     assert [(i.action_id, a.attempt_id if a else None) for i, a in expired] == [
@@ -683,14 +669,14 @@ async def test_leases_are_renewed_only_while_held_and_expired_ones_are_found(sto
 
 async def test_first_submission_ignores_attempts_that_provably_never_left(store):
     await store.insert_intent(*new("a1"))
-    await store.claim("w1", now=T0, lease_until=T0, limit=1)
+    await store.claim("w1", now=T0, lease_until=T0 + timedelta(seconds=30), limit=1)
     never = attempt(1, 1, finished_at=T0, submission=Submission.NOT_SUBMITTED, outcome=Outcome.RETRYABLE)
-    await store.update_intent("acme/a1", expected=Status.LEASED, status=Status.LEASED, fence=1,
-                              events=[Event(kind="attempt_finished", at=T0, actor="w1")], attempt=never)
+    await made(store, Settle("acme/a1", 1, Status.PENDING, (Event(kind="attempt_finished", at=T0, actor="w1"),),
+                             next_attempt_at=T0, attempts=1, attempt=never))
     assert await store.first_submission_at("acme/a1") is None
-    later = attempt(2, 1, at=T0 + timedelta(seconds=5))
-    await store.update_intent("acme/a1", expected=Status.LEASED, status=Status.LEASED, fence=1,
-                              events=[Event(kind="attempt_started", at=T0, actor="w1")], attempt=later)
+    await store.claim("w1", now=T0, lease_until=T0 + timedelta(seconds=30), limit=1)
+    later = attempt(2, 2, at=T0 + timedelta(seconds=5))
+    await made(store, Start("acme/a1", 2, later, Event(kind="attempt_started", at=later.started_at, actor="w1")))
     assert await store.first_submission_at("acme/a1") == T0 + timedelta(seconds=5)
 
 
@@ -727,23 +713,22 @@ async def test_grants_have_revisions_expire_and_prefer_an_exact_destination(stor
 
 
 async def finish(store, action_id: str, status: Status, at: datetime) -> None:
-    """Move a pending intent to delivered (through a lease, with an attempt) or cancelled, its
-    last change at ``at``."""
+    """Move an intent on, its last change at ``at``: a pending one to cancelled, a leased one (at
+    fence 1) to delivered with its attempt."""
     key = f"acme/{action_id}"
     if status is Status.CANCELLED:
-        await store.update_intent(key, expected=Status.PENDING, status=Status.CANCELLED,
-                                  events=[Event(kind="cancelled", at=at, actor="op")])
+        await made(store, Cancel(key, Status.PENDING, (Event(kind="cancelled", at=at, actor="op"),)))
         return
-    leased = await store.update_intent(key, expected=Status.PENDING, status=Status.LEASED, changes={"fence": 1},
-                                       events=[Event(kind="leased", at=at, actor="w1")])
-    done = replace(attempt(1, leased.fence, at=at, finished_at=at, submission=Submission.SUBMITTED,
+    done = replace(attempt(1, 1, at=at, finished_at=at, submission=Submission.SUBMITTED,
                            outcome=Outcome.DELIVERED, status_code=200), attempt_id=f"att-{action_id}")
-    await store.update_intent(key, expected=Status.LEASED, status=Status.DELIVERED, fence=leased.fence,
-                              attempt=done, events=[Event(kind="delivered", at=at, actor="w1")])
+    await made(store, Settle(key, 1, Status.DELIVERED, (Event(kind="delivered", at=at, actor="w1"),), attempts=1,
+                             attempt=done))
 
 
 async def test_prune_deletes_finished_intents_older_than_the_cutoff_oldest_first_with_their_history(store):
-    await store.insert_intents([new(name) for name in ("d1", "c1", "d2", "open", "recent")])
+    later = T0 + timedelta(days=1)  # not due when the others are claimed
+    await store.insert_intents([new("d1"), new("c1", at=later), new("d2"), new("open", at=later), new("recent")])
+    await store.claim("w1", now=T0, lease_until=T0 + timedelta(hours=1), limit=10)  # d1, d2, recent
     for name, status, minutes in (("d2", Status.DELIVERED, 3), ("c1", Status.CANCELLED, 2),
                                   ("d1", Status.DELIVERED, 1), ("recent", Status.DELIVERED, 10)):
         await finish(store, name, status, T0 + timedelta(minutes=minutes))
@@ -824,15 +809,13 @@ async def test_a_time_no_datetime_can_hold_fails_no_read_of_the_rows_beside_it(s
     history = await store.history("acme/expired")
     assert history.intent is not None and history.intent.unreadable and len(history.events) == 2
     assert [i.action_id for i in await store.intents_named("never")] == ["never"]
-    dead = await store.update_intent("acme/expired", expected=Status.LEASED, status=Status.DEAD,
-                                     fence=history.intent.fence, changes={"lease_owner": None,
-                                                                          "lease_expires_at": None},
-                                     events=[Event(kind="dead_lettered", at=T0, actor="w1")])
+    await made(store, Settle("acme/expired", history.intent.fence, Status.DEAD,
+                             (Event(kind="dead_lettered", at=T0, actor="w1"),)))
+    dead = await store.get_intent("acme/expired")
     assert dead.status is Status.DEAD and dead.expires_at == FIRST and dead.unreadable
     for name, status in (("expired", Status.DEAD), ("never", Status.PENDING)):
-        cancelled = await store.update_intent(f"acme/{name}", expected=status, status=Status.CANCELLED,
-                                              events=[Event(kind="cancelled", at=T0, actor="op")])
-        assert cancelled.status is Status.CANCELLED
+        cancelled = await made(store, Cancel(f"acme/{name}", status, (Event(kind="cancelled", at=T0, actor="op"),)))
+        assert cancelled is not None and cancelled.status is Status.CANCELLED and cancelled.unreadable
 
     grant = await store.get_grant("g1")
     assert grant is not None and grant.expires_at == FIRST  # long expired, as stored
@@ -852,11 +835,11 @@ async def claim_ids(store: Store, now: datetime = T0, limit: int = 50) -> list[s
     return sorted(i.action_id for i in claimed)
 
 
-async def settle(store: Store, action_id: str, status: Status, **changes) -> Intent:
+async def settle(store: Store, action_id: str, status: Status, next_attempt_at: datetime | None = None) -> None:
     """Move a leased intent on, as a worker's outcome would."""
     intent = await store.get_intent(f"acme/{action_id}")
-    return await store.update_intent(intent.key, expected=Status.LEASED, status=status, fence=intent.fence,
-                                     events=[Event(kind="attempt_finished", at=T0, actor="w1")], changes=changes)
+    await made(store, Settle(intent.key, intent.fence, status, (Event(kind="attempt_finished", at=T0, actor="w1"),),
+                             next_attempt_at=next_attempt_at))
 
 
 async def test_an_ordered_key_is_claimed_one_intent_at_a_time_in_enqueue_order(store):
@@ -900,8 +883,8 @@ async def test_a_retry_of_the_head_keeps_its_key_waiting_and_unordered_destinati
 async def test_a_held_intent_keeps_its_key_waiting(store):
     await ordered(store, requires_approval=True)
     await store.insert_intents([new("h1", dest="ordered", key="k1"), new("h2", dest="ordered", key="k1")])
-    await store.update_intent("acme/h2", expected=Status.HELD, status=Status.PENDING,
-                              events=[Event(kind="approved", at=T0, actor="op")])
+    await made(store, Approve("acme/h2", "sha256:aa", T0 + timedelta(hours=1), "op", T0,
+                              (Event(kind="approved", at=T0, actor="op"),)))
     assert await claim_ids(store) == []
     assert (await store.waiting_behind("acme/h2")).action_id == "h1"
 
@@ -920,8 +903,7 @@ async def test_a_dead_letter_blocks_its_key_until_replayed_unless_the_destinatio
     behind = await store.waiting_behind("acme/a2")
     assert (behind.action_id, behind.status) == ("a1", Status.DEAD)
     assert (await store.waiting_behind("globex/a1")).key == "acme/a1"  # another scope's intent is in the way too
-    await store.update_intent("acme/a1", expected=Status.DEAD, status=Status.PENDING,
-                              events=[Event(kind="replayed", at=T0, actor="op")])
+    await made(store, Replay("acme/a1", Status.DEAD, T0, 5, (Event(kind="replayed", at=T0, actor="op"),)))
     assert await claim_ids(store) == ["a1"]  # the replayed one goes first
     await settle(store, "a1", Status.DELIVERED)
     assert await claim_ids(store) == ["a2"]
@@ -933,8 +915,7 @@ async def test_a_revoked_intent_blocks_its_key_until_cancelled(store):
     await claim_ids(store)
     await settle(store, "r1", Status.REVOKED)
     assert await claim_ids(store) == []
-    await store.update_intent("acme/r1", expected=Status.REVOKED, status=Status.CANCELLED,
-                              events=[Event(kind="cancelled", at=T0, actor="op")])
+    await made(store, Cancel("acme/r1", Status.REVOKED, (Event(kind="cancelled", at=T0, actor="op"),)))
     assert await claim_ids(store) == ["r2"]
 
 

@@ -913,3 +913,26 @@ async def test_revocations_of_the_last_two_admins_held_back_together_cannot_both
         await watcher.close()
     assert sorted(type(r).__name__ for r in results) == ["LastAdmin", "TokenInfo"], results
     assert await box.store.count_active_tokens("admin") == 1
+
+
+# -- the hot path's schema ----------------------------------------------------------------------
+
+#: The attempt columns an attempt's finish sets (the settle's outcome).
+FINISH = {"finished_at", "submission", "outcome", "status_code", "reply", "external_id", "error", "duration_ms",
+          "stage"}
+
+
+async def test_no_index_names_a_column_an_attempts_finish_sets_so_the_finish_can_be_hot(box, pg_url):
+    conn = await asyncpg.connect(pg_url)
+    try:
+        named = await conn.fetch(
+            "SELECT i.indexrelid::regclass::text AS index, a.attname FROM pg_index i "
+            "JOIN pg_attribute a ON a.attrelid = i.indrelid "
+            "AND (a.attnum = ANY (i.indkey) OR pg_get_expr(i.indpred, i.indrelid) ~ ('\\m' || a.attname || '\\M')) "
+            "WHERE i.indrelid = 'attempts'::regclass")
+        options = await conn.fetchval("SELECT reloptions FROM pg_class WHERE relname = 'attempts'")
+    finally:
+        await conn.close()
+    assert {row["attname"] for row in named} & FINISH == set(), [tuple(row) for row in named]
+    assert "attempts_started" in {row["index"] for row in named}  # what the console's activity seeks
+    assert options == ["fillfactor=70"]  # room on the page for the finished version of the row

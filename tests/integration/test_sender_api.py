@@ -130,15 +130,15 @@ async def test_healthz_says_while_the_sender_cannot_reach_the_database_and_recov
         tmp_path: Path, serve_api, monkeypatch, caplog):
     from outbox.store import SqliteStore
 
-    claim = SqliteStore.claim
+    apply = SqliteStore.apply
     down = True
 
-    async def flaky_claim(self: SqliteStore, *args: object, **kwargs: object) -> object:
+    async def flaky_apply(self: SqliteStore, *args: object, **kwargs: object) -> object:
         if down:
             raise StoreUnavailable("could not connect to the database")
-        return await claim(self, *args, **kwargs)
+        return await apply(self, *args, **kwargs)
 
-    monkeypatch.setattr(SqliteStore, "claim", flaky_claim)  # the precise fault: the database is gone
+    monkeypatch.setattr(SqliteStore, "apply", flaky_apply)  # the precise fault: the database is gone
     url = serve_api(Settings(database_url=f"sqlite:///{tmp_path / 'api.db'}", worker=True, poll_seconds=0.05))
     async with httpx.AsyncClient(base_url=url, timeout=10) as c:
         async def degraded() -> bool:
@@ -149,7 +149,7 @@ async def test_healthz_says_while_the_sender_cannot_reach_the_database_and_recov
         assert health.status_code == 200
         assert "the sender cannot reach the database since" in health.json()["detail"]
         assert "could not connect to the database; it keeps trying" in health.json()["detail"]
-        assert await eventually(lambda: "claiming failed 3 time(s) in a row" in caplog.text)
+        assert await eventually(lambda: "a store cycle failed 3 time(s) in a row" in caplog.text)
         assert "trying again in 0.1s" in caplog.text and "trying again in 0.2s" in caplog.text  # backing off
         down = False
 

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from outbox import (
-    TRANSITIONS,
     DestinationInUse,
-    Event,
-    IllegalTransition,
     IntentConflict,
     NotFound,
     StaleWrite,
@@ -20,13 +16,11 @@ from outbox import (
     UnknownDestination,
 )
 from outbox.model import NewIntent
-from outbox.store.protocol import UPDATABLE
 from outbox.store.rules import (
     decide_destination_delete,
     decide_existing,
     decide_initial_status,
     decide_target,
-    decide_update,
     inserted_intent,
 )
 
@@ -35,10 +29,6 @@ NEW = NewIntent(action_id="a1", scope="acme", destination="billing", payload_jso
                 payload_digest="sha256:aa", max_attempts=5, next_attempt_at=T0, not_before=None,
                 expires_at=T0 + timedelta(days=1), created_at=T0)
 EXISTING = inserted_intent(7, NEW, "webhook", Status.PENDING)
-
-
-def leased(at: datetime = T0) -> list[Event]:
-    return [Event(kind="leased", at=at, actor="w")]
 
 
 # -- enqueue ----------------------------------------------------------------------------------
@@ -85,39 +75,10 @@ def test_another_operation_under_the_same_key_is_a_conflict_naming_what_differs(
     assert message.endswith("never reused for another")
 
 
-# -- updates ----------------------------------------------------------------------------------
+# -- changes ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("current,new", list(itertools.product(Status, Status)))
-def test_an_update_follows_the_transition_table_and_only_a_lease_stays_in_place(current, new):
-    allowed = new in TRANSITIONS[current] or current is new is Status.LEASED
-    if allowed:
-        assert decide_update(current, new, leased(), None)["status"] is new
-    else:
-        with pytest.raises(IllegalTransition, match=f"from '{current.value}' to '{new.value}'"):
-            decide_update(current, new, leased(), None)
-
-
-def test_an_update_appends_at_least_one_event():
-    with pytest.raises(ValueError, match="at least one event"):
-        decide_update(Status.PENDING, Status.LEASED, [], None)
-
-
-def test_an_update_sets_only_updatable_columns():
-    with pytest.raises(ValueError, match=r"\['payload', 'status'\] cannot be updated"):
-        decide_update(Status.PENDING, Status.LEASED, leased(), {"payload": "{}", "status": "delivered", "fence": 1})
-    every = dict.fromkeys(UPDATABLE, None)
-    assert set(decide_update(Status.PENDING, Status.LEASED, leased(), every)) == UPDATABLE | {"status", "updated_at"}
-
-
-def test_an_update_sets_its_changes_then_the_status_and_the_last_events_time():
-    events = [*leased(T0), *leased(T0 + timedelta(seconds=3))]
-    values = decide_update(Status.PENDING, Status.LEASED, events, {"fence": 2, "lease_owner": "w"})
-    assert list(values.items()) == [
-        ("fence", 2), ("lease_owner", "w"), ("status", Status.LEASED), ("updated_at", T0 + timedelta(seconds=3))]
-
-
-def test_a_conditional_update_applies_only_to_the_status_and_fence_it_expects():
+def test_a_change_applies_only_to_the_status_and_fence_it_expects():
     assert decide_target("acme/a1", ("leased", 3), expected=Status.LEASED, fence=3) is None
     assert decide_target("acme/a1", ("leased", 3), expected=Status.LEASED, fence=None) is None
     missing = decide_target("acme/a1", None, expected=Status.LEASED, fence=3)

@@ -199,40 +199,6 @@ SELECT status, channel, count(*) FROM intents GROUP BY status, channel;
 -- When the oldest due intent fell due (metrics: how far behind delivery is).
 SELECT min(next_attempt_at) FROM intents WHERE status = 'pending' AND next_attempt_at <= $1;
 
--- name: update_intent
--- One conditional update in one statement (one round trip): the intent with key $1 is locked, and only if it is
--- in status $2 (and at fence $3, unless null) are its columns set ({assignments}: "column = $N", N from 23), its
--- events appended (arrays $4-$8 of kinds, times, actors, reasons and data, in order) and its attempt recorded
--- ($9-$22, none when $9 is null). Answers the row found (found_status, found_fence; no row: no such intent) and
--- the intent as updated (all null when the condition did not hold): rules.decide_target judges the answer, and
--- the condition here is the same as its. Moving an intent to pending tells the listening workers.
-WITH found AS (
-    SELECT seq, status, fence FROM intents WHERE intent_key = $1 FOR UPDATE
-), updated AS (
-    UPDATE intents SET {assignments} FROM found
-    WHERE intents.seq = found.seq AND found.status = $2 AND ($3::bigint IS NULL OR found.fence = $3)
-    RETURNING intents.*
-), logged AS (
-    INSERT INTO events (intent_seq, kind, at, actor, reason, data)
-    SELECT updated.seq, e.kind, e.at, e.actor, e.reason, e.data
-    FROM updated, unnest($4::text[], $5::timestamptz[], $6::text[], $7::text[], $8::jsonb[])
-         WITH ORDINALITY AS e (kind, at, actor, reason, data, n)
-    ORDER BY e.n
-), attempted AS (
-    INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at, finished_at,
-                          submission, outcome, status_code, reply, external_id, error, duration_ms, stage)
-    SELECT $9, updated.seq, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22
-    FROM updated WHERE $9::text IS NOT NULL
-    ON CONFLICT (attempt_id) DO UPDATE SET
-        finished_at = excluded.finished_at, submission = excluded.submission,
-        outcome = excluded.outcome, status_code = excluded.status_code, reply = excluded.reply,
-        external_id = excluded.external_id, error = excluded.error, duration_ms = excluded.duration_ms,
-        stage = excluded.stage
-)
-SELECT found.status AS found_status, found.fence AS found_fence, updated.*,
-       CASE WHEN updated.status = 'pending' THEN pg_notify('outbox_due', '') END AS notified
-FROM found LEFT JOIN updated ON true;
-
 -- name: logged
 -- The events of a move's batch (arrays $1-$6: the change's place in the batch, kind, time, actor, reason, data), each
 -- appended to the intent its change moved ("changed": seq, n), in order. Filled into each move's block as {logged}.
@@ -570,17 +536,18 @@ SELECT * FROM tokens WHERE id = $1;
 SELECT count(*) FROM tokens WHERE role = $1 AND revoked_at IS NULL;
 
 -- name: activity_minutes
--- Attempts finished since $1, per destination, minute and outcome: count, summed duration, last end.
+-- Attempts started since $1 and finished, per destination, minute of their finish and outcome:
+-- count, summed duration, last end.
 SELECT i.destination, date_trunc('minute', a.finished_at) AS minute, a.outcome, count(*),
        coalesce(sum(a.duration_ms), 0)::float8, max(a.finished_at)
 FROM attempts a JOIN intents i ON i.seq = a.intent_seq
-WHERE a.finished_at >= $1 GROUP BY i.destination, minute, a.outcome;
+WHERE a.started_at >= $1 AND a.finished_at IS NOT NULL GROUP BY i.destination, minute, a.outcome;
 
 -- name: activity_failures
--- Each destination's latest failed attempt since $1.
+-- Each destination's latest failed attempt of those started since $1.
 SELECT DISTINCT ON (i.destination) i.destination, a.finished_at, a.outcome, a.status_code, a.error
 FROM attempts a JOIN intents i ON i.seq = a.intent_seq
-WHERE a.finished_at >= $1 AND a.outcome <> 'delivered' ORDER BY i.destination, a.finished_at DESC;
+WHERE a.started_at >= $1 AND a.outcome <> 'delivered' ORDER BY i.destination, a.finished_at DESC;
 
 -- name: activity_waiting
 -- Each destination's open intents and when its oldest due one (at $1) fell due.

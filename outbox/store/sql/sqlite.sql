@@ -235,14 +235,10 @@ ORDER BY destination = '*', revision DESC LIMIT 1;
 SELECT * FROM intents WHERE {where} ORDER BY seq DESC LIMIT ?;
 
 -- name: update_targets
--- Where each of a set of conditional updates or changes (a JSON array of intent keys) stands:
+-- Where the intent of each of a set of changes (a JSON array of intent keys) stands:
 -- [position, seq, status, fence, lease_expires_at] per key, seq null for an intent that does not exist.
 SELECT json_group_array(json_array(u.key, i.seq, i.status, i.fence, i.lease_expires_at))
 FROM json_each(?) AS u LEFT JOIN intents AS i ON i.intent_key = u.value;
-
--- name: update_intents
--- Set columns of several intents from a JSON array of [seq, value, ...] rows.
-UPDATE intents SET {assignments} FROM json_each(?) AS u WHERE intents.seq = json_extract(u.value, '$[0]');
 
 -- name: settle
 -- Move settle: [seq, status, last_error, next_attempt_at, attempts, fence, updated_at] rows (null next_attempt_at,
@@ -409,17 +405,19 @@ SELECT * FROM tokens WHERE id = ?;
 SELECT count(*) FROM tokens WHERE role = ? AND revoked_at IS NULL;
 
 -- name: activity_minutes
--- Attempts finished since ?1, per destination, minute (microseconds) and outcome: count, summed duration, last end.
+-- Attempts started since ?1 and finished, per destination, minute of their finish (microseconds)
+-- and outcome: count, summed duration, last end.
 SELECT i.destination, a.finished_at / 60000000 * 60000000 AS minute, a.outcome, count(*),
        coalesce(sum(a.duration_ms), 0), max(a.finished_at)
-FROM attempts a INDEXED BY attempts_finished JOIN intents i ON i.seq = a.intent_seq
-WHERE a.finished_at >= ?1 GROUP BY i.destination, minute, a.outcome;
+FROM attempts a INDEXED BY attempts_started JOIN intents i ON i.seq = a.intent_seq
+WHERE a.started_at >= ?1 AND a.finished_at IS NOT NULL GROUP BY i.destination, minute, a.outcome;
 
 -- name: activity_failures
--- Each destination's latest failed attempt since ?1 (SQLite takes the bare columns from the max row).
+-- Each destination's latest failed attempt of those started since ?1 (SQLite takes the bare columns
+-- from the max row).
 SELECT i.destination, max(a.finished_at), a.outcome, a.status_code, a.error
-FROM attempts a INDEXED BY attempts_finished JOIN intents i ON i.seq = a.intent_seq
-WHERE a.finished_at >= ?1 AND a.outcome <> 'delivered' GROUP BY i.destination;
+FROM attempts a INDEXED BY attempts_started JOIN intents i ON i.seq = a.intent_seq
+WHERE a.started_at >= ?1 AND a.outcome <> 'delivered' GROUP BY i.destination;
 
 -- name: activity_waiting
 -- Each destination's open intents and when its oldest due one (at ?1) fell due.
