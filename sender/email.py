@@ -111,9 +111,13 @@ def _written(value: str) -> str:
     return formataddr(mailbox(value), charset="utf-8")
 
 
-def _text(value: str) -> str | Header:
-    """A header's text as written: ASCII as it is, anything else RFC 2047-encoded."""
-    return value if value.isascii() else Header(value, "utf-8", maxlinelen=998)
+def _field(name: str, value: str) -> bytes:
+    """One header line as the message holds it: ASCII that fits a line as it is (as the email
+    package would write it, without its folding machinery, most of a message's build), anything
+    else RFC 2047-encoded or folded by the email package."""
+    if value.isascii() and len(name) + len(value) <= 996:  # "name: value" within 998 characters
+        return f"{name}: {value}\r\n".encode("ascii")
+    return WIRE.fold_binary(name, value if value.isascii() else Header(value, "utf-8", maxlinelen=998))  # type: ignore[arg-type]
 
 
 def _mailbox(value: str) -> str:
@@ -491,23 +495,16 @@ class EmailChannel:
 
     def _message(self, intent: Intent, spec: EmailSpec, payload: EmailPayload, attempt_id: str,
                  fence: int) -> bytes:
-        message = _body(payload)
-        message["From"] = spec.from_header
-        message["To"] = ", ".join(map(_written, payload.to))
+        fields = [("From", spec.from_header), ("To", ", ".join(map(_written, payload.to)))]
         if payload.cc:
-            message["Cc"] = ", ".join(map(_written, payload.cc))
+            fields.append(("Cc", ", ".join(map(_written, payload.cc))))
         if spec.reply_to:
-            message["Reply-To"] = _written(spec.reply_to)
-        message["Subject"] = _text(payload.subject)  # type: ignore[assignment]  # (compat32 takes a Header)
-        message["Date"] = format_datetime(self._clock.now())
-        message["Message-ID"] = message_id(intent.key, spec.from_)
-        message[wire.IDEMPOTENCY_KEY] = intent.key
-        message[wire.PAYLOAD_DIGEST] = intent.payload_digest
-        message[wire.ATTEMPT_ID] = attempt_id
-        message[wire.FENCE] = str(fence)
-        for name, value in {**spec.headers, **payload.headers}.items():
-            message[name] = _text(value)  # type: ignore[assignment]
-        written = message.as_bytes(policy=WIRE)
+            fields.append(("Reply-To", _written(spec.reply_to)))
+        fields += [("Subject", payload.subject), ("Date", format_datetime(self._clock.now())),
+                   ("Message-ID", message_id(intent.key, spec.from_)), (wire.IDEMPOTENCY_KEY, intent.key),
+                   (wire.PAYLOAD_DIGEST, intent.payload_digest), (wire.ATTEMPT_ID, attempt_id),
+                   (wire.FENCE, str(fence)), *{**spec.headers, **payload.headers}.items()]
+        written = b"".join(_field(name, value) for name, value in fields) + _body(payload).as_bytes(policy=WIRE)
         return written if written.endswith(b"\r\n") else written + b"\r\n"  # the final "." needs a line of its own
 
     async def probe(self, intent: Intent, destination: Destination, *, fence: int) -> ProbeAnswer:
