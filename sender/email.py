@@ -384,23 +384,23 @@ class EmailChannel:
         stage = "mail"
         try:
             try:
-                await client.mail(spec.envelope_sender)
-            except aiosmtplib.SMTPResponseException as exc:
-                raise _Refused(stage, _by_code(exc.code), f"MAIL FROM refused: {exc.code} {exc.message}",
-                               exc.code, f"{exc.code} {exc.message}") from None
+                answer = await client.execute_command(b"MAIL", _path(b"FROM:", spec.envelope_sender))
             except (aiosmtplib.SMTPServerDisconnected, aiosmtplib.SMTPTimeoutError):
                 if reused:
                     client.close()
                     return None
                 raise
+            if answer.code != 250:
+                raise _Refused(stage, _by_code(answer.code), f"MAIL FROM refused: {answer.code} {answer.message}",
+                               answer.code, f"{answer.code} {answer.message}")
             stage = "rcpt"
             accepted, refused = [], {}
             for recipient in payload.recipients():
-                try:
-                    await client.rcpt(recipient)
+                answer = await client.execute_command(b"RCPT", _path(b"TO:", recipient))
+                if answer.code in (250, 251):
                     accepted.append(recipient)
-                except aiosmtplib.SMTPResponseException as exc:
-                    refused[recipient] = (exc.code, exc.message)
+                else:
+                    refused[recipient] = (answer.code, answer.message)
             if not accepted:
                 temporary = any(400 <= code < 500 for code, _ in refused.values())
                 await _reset(client, pool)
@@ -547,6 +547,12 @@ def _pool(destination: Destination) -> _Pool:
     spec = EmailSpec.model_validate({**destination.settings, "channel": "email",
                                      "allow_private_network": destination.allow_private_network})
     return _Pool(spec, asyncio.Semaphore(spec.connections))
+
+
+def _path(prefix: bytes, address: str) -> bytes:
+    """MAIL's or RCPT's argument: an address ``mailbox`` accepted is a dot-atom of ASCII, which
+    SMTP takes as it is (aiosmtplib's mail and rcpt parse it again, per message, to quote it)."""
+    return prefix + b"<" + address.encode("ascii") + b">"
 
 
 async def _reset(client: aiosmtplib.SMTP, pool: _Pool) -> None:
