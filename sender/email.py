@@ -504,7 +504,9 @@ class EmailChannel:
                    ("Message-ID", message_id(intent.key, spec.from_)), (wire.IDEMPOTENCY_KEY, intent.key),
                    (wire.PAYLOAD_DIGEST, intent.payload_digest), (wire.ATTEMPT_ID, attempt_id),
                    (wire.FENCE, str(fence)), *{**spec.headers, **payload.headers}.items()]
-        written = b"".join(_field(name, value) for name, value in fields) + _body(payload).as_bytes(policy=WIRE)
+        body = _single(payload)
+        written = b"".join(_field(name, value) for name, value in fields) + (
+            _body(payload).as_bytes(policy=WIRE) if body is None else body)
         return written if written.endswith(b"\r\n") else written + b"\r\n"  # the final "." needs a line of its own
 
     async def probe(self, intent: Intent, destination: Destination, *, fence: int) -> ProbeAnswer:
@@ -517,10 +519,27 @@ class EmailChannel:
         self._pools.clear()
 
 
+def _plain(text: str) -> bool:
+    """Whether a body is ASCII in lines SMTP carries as they are (sent 7bit, else UTF-8 in base64)."""
+    return text.isascii() and all(len(line) <= 998 for line in LINE_BREAK.split(text))
+
+
 def _part(text: str, subtype: str) -> MIMEText:
-    """One body: 7bit when it is ASCII in lines SMTP carries as they are, else UTF-8 in base64."""
-    plain = text.isascii() and all(len(line) <= 998 for line in LINE_BREAK.split(text))
-    return MIMEText(text, subtype, "us-ascii" if plain else "utf-8")
+    """One body, 7bit when it is plain, else UTF-8 in base64."""
+    return MIMEText(text, subtype, "us-ascii" if _plain(text) else "utf-8")
+
+
+def _single(payload: EmailPayload) -> bytes | None:
+    """The MIME part of a message that is one plain body (text or html, no attachments), written
+    as ``_body`` and the email package write it (a test holds the two equal) without building
+    its MIME objects, which took most of such a message's build; None for any other message."""
+    bodies = [(body, subtype) for body, subtype in ((payload.text, "plain"), (payload.html, "html"))
+              if body is not None]
+    if len(bodies) != 1 or payload.attachments or not _plain(bodies[0][0]):
+        return None
+    text, subtype = bodies[0]
+    return (f'Content-Type: text/{subtype}; charset="us-ascii"\r\nMIME-Version: 1.0\r\n'
+            "Content-Transfer-Encoding: 7bit\r\n\r\n" + "\r\n".join(LINE_BREAK.split(text))).encode("ascii")
 
 
 def _body(payload: EmailPayload) -> Message:
