@@ -111,9 +111,13 @@ def _written(value: str) -> str:
     return formataddr(mailbox(value), charset="utf-8")
 
 
-def _text(value: str) -> str | Header:
-    """A header's text as written: ASCII as it is, anything else RFC 2047-encoded."""
-    return value if value.isascii() else Header(value, "utf-8", maxlinelen=998)
+def _field(name: str, value: str) -> bytes:
+    """One header line as the message holds it: ASCII that fits a line as it is (as the email
+    package would write it, without its folding machinery, most of a message's build), anything
+    else RFC 2047-encoded or folded by the email package."""
+    if value.isascii() and len(name) + len(value) <= 996:  # "name: value" within 998 characters
+        return f"{name}: {value}\r\n".encode("ascii")
+    return WIRE.fold_binary(name, value if value.isascii() else Header(value, "utf-8", maxlinelen=998))  # type: ignore[arg-type]
 
 
 def _mailbox(value: str) -> str:
@@ -380,23 +384,23 @@ class EmailChannel:
         stage = "mail"
         try:
             try:
-                await client.mail(spec.envelope_sender)
-            except aiosmtplib.SMTPResponseException as exc:
-                raise _Refused(stage, _by_code(exc.code), f"MAIL FROM refused: {exc.code} {exc.message}",
-                               exc.code, f"{exc.code} {exc.message}") from None
+                answer = await client.execute_command(b"MAIL", _path(b"FROM:", spec.envelope_sender))
             except (aiosmtplib.SMTPServerDisconnected, aiosmtplib.SMTPTimeoutError):
                 if reused:
                     client.close()
                     return None
                 raise
+            if answer.code != 250:
+                raise _Refused(stage, _by_code(answer.code), f"MAIL FROM refused: {answer.code} {answer.message}",
+                               answer.code, f"{answer.code} {answer.message}")
             stage = "rcpt"
             accepted, refused = [], {}
             for recipient in payload.recipients():
-                try:
-                    await client.rcpt(recipient)
+                answer = await client.execute_command(b"RCPT", _path(b"TO:", recipient))
+                if answer.code in (250, 251):
                     accepted.append(recipient)
-                except aiosmtplib.SMTPResponseException as exc:
-                    refused[recipient] = (exc.code, exc.message)
+                else:
+                    refused[recipient] = (answer.code, answer.message)
             if not accepted:
                 temporary = any(400 <= code < 500 for code, _ in refused.values())
                 await _reset(client, pool)
@@ -491,23 +495,18 @@ class EmailChannel:
 
     def _message(self, intent: Intent, spec: EmailSpec, payload: EmailPayload, attempt_id: str,
                  fence: int) -> bytes:
-        message = _body(payload)
-        message["From"] = spec.from_header
-        message["To"] = ", ".join(map(_written, payload.to))
+        fields = [("From", spec.from_header), ("To", ", ".join(map(_written, payload.to)))]
         if payload.cc:
-            message["Cc"] = ", ".join(map(_written, payload.cc))
+            fields.append(("Cc", ", ".join(map(_written, payload.cc))))
         if spec.reply_to:
-            message["Reply-To"] = _written(spec.reply_to)
-        message["Subject"] = _text(payload.subject)  # type: ignore[assignment]  # (compat32 takes a Header)
-        message["Date"] = format_datetime(self._clock.now())
-        message["Message-ID"] = message_id(intent.key, spec.from_)
-        message[wire.IDEMPOTENCY_KEY] = intent.key
-        message[wire.PAYLOAD_DIGEST] = intent.payload_digest
-        message[wire.ATTEMPT_ID] = attempt_id
-        message[wire.FENCE] = str(fence)
-        for name, value in {**spec.headers, **payload.headers}.items():
-            message[name] = _text(value)  # type: ignore[assignment]
-        written = message.as_bytes(policy=WIRE)
+            fields.append(("Reply-To", _written(spec.reply_to)))
+        fields += [("Subject", payload.subject), ("Date", format_datetime(self._clock.now())),
+                   ("Message-ID", message_id(intent.key, spec.from_)), (wire.IDEMPOTENCY_KEY, intent.key),
+                   (wire.PAYLOAD_DIGEST, intent.payload_digest), (wire.ATTEMPT_ID, attempt_id),
+                   (wire.FENCE, str(fence)), *{**spec.headers, **payload.headers}.items()]
+        body = _single(payload)
+        written = b"".join(_field(name, value) for name, value in fields) + (
+            _body(payload).as_bytes(policy=WIRE) if body is None else body)
         return written if written.endswith(b"\r\n") else written + b"\r\n"  # the final "." needs a line of its own
 
     async def probe(self, intent: Intent, destination: Destination, *, fence: int) -> ProbeAnswer:
@@ -520,10 +519,27 @@ class EmailChannel:
         self._pools.clear()
 
 
+def _plain(text: str) -> bool:
+    """Whether a body is ASCII in lines SMTP carries as they are (sent 7bit, else UTF-8 in base64)."""
+    return text.isascii() and all(len(line) <= 998 for line in LINE_BREAK.split(text))
+
+
 def _part(text: str, subtype: str) -> MIMEText:
-    """One body: 7bit when it is ASCII in lines SMTP carries as they are, else UTF-8 in base64."""
-    plain = text.isascii() and all(len(line) <= 998 for line in LINE_BREAK.split(text))
-    return MIMEText(text, subtype, "us-ascii" if plain else "utf-8")
+    """One body, 7bit when it is plain, else UTF-8 in base64."""
+    return MIMEText(text, subtype, "us-ascii" if _plain(text) else "utf-8")
+
+
+def _single(payload: EmailPayload) -> bytes | None:
+    """The MIME part of a message that is one plain body (text or html, no attachments), written
+    as ``_body`` and the email package write it (a test holds the two equal) without building
+    its MIME objects, which took most of such a message's build; None for any other message."""
+    bodies = [(body, subtype) for body, subtype in ((payload.text, "plain"), (payload.html, "html"))
+              if body is not None]
+    if len(bodies) != 1 or payload.attachments or not _plain(bodies[0][0]):
+        return None
+    text, subtype = bodies[0]
+    return (f'Content-Type: text/{subtype}; charset="us-ascii"\r\nMIME-Version: 1.0\r\n'
+            "Content-Transfer-Encoding: 7bit\r\n\r\n" + "\r\n".join(LINE_BREAK.split(text))).encode("ascii")
 
 
 def _body(payload: EmailPayload) -> Message:
@@ -550,6 +566,12 @@ def _pool(destination: Destination) -> _Pool:
     spec = EmailSpec.model_validate({**destination.settings, "channel": "email",
                                      "allow_private_network": destination.allow_private_network})
     return _Pool(spec, asyncio.Semaphore(spec.connections))
+
+
+def _path(prefix: bytes, address: str) -> bytes:
+    """MAIL's or RCPT's argument: an address ``mailbox`` accepted is a dot-atom of ASCII, which
+    SMTP takes as it is (aiosmtplib's mail and rcpt parse it again, per message, to quote it)."""
+    return prefix + b"<" + address.encode("ascii") + b">"
 
 
 async def _reset(client: aiosmtplib.SMTP, pool: _Pool) -> None:

@@ -198,6 +198,8 @@ class _Producer:
     starting: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: The SSRF guard of its connections; None when the destination allows the private network.
     guard: _Guard | None = None
+    #: The destination's secrets as last seen, and the signing secrets among them (split once).
+    signing: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
 
 
 @dataclass
@@ -290,7 +292,8 @@ class KafkaChannel:
                     fence: int) -> SendResult:
         try:
             producer = await self._started(entry, destination)
-            tp = await self._partition(producer, entry, intent, destination)
+            key = _record_key(intent)
+            tp = await self._partition(producer, entry, key, destination)
         except _Refused as stop:
             return SendResult(Submission.NOT_SUBMITTED, stop.outcome, error=stop.error, stage=stop.stage)
         value = intent.payload_json.encode()
@@ -298,13 +301,15 @@ class KafkaChannel:
                    (wire.KAFKA_PAYLOAD_DIGEST, intent.payload_digest.encode()),
                    (wire.KAFKA_ATTEMPT_ID, attempt_id.encode()),
                    (wire.KAFKA_FENCE, str(fence).encode())]
-        signing, _ = _split(destination.secrets)
+        if entry.signing[0] != destination.secrets:
+            entry.signing = (destination.secrets, _split(destination.secrets)[0])
+        signing = entry.signing[1]
         if signing:
             timestamp = int(self._clock.now().timestamp())
             headers += [(wire.KAFKA_TIMESTAMP, str(timestamp).encode()),
                         (wire.KAFKA_SIGNATURE, wire.sign(signing, intent.key, timestamp, value).encode())]
         try:
-            future = await producer.send(tp.topic, value, key=_record_key(intent), partition=tp.partition,
+            future = await producer.send(tp.topic, value, key=key, partition=tp.partition,
                                          headers=headers)
         except MessageSizeTooLargeError as exc:
             return SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="produce",
@@ -382,7 +387,7 @@ class KafkaChannel:
             entry.producer = producer
             return producer
 
-    async def _partition(self, producer: AIOKafkaProducer, entry: _Producer, intent: Intent,
+    async def _partition(self, producer: AIOKafkaProducer, entry: _Producer, key: bytes,
                          destination: Destination) -> TopicPartition:
         """The record's partition, once the topic's metadata is known and the partition's leader
         takes connections (so a failure here proves nothing left). Raises _Refused."""
@@ -399,7 +404,7 @@ class KafkaChannel:
         if entry.partitions[0] != partitions:  # the partitioner's inputs, kept until the metadata changes
             entry.partitions = (partitions, sorted(partitions), list(cluster.available_partitions_for_topic(topic)))
         _, every, available = entry.partitions
-        tp = TopicPartition(topic, self._partitioner(_record_key(intent), every, available))
+        tp = TopicPartition(topic, self._partitioner(key, every, available))
         leader = cluster.leader_for_partition(tp)
         if leader is None or leader < 0 or not await producer.client.ready(leader):
             await self._refused(entry)

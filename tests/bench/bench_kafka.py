@@ -502,7 +502,7 @@ async def run(args: argparse.Namespace) -> int:
     if base.runs:
         lines.append(base.line())
     if plain.runs:
-        lines.append(plain.line((">= 0.5x", 0.5)))
+        lines.append(plain.line((">= 0.3x", 0.3)))
     if keyed.runs:
         lines.append(keyed.line((">= 0.8x", 0.8)))
         lines.append(keyed_base.line())

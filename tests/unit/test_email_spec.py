@@ -5,10 +5,12 @@ from __future__ import annotations
 import base64
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from outbox import OnUnknown
-from sender.email import EmailSpec, check_payload, message_id
+from sender.email import WIRE, EmailPayload, EmailSpec, _body, _single, check_payload, message_id
 
 SPEC = {"channel": "email", "host": "smtp.example.com", "from": "Billing <billing@example.com>"}
 MAIL = {"to": ["ann@example.org"], "text": "hi"}
@@ -101,3 +103,25 @@ def test_a_full_payload_passes():
 ])
 def test_the_message_id_is_the_intent_key_as_a_dot_atom_at_the_senders_domain(key, expected):
     assert message_id(key, "Billing <billing@example.com>") == expected
+
+
+#: Bodies as a payload may hold them: any line ends, lines opening with "From " or ".", long
+#: lines, text beyond ASCII (none of which may be written as it is).
+BODIES = st.lists(st.sampled_from(["a", "From me", ".", " ", "\t", "\r", "\n", "\r\n", "x" * 500, "é", "\x00"]),
+                  max_size=12).map("".join)
+
+
+@given(text=BODIES, subtype=st.sampled_from(["text", "html"]))
+def test_a_message_of_one_plain_body_is_written_as_the_email_package_writes_it(text: str, subtype: str):
+    payload = EmailPayload.model_validate({"to": ["ann@example.org"], "subject": "s", subtype: text})
+    written = _single(payload)
+    if written is not None:
+        assert written == _body(payload).as_bytes(policy=WIRE)
+    else:  # only a body that is not plain ASCII in lines SMTP carries is left to the email package
+        assert not text.isascii() or any(len(line) > 998 for line in text.replace("\r", "\n").split("\n"))
+
+
+def test_messages_of_several_parts_are_left_to_the_email_package():
+    for extra in ({"html": "<p>hi</p>"}, {"attachments": [{"filename": "a.txt", "content_type": "text/plain",
+                                                          "content": base64.b64encode(b"x").decode()}]}):
+        assert _single(EmailPayload.model_validate({**MAIL, "subject": "s", **extra})) is None
