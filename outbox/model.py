@@ -445,11 +445,14 @@ OperatorChange = Replay | Resolve | Cancel | Approve | Reject
 Change = WorkerChange | OperatorChange
 
 
-def expected_status(change: Change) -> frozenset[Status]:
-    """The statuses ``change`` may apply in: the caller's ``expected`` where it names one, else
-    its move's sources."""
+def expected_status(change: Change) -> Status:
+    """The one status ``change`` applies in: the caller's ``expected`` where it names one (its
+    move starts in several), else its move's one source."""
     expected = getattr(change, "expected", None)
-    return frozenset({expected}) if expected is not None else MOVES[change.move].sources
+    if expected is not None:
+        return expected
+    (source,) = MOVES[change.move].sources
+    return source
 
 
 def target_status(change: Change) -> Status:
@@ -467,8 +470,7 @@ def check_change(change: Change) -> None:
     move = MOVES[change.move]
     if target_status(change) not in move.targets:
         raise IllegalTransition(f"move {move.name!r} cannot end in {target_status(change).value!r}")
-    for status in expected_status(change):
-        if status not in move.sources:
-            raise IllegalTransition(f"an intent cannot go from {status.value!r} to {target_status(change).value!r}")
+    if (status := expected_status(change)) not in move.sources:
+        raise IllegalTransition(f"an intent cannot go from {status.value!r} to {target_status(change).value!r}")
     if not getattr(change, "events", None) and not isinstance(change, Start):
         raise ValueError("every change to an intent appends at least one event")

@@ -4,10 +4,13 @@ word alike; a dialect holds only the SQL of each move."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, get_args
 
-from ..errors import StaleWrite
+from receivers.records import distinct_runs
+
+from ..errors import NotFound, StaleWrite
 from ..model import (
     Approve,
     Attempt,
@@ -23,18 +26,12 @@ from ..model import (
     Resolve,
     Settle,
     Start,
-    Status,
     expected_status,
 )
+from .rules import decide_target
 
 #: The moves whose changes are answered with the intent as it became (the operators').
 ANSWERED: frozenset[str] = frozenset(change.move for change in get_args(OperatorChange))
-
-
-def expected(change: Change) -> Status:
-    """The one status ``change`` applies in (the caller's ``expected``, else its move's source)."""
-    (status,) = expected_status(change)
-    return status
 
 
 def fence(change: Change) -> int | None:
@@ -85,13 +82,26 @@ def attempt(change: Change) -> Attempt | None:
     return change.attempt if isinstance(change, Start | Settle) else None
 
 
-def decide_start(key: str, lease_expires_at: datetime | None, started_at: datetime) -> StaleWrite | None:
-    """Whether a ``Start`` found its intent's lease (held at its fence) still running when its
-    attempt starts: a lease that has ended may already be another worker's, so an attempt
-    started after it is refused (returned, not raised, as ``rules.decide_target`` does)."""
+def rounds(changes: Sequence[Change]) -> list[Sequence[int]]:
+    """The positions of a batch's changes cut, in order, into rounds that name each key once
+    (``receivers.records.distinct_runs``, which the record stores' batches use too): a change
+    naming a key again goes to a later round, so that it sees what the earlier one did."""
+    return distinct_runs(range(len(changes)), lambda i: changes[i].key)
+
+
+def refusal(change: Change, found: tuple[str, int, datetime | None] | None) -> NotFound | StaleWrite | None:
+    """Why ``change`` may not apply to its intent as found, ``(status, fence, lease_expires_at)``
+    (None: no such intent), or None if it may: as ``rules.decide_target`` judges any change, and
+    a ``Start`` also needs the lease still running when its attempt starts (a lease that has
+    ended may already be another worker's)."""
+    refused = decide_target(change.key, None if found is None else found[:2],
+                            expected=expected_status(change), fence=fence(change))
+    if refused is not None or found is None or not isinstance(change, Start):
+        return refused
+    lease_expires_at, started_at = found[2], change.attempt.started_at
     if lease_expires_at is not None and lease_expires_at <= started_at:
-        return StaleWrite(f"intent {key!r}'s lease ended at {lease_expires_at.isoformat()}, before its attempt "
-                          f"started at {started_at.isoformat()}; the write was not applied")
+        return StaleWrite(f"intent {change.key!r}'s lease ended at {lease_expires_at.isoformat()}, before its "
+                          f"attempt started at {started_at.isoformat()}; the write was not applied")
     return None
 
 

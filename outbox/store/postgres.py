@@ -34,25 +34,19 @@ from ..grants import Grant, GrantSpec
 from ..keyring import Keyring, required
 from ..model import (
     MOVES,
-    Approve,
     Attempt,
     Cancel,
     Change,
     Enqueued,
     Event,
-    Hold,
     Intent,
     NewIntent,
     OperatorChange,
-    Reject,
-    Release,
     Replay,
-    Resolve,
     Settle,
     Start,
     Status,
     check_change,
-    expected_status,
 )
 from ..tokens import TokenInfo
 from . import moves, records
@@ -64,7 +58,6 @@ from .rules import (
     decide_destination_delete,
     decide_existing,
     decide_initial_status,
-    decide_target,
     inserted_intent,
     not_revoked,
     whole_or_refused,
@@ -327,68 +320,47 @@ async def _hang_up(conn: asyncpg.Connection) -> None:
 
 
 def _row(change: Change) -> tuple[Any, ...]:
-    """A change as one row of its move's block (the arrays from $7 on, sql/postgres.sql)."""
-    match change:
-        case Start(attempt=a):
-            return change.key, change.fence, a.attempt_id, a.number, a.fence, a.worker, a.started_at
-        case Settle():
-            return (change.key, change.fence, change.status.value, change.last_error, change.next_attempt_at,
-                    change.attempts, change.new_fence, change.events[-1].at, *_attempt_values(change.attempt))
-        case Release():
-            return change.key, change.fence, change.next_attempt_at, change.events[-1].at
-        case Hold():
-            return change.key, change.fence, change.last_error, change.events[-1].at
-        case Replay():
-            return (change.key, change.expected.value, change.next_attempt_at, change.max_attempts,
-                    change.events[-1].at)
-        case Resolve():
-            return (change.key, change.status.value, change.next_attempt_at, change.max_attempts,
-                    change.events[-1].at)
-        case Cancel():
-            return change.key, change.expected.value, change.events[-1].at
-        case Approve():
-            return (change.key, change.approved_digest, change.approval_expires_at, change.approved_by,
-                    change.next_attempt_at, change.events[-1].at)
-        case Reject():
-            return change.key, change.events[-1].at
-    raise TypeError(f"not a change: {change!r}")
+    """A change as one row of its move's block (the arrays from $7 on, sql/postgres.sql): its key,
+    its fence (a worker's) or the status its caller saw (where its move starts in several), then
+    a start's attempt, or what it writes (``moves.written``) and a settle's attempt."""
+    head: tuple[Any, ...] = (change.key,)
+    if (fence := moves.fence(change)) is not None:
+        head += (fence,)
+    elif isinstance(change, Replay | Cancel):
+        head += (change.expected.value,)
+    if isinstance(change, Start):
+        a = change.attempt
+        return (*head, a.attempt_id, a.number, a.fence, a.worker, a.started_at)
+    written = tuple(value.value if isinstance(value, Status) else value for value in moves.written(change))
+    return (*head, *written, *(_attempt_values(change.attempt) if isinstance(change, Settle) else ()))
 
 
 def _move_arguments(batch: Sequence[Change]) -> list[list[Any]]:
     """A batch of one move's changes as its block's arrays: the events ($1-$6, each with its
     change's place in the batch, from 1; every change has one at least), then the changes' columns."""
     logged = [(n, e.kind.value, e.at, e.actor, e.reason, _data(e))
-              for n, change in enumerate(batch, 1)
-              for e in ((change.event,) if isinstance(change, Start) else change.events)]
+              for n, change in enumerate(batch, 1) for e in moves.events(change)]
     return [list(column) for rows in (logged, [_row(change) for change in batch])
             for column in zip(*rows, strict=True)]
 
 
 def _rounds(changes: Sequence[Change]) -> list[dict[str, list[int]]]:
-    """The changes' places in rounds, each round by move (in key order, so batches that overlap
-    lock their rows in one order): a key named again goes to the next round, so it is changed
-    after, and sees, its earlier change."""
-    rounds: list[dict[str, list[int]]] = []
-    named: dict[str, int] = {}
-    for i in sorted(range(len(changes)), key=lambda i: changes[i].key):
-        turn = named[changes[i].key] = named.get(changes[i].key, -1) + 1
-        if turn == len(rounds):
-            rounds.append({})
-        rounds[turn].setdefault(changes[i].move, []).append(i)
-    return rounds
+    """The changes' places in ``moves.rounds``, each round by move and in key order (so batches
+    that overlap lock their rows in one order)."""
+    made: list[dict[str, list[int]]] = []
+    for places in moves.rounds(changes):
+        by_move: dict[str, list[int]] = {}
+        for i in sorted(places, key=lambda i: changes[i].key):
+            by_move.setdefault(changes[i].move, []).append(i)
+        made.append(by_move)
+    return made
 
 
 def _refusal(change: Change, found: Any) -> OutboxError:
     """Why ``change`` was not applied, worded from its intent as it is now (``found``, None: gone)."""
-    (expected,) = expected_status(change)
-    refused = decide_target(change.key, None if found is None else (found["status"], found["fence"]),
-                            expected=expected, fence=getattr(change, "fence", None))
-    if refused is not None:
-        return refused
-    if isinstance(change, Start) and found is not None and (late := moves.decide_start(
-            change.key, _time(found["lease_expires_at"]), change.attempt.started_at)) is not None:
-        return late
-    return StaleWrite(f"intent {change.key!r} changed while the write was judged; the write was not applied")
+    refused = moves.refusal(change, None if found is None else (
+        found["status"], found["fence"], _time(found["lease_expires_at"])))
+    return refused or StaleWrite(f"intent {change.key!r} changed while the write was judged; the write was not applied")
 
 
 def _crashing(changes: Sequence[Change]) -> bool:

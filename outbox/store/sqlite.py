@@ -13,7 +13,7 @@ import contextvars
 import functools
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -40,7 +40,6 @@ from .rules import (
     decide_destination_delete,
     decide_existing,
     decide_initial_status,
-    decide_target,
     inserted_intent,
     not_revoked,
     whole_or_refused,
@@ -175,21 +174,6 @@ def _insert_each(conn: sqlite3.Connection, items: Sequence[tuple[NewIntent, Even
     return cast(list[Enqueued | OutboxError], results)  # every place filled above
 
 
-def _in_turn(keys: Sequence[str]) -> Iterator[list[int]]:
-    """The positions of ``keys`` in rounds that name each key once, in order: what names a key
-    again waits for the next round, so that it sees what the earlier one did."""
-    waiting = list(range(len(keys)))
-    while waiting:
-        ready: list[int] = []
-        later: list[int] = []
-        named: set[str] = set()
-        for i in waiting:
-            (later if keys[i] in named else ready).append(i)
-            named.add(keys[i])
-        yield ready
-        waiting = later
-
-
 def _stored_row(seq: int, values: Sequence[Any]) -> list[Any]:
     """A move's row for its named block: the intent's seq, then ``moves.written``, stored."""
     return [seq, *map(_stored, values)]
@@ -214,7 +198,7 @@ def _make(conn: sqlite3.Connection, changes: Sequence[Change]) -> list[Intent | 
     per move present, one write of their attempts and one of their events), a round of them
     more for each time a key comes again (the second change sees the first)."""
     results: list[Intent | OutboxError | None] = [None] * len(changes)
-    for ready in _in_turn([change.key for change in changes]):
+    for ready in moves.rounds(changes):
         _make_round(conn, [(i, changes[i]) for i in ready], results)
     return results
 
@@ -230,10 +214,7 @@ def _make_round(conn: sqlite3.Connection, changes: list[tuple[int, Change]],
     outcome = False  # whether an attempt's outcome is among the writes
     for position, seq, status, fence, lease_expires_at in json.loads(found[0]):
         i, change = changes[position]
-        refused = decide_target(change.key, None if seq is None else (status, fence),
-                                expected=moves.expected(change), fence=moves.fence(change))
-        if refused is None and isinstance(change, Start):
-            refused = moves.decide_start(change.key, _time(lease_expires_at), change.attempt.started_at)
+        refused = moves.refusal(change, None if seq is None else (status, fence, _time(lease_expires_at)))
         if refused is not None:
             results[i] = refused
             continue

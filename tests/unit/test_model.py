@@ -105,7 +105,7 @@ def test_a_moves_columns_are_intent_columns_it_either_sets_or_clears():
 @pytest.mark.parametrize("change", CHANGES, ids=lambda change: change.move)
 def test_a_change_expects_the_status_its_caller_saw_else_its_moves_sources(change):
     saw = getattr(change, "expected", None)
-    assert expected_status(change) == ({saw} if saw is not None else MOVES[change.move].sources)
+    assert {expected_status(change)} == ({saw} if saw is not None else MOVES[change.move].sources)
 
 
 @pytest.mark.parametrize("change", CHANGES, ids=lambda change: change.move)

@@ -8,7 +8,8 @@ from datetime import timedelta
 import pytest
 
 from outbox import Event, EventKind, Outcome, StaleWrite, Status, Submission
-from outbox.model import Approve, Cancel, Hold, Reject, Release, Replay, Resolve, Settle, Start
+from outbox.errors import NotFound
+from outbox.model import Approve, Cancel, Hold, Reject, Release, Replay, Resolve, Settle, Start, expected_status
 from outbox.store import moves
 
 from .test_model import CHANGES, EV, STARTED, T0
@@ -27,12 +28,12 @@ def test_the_operators_changes_are_answered_with_the_intent():
     Status.DEAD, Status.UNKNOWN, Status.PENDING, Status.HELD, Status.HELD,  # replay, resolve, cancel, approve, reject
 ], strict=True)), ids=[change.move for change in CHANGES])
 def test_a_change_expects_one_status(change, status):
-    assert moves.expected(change) is status
+    assert expected_status(change) is status
 
 
 def test_a_change_whose_move_starts_in_several_statuses_expects_the_one_its_caller_saw():
-    assert moves.expected(Replay("acme/a1", Status.REVOKED, T0, 5, (EV,))) is Status.REVOKED
-    assert moves.expected(Cancel("acme/a1", Status.HELD, (EV,))) is Status.HELD
+    assert expected_status(Replay("acme/a1", Status.REVOKED, T0, 5, (EV,))) is Status.REVOKED
+    assert expected_status(Cancel("acme/a1", Status.HELD, (EV,))) is Status.HELD
 
 
 @pytest.mark.parametrize("change", CHANGES, ids=lambda change: change.move)
@@ -67,10 +68,11 @@ def test_a_change_appends_its_events_and_records_its_attempt():
 
 
 def test_a_start_is_refused_once_its_lease_has_ended():
-    assert moves.decide_start("acme/a1", None, T0) is None
-    assert moves.decide_start("acme/a1", T0 + timedelta(microseconds=1), T0) is None
+    start = Start("acme/a1", 1, replace(STARTED, started_at=T0), EV)
+    assert moves.refusal(start, ("leased", 1, None)) is None
+    assert moves.refusal(start, ("leased", 1, T0 + timedelta(microseconds=1))) is None
     for ended in (T0, T0 - timedelta(seconds=1)):
-        refused = moves.decide_start("acme/a1", ended, T0)
+        refused = moves.refusal(start, ("leased", 1, ended))
         assert isinstance(refused, StaleWrite)
     assert refused.message == ("intent 'acme/a1''s lease ended at 2029-12-31T23:59:59+00:00, before its attempt "
                                "started at 2030-01-01T00:00:00+00:00; the write was not applied")
@@ -81,3 +83,17 @@ def test_a_recovered_lease_is_told_by_the_sweeper_with_its_owner_and_when_it_is_
     assert (event.kind, event.at, event.actor, event.reason, dict(event.data)) == (
         EventKind.LEASE_EXPIRED, LATER, "sweeper", "lease of w7 expired before any attempt started",
         {"next_attempt_at": LATER.isoformat()})
+
+
+def test_a_change_is_refused_as_the_rules_word_it_when_its_intent_is_gone_or_moved_on():
+    settle = Settle("acme/a1", 1, Status.DELIVERED, (LAST,))
+    assert isinstance(moves.refusal(settle, None), NotFound)
+    assert "is pending at fence 1, not leased at fence 1" in str(moves.refusal(settle, ("pending", 1, None)))
+    assert "is leased at fence 2, not leased at fence 1" in str(moves.refusal(settle, ("leased", 2, None)))
+    assert moves.refusal(settle, ("leased", 1, T0)) is None  # only a start asks whether the lease runs
+
+
+def test_a_key_named_again_in_a_batch_waits_for_a_later_round():
+    changes = [Cancel(f"acme/{key}", Status.PENDING, (EV,)) for key in ("a", "b", "a", "c", "a")]
+    assert [list(r) for r in moves.rounds(changes)] == [[0, 1], [2, 3], [4]]
+    assert moves.rounds([]) == []
