@@ -247,16 +247,8 @@ async def channel_alone(sink: Sink, n: int, concurrency: int) -> Run:
                       next_attempt_at=now, not_before=None, expires_at=None, lease_owner="bench",
                       lease_expires_at=now, fence=1, created_at=now, updated_at=now, last_error=None)
                for i in range(warmup + n)]
-    failures: Counter[str] = Counter()
     channel = EmailChannel()
-
-    async def one(i: int) -> bool:
-        result = await channel.send(intents[i], destination, attempt_id=uuid7(), fence=1)
-        if result.outcome.value == "delivered":
-            return True
-        failures[result.error or result.outcome.value] += 1
-        return False
-
+    one, failures = harness.channel_sends(channel, destination, intents)
     try:
         await harness.fan_out(concurrency, 0, warmup, one)
         cpu = sink.cpu()

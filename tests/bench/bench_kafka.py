@@ -286,21 +286,12 @@ async def channel_alone(peer: KafkaPeer, topic: str, n: int, concurrency: int) -
                       status=Status.LEASED, attempts=0, max_attempts=10, next_attempt_at=now, not_before=None,
                       expires_at=None, lease_owner="bench", lease_expires_at=now, fence=1, created_at=now,
                       updated_at=now, last_error=None) for i in range(total)]
-    failures: Counter[str] = Counter()
     channel = KafkaChannel()
+    one, failures = harness.channel_sends(channel, destination, intents)
     try:
-
-        async def one(i: int) -> bool:
-            result = await channel.send(intents[i], destination, attempt_id=uuid7(), fence=1)
-            if result.outcome.value == "delivered":
-                return True
-            failures[result.error or result.outcome.value] += 1
-            return False
-
-        try:
-            rate, used = await timed_loop(peer, n, concurrency, one)
-        except BenchError as exc:
-            raise BenchError(f"channel alone: {exc}: {dict(failures)}") from None
+        rate, used = await timed_loop(peer, n, concurrency, one)
+    except BenchError as exc:
+        raise BenchError(f"channel alone: {exc}: {dict(failures)}") from None
     finally:
         await channel.aclose()
     held = (await read_topic(peer.broker.bootstrap, topic, values=False)).end_offsets

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from itertools import count
@@ -176,6 +177,24 @@ async def fan_out(workers: int, first: int, stop: int, one: Callable[[int], Awai
 
 
 # -- running and reporting ---------------------------------------------------------------------
+
+
+def channel_sends(channel: Any, destination: Any, intents: Sequence[Any]
+                  ) -> tuple[Callable[[int], Awaitable[bool]], Counter[str]]:
+    """For a channel measured alone: a ``fan_out`` task sending ``intents[i]`` through ``channel``
+    (True when delivered), and the failures it counts by error."""
+    from outbox.ids import uuid7
+
+    failures: Counter[str] = Counter()
+
+    async def one(i: int) -> bool:
+        result = await channel.send(intents[i], destination, attempt_id=uuid7(), fence=1)
+        if result.outcome.value == "delivered":
+            return True
+        failures[result.error or result.outcome.value] += 1
+        return False
+
+    return one, failures
 
 
 def fresh_dir(root: Path, name: str) -> Path:
