@@ -112,3 +112,33 @@ async def test_an_enqueue_during_a_cycle_is_not_missed(open_env, receiver: Recei
     async with env.running(worker_id="w1"):
         await asyncio.wait_for(enqueued.wait(), 5)
         assert await eventually(lambda: env.status_is("late", Status.DELIVERED))
+
+
+async def test_the_next_cycle_gathers_while_one_waits_on_the_store(open_env, receiver: Receiver):
+    env: SenderEnv = await open_env(poll_seconds=0.05)
+    receiver.script("/hook", Reply(200))
+    await env.destination(f"{receiver.url}/hook")
+    for n in range(40):
+        await env.enqueue(f"a{n}")
+    apply = env.box.store.apply
+    under_way, most = 0, 0
+
+    async def slow(changes, *, claim=None):  # a database that takes its time over each transaction
+        nonlocal under_way, most
+        under_way += 1
+        most = max(most, under_way)
+        try:
+            await asyncio.sleep(0.05)
+            return await apply(changes, claim=claim)
+        finally:
+            under_way -= 1
+
+    async def all_delivered() -> bool:
+        return all([await env.status_is(f"a{n}", Status.DELIVERED) for n in range(40)])
+
+    env.box.store.apply = slow  # type: ignore[method-assign]
+    async with env.running(worker_id="w1", concurrency=4):
+        assert await eventually(all_delivered)
+    assert most == 2  # two applies under way at once, never more
+    assert sorted(r.headers["idempotency-key"] for r in receiver.requests("/hook")) == sorted(
+        f"acme/a{n}" for n in range(40))  # each once
