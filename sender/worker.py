@@ -939,8 +939,6 @@ class Worker:
                 "fence": intent.fence, "worker": self.id, "destination": intent.destination}
 
 
-
-
 def _approval_refusal(intent: Intent, now: datetime) -> str | None:
     """Why an intent to a destination requiring approval may not be sent now, or None."""
     if intent.approved_digest is None:
