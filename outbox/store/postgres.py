@@ -65,9 +65,13 @@ from .rules import (
 
 SQL = queries.load("postgres")
 #: The statements that pick due intents share one rule for ordered keys (``claimable``).
-SQL = {**SQL, **{name: SQL[name].format(claimable=SQL["claimable"]) for name in ("claim", "next_due_at")}}
-#: Each move's block appends its events the same way (``logged``).
-SQL = {**SQL, **{name: SQL[name].format(logged=SQL["logged"]) for name in MOVES if name not in ("claim", "recover")}}
+SQL = {**SQL, **{name: SQL[name].format(claimable=SQL["claimable"], logged=SQL["logged"])
+                  for name in ("cycle", "next_due_at")}}
+#: The moves a worker's cycle applies in one statement (``cycle``), beside its claim.
+CYCLE = ("settle", "start")
+#: Each other move's block appends its events the same way (``logged``).
+SQL = {**SQL, **{name: SQL[name].format(logged=SQL["logged"]) for name in MOVES
+                 if name not in ("claim", "recover", *CYCLE)}}
 log = logging.getLogger("outbox.store")
 T = TypeVar("T")
 
@@ -335,13 +339,29 @@ def _row(change: Change) -> tuple[Any, ...]:
     return (*head, *written, *(_attempt_values(change.attempt) if isinstance(change, Settle) else ()))
 
 
+def _events(batch: Sequence[Change]) -> list[tuple[Any, ...]]:
+    """The events of a batch of changes as rows of ``logged``'s arrays ($1-$6), each with its
+    change's place in the batch, from 1 (every change has one at least)."""
+    return [(n, e.kind.value, e.at, e.actor, e.reason, _data(e))
+            for n, change in enumerate(batch, 1) for e in moves.events(change)]
+
+
+def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
+    """Rows as the arrays of a block's ``unnest`` (``width`` empty ones for no rows)."""
+    return [list(column) for column in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
+
+
 def _move_arguments(batch: Sequence[Change]) -> list[list[Any]]:
-    """A batch of one move's changes as its block's arrays: the events ($1-$6, each with its
-    change's place in the batch, from 1; every change has one at least), then the changes' columns."""
-    logged = [(n, e.kind.value, e.at, e.actor, e.reason, _data(e))
-              for n, change in enumerate(batch, 1) for e in moves.events(change)]
-    return [list(column) for rows in (logged, [_row(change) for change in batch])
-            for column in zip(*rows, strict=True)]
+    """A batch of one move's changes as its block's arrays: the events, then the changes' columns."""
+    return _columns(_events(batch), 6) + _columns([_row(change) for change in batch], 0)
+
+
+def cycle_arguments(settles: Sequence[Change], starts: Sequence[Change], claim: Claim | None) -> list[Any]:
+    """The ``cycle`` statement's parameters: the events of the settles then the starts, their
+    columns, and the claim's (a limit of 0 for none)."""
+    claiming = (None, None, None, 0) if claim is None else (claim.now, claim.owner, claim.lease_until, claim.limit)
+    return [*_columns(_events([*settles, *starts]), 6), *_columns([_row(c) for c in settles], 22),
+            *_columns([_row(c) for c in starts], 7), *claiming]
 
 
 def _rounds(changes: Sequence[Change]) -> list[dict[str, list[int]]]:
@@ -370,35 +390,47 @@ def _crashing(changes: Sequence[Change]) -> bool:
 
 
 async def _apply_rounds(conn: asyncpg.Connection, changes: Sequence[Change],
-                        rounds: Sequence[Mapping[str, Sequence[int]]]) -> list[Intent | OutboxError | None]:
-    """The changes, round by round, one statement per move present; then, for a round with
-    changes refused, one read of their intents to word each refusal."""
+                        rounds: Sequence[Mapping[str, Sequence[int]]], claim: Claim | None) -> Applied:
+    """The changes, round by round: one statement per move present, the settles and starts
+    together in the ``cycle`` statement, which claims in the last round (or alone, for no
+    changes); then, for a round with changes refused, one read of their intents to word each
+    refusal."""
     results: list[Intent | OutboxError | None] = [None] * len(changes)
-    for round_ in rounds:
-        refused: list[int] = []
+    claimed: list[Intent] = []
+    rounds = list(rounds) or [{}]
+    for r, round_ in enumerate(rounds):
+        applied: dict[int, Any] = {}  # a change's place: its row (True: applied, no row)
         for move, places in round_.items():
-            batch = [changes[i] for i in places]
-            applied = {row["n"]: row for row in await conn.fetch(SQL[move], *_move_arguments(batch))}
-            for n, i in enumerate(places, 1):
-                row = applied.get(n)
-                if row is None:
-                    refused.append(i)
-                elif isinstance(changes[i], OperatorChange):
-                    results[i] = _intent(row)
+            if move not in CYCLE:
+                rows = {row["n"]: row for row in await conn.fetch(SQL[move], *_move_arguments(
+                    [changes[i] for i in places]))}
+                applied |= {i: rows[n] for n, i in enumerate(places, 1) if n in rows}
+        cycled = [*round_.get("settle", ()), *round_.get("start", ())]
+        asked = claim if r == len(rounds) - 1 else None
+        if cycled or asked is not None:
+            rows = await conn.fetch(SQL["cycle"], *cycle_arguments(
+                [changes[i] for i in round_.get("settle", ())], [changes[i] for i in round_.get("start", ())], asked))
+            for n in (rows[0]["settled_places"] or []) + (rows[0]["started_places"] or []):
+                applied[cycled[n - 1]] = True
+            claimed = [_intent(row) for row in rows if row["seq"] is not None]
+        refused = [i for places in round_.values() for i in places if i not in applied]
+        for i, row in applied.items():
+            if isinstance(changes[i], OperatorChange):
+                results[i] = _intent(row)
         if refused:
             found = {row["intent_key"]: row for row in await conn.fetch(
                 SQL["intents_by_keys"], [changes[i].key for i in refused])}
             for i in refused:
                 results[i] = _refusal(changes[i], found.get(changes[i].key))
-    return results
+    return Applied(results, claimed)
 
 
-async def _claim(conn: asyncpg.Connection, claim: Claim | None) -> list[Intent]:
-    """``Store.claim`` on ``conn`` (nothing for no claim)."""
-    if claim is None:
-        return []
-    return [_intent(row) for row in await conn.fetch(SQL["claim"], claim.now, claim.owner, claim.lease_until,
-                                                     claim.limit)]
+def _statements(rounds: Sequence[Mapping[str, Sequence[int]]], claim: Claim | None) -> int:
+    """How many statements ``_apply_rounds`` sends (the refusals' reads aside)."""
+    rounds = list(rounds) or [{}]
+    return sum(sum(move not in CYCLE for move in round_)
+               + (any(move in CYCLE for move in round_) or (r == len(rounds) - 1 and claim is not None))
+               for r, round_ in enumerate(rounds))
 
 
 class _PostgresTransaction:
@@ -698,18 +730,19 @@ class PostgresStore:
     async def apply(self, changes: Sequence[Change], *, claim: Claim | None = None) -> Applied:
         for change in changes:
             check_change(change)
+        if not changes and claim is None:
+            return Applied([], [])
         rounds = _rounds(changes)
         crashing = _crashing(changes)
 
         async def together(conn: asyncpg.Connection) -> Applied:
-            results = await _apply_rounds(conn, changes, rounds)
+            applied = await _apply_rounds(conn, changes, rounds, claim)
             if crashing:
                 crash.crash_point("mid_group_commit")
-            return Applied(results, await _claim(conn, claim))
+            return applied
 
-        statements = sum(map(len, rounds)) + (claim is not None)
-        try:  # one statement needs no transaction of its own around it
-            return await self._run(together, transaction={} if statements > 1 or crashing else None)
+        try:  # one statement (a worker's usual cycle) needs no transaction of its own around it
+            return await self._run(together, transaction={} if _statements(rounds, claim) > 1 or crashing else None)
         except asyncpg.PostgresError as exc:  # ("not now" is StoreUnavailable by here, and raised)
             log.info("a batch of %d change(s) failed (%s: %s); applying each alone", len(changes),
                      type(exc).__name__, exc)
@@ -719,14 +752,14 @@ class PostgresStore:
             for change in changes:
                 try:
                     async with conn.transaction():  # a savepoint: a change that fails undoes itself only
-                        results += await _apply_rounds(conn, [change], _rounds([change]))
+                        results += (await _apply_rounds(conn, [change], _rounds([change]), None)).results
                 except asyncpg.PostgresError as exc:
                     if isinstance(exc, UNAVAILABLE):
                         raise
                     results.append(InvalidInput(f"the change to intent {change.key!r} cannot be written: {exc}"))
             if crashing:
                 crash.crash_point("mid_group_commit")
-            return Applied(results, await _claim(conn, claim))
+            return Applied(results, (await _apply_rounds(conn, [], [], claim)).claimed)
 
         return await self._run(each, transaction={})
 
@@ -744,7 +777,7 @@ class PostgresStore:
     async def claim(
         self, owner: str, *, now: datetime, lease_until: datetime, limit: int
     ) -> list[Intent]:
-        return await self._run(lambda conn: _claim(conn, Claim(owner, now, lease_until, limit)))
+        return (await self.apply([], claim=Claim(owner, now, lease_until, limit))).claimed
 
     async def waiting_behind(self, key: str) -> Intent | None:
         row = await self._fetchrow("waiting_behind", key)

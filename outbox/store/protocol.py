@@ -207,7 +207,9 @@ class Store(Protocol):
 
     async def apply(self, changes: Sequence[Change], *, claim: Claim | None = None) -> Applied:
         """Make each change's move (``outbox.model.MOVES``) as one set per move, in one transaction
-        (SQLite: one group commit), then make ``claim`` in the same transaction. Each change is
+        (SQLite: one group commit), then make ``claim`` in the same transaction. An intent the
+        changes make due may be left to a later claim (PostgreSQL claims in the statement of the
+        settles and starts, on the rows as they were before it). Each change is
         judged on its own against the intent as it is: one refused (its intent gone, in another
         status, at another fence, or, for ``Start``, its lease expired) writes nothing and is
         answered by its error in its place; the others go on. A key named twice is changed in

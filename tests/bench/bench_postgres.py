@@ -617,7 +617,8 @@ class ClaimTimes:
 async def claim_latency(small: str, big: str, concurrency: int) -> tuple[ClaimTimes, ClaimTimes]:
     """CLAIMS ``store.claim(limit=concurrency)`` per database, interleaved in chunks of
     CLAIM_CHUNK; then the claim statement alone on a plain connection, rolled back each time."""
-    from outbox.store.postgres import SQL
+    from outbox.store.postgres import SQL, cycle_arguments
+    from outbox.store.protocol import Claim
 
     times = {small: ClaimTimes(), big: ClaimTimes()}
     boxes = {dsn: await open_outbox(dsn, "http://127.0.0.1:9/hook", concurrency) for dsn in (small, big)}
@@ -644,7 +645,8 @@ async def claim_latency(small: str, big: str, concurrency: int) -> tuple[ClaimTi
                         began = time.perf_counter()
                         tx = conn.transaction()
                         await tx.start()
-                        rows = await conn.fetch(SQL["claim"], now, "stmt", now + timedelta(seconds=60), concurrency)
+                        rows = await conn.fetch(SQL["cycle"], *cycle_arguments(
+                            [], [], Claim("stmt", now, now + timedelta(seconds=60), concurrency)))
                         await tx.rollback()
                         times[dsn].statements.append(time.perf_counter() - began)
                         if len(rows) != concurrency:

@@ -48,7 +48,7 @@ from outbox.model import (
 )
 from outbox.operations import Actor, replay
 from outbox.store import migrator
-from outbox.store.postgres import LISTENER, SQL, PostgresStore
+from outbox.store.postgres import LISTENER, SQL, PostgresStore, cycle_arguments
 from outbox.store.protocol import Claim
 from sender import Worker
 
@@ -238,7 +238,7 @@ async def test_the_claim_and_expired_lease_lookups_use_their_partial_indexes_amo
 
         # the claim's pick: the oldest due, straight off the partial index (its other sorts order
         # the few rows leased, not the table)
-        claim = await plan(SQL["claim"], now, "w1", now, 10)
+        claim = await plan(SQL["cycle"], *cycle_arguments([], [], Claim("w1", now, now, 10)))
         pick = claim.split("CTE due", 1)[1].split("CTE leased", 1)[0]
         assert "Index Scan using intents_due on intents" in pick and "Sort" not in pick, claim
         expired = await plan(SQL["expired_leases"], now, 10)
@@ -266,7 +266,8 @@ async def test_the_claim_of_an_ordered_destination_seeks_each_keys_earlier_inten
             FROM generate_series(1, 20000) AS n""")
         await writer.execute("ANALYZE intents")
         now = datetime.now(UTC)
-        claim = "\n".join(row[0] for row in await writer.fetch("EXPLAIN " + SQL["claim"], now, "w1", now, 10))
+        claim = "\n".join(row[0] for row in await writer.fetch(
+            "EXPLAIN " + SQL["cycle"], *cycle_arguments([], [], Claim("w1", now, now, 10))))
         pick = claim.split("CTE due", 1)[1].split("CTE leased", 1)[0]
         assert "Index Scan using intents_due on intents due" in pick and "Sort" not in pick, claim
         assert "Index Only Scan using intents_ordering on intents earlier" in pick \
@@ -329,7 +330,7 @@ async def logged_store(url: str) -> tuple[PostgresStore, Statements]:
     return store, statements
 
 
-async def test_a_batch_of_starts_settles_and_a_claim_is_one_transaction_of_a_statement_each(box, pg_url):
+async def test_a_cycle_of_starts_settles_and_a_claim_is_one_statement(box, pg_url):
     intents = await leased(box, 8)
     await box.enqueue_many([{"destination": "billing", "scope": "acme", "action_id": f"b{i}", "payload": {}}
                             for i in range(3)])
@@ -337,19 +338,19 @@ async def test_a_batch_of_starts_settles_and_a_claim_is_one_transaction_of_a_sta
     try:
         applied = await store.apply([start(i) for i in intents[:4]], claim=Claim("w1", T0, T0 + LEASE, 2))
         assert applied.results == [None] * 4 and len(applied.claimed) == 2
-        assert statements.sql == ["BEGIN", "start", "claim", "COMMIT"]
+        assert statements.sql == ["cycle"]  # one statement: no transaction around it
         statements.sql.clear()
         later = T0 + timedelta(seconds=1)
         applied = await store.apply([*(settle(i, later) for i in intents[:4]), *(start(i, later) for i in intents[4:])],
                                     claim=Claim("w1", later, later + LEASE, 5))
         assert applied.results == [None] * 8 and len(applied.claimed) == 1
-        assert statements.sql == ["BEGIN", "settle", "start", "claim", "COMMIT"]
+        assert statements.sql == ["cycle"]
         started = await box.store.history(intents[5].key)
         assert started.intent is not None and started.intent.updated_at == intents[5].updated_at  # not written
         assert [(a.number, a.finished_at) for a in started.attempts] == [(1, None)]
         statements.sql.clear()
         await store.apply([settle(i, later) for i in intents[4:]])
-        assert statements.sql == ["settle"]  # alone: no transaction around it
+        assert statements.sql == ["cycle"]
     finally:
         await store.close()
     history = await box.store.history(intents[0].key)

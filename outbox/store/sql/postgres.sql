@@ -117,28 +117,6 @@ SELECT kind, at, actor, reason, data FROM events WHERE intent_seq = $1 ORDER BY 
       AND earlier.status IN ('pending', 'leased', 'held', 'unknown', 'dead', 'revoked')
       AND (earlier.status NOT IN ('dead', 'revoked') OR d.ordering_on_dead = 'block')))
 
--- name: claim
--- Lease up to $4 of the oldest due intents to a worker, bumping each fence and appending each one's "leased" event
--- with the fence it was leased at; returns them. Rows another claimer has locked are skipped, never waited for.
--- An intent of an ordered destination waits while an earlier one of its key is in the way (one seek of
--- intents_ordering); the earlier one a concurrent claimer has just locked is still pending in this snapshot.
-WITH due AS (
-    SELECT seq FROM intents AS due
-    WHERE status = 'pending' AND next_attempt_at <= $1
-      AND {claimable}
-    ORDER BY next_attempt_at LIMIT $4
-    FOR UPDATE OF due SKIP LOCKED
-), leased AS (
-    UPDATE intents SET status = 'leased', lease_owner = $2, lease_expires_at = $3, fence = intents.fence + 1,
-                       updated_at = $1
-    WHERE intents.seq = ANY(ARRAY(SELECT seq FROM due))  -- (an index scan of the few picked, never a seq scan)
-    RETURNING intents.*
-), logged AS (
-    INSERT INTO events (intent_seq, kind, at, actor, reason, data)
-    SELECT seq, 'leased', $1, $2, NULL, jsonb_build_object('fence', fence) FROM leased ORDER BY seq
-)
-SELECT * FROM leased ORDER BY next_attempt_at;
-
 -- name: waiting_behind
 -- The earliest intent in the way of a pending intent (key $1) of an ordered destination, as the claim judges it.
 SELECT earlier.* FROM intents AS due
@@ -212,31 +190,25 @@ logged AS (
     ORDER BY e.i
 )
 
--- name: start
--- Move start for a batch (arrays from $7: key, fence, then the attempt): each intent still leased at its fence, with
--- its lease unexpired when the attempt starts, is locked FOR KEY SHARE (a sweeper's recover, FOR UPDATE, then skips
--- it until the attempt is in) and gets its attempt row, unfinished, and its event; the intent row is not written.
--- Returns the batch places (n) that applied.
-WITH batch AS (
-    SELECT * FROM unnest($7::text[], $8::bigint[], $9::text[], $10::integer[], $11::bigint[], $12::text[],
-                         $13::timestamptz[])
-        WITH ORDINALITY AS b (intent_key, fence, attempt_id, number, attempt_fence, worker, started_at, n)
-), changed AS (
-    SELECT intents.seq, batch.* FROM intents JOIN batch USING (intent_key)
-    WHERE intents.intent_key = ANY($7::text[]) AND intents.status = 'leased' AND intents.fence = batch.fence AND intents.lease_expires_at > batch.started_at
-    FOR KEY SHARE OF intents
-), attempted AS (
-    INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at)
-    SELECT attempt_id, seq, number, attempt_fence, worker, started_at FROM changed ORDER BY n
-    ON CONFLICT (attempt_id) DO NOTHING
-), {logged}
-SELECT n FROM changed;
-
--- name: settle
--- Move settle for a batch (arrays from $7: key, fence, fate, last_error, next_attempt_at, attempts and new fence (null:
--- kept), updated_at, then the attempt, none where its id is null): each intent still leased at its fence takes its
--- fate, its lease cleared, its attempt inserted or finished and its events appended. Returns the places applied.
-WITH batch AS (
+-- name: cycle
+-- A worker's cycle as one statement: moves settle and start for a batch each, then a claim. Arrays $1-$6 are the
+-- events of both (as logged takes them: n is the change's place, the settles first, then the starts); $7-$28 the
+-- settles (key, fence, fate, last_error, next_attempt_at, attempts and new fence (null: kept), updated_at, then the
+-- attempt, none where its id is null); $29-$35 the starts (key, fence, then the attempt); $36-$39 the claim (now,
+-- owner, lease until, limit: 0 claims nothing). Any of them may be empty.
+-- - settle: each intent still leased at its fence takes its fate, its lease cleared, its attempt inserted or
+--   finished, its events appended;
+-- - start: each intent still leased at its fence, with its lease unexpired when the attempt starts, is locked FOR
+--   KEY SHARE (a sweeper's recover, FOR UPDATE, then skips it until the attempt is in) and gets its attempt row,
+--   unfinished, and its event; the intent row is not written;
+-- - claim: up to $39 of the oldest due intents are leased to a worker, each fence bumped and a "leased" event
+--   appended with the fence it was leased at. Rows another claimer has locked are skipped, never waited for. An
+--   intent of an ordered destination waits while an earlier one of its key is in the way (one seek of
+--   intents_ordering); the earlier one a concurrent claimer has just locked is still pending in this snapshot.
+-- All parts see one snapshot, so the claim never picks what this statement's settles make due: a later cycle does.
+-- The parts touch disjoint rows (settled and started intents are leased, claimed ones pending). One row comes back
+-- at least: the places settled and started (null: none) beside each claimed intent's columns (all null: none).
+WITH settling AS (
     SELECT * FROM unnest($7::text[], $8::bigint[], $9::text[], $10::text[], $11::timestamptz[], $12::integer[],
                          $13::bigint[], $14::timestamptz[], $15::text[], $16::integer[], $17::bigint[], $18::text[],
                          $19::timestamptz[], $20::timestamptz[], $21::text[], $22::text[], $23::integer[], $24::text[],
@@ -244,27 +216,61 @@ WITH batch AS (
         WITH ORDINALITY AS b (intent_key, fence, status, last_error, next_attempt_at, attempts, new_fence, updated_at,
                               attempt_id, number, attempt_fence, worker, started_at, finished_at, submission, outcome,
                               status_code, reply, external_id, error, duration_ms, stage, n)
-), changed AS (
+), settled AS (
     UPDATE intents SET status = b.status, last_error = b.last_error, lease_owner = NULL, lease_expires_at = NULL,
                        next_attempt_at = coalesce(b.next_attempt_at, intents.next_attempt_at),
                        attempts = coalesce(b.attempts, intents.attempts), fence = coalesce(b.new_fence, intents.fence),
                        updated_at = b.updated_at
-    FROM batch AS b
-    WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'leased' AND intents.fence = b.fence
+    FROM settling AS b
+    WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'leased'
+      AND intents.fence = b.fence
     RETURNING intents.seq, intents.status, b.n
-), attempted AS (
+), finished AS (
     INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at, finished_at,
                           submission, outcome, status_code, reply, external_id, error, duration_ms, stage)
-    SELECT b.attempt_id, changed.seq, b.number, b.attempt_fence, b.worker, b.started_at, b.finished_at, b.submission,
+    SELECT b.attempt_id, settled.seq, b.number, b.attempt_fence, b.worker, b.started_at, b.finished_at, b.submission,
            b.outcome, b.status_code, b.reply, b.external_id, b.error, b.duration_ms, b.stage
-    FROM changed JOIN batch AS b USING (n) WHERE b.attempt_id IS NOT NULL ORDER BY n
+    FROM settled JOIN settling AS b USING (n) WHERE b.attempt_id IS NOT NULL ORDER BY n
     ON CONFLICT (attempt_id) DO UPDATE SET
         finished_at = excluded.finished_at, submission = excluded.submission,
         outcome = excluded.outcome, status_code = excluded.status_code, reply = excluded.reply,
         external_id = excluded.external_id, error = excluded.error, duration_ms = excluded.duration_ms,
         stage = excluded.stage
-), {logged}
-SELECT n, CASE WHEN status = 'pending' THEN pg_notify('outbox_due', '') END AS notified FROM changed;
+), starting AS (
+    SELECT intent_key, fence, attempt_id, number, attempt_fence, worker, started_at, i + cardinality($7::text[]) AS n
+    FROM unnest($29::text[], $30::bigint[], $31::text[], $32::integer[], $33::bigint[], $34::text[],
+                $35::timestamptz[])
+        WITH ORDINALITY AS b (intent_key, fence, attempt_id, number, attempt_fence, worker, started_at, i)
+), started AS (
+    SELECT intents.seq, starting.* FROM intents JOIN starting USING (intent_key)
+    WHERE intents.intent_key = ANY($29::text[]) AND intents.status = 'leased' AND intents.fence = starting.fence
+      AND intents.lease_expires_at > starting.started_at
+    FOR KEY SHARE OF intents
+), attempted AS (
+    INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at)
+    SELECT attempt_id, seq, number, attempt_fence, worker, started_at FROM started ORDER BY n
+    ON CONFLICT (attempt_id) DO NOTHING
+), changed AS (
+    SELECT seq, n FROM settled UNION ALL SELECT seq, n FROM started
+), {logged}, due AS (
+    SELECT seq FROM intents AS due
+    WHERE status = 'pending' AND next_attempt_at <= $36
+      AND {claimable}
+    ORDER BY next_attempt_at LIMIT $39
+    FOR UPDATE OF due SKIP LOCKED
+), leased AS (
+    UPDATE intents SET status = 'leased', lease_owner = $37, lease_expires_at = $38, fence = intents.fence + 1,
+                       updated_at = $36
+    WHERE intents.seq = ANY(ARRAY(SELECT seq FROM due))  -- (an index scan of the few picked, never a seq scan)
+    RETURNING intents.*
+), leased_logged AS (
+    INSERT INTO events (intent_seq, kind, at, actor, reason, data)
+    SELECT seq, 'leased', $36, $37, NULL, jsonb_build_object('fence', fence) FROM leased ORDER BY seq
+)
+SELECT (SELECT array_agg(n) FROM settled) AS settled_places, (SELECT array_agg(n) FROM started) AS started_places,
+       (SELECT pg_notify('outbox_due', '') FROM settled WHERE status = 'pending' LIMIT 1) AS notified, leased.*
+FROM (VALUES (true)) AS one LEFT JOIN leased ON true
+ORDER BY leased.next_attempt_at;
 
 -- name: release
 -- Move release for a batch (arrays from $7: key, fence, next_attempt_at, updated_at): each intent still leased at its
