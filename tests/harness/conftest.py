@@ -24,8 +24,9 @@ from ..conftest import SECRET
 from ..servers import Served
 
 SCOPE = "acme"
-#: The destinations the tests send to, and how each receiver path answers.
-PATHS = ("billing", "slow", "gone", "refunds", "wires")
+#: The destinations the tests send to, one receiver path each: the ``refunds`` grant is withdrawn,
+#: ``wires`` holds each intent for approval, ``paused`` is disabled (its intents stay pending).
+PATHS = ("billing", "slow", "gone", "refunds", "wires", "paused")
 
 
 def require_pydantic_ai() -> None:
@@ -80,7 +81,7 @@ async def service(tmp_path: Path, serve_api: Callable[[Settings], str]) -> Async
             await box.put_destination(path, DestinationSpec.model_validate({
                 "url": f"{receiver.url}/{path}", "secret": SECRET, "allow_private_network": True,
                 "idempotent": path != "slow", "on_unknown": "never" if path == "slow" else "declared",
-                "timeout_seconds": 0.5, "requires_approval": path == "wires"}))
+                "timeout_seconds": 0.5, "requires_approval": path == "wires", "disabled": path == "paused"}))
             await box.put_grant(f"{SCOPE}-{path}", GrantSpec(scope=SCOPE, destination=path))
         await box.delete_grant(f"{SCOPE}-refunds")  # refunds: the grant was withdrawn
         producer, _ = await box.create_token(Role.PRODUCER, [SCOPE])
