@@ -1,13 +1,11 @@
 """What the harness tests share: a real served outbox (``outbox serve``'s service, its embedded
 worker delivering) and a real receiver behind the receivers' idempotency middleware, which
-counts each key's effects; and the Pydantic AI extra, which fails the tests under CI=true
-rather than skipping them when it is not installed."""
+counts each key's effects."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -27,14 +25,6 @@ SCOPE = "acme"
 #: The destinations the tests send to, one receiver path each: the ``refunds`` grant is withdrawn,
 #: ``wires`` holds each intent for approval, ``paused`` is disabled (its intents stay pending).
 PATHS = ("billing", "slow", "gone", "refunds", "wires", "paused")
-
-
-def require_pydantic_ai() -> None:
-    """Skip the calling module without the ``pydantic-ai`` extra, or fail it under CI=true."""
-    if os.environ.get("CI") == "true":
-        import pydantic_ai  # noqa: F401  (CI installs the test extra: missing, it must fail)
-    else:
-        pytest.importorskip("pydantic_ai", reason="the pydantic-ai extra is not installed")
 
 
 class Effects:

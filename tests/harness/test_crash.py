@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from ..conftest import rows
-from .conftest import SCOPE, Service, require_pydantic_ai
+from .conftest import SCOPE, Service
+from .extra import require_pydantic_ai
 
 require_pydantic_ai()
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from .conftest import PATHS, SCOPE, Service, require_pydantic_ai
+from .conftest import PATHS, SCOPE, Service
+from .extra import require_pydantic_ai
 
 require_pydantic_ai()
 
