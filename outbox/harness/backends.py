@@ -93,9 +93,13 @@ class Local:
         self.actor = actor
 
     async def enqueue(self, action: Action) -> Intent:
-        await self.box.enqueue(destination=action.destination, scope=action.scope, payload=dict(action.arguments),
-                               action_id=action.action_id, actor=self.actor)
-        return await self._shown(action.action_id, action.scope)
+        """The intent as enqueued, without its attempts (``wait`` reads them), as over HTTP."""
+        from ..outbox import intent_json
+
+        enqueued = await self.box.enqueue(destination=action.destination, scope=action.scope,
+                                          payload=dict(action.arguments), action_id=action.action_id,
+                                          actor=self.actor)
+        return Intent.of(intent_json(enqueued.intent))
 
     async def find(self, action_id: str, scope: str) -> Intent | None:
         try:
