@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from typing import Any
@@ -18,7 +18,7 @@ from openapi_spec_validator import validate
 from outbox import DestinationSpec, Outbox, Role, Settings
 from outbox.grants import GrantSpec
 from outbox.ids import ACTION_ID, DESTINATION_ID, TOKEN_ID
-from outbox.openapi import ecma, refs
+from outbox.shapes import ecma
 
 from ..conftest import SECRET
 
@@ -63,6 +63,19 @@ async def served(db_url, serve_api) -> AsyncIterator[Served]:
         answer = await c.get("/openapi.json")
     assert answer.status_code == 200
     yield Served(url, admin, producer, answer.json())
+
+
+def refs(value: Any) -> Iterator[str]:
+    """Every ``$ref`` in a document."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key == "$ref" and isinstance(item, str):
+                yield item
+            else:
+                yield from refs(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from refs(item)
 
 
 def operations(document: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
