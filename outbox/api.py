@@ -21,9 +21,10 @@ from . import console, openapi
 from .model import Intent
 from .operations import Authorize
 from .outbox import Outbox
-from .routes import handlers, intents, operators, probes, registry, tokens
+from .routes import bodies, handlers, intents, operators, probes, registry, tokens
 from .routes.auth import box
 from .settings import Settings
+from .web import Head
 
 #: Runs beside the API while it serves, on its outbox: entered once the outbox is open, left at
 #: shutdown before it closes. One that runs a sender sets ``app.state.worker`` (``stop()`` is
@@ -91,9 +92,11 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
         lifespan=lifespan,
         docs_url=None,  # served by openapi.install, from local assets
         redoc_url=None,
+        generate_unique_id_function=openapi.operation_id,
     )
-    app.state.settings = settings  # the body limit (routes.bodies)
     openapi.install(app)
+    app.add_middleware(bodies.BodyLimits, **bodies.limits(settings))
+    app.add_middleware(Head, router=app.router)
     handlers.install(app)
     app.include_router(probes.router)
     if probes_only:

@@ -26,8 +26,9 @@ from .destinations import DestinationSpec
 from .errors import InvalidInput, NoDatabase, OutboxError
 from .grants import GrantSpec
 from .model import OnUnknown, Role, Status
-from .outbox import Outbox, history_json, intent_json
+from .outbox import Outbox
 from .settings import Settings
+from .shapes import history_json, intent_json
 from .store import IntentQuery
 
 if TYPE_CHECKING:

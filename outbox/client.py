@@ -9,8 +9,11 @@ Every call is safe to repeat, so connection errors, 429 and 503 are retried (ten
 ``Retry-After`` up to a cap): an enqueue's action id is fixed before its first try (a UUIDv7
 made here when the caller gives none), so a retried enqueue finds its own intent (200) rather
 than making a second one. Problem+json answers are raised as typed errors, which are also the
-library's (``outbox.errors``) of the same meaning. Only httpx and tenacity are imported here:
-a producer host needs neither the store nor the server.
+library's (``outbox.errors``) of the same meaning. Answers have the shapes ``outbox.shapes``
+defines (an ``Intent``'s ``data`` is a ``shapes.Intent``, with ``shapes.IntentDetail``'s
+attempts and events from ``get`` and ``wait``). Only httpx, tenacity and those shapes are
+imported here: a producer host needs neither the store nor the server. (About 500 lines: two
+clients, blocking and async, with the same methods over the shared request helpers.)
 """
 
 from __future__ import annotations
@@ -33,16 +36,12 @@ import tenacity
 
 from . import errors, timestamps
 from .ids import uuid7
+from .shapes import MAX_BATCH, PROBLEM_TYPE_PREFIX, SETTLED_STATUSES
 
-#: What the batch endpoint takes in one request.
-MAX_BATCH = 500
 #: A batch request's body is kept under this many bytes (the server's default limit is 64 MiB).
 BATCH_BYTES = 16 * 1024 * 1024
-#: Statuses the outbox settles in: ``wait`` returns once an intent has one.
-SETTLED = frozenset({"delivered", "dead", "revoked", "cancelled", "unknown"})
 #: The longest one long-poll request asks the server to hold (the server allows 60 s).
 LONG_POLL_SECONDS = 30.0
-PROBLEM_PREFIX = "urn:outbox:problem:"
 
 
 # -- what the API answers -----------------------------------------------------------------------
@@ -67,7 +66,7 @@ class Intent:
     @property
     def settled(self) -> bool:
         """Delivered, dead, revoked, cancelled or unknown: nothing more happens by itself."""
-        return self.status in SETTLED
+        return self.status in SETTLED_STATUSES
 
     @classmethod
     def of(cls, data: dict[str, Any]) -> Intent:
@@ -102,7 +101,7 @@ class OutboxError(errors.OutboxError):
     @property
     def kind(self) -> str:
         """The type's last part (``intent-conflict``), as the README's Errors table names it."""
-        return self.type.removeprefix(PROBLEM_PREFIX)
+        return self.type.removeprefix(PROBLEM_TYPE_PREFIX)
 
     @property
     def errors(self) -> list[dict[str, Any]]:
@@ -158,7 +157,7 @@ class WaitTimeout(OutboxError, TimeoutError):
 
     def __init__(self, intent: Intent, timeout: float) -> None:
         self.intent = intent
-        super().__init__({"type": PROBLEM_PREFIX + "wait-timeout", "title": "Not settled in time", "status": 0,
+        super().__init__({"type": PROBLEM_TYPE_PREFIX + "wait-timeout", "title": "Not settled in time", "status": 0,
                           "detail": f"intent {intent.action_id!r} is still {intent.status} after {timeout:g} s"})
 
 
@@ -176,7 +175,7 @@ _BY_STATUS: dict[int, type[OutboxError]] = {
 
 def problem_error(problem: Mapping[str, Any], retry_after: float | None = None) -> OutboxError:
     """The typed error a problem stands for: by its type, else by its status."""
-    kind = str(problem.get("type", "")).removeprefix(PROBLEM_PREFIX)
+    kind = str(problem.get("type", "")).removeprefix(PROBLEM_TYPE_PREFIX)
     cls = _BY_TYPE.get(kind) or _BY_STATUS.get(int(problem.get("status", 0)), OutboxError)
     error = cls(problem)
     if isinstance(error, Unavailable):

@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
-from .clock import iso
 from .model import OnDead, OnUnknown, Ordering
+from .shapes import destination_json
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,26 +42,8 @@ class Destination:
     ordering_on_dead: OnDead = OnDead.BLOCK
 
     def public(self) -> dict[str, Any]:
-        """The destination as the API shows it: everything but the secrets, the channel's
-        settings beside the shared fields."""
-        return {
-            "id": self.id,
-            "channel": self.channel,
-            **self.settings,
-            "signing_secrets": len(self.secrets),
-            "idempotent": self.idempotent,
-            "retention_seconds": self.retention_seconds,
-            "on_unknown": self.on_unknown.value,
-            "timeout_seconds": self.timeout_seconds,
-            "requires_approval": self.requires_approval,
-            "allow_private_network": self.allow_private_network,
-            "disabled": self.disabled,
-            "reconcile": self.reconcile,
-            "ordering": self.ordering.value,
-            "ordering_on_dead": self.ordering_on_dead.value,
-            "created_at": iso(self.created_at),
-            "updated_at": iso(self.updated_at),
-        }
+        """The destination as the API and CLI show it (``shapes.Destination``)."""
+        return destination_json(self)
 
     def __repr__(self) -> str:  # keep secrets out of logs and tracebacks
         return f"Destination(id={self.id!r}, channel={self.channel!r}, settings={dict(self.settings)!r})"

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .clock import iso
+from .shapes import GrantTarget, Scope, grant_json
 from .timestamps import Timestamp
 
 
@@ -30,17 +30,8 @@ class Grant:
     updated_at: datetime
 
     def public(self) -> dict[str, Any]:
-        """The grant as the API and CLI show it."""
-        return {
-            "id": self.id,
-            "scope": self.scope,
-            "destination": self.destination,
-            "revision": self.revision,
-            "expires_at": iso(self.expires_at),
-            "note": self.note,
-            "created_at": iso(self.created_at),
-            "updated_at": iso(self.updated_at),
-        }
+        """The grant as the API and CLI show it (``shapes.Grant``)."""
+        return grant_json(self)
 
 
 class GrantSpec(BaseModel):
@@ -48,7 +39,7 @@ class GrantSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    scope: str = Field(description="the scope allowed")
-    destination: str = Field(description="a destination id, or '*' for every destination")
+    scope: Scope = Field(description="the scope allowed")
+    destination: GrantTarget = Field(description="a destination id, or '*' for every destination")
     expires_at: Timestamp | None = Field(default=None, description="no sends after this")
     note: str | None = Field(default=None, max_length=500, description="why it was granted")

@@ -6,7 +6,6 @@ the operator saw, and appends an event naming who did it and why. History is nev
 
 from __future__ import annotations
 
-import enum
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -26,6 +25,7 @@ from .model import (
     Submission,
 )
 from .outbox import Outbox
+from .shapes import MAX_APPROVAL_SECONDS, Resolution
 from .store import IntentQuery
 
 #: Asks the authority provider about an intent now; returns why it is denied, or None.
@@ -33,18 +33,8 @@ Authorize = Callable[[Intent], Awaitable[str | None]]
 
 REPLAYABLE = frozenset({Status.DEAD, Status.REVOKED, Status.UNKNOWN})
 
-#: The longest an approval lasts (see ``timestamps.HEADROOM``).
-MAX_APPROVAL_SECONDS = 30 * 86_400
 #: Intents deleted per transaction when pruning, so other writers never wait long behind it.
 PRUNE_BATCH = 10_000
-
-
-class Resolution(str, enum.Enum):
-    """How an operator settles an ``unknown`` intent."""
-
-    DELIVERED = "delivered"  # evidence says it took effect
-    RETRY = "retry"  # evidence says it did not: send again
-    DEAD = "dead"  # give up on it
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,9 @@
         async with box.transaction() as tx:      # the caller's row and its intent, together
             await tx.execute("INSERT INTO orders (id) VALUES (?)", (7,))
             await tx.enqueue(destination="billing", scope="acme", payload={"order": 7})
+
+The facade is longer than most modules (about 560 lines): it is the library's one front door,
+each method a short check in front of the store (the API's presenters are ``outbox.shapes``').
 """
 
 from __future__ import annotations
@@ -17,10 +20,10 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Required, TypedDict, Unpack
 
 from . import channels, keyring, timestamps
-from .clock import Clock, OffsetClock, SystemClock, iso
+from .clock import Clock, OffsetClock, SystemClock
 from .destinations import Destination, DestinationSpec
 from .digest import canonical_json, digest_of
 from .errors import (
@@ -48,6 +51,7 @@ from .ids import (
 from .metrics import Metrics
 from .model import SETTLED, Enqueued, Event, EventKind, Intent, NewIntent, Role, Status
 from .settings import Settings
+from .shapes import WaitingBehind
 from .signals import Signal
 from .store import History, IntentQuery, Page, Store, Transaction, store_for_url
 from .tokens import TokenInfo, hash_token, new_token
@@ -55,6 +59,21 @@ from .tokens import TokenInfo, hash_token, new_token
 MAX_PAGE = 500
 
 log = logging.getLogger("outbox")
+
+
+class IntentFields(TypedDict, total=False):
+    """``Outbox.enqueue``'s keywords, as ``Outbox.prepare`` takes them: where the intent goes,
+    on whose authority, and what; the rest is optional."""
+
+    destination: Required[str]
+    scope: Required[str]
+    payload: Required[Any]
+    action_id: str | None  # generated (UUIDv7) when None
+    not_before: datetime | None
+    expires_at: datetime | None
+    max_attempts: int | None  # the settings' default_max_attempts when None
+    ordering_key: str | None
+    actor: str  # who the enqueued event names: "library" unless said
 
 
 class Outbox:
@@ -191,12 +210,13 @@ class Outbox:
         )
         return new, Event(kind=EventKind.ENQUEUED, at=now, actor=actor)
 
-    async def enqueue(self, **intent: Any) -> Enqueued:
-        """Record an intent durably; returns once it survives power loss.
+    async def enqueue(self, **intent: Unpack[IntentFields]) -> Enqueued:
+        """Record an intent durably (its fields: ``IntentFields``); returns once it survives
+        power loss.
 
         Same scope, action_id, destination, payload and ordering_key again returns the existing intent
         (``created=False``); anything else under that scope and action_id raises IntentConflict.
-        Another scope's action ids never meet this one's. Keywords are those of ``prepare``.
+        Another scope's action ids never meet this one's.
         """
         new, event = self.prepare(**intent)
         result = await self.store.insert_intent(new, event)
@@ -465,6 +485,9 @@ class Outbox:
 
         A valid token is remembered for ``token_cache_seconds``, so a revocation made elsewhere
         takes effect within that time (at once with 0); unknown tokens are never remembered.
+        The cache is a dict of (time read, token), emptied whole at 10,000 entries or on any
+        revocation here: no installed library offers a TTL cache (cachetools is not a
+        dependency), and this one needs no eviction order, since a token is cheap to read again.
         """
         token_hash = hash_token(token)
         ttl = self.settings.token_cache_seconds
@@ -507,7 +530,7 @@ class OutboxTransaction:
         """Run the caller's own statement (placeholders of the store's dialect)."""
         return await self._tx.execute(sql, parameters)
 
-    async def enqueue(self, **intent: Any) -> Enqueued:
+    async def enqueue(self, **intent: Unpack[IntentFields]) -> Enqueued:
         """As ``Outbox.enqueue``; durable when the transaction commits."""
         new, event = self._outbox.prepare(**intent)
         return await self._tx.insert_intent(new, event)
@@ -531,63 +554,6 @@ class Behind:
         return f"behind {self.action_id}{where}" + (f" ({self.status.value})" if self.status else "")
 
     def json(self) -> dict[str, Any]:
-        """As the API shows it."""
-        return {"action_id": self.action_id, "scope": self.scope,
-                "status": self.status.value if self.status else None}
-
-
-def intent_json(intent: Intent, *, payload: bool = True) -> dict[str, Any]:
-    """An intent as the API and CLI show it (without its ``payload`` where the caller has it:
-    a batch's answers)."""
-    return {
-        "action_id": intent.action_id,
-        "scope": intent.scope,
-        "idempotency_key": intent.key,
-        "destination": intent.destination,
-        "channel": intent.channel,
-        "ordering_key": intent.ordering_key,
-        "status": intent.status.value,
-        **({"payload": intent.payload} if payload else {}),
-        "payload_digest": intent.payload_digest,
-        "attempt_count": intent.attempts,
-        "max_attempts": intent.max_attempts,
-        "next_attempt_at": iso(intent.next_attempt_at),
-        "not_before": iso(intent.not_before),
-        "expires_at": iso(intent.expires_at),
-        "lease_owner": intent.lease_owner,
-        "lease_expires_at": iso(intent.lease_expires_at),
-        "fence": intent.fence,
-        "created_at": iso(intent.created_at),
-        "updated_at": iso(intent.updated_at),
-        "last_error": intent.last_error,
-        "unreadable": intent.unreadable,
-    }
-
-
-def history_json(history: History) -> dict[str, Any]:
-    """An intent's attempts and events as the API and CLI show them."""
-    return {
-        "attempts": [
-            {
-                "attempt_id": a.attempt_id,
-                "number": a.number,
-                "fence": a.fence,
-                "worker": a.worker,
-                "started_at": iso(a.started_at),
-                "finished_at": iso(a.finished_at),
-                "submission": a.submission.value if a.submission else None,
-                "outcome": a.outcome.value if a.outcome else None,
-                "status_code": a.status_code,
-                "reply": a.reply,
-                "external_id": a.external_id,
-                "error": a.error,
-                "duration_ms": a.duration_ms,
-                "stage": a.stage,
-            }
-            for a in history.attempts
-        ],
-        "events": [
-            {"kind": e.kind.value, "at": iso(e.at), "actor": e.actor, "reason": e.reason, "data": dict(e.data)}
-            for e in history.events
-        ],
-    }
+        """As the API shows it (``shapes.WaitingBehind``)."""
+        return WaitingBehind.model_construct(action_id=self.action_id, scope=self.scope,
+                                             status=self.status).model_dump(mode="json")

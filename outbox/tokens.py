@@ -10,8 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .clock import iso
 from .model import Role
+from .shapes import TokenLabel, TokenScope, token_json
 
 PREFIX = "obx_"
 
@@ -33,15 +33,8 @@ class TokenInfo:
         return f"token:{self.id}"
 
     def public(self) -> dict[str, Any]:
-        """The token as the API and CLI show it (its text is never stored, so never shown)."""
-        return {
-            "id": self.id,
-            "role": self.role.value,
-            "scopes": list(self.scopes),
-            "label": self.label,
-            "created_at": iso(self.created_at),
-            "revoked_at": iso(self.revoked_at),
-        }
+        """The token as the API and CLI show it (``shapes.Token``): never its text."""
+        return token_json(self)
 
     def may_act_in(self, scope: str) -> bool:
         """Whether this token may enqueue or read intents of ``scope``."""
@@ -67,6 +60,6 @@ class TokenSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     role: Role = Field(description="producer, operator or admin")
-    scopes: list[str] = Field(default_factory=list, max_length=100,
+    scopes: list[TokenScope] = Field(default_factory=list, max_length=100,
                               description="a producer's scopes ('*' for all); none for operators and admins")
-    label: str | None = Field(default=None, description="what the token is for")
+    label: TokenLabel | None = Field(default=None, description="what the token is for")

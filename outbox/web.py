@@ -1,5 +1,6 @@
-"""HTTP details the API and the console share: the methods a path allows, and the headers that
-keep the console's pages from being framed, leaking their URLs or running injected code."""
+"""HTTP details the API and the console share: the methods a path allows, ``HEAD`` wherever
+``GET`` works, and the headers that keep the console's pages from being framed, leaking their
+URLs or running injected code."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from fastapi import Request
 from fastapi.routing import APIRoute
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 #: Sent with every console answer. The pages load only their own stylesheet and post their
 #: forms only to themselves; no script runs on them.
@@ -42,6 +44,33 @@ def _routes(routes: list[BaseRoute]) -> Iterable[Any]:
     them into the app."""
     flatten = getattr(fastapi.routing, "iter_route_contexts", None)
     return routes if flatten is None else flatten(routes)
+
+
+class Head:
+    """Answers ``HEAD`` wherever ``GET`` is answered, as RFC 9110 (section 9.3.2) asks: the
+    ``GET`` answer's status and headers, without its body (FastAPI makes a route per method,
+    and none for ``HEAD``). Where no ``GET`` route matches, ``HEAD`` goes on as it came (405)."""
+
+    def __init__(self, app: ASGIApp, *, router: Any) -> None:
+        self.app = app
+        self.router = router
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+        as_get = {**scope, "method": "GET"}  # a copy: the server's own scope still says HEAD
+        if not any("GET" in (getattr(route, "methods", None) or ()) and route.matches(as_get)[0] is Match.FULL
+                   for route in _routes(self.router.routes)):
+            await self.app(scope, receive, send)
+            return
+
+        async def headers_only(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                message = {**message, "body": b""}
+            await send(message)
+
+        await self.app(as_get, receive, headers_only)
 
 
 class ConsoleRoute(APIRoute):

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from ..model import Role
 from ..outbox import Outbox
@@ -21,10 +22,10 @@ def box(request: Request) -> Outbox:
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="outbox"'}
 
 
-def bearer(request: Request) -> str | None:
-    """The request's bearer token, or None when it sends none."""
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return (token.strip() or None) if scheme.lower() == "bearer" else None
+#: The request's bearer token (None when it sends none), as the document's ``bearer`` scheme.
+BEARER = HTTPBearer(scheme_name="bearer", auto_error=False,
+                    description="an API token (`outbox tokens create`): producer, operator or admin")
+Bearer = Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)]
 
 
 def unauthenticated(detail: str) -> Problem:
@@ -32,15 +33,14 @@ def unauthenticated(detail: str) -> Problem:
     return Problem(401, "unauthenticated", "Unauthenticated", detail, headers=CHALLENGE)
 
 
-def role(*allowed: Role) -> Callable[[Request], Coroutine[Any, Any, TokenInfo]]:
+def role(*allowed: Role) -> Callable[..., Coroutine[Any, Any, TokenInfo]]:
     """A dependency answering with the caller's token when its role is one of ``allowed`` (an
     admin's always is); a missing, unknown or revoked token is a 401, another role a 403."""
 
-    async def authorize(request: Request) -> TokenInfo:
-        token = bearer(request)
-        if token is None:
+    async def authorize(request: Request, bearer: Bearer) -> TokenInfo:
+        if bearer is None:
             raise unauthenticated("send 'Authorization: Bearer <token>'; create one with `outbox tokens create`")
-        return await authorized(request, token, *allowed)
+        return await authorized(request, bearer.credentials, *allowed)
 
     return authorize
 

@@ -1,6 +1,8 @@
-"""Request bodies: the routes read them themselves, so a body is refused by its declared or
-streamed size before it is parsed, must be JSON (``application/json`` or ``+json``), and may
-nest no deeper than a payload may plus its envelope.
+"""Request bodies, bounded and strict before any route reads them: ``BodyLimits``, a pure-ASGI
+middleware (the shape of ``receivers.asgi``), in front of every route that takes a JSON body
+(``POST``, ``PUT`` and ``PATCH`` under ``/v1/``). A body is refused by its declared or streamed
+size before it is parsed, must be JSON (``application/json`` or ``+json``), and may nest no
+deeper than a payload may plus its envelope; the route then validates it as its model.
 
 A body must be I-JSON (RFC 7493) as well, the payload inside it included: UTF-8 (no other
 encoding, no byte order mark), no lone surrogate in any string or name (it is no Unicode, and
@@ -12,11 +14,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from fastapi import Request
 from pydantic import BaseModel, ValidationError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..digest import MAX_NESTING, nesting
 from ..problems import Problem
@@ -66,43 +69,102 @@ def _strings(value: Any) -> Iterator[str]:
             pending.extend(item)
 
 
-async def json_body(request: Request, *, batch: bool = False) -> Any:
-    """The request's JSON body, or the problem saying why it is refused (415, 413, 400, 422).
-    A ``batch`` body holds many payloads, each inside its own envelope, one level deeper."""
-    settings: Settings = request.app.state.settings
-    body_limit = settings.max_batch_bytes if batch else settings.max_payload_bytes + ENVELOPE_BYTES
-    limit_text = "max_batch_bytes" if batch else f"payload {settings.max_payload_bytes} + envelope"
-    body_nesting = BODY_NESTING + 1 if batch else BODY_NESTING
-    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+#: The methods whose bodies are read, under ``PREFIX``.
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+PREFIX = "/v1/"
+#: The one route that takes many payloads, each inside its own envelope.
+BATCH_PATH = "/v1/intents:batch"
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """How large (``size``, in bytes) and how deep (``depth``) a body may be; ``says`` names
+    the limit in a 413's detail."""
+
+    size: int
+    depth: int
+    says: str
+
+
+def limits(settings: Settings) -> dict[str, Any]:
+    """``BodyLimits``' options for ``settings``: a batch, one level deeper, up to
+    ``max_batch_bytes``; any other body, a payload and its envelope."""
+    return {"default": Limit(settings.max_payload_bytes + ENVELOPE_BYTES, BODY_NESTING,
+                             f"payload {settings.max_payload_bytes} + envelope"),
+            "by_path": {BATCH_PATH: Limit(settings.max_batch_bytes, BODY_NESTING + 1, "max_batch_bytes")}}
+
+
+class BodyLimits:
+    """Reads a JSON body whole, within its ``Limit`` (``by_path``, else ``default``), and
+    answers the problem saying why it is refused (415, 413, 400, 422); a body it lets through
+    is handed on to the app as it came."""
+
+    def __init__(self, app: ASGIApp, *, default: Limit, by_path: Mapping[str, Limit]) -> None:
+        self.app = app
+        self.default = default
+        self.by_path = dict(by_path)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] != "http" or scope["method"] not in BODY_METHODS
+                or not scope["path"].startswith(PREFIX)):
+            await self.app(scope, receive, send)
+            return
+        limit = self.by_path.get(scope["path"], self.default)
+        headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
+        try:
+            body = await _read(headers, receive, limit)
+        except Problem as refused:
+            await refused.response(scope["path"])(scope, receive, send)
+            return
+        if body is not None:
+            await self.app(scope, _replaying(body, receive), send)
+
+
+async def _read(headers: Mapping[str, str], receive: Receive, limit: Limit) -> bytes | None:
+    """The body, once it is known to be JSON within ``limit``; None if the client left before
+    sending all of it. Raises the Problem saying why it is refused."""
+    media_type = headers.get("content-type", "").split(";")[0].strip().lower()
     if media_type not in JSON_TYPES and not media_type.endswith("+json"):
         raise Problem(
             415, "unsupported-media-type", "Unsupported media type",
             f"send the body as application/json, not {media_type or 'nothing'!r}",
         )
-    declared = request.headers.get("content-length")
-    if declared and declared.isascii() and declared.isdigit() and int(declared) > body_limit:
+    declared = headers.get("content-length")
+    if declared and declared.isascii() and declared.isdigit() and int(declared) > limit.size:
         raise Problem(
             413, "payload-too-large", "Payload too large",
-            f"body is {declared} bytes; the limit is {body_limit} "
-            f"({limit_text})",
+            f"body is {declared} bytes; the limit is {limit.size} ({limit.says})",
         )
     chunks, size = [], 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
         size += len(chunk)
-        if size > body_limit:
+        if size > limit.size:
             raise Problem(
                 413, "payload-too-large", "Payload too large",
-                f"body exceeds the limit of {body_limit} bytes",
+                f"body exceeds the limit of {limit.size} bytes",
             )
         chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    body = b"".join(chunks)
+    _check(body, limit.depth)
+    return body
+
+
+def _check(body: bytes, depth_limit: int) -> None:
+    """Refuse a body that is not I-JSON within ``depth_limit`` levels (a Problem: 400, 422)."""
     try:
-        text = b"".join(chunks).decode("utf-8")
+        text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise Problem(400, "invalid-json", "Invalid JSON",
                       f"the body is not JSON: JSON is sent as UTF-8 (RFC 8259 section 8.1), and this is not: {exc}"
                       ) from None
     try:
-        body = json.loads(text, object_pairs_hook=_object)
+        parsed = json.loads(text, object_pairs_hook=_object)
     except json.JSONDecodeError as exc:
         raise Problem(400, "invalid-json", "Invalid JSON", f"the body is not JSON: {exc}") from None
     except _RepeatedName as exc:
@@ -110,28 +172,37 @@ async def json_body(request: Request, *, batch: bool = False) -> Any:
                       f"the body names {exc.args[0]!r} twice in one object; each name once (I-JSON, RFC 7493 "
                       "section 2.3)") from None
     except RecursionError:
-        body = None  # far too deep to parse: refused below like any body over the limit
-        depth = body_nesting + 1
+        parsed = None  # far too deep to parse: refused below like any body over the limit
+        depth = depth_limit + 1
     else:
-        depth = nesting(body, body_nesting)
-    if depth > body_nesting:
+        depth = nesting(parsed, depth_limit)
+    if depth > depth_limit:
         raise Problem(422, "invalid-input", "Invalid input",
                       f"the body nests arrays and objects deeper than allowed: a payload may nest "
                       f"{MAX_NESTING} levels")
-    if SURROGATE_ESCAPE.search(text) and any(LONE_SURROGATE.search(s) for s in _strings(body)):
+    if SURROGATE_ESCAPE.search(text) and any(LONE_SURROGATE.search(s) for s in _strings(parsed)):
         raise Problem(422, "invalid-input", "Invalid input",
                       "the body holds a lone surrogate (a \\ud800-\\udfff escape not in a pair) in a string or a "
                       "name: that is not Unicode text (I-JSON, RFC 7493 section 2.1)")
-    return body
 
 
-async def parsed(request: Request, model: type[M]) -> M:
-    """The JSON body validated as ``model``, or the problem saying what is wrong."""
-    return validated(model, await json_body(request))
+def _replaying(body: bytes, receive: Receive) -> Receive:
+    """``receive`` for the app: the body read, then whatever the client sends next."""
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
 
 
 def validated(model: type[M], raw: Any) -> M:
-    """``raw`` (a parsed body) validated as ``model``, or the problem saying what is wrong."""
+    """``raw`` (a parsed body, or part of one) validated as ``model``, or the problem saying
+    what is wrong."""
     try:
         return model.model_validate(raw)
     except ValidationError as exc:

@@ -8,58 +8,39 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictInt, WithJsonSchema
 from pydantic_core import to_json
 
 from .. import openapi
 from ..cursor import decode_cursor, encode_cursor
 from ..errors import OutboxError
 from ..model import SETTLED, Enqueued, Intent, Status
-from ..outbox import MAX_PAGE, history_json, intent_json
+from ..outbox import MAX_PAGE
 from ..problems import Problem, from_error
+from ..shapes import (
+    MAX_BATCH,
+    ActionId,
+    BatchIn,
+    BatchResult,
+    DestinationName,
+    IntentDetail,
+    IntentIn,
+    IntentPage,
+    Scope,
+    history_json,
+    intent_json,
+)
+from ..shapes import Intent as IntentAnswer
 from ..store import IntentQuery
 from ..timestamps import Timestamp
 from .auth import Producer, Reader, box, in_scope, readable
-from .bodies import json_body, parsed, validated
+from .bodies import validated
 
 router = APIRouter(tags=["intents"])
 
-#: The most intents one batch may carry.
-MAX_BATCH = 500
 #: The longest a client may long-poll one intent.
 MAX_WAIT_SECONDS = 60.0
-ScopeParam = Annotated[str | None, Query(description=(
+ScopeParam = Annotated[Scope | None, Query(description=(
     "the intent's scope; needed only when the action id is used in several scopes you can read"))]
-
-
-class IntentIn(BaseModel):
-    """An intent as a producer sends it."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    action_id: str | None = Field(
-        default=None, description="your operation id; generated (UUIDv7) when omitted"
-    )
-    scope: str = Field(description="tenant/account on whose authority the effect is made")
-    destination: str = Field(description="id of a registered destination")
-    payload: JsonValue = Field(description="the JSON the destination receives")
-    not_before: Timestamp | None = Field(default=None, description="not sent before this")
-    expires_at: Timestamp | None = Field(default=None, description="dead-lettered if not sent by this")
-    max_attempts: StrictInt | None = Field(default=None, ge=1, le=1000)
-    ordering_key: str | None = Field(
-        default=None, description="intents of a destination with ordering 'key' and the same ordering_key are "
-                                  "delivered one at a time, in enqueue order (a Kafka record's key)")
-
-
-class BatchIn(BaseModel):
-    """Intents to enqueue together: each is decided on its own, all in one durable commit."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    # each item is checked as IntentIn on its own, so that one bad item is its own answer
-    intents: Annotated[list[Any], WithJsonSchema({
-        "type": "array", "items": {"$ref": "#/components/schemas/IntentIn"}, "minItems": 1, "maxItems": MAX_BATCH,
-    })] = Field(min_length=1, max_length=MAX_BATCH)
 
 
 def location(intent: Intent) -> str:
@@ -80,11 +61,10 @@ def before_seq(cursor: str | None) -> int | None:
     status_code=201,
     summary="Enqueue an intent (idempotent on action_id)",
     **openapi.doc(
-        {201: (openapi.Intent, "enqueued"), 200: (openapi.Intent, "the same intent already exists")},
-        body=IntentIn, errors=[*openapi.BODY_ERRORS, 409], headers=dict.fromkeys((200, 201), openapi.LOCATION)),
+        {201: (IntentAnswer, "enqueued"), 200: (IntentAnswer, "the same intent already exists")},
+        example="IntentIn", errors=[*openapi.BODY_ERRORS, 409], headers=dict.fromkeys((200, 201), openapi.LOCATION)),
 )
-async def enqueue(request: Request, token: Producer) -> Response:
-    spec = await parsed(request, IntentIn)
+async def enqueue(spec: IntentIn, request: Request, token: Producer) -> Response:
     in_scope(token, spec.scope)
     sent = {name: getattr(spec, name) for name in spec.model_fields_set}  # null included; no copy of the payload
     result = await box(request).enqueue(actor=token.actor, **sent)
@@ -98,10 +78,9 @@ async def enqueue(request: Request, token: Producer) -> Response:
 @router.post(
     "/v1/intents:batch",
     summary=f"Enqueue up to {MAX_BATCH} intents, each with its own answer, in one durable commit",
-    **openapi.doc({200: openapi.BatchResult}, body=BatchIn, errors=[*openapi.BODY_ERRORS]),
+    **openapi.doc({200: BatchResult}, example="BatchIn", errors=[*openapi.BODY_ERRORS]),
 )
-async def enqueue_batch(request: Request, token: Producer) -> Response:
-    batch = validated(BatchIn, await json_body(request, batch=True))
+async def enqueue_batch(batch: BatchIn, request: Request, token: Producer) -> Response:
     results: list[dict[str, Any] | None] = [None] * len(batch.intents)
     places: list[int] = []
     accepted: list[dict[str, Any]] = []
@@ -130,10 +109,10 @@ def _item(outcome: Enqueued | Problem) -> dict[str, Any]:
 
 
 @router.get("/v1/intents/{action_id}", summary="An intent with attempts and events",
-            **openapi.doc({200: openapi.IntentDetail}, errors=[404, 409, 422, 503]))
-async def show(
+            **openapi.doc({200: IntentDetail}, errors=[404, 409, 422, 503]))
+async def get_intent(
     request: Request,
-    action_id: str,
+    action_id: ActionId,
     token: Reader,
     scope: ScopeParam = None,
     wait: Annotated[float, Query(ge=0, le=MAX_WAIT_SECONDS, description=(
@@ -151,13 +130,13 @@ async def show(
 
 
 @router.get("/v1/intents", summary="List intents, newest first",
-            **openapi.doc({200: openapi.IntentPage}, errors=[400, 403, 422, 503]))
+            **openapi.doc({200: IntentPage}, errors=[400, 403, 422, 503]))
 async def list_intents(
     request: Request,
     token: Reader,
     status: Annotated[list[Status] | None, Query(description="repeat for several")] = None,
-    scope: Annotated[list[str] | None, Query(description="repeat for several")] = None,
-    destination: str | None = None,
+    scope: Annotated[list[Scope] | None, Query(description="repeat for several")] = None,
+    destination: DestinationName | None = None,
     channel: Annotated[str | None, Query(description="an installed channel's name")] = None,
     created_after: Timestamp | None = None,
     created_before: Timestamp | None = None,

@@ -15,7 +15,8 @@ from .. import openapi
 from ..clock import iso
 from ..model import Role
 from ..problems import Problem
-from .auth import authorized, bearer, box, unauthenticated
+from ..shapes import Health, Ready
+from .auth import Bearer, authorized, box, unauthenticated
 
 router = APIRouter(tags=["probes"])
 
@@ -29,7 +30,7 @@ def ended_by(task: asyncio.Task[None]) -> str:
 
 
 @router.get("/healthz", summary="The process is up, and so is its embedded sender",
-            **openapi.doc({200: openapi.Health}, token=False, errors={
+            **openapi.doc({200: Health}, token=False, errors={
                 503: "`sender-stopped`: the embedded sender stopped by itself; restart the process"}))
 async def healthz(request: Request) -> dict[str, str]:
     task: asyncio.Task[None] | None = getattr(request.app.state, "worker_task", None)
@@ -61,13 +62,13 @@ def set_aside(worker: object) -> str | None:
 
 
 @router.get("/readyz", summary="The store answers and is migrated",
-            **openapi.doc({200: openapi.Ready}, token=False, errors=[503]))
+            **openapi.doc({200: Ready}, token=False, errors=[503]))
 async def readyz(request: Request) -> dict[str, str]:
     await box(request).store.ping()
     return {"status": "ready"}
 
 
-async def may_scrape(request: Request) -> None:
+async def may_scrape(request: Request, bearer: Bearer) -> None:
     """Let the scrape through: anyone while no metrics token is set (``OUTBOX_METRICS_TOKEN``),
     then only with it as the bearer token, or an operator's or admin's API token (they can read
     every destination anyway); a producer's is refused, since the labels name every tenant's
@@ -75,18 +76,17 @@ async def may_scrape(request: Request) -> None:
     expected = box(request).settings.metrics_token
     if expected is None:
         return
-    token = bearer(request)
-    if token is None:
+    if bearer is None:
         raise unauthenticated("/metrics needs 'Authorization: Bearer <OUTBOX_METRICS_TOKEN>' (in Prometheus, the "
                               "scrape job's authorization.credentials_file), or an operator or admin token")
-    if hmac.compare_digest(token.encode(), expected.get_secret_value().encode()):
+    if hmac.compare_digest(bearer.credentials.encode(), expected.get_secret_value().encode()):
         return
-    await authorized(request, token, Role.OPERATOR)
+    await authorized(request, bearer.credentials, Role.OPERATOR)
 
 
 @router.get("/metrics", summary="Prometheus metrics (with OUTBOX_METRICS_TOKEN set, for its bearer only)",
             dependencies=[Depends(may_scrape)],
-            **openapi.doc({200: "the Prometheus text exposition format"}, token=False, media_type="text/plain",
+            **openapi.doc({200: "the Prometheus text exposition format"}, token=False, text=True,
                           errors={401: "`unauthenticated`: a metrics token is set, and the request does not carry "
                                        "it, or an operator or admin token",
                                   403: "`forbidden`: a producer token", 503: openapi.WHEN[503]}))

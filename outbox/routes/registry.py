@@ -10,11 +10,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from .. import channels, openapi
-from ..destinations import DestinationSpec
 from ..grants import GrantSpec
-from ..ids import DESTINATION_ID, check
+from ..shapes import Destination, DestinationId, DestinationList, Grant, GrantId, GrantList
 from .auth import Admin, Operator, box
-from .bodies import json_body, parsed, validated
+from .bodies import validated
 
 log = logging.getLogger("outbox.api")
 
@@ -28,12 +27,11 @@ grants = APIRouter(tags=["grants"])
 @destinations.put(
     "/v1/destinations/{destination_id}",
     summary="Register or replace a destination (admin)",
-    **openapi.doc({201: (openapi.Destination, "registered"), 200: (openapi.Destination, "replaced")},
-                  body=DestinationSpec, errors=openapi.BODY_ERRORS),
+    openapi_extra=openapi.DESTINATION_BODY,
+    **openapi.doc({201: (Destination, "registered"), 200: (Destination, "replaced")}, errors=openapi.BODY_ERRORS),
 )
-async def put_destination(request: Request, destination_id: str, token: Admin) -> Response:
-    check(DESTINATION_ID, destination_id, "destination id")
-    raw = await json_body(request)
+async def put_destination(request: Request, destination_id: DestinationId, token: Admin) -> Response:
+    raw = await request.json()  # JSON within its limits (``bodies``), read as its channel's spec
     named = raw.get("channel", channels.DEFAULT) if isinstance(raw, dict) else channels.DEFAULT
     # the channel's spec checks its settings and its secret's form (and a channel that is no name)
     spec = validated(channels.get(named if isinstance(named, str) else channels.DEFAULT).spec, raw)
@@ -43,13 +41,13 @@ async def put_destination(request: Request, destination_id: str, token: Admin) -
 
 
 @destinations.get("/v1/destinations/{destination_id}", summary="A destination",
-                  **openapi.doc({200: openapi.Destination}, errors=[403, 404, 422, 503]))
-async def get_destination(request: Request, destination_id: str, token: Operator) -> dict[str, Any]:
+                  **openapi.doc({200: Destination}, errors=[403, 404, 422, 503]))
+async def get_destination(request: Request, destination_id: DestinationId, token: Operator) -> dict[str, Any]:
     return (await box(request).get_destination(destination_id)).public()
 
 
 @destinations.get("/v1/destinations", summary="Every destination",
-                  **openapi.doc({200: openapi.DestinationList}, errors=[403, 503]))
+                  **openapi.doc({200: DestinationList}, errors=[403, 503]))
 async def list_destinations(request: Request, token: Operator) -> dict[str, Any]:
     return {"items": [d.public() for d in await box(request).list_destinations()]}
 
@@ -60,7 +58,7 @@ async def list_destinations(request: Request, token: Operator) -> dict[str, Any]
     summary="Remove a destination no intent refers to (admin)",
     **openapi.doc({204: "deleted"}, errors=[403, 404, 409, 422, 503]),
 )
-async def delete_destination(request: Request, destination_id: str, token: Admin) -> Response:
+async def delete_destination(request: Request, destination_id: DestinationId, token: Admin) -> Response:
     await box(request).delete_destination(destination_id)
     log.info("destination %s deleted by %s", destination_id, token.actor)
     return Response(status_code=204)
@@ -72,24 +70,23 @@ async def delete_destination(request: Request, destination_id: str, token: Admin
 @grants.put(
     "/v1/grants/{grant_id}",
     summary="Create or replace a grant (admin); its revision goes up",
-    **openapi.doc({201: (openapi.Grant, "created"), 200: (openapi.Grant, "replaced")},
-                  body=GrantSpec, errors=openapi.BODY_ERRORS),
+    **openapi.doc({201: (Grant, "created"), 200: (Grant, "replaced")}, example="GrantSpec",
+                  errors=openapi.BODY_ERRORS),
 )
-async def put_grant(request: Request, grant_id: str, token: Admin) -> Response:
-    spec = await parsed(request, GrantSpec)
+async def put_grant(spec: GrantSpec, request: Request, grant_id: GrantId, token: Admin) -> Response:
     grant, created = await box(request).put_grant(grant_id, spec)
     log.info("grant %s %s by %s", grant_id, "created" if created else "replaced", token.actor)
     return JSONResponse(grant.public(), status_code=201 if created else 200)
 
 
 @grants.get("/v1/grants/{grant_id}", summary="A grant",
-            **openapi.doc({200: openapi.Grant}, errors=[403, 404, 422, 503]))
-async def get_grant(request: Request, grant_id: str, token: Operator) -> dict[str, Any]:
+            **openapi.doc({200: Grant}, errors=[403, 404, 422, 503]))
+async def get_grant(request: Request, grant_id: GrantId, token: Operator) -> dict[str, Any]:
     return (await box(request).get_grant(grant_id)).public()
 
 
 @grants.get("/v1/grants", summary="Every grant",
-            **openapi.doc({200: openapi.GrantList}, errors=[403, 503]))
+            **openapi.doc({200: GrantList}, errors=[403, 503]))
 async def list_grants(request: Request, token: Operator) -> dict[str, Any]:
     return {"items": [g.public() for g in await box(request).list_grants()]}
 
@@ -97,7 +94,7 @@ async def list_grants(request: Request, token: Operator) -> dict[str, Any]:
 @grants.delete("/v1/grants/{grant_id}", status_code=204,
                summary="Remove a grant (admin): later sends it allowed become revoked",
                **openapi.doc({204: "deleted"}, errors=[403, 404, 422, 503]))
-async def delete_grant(request: Request, grant_id: str, token: Admin) -> Response:
+async def delete_grant(request: Request, grant_id: GrantId, token: Admin) -> Response:
     await box(request).delete_grant(grant_id)
     log.info("grant %s deleted by %s", grant_id, token.actor)
     return Response(status_code=204)

@@ -12,9 +12,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from .. import openapi
+from ..shapes import NewToken, Token, TokenId, TokenList
 from ..tokens import TokenSpec
 from .auth import Admin, box
-from .bodies import parsed
 
 router = APIRouter(tags=["tokens"])
 
@@ -23,17 +23,16 @@ router = APIRouter(tags=["tokens"])
     "/v1/tokens",
     status_code=201,
     summary="Create a token (admin); its text is in this answer only",
-    **openapi.doc({201: (openapi.NewToken, "created")}, body=TokenSpec, errors=openapi.BODY_ERRORS),
+    **openapi.doc({201: (NewToken, "created")}, example="TokenSpec", errors=openapi.BODY_ERRORS),
 )
-async def create_token(request: Request, token: Admin) -> Response:
-    spec = await parsed(request, TokenSpec)
+async def create_token(spec: TokenSpec, request: Request, token: Admin) -> Response:
     text, info = await box(request).create_token(spec.role, spec.scopes, spec.label, actor=token.actor)
     return JSONResponse({"token": text, **info.public()}, status_code=201,
                         headers={"Cache-Control": "no-store"})
 
 
 @router.get("/v1/tokens", summary="Every token, active and revoked, never their text (admin)",
-            **openapi.doc({200: openapi.TokenList}, errors=[403, 503]))
+            **openapi.doc({200: TokenList}, errors=[403, 503]))
 async def list_tokens(request: Request, token: Admin) -> dict[str, Any]:
     return {"items": [i.public() for i in await box(request).list_tokens()]}
 
@@ -41,10 +40,10 @@ async def list_tokens(request: Request, token: Admin) -> dict[str, Any]:
 @router.delete(
     "/v1/tokens/{token_id}",
     summary="Revoke a token (admin): refused from now on (by other processes within token_cache_seconds)",
-    **openapi.doc({200: (openapi.Token, "revoked")}, errors={
+    **openapi.doc({200: (Token, "revoked")}, errors={
         **{code: openapi.WHEN[code] for code in (403, 404, 422, 503)},
         409: "`last-admin`: the last active admin token (the caller's own included) is never revoked over "
              "the API; create another admin token first"}),
 )
-async def revoke_token(request: Request, token_id: str, token: Admin) -> dict[str, Any]:
+async def revoke_token(request: Request, token_id: TokenId, token: Admin) -> dict[str, Any]:
     return (await box(request).revoke_token(token_id, actor=token.actor)).public()

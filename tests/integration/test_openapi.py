@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from typing import Any
@@ -15,10 +15,10 @@ import pytest
 from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
 
-from outbox import DestinationSpec, Outbox, Role, Settings
+from outbox import DestinationSpec, Outbox, Role, Settings, channels
 from outbox.grants import GrantSpec
 from outbox.ids import ACTION_ID, DESTINATION_ID, TOKEN_ID
-from outbox.openapi import ecma, refs
+from outbox.shapes import ecma
 
 from ..conftest import SECRET
 
@@ -63,6 +63,19 @@ async def served(db_url, serve_api) -> AsyncIterator[Served]:
         answer = await c.get("/openapi.json")
     assert answer.status_code == 200
     yield Served(url, admin, producer, answer.json())
+
+
+def refs(value: Any) -> Iterator[str]:
+    """Every ``$ref`` in a document."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key == "$ref" and isinstance(item, str):
+                yield item
+            else:
+                yield from refs(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from refs(item)
 
 
 def operations(document: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
@@ -124,6 +137,33 @@ async def test_every_answer_is_documented_with_its_schema_and_errors_as_problems
     assert list(paths["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
     assert served.document["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
     assert "HTTPValidationError" not in served.document["components"]["schemas"]  # 422 is a problem here
+
+
+async def test_operations_are_named_for_what_they_do(served: Served):
+    """Generated clients name their methods after the operation ids: short, unique, and the
+    routes' own names rather than FastAPI's path-derived defaults."""
+    ids = {(method, path): operation["operationId"] for method, path, operation in operations(served.document)}
+    assert len(set(ids.values())) == len(ids)
+    assert ids[("put", "/v1/destinations/{destination_id}")] == "put_destination"
+    assert ids[("get", "/v1/intents/{action_id}")] == "get_intent"
+    assert ids[("post", "/v1/intents:batch")] == "enqueue_batch"
+    assert ids[("delete", "/v1/tokens/{token_id}")] == "revoke_token"
+    assert all(re.fullmatch(r"[a-z]+(_[a-z]+)*", name) for name in ids.values()), ids
+
+
+async def test_a_destination_answer_is_its_channels_one_told_apart_by_channel(served: Served):
+    schemas = served.document["components"]["schemas"]
+    union = schemas["Destination"]
+    assert union["discriminator"]["propertyName"] == "channel"
+    assert set(union["discriminator"]["mapping"]) == set(channels.names())
+    webhook = schemas[union["discriminator"]["mapping"]["webhook"].rsplit("/", 1)[1]]
+    assert webhook["properties"]["channel"]["const"] == "webhook" and "url" in webhook["required"]
+    assert "secret" not in webhook["properties"]
+    assert "required when the destination is new" in schemas["WebhookSpec"]["properties"]["secret"]["description"]
+    async with served.client(served.admin) as admin:
+        shown = (await admin.get("/v1/destinations/billing")).json()
+    served.schema(webhook["title"]).validate(shown)
+    assert shown["url"] == "https://billing.example/"
 
 
 async def test_id_parameters_carry_the_patterns_the_api_checks(served: Served):

@@ -1,0 +1,490 @@
+"""The API's wire shapes, defined once: every request body and every answer, as pydantic models.
+
+The routes declare them, so FastAPI validates the bodies and generates ``/openapi.json`` from
+them; the presenters at the end turn the outbox's records into answers (the API's and the CLI's
+JSON); ``outbox.client`` reads answers with them. So that a producer host can import it, this
+module imports no FastAPI, store or sender code.
+
+An id's rule is a type (``ActionId``, ``Scope``, ...): it checks the value whole, as
+``outbox.ids.check`` does, and documents the same rule as an anchored ECMA-262 ``pattern``.
+
+It is longer than most modules (about 490 lines) because it is the whole wire in one place:
+split, a shape would again be spelled out where another one is read.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
+
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    WithJsonSchema,
+)
+from pydantic.json_schema import SkipJsonSchema
+from pydantic_core import PydanticCustomError
+
+from receivers.wire import PROBLEM_TYPE_PREFIX
+
+from .errors import InvalidInput
+from .ids import ACTION_ID, DESTINATION_ID, ORDERING_KEY, SCOPE, TOKEN_ID, TOKEN_LABEL, check
+from .model import SETTLED, OnDead, OnUnknown, Ordering, Outcome, Role, Status, Submission
+from .timestamps import Timestamp
+
+if TYPE_CHECKING:
+    from .destinations import Destination as DestinationRecord
+    from .grants import Grant as GrantRecord
+    from .model import Attempt as AttemptRecord
+    from .model import Event as EventRecord
+    from .model import Intent as IntentRecord
+    from .tokens import TokenInfo
+
+#: The most intents one batch may carry.
+MAX_BATCH = 500
+#: Where an intent's status is settled: a long poll need not ask again.
+SETTLED_STATUSES = frozenset(status.value for status in SETTLED)
+
+# -- ids' rules ----------------------------------------------------------------------------
+
+
+def ecma(*alternatives: re.Pattern[str] | str) -> str:
+    """Python patterns used with ``re.fullmatch`` (or literal strings) as one JSON Schema
+    ``pattern`` (ECMA-262, which searches): anchored at both ends, where ``$`` allows no
+    trailing newline."""
+    cores = [re.escape(a) if isinstance(a, str) else a.pattern.removeprefix("^").removesuffix("$")
+             for a in alternatives]
+    return f"^(?:{'|'.join(cores)})$"
+
+
+def _checked(pattern: re.Pattern[str], what: str, *literals: str) -> AfterValidator:
+    """A validator refusing a value ``pattern`` does not match whole (unless it is one of
+    ``literals``) with ``ids.check``'s words."""
+
+    def checked(value: str) -> str:
+        if value in literals:
+            return value
+        try:
+            return check(pattern, value, what)
+        except InvalidInput as exc:
+            raise PydanticCustomError("malformed", "{reason}", {"reason": exc.message}) from None
+
+    return AfterValidator(checked)
+
+
+def _documented(pattern: re.Pattern[str], *literals: str) -> WithJsonSchema:
+    return WithJsonSchema({"type": "string", "pattern": ecma(*literals, pattern)})
+
+
+ActionId = Annotated[str, _checked(ACTION_ID, "action_id"), _documented(ACTION_ID)]
+Scope = Annotated[str, _checked(SCOPE, "scope"), _documented(SCOPE)]
+#: A field naming a destination; ``DestinationId`` is the one in a path.
+DestinationName = Annotated[str, _checked(DESTINATION_ID, "destination"), _documented(DESTINATION_ID)]
+DestinationId = Annotated[str, _checked(DESTINATION_ID, "destination id"), _documented(DESTINATION_ID)]
+GrantId = Annotated[str, _checked(DESTINATION_ID, "grant id"), _documented(DESTINATION_ID)]
+#: What a grant reaches: a destination, or ``*`` for every one.
+GrantTarget = Annotated[str, _checked(DESTINATION_ID, "destination", "*"), _documented(DESTINATION_ID, "*")]
+OrderingKey = Annotated[str, _checked(ORDERING_KEY, "ordering_key"), _documented(ORDERING_KEY)]
+TokenId = Annotated[str, _checked(TOKEN_ID, "token id"), _documented(TOKEN_ID)]
+#: A scope a producer token may act in, or ``*`` for all.
+TokenScope = Annotated[str, _checked(SCOPE, "scope", "*"), _documented(SCOPE, "*")]
+TokenLabel = Annotated[str, _checked(TOKEN_LABEL, "label"), _documented(TOKEN_LABEL)]
+
+# -- what the API takes --------------------------------------------------------------------
+
+
+class IntentIn(BaseModel):
+    """An intent as a producer sends it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    action_id: ActionId | None = Field(
+        default=None, description="your operation id; generated (UUIDv7) when omitted"
+    )
+    scope: Scope = Field(description="tenant/account on whose authority the effect is made")
+    destination: DestinationName = Field(description="id of a registered destination")
+    payload: JsonValue = Field(description="the JSON the destination receives")
+    not_before: Timestamp | None = Field(default=None, description="not sent before this")
+    expires_at: Timestamp | None = Field(default=None, description="dead-lettered if not sent by this")
+    max_attempts: StrictInt | None = Field(default=None, ge=1, le=1000)
+    ordering_key: OrderingKey | None = Field(
+        default=None, description="intents of a destination with ordering 'key' and the same ordering_key are "
+                                  "delivered one at a time, in enqueue order (a Kafka record's key)")
+
+
+class BatchIn(BaseModel):
+    """Intents to enqueue together: each is decided on its own, all in one durable commit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # each item is checked as IntentIn on its own, so that one bad item is its own answer
+    intents: Annotated[list[Any], WithJsonSchema({
+        "type": "array", "items": {"$ref": "#/components/schemas/IntentIn"}, "minItems": 1, "maxItems": MAX_BATCH,
+    })] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class ReasonIn(BaseModel):
+    """Why an operator acts (recorded with the action)."""
+
+    model_config = ConfigDict(extra="forbid")
+    reason: str = Field(min_length=1, max_length=1000)
+
+
+class ReplayIn(ReasonIn):
+    """A replay; duplicates must be accepted explicitly where the destination does not dedupe."""
+
+    accept_duplicate_risk: StrictBool = False
+
+
+class Resolution(str, enum.Enum):
+    """How an operator settles an ``unknown`` intent."""
+
+    DELIVERED = "delivered"  # evidence says it took effect
+    RETRY = "retry"  # evidence says it did not: send again
+    DEAD = "dead"  # give up on it
+
+
+class ResolveIn(ReasonIn):
+    """An unknown intent's resolution, with the operator's evidence."""
+
+    resolution: Resolution
+    external_id: str | None = Field(default=None, max_length=255)
+
+
+#: The longest an approval lasts (see ``timestamps.HEADROOM``).
+MAX_APPROVAL_SECONDS = 30 * 86_400
+
+
+class ApproveIn(ReasonIn):
+    """An approval of the exact payload digest the operator looked at."""
+
+    payload_digest: str
+    valid_seconds: StrictFloat = Field(default=3600, gt=0, le=MAX_APPROVAL_SECONDS)
+
+
+class ReplayFilter(BaseModel):
+    """Which intents a bulk replay takes (dead, revoked and unknown when no status is named)."""
+
+    model_config = ConfigDict(extra="forbid")
+    status: list[Status] | None = None
+    scope: list[Scope] | None = None
+    destination: DestinationName | None = None
+    channel: str | None = Field(default=None, description="an installed channel's name")
+    created_after: Timestamp | None = None
+    created_before: Timestamp | None = None
+
+
+class BulkReplayIn(ReplayIn):
+    """A bulk replay."""
+
+    filter: ReplayFilter = Field(default_factory=ReplayFilter)
+    dry_run: StrictBool = True
+
+
+# -- what the API answers ------------------------------------------------------------------
+
+
+class Intent(BaseModel):
+    """An intent as the API shows it."""
+
+    action_id: str
+    scope: str
+    idempotency_key: str = Field(description="what receivers deduplicate on: scope/action_id")
+    destination: str
+    channel: str
+    ordering_key: str | None = Field(description="what the intent is ordered by at its destination, if anything")
+    status: Status
+    payload: JsonValue = Field(description="the JSON the destination receives")
+    payload_digest: str = Field(description="sha256: over the RFC 8785 canonical payload")
+    attempt_count: int
+    max_attempts: int
+    next_attempt_at: AwareDatetime | None
+    not_before: AwareDatetime | None
+    expires_at: AwareDatetime | None
+    lease_owner: str | None
+    lease_expires_at: AwareDatetime | None
+    fence: int
+    created_at: AwareDatetime
+    updated_at: AwareDatetime
+    last_error: str | None
+    unreadable: str | None = Field(description=(
+        "null, unless some of its stored times are beyond what can be read (years 1 to 9999 UTC; a row written "
+        "by hand): which, each shown as the nearest time that can be read; the sender sets it aside, dead"))
+
+
+class BatchIntent(Intent):
+    """An intent as a batch answers it: all but the payload, which the caller sent (its digest
+    is here)."""
+
+    payload: SkipJsonSchema[JsonValue] = Field(default=None, exclude=True)
+
+
+class Attempt(BaseModel):
+    """One try at submitting an intent, with what the sender could establish."""
+
+    attempt_id: str
+    number: int
+    fence: int
+    worker: str
+    started_at: AwareDatetime
+    finished_at: AwareDatetime | None
+    submission: Submission | None = Field(description="null while the attempt is in flight")
+    outcome: Outcome | None = Field(description="null while the attempt is in flight")
+    status_code: int | None
+    reply: str | None
+    external_id: str | None
+    error: str | None
+    duration_ms: float | None
+    stage: str | None = Field(description="how far the attempt got, for channels with stages (email: connect, "
+                                          "tls, ehlo, auth, mail, rcpt, data, message, done)")
+
+
+class Event(BaseModel):
+    """One entry of an intent's append-only history."""
+
+    kind: str
+    at: AwareDatetime
+    actor: str
+    reason: str | None
+    data: dict[str, JsonValue]
+
+
+class IntentHistory(Intent):
+    """An intent with its attempts and events, as an operator's action left it."""
+
+    attempts: list[Attempt]
+    events: list[Event]
+
+
+class WaitingBehind(BaseModel):
+    """The earliest intent of the same destination and ordering key in the way of a pending intent
+    (the destination delivers each key in enqueue order); its fields are null when it is in a scope
+    the token cannot read."""
+
+    action_id: str | None
+    scope: str | None
+    status: Status | None
+
+
+class IntentDetail(Intent):
+    """An intent with its attempts and events."""
+
+    settled: bool = Field(
+        description="delivered, dead, revoked, unknown or cancelled: a long poll need not ask again")
+    waiting_behind: WaitingBehind | None = Field(
+        description="what a pending intent of an ordered destination waits for; null when it waits for nothing")
+    attempts: list[Attempt]
+    events: list[Event]
+
+
+class IntentPage(BaseModel):
+    """A page of intents, newest first."""
+
+    items: list[Intent]
+    next_cursor: str | None = Field(description="pass back as `cursor` for the next page; null on the last")
+
+
+class Destination(BaseModel):
+    """A destination as the API shows it: everything but its secrets, the channel's own
+    settings (a webhook's ``url``) beside the shared fields."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    channel: str
+    signing_secrets: int = Field(description="how many signing secrets it has (never the secrets)")
+    idempotent: bool
+    retention_seconds: int
+    on_unknown: OnUnknown
+    timeout_seconds: float
+    requires_approval: bool
+    allow_private_network: bool
+    disabled: bool
+    reconcile: bool
+    ordering: Ordering
+    ordering_on_dead: OnDead
+    created_at: AwareDatetime
+    updated_at: AwareDatetime
+
+
+class DestinationList(BaseModel):
+    """Every destination."""
+
+    items: list[Destination]
+
+
+class Grant(BaseModel):
+    """A grant: scope may have effects made at destination ('*': any) until expires_at."""
+
+    id: str
+    scope: str
+    destination: str
+    revision: int
+    expires_at: AwareDatetime | None
+    note: str | None
+    created_at: AwareDatetime
+    updated_at: AwareDatetime
+
+
+class GrantList(BaseModel):
+    """Every grant."""
+
+    items: list[Grant]
+
+
+class Token(BaseModel):
+    """An API token as the API shows it: never its text, which only its creator saw."""
+
+    id: str = Field(description="the token's public id (its text starts obx_<id>_)")
+    role: Role
+    scopes: list[str] = Field(description="a producer's scopes ('*': all); empty for operators and admins")
+    label: str | None
+    created_at: AwareDatetime
+    revoked_at: AwareDatetime | None
+
+
+class NewToken(Token):
+    """A new token, with its text: shown in this answer only (only its hash is stored)."""
+
+    token: str = Field(description="the bearer token; keep it secret")
+
+
+class TokenList(BaseModel):
+    """Every token, active and revoked."""
+
+    items: list[Token]
+
+
+class BulkReplayResult(BaseModel):
+    """What a bulk replay matched and did."""
+
+    dry_run: bool
+    matched: int
+    action_ids: list[str] = Field(description="the intents matched")
+    replayed: int
+    refused: dict[str, str] = Field(description="action_id: why it was not replayed")
+
+
+class Health(BaseModel):
+    """The process is up (degraded: its sender is waiting for the database, or set intents aside
+    whose stored times cannot be read)."""
+
+    status: Literal["ok", "degraded"]
+    detail: str | None = Field(default=None, description="what the sender waits for, or set aside, when degraded")
+
+
+class Ready(BaseModel):
+    """The store answers."""
+
+    status: Literal["ready"]
+
+
+class FieldError(BaseModel):
+    """One reason an input was refused."""
+
+    field: str = Field(description="dotted path of the field; empty for the body as a whole")
+    message: str
+
+
+class Problem(BaseModel):
+    """An RFC 9457 problem: every error is one, as application/problem+json."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field(pattern=f"^{re.escape(PROBLEM_TYPE_PREFIX)}[a-z0-9-]+$",
+                      description="what went wrong; the kinds are listed in the README's Errors table",
+                      examples=[PROBLEM_TYPE_PREFIX + "unknown-destination"])
+    title: str
+    status: int = Field(ge=400, le=599)
+    detail: str = Field(description="what to change")
+    instance: str = Field(default="", description="the path that was asked for")
+    errors: list[FieldError] = Field(default_factory=list, description="invalid-input: each refused field")
+
+
+class BatchItem(BaseModel):
+    """One intent's answer in a batch, in the request's order: ``status`` is what POST
+    /v1/intents would have answered for it alone (201 created, 200 the same intent already
+    existed, 403, 409, 413, 422), with the intent or the problem."""
+
+    status: int
+    intent: BatchIntent | None = Field(default=None, description="when status is 200 or 201")
+    problem: Problem | None = Field(default=None, description="otherwise: the problem+json a single enqueue answers")
+
+
+class BatchResult(BaseModel):
+    """Every intent's answer, in the request's order (the batch was one durable commit)."""
+
+    results: list[BatchItem]
+
+
+# -- the outbox's records as answers -------------------------------------------------------
+
+
+class HasHistory(Protocol):
+    """An intent's attempts and events (the store's ``History``)."""
+
+    @property
+    def attempts(self) -> Sequence[AttemptRecord]: ...
+    @property
+    def events(self) -> Sequence[EventRecord]: ...
+
+
+def intent_json(intent: IntentRecord, *, payload: bool = True) -> dict[str, Any]:
+    """An intent as the API and CLI show it (without its ``payload`` where the caller has it:
+    a batch's answers)."""
+    return (Intent if payload else BatchIntent).model_construct(
+        action_id=intent.action_id, scope=intent.scope, idempotency_key=intent.key,
+        destination=intent.destination, channel=intent.channel, ordering_key=intent.ordering_key,
+        status=intent.status, payload=intent.payload if payload else None, payload_digest=intent.payload_digest,
+        attempt_count=intent.attempts, max_attempts=intent.max_attempts, next_attempt_at=intent.next_attempt_at,
+        not_before=intent.not_before, expires_at=intent.expires_at, lease_owner=intent.lease_owner,
+        lease_expires_at=intent.lease_expires_at, fence=intent.fence, created_at=intent.created_at,
+        updated_at=intent.updated_at, last_error=intent.last_error, unreadable=intent.unreadable,
+    ).model_dump(mode="json")
+
+
+def history_json(history: HasHistory) -> dict[str, Any]:
+    """An intent's attempts and events as the API and CLI show them."""
+    attempts = [Attempt.model_construct(
+        attempt_id=a.attempt_id, number=a.number, fence=a.fence, worker=a.worker, started_at=a.started_at,
+        finished_at=a.finished_at, submission=a.submission, outcome=a.outcome, status_code=a.status_code,
+        reply=a.reply, external_id=a.external_id, error=a.error, duration_ms=a.duration_ms, stage=a.stage,
+    ).model_dump(mode="json") for a in history.attempts]
+    events = [Event.model_construct(kind=e.kind.value, at=e.at, actor=e.actor, reason=e.reason, data=dict(e.data)
+                                    ).model_dump(mode="json") for e in history.events]
+    return {"attempts": attempts, "events": events}
+
+
+def destination_json(destination: DestinationRecord) -> dict[str, Any]:
+    """A destination as the API and CLI show it: everything but the secrets."""
+    d = destination
+    return Destination.model_construct(
+        id=d.id, channel=d.channel, signing_secrets=len(d.secrets), idempotent=d.idempotent,
+        retention_seconds=d.retention_seconds, on_unknown=d.on_unknown, timeout_seconds=d.timeout_seconds,
+        requires_approval=d.requires_approval, allow_private_network=d.allow_private_network, disabled=d.disabled,
+        reconcile=d.reconcile, ordering=d.ordering, ordering_on_dead=d.ordering_on_dead,
+        created_at=d.created_at, updated_at=d.updated_at, **d.settings,
+    ).model_dump(mode="json")
+
+
+def grant_json(grant: GrantRecord) -> dict[str, Any]:
+    """A grant as the API and CLI show it."""
+    g = grant
+    return Grant.model_construct(id=g.id, scope=g.scope, destination=g.destination, revision=g.revision,
+                                 expires_at=g.expires_at, note=g.note, created_at=g.created_at,
+                                 updated_at=g.updated_at).model_dump(mode="json")
+
+
+def token_json(token: TokenInfo) -> dict[str, Any]:
+    """A token as the API and CLI show it (its text is never stored, so never shown)."""
+    return Token.model_construct(id=token.id, role=token.role, scopes=list(token.scopes), label=token.label,
+                                 created_at=token.created_at, revoked_at=token.revoked_at).model_dump(mode="json")
