@@ -129,7 +129,8 @@ def lifecycle_table() -> str:
              "| status | meaning |", "|---|---|"]
     lines += [f"| {code(s)} | {MEANING[s]}{' (terminal)' if s in TERMINAL else ''} |" for s in Status]
     lines += ["", f"An intent starts {' or '.join(code(s) for s in Status if s in INITIAL)}. "
-              "The moves it may make, each one named block of SQL per store:", "",
+              "The moves it may make, each one named block of SQL per store (on PostgreSQL a worker's "
+              "settle, start and claim are the parts of one, `cycle`):", "",
               "| move | from | to | who |", "|---|---|---|---|"]
     lines += [f"| `{m.name}` | {', '.join(code(s) for s in Status if s in m.sources)} | "
               f"{', '.join(code(s) for s in Status if s in m.targets)} | {m.who} |" for m in MOVES.values()]
