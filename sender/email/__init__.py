@@ -2,7 +2,7 @@
 (``channel`` says how), through connections that ``sender.guard`` connects and that are reused
 per destination.
 
-- ``address``: an address as given (``Name <a@example.com>``)
+- ``address``: an address as given (``Name <a@example.com>``), read by the email package's parser
 - ``headers``: the header fields a payload or a destination may add
 - ``payload``: what an intent carries, checked at enqueue
 - ``destination``: an email destination's settings (``EmailSpec``)
