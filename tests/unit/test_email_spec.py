@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from outbox import OnUnknown
-from sender.email import WIRE, EmailPayload, EmailSpec, _body, _single, check_payload, message_id
+from sender.email import EmailPayload, EmailSpec, check_payload, message_id
+from sender.email.message import WIRE, _body, _single
 
 SPEC = {"channel": "email", "host": "smtp.example.com", "from": "Billing <billing@example.com>"}
 MAIL = {"to": ["ann@example.org"], "text": "hi"}

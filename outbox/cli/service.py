@@ -1,0 +1,141 @@
+"""Running the outbox: ``serve`` (the HTTP API with an embedded sender), ``worker`` (a sender
+alone), ``demo`` and ``migrate``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from .. import keyring, logs
+from ..errors import OutboxError
+from ..model import Role
+from ..outbox import Outbox
+from ..settings import Settings
+from .context import Context, run_migrating
+from .options import env, log_options
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+
+@click.command()
+@click.option("--host", help="Listen address [default: 127.0.0.1]", **env("host"))
+@click.option("--port", type=int, help="Listen port [default: 8080]", **env("port"))
+@log_options
+@click.option("--worker/--no-worker", default=None, help="Run an embedded sender [default: --worker]", **env("worker"))
+@click.pass_obj
+def serve(ctx: Context, host: str | None, port: int | None, log_level: str | None, log_format: str | None,
+          worker: bool | None) -> None:
+    """Run the HTTP API and an embedded sender (migrating the database first).
+
+    On first start, when no admin token exists, one is created and printed once.
+    """
+    from ..service import create_service
+
+    settings = ctx.settings(host=host, port=port, log_level=log_level, log_format=log_format, worker=worker)
+    logs.configure(settings.log_level, settings.log_format)
+
+    async def bootstrap() -> str | None:
+        async with await Outbox.open(settings=settings) as box:
+            if await box.store.count_active_tokens(Role.ADMIN.value):
+                return None
+            token, _ = await box.create_token(Role.ADMIN, label="first start")
+            return token
+
+    try:
+        token = asyncio.run(bootstrap())
+    except OutboxError as exc:
+        raise click.ClickException(exc.message) from None
+    if token:
+        click.echo(
+            "\nNo admin token existed, so one was created. It is shown only this once:\n\n"
+            f"    {token}\n\n"
+            "Keep it secret; create more with `outbox tokens create`.\n",
+            err=True,
+        )
+    _serve(create_service(settings), settings, settings.port, proxy_headers=False)
+
+
+def _serve(app: FastAPI, settings: Settings, port: int, **options: Any) -> None:
+    """Run ``app`` under uvicorn until SIGTERM or SIGINT. The signal itself starts the app's
+    shutdown (``api.begin_shutdown``): uvicorn's own waits for open requests to end first."""
+    import uvicorn
+
+    from ..api import begin_shutdown
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            super().handle_exit(sig, frame)
+            begin_shutdown(app)
+
+    config = uvicorn.Config(app, host=settings.host, port=port, log_level=settings.log_level,
+                            log_config=None,  # its lines go through logs.configure's handler too
+                            **options)
+    server = Server(config)
+    server.run()
+    if not server.started:
+        sys.exit(3)  # as uvicorn.run: the server could not start (the log says why)
+
+
+@click.command()
+@click.option("--concurrency", type=int, help="Sends in flight [default: 64]", **env("worker_concurrency"))
+@log_options
+@click.option("--metrics-port", type=int,
+              help="Also serve /metrics, /healthz and /readyz on this port [default: none]",
+              **env("metrics_port"))
+@click.pass_obj
+def worker(ctx: Context, concurrency: int | None, log_level: str | None, log_format: str | None,
+           metrics_port: int | None) -> None:
+    """Run a sender without the API; SIGTERM drains in-flight sends and stops."""
+    import signal
+
+    from sender import Worker
+
+    settings = ctx.settings(worker_concurrency=concurrency, log_level=log_level, log_format=log_format,
+                            metrics_port=metrics_port)
+    logs.configure(settings.log_level, settings.log_format)
+    if settings.metrics_port is not None:
+        from ..service import create_service
+
+        # the server owns SIGTERM here: it stops the sender, which drains as below
+        _serve(create_service(settings.model_copy(update={"worker": True}), probes_only=True), settings,
+               settings.metrics_port, access_log=False)
+        return
+
+    async def run() -> None:
+        async with await Outbox.open(settings=settings) as box:
+            sender = Worker(box)
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, sender.stop)
+            await sender.run()
+
+    try:
+        asyncio.run(run())
+    except OutboxError as exc:
+        raise click.ClickException(exc.message) from None
+
+
+@click.command()
+def demo() -> None:
+    """Deliver a few intents to a local receiver and show what happened (no setup needed)."""
+    from sender.demo import run_demo
+
+    logging.basicConfig(level=logging.ERROR)  # the demo narrates what matters itself
+    sys.exit(asyncio.run(run_demo(click.echo)))
+
+
+@click.command()
+@run_migrating
+async def migrate(ctx: Context, box: Outbox) -> None:
+    """Apply pending schema migrations (serve also does this on start)."""
+    applied = await box.store.migrate()
+    await keyring.unlock(box.store, box.settings)  # checks the key, makes it on first start, seals plain secrets
+    ctx.emit({"database_url": box.settings.database_url, "status": "migrated", "applied": applied},
+             f"applied {len(applied)} migration{'' if len(applied) == 1 else 's'}: {', '.join(applied)}" if applied
+             else "database is up to date: no migration to apply")
