@@ -5,10 +5,11 @@
         sent = outbox.enqueue("billing", {"invoice": 42}, scope="acme", action_id="invoice-42")
         settled = outbox.wait(sent.intent.action_id, scope="acme", timeout=30)
 
-Every call is safe to repeat, so connection errors, 429 and 503 are retried (tenacity, honouring
-``Retry-After`` up to a cap): an enqueue's action id is fixed before its first try (a UUIDv7
-made here when the caller gives none), so a retried enqueue finds its own intent (200) rather
-than making a second one. Problem+json answers are raised as typed errors, which are also the
+Every call but an operator's approval or refusal is safe to repeat, so connection errors, 429
+and 503 are retried (tenacity, honouring ``Retry-After`` up to a cap): an enqueue's action id is
+fixed before its first try (a UUIDv7 made here when the caller gives none), so a retried
+enqueue finds its own intent (200) rather than making a second one. ``approve`` and ``reject``
+are retried only when no connection was made. Problem+json answers are raised as typed errors, which are also the
 library's (``outbox.errors``) of the same meaning. Answers have the shapes ``outbox.shapes``
 defines (an ``Intent``'s ``data`` is a ``shapes.Intent``, with ``shapes.IntentDetail``'s
 attempts and events from ``get`` and ``wait``). Only httpx, tenacity and those shapes are
@@ -229,9 +230,12 @@ class RetryPolicy:
             return min(error.retry_after, self.max_seconds)
         return random.uniform(0, min(self.max_seconds, self.initial_seconds * 2 ** (state.attempt_number - 1)))
 
-    def arguments(self) -> dict[str, Any]:
-        """tenacity's arguments, for its blocking and its async retrier alike."""
-        return {"retry": tenacity.retry_if_exception(_retryable), "wait": self.pause,
+    def arguments(self, *, repeatable: bool = True) -> dict[str, Any]:
+        """tenacity's arguments, for its blocking and its async retrier alike. A call that is not
+        ``repeatable`` (an approval: a second one finds the intent no longer held) is retried
+        only when it cannot have been acted on: no connection made (a 503 may come from a proxy
+        that forwarded it)."""
+        return {"retry": tenacity.retry_if_exception(_retryable if repeatable else _unsent), "wait": self.pause,
                 "stop": tenacity.stop_after_attempt(self.attempts), "reraise": True}
 
 
@@ -240,6 +244,10 @@ NO_RETRY = RetryPolicy(attempts=1)
 
 def _retryable(error: BaseException) -> bool:
     return isinstance(error, httpx.TransportError | Unavailable)
+
+
+def _unsent(error: BaseException) -> bool:
+    return isinstance(error, httpx.ConnectError)
 
 
 # -- requests, shared by both clients -------------------------------------------------------------
@@ -315,6 +323,14 @@ def _list_params(status: Sequence[str] | str | None, scope: Sequence[str] | str 
     return params
 
 
+def _approval(payload_digest: str, reason: str, valid_seconds: float | None) -> bytes:
+    """An approval as POST /v1/intents/{id}/approve takes it."""
+    body: dict[str, Any] = {"payload_digest": payload_digest, "reason": reason}
+    if valid_seconds is not None:
+        body["valid_seconds"] = valid_seconds
+    return _encoded(body)
+
+
 def _headers(body: bytes | None) -> dict[str, str] | None:
     return {"Content-Type": "application/json"} if body is not None else None
 
@@ -363,9 +379,9 @@ class Client:
                                   headers={"Authorization": f"Bearer {_token(token)}"})
 
     def _call(self, method: str, path: str, *, params: Any = None, body: bytes | None = None,
-              timeout: float | None = None) -> tuple[int, Any]:
+              timeout: float | None = None, repeatable: bool = True) -> tuple[int, Any]:
         """The answer's status and JSON, after the retries the policy allows."""
-        for attempt in tenacity.Retrying(**self.retry.arguments()):
+        for attempt in tenacity.Retrying(**self.retry.arguments(repeatable=repeatable)):
             with attempt:
                 response = self._http.request(method, path, params=params, content=body, headers=_headers(body),
                                               timeout=timeout or self.timeout)
@@ -418,6 +434,19 @@ class Client:
             if not (cursor := page["next_cursor"]):
                 return
 
+    def approve(self, action_id: str, *, payload_digest: str, reason: str, scope: str | None = None,
+                valid_seconds: float | None = None) -> Intent:
+        """Approve a held intent for exactly ``payload_digest`` (an operator's token), for
+        ``valid_seconds`` (the server's default: an hour). Not repeatable, so retried only when
+        it cannot have been acted on. Raises InvalidInput (another digest), Conflict (not held), NotFound."""
+        return Intent.of(self._call("POST", _intent_path(action_id) + "/approve", params=_scoped(scope),
+                                    body=_approval(payload_digest, reason, valid_seconds), repeatable=False)[1])
+
+    def reject(self, action_id: str, *, reason: str, scope: str | None = None) -> Intent:
+        """Refuse a held intent (an operator's token): cancelled, never sent. As ``approve``."""
+        return Intent.of(self._call("POST", _intent_path(action_id) + "/reject", params=_scoped(scope),
+                                    body=_encoded({"reason": reason}), repeatable=False)[1])
+
     def close(self) -> None:
         self._http.close()
 
@@ -440,9 +469,9 @@ class AsyncClient:
                                        headers={"Authorization": f"Bearer {_token(token)}"})
 
     async def _call(self, method: str, path: str, *, params: Any = None, body: bytes | None = None,
-                    timeout: float | None = None) -> tuple[int, Any]:
+                    timeout: float | None = None, repeatable: bool = True) -> tuple[int, Any]:
         """The answer's status and JSON, after the retries the policy allows."""
-        async for attempt in tenacity.AsyncRetrying(**self.retry.arguments()):
+        async for attempt in tenacity.AsyncRetrying(**self.retry.arguments(repeatable=repeatable)):
             with attempt:
                 response = await self._http.request(method, path, params=params, content=body,
                                                      headers=_headers(body), timeout=timeout or self.timeout)
@@ -493,6 +522,18 @@ class AsyncClient:
                 yield Intent.of(item)
             if not (cursor := page["next_cursor"]):
                 return
+
+    async def approve(self, action_id: str, *, payload_digest: str, reason: str, scope: str | None = None,
+                      valid_seconds: float | None = None) -> Intent:
+        """As ``Client.approve``."""
+        return Intent.of((await self._call("POST", _intent_path(action_id) + "/approve", params=_scoped(scope),
+                                           body=_approval(payload_digest, reason, valid_seconds),
+                                           repeatable=False))[1])
+
+    async def reject(self, action_id: str, *, reason: str, scope: str | None = None) -> Intent:
+        """As ``Client.reject``."""
+        return Intent.of((await self._call("POST", _intent_path(action_id) + "/reject", params=_scoped(scope),
+                                           body=_encoded({"reason": reason}), repeatable=False))[1])
 
     async def close(self) -> None:
         await self._http.aclose()

@@ -5,12 +5,9 @@ Both answer with the client's ``Intent``, attempts included, so the answers are 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
-from urllib.parse import quote
+from typing import TYPE_CHECKING, Protocol
 
-import httpx
-
-from ..client import AsyncClient, Intent, NotFound, WaitTimeout, problem_error
+from ..client import AsyncClient, Intent, NotFound, WaitTimeout
 from ..errors import NotFound as LibraryNotFound
 from .actions import Action
 
@@ -43,9 +40,7 @@ class Served:
     def __init__(self, url: str, *, token: str | None = None, approver_token: str | None = None,
                  timeout: float = 10.0) -> None:
         self.client = AsyncClient(url, token=token, timeout=timeout)
-        self._approver = (httpx.AsyncClient(base_url=url, timeout=timeout,
-                                            headers={"Authorization": f"Bearer {approver_token}"})
-                          if approver_token else None)
+        self._approver = AsyncClient(url, token=approver_token, timeout=timeout) if approver_token else None
 
     async def enqueue(self, action: Action) -> Intent:
         return (await self.client.enqueue(action.destination, dict(action.arguments), scope=action.scope,
@@ -64,24 +59,22 @@ class Served:
             return unsettled.intent
 
     async def approve(self, action_id: str, scope: str, payload_digest: str, reason: str) -> Intent:
-        return await self._operate(action_id, scope, "approve", {"reason": reason, "payload_digest": payload_digest})
+        await self._operator().approve(action_id, payload_digest=payload_digest, reason=reason, scope=scope)
+        return await self.client.get(action_id, scope=scope)
 
     async def reject(self, action_id: str, scope: str, reason: str) -> Intent:
-        return await self._operate(action_id, scope, "reject", {"reason": reason})
+        await self._operator().reject(action_id, reason=reason, scope=scope)
+        return await self.client.get(action_id, scope=scope)
 
-    async def _operate(self, action_id: str, scope: str, verb: str, body: dict[str, Any]) -> Intent:
+    def _operator(self) -> AsyncClient:
         if self._approver is None:
             raise ValueError("approving through the harness needs an operator's token: Served(..., approver_token=...)")
-        response = await self._approver.post(f"/v1/intents/{quote(action_id, safe='')}/{verb}",
-                                             params={"scope": scope}, json=body)
-        if not response.is_success:
-            raise problem_error(response.json())
-        return await self.client.get(action_id, scope=scope)
+        return self._approver
 
     async def aclose(self) -> None:
         await self.client.close()
         if self._approver is not None:
-            await self._approver.aclose()
+            await self._approver.close()
 
 
 class Local:
@@ -94,7 +87,7 @@ class Local:
 
     async def enqueue(self, action: Action) -> Intent:
         """The intent as enqueued, without its attempts (``wait`` reads them), as over HTTP."""
-        from ..outbox import intent_json
+        from ..shapes import intent_json
 
         enqueued = await self.box.enqueue(destination=action.destination, scope=action.scope,
                                           payload=dict(action.arguments), action_id=action.action_id,
@@ -125,7 +118,7 @@ class Local:
         return await self._shown(action_id, scope)
 
     async def _shown(self, action_id: str, scope: str) -> Intent:
-        from ..outbox import history_json, intent_json
+        from ..shapes import history_json, intent_json
 
         intent, history = await self.box.show(action_id, scope=scope)
         return Intent.of({**intent_json(intent), **history_json(history)})

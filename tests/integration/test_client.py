@@ -295,6 +295,38 @@ async def test_retries_end_and_other_4xx_are_never_retried(service: Service, pro
     assert len(faulty.seen) == 5  # the conflict was asked once
 
 
+async def test_an_operator_approves_and_rejects_held_intents(service: Service, receiver: Receiver):
+    with Client(service.url, token=service.producer) as producer, \
+            Client(service.url, token=service.operator) as operator:
+        held = [producer.enqueue("parked", {"n": n}, scope="acme", action_id=f"held-{n}").intent for n in range(3)]
+        assert [i.status for i in held] == ["held"] * 3
+        with pytest.raises(InvalidInput):  # another payload than the one looked at: nothing approved
+            operator.approve("held-0", payload_digest=held[1].payload_digest, reason="wrong one", scope="acme")
+        with pytest.raises(Forbidden):  # a producer's token may not approve
+            producer.approve("held-0", payload_digest=held[0].payload_digest, reason="mine", scope="acme")
+        approved = operator.approve("held-0", payload_digest=held[0].payload_digest, reason="looked", scope="acme")
+        assert approved.status == "pending"
+        assert producer.wait("held-0", scope="acme", timeout=10).status == "delivered"
+        assert operator.reject("held-1", reason="not today", scope="acme").status == "cancelled"
+    async with AsyncClient(service.url, token=service.operator) as aoperator:
+        assert (await aoperator.approve("held-2", payload_digest=held[2].payload_digest, reason="looked",
+                                        scope="acme")).status == "pending"
+        with pytest.raises(Conflict):  # no longer held
+            await aoperator.reject("held-2", reason="too late", scope="acme")
+
+
+async def test_an_approval_whose_answer_is_lost_is_not_sent_again(service: Service, proxy):
+    with Client(service.url, token=service.producer) as producer:
+        held = producer.enqueue("parked", {"n": 1}, scope="acme", action_id="lost-1").intent
+    faulty = Faulty(service.url, "/v1/intents/lost-1/approve", faults=1)
+    # the caller learns it does not know; the client does not guess
+    with Client(proxy(faulty), token=service.operator, retry=FAST) as operator, pytest.raises(Unavailable):
+        operator.approve("lost-1", payload_digest=held.payload_digest, reason="looked", scope="acme")
+    assert len(faulty.seen) == 1  # asked once: a second approval would have met "not held"
+    with Client(service.url, token=service.producer) as producer:
+        assert producer.get("lost-1", scope="acme").status in ("pending", "leased", "delivered")
+
+
 def test_connection_errors_are_retried_then_raised(unanswered_port: int):
     with Client(f"http://127.0.0.1:{unanswered_port}", token="t",
                 retry=RetryPolicy(attempts=3, initial_seconds=0.01), timeout=0.2) as outbox:
