@@ -42,6 +42,33 @@ class IntentQuery:
     before_seq: int | None = None  # the cursor: only intents older than this one
     limit: int = 50
 
+    def filters(self) -> list[tuple[str, str, Any]]:
+        """The narrowing filters as ``(column, operator, value)``, in the order every dialect
+        writes them; the operator ``in`` takes a list (empty: nothing matches), the others
+        (``=``, ``>=``, ``<``) one value."""
+        found: list[tuple[str, str, Any]] = []
+        if self.statuses:
+            found.append(("status", "in", [s.value for s in self.statuses]))
+        if self.scopes is not None:  # none at all matches nothing
+            found.append(("scope", "in", list(self.scopes)))
+        for column, operator, value in (
+            ("destination", "=", self.destination),
+            ("channel", "=", self.channel),
+            ("created_at", ">=", self.created_after),
+            ("created_at", "<", self.created_before),
+            ("seq", "<", self.before_seq),
+        ):
+            if value is not None:
+                found.append((column, operator, value))
+        return found
+
+    def page(self, intents: list[Intent]) -> Page:
+        """The page of ``intents`` read for this query: up to ``limit + 1``, newest first, the
+        one past the limit only telling that more follow."""
+        shown = intents[: self.limit]
+        more = len(intents) > self.limit
+        return Page(shown, shown[-1].seq if more and shown else None)
+
 
 @dataclass(frozen=True, slots=True)
 class Page:
