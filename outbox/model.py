@@ -325,6 +325,9 @@ class Enqueued:
 
 
 # -- changes: one typed value per move, as ``Store.apply`` takes them ------------------------------
+#
+# Each is its own frozen dataclass, its fields in the order its callers pass them: they share only
+# ``key`` and ``events``, which a common base would move ahead of every other field.
 
 
 @dataclass(frozen=True, slots=True)

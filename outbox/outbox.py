@@ -53,7 +53,7 @@ from .model import SETTLED, Enqueued, Event, EventKind, Intent, NewIntent, Role,
 from .settings import Settings
 from .shapes import WaitingBehind
 from .signals import Signal
-from .store import History, IntentQuery, Page, Store, Transaction, store_for_url
+from .store import History, IntentQuery, Page, SharesClock, Store, SupportsListener, Transaction, store_for_url
 from .tokens import TokenInfo, hash_token, new_token
 
 MAX_PAGE = 500
@@ -120,7 +120,7 @@ class Outbox:
         settings = settings or Settings()
         url = url or settings.database_url
         store = store_for_url(url, busy_timeout_ms=settings.sqlite_busy_timeout_ms, create=create)
-        measure = getattr(store, "clock_offset", None) if clock is None else None
+        measure = store.clock_offset if clock is None and isinstance(store, SharesClock) else None
         try:
             await store.open()
         except NoDatabase as exc:
@@ -137,8 +137,8 @@ class Outbox:
         box = cls(store, settings=settings, clock=clock)
         if measure is not None and isinstance(box.clock, OffsetClock):
             box._companions.append(asyncio.create_task(box.clock.follow(measure)))
-        if (listen := getattr(store, "listen", None)) is not None:
-            box._companions.append(asyncio.create_task(listen(box.enqueued.notify)))
+        if isinstance(store, SupportsListener):
+            box._companions.append(asyncio.create_task(store.listen(box.enqueued.notify)))
         return box
 
     async def close(self) -> None:

@@ -5,10 +5,13 @@ from __future__ import annotations
 from urllib.parse import unquote, urlsplit
 
 from ..errors import InvalidInput
-from .protocol import Activity, History, IntentQuery, Page, Store, Transaction
+from .protocol import Activity, History, IntentQuery, Page, SharesClock, Store, SupportsListener, Transaction
 from .sqlite import SqliteStore
 
-__all__ = ["Activity", "History", "IntentQuery", "Page", "SqliteStore", "Store", "Transaction", "store_for_url"]
+__all__ = [
+    "Activity", "History", "IntentQuery", "Page", "SharesClock", "SqliteStore", "Store", "SupportsListener",
+    "Transaction", "store_for_url",
+]
 
 
 def store_for_url(url: str, *, busy_timeout_ms: int = 5000, create: bool = True) -> Store:

@@ -6,15 +6,20 @@ change may make and what each writes, which migrations run) is decided once, in
 named block per move) and connection handling only. Every backend passes the conformance suite
 in ``tests/conformance`` (its factory listed in ``backends.STORE_FACTORIES``); a new backend is
 proven by those same tests, not by its own.
+
+Two capabilities are a store's to offer or not, each its own protocol (as River's drivers
+declare ``SupportsListener``): ``SupportsListener``, a store that hears of intents made due by
+other processes, and ``SharesClock``, a store shared by hosts whose clock they all judge leases
+by. ``Outbox.open`` asks ``isinstance`` of each.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from ..destinations import Destination
 from ..errors import OutboxError
@@ -36,6 +41,33 @@ class IntentQuery:
     created_before: datetime | None = None
     before_seq: int | None = None  # the cursor: only intents older than this one
     limit: int = 50
+
+    def filters(self) -> list[tuple[str, str, Any]]:
+        """The narrowing filters as ``(column, operator, value)``, in the order every dialect
+        writes them; the operator ``in`` takes a list (empty: nothing matches), the others
+        (``=``, ``>=``, ``<``) one value."""
+        found: list[tuple[str, str, Any]] = []
+        if self.statuses:
+            found.append(("status", "in", [s.value for s in self.statuses]))
+        if self.scopes is not None:  # none at all matches nothing
+            found.append(("scope", "in", list(self.scopes)))
+        for column, operator, value in (
+            ("destination", "=", self.destination),
+            ("channel", "=", self.channel),
+            ("created_at", ">=", self.created_after),
+            ("created_at", "<", self.created_before),
+            ("seq", "<", self.before_seq),
+        ):
+            if value is not None:
+                found.append((column, operator, value))
+        return found
+
+    def page(self, intents: list[Intent]) -> Page:
+        """The page of ``intents`` read for this query: up to ``limit + 1``, newest first, the
+        one past the limit only telling that more follow."""
+        shown = intents[: self.limit]
+        more = len(intents) > self.limit
+        return Page(shown, shown[-1].seq if more and shown else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,4 +383,24 @@ class Store(Protocol):
 
     async def count_active_tokens(self, role: str) -> int:
         """How many unrevoked tokens of ``role`` exist."""
+        ...
+
+
+@runtime_checkable
+class SupportsListener(Protocol):
+    """A store that tells when other processes make intents due, so workers need not wait for
+    their next poll."""
+
+    async def listen(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` whenever a transaction that made an intent pending commits, in any
+        process, until cancelled (and once each time listening starts again after a loss)."""
+        ...
+
+
+@runtime_checkable
+class SharesClock(Protocol):
+    """A store shared by hosts, whose database clock is the one timeline they judge leases on."""
+
+    async def clock_offset(self) -> float:
+        """How far the database's clock is ahead of this host's, in seconds (negative: behind)."""
         ...

@@ -11,20 +11,25 @@ before the API checked times) must not fail the read of every row beside it, a c
 listing: ``time`` raises OverflowError for it, and it is read as the nearest time a datetime can
 hold, which keeps what is due, expired or older so. An intent says which of its times were
 read so (``Intent.unreadable``), and the sender sets it aside unsent.
+
+The other way, what a store writes of a record (a new intent, an attempt, a destination, a token,
+a grant) is one tuple of values here, in the order every dialect's statement takes them; a
+dialect only stores each value its way (SQLite: times as integer microseconds).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from ..clock import iso
 from ..destinations import Destination
-from ..grants import Grant
+from ..grants import Grant, GrantSpec
 from ..keyring import Keyring, required
-from ..model import Attempt, Event, Intent, OnDead, OnUnknown, Ordering, Outcome, Role, Status, Submission
+from ..model import Attempt, Event, Intent, NewIntent, OnDead, OnUnknown, Ordering, Outcome, Role, Status, Submission
 from ..tokens import TokenInfo
 
 #: A stored time as a datetime, None staying None (``Any``: each dialect's driver has its own
@@ -77,33 +82,32 @@ class Row(Protocol):
     def __getitem__(self, column: str, /) -> Any: ...
 
 
+def _as_is(row: Row, *columns: str) -> dict[str, Any]:
+    """The ``columns`` of ``row`` read as stored, each under its own name."""
+    return {column: row[column] for column in columns}
+
+
+def _flags(row: Row, *columns: str) -> dict[str, Any]:
+    """The ``columns`` of ``row`` as booleans (stored as integers or booleans)."""
+    return {column: bool(row[column]) for column in columns}
+
+
 def intent(row: Row, time: Time) -> Intent:
     """An intent from its row."""
     at = _Times(row, time)
     return Intent(
-        seq=row["seq"],
-        action_id=row["action_id"],
-        scope=row["scope"],
-        destination=row["destination"],
-        channel=row["channel"],
+        **_as_is(row, "seq", "action_id", "scope", "destination", "channel", "payload_digest", "attempts",
+                 "max_attempts", "lease_owner", "fence", "last_error", "approved_digest", "approved_by",
+                 "ordering_key"),
         payload_json=row["payload"],
-        payload_digest=row["payload_digest"],
         status=Status(row["status"]),
-        attempts=row["attempts"],
-        max_attempts=row["max_attempts"],
         next_attempt_at=at("next_attempt_at"),
         not_before=at("not_before"),
         expires_at=at("expires_at"),
-        lease_owner=row["lease_owner"],
         lease_expires_at=at("lease_expires_at"),
-        fence=row["fence"],
         created_at=at("created_at"),
         updated_at=at("updated_at"),
-        last_error=row["last_error"],
-        approved_digest=row["approved_digest"],
         approval_expires_at=at("approval_expires_at"),
-        approved_by=row["approved_by"],
-        ordering_key=row["ordering_key"],
         unreadable=at.unreadable(),  # (last: once every time above is read)
     )
 
@@ -112,54 +116,33 @@ def attempt(row: Row, time: Time) -> Attempt:
     """An attempt from its row."""
     at = _Times(row, time)
     return Attempt(
-        attempt_id=row["attempt_id"],
-        number=row["number"],
-        fence=row["fence"],
-        worker=row["worker"],
+        **_as_is(row, "attempt_id", "number", "fence", "worker", "status_code", "reply", "external_id", "error",
+                 "duration_ms", "stage"),
         started_at=at("started_at"),
         finished_at=at("finished_at"),
         submission=Submission(row["submission"]) if row["submission"] else None,
         outcome=Outcome(row["outcome"]) if row["outcome"] else None,
-        status_code=row["status_code"],
-        reply=row["reply"],
-        external_id=row["external_id"],
-        error=row["error"],
-        duration_ms=row["duration_ms"],
-        stage=row["stage"],
     )
 
 
 def event(row: Row, time: Time) -> Event:
     """An event from its row."""
     at = _Times(row, time)
-    return Event(
-        kind=row["kind"],
-        at=at("at"),
-        actor=row["actor"],
-        reason=row["reason"],
-        data=json.loads(row["data"]),
-    )
+    return Event(**_as_is(row, "kind", "actor", "reason"), at=at("at"), data=json.loads(row["data"]))
 
 
 def destination(row: Row, time: Time, keyring: Keyring | None) -> Destination:
-    """A destination from its row (flags may be stored as integers or booleans), its secrets
-    opened with ``keyring``. Raises SecretsKeyError when they do not open."""
+    """A destination from its row, its secrets opened with ``keyring``. Raises SecretsKeyError
+    when they do not open."""
     at = _Times(row, time)
     return Destination(
-        id=row["id"],
-        channel=row["channel"],
+        **_as_is(row, "id", "channel", "retention_seconds", "timeout_seconds"),
+        **_flags(row, "idempotent", "requires_approval", "allow_private_network", "disabled", "reconcile"),
         settings=json.loads(row["settings"]),
         secrets=required(keyring).open(row["secrets"], destination_id=row["id"]),
-        idempotent=bool(row["idempotent"]),
-        retention_seconds=row["retention_seconds"],
         on_unknown=OnUnknown(row["on_unknown"]),
-        timeout_seconds=row["timeout_seconds"],
-        requires_approval=bool(row["requires_approval"]),
-        allow_private_network=bool(row["allow_private_network"]),
-        disabled=bool(row["disabled"]),
         created_at=at("created_at"),
         updated_at=at("updated_at"),
-        reconcile=bool(row["reconcile"]),
         ordering=Ordering(row["ordering"]),
         ordering_on_dead=OnDead(row["ordering_on_dead"]),
     )
@@ -168,26 +151,79 @@ def destination(row: Row, time: Time, keyring: Keyring | None) -> Destination:
 def token(row: Row, time: Time) -> TokenInfo:
     """A token's stored facts from its row."""
     at = _Times(row, time)
-    return TokenInfo(
-        id=row["id"],
-        role=Role(row["role"]),
-        scopes=tuple(json.loads(row["scopes"])),
-        label=row["label"],
-        created_at=at("created_at"),
-        revoked_at=at("revoked_at"),
-    )
+    return TokenInfo(**_as_is(row, "id", "label"), role=Role(row["role"]), scopes=tuple(json.loads(row["scopes"])),
+                     created_at=at("created_at"), revoked_at=at("revoked_at"))
 
 
 def grant(row: Row, time: Time) -> Grant:
     """A grant from its row."""
     at = _Times(row, time)
-    return Grant(
-        id=row["id"],
-        scope=row["scope"],
-        destination=row["destination"],
-        revision=row["revision"],
-        expires_at=at("expires_at"),
-        note=row["note"],
-        created_at=at("created_at"),
-        updated_at=at("updated_at"),
-    )
+    return Grant(**_as_is(row, "id", "scope", "destination", "revision", "note"), expires_at=at("expires_at"),
+                 created_at=at("created_at"), updated_at=at("updated_at"))
+
+
+@dataclass(frozen=True, slots=True)
+class Reader:
+    """The records as one dialect reads them, with its ``time``."""
+
+    time: Time
+
+    def intent(self, row: Row) -> Intent:
+        return intent(row, self.time)
+
+    def attempt(self, row: Row) -> Attempt:
+        return attempt(row, self.time)
+
+    def event(self, row: Row) -> Event:
+        return event(row, self.time)
+
+    def token(self, row: Row) -> TokenInfo:
+        return token(row, self.time)
+
+    def grant(self, row: Row) -> Grant:
+        return grant(row, self.time)
+
+    def destination(self, row: Row, keyring: Keyring | None) -> Destination:
+        return destination(row, self.time, keyring)
+
+    def at(self, stored: Any) -> Any:
+        """A time read outside a record (an aggregate's), as records read theirs."""
+        return nearest(self.time, stored)
+
+
+# -- records as the values stores write ------------------------------------------------------
+
+
+def new_intent_values(new: NewIntent, channel: str, status: Status) -> tuple[Any, ...]:
+    """A new intent's columns, from its key to ``created_at``, as ``insert_intent`` takes them."""
+    return (new.key, new.action_id, new.scope, new.destination, channel, new.payload_json, new.payload_digest,
+            status.value, new.max_attempts, new.next_attempt_at, new.not_before, new.expires_at, new.created_at)
+
+
+def attempt_values(a: Attempt) -> tuple[Any, ...]:
+    """An attempt's columns, its id first, as the statements that write attempts take them."""
+    return (a.attempt_id, a.number, a.fence, a.worker, a.started_at, a.finished_at,
+            a.submission.value if a.submission else None, a.outcome.value if a.outcome else None,
+            a.status_code, a.reply, a.external_id, a.error, a.duration_ms, a.stage)
+
+
+def event_data(event: Event) -> str:
+    """An event's data as the JSON text stored."""
+    return json.dumps(dict(event.data)) if event.data else "{}"
+
+
+def destination_values(d: Destination, sealed: str) -> tuple[Any, ...]:
+    """A destination's columns as ``put_destination`` takes them, its secrets ``sealed``."""
+    return (d.id, d.channel, json.dumps(dict(d.settings)), sealed, d.idempotent, d.retention_seconds,
+            d.on_unknown.value, d.timeout_seconds, d.requires_approval, d.allow_private_network, d.disabled,
+            d.created_at, d.updated_at, d.reconcile, d.ordering.value, d.ordering_on_dead.value)
+
+
+def token_values(info: TokenInfo, token_hash: str) -> tuple[Any, ...]:
+    """A token's columns as ``insert_token`` takes them."""
+    return (info.id, token_hash, info.role.value, json.dumps(list(info.scopes)), info.label, info.created_at)
+
+
+def grant_values(grant_id: str, spec: GrantSpec, at: datetime) -> tuple[Any, ...]:
+    """A grant's columns as ``put_grant`` takes them, made or replaced ``at``."""
+    return (grant_id, spec.scope, spec.destination, spec.expires_at, spec.note, at, at)

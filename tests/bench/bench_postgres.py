@@ -701,7 +701,7 @@ async def store_alone(admin_dsn: str, n: int, batch: int) -> StoreRun:
         store = PostgresStore(dsn, pool_size=1)
         await store.open()
         sent: list[str] = []
-        async with store._p.acquire() as conn:
+        async with store._connections.pool.acquire() as conn:
             conn._con.add_query_logger(lambda record: sent.append(record.query))
         watch = await asyncpg.connect(dsn)
         try:

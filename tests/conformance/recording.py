@@ -15,9 +15,13 @@ def protocol_methods(protocol: type) -> set[str]:
     return {name for name, value in vars(protocol).items() if callable(value) and not name.startswith("_")}
 
 
-#: Every method the suite must call: the store's, and the transaction's as ``transaction().NAME``.
+#: The path of ``Store.transaction`` that takes the caller's own connection.
+ON_CALLERS_CONNECTION = "transaction(connection=...)"
+#: Every method the suite must call: the store's, the transaction's as ``transaction().NAME``, and
+#: ``transaction`` given the caller's own connection.
 REQUIRED: frozenset[str] = frozenset(
     protocol_methods(Store) | {f"transaction().{name}" for name in protocol_methods(Transaction)}
+    | {ON_CALLERS_CONNECTION}
 )
 
 
@@ -50,7 +54,9 @@ class RecordingStore(Recording):
         super().__init__(store, calls)
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Recording]:
+    async def transaction(self, *, connection: Any = None) -> AsyncIterator[Recording]:
         self._calls.add("transaction")
-        async with self._target.transaction() as tx:
+        if connection is not None:
+            self._calls.add(ON_CALLERS_CONNECTION)
+        async with self._target.transaction(connection=connection) as tx:
             yield Recording(tx, self._calls, "transaction().")

@@ -344,7 +344,7 @@ async def fill_up(store: SqliteStore, caplog: pytest.LogCaptureFixture, seconds:
     intents were delivered when the cap came."""
     url = f"sqlite:///{store.path}"
     assert await eventually(lambda: delivering(url), timeout=30)
-    writer = store._c.db  # the cap is the connection's own: it must be the store's writer
+    writer = store._open_committer.db  # the cap is the connection's own: it must be the store's writer
 
     def cap(conn: sqlite3.Connection, pages: int | None) -> int:
         limit = conn.execute("PRAGMA page_count").fetchone()[0] if pages is None else pages

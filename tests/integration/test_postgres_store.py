@@ -325,7 +325,7 @@ async def logged_store(url: str) -> tuple[PostgresStore, Statements]:
     store = PostgresStore(url, pool_size=1)
     await store.open()
     statements = Statements()
-    async with store._p.acquire() as conn:
+    async with store._connections.pool.acquire() as conn:
         conn._con.add_query_logger(statements)  # (the connection itself: the pool lends it again)
     return store, statements
 

@@ -27,8 +27,8 @@ from outbox import (
 from outbox.digest import digest_of
 from outbox.model import EventKind, Settle, Start
 from outbox.store import migrator, store_for_url
-from outbox.store import sqlite as dialect
 from outbox.store.protocol import Claim
+from outbox.store.sqlite import store as dialect
 from receivers import verify_signature
 from sender import Worker
 

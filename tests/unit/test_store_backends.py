@@ -1,6 +1,6 @@
-"""Which store a database URL opens, what a SQLite-only process leaves unimported, the caller's
-own connection, which only the PostgreSQL store takes, and the dialects' migrations, which name
-the same versions."""
+"""Which store a database URL opens, the capabilities each declares, what a SQLite-only process
+leaves unimported, the caller's own connection, which only the PostgreSQL store takes, and the
+dialects' migrations, which name the same versions."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from outbox.store import SqliteStore, store_for_url
+from outbox.store import SharesClock, SqliteStore, SupportsListener, store_for_url
 from outbox.store.migrator import scripts_for
 
 
@@ -19,6 +19,17 @@ def test_postgresql_urls_open_the_postgresql_store_without_connecting(url):
 
     store = store_for_url(url)
     assert isinstance(store, PostgresStore) and store.dialect == "postgres" and store.dsn == url
+
+
+def test_only_the_shared_store_declares_a_listener_and_a_clock(tmp_path):
+    """``Outbox.open`` follows a store's clock and wake-ups by the capabilities it declares: the
+    PostgreSQL store has both, the embedded SQLite store (one process, one host) neither."""
+    from outbox.store.postgres import PostgresStore
+
+    shared = PostgresStore("postgresql://outbox@db/outbox")
+    assert isinstance(shared, SupportsListener) and isinstance(shared, SharesClock)
+    embedded = SqliteStore(tmp_path / "outbox.db")
+    assert not isinstance(embedded, SupportsListener) and not isinstance(embedded, SharesClock)
 
 
 async def test_the_sqlite_store_refuses_a_callers_connection(tmp_path):

@@ -1,0 +1,133 @@
+"""The PostgreSQL store's ``apply``: a batch of changes as the arrays of their moves' statements,
+the settles and starts with the claim in one (``cycle``), round by round."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import asyncpg
+
+from ... import crash
+from ...errors import OutboxError, StaleWrite
+from ...model import Attempt, Cancel, Change, Intent, OperatorChange, Replay, Settle, Start, Status
+from .. import moves
+from ..protocol import Applied, Claim
+from ..records import attempt_values, event_data
+from .connection import READ
+from .sql import CYCLE, SQL
+
+
+def _attempt_values(a: Attempt | None) -> tuple[Any, ...]:
+    """An attempt as the last values of a ``settle`` row (all null: the settle records no attempt)."""
+    return (None,) * 14 if a is None else attempt_values(a)
+
+
+def _row(change: Change) -> tuple[Any, ...]:
+    """A change as one row of its move's block (the arrays from $7 on, sql/postgres.sql): its key,
+    its fence (a worker's) or the status its caller saw (where its move starts in several), then
+    a start's attempt, or what it writes (``moves.written``) and a settle's attempt."""
+    head: tuple[Any, ...] = (change.key,)
+    if (fence := moves.fence(change)) is not None:
+        head += (fence,)
+    elif isinstance(change, Replay | Cancel):
+        head += (change.expected.value,)
+    if isinstance(change, Start):
+        a = change.attempt
+        return (*head, a.attempt_id, a.number, a.fence, a.worker, a.started_at)
+    written = tuple(value.value if isinstance(value, Status) else value for value in moves.written(change))
+    return (*head, *written, *(_attempt_values(change.attempt) if isinstance(change, Settle) else ()))
+
+
+def _events(batch: Sequence[Change]) -> list[tuple[Any, ...]]:
+    """The events of a batch of changes as rows of ``logged``'s arrays ($1-$6), each with its
+    change's place in the batch, from 1 (every change has one at least)."""
+    return [(n, e.kind.value, e.at, e.actor, e.reason, event_data(e))
+            for n, change in enumerate(batch, 1) for e in moves.events(change)]
+
+
+def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
+    """Rows as the arrays of a block's ``unnest`` (``width`` empty ones for no rows)."""
+    return [list(column) for column in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
+
+
+def _move_arguments(batch: Sequence[Change]) -> list[list[Any]]:
+    """A batch of one move's changes as its block's arrays: the events, then the changes' columns."""
+    return _columns(_events(batch), 6) + _columns([_row(change) for change in batch], 0)
+
+
+def cycle_arguments(settles: Sequence[Change], starts: Sequence[Change], claim: Claim | None) -> list[Any]:
+    """The ``cycle`` statement's parameters: the events of the settles then the starts, their
+    columns, and the claim's (a limit of 0 for none)."""
+    claiming = (None, None, None, 0) if claim is None else (claim.now, claim.owner, claim.lease_until, claim.limit)
+    return [*_columns(_events([*settles, *starts]), 6), *_columns([_row(c) for c in settles], 22),
+            *_columns([_row(c) for c in starts], 7), *claiming]
+
+
+def rounds_by_move(changes: Sequence[Change]) -> list[dict[str, list[int]]]:
+    """The changes' places in ``moves.rounds``, each round by move and in key order (so batches
+    that overlap lock their rows in one order)."""
+    made: list[dict[str, list[int]]] = []
+    for places in moves.rounds(changes):
+        by_move: dict[str, list[int]] = {}
+        for i in sorted(places, key=lambda i: changes[i].key):
+            by_move.setdefault(changes[i].move, []).append(i)
+        made.append(by_move)
+    return made
+
+
+def _refusal(change: Change, found: Any) -> OutboxError:
+    """Why ``change`` was not applied, worded from its intent as it is now (``found``, None: gone)."""
+    refused = moves.refusal(change, None if found is None else (
+        found["status"], found["fence"], READ.at(found["lease_expires_at"])))
+    return refused or StaleWrite(f"intent {change.key!r} changed while the write was judged; the write was not applied")
+
+
+def crashing(changes: Sequence[Change]) -> bool:
+    """(tests only) Whether a crash is armed to cut the batch after an attempt's outcome is written."""
+    return crash.armed == "mid_group_commit" and any(
+        isinstance(c, Settle) and c.attempt is not None and c.attempt.finished_at is not None for c in changes)
+
+
+async def apply_rounds(conn: asyncpg.Connection, changes: Sequence[Change],
+                        rounds: Sequence[Mapping[str, Sequence[int]]], claim: Claim | None) -> Applied:
+    """The changes, round by round: one statement per move present, the settles and starts
+    together in the ``cycle`` statement, which claims in the last round (or alone, for no
+    changes); then, for a round with changes refused, one read of their intents to word each
+    refusal."""
+    results: list[Intent | OutboxError | None] = [None] * len(changes)
+    claimed: list[Intent] = []
+    rounds = list(rounds) or [{}]
+    for r, round_ in enumerate(rounds):
+        applied: dict[int, Any] = {}  # a change's place: its row (True: applied, no row)
+        for move, places in round_.items():
+            if move not in CYCLE:
+                rows = {row["n"]: row for row in await conn.fetch(SQL[move], *_move_arguments(
+                    [changes[i] for i in places]))}
+                applied |= {i: rows[n] for n, i in enumerate(places, 1) if n in rows}
+        cycled = [*round_.get("settle", ()), *round_.get("start", ())]
+        asked = claim if r == len(rounds) - 1 else None
+        if cycled or asked is not None:
+            rows = await conn.fetch(SQL["cycle"], *cycle_arguments(
+                [changes[i] for i in round_.get("settle", ())], [changes[i] for i in round_.get("start", ())], asked))
+            for n in (rows[0]["settled_places"] or []) + (rows[0]["started_places"] or []):
+                applied[cycled[n - 1]] = True
+            claimed = [READ.intent(row) for row in rows if row["seq"] is not None]
+        refused = [i for places in round_.values() for i in places if i not in applied]
+        for i, row in applied.items():
+            if isinstance(changes[i], OperatorChange):
+                results[i] = READ.intent(row)
+        if refused:
+            found = {row["intent_key"]: row for row in await conn.fetch(
+                SQL["intents_by_keys"], [changes[i].key for i in refused])}
+            for i in refused:
+                results[i] = _refusal(changes[i], found.get(changes[i].key))
+    return Applied(results, claimed)
+
+
+def statements(rounds: Sequence[Mapping[str, Sequence[int]]], claim: Claim | None) -> int:
+    """How many statements ``apply_rounds`` sends (the refusals' reads aside)."""
+    rounds = list(rounds) or [{}]
+    return sum(sum(move not in CYCLE for move in round_)
+               + (any(move in CYCLE for move in round_) or (r == len(rounds) - 1 and claim is not None))
+               for r, round_ in enumerate(rounds))

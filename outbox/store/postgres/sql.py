@@ -1,0 +1,17 @@
+"""The PostgreSQL store's named statements (``sql/postgres.sql``), with the shared pieces some of
+them are built from filled in."""
+
+from __future__ import annotations
+
+from ...model import MOVES
+from ..plumbing import queries
+
+SQL = queries.load("postgres")
+#: The statements that pick due intents share one rule for ordered keys (``claimable``).
+SQL = {**SQL, **{name: SQL[name].format(claimable=SQL["claimable"], logged=SQL["logged"])
+                  for name in ("cycle", "next_due_at")}}
+#: The moves a worker's cycle applies in one statement (``cycle``), beside its claim.
+CYCLE = ("settle", "start")
+#: Each other move's block appends its events the same way (``logged``).
+SQL = {**SQL, **{name: SQL[name].format(logged=SQL["logged"]) for name in MOVES
+                 if name not in ("claim", "recover", *CYCLE)}}

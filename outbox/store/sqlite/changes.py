@@ -1,0 +1,115 @@
+"""The SQLite store's ``apply``, ``claim`` and ``recover``, inside the group-committed write
+transaction: the changes of every apply committed together made as one set (a named block per
+move), then each apply's claim."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from ...crash import crash_point
+from ...errors import OutboxError
+from ...model import Change, Intent, Start
+from .. import moves
+from ..plumbing import SetJob, to_us
+from ..protocol import Applied, Claim
+from .sql import READ, SQL, attempt_row, event_row, stored_row
+
+
+def make_claim(conn: sqlite3.Connection, claim: Claim) -> list[Intent]:
+    """Lease up to ``claim.limit`` due intents to its owner (``Store.claim``), inside the write
+    transaction: four statements, however many."""
+    at = to_us(claim.now)
+    seqs = conn.execute(SQL["due_seqs"], (at, claim.limit)).fetchone()[0]
+    if seqs == "[]":
+        return []
+    conn.execute(SQL["lease"], (claim.owner, to_us(claim.lease_until), at, seqs))
+    conn.execute(SQL["leased_events"], (at, claim.owner, seqs))
+    rows = json.loads(conn.execute(SQL["intents_json"], (seqs,)).fetchone()[0])
+    return sorted((READ.intent(r) for r in rows), key=lambda i: i.next_attempt_at)
+
+
+def _make(conn: sqlite3.Connection, changes: Sequence[Change]) -> list[Intent | OutboxError | None]:
+    """Make ``changes`` (checked) in the write transaction, each judged on its own against its
+    intent as it is: a handful of statements for the lot (one read of their targets, one UPDATE
+    per move present, one write of their attempts and one of their events), a round of them
+    more for each time a key comes again (the second change sees the first)."""
+    results: list[Intent | OutboxError | None] = [None] * len(changes)
+    for ready in moves.rounds(changes):
+        _make_round(conn, [(i, changes[i]) for i in ready], results)
+    return results
+
+
+def _make_round(conn: sqlite3.Connection, changes: list[tuple[int, Change]],
+                results: list[Intent | OutboxError | None]) -> None:
+    """One round of ``_make``: ``changes`` name each key once."""
+    found = conn.execute(SQL["update_targets"], (json.dumps([change.key for _, change in changes]),)).fetchone()
+    rows: dict[str, list[list[Any]]] = {}
+    answered: dict[int, int] = {}  # seq -> the position of the operator's change that answers with it
+    attempts: list[list[Any]] = []
+    events: list[list[Any]] = []
+    outcome = False  # whether an attempt's outcome is among the writes
+    for position, seq, status, fence, lease_expires_at in json.loads(found[0]):
+        i, change = changes[position]
+        refused = moves.refusal(change, None if seq is None else (status, fence, READ.at(lease_expires_at)))
+        if refused is not None:
+            results[i] = refused
+            continue
+        if change.move in moves.ANSWERED:
+            answered[seq] = i
+        if not isinstance(change, Start):
+            rows.setdefault(change.move, []).append(stored_row(seq, moves.written(change)))
+        attempt = moves.attempt(change)
+        if attempt is not None:
+            attempts.append(attempt_row(seq, attempt))
+            outcome = outcome or attempt.finished_at is not None
+        events += [event_row(seq, e) for e in moves.events(change)]
+    for move, values in rows.items():
+        for row in conn.execute(SQL[move], (json.dumps(values),)).fetchall():  # the operators' moves return rows
+            results[answered[row["seq"]]] = READ.intent(row)
+    if attempts:
+        conn.execute(SQL["put_attempts"], (json.dumps(attempts),))
+    if events:
+        conn.execute(SQL["insert_events"], (json.dumps(events),))
+    if outcome:
+        crash_point("mid_group_commit")  # (tests only) an outcome written, its batch not committed
+
+
+@dataclass(slots=True, eq=False)
+class Apply(SetJob):
+    """One ``apply``: its changes (already checked) and its claim. The applies committed together
+    (several workers' cycles) make their changes as one set, then each its claim."""
+
+    changes: Sequence[Change]
+    claim: Claim | None
+
+    @classmethod
+    def run_many(cls, conn: sqlite3.Connection, jobs: Sequence[Any]) -> list[tuple[bool, Any]]:
+        made = iter(_make(conn, [change for job in jobs for change in job.changes]))
+        return [(True, Applied([next(made) for _ in job.changes],
+                               [] if job.claim is None else make_claim(conn, job.claim)))
+                for job in jobs]
+
+
+@dataclass(slots=True, eq=False)
+class Recover:
+    """Move ``recover``: one sweep of expired leases with no attempt in flight (``Store.recover``)."""
+
+    now: datetime
+    limit: int
+    actor: str
+
+    def __call__(self, conn: sqlite3.Connection) -> int:
+        at = to_us(self.now)
+        found = conn.execute(SQL["recoverable"], (at, self.limit)).fetchone()[0]
+        recovered = json.loads(found)
+        if not recovered:
+            return 0
+        conn.execute(SQL["recover"], (at, found))
+        events = [event_row(seq, moves.recovered_event(owner, self.now, self.actor)) for seq, owner in recovered]
+        conn.execute(SQL["insert_events"], (json.dumps(events),))
+        return len(recovered)

@@ -1,0 +1,43 @@
+"""The SQLite store's named statements (``sql/sqlite.sql``), and its values as it stores and reads
+them: times as integer microseconds (``to_us``, ``from_us``), JSON as text."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from ...model import Attempt, Event, Status
+from ..plumbing import from_us, queries, to_us
+from ..records import Reader, attempt_values
+
+SQL = queries.load("sqlite")
+#: The statements that pick due intents share one rule for ordered keys (``claimable``).
+SQL = {**SQL, **{name: SQL[name].format(claimable=SQL["claimable"]) for name in ("due_seqs", "next_due_at")}}
+
+
+def stored(value: Any) -> Any:
+    """A column's value as SQLite stores it: times as ``to_us``, statuses by name."""
+    if isinstance(value, datetime):
+        return to_us(value)
+    return value.value if isinstance(value, Status) else value
+
+
+#: Rows as records: times are integer microseconds (``from_us``), JSON is text.
+READ = Reader(from_us)
+
+
+def attempt_row(seq: int, a: Attempt) -> list[Any]:
+    """An attempt as a ``put_attempts`` row."""
+    attempt_id, *rest = attempt_values(a)
+    return [attempt_id, seq, *map(stored, rest)]
+
+
+def event_row(seq: int, e: Event) -> list[Any]:
+    """An event as an ``insert_events`` row."""
+    return [seq, e.kind, to_us(e.at), e.actor, e.reason, dict(e.data)]
+
+
+def stored_row(seq: int, values: Sequence[Any]) -> list[Any]:
+    """A move's row for its named block: the intent's seq, then ``moves.written``, stored."""
+    return [seq, *map(stored, values)]
