@@ -245,7 +245,7 @@ def test_the_build_context_is_the_sources_only():
     assert sent and not stray, stray
     size = sum((ROOT / f).stat().st_size for f in sent)
     print(f"build context: {len(sent)} files, {size / 1e6:.1f} MB")
-    assert size < 1_000_000, "the README says the build context is under 1 MB"
+    assert size < 2_000_000, "the README says the build context is under 2 MB"
     # everything the Dockerfile COPYs from the context is sent
     for keyword, rest in instructions(DOCKERFILE.read_text()):
         if keyword == "COPY" and not rest.startswith("--from"):
