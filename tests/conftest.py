@@ -1,4 +1,5 @@
-"""Shared fixtures: real SQLite files in a temporary directory, an opened Outbox, table snapshots."""
+"""Shared fixtures: real SQLite files in a temporary directory, an opened Outbox, the served API,
+scripted receivers, table snapshots."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from outbox import DestinationSpec, Outbox, Settings
 from outbox.service import create_service
 
 from . import pg
+from .receiver import Receiver
 from .servers import Served
 
 if TYPE_CHECKING:
@@ -115,17 +117,57 @@ async def rows(url: str, sql: str) -> list[tuple[Any, ...]]:
         await conn.close()
 
 
-@pytest.fixture
-async def box(db_url: str) -> AsyncIterator[Outbox]:
-    """An opened, migrated outbox with one destination, ``billing``."""
-    outbox = await Outbox.open(db_url)
+async def open_box(url: str, **options: Any) -> Outbox:
+    """An opened, migrated outbox on ``url`` with one destination, ``billing``."""
+    outbox = await Outbox.open(url, **options)
     await outbox.put_destination(
         "billing", DestinationSpec(url="https://billing.example/hook", secret=SECRET)
     )
+    return outbox
+
+
+@pytest.fixture
+def box_url(db_url: str) -> str:
+    """The database ``box`` opens: the SQLite file ``db_url``, unless a module overrides this."""
+    return db_url
+
+
+@pytest.fixture
+def box_settings() -> Settings | None:
+    """The settings ``box`` opens with: the environment's, unless a module overrides this."""
+    return None
+
+
+@pytest.fixture
+async def box(box_url: str, box_settings: Settings | None) -> AsyncIterator[Outbox]:
+    """An opened, migrated outbox on ``box_url`` with ``box_settings`` and one destination,
+    ``billing``."""
+    outbox = await open_box(box_url, settings=box_settings)
     try:
         yield outbox
     finally:
         await outbox.close()
+
+
+@pytest.fixture
+def start_receiver() -> Iterator[Callable[[], Receiver]]:
+    """Start as many receivers (tests/receiver.py) as a test needs; all are stopped after it."""
+    started: list[Receiver] = []
+
+    def start() -> Receiver:
+        receiver = Receiver().start()
+        started.append(receiver)
+        return receiver
+
+    yield start
+    for receiver in started:
+        receiver.stop()
+
+
+@pytest.fixture
+def receiver(start_receiver: Callable[[], Receiver]) -> Receiver:
+    """One running receiver; nothing is scripted yet (unscripted paths answer 404)."""
+    return start_receiver()
 
 
 @pytest.fixture

@@ -15,11 +15,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
 import uvicorn
 
 from .. import pg
-from ..receiver import Receiver
 
 OUTBOX = str(Path(sys.executable).parent / "outbox")
 
@@ -74,10 +72,3 @@ def served_in_thread(app: Any, name: str) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(10)
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    started = Receiver().start()
-    yield started
-    started.stop()

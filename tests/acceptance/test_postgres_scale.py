@@ -138,8 +138,8 @@ class IdempotentReceiver:
 
 
 @pytest.fixture
-def receiver() -> Iterator[tuple[IdempotentReceiver, str]]:
-    """The receiver under uvicorn on 127.0.0.1 at a free port, in a thread; with its URL."""
+def idempotent_receiver() -> Iterator[tuple[IdempotentReceiver, str]]:
+    """An IdempotentReceiver under uvicorn on 127.0.0.1 at a free port, in a thread; with its URL."""
     app = IdempotentReceiver()
     with served_in_thread(app, "scale-receiver") as url:
         yield app, f"{url}/hook"
@@ -300,9 +300,9 @@ async def state_at_kill(monitor: asyncpg.Connection, pid: int) -> AtKill:
 
 
 async def test_three_workers_and_a_service_survive_a_kill_and_two_outages_with_every_effect_once(
-    tmp_path: Path, pg_url: str, receiver: tuple[IdempotentReceiver, str]
+    tmp_path: Path, pg_url: str, idempotent_receiver: tuple[IdempotentReceiver, str]
 ) -> None:
-    app, hook = receiver
+    app, hook = idempotent_receiver
     database = pg_url.rsplit("/", 1)[1]
     settings = Settings(database_url=pg_url, authority="allow-all")
     api_ids = [f"api-{wave}-{n:03d}" for wave in range(API_WAVES) for n in range(API_PER_WAVE)]

@@ -86,17 +86,19 @@ class KeyRecorder:
 
 
 @dataclass
-class Receiver:
+class ServedRecorder:
+    """A KeyRecorder being served, and the URL its hook is at."""
+
     app: KeyRecorder
     url: str
 
 
 @pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    """uvicorn on 127.0.0.1 at a free port, in a thread of the test process."""
+def key_recorder() -> Iterator[ServedRecorder]:
+    """A KeyRecorder under uvicorn on 127.0.0.1 at a free port, in a thread of the test process."""
     app = KeyRecorder()
     with served_in_thread(app, "crash-receiver") as url:
-        yield Receiver(app, f"{url}/hook")
+        yield ServedRecorder(app, f"{url}/hook")
 
 
 async def snapshot_of(url: str) -> dict[str, list[tuple[object, ...]]]:
@@ -148,7 +150,7 @@ async def wait_settled(box: Outbox, timeout: float, count: int = INTENTS) -> dic
 
 
 async def test_kill_9_mid_batch_loses_nothing_and_fences_out_the_dead_worker(
-    tmp_path: Path, receiver: Receiver, store_url: str
+    tmp_path: Path, key_recorder: ServedRecorder, store_url: str
 ) -> None:
     url = store_url
     settings = Settings(database_url=url, authority="allow-all", lease_seconds=LEASE_SECONDS,
@@ -156,18 +158,18 @@ async def test_kill_9_mid_batch_loses_nothing_and_fences_out_the_dead_worker(
     ids = [f"crash-{n:02d}" for n in range(INTENTS)]
     async with await Outbox.open(url, settings=settings) as box:
         await box.put_destination("hook", DestinationSpec(
-            url=receiver.url, secret=SECRET, allow_private_network=True, idempotent=True,
+            url=key_recorder.url, secret=SECRET, allow_private_network=True, idempotent=True,
             retention_seconds=3600, on_unknown=OnUnknown.DECLARED))
         await box.enqueue_many({"destination": "hook", "scope": "acme", "action_id": action_id,
                                 "payload": {"n": n}} for n, action_id in enumerate(ids))
 
         # 1. a worker process, killed while the receiver holds a batch of its requests
         with outbox_worker(tmp_path, worker_env(url)) as (first, log):
-            arrived = await asyncio.to_thread(receiver.app.wait_for, KILL_AT, 20)
+            arrived = await asyncio.to_thread(key_recorder.app.wait_for, KILL_AT, 20)
             assert first.poll() is None, f"the worker exited early:\n{log.read_text()}"
             assert arrived >= KILL_AT, f"only {arrived} requests in 20 s:\n{log.read_text()}"
             kill_9(first)
-        seen_at_crash = receiver.app.requests()
+        seen_at_crash = key_recorder.app.requests()
         crash = await state_at_crash(url)
         leased = {a: c for a, c in crash.items() if c.status is Status.LEASED}
         in_flight = {a: c for a, c in leased.items() if c.started_attempt is not None}
@@ -187,8 +189,8 @@ async def test_kill_9_mid_batch_loses_nothing_and_fences_out_the_dead_worker(
         assert worker.stale_writes == 0
 
         # nothing lost: the receiver saw every key, and only a possibly-sent one twice
-        assert set(receiver.app.seen) == {f"acme/{action_id}" for action_id in ids}
-        repeated = {key.removeprefix("acme/") for key, n in receiver.app.seen.items() if n > 1}
+        assert set(key_recorder.app.seen) == {f"acme/{action_id}" for action_id in ids}
+        repeated = {key.removeprefix("acme/") for key, n in key_recorder.app.seen.items() if n > 1}
         assert repeated <= set(in_flight), (repeated, set(in_flight))
 
         for action_id in ids:

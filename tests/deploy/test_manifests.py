@@ -549,13 +549,6 @@ async def delivered(url: str, ids: list[str]) -> bool:
     return all(status is Status.DELIVERED for status, _ in (await outcomes(url, ids)).values())
 
 
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    started = Receiver().start()
-    yield started
-    started.stop()
-
-
 @pytest.mark.acceptance
 @pytest.mark.parametrize("source", ["kubernetes", "compose"])
 def test_declared_commands_migrate_serve_deliver_and_drain(source: str, tmp_path: Path, receiver: Receiver,

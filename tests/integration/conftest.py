@@ -1,5 +1,5 @@
-"""Real HTTP receivers (see tests/receiver.py) and outboxes on real SQLite files for the
-sender's integration tests."""
+"""The served API and its tokens, and outboxes on real SQLite files for the sender's integration
+tests (their receivers: ``receiver`` and ``start_receiver`` in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -13,39 +13,54 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from outbox import Destination, DestinationSpec, Intent, ManualClock, Outbox, Settings, Status
+from outbox import Destination, DestinationSpec, Intent, ManualClock, Outbox, Role, Settings, Status
 from outbox.grants import GrantSpec
 from sender import Worker
 
-from ..receiver import Receiver
+from ..conftest import SECRET
+
+# -- the HTTP API served by a real uvicorn on loopback, over a real SQLite file -----------------
+
+
+@dataclass
+class Api:
+    """The served API, its database file and a token of each role."""
+
+    url: str
+    admin: str
+    operator: str
+    producer: str  # scopes acme, shop
+    db_path: Path
+
+    def client(self, token: str | None) -> httpx.AsyncClient:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=30)
 
 
 @pytest.fixture
-def start_receiver() -> Iterator[Callable[[], Receiver]]:
-    """Start as many receivers as a test needs; all are stopped after it."""
-    started: list[Receiver] = []
-
-    def start() -> Receiver:
-        receiver = Receiver().start()
-        started.append(receiver)
-        return receiver
-
-    yield start
-    for receiver in started:
-        receiver.stop()
+def api_settings() -> dict[str, Any]:
+    """The served API's settings besides its database: no embedded sender, payloads up to 4096
+    bytes. A module whose API runs otherwise overrides this fixture."""
+    return {"max_payload_bytes": 4096, "worker": False}
 
 
 @pytest.fixture
-def receiver(start_receiver: Callable[[], Receiver]) -> Receiver:
-    """One running receiver; nothing is scripted yet (unscripted paths answer 404)."""
-    return start_receiver()
+async def api(db_path: Path, db_url: str, serve_api: Callable[[Settings], str], api_settings: dict[str, Any]) -> Api:
+    """The API served on the SQLite file at ``db_path`` with ``api_settings``, the destination
+    ``billing`` and the three tokens."""
+    async with await Outbox.open(db_url) as box:
+        await box.put_destination("billing", DestinationSpec(url="https://billing.example/", secret=SECRET))
+        admin, _ = await box.create_token(Role.ADMIN)
+        operator, _ = await box.create_token(Role.OPERATOR)
+        producer, _ = await box.create_token(Role.PRODUCER, ["acme", "shop"])
+    return Api(serve_api(Settings(database_url=db_url, **api_settings)), admin, operator, producer, db_path)
 
 
 # -- an outbox on a real SQLite file, a manual clock, and the workers a test makes ------------
 
-SECRET = "whsec_" + "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0NTY3ODk="
 SECRET_NEW = "whsec_" + base64.b64encode(bytes(range(100, 132))).decode()
 SECRET_OTHER = "whsec_" + base64.b64encode(bytes(range(200, 232))).decode()
 

@@ -6,57 +6,16 @@ import base64
 import json
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
 
-from outbox import DestinationSpec, Outbox, Role, Settings
+from outbox import Outbox, Role, Settings
 from outbox.api import create_app
 
 from ..conftest import SECRET, snapshot
-
-
-@dataclass
-class Api:
-    url: str
-    admin: str
-    operator: str
-    producer: str  # scopes acme, shop
-    db_path: Path
-
-    def client(self, token: str | None) -> httpx.AsyncClient:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=10)
-
-
-async def open_api(db_path: Path, db_url: str, serve_api: Callable[[Settings], str]) -> Api:
-    """The API served on the SQLite file at ``db_path`` (no sender, payloads up to 4096 bytes),
-    with destination ``billing`` and the three tokens."""
-    async with await Outbox.open(db_url) as box:
-        await box.put_destination("billing", DestinationSpec(url="https://billing.example/", secret=SECRET))
-        admin, _ = await box.create_token(Role.ADMIN)
-        operator, _ = await box.create_token(Role.OPERATOR)
-        producer, _ = await box.create_token(Role.PRODUCER, ["acme", "shop"])
-    return Api(serve_api(Settings(database_url=db_url, max_payload_bytes=4096, worker=False)), admin, operator,
-               producer, db_path)
-
-
-@pytest.fixture
-async def api(db_path, db_url, serve_api) -> Api:
-    return await open_api(db_path, db_url, serve_api)
-
-
-def assert_problem(response: httpx.Response, status: int, kind: str, words: str = "") -> dict:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"] == "application/problem+json"
-    body = response.json()
-    assert body["type"] == f"urn:outbox:problem:{kind}" and body["status"] == status
-    assert words in body["detail"], body["detail"]
-    return body
-
+from ..problems import assert_problem
+from .conftest import Api
 
 INTENT = {"scope": "acme", "destination": "billing", "payload": {"invoice": 42, "lines": [1, 2]}}
 

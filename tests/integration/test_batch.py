@@ -5,40 +5,22 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from outbox import DestinationSpec, Outbox, Role, Settings
-
-from ..conftest import SECRET, snapshot
+from ..conftest import snapshot
+from .conftest import Api
 
 PAYLOAD_LIMIT = 4096
 
 
-@dataclass
-class Api:
-    url: str
-    admin: str
-    producer: str  # scopes acme, shop
-    db_path: Path
-
-    def client(self, token: str) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
-
-
 @pytest.fixture
-async def api(db_path, db_url, serve_api) -> AsyncIterator[Api]:
-    async with await Outbox.open(db_url) as box:
-        await box.put_destination("billing", DestinationSpec(url="https://billing.example/", secret=SECRET))
-        admin, _ = await box.create_token(Role.ADMIN)
-        producer, _ = await box.create_token(Role.PRODUCER, ["acme", "shop"])
-    settings = Settings(database_url=db_url, max_payload_bytes=PAYLOAD_LIMIT, max_batch_bytes=64 * 1024,
-                        worker=False)
-    yield Api(serve_api(settings), admin, producer, db_path)
+def api_settings(api_settings: dict[str, Any]) -> dict[str, Any]:
+    """The API's, with payloads up to PAYLOAD_LIMIT and batches up to 64 KiB."""
+    return {**api_settings, "max_payload_bytes": PAYLOAD_LIMIT, "max_batch_bytes": 64 * 1024}
 
 
 def intent(action_id: str, scope: str = "acme", **fields) -> dict:

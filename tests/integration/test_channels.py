@@ -4,17 +4,18 @@ and delivered through the served API and its embedded sender, with nothing else 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from outbox import Outbox, Role, Settings, Status, channels
+from outbox import Status, channels
 from tests import file_channel
 from tests.conftest import eventually
 
-from .test_api import Api, assert_problem
+from ..problems import assert_problem
+from .conftest import Api
 
 
 @pytest.fixture
@@ -23,12 +24,9 @@ def file_installed(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-async def api(file_installed, db_path, db_url, serve_api) -> AsyncIterator[Api]:
-    async with await Outbox.open(db_url) as box:
-        admin, _ = await box.create_token(Role.ADMIN)
-        operator, _ = await box.create_token(Role.OPERATOR)
-        producer, _ = await box.create_token(Role.PRODUCER, ["acme"])
-    yield Api(serve_api(Settings(database_url=db_url, poll_seconds=0.05)), admin, operator, producer, db_path)
+def api_settings(file_installed: None) -> dict[str, Any]:
+    """The API with its embedded sender, polling every 50 ms, and the file channel installed."""
+    return {"poll_seconds": 0.05}
 
 
 async def test_a_channel_of_its_own_module_is_registered_checked_and_delivered(api: Api, tmp_path: Path):

@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import base64
 import sqlite3
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from outbox import Attempt, Intent, Outbox, Outcome, Role, Settings, Status, Submission, operations
+from outbox import Attempt, Intent, Outcome, Status, Submission, operations
 from sender.email import EmailChannel, EmailSpec, message_id
 from tests.conftest import eventually
 from tests.smtp import SmtpServer
 
 from ..mta import Postfix
-from .conftest import SenderEnv
-from .test_api import Api, assert_problem
+from ..problems import assert_problem
+from .conftest import Api, SenderEnv
 from .test_mta import require_postfix
 
 FROM = "Billing <billing@example.com>"
@@ -224,14 +224,6 @@ async def test_a_stored_special_purpose_host_is_refused_without_a_connection(
     intent, attempt = await deliver(mail_env, "m-1")
     assert facts(attempt) == ("build", Submission.NOT_SUBMITTED, Outcome.REJECTED)
     assert "is not a public address" in attempt.error and intent.status is Status.DEAD and smtp.sessions == 0
-
-
-@pytest.fixture
-async def api(db_path, db_url, serve_api) -> AsyncIterator[Api]:
-    async with await Outbox.open(db_url) as box:
-        admin, _ = await box.create_token(Role.ADMIN)
-        producer, _ = await box.create_token(Role.PRODUCER, ["acme"])
-    yield Api(serve_api(Settings(database_url=db_url, worker=False)), admin, admin, producer, db_path)
 
 
 async def test_the_api_registers_email_destinations_and_refuses_bad_mail_naming_the_field(api: Api):

@@ -19,8 +19,10 @@ from outbox.api import create_app
 from outbox.timestamps import LATEST
 
 from ..conftest import SECRET, snapshot
+from ..problems import assert_problem
 from ..servers import Served
-from .test_api import INTENT, Api, assert_problem, open_api
+from .conftest import Api
+from .test_api import INTENT
 
 #: Times the API refuses, and words the refusal says.
 BAD_TIMES = [
@@ -36,12 +38,6 @@ BAD_TIMES = [
 ]
 
 
-@pytest.fixture
-async def api(db_path, db_url, serve_api) -> Api:
-    """The API as test_api.py serves it."""
-    return await open_api(db_path, db_url, serve_api)
-
-
 class Connection:
     """One keep-alive HTTP/1.1 connection, spoken by hand: a pool would quietly open another
     when the server drops this one, which is what must show."""
@@ -52,7 +48,8 @@ class Connection:
         self.token = token
         self.pending = b""
 
-    def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
+    def request(self, method: str, path: str, body: bytes = b"") -> httpx.Response:
+        """Send one request and read its answer, as an ``httpx.Response`` (nothing sent by httpx)."""
         head = (f"{method} {path} HTTP/1.1\r\nHost: outbox\r\nAuthorization: Bearer {self.token}\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
         self.sock.sendall(head + body)
@@ -65,7 +62,7 @@ class Connection:
         while len(self.pending) < length:
             self._more()
         answer, self.pending = self.pending[:length], self.pending[length:]
-        return int(status_line.split()[1]), headers, answer
+        return httpx.Response(int(status_line.split()[1]), headers=headers, content=answer)
 
     def _more(self) -> None:
         chunk = self.sock.recv(65536)
@@ -75,13 +72,6 @@ class Connection:
 
     def close(self) -> None:
         self.sock.close()
-
-
-def problem(status: int, headers: dict[str, str], body: bytes, expected: int, kind: str, words: str = "") -> None:
-    assert status == expected, body
-    assert headers["content-type"] == "application/problem+json"
-    found = json.loads(body)
-    assert found["type"] == f"urn:outbox:problem:{kind}" and words in found["detail"], found
 
 
 # -- times --------------------------------------------------------------------------------------
@@ -225,9 +215,9 @@ async def test_a_lone_surrogate_is_refused_on_a_connection_that_stays_open(api: 
     before = snapshot(api.db_path)
     connection = Connection(api.url, api.producer)
     try:
-        problem(*connection.request("POST", "/v1/intents", body), 422, "invalid-input", "lone surrogate")
-        status, _, listed = connection.request("GET", "/v1/intents")
-        assert status == 200 and json.loads(listed)["items"] == []
+        assert_problem(connection.request("POST", "/v1/intents", body), 422, "invalid-input", "lone surrogate")
+        listed = connection.request("GET", "/v1/intents")
+        assert listed.status_code == 200 and listed.json()["items"] == []
     finally:
         connection.close()
     assert snapshot(api.db_path) == before
@@ -255,12 +245,12 @@ async def test_an_unforeseen_fault_is_a_500_problem_on_a_connection_that_stays_o
         served = Served(create_app(outbox=box))
         connection = Connection(served.url, operator)
         try:
-            status, headers, body = connection.request("GET", "/v1/intents")
-            problem(status, headers, body, 500, "internal", "in its log")
-            assert "injected" not in body.decode()
-            assert headers.get("connection", "keep-alive") != "close"
-            status, _, health = connection.request("GET", "/healthz")
-            assert status == 200 and json.loads(health) == {"status": "ok"}
+            failed = connection.request("GET", "/v1/intents")
+            assert_problem(failed, 500, "internal", "in its log")
+            assert "injected" not in failed.text
+            assert failed.headers.get("connection", "keep-alive") != "close"
+            health = connection.request("GET", "/healthz")
+            assert health.status_code == 200 and health.json() == {"status": "ok"}
         finally:
             connection.close()
             served.stop()

@@ -23,8 +23,8 @@ from tests import smtp
 from tests.conftest import SECRET, eventually
 from tests.kafka import Broker, Listener, MetadataProxy
 
-from .conftest import SenderEnv
-from .test_api import Api, api, assert_problem  # noqa: F401  (api: the fixture)
+from ..problems import assert_problem
+from .conftest import Api, SenderEnv
 
 TOPIC = "orders"
 
@@ -343,7 +343,7 @@ async def test_the_destination_defaults_say_what_kafka_needs(env: SenderEnv, kaf
     assert destination.settings["acks"] == "all" and destination.settings["enable_idempotence"] is True
 
 
-async def test_the_api_registers_kafka_destinations_and_refuses_what_cannot_be_produced(api: Api):  # noqa: F811
+async def test_the_api_registers_kafka_destinations_and_refuses_what_cannot_be_produced(api: Api):
     base = {"channel": "kafka", "bootstrap_servers": ["kafka.example.com:9092"], "topic": "orders", "secret": SECRET}
     cases: list[tuple[dict[str, Any], str]] = [
         ({"secret": None}, "is new: it needs a whsec_ secret to sign its records"),

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -23,12 +22,10 @@ KEYS = ("k0", "k1", "k2")
 
 
 @pytest.fixture
-async def box(tmp_path: Path) -> AsyncIterator[Outbox]:
-    """An outbox whose retries come back within milliseconds, so hundreds fit in a test."""
-    settings = Settings(authority="allow-all", backoff_initial_seconds=0.005, backoff_cap_seconds=0.05,
-                        poll_seconds=0.2, default_max_attempts=100)
-    async with await Outbox.open(f"sqlite:///{tmp_path / 'o.db'}", settings=settings) as opened:
-        yield opened
+def box_settings() -> Settings:
+    """Retries that come back within milliseconds, so hundreds fit in a test."""
+    return Settings(authority="allow-all", backoff_initial_seconds=0.005, backoff_cap_seconds=0.05,
+                    poll_seconds=0.2, default_max_attempts=100)
 
 
 async def ordered(box: Outbox, url: str, **spec: object) -> None:

@@ -53,24 +53,14 @@ from outbox.store.protocol import Claim
 from sender import Worker
 
 from .. import pg
-from ..conftest import SECRET, eventually
+from ..conftest import SECRET, eventually, open_box
 from ..receiver import Reply
 
 
-async def open_box(url: str, **options: Any) -> Outbox:
-    """An opened, migrated outbox on ``url`` with the destination ``billing``."""
-    box = await Outbox.open(url, **options)
-    await box.put_destination("billing", DestinationSpec(url="https://billing.example/hook", secret=SECRET))
-    return box
-
-
 @pytest.fixture
-async def box(pg_url: str) -> AsyncIterator[Outbox]:
-    outbox = await open_box(pg_url)
-    try:
-        yield outbox
-    finally:
-        await outbox.close()
+def box_url(pg_url: str) -> str:
+    """``box`` on this test's PostgreSQL database."""
+    return pg_url
 
 
 @pytest.fixture

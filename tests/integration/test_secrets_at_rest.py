@@ -48,8 +48,9 @@ class Effects:
 
 
 @pytest.fixture
-async def receiver(tmp_path: Path) -> AsyncIterator[tuple[str, Effects]]:
-    """A receiver that checks every request's signature against SECRET; its URL and its effects."""
+async def signed_receiver(tmp_path: Path) -> AsyncIterator[tuple[str, Effects]]:
+    """A receiver (receivers.IdempotencyMiddleware) that checks every request's signature against
+    SECRET; its URL and its effects."""
     effects = Effects()
     records = SqliteRecordStore(tmp_path / "records.db")
     served = Served(IdempotencyMiddleware(effects, records, secrets=SECRET))
@@ -120,8 +121,8 @@ async def sealed_under(store_url: str) -> set[str]:
 
 
 async def test_a_copy_of_the_database_reveals_no_secret_and_deliveries_verify_after_restart_and_rotation(
-        store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, receiver: tuple[str, Effects]):
-    url, effects = receiver
+        store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signed_receiver: tuple[str, Effects]):
+    url, effects = signed_receiver
     key_file = own_key_file(tmp_path, monkeypatch, store_url)
     settings = Settings(authority="allow-all")
     async with await Outbox.open(store_url, settings=settings) as box:
@@ -156,10 +157,10 @@ async def test_a_copy_of_the_database_reveals_no_secret_and_deliveries_verify_af
                             "acme/after-rotation-and-restart"]
 
 
-async def test_the_receiver_refuses_a_wrong_signature(store_url: str, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch, receiver: tuple[str, Effects]):
+async def test_the_receiver_refuses_a_wrong_signature(store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      signed_receiver: tuple[str, Effects]):
     """What makes "delivered" above mean "verified": another secret's signature is refused."""
-    url, effects = receiver
+    url, effects = signed_receiver
     own_key_file(tmp_path, monkeypatch, store_url)
     async with await Outbox.open(store_url, settings=Settings(authority="allow-all")) as box:
         await box.put_destination("hook", DestinationSpec(url=f"{url}/hook", secret="whsec_" + "A" * 44,
@@ -170,8 +171,8 @@ async def test_the_receiver_refuses_a_wrong_signature(store_url: str, tmp_path: 
 
 
 async def test_secrets_stored_plain_by_an_older_release_are_sealed_on_open(
-        store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, receiver: tuple[str, Effects]):
-    url, effects = receiver
+        store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signed_receiver: tuple[str, Effects]):
+    url, effects = signed_receiver
     own_key_file(tmp_path, monkeypatch, store_url)
     async with await Outbox.open(store_url, settings=Settings(authority="allow-all")) as box:
         await register(box, url)
@@ -231,12 +232,12 @@ async def test_postgresql_without_a_key_file_setting_refuses_to_open(pg_url: str
 
 
 async def test_processes_sharing_a_database_rotate_by_the_documented_steps(
-        store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, receiver: tuple[str, Effects]):
+        store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signed_receiver: tuple[str, Effects]):
     """Two processes, each with its own copy of the key file: give both the new key (first), rotate
     once from one of them, and the other seals and opens under the new key without a restart
     (it reads its file again when a value names a key it does not hold). A process whose file
     never got the new key sends nothing and says why."""
-    url, effects = receiver
+    url, effects = signed_receiver
     first = tmp_path / "first.key"
     first.write_text(generate_key() + "\n")
     copies = [tmp_path / f"{name}.key" for name in ("a", "b", "late")]

@@ -212,13 +212,3 @@ async def open_ops(tmp_path: Path) -> AsyncIterator[OpenOps]:
 async def ops(open_ops: OpenOps) -> Ops:
     """The default: the API without an embedded sender (tests drive ``Worker`` themselves)."""
     return await open_ops()
-
-
-def assert_problem(response: httpx.Response, status: int, kind: str, words: str = "") -> dict[str, Any]:
-    """An RFC 9457 problem of this status and type whose detail contains ``words``."""
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"] == "application/problem+json"
-    body = response.json()
-    assert body["type"] == f"urn:outbox:problem:{kind}" and body["status"] == status, body
-    assert words in body["detail"], body["detail"]
-    return body

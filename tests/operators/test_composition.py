@@ -8,7 +8,8 @@ import httpx
 from outbox import Settings, Status
 from outbox.api import create_app
 
-from .conftest import Ops, assert_problem, serve_in_loop
+from ..problems import assert_problem
+from .conftest import Ops, serve_in_loop
 
 
 async def test_the_api_alone_runs_no_sender_and_refuses_replays(ops: Ops):

@@ -9,8 +9,9 @@ from datetime import UTC, datetime
 from outbox import ManualClock, Status
 
 from ..conftest import snapshot
+from ..problems import assert_problem
 from ..receiver import Reply
-from .conftest import OpenOps, Ops, Switch, assert_problem
+from .conftest import OpenOps, Ops, Switch
 
 
 async def _unknown(ops: Ops, *action_ids: str, destination: str = "slow", **spec) -> None:

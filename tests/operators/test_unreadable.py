@@ -18,8 +18,9 @@ from outbox import IntentQuery, Status
 
 from .. import pg
 from ..conftest import eventually, rows
+from ..problems import assert_problem
 from ..receiver import Reply
-from .conftest import OpenOps, assert_problem
+from .conftest import OpenOps
 from .test_console_pages import console
 
 OUTBOX = str(Path(sys.executable).parent / "outbox")

@@ -38,6 +38,7 @@ from receivers import (
 from receivers.keys import identity
 from receivers.records import StoreUnavailable
 
+from ..problems import assert_problem
 from .conftest import Clock, Watched
 
 JSON = {"content-type": "application/json"}
@@ -200,16 +201,6 @@ def build(request: pytest.FixtureRequest, tmp_path: Path,
         return await make_harness(store, **options)
 
     return build
-
-
-def assert_problem(response: httpx.Response, status: int, kind: str) -> dict[str, Any]:
-    assert response.status_code == status, (response.status_code, response.text)
-    assert response.headers["content-type"] == "application/problem+json"
-    problem = response.json()
-    assert problem["type"] == f"urn:outbox:problem:{kind}"
-    assert problem["status"] == status
-    assert problem["title"] and problem["detail"]
-    return problem
 
 
 def replayed(response: httpx.Response) -> bool:

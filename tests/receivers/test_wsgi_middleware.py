@@ -23,6 +23,7 @@ from receivers import RELEASE_STATUSES, MemoryRecordStore, SqliteRecordStore, St
 from receivers.keys import identity
 from receivers.wsgi import IdempotencyMiddleware
 
+from ..problems import assert_problem
 from .conftest import Clock, Watched
 
 JSON = "application/json"
@@ -151,14 +152,6 @@ def build(request: pytest.FixtureRequest, tmp_path: Path, clock: Clock) -> Itera
     for harness in made:
         harness.effects.gate.set()
         harness.middleware.close()
-
-
-def assert_problem(response: Any, status: int, kind: str) -> dict[str, Any]:
-    assert response.status_code == status, (response.status_code, response.get_data(as_text=True))
-    assert response.headers["Content-Type"] == "application/problem+json"
-    problem = response.get_json(force=True)
-    assert problem["type"] == f"urn:outbox:problem:{kind}" and problem["status"] == status
-    return problem
 
 
 def replayed(response: Any) -> bool:
