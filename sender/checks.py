@@ -1,0 +1,192 @@
+"""The checks before an attempt: is the intent readable, its destination there and enabled, the
+intent unexpired, the destination's circuit closed, its approval valid, and (last) its authority
+allowing it?
+
+They are judged without awaiting, from what a lease already holds and the caches (destinations
+for ``DESTINATION_CACHE_SECONDS``, the authority's decisions as ``CachedAuthority`` keeps them);
+a check that needs the store or the authority provider is fetched and judged again. A refusal
+is an entry that settles the intent or gives its lease back: nothing is sent.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from datetime import datetime, timedelta
+
+from outbox import Destination, Event, EventKind, Intent, Outbox, SecretsKeyError, Status, StoreUnavailable
+from outbox.model import Hold
+
+from .authority import AuthorityRequest, CachedAuthority, Decision, Verdict
+from .circuit import Circuits
+from .decision import Fate, Policy
+from .leases import UNREAD, Lease, Unread, log_fields
+from .outcomes import Entry, Outcomes
+
+log = logging.getLogger("outbox.sender")
+
+#: How long a destination record is reused before it is read again.
+DESTINATION_CACHE_SECONDS = 2.0
+#: A disabled or missing destination's intents are looked at again after this long.
+PARKED_SECONDS = 60.0
+
+
+class Destinations:
+    """The destinations' records as last read, each reused for ``DESTINATION_CACHE_SECONDS``."""
+
+    def __init__(self, outbox: Outbox) -> None:
+        self.store = outbox.store
+        self._read: dict[str, tuple[float, Destination | None]] = {}  # (monotonic) when, and what
+
+    def cached(self, destination_id: str) -> Destination | Unread | None:
+        cached = self._read.get(destination_id)
+        if cached and time.monotonic() - cached[0] < DESTINATION_CACHE_SECONDS:
+            return cached[1]
+        return UNREAD
+
+    async def get(self, destination_id: str) -> Destination | None:
+        found = self.cached(destination_id)
+        if isinstance(found, Unread):
+            found = await self.store.get_destination(destination_id)
+            self._read[destination_id] = (time.monotonic(), found)
+        return found
+
+    def forget(self, destination_id: str) -> None:
+        """Read it again next time (it changed)."""
+        self._read.pop(destination_id, None)
+
+
+class Checks:
+    """Judges a lease before its attempt, and counts the intents it set aside (``/healthz``
+    and the console say so)."""
+
+    def __init__(self, outbox: Outbox, worker: str, policy: Policy, authority: CachedAuthority, circuits: Circuits,
+                 destinations: Destinations, outcomes: Outcomes) -> None:
+        self.outbox = outbox
+        self.clock = outbox.clock
+        self.worker = worker
+        self.policy = policy
+        self.authority = authority
+        self.circuits = circuits
+        self.destinations = destinations
+        self.outcomes = outcomes
+        #: Intents set aside because the store cannot read their times: how many, and the last
+        #: one's key and when.
+        self.set_aside = 0
+        self.last_set_aside: tuple[str, datetime] | None = None
+
+    def judge(self, lease: Lease, now: datetime) -> tuple[Destination, Decision] | Entry | None:
+        """The checks before an attempt, authority last, without awaiting: (destination,
+        decision) to start it; the entry that settles it or gives it back (nothing sent); None
+        when the destination or the decision must be read first (``fetch``)."""
+        intent = lease.intent
+        if intent.unreadable is not None:
+            return self._set_aside(intent)
+        destination = lease.destination
+        if isinstance(destination, Unread):
+            destination = self.destinations.cached(intent.destination)
+            if isinstance(destination, Unread):
+                return None
+        if destination is None or destination.disabled:
+            why = "is not registered" if destination is None else "is disabled"
+            # parked, looking again less often the longer it stays so
+            wait = max(PARKED_SECONDS, self.policy.backoff.delay(_claims(intent)))
+            return self.outcomes.release(intent, f"destination {intent.destination!r} {why}",
+                                         now + timedelta(seconds=wait), applied=functools.partial(
+                                             log.info, "not sent: destination %s; parked for %.0fs", why, wait,
+                                             extra=log_fields(intent, None, self.worker)))
+        if intent.expires_at is not None and now >= intent.expires_at:
+            expired = Fate(Status.DEAD, EventKind.DEAD_LETTERED, "expired before it could be sent")
+            return self.outcomes.settle(intent, expired, [])
+        if (paused := self.circuits.hold(destination, now)) is not None:
+            return self.outcomes.release(intent, paused[1], paused[0])  # nothing sent, no attempt made
+        if destination.requires_approval and (refusal := approval_refusal(intent, now)):
+            hold = Hold(intent.key, intent.fence, refusal, (Event(EventKind.HELD, now, self.worker, refusal),))
+            return Entry(hold, intent, applied=functools.partial(
+                log.info, "held: %s", refusal, extra=log_fields(intent, None, self.worker)))
+        decision = lease.decision or self.authority.cached(_request(intent))
+        lease.decision = None
+        if decision is None:
+            lease.destination = destination
+            return None
+        lease.destination = UNREAD  # judged again (a later attempt) with a fresh read
+        if decision.verdict is Verdict.ALLOW:  # recorded on attempt_started
+            return destination, decision
+        checked = Event(EventKind.AUTHORITY_CHECKED, self.clock.now(), self.worker, decision.reason,
+                        {"verdict": decision.verdict.value, "provider": decision.provider,
+                         "revision": decision.revision})
+        if decision.verdict is Verdict.UNAVAILABLE:
+            wait = self.policy.backoff.delay(_claims(intent))  # backs off over repeated outages
+            return self.outcomes.release(
+                intent, decision.reason, self.clock.now() + timedelta(seconds=wait), extra=[checked],
+                applied=functools.partial(log.warning, "not sent: authority unavailable (%s); again in %.0fs",
+                                          decision.reason, wait, extra=log_fields(intent, None, self.worker)))
+        self.outbox.metrics.authority_denials.inc()
+        return self.outcomes.settle(intent, Fate(Status.REVOKED, EventKind.REVOKED, decision.reason), [checked])
+
+    async def fetch(self, lease: Lease) -> Entry | None:
+        """Read what a lease's checks need (its destination, then, where it would be sent, the
+        authority's decision), for the next ``judge``. A store that cannot answer leaves it
+        waiting, leased, for a later cycle; any other failure is the entry that gives it back."""
+        intent = lease.intent
+        try:
+            if isinstance(lease.destination, Unread):
+                lease.destination = await self.destinations.get(intent.destination)
+            destination, now = lease.destination, self.clock.now()
+            if (destination is not None and not destination.disabled
+                    and (intent.expires_at is None or now < intent.expires_at)
+                    and not (destination.requires_approval and approval_refusal(intent, now))):
+                lease.decision = await self.authority.check(_request(intent))
+        except StoreUnavailable as exc:  # its lease is confirmed again before it is taken next
+            lease.destination, lease.picked = UNREAD, False
+            lease.not_before = time.monotonic() + self.outbox.settings.poll_seconds
+            log.warning("checks before the attempt wait: %s", exc, extra=log_fields(intent, None, self.worker))
+        except Exception as exc:
+            if isinstance(exc, SecretsKeyError):  # "not this key": a line
+                log.warning("delivery interrupted: %s", exc, extra=log_fields(intent, None, self.worker))
+            else:
+                log.exception("delivery failed unexpectedly", extra=log_fields(intent, None, self.worker))
+            retry = self.clock.now() + timedelta(seconds=self.policy.backoff.delay(_claims(intent)))
+            return self.outcomes.release(intent, f"{type(exc).__name__}: {exc} before an attempt started", retry)
+        return None
+
+    def _set_aside(self, intent: Intent) -> Entry:
+        """Dead-letter an intent whose stored times cannot be read (``Intent.unreadable``), before
+        any attempt: nothing is sent, so nothing is claimed about its delivery, and the intents
+        beside it go on. An operator shows it and cancels it (it cannot be replayed)."""
+        reason = (f"set aside unsent: {intent.unreadable}; cancel it, and enqueue it again with times "
+                  "the outbox takes")
+        entry = self.outcomes.settle(intent, Fate(Status.DEAD, EventKind.DEAD_LETTERED, reason), [])
+        settled = entry.applied
+
+        def counted() -> None:
+            self.set_aside += 1
+            self.last_set_aside = (intent.key, self.clock.now())
+            if settled is not None:
+                settled()
+
+        entry.applied = counted
+        return entry
+
+
+def approval_refusal(intent: Intent, now: datetime) -> str | None:
+    """Why an intent to a destination requiring approval may not be sent now, or None."""
+    if intent.approved_digest is None:
+        return "waiting for an operator's approval"
+    if intent.approved_digest != intent.payload_digest:
+        return "the approval was for another payload"
+    if intent.approval_expires_at is None or now >= intent.approval_expires_at:
+        return "the approval expired before the send; approve it again"
+    return None
+
+
+def _request(intent: Intent) -> AuthorityRequest:
+    return AuthorityRequest(intent.scope, intent.channel, intent.destination, intent.action_id)
+
+
+def _claims(intent: Intent) -> int:
+    """How many times ``intent`` has been claimed, near enough (each claim raises its fence, as a
+    recovery and a probe do): what a wait backs off over when it is given back unsent, since
+    then no attempt is counted."""
+    return intent.fence
