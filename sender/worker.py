@@ -1,14 +1,13 @@
 """The delivery worker: lease due intents, re-check authority, send, record, decide.
 
-The worker runs in cycles, each one ``Store.apply`` (one transaction): the outcomes, releases
-and holds buffered since the last cycle, the attempt starts of the leases whose checks just
-passed, and a claim for the lease slots free. A start commits before its send, as ever, but
-together with the others of its cycle, so a delivery costs a share of a transaction, not three.
+A ``Worker`` is the cycle pipeline (``sender.pipeline``) with what it starts and sends: the
+checks before an attempt (``sender.checks``), the send through the intent's channel, and the
+outcome it records (``sender.outcomes``); beside it run the heartbeat that renews its leases
+(``sender.leases``) and the sweeper that recovers expired ones (``sender.sweeper``).
 
 Every write a worker makes after its claim is conditional on the fence it was given; if the
 lease expired and the sweeper (or another worker) moved the intent on, the write is rejected
-and logged, never applied. A lease expiring is not proof that its worker stopped, so the
-sweeper treats an attempt in flight as possibly submitted.
+and logged, never applied.
 """
 
 from __future__ import annotations
@@ -18,16 +17,12 @@ import logging
 import os
 import socket
 import time
-from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from outbox import Attempt, Destination, Outbox, SecretsKeyError, StoreUnavailable, channels
 from outbox.crash import arm, crash_point
 from outbox.ids import uuid7
-from outbox.model import Change, Settle, Start
-from outbox.store.protocol import Claim
 
 from .authority import Authority, CachedAuthority, authority_from_setting
 from .backoff import Backoff
@@ -36,44 +31,27 @@ from .checks import Checks, Destinations
 from .circuit import Circuits
 from .decision import Policy
 from .leases import Heartbeat, Lease, log_fields
-from .outcomes import Entry, Outcomes, applied, cut_short
+from .outcomes import Entry, Outcomes, cut_short
+from .pipeline import (
+    CYCLES_IN_FLIGHT,
+    FLUSH_BATCH,
+    FLUSH_SECONDS,
+    LEASES_PER_SLOT,
+    MAX_CLAIM_BACKOFF_SECONDS,
+    Pipeline,
+    Ready,
+    claim_pause,
+)
 from .sweeper import SWEEP_BATCH, Sweeper
+
+__all__ = ["CYCLES_IN_FLIGHT", "FLUSH_BATCH", "FLUSH_SECONDS", "LEASES_PER_SLOT", "MAX_CLAIM_BACKOFF_SECONDS",
+           "SWEEP_BATCH", "Worker", "claim_pause"]
 
 log = logging.getLogger("outbox.sender")
 
-#: Longest pause between claims while the database keeps failing (the pause doubles from
-#: poll_seconds up to this).
-MAX_CLAIM_BACKOFF_SECONDS = 30.0
-#: Applies a worker has under way at once: while one waits on the database, the next gathers
-#: the outcomes and starts that arrive meanwhile, as a second worker process would.
-CYCLES_IN_FLIGHT = 2
-#: Changes buffered that make a cycle run at once (otherwise within FLUSH_SECONDS).
-FLUSH_BATCH = 100
-#: Longest a finished send's outcome waits in the buffer for others to share its transaction.
-FLUSH_SECONDS = 0.05
-#: Leases a worker holds per send slot: a lease lives through three applies (its claim, its
-#: attempt's start, its outcome) around a send that is often shorter than one of them, so while
-#: some sends run, the next intents are being claimed and started and finished ones' outcomes
-#: committed, and recording never leaves a slot idle.
-LEASES_PER_SLOT = 4
 
-
-@dataclass(slots=True)
-class _Ready:
-    """A lease whose checks passed in this cycle, with the start that goes in its apply."""
-
-    lease: Lease
-    start: Start
-    destination: Destination
-
-
-class Worker:
-    """Delivers due intents from one outbox until stopped.
-
-    A pipeline over ``Store.apply``: each cycle is one transaction holding the changes of the
-    work that finished since the last one, the attempt starts of the leases ready to send now,
-    and a claim for the lease slots free; the starts applied are then sent, each as a task.
-    """
+class Worker(Pipeline):
+    """Delivers due intents from one outbox until stopped."""
 
     def __init__(
         self,
@@ -86,48 +64,22 @@ class Worker:
         policy: Policy | None = None,
     ) -> None:
         settings = outbox.settings
-        self.outbox = outbox
-        self.store = outbox.store
-        self.clock = outbox.clock
-        self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid7()[-8:]}"
-        self.concurrency = concurrency or settings.worker_concurrency
-        self.lease = timedelta(seconds=settings.lease_seconds)
+        worker = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid7()[-8:]}"
         self.policy = policy or Policy(
             Backoff(settings.backoff_initial_seconds, settings.backoff_cap_seconds),
             settings.retention_margin_seconds,
         )
         self.authority = CachedAuthority(
             authority or authority_from_setting(settings.authority, outbox), settings.authority_seconds,
-            wall=self.clock.now,
+            wall=outbox.clock.now,
         )
         self.channels: dict[str, Channel] = dict(channels or {})  # the rest are opened when first needed
-        self.leases = LEASES_PER_SLOT * self.concurrency
-        self._claim_batch = max(1, self.concurrency // 4)  # claim once a quarter of the leases are free
-        self._flush_batch = min(FLUSH_BATCH, max(1, self.concurrency // 2))
-        self._held: dict[str, Lease] = {}  # every lease held, by key, in claim order
-        self._waiting: deque[Lease] = deque()  # leased, not yet started
-        self._fetching: set[asyncio.Task[None]] = set()
-        self._sending: set[asyncio.Task[None]] = set()
-        self._buffer: list[Entry] = []  # at most one per lease held, so bounded by the leases
-        self._buffered_at = 0.0  # (monotonic) when the oldest change in the buffer came
-        self._flushing: set[str] = set()  # keys whose changes are in an apply under way
-        self._cycles: set[asyncio.Task[int]] = set()  # applies under way (at most CYCLES_IN_FLIGHT)
-        self._claiming = 0  # intents the claims under way may lease
-        self._starting = 0  # attempt starts in the applies under way (their send slots are taken)
-        self._wake = asyncio.Event()
-        self._claimable = True  # False once a claim came back short, until an enqueue or _claim_at
-        self._claim_at = 0.0
-        self._ticket = outbox.enqueued.ticket()
-        self._failures = 0  # cycles in a row whose apply failed
-        self._retry_at = 0.0
-        #: Why and since when the store has been failing this worker, or None while it answers.
-        self.trouble: tuple[str, datetime] | None = None
-        self._stopping = asyncio.Event()
+        destinations = Destinations(outbox)
+        super().__init__(outbox, worker, concurrency or settings.worker_concurrency,
+                         timedelta(seconds=settings.lease_seconds),
+                         Outcomes(outbox, worker, self.policy, self._channel, destinations.forget))
         self.circuits = Circuits(settings.circuit_failures, settings.circuit_pause_seconds)
         outbox.metrics.paused_destinations.set_function(lambda: self.circuits.paused)
-        self.stale_writes = 0  # fenced writes this worker had rejected (also logged)
-        destinations = Destinations(outbox)
-        self.outcomes = Outcomes(outbox, self.id, self.policy, self._channel, destinations.forget)
         self.checks = Checks(outbox, self.id, self.policy, self.authority, self.circuits, destinations, self.outcomes)
         self.heartbeat = Heartbeat(self.store, self.clock, self.lease, self.id, self._held, self._flushing)
         self.sweeper = Sweeper(outbox, self.id, self.outcomes, self.lease, SWEEP_BATCH)
@@ -205,250 +157,15 @@ class Worker:
         """The key of the last intent set aside, and when."""
         return self.checks.last_set_aside
 
-    # -- cycles ----------------------------------------------------------------------------
+    # -- starting and sending ---------------------------------------------------------------
 
-    async def _loop(self, *, claiming: bool) -> None:
-        """Run cycles as they fall due, up to CYCLES_IN_FLIGHT at once (the next one's changes
-        gather while an apply waits on the database): until stopped and nothing is held, or (not
-        ``claiming``) until what is held now is done. Cut, it cuts the applies under way."""
-        try:
-            while True:
-                self._wake.clear()  # before looking, so a wake-up from now on is not missed
-                stopping = self._stopping.is_set()
-                if stopping:
-                    self._let_waiting_go("worker stopped before sending")
-                if (stopping or not claiming) and not (self._held or self._buffer or self._sending or self._fetching
-                                                       or self._cycles):
-                    return
-                full = len(self._cycles) >= CYCLES_IN_FLIGHT or (self._failures and self._cycles)
-                delay = None if full else self._due(claiming=claiming and not stopping)
-                if delay != 0:
-                    await self._sleep(delay)
-                    continue
-                cycle = asyncio.create_task(
-                    self._cycle(None if claiming and not stopping else 0, start=not stopping and not self._failures))
-                self._cycles.add(cycle)
-                cycle.add_done_callback(self._cycled)
-                await asyncio.sleep(0)  # let it take its changes before the next look
-        finally:
-            for cycle in self._cycles:
-                cycle.cancel()
-            await asyncio.gather(*self._cycles, return_exceptions=True)
-
-    def _cycled(self, cycle: asyncio.Task[int]) -> None:
-        self._cycles.discard(cycle)
-        self._wake.set()
-        if cycle.cancelled():
-            return
-        if (exc := cycle.exception()) is None:
-            self._answered()
-        elif isinstance(exc, Exception):  # a store hiccup must not end the worker: back off, keep the buffer
-            self._failed(exc)
-
-    def _due(self, *, claiming: bool) -> float | None:
-        """Seconds until the next cycle is due (0: now), or None when only a wake-up brings one."""
-        now = time.monotonic()
-        if self._failures:
-            return max(0.0, self._retry_at - now)
-        if self._stopping.is_set():
-            return 0.0 if self._buffer else None
-        if len(self._buffer) >= self._flush_batch or (claiming and self._claim_size() > 0):
-            return 0.0
-        waits: list[float] = []
-        if self.concurrency > len(self._sending) + len(self._fetching) + self._starting and self._waiting:
-            soonest = min(lease.not_before for lease in self._waiting)
-            if soonest <= now:
-                return 0.0
-            waits.append(soonest - now)
-        if self._buffer:
-            waits.append(self._buffered_at + FLUSH_SECONDS - now)
-        if claiming and not self._claimable:
-            waits.append(self._claim_at - now)
-        return max(0.0, min(waits)) if waits else None
-
-    def _claim_size(self) -> int:
-        """How many intents the next cycle claims: the lease slots free once its changes are
-        applied, when at least a batch of them is (or none is held) and work may be due."""
-        if not self._claimable:
-            if not self._ticket.is_set() and time.monotonic() < self._claim_at:
-                return 0
-            self._claimable = True
-        free = self.leases - len(self._held) - self._claiming + len(self._buffer)
-        return free if free >= self._claim_batch or (free > 0 and len(self._held) == len(self._buffer)) else 0
-
-    async def _sleep(self, timeout: float | None) -> None:
-        """Until woken (a send or check finished, a change buffered, ``stop()``), an enqueue
-        while the last claim found nothing more, or ``timeout``."""
-        woken = [asyncio.ensure_future(self._wake.wait())]
-        if not self._claimable:
-            woken.append(asyncio.ensure_future(self._ticket.wait()))
-        await asyncio.wait(woken, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        for task in woken:
-            task.cancel()
-
-    async def _cycle(self, claim: int | None, *, start: bool) -> int:
-        """One ``Store.apply``: the buffered changes, the starts of the leases ready now
-        (``start``), and a claim of ``claim`` intents (None: as many as ``_claim_size``); then
-        the sends of the starts applied. Returns how many intents were claimed. When the apply
-        fails, the changes go back to the buffer, and the starts, never sent, are recorded as
-        not submitted."""
-        now = self.clock.now()
-        ready = self._ready(now) if start else []
-        flush, self._buffer = self._buffer, []
-        changes: list[Change] = [entry.change for entry in flush]
-        changes += [item.start for item in ready]
-        limit = self._claim_size() if claim is None else claim
-        asked = Claim(self.id, now, now + self.lease, limit) if limit > 0 else None
-        if not changes and asked is None:
-            return 0
-        if any(isinstance(entry.change, Settle) and entry.attempt is not None for entry in flush):
-            crash_point("before_outcome")
-        ticket = self.outbox.enqueued.ticket()  # an enqueue during the claim is not missed
-        keys = {change.key for change in changes}
-        self._flushing |= keys
-        self._claiming += limit
-        self._starting += len(ready)
-        try:
-            applied = await self.store.apply(changes, claim=asked)
-        except BaseException as exc:
-            self._buffer[:0] = flush
-            why = "the worker stopped" if isinstance(exc, asyncio.CancelledError) else f"{type(exc).__name__}: {exc}"
-            for item in ready:
-                self._keep(item.lease, self.outcomes.not_started(item.lease.intent, item.destination,
-                                                                 item.start.attempt, why))
-            raise
-        finally:
-            self._flushing -= keys
-            self._claiming -= limit
-            self._starting -= len(ready)
-        results = applied.results
-        for entry, result in zip(flush, results, strict=False):
-            self._flushed(entry, result)
-        for item, result in zip(ready, results[len(flush):], strict=True):
-            self._started(item, result)
-        for intent in applied.claimed:
-            crash_point("after_claim")
-            lease = self._held[intent.key] = Lease(intent, now + self.lease)
-            self._waiting.append(lease)
-        if asked is not None and len(applied.claimed) < asked.limit:
-            await self._look_again(ticket)
-        return len(applied.claimed)
-
-    async def _look_again(self, ticket: asyncio.Event) -> None:
-        """A claim found all that was due: claim next on an enqueue (since ``ticket``), when the
-        next intent falls due, or after poll_seconds."""
-        self._claimable, self._ticket = False, ticket
-        wait = self.outbox.settings.poll_seconds
-        try:
-            due = await self.store.next_due_at()
-        except Exception as exc:  # the poll bounds the wait all the same
-            log.warning("could not read when the next intent falls due (%s)", exc)
-            due = None
-        if due is not None:
-            wait = min(wait, max(0.0, (due - self.clock.now()).total_seconds()))
-        self._claim_at = time.monotonic() + wait
-
-    def _answered(self) -> None:
-        """The store answered a cycle: say so if it had been failing."""
-        if self.trouble is not None:
-            log.warning("the database answers again after %d failed cycle(s) since %s", self._failures,
-                        self.trouble[1].isoformat())
-            self.trouble = None
-        self._failures = 0
-
-    def _failed(self, exc: Exception) -> None:
-        self._failures += 1
-        pause = claim_pause(self.outbox.settings.poll_seconds, self._failures)
-        self._retry_at = time.monotonic() + pause
-        if self.trouble is None:
-            self.trouble = (f"{type(exc).__name__}: {exc}", self.clock.now())
-        log.error("a store cycle failed %d time(s) in a row (%s); trying again in %.1fs (%d changes kept to record)",
-                  self._failures, exc, pause, len(self._buffer), exc_info=not isinstance(exc, StoreUnavailable))
-
-    def _keep(self, lease: Lease, entry: Entry) -> None:
-        """Buffer the last change of ``lease`` for the next cycle."""
-        lease.final = True
-        entry.lease = lease
-        if not self._buffer:
-            self._buffered_at = time.monotonic()
-        self._buffer.append(entry)
-        self._wake.set()
-
-    def _let_go(self, lease: Lease) -> None:
-        """Stop holding ``lease`` (its last change applied or refused, or nothing to write)."""
-        lease.final = True
-        if self._held.get(lease.intent.key) is lease:
-            del self._held[lease.intent.key]
-        self._wake.set()
-
-    def _let_waiting_go(self, reason: str) -> None:
-        """Give back every lease not started (stopping): its checks are cut, it is due again now."""
-        for task in self._fetching:
-            task.cancel()  # its lease comes back to the waiting ones, and is given back then
-        now = self.clock.now()
-        while self._waiting:
-            lease = self._waiting.popleft()
-            if not lease.final:
-                self._keep(lease, self.outcomes.release(lease.intent, reason, now))
-
-    def _flushed(self, entry: Entry, result: object) -> None:
-        if entry.lease is not None:
-            self._let_go(entry.lease)
-        if result is None:
-            applied(entry, self.outbox)
-            return
-        self.stale_writes += 1
-        log.warning("fenced write rejected: %s", result, extra=log_fields(entry.intent, entry.attempt, self.id))
-
-    def _started(self, item: _Ready, result: object) -> None:
-        if result is not None:  # the lease was lost meanwhile: nothing is sent, the slot is free
-            self.stale_writes += 1
-            log.warning("fenced write rejected: %s", result,
-                        extra=log_fields(item.lease.intent, item.start.attempt, self.id))
-            self._let_go(item.lease)
-            return
-        crash_point("after_attempt_start")
-        task = asyncio.create_task(self._send(item.lease, item.destination, item.start.attempt))
-        self._sending.add(task)
-        task.add_done_callback(self._finished_task)
-
-    def _finished_task(self, task: asyncio.Task[None]) -> None:
-        self._sending.discard(task)
-        self._fetching.discard(task)
-        self._wake.set()
-
-    async def _cut(self, cycles: asyncio.Task[None]) -> None:
-        """Past the drain: cut the sends still running and the cycle under way, then record in
-        one last apply what they and the leases not started leave (bounded by the lease: past
-        it the sweeper gives them back anyway)."""
-        sending = list(self._sending)
-        for task in sending:
-            task.cancel()
-        await asyncio.gather(*sending, return_exceptions=True)
-        cycles.cancel()
-        await asyncio.gather(cycles, return_exceptions=True)
-        fetching = list(self._fetching)
-        self._let_waiting_go("worker stopped before sending")
-        await asyncio.gather(*fetching, return_exceptions=True)
-        self._let_waiting_go("worker stopped before sending")
-        if not self._buffer:
-            return
-        try:
-            await asyncio.wait_for(self._cycle(0, start=False), self.lease.total_seconds())
-        except Exception as exc:
-            log.error("could not record %d outcomes and releases before stopping (%s); the sweeper will recover "
-                      "their leases", len(self._buffer), exc,
-                      exc_info=not isinstance(exc, StoreUnavailable | TimeoutError))
-
-    # -- checking --------------------------------------------------------------------------
-
-    def _ready(self, now: datetime) -> list[_Ready]:
+    def _ready(self, now: datetime) -> list[Ready]:
         """The attempts to start in this cycle: waiting leases, one per free send slot, checked
         now, authority last. A lease whose check must await the store or the provider is
         fetched meanwhile and judged again in a later cycle; one the checks refuse has its
         change buffered for this cycle."""
         room = self.concurrency - len(self._sending) - len(self._fetching) - self._starting
-        ready: list[_Ready] = []
+        ready: list[Ready] = []
         later: list[Lease] = []
         mono = time.monotonic()
         while self._waiting and room > 0:
@@ -474,7 +191,7 @@ class Worker:
                 task.add_done_callback(self._finished_task)
                 continue
             destination, decision = judged
-            ready.append(_Ready(lease, self.outcomes.start(lease.intent, decision, now), destination))
+            ready.append(Ready(lease, self.outcomes.start(lease.intent, decision, now), destination))
         self._waiting.extendleft(reversed(later))
         return ready
 
@@ -486,8 +203,6 @@ class Worker:
         finally:
             if not lease.final:
                 self._waiting.appendleft(lease)
-
-    # -- sending ---------------------------------------------------------------------------
 
     async def _send(self, lease: Lease, destination: Destination, attempt: Attempt) -> None:
         """Send a started attempt and buffer its outcome for the next cycle."""
@@ -527,12 +242,3 @@ class Worker:
         except Exception as exc:
             log.error("could not record the abandoned send (%s); the sweeper will", exc,
                       exc_info=not isinstance(exc, StoreUnavailable), extra=log_fields(lease.intent, attempt, self.id))
-
-
-
-def claim_pause(poll_seconds: float, failures: int) -> float:
-    """How long to wait after ``failures`` failed cycles in a row: poll_seconds, doubling, at most
-    MAX_CLAIM_BACKOFF_SECONDS (the exponent is capped, so an outage of any length is no overflow)."""
-    return min(MAX_CLAIM_BACKOFF_SECONDS, poll_seconds * 2 ** min(failures - 1, 32))
-
-
