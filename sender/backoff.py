@@ -9,7 +9,7 @@ import tenacity
 
 @dataclass(frozen=True)
 class Backoff:
-    """The delay before attempt ``n + 1`` after ``n`` failed ones.
+    """The delay before the next try after ``tries`` that did not deliver.
 
     "Equal jitter": half of the exponential delay is fixed and half random, so retries spread out
     without ever collapsing to zero. Built from tenacity's wait strategies.
@@ -24,11 +24,11 @@ class Backoff:
             tenacity.wait_random_exponential(multiplier=half, max=cap)
         object.__setattr__(self, "_strategy", strategy)
 
-    def delay(self, failed_attempts: int, retry_after: float | None = None) -> float:
-        """Seconds to wait after ``failed_attempts`` (≥ 1); a receiver's Retry-After is honoured
-        up to the cap."""
+    def delay(self, tries: int, retry_after: float | None = None) -> float:
+        """Seconds to wait after ``tries`` (≥ 1): the attempts made, or, for an intent given back
+        unsent, the times it was claimed; a receiver's Retry-After is honoured up to the cap."""
         state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
-        state.attempt_number = max(1, failed_attempts)
+        state.attempt_number = max(1, tries)
         computed = min(self._strategy(state), self.cap_seconds)  # type: ignore[attr-defined]
         if retry_after is not None:
             computed = max(computed, min(retry_after, self.cap_seconds))

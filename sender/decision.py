@@ -51,24 +51,8 @@ def decide(
         reason = _unknown_blocks_retry(destination, first_submission_at, now, policy)
         if reason:
             return Fate(Status.UNKNOWN, EventKind.UNKNOWN, f"{result.error}; {reason}")
-    return _retry(intent, destination, result, attempts_made, first_submission_at, now, policy)
-
-
-def _retry(
-    intent: Intent,
-    destination: Destination,
-    result: SendResult,
-    attempts_made: int,
-    first_submission_at: datetime | None,
-    now: datetime,
-    policy: Policy,
-) -> Fate:
     due = now + timedelta(seconds=policy.backoff.delay(attempts_made, result.retry_after))
-    why_not = None
-    if attempts_made >= intent.max_attempts:
-        why_not = f"attempts exhausted ({attempts_made} of {intent.max_attempts})"
-    elif intent.expires_at is not None and due >= intent.expires_at:
-        why_not = f"expires at {intent.expires_at.isoformat()} before the next attempt"
+    why_not = _why_not_again(intent, attempts_made, due)
     if why_not and result.outcome is Outcome.UNKNOWN:
         # The last attempt may have taken effect: that is not a dead letter's "not delivered".
         return Fate(Status.UNKNOWN, EventKind.UNKNOWN,
@@ -79,9 +63,18 @@ def _retry(
             and first_submission_at is not None
             and due >= _retention_end(destination, first_submission_at, policy)):
         return Fate(Status.UNKNOWN, EventKind.UNKNOWN,
-                       f"{result.error}; the next attempt would fall outside the receiver's "
-                       f"declared retention of {destination.retention_seconds}s")
+                    f"{result.error}; the next attempt would fall outside the receiver's "
+                    f"declared retention of {destination.retention_seconds}s")
     return Fate(Status.PENDING, EventKind.SCHEDULED_RETRY, f"{result.outcome.value}: {result.error}", due)
+
+
+def _why_not_again(intent: Intent, attempts_made: int, due: datetime) -> str | None:
+    """Why the intent gets no attempt at ``due`` (its attempts or its time ran out), or None."""
+    if attempts_made >= intent.max_attempts:
+        return f"attempts exhausted ({attempts_made} of {intent.max_attempts})"
+    if intent.expires_at is not None and due >= intent.expires_at:
+        return f"expires at {intent.expires_at.isoformat()} before the next attempt"
+    return None
 
 
 def _retention_end(destination: Destination, first: datetime, policy: Policy) -> datetime:

@@ -28,32 +28,20 @@ lost the state (its retries after a lost connection are invisible here).
 
 The SSRF guard: a destination without ``allow_private_network`` never opens a TCP connection to
 an address the guard refuses, whether its bootstrap servers name it or the brokers of its
-metadata do (a hostile broker can name any address). aiokafka opens its connections itself and
-has no hook for it (kafkajs has a socket factory, librdkafka a connect callback), so this module
-puts one where every connection of aiokafka's is made, its connection factory
-``aiokafka.client.create_conn``: for a guarded producer the broker's name is resolved and
-connected by ``sender.guard`` (the address connected to is the one checked), and aiokafka is
-handed that socket. Which producer a connection is for is in a context variable, set around each
-send and so inherited by the tasks aiokafka starts for the producer; aiokafka used by anything
-else in the process connects as it always does. A refused connection fails the attempt before
-the record is handed to the producer: ``not_submitted``, rejected.
+metadata do (``sender.kafka_connections``). A refused connection fails the attempt before the
+record is handed to the producer: ``not_submitted``, rejected.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-import socket
 import ssl
-from collections.abc import Callable
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
-import aiokafka.client
 from aiokafka import AIOKafkaProducer
-from aiokafka.conn import AIOKafkaConnection, create_conn
 from aiokafka.errors import (
     BrokerResponseError,
     InvalidProducerEpoch,
@@ -75,8 +63,8 @@ from outbox.crash import crash_point
 from outbox.destinations import rotate_secrets
 from receivers import wire
 
-from . import guard
 from .channel import ChannelModule, ProbeAnswer, SendResult
+from .kafka_connections import GUARD, Guard
 
 #: A topic name as Kafka allows it (``.`` and ``..`` are refused by the broker too).
 TOPIC = re.compile(r"(?!\.{1,2}$)[A-Za-z0-9._-]{1,249}")
@@ -126,8 +114,8 @@ class KafkaSpec(DestinationSpec):
     @field_validator("bootstrap_servers")
     @classmethod
     def _servers(cls, servers: list[str]) -> list[str]:
-        return [f"[{h}]:{p}" if ":" in h else f"{h}:{p}"
-                for h, p in (hosts.check_host_port(s) for s in servers)]
+        return [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                for host, port in (hosts.check_host_port(server) for server in servers)]
 
     @field_validator("topic")
     @classmethod
@@ -197,74 +185,9 @@ class _Producer:
     partitions: tuple[set[int] | None, list[int], list[int]] = (None, [], [])
     starting: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: The SSRF guard of its connections; None when the destination allows the private network.
-    guard: _Guard | None = None
+    guard: Guard | None = None
     #: The destination's secrets as last seen, and the signing secrets among them (split once).
     signing: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
-
-
-@dataclass
-class _Guard:
-    """The SSRF guard of one destination's producer, which every connection it opens goes
-    through; it keeps what it refused, for the attempt to say so."""
-
-    timeout: float
-    refused: dict[tuple[str, int], str] = field(default_factory=dict)
-
-    async def connect(self, host: str, port: int) -> socket.socket:
-        try:
-            return await guard.connect(host, port, allow_private=False, timeout=self.timeout)
-        except guard.PrivateAddressRefused as exc:
-            self.refused[(host, port)] = exc.explain()
-            raise
-
-
-#: The guard of the producer whose work runs in this context: set around each send, and so
-#: inherited by the tasks aiokafka starts for the producer. None: not guarded.
-_GUARD: ContextVar[_Guard | None] = ContextVar("kafka_guard", default=None)
-
-
-class _Connected:
-    """The running loop as one guarded AIOKafkaConnection sees it while it connects: its
-    ``create_connection`` takes the socket the guard connected instead of resolving and connecting
-    the broker's name again; TLS still verifies the certificate against that name."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
-        self._loop = loop
-        self._sock: socket.socket | None = sock
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loop, name)
-
-    async def create_connection(self, factory: Callable[[], asyncio.Protocol], host: str, port: int, *,
-                                ssl: ssl.SSLContext | None = None) -> tuple[asyncio.Transport, asyncio.Protocol]:
-        sock, self._sock = self._sock, None  # the transport owns it from here, closing it on failure
-        assert sock is not None, "one connection per socket"
-        return await self._loop.create_connection(factory, sock=sock, ssl=ssl,
-                                                  server_hostname=host if ssl is not None else None)
-
-    def close_unused(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-
-
-async def _create_conn(host: str, port: int, **options: Any) -> AIOKafkaConnection:
-    """aiokafka's connection factory, through which it opens every connection (bootstrap servers
-    and the brokers metadata names), with the SSRF guard of the producer it connects for."""
-    checking = _GUARD.get()
-    if checking is None:
-        return await create_conn(host, port, **options)
-    connected = _Connected(asyncio.get_running_loop(), await checking.connect(host, port))
-    conn = AIOKafkaConnection(host, port, **options)
-    conn._loop = connected
-    try:
-        await conn.connect()
-    finally:
-        conn._loop = connected._loop
-        connected.close_unused()
-    return conn
-
-
-aiokafka.client.create_conn = _create_conn
 
 
 class KafkaChannel:
@@ -282,11 +205,11 @@ class KafkaChannel:
         except ValidationError as exc:  # registered before today's rules: it can never be produced
             return SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="connect",
                               error=f"refused: the destination's settings are not valid: {exc.errors()[0]['msg']}")
-        guarding = _GUARD.set(entry.guard)
+        guarding = GUARD.set(entry.guard)
         try:
             return await self._send(entry, intent, destination, attempt_id, fence)
         finally:
-            _GUARD.reset(guarding)
+            GUARD.reset(guarding)
 
     async def _send(self, entry: _Producer, intent: Intent, destination: Destination, attempt_id: str,
                     fence: int) -> SendResult:
@@ -341,7 +264,7 @@ class KafkaChannel:
         if entry is None or entry.version != destination.updated_at:
             spec = KafkaSpec.model_validate({**destination.settings, "channel": "kafka",
                                              "allow_private_network": destination.allow_private_network})
-            checking = None if destination.allow_private_network else _Guard(destination.timeout_seconds)
+            checking = None if destination.allow_private_network else Guard(destination.timeout_seconds)
             self._producers[destination.id] = fresh = _Producer(spec, destination.updated_at, guard=checking)
             if entry is not None:
                 await self._discard(entry)  # (stopping flushes what it holds)

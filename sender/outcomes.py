@@ -185,8 +185,8 @@ class Outcomes:
                                   {"next_attempt_at": due.isoformat()}))), intent, applied=applied)
 
 
-def applied(entry: Entry, outbox: Outbox) -> None:
-    """What follows an entry the store applied: its own follow-up (counting, logging), and,
+def follow_up(entry: Entry, outbox: Outbox) -> None:
+    """What follows once the store applied ``entry``: its own follow-up (counting, logging), and,
     for an intent with an ordering key, a wake-up, since the next of its key may be claimable."""
     if entry.applied is not None:
         entry.applied()

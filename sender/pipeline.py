@@ -28,7 +28,7 @@ from outbox.model import Change, Settle, Start
 from outbox.store.protocol import Claim
 
 from .leases import Lease, log_fields
-from .outcomes import Entry, Outcomes, applied
+from .outcomes import Entry, Outcomes, follow_up
 
 log = logging.getLogger("outbox.sender")
 
@@ -292,7 +292,7 @@ class Pipeline(abc.ABC):
         if entry.lease is not None:
             self._let_go(entry.lease)
         if result is None:
-            applied(entry, self.outbox)
+            follow_up(entry, self.outbox)
             return
         self.stale_writes += 1
         log.warning("fenced write rejected: %s", result, extra=log_fields(entry.intent, entry.attempt, self.id))

@@ -20,7 +20,7 @@ from outbox.model import Settle
 from .channel import SendResult
 from .decision import Fate
 from .leases import log_fields
-from .outcomes import Entry, Outcomes, applied, finished_attempt
+from .outcomes import Entry, Outcomes, finished_attempt, follow_up
 
 log = logging.getLogger("outbox.sender")
 
@@ -36,8 +36,6 @@ class Sweeper:
     def __init__(self, outbox: Outbox, worker: str, outcomes: Outcomes, lease: timedelta,
                  batch: int = SWEEP_BATCH) -> None:
         self.outbox = outbox
-        self.store = outbox.store
-        self.clock = outbox.clock
         self.worker = worker
         self.outcomes = outcomes
         self.lease = lease
@@ -48,11 +46,11 @@ class Sweeper:
         leaves the expired set); returns how many."""
         recovered = 0
         while True:
-            now = self.clock.now()
-            expired = await self.store.expired_leases(now, self.batch)
+            now = self.outbox.clock.now()
+            expired = await self.outbox.store.expired_leases(now, self.batch)
             idle = [intent for intent, attempt in expired if attempt is None]
             if idle:  # none in flight: given back in one transaction
-                given_back = await self.store.recover(now, self.batch, self.worker)
+                given_back = await self.outbox.store.recover(now, self.batch, self.worker)
                 self._given_back(idle, given_back)
                 recovered += given_back
             for intent, attempt in expired:
@@ -83,10 +81,10 @@ class Sweeper:
         """Apply one change at once (on another worker's lease); whether it applied."""
         if isinstance(entry.change, Settle) and entry.attempt is not None:
             crash_point("before_outcome")
-        [result] = (await self.store.apply([entry.change])).results
+        [result] = (await self.outbox.store.apply([entry.change])).results
         if result is not None:
             return False
-        applied(entry, self.outbox)
+        follow_up(entry, self.outbox)
         return True
 
     async def _recover(self, intent: Intent, attempt: Attempt) -> int:
@@ -94,8 +92,8 @@ class Sweeper:
         Settled under a raised fence, so the old holder is shut out; 1 if it was, 0 if its holder
         finished or another sweeper got there first."""
         reason = f"lease of {intent.lease_owner} expired"
-        destination = await self.store.get_destination(intent.destination)
-        now = self.clock.now()
+        destination = await self.outbox.store.get_destination(intent.destination)
+        now = self.outbox.clock.now()
         result = SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN,
                             error=reason + " while its attempt was in flight; it may have been sent")
         finished = finished_attempt(attempt, result, now)
