@@ -32,26 +32,17 @@ from .circuit import Circuits
 from .decision import Policy
 from .leases import Heartbeat, Lease, log_fields
 from .outcomes import Entry, Outcomes, cut_short
-from .pipeline import (
-    CYCLES_IN_FLIGHT,
-    FLUSH_BATCH,
-    FLUSH_SECONDS,
-    LEASES_PER_SLOT,
-    MAX_CLAIM_BACKOFF_SECONDS,
-    Pipeline,
-    Ready,
-    claim_pause,
-)
+from .pipeline import MAX_CLAIM_BACKOFF_SECONDS, Pipeline, Ready, claim_pause
 from .sweeper import SWEEP_BATCH, Sweeper
 
-__all__ = ["CYCLES_IN_FLIGHT", "FLUSH_BATCH", "FLUSH_SECONDS", "LEASES_PER_SLOT", "MAX_CLAIM_BACKOFF_SECONDS",
-           "SWEEP_BATCH", "Worker", "claim_pause"]
+__all__ = ["MAX_CLAIM_BACKOFF_SECONDS", "SWEEP_BATCH", "Worker", "claim_pause"]
 
 log = logging.getLogger("outbox.sender")
 
 
 class Worker(Pipeline):
-    """Delivers due intents from one outbox until stopped."""
+    """Delivers due intents from one outbox until stopped: the cycle pipeline, whose leases are
+    judged by ``Checks`` and sent through their intent's channel."""
 
     def __init__(
         self,
