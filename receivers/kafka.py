@@ -11,10 +11,12 @@ channel signs as webhooks are signed, ``receivers.wire``) before anything is cla
 anyone else wrote to the topic under a real key, unsigned or badly signed, never runs and never
 claims the key, so the genuine record still does.
 
-Per fetched batch it pays one claim and one completion (the stores' ``claim_many`` and
-``complete_many``, one statement each) and one offset commit, not one of each per record. Handlers
-run one at a time, in each partition's order; a record that must be retried holds its
-partition (seek back, pause, resume after a backoff) while the others go on.
+Per fetched batch it pays one store transaction and one offset commit, not one of each per record:
+a batch's completions are stored together with the next batch's claims (the stores'
+``complete_and_claim``), and its offsets committed once that transaction is durable; when no
+records are waiting the completions are stored on their own at once. Handlers run one at a time,
+in each partition's order; a record that must be retried holds its partition (seek back, pause,
+resume after a backoff) while the others go on.
 """
 
 from __future__ import annotations
@@ -210,6 +212,10 @@ class IdempotentConsumer:
         #: Partitions held for a retry: when each resumes, and how many retries in a row it had.
         self._resume_at: dict[TopicPartition, float] = {}
         self._failures: dict[TopicPartition, int] = {}
+        #: Records handled whose completions are not stored yet (with their claims' epochs), and the
+        #: offsets that wait for them: both go with the next round's claims, or alone (``_flush``).
+        self._done: list[tuple[_Item, int]] = []
+        self._offsets: dict[TopicPartition, int] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -263,16 +269,22 @@ class IdempotentConsumer:
         try:
             while not self._stopping.is_set():
                 self._resume_due()
-                batch = await self._fetch()
+                waiting = bool(self._done or self._offsets)
+                batch = await self._fetch(wait=not waiting)  # completions waiting take what is already here
                 if batch:
                     await self._process(batch)
+                elif waiting:
+                    await self._flush()
+            await self._flush()
         except Exception:
             log.exception("the idempotent consumer of group %r stopped", self.group)
             raise
 
-    async def _fetch(self) -> dict[TopicPartition, list[Record]]:
-        """The next batch, or nothing once ``stop()`` is called (unprocessed records are not
-        committed, so they are fetched again next time)."""
+    async def _fetch(self, *, wait: bool) -> dict[TopicPartition, list[Record]]:
+        """The next batch (without ``wait``, only records already fetched), or nothing once
+        ``stop()`` is called (unprocessed records are not committed, so they are fetched again)."""
+        if not wait:
+            return await self._top_up(await self.consumer.getmany(timeout_ms=0, max_records=self.max_batch))
         wait_ms = 1000
         if self._resume_at:
             wait_ms = max(0, min(wait_ms, int((min(self._resume_at.values()) - time.monotonic()) * 1000)))
@@ -286,8 +298,11 @@ class IdempotentConsumer:
             if not fetch.cancelled():
                 fetch.exception()  # retrieved: a failed fetch while stopping is not worth reporting
             return {}
-        batch: dict[TopicPartition, list[Record]] = fetch.result()  # raises what getmany raised
-        # Top the batch up with what is already fetched: each batch costs two store transactions.
+        return await self._top_up(fetch.result())  # raises what getmany raised
+
+    async def _top_up(self, batch: dict[TopicPartition, list[Record]]) -> dict[TopicPartition, list[Record]]:
+        """``batch`` with what is already fetched added, up to ``max_batch``: each batch costs a
+        store transaction."""
         count = sum(len(records) for records in batch.values())
         while batch and count < self.max_batch:
             more = await self.consumer.getmany(timeout_ms=0, max_records=self.max_batch - count)
@@ -307,42 +322,40 @@ class IdempotentConsumer:
                     self.consumer.resume(partition)
 
     async def _process(self, batch: dict[TopicPartition, list[Record]]) -> None:
-        """Settle a batch round by round, then commit each partition up to its last record settled
-        in order."""
+        """Settle a batch round by round; each partition's offset, up to its last record settled in
+        order, is committed once the completions before it are stored."""
         queue = [self._item(partition, record) for partition, records in batch.items() for record in records]
-        commits: dict[TopicPartition, int] = {}
         held: set[TopicPartition] = set()
         while queue and not self._stopping.is_set():
             round_, rest = _next_round(queue)
-            queue = await self._round(round_, commits, held) + rest
-        if commits:
-            try:
-                await self.consumer.commit(commits)
-            except KafkaError as exc:  # a rebalance moved a partition: its next owner skips what we completed
-                log.warning("could not commit offsets %s: %r; their records are skipped when fetched again",
-                            {f"{p.topic}/{p.partition}": o for p, o in commits.items()}, exc)
+            queue = await self._round(round_, held) + rest
 
-    async def _round(self, items: list[_Item], commits: dict[TopicPartition, int],
-                     held: set[TopicPartition]) -> list[_Item]:
-        """Claim a round of records at once, run their handlers in order and store the completions
-        at once. Returns the records it did not start (stopping, or the claims' lease half gone),
-        whose claims it released, to be claimed again."""
+    async def _round(self, items: list[_Item], held: set[TopicPartition]) -> list[_Item]:
+        """Store the completions waiting and claim a round of records, in one transaction; commit
+        the offsets that waited for those completions; run the round's handlers in order, leaving
+        their completions to wait for the next round. Returns the records it did not start
+        (stopping, or the claims' lease half gone), whose claims it released, to be claimed again."""
         items = [item for item in items if item.partition not in held]
         claiming = [item for item in items if item.request is not None]
-        if claiming:
+        done, offsets = self._done, self._offsets
+        self._done, self._offsets = [], {}
+        if claiming or done:
             now = self.clock()
             try:
-                answers = await self.store.claim_many([item.request for item in claiming if item.request],
-                                                      now=now, lease_until=now + self.lease,
-                                                      expires_at=now + self.retention)
+                stored, answers = await self.store.complete_and_claim(
+                    _completions(done), [item.request for item in claiming if item.request], now=now,
+                    lease_until=now + self.lease, expires_at=now + self.retention)
             except Exception as exc:  # any store failure: back off, never run a handler unclaimed
                 log.error("idempotency store unavailable, retrying: %r", exc)
+                await self._store_alone(done, offsets)
                 for item in items:
                     if item.partition not in held:
                         self._hold(item, held)
                 return []
+            _log_taken_over(done, stored)
             for item, answer in zip(claiming, answers, strict=True):
                 item.answer = answer
+        await self._commit(offsets)
         deadline = time.monotonic() + self.lease.total_seconds() / 2
         handled: list[tuple[_Item, int]] = []
         releasing: list[tuple[_Item, int]] = []  # claims whose handler failed or did not start
@@ -363,15 +376,14 @@ class IdempotentConsumer:
                 settled = await self._run(item, claim.epoch)
                 (handled if settled else releasing).append((item, claim.epoch))
             if settled:
-                commits[item.partition] = item.record.offset + 1
-                self._failures.pop(item.partition, None)
+                self._offsets[item.partition] = item.record.offset + 1
+                if self._failures:
+                    self._failures.pop(item.partition, None)
             else:
                 self._hold(item, held)
         if releasing:
             await self._release(releasing)
-        if handled and not await self._complete(handled):
-            for item, _ in handled:  # stopping with the store down: commit nothing from here on
-                commits[item.partition] = min(commits[item.partition], item.record.offset)
+        self._done += handled
         return left
 
     async def _run(self, item: _Item, epoch: int) -> bool:
@@ -425,10 +437,32 @@ class IdempotentConsumer:
         self.consumer.pause(partition)
         self._resume_at[partition] = time.monotonic() + delay
 
+    async def _flush(self) -> None:
+        """Store the completions waiting, on their own (no claim comes to take them along), and
+        commit the offsets that waited for them."""
+        done, offsets = self._done, self._offsets
+        self._done, self._offsets = [], {}
+        await self._store_alone(done, offsets)
+
+    async def _store_alone(self, handled: list[tuple[_Item, int]], offsets: dict[TopicPartition, int]) -> None:
+        if handled and not await self._complete(handled):
+            for item, _ in handled:  # stopping with the store down: commit nothing from here on
+                offsets[item.partition] = min(offsets[item.partition], item.record.offset)
+        await self._commit(offsets)
+
+    async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
+        if not offsets:
+            return
+        try:
+            await self.consumer.commit(offsets)
+        except KafkaError as exc:  # a rebalance moved a partition: its next owner skips what we completed
+            log.warning("could not commit offsets %s: %r; their records are skipped when fetched again",
+                        {f"{p.topic}/{p.partition}": o for p, o in offsets.items()}, exc)
+
     async def _complete(self, handled: list[tuple[_Item, int]]) -> bool:
         """Store the handled records' completions, retrying while the store is down; False only
         when stopping with the store still down (those records run again once their lease ends)."""
-        done = [(item.request.identity, epoch, _result(item.record)) for item, epoch in handled if item.request]
+        done = _completions(handled)
         delay = self.retry_seconds
         while True:
             try:
@@ -445,10 +479,7 @@ class IdempotentConsumer:
                     pass
                 delay = min(self.max_retry_seconds, delay * 2)
                 continue
-            for (item, epoch), ok in zip(handled, stored, strict=True):
-                if not ok:
-                    log.warning("key %r was taken over (epoch %d is stale) before its completion was stored",
-                                item.key, epoch)
+            _log_taken_over(handled, stored)
             return True
 
     async def _release(self, claimed: list[tuple[_Item, int]]) -> None:
@@ -531,6 +562,17 @@ def _next_round(queue: list[_Item]) -> tuple[list[_Item], list[_Item]]:
                 return queue[:n], queue[n:]
             seen.add(item.request.identity)
     return queue, []
+
+
+def _completions(handled: list[tuple[_Item, int]]) -> list[tuple[str, int, StoredResponse]]:
+    """The completions of handled records, as the stores' ``complete_many`` takes them."""
+    return [(item.request.identity, epoch, _result(item.record)) for item, epoch in handled if item.request]
+
+
+def _log_taken_over(handled: list[tuple[_Item, int]], stored: list[bool]) -> None:
+    for (item, epoch), ok in zip(handled, stored, strict=True):
+        if not ok:
+            log.warning("key %r was taken over (epoch %d is stale) before its completion was stored", item.key, epoch)
 
 
 def _result(record: Record) -> StoredResponse:

@@ -39,9 +39,9 @@ class State(str, enum.Enum):
     COMPLETED = "completed"  # finished; its response is replayed
 
 
-@dataclass(frozen=True, slots=True)
-class StoredResponse:
-    """What a completed request answered; ``body`` None when it was streamed or too large."""
+class StoredResponse(NamedTuple):
+    """What a completed request answered; ``body`` None when it was streamed or too large (a named
+    tuple, as ``Record``: the Kafka consumer stores one per record)."""
 
     status: int
     headers: tuple[tuple[str, str], ...]
@@ -256,6 +256,14 @@ class RecordStore(Protocol):
     async def complete_many(self, done: Sequence[tuple[str, int, StoredResponse]], *,
                             expires_at: datetime) -> list[bool]:
         """``complete`` each ``(identity, epoch, response)`` in one atomic step, as ``claim_many``."""
+        ...
+
+    async def complete_and_claim(self, done: Sequence[tuple[str, int, StoredResponse]],
+                                 requests: Sequence[ClaimRequest], *, now: datetime, lease_until: datetime,
+                                 expires_at: datetime) -> tuple[list[bool], list[ClaimResult]]:
+        """``complete_many(done)`` then ``claim_many(requests)``, both expiring at ``expires_at``, in
+        one atomic step: the Kafka consumer stores a batch's completions with the next one's claims
+        (a key completed here and claimed again replays)."""
         ...
 
     async def release_many(self, held: Sequence[tuple[str, int]]) -> list[bool]:

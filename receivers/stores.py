@@ -93,6 +93,12 @@ async def _keep_session(conn: Any) -> None:
     the default reset's round trip per call is saved."""
 
 
+#: The store's sessions never scan the table: every statement names its rows by key. A batch's
+#: completions and releases join it to the table, and while the table's statistics lag behind its
+#: growth (a new or fast-filling table) the planner would hash the whole table for each batch.
+_SESSION = {"enable_seqscan": "off"}
+
+
 def _unhex(text: str | None) -> bytes | None:
     return None if text is None else bytes.fromhex(text)
 
@@ -177,27 +183,40 @@ class MemoryRecordStore:
                          expires_at: datetime) -> list[ClaimResult]:
         async with self._lock:
             self._check()
-            answers = []
-            for request in requests:
-                result, new = decide_claim(self._read(request.identity), request.identity, request.fingerprint,
-                                           fence=request.fence, now=now, lease_until=lease_until,
-                                           expires_at=expires_at)
-                if new is not None:
-                    self._keep(new)
-                answers.append(result)
-            return answers
+            return self._claim_all(requests, now, lease_until, expires_at)
 
     async def complete_many(self, done: Sequence[tuple[str, int, StoredResponse]], *,
                             expires_at: datetime) -> list[bool]:
         async with self._lock:
             self._check()
-            answers = []
-            for identity, epoch, response in done:
-                new = decide_complete(self._read(identity), epoch, response, expires_at)
-                if new is not None:
-                    self._keep(new)
-                answers.append(new is not None)
-            return answers
+            return self._complete_all(done, expires_at)
+
+    async def complete_and_claim(self, done: Sequence[tuple[str, int, StoredResponse]],
+                                 requests: Sequence[ClaimRequest], *, now: datetime, lease_until: datetime,
+                                 expires_at: datetime) -> tuple[list[bool], list[ClaimResult]]:
+        async with self._lock:
+            self._check()
+            return self._complete_all(done, expires_at), self._claim_all(requests, now, lease_until, expires_at)
+
+    def _claim_all(self, requests: Sequence[ClaimRequest], now: datetime, lease_until: datetime,
+                   expires_at: datetime) -> list[ClaimResult]:
+        answers = []
+        for request in requests:
+            result, new = decide_claim(self._read(request.identity), request.identity, request.fingerprint,
+                                       fence=request.fence, now=now, lease_until=lease_until, expires_at=expires_at)
+            if new is not None:
+                self._keep(new)
+            answers.append(result)
+        return answers
+
+    def _complete_all(self, done: Sequence[tuple[str, int, StoredResponse]], expires_at: datetime) -> list[bool]:
+        answers = []
+        for identity, epoch, response in done:
+            new = decide_complete(self._read(identity), epoch, response, expires_at)
+            if new is not None:
+                self._keep(new)
+            answers.append(new is not None)
+        return answers
 
     async def release_many(self, held: Sequence[tuple[str, int]]) -> list[bool]:
         async with self._lock:
@@ -340,45 +359,65 @@ class SqliteRecordStore:
 
     async def claim_many(self, requests: Sequence[ClaimRequest], *, now: datetime, lease_until: datetime,
                          expires_at: datetime) -> list[ClaimResult]:
-        times = {"now": to_us(now), "lease_until": to_us(lease_until), "expires_at": to_us(expires_at)}
-
-        def run(conn: sqlite3.Connection) -> list[ClaimResult]:
-            answers: list[ClaimResult] = []
-            for batch in distinct_runs(requests, _identity):
-                params = {"requests": json.dumps(batch),  # each request a [identity, fingerprint, fence] array
-                          "unfenced": json.dumps([r.identity for r in batch if r.fence is None]), **times}
-                epochs = dict(conn.execute(self._sql["claim_many"], params).fetchall())
-                refused = json.dumps([r.identity for r in batch if r.identity not in epochs])
-                found = {} if refused == "[]" else {
-                    row["identity"]: self._record(row) for row in conn.execute(self._sql["get_many"], (refused,))}
-                answers += [Claimed(epochs[r.identity]) if r.identity in epochs else
-                            refusal(found.get(r.identity), r, now=now, lease_until=lease_until, expires_at=expires_at)
-                            for r in batch]
-            return answers
-
-        answers: list[ClaimResult] = await self._write(run)
-        for request, answer in zip(requests, answers, strict=True):
-            if isinstance(answer, Replay):
-                self._remember(request.identity)
+        answers: list[ClaimResult] = await self._write(
+            lambda conn: self._claim_rows(conn, requests, now, lease_until, expires_at))
+        self._remember_replays(requests, answers)
         return answers
 
     async def complete_many(self, done: Sequence[tuple[str, int, StoredResponse]], *,
                             expires_at: datetime) -> list[bool]:
-        def run(conn: sqlite3.Connection) -> list[bool]:
-            answers: list[bool] = []
-            for batch in distinct_runs(done, _first):
-                rows = json.dumps([(ident, epoch, r.status, r.headers, None if r.body is None else r.body.hex())
-                                   for ident, epoch, r in batch])
-                completed = {row[0] for row in conn.execute(self._sql["complete_many"],
-                                                            {"done": rows, "expires_at": to_us(expires_at)})}
-                answers += [ident in completed for ident, _, _ in batch]
-            return answers
+        answers: list[bool] = await self._write(lambda conn: self._complete_rows(conn, done, expires_at))
+        self._remember_completed(done, answers)
+        return answers
 
-        answers: list[bool] = await self._write(run)
+    async def complete_and_claim(self, done: Sequence[tuple[str, int, StoredResponse]],
+                                 requests: Sequence[ClaimRequest], *, now: datetime, lease_until: datetime,
+                                 expires_at: datetime) -> tuple[list[bool], list[ClaimResult]]:
+        def run(conn: sqlite3.Connection) -> tuple[list[bool], list[ClaimResult]]:
+            return (self._complete_rows(conn, done, expires_at),
+                    self._claim_rows(conn, requests, now, lease_until, expires_at))
+
+        completed, answers = await self._write(run)
+        self._remember_completed(done, completed)
+        self._remember_replays(requests, answers)
+        return completed, answers
+
+    def _claim_rows(self, conn: sqlite3.Connection, requests: Sequence[ClaimRequest], now: datetime,
+                    lease_until: datetime, expires_at: datetime) -> list[ClaimResult]:
+        times = {"now": to_us(now), "lease_until": to_us(lease_until), "expires_at": to_us(expires_at)}
+        answers: list[ClaimResult] = []
+        for batch in distinct_runs(requests, _identity):
+            params = {"requests": json.dumps(batch),  # each request a [identity, fingerprint, fence] array
+                      "unfenced": json.dumps([r.identity for r in batch if r.fence is None]), **times}
+            epochs = dict(conn.execute(self._sql["claim_many"], params).fetchall())
+            refused = json.dumps([r.identity for r in batch if r.identity not in epochs])
+            found = {} if refused == "[]" else {
+                row["identity"]: self._record(row) for row in conn.execute(self._sql["get_many"], (refused,))}
+            answers += [Claimed(epochs[r.identity]) if r.identity in epochs else
+                        refusal(found.get(r.identity), r, now=now, lease_until=lease_until, expires_at=expires_at)
+                        for r in batch]
+        return answers
+
+    def _complete_rows(self, conn: sqlite3.Connection, done: Sequence[tuple[str, int, StoredResponse]],
+                       expires_at: datetime) -> list[bool]:
+        answers: list[bool] = []
+        for batch in distinct_runs(done, _first):
+            rows = json.dumps([(ident, epoch, r.status, r.headers, None if r.body is None else r.body.hex())
+                               for ident, epoch, r in batch])
+            completed = {row[0] for row in conn.execute(self._sql["complete_many"],
+                                                        {"done": rows, "expires_at": to_us(expires_at)})}
+            answers += [ident in completed for ident, _, _ in batch]
+        return answers
+
+    def _remember_replays(self, requests: Sequence[ClaimRequest], answers: Sequence[ClaimResult]) -> None:
+        for request, answer in zip(requests, answers, strict=True):
+            if isinstance(answer, Replay):
+                self._remember(request.identity)
+
+    def _remember_completed(self, done: Sequence[tuple[str, int, StoredResponse]], answers: Sequence[bool]) -> None:
         for (identity, _, _), completed in zip(done, answers, strict=True):
             if completed:
                 self._remember(identity)
-        return answers
 
     async def release_many(self, held: Sequence[tuple[str, int]]) -> list[bool]:
         def run(conn: sqlite3.Connection) -> list[bool]:
@@ -434,7 +473,8 @@ class PostgresRecordStore:
             return
         pool = None
         try:
-            pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=self._pool_size, reset=_keep_session)
+            pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=self._pool_size, reset=_keep_session,
+                                             server_settings=_SESSION)
             async with pool.acquire() as conn, conn.transaction():
                 # CREATE … IF NOT EXISTS races with itself across processes: take turns.
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"outbox-records:{self.table}")
@@ -519,37 +559,54 @@ class PostgresRecordStore:
 
     async def claim_many(self, requests: Sequence[ClaimRequest], *, now: datetime, lease_until: datetime,
                          expires_at: datetime) -> list[ClaimResult]:
-        answers: list[ClaimResult] = []
         if not requests:
-            return answers
+            return []
         async with self._transaction() as conn:
-            for batch in distinct_runs(requests, _identity):
-                rows = await conn.fetch(self._sql["claim_many"], [r.identity for r in batch],
-                                        [r.fingerprint for r in batch], [r.fence for r in batch], now, lease_until,
-                                        expires_at, [r.identity for r in batch if r.fence is None])
-                epochs = dict(rows)
-                refused = [r.identity for r in batch if r.identity not in epochs]
-                found = {} if not refused else {
-                    row["identity"]: self._record(row) for row in await conn.fetch(self._sql["get_many"], refused)}
-                answers += [Claimed(epochs[r.identity]) if r.identity in epochs else
-                            refusal(found.get(r.identity), r, now=now, lease_until=lease_until, expires_at=expires_at)
-                            for r in batch]
-        return answers
+            return await self._claim_rows(conn, requests, now, lease_until, expires_at)
 
     async def complete_many(self, done: Sequence[tuple[str, int, StoredResponse]], *,
                             expires_at: datetime) -> list[bool]:
-        answers: list[bool] = []
         if not done:
-            return answers
-        runs = distinct_runs(done, _first)
-        async with self._transaction(atomic=len(runs) > 1) as conn:
-            for batch in runs:
-                rows = await conn.fetch(self._sql["complete_many"], [ident for ident, _, _ in batch],
-                                        [epoch for _, epoch, _ in batch], [r.status for _, _, r in batch],
-                                        [json.dumps(r.headers) for _, _, r in batch], [r.body for _, _, r in batch],
-                                        expires_at)
-                completed = {row[0] for row in rows}
-                answers += [ident in completed for ident, _, _ in batch]
+            return []
+        async with self._transaction(atomic=len(distinct_runs(done, _first)) > 1) as conn:
+            return await self._complete_rows(conn, done, expires_at)
+
+    async def complete_and_claim(self, done: Sequence[tuple[str, int, StoredResponse]],
+                                 requests: Sequence[ClaimRequest], *, now: datetime, lease_until: datetime,
+                                 expires_at: datetime) -> tuple[list[bool], list[ClaimResult]]:
+        if not done or not requests:
+            return (await self.complete_many(done, expires_at=expires_at),
+                    await self.claim_many(requests, now=now, lease_until=lease_until, expires_at=expires_at))
+        async with self._transaction() as conn:
+            return (await self._complete_rows(conn, done, expires_at),
+                    await self._claim_rows(conn, requests, now, lease_until, expires_at))
+
+    async def _claim_rows(self, conn: Any, requests: Sequence[ClaimRequest], now: datetime, lease_until: datetime,
+                          expires_at: datetime) -> list[ClaimResult]:
+        answers: list[ClaimResult] = []
+        for batch in distinct_runs(requests, _identity):
+            rows = await conn.fetch(self._sql["claim_many"], [r.identity for r in batch],
+                                    [r.fingerprint for r in batch], [r.fence for r in batch], now, lease_until,
+                                    expires_at, [r.identity for r in batch if r.fence is None])
+            epochs = dict(rows)
+            refused = [r.identity for r in batch if r.identity not in epochs]
+            found = {} if not refused else {
+                row["identity"]: self._record(row) for row in await conn.fetch(self._sql["get_many"], refused)}
+            answers += [Claimed(epochs[r.identity]) if r.identity in epochs else
+                        refusal(found.get(r.identity), r, now=now, lease_until=lease_until, expires_at=expires_at)
+                        for r in batch]
+        return answers
+
+    async def _complete_rows(self, conn: Any, done: Sequence[tuple[str, int, StoredResponse]],
+                             expires_at: datetime) -> list[bool]:
+        answers: list[bool] = []
+        for batch in distinct_runs(done, _first):
+            rows = await conn.fetch(self._sql["complete_many"], [ident for ident, _, _ in batch],
+                                    [epoch for _, epoch, _ in batch], [r.status for _, _, r in batch],
+                                    [json.dumps(r.headers) for _, _, r in batch], [r.body for _, _, r in batch],
+                                    expires_at)
+            completed = {row[0] for row in rows}
+            answers += [ident in completed for ident, _, _ in batch]
         return answers
 
     async def release_many(self, held: Sequence[tuple[str, int]]) -> list[bool]:

@@ -222,6 +222,24 @@ async def test_a_crash_between_the_handler_and_the_offset_commit_runs_the_handle
         assert sorted(handled) == sorted(keys)  # each once, none twice
 
 
+async def test_a_batchs_completions_are_stored_with_the_next_batchs_claims(topic: Broker, tmp_path: Path) -> None:
+    """Three batches already fetched cost three write transactions and a last one for the final
+    completions, not two each; every offset is committed once its completion is stored."""
+    await produce(topic, *[(f"k{i}", payload({"n": i})) for i in range(6)])
+    effects = Effects()
+    store = SqliteRecordStore(tmp_path / "records.db")
+    consumer = consumer_for(topic, store, effects, max_batch=2)
+    began: list[str] = []
+    await store.open()
+    await store._committer.db.set_trace_callback(lambda sql: sql.startswith("BEGIN") and began.append(sql))
+    async with consumer:
+        await until_committed(consumer, 6)
+        assert effects.keys == [f"k{i}" for i in range(6)]
+        for i in range(6):
+            assert (await store.get(identity(GROUP, f"k{i}"))).state is State.COMPLETED
+        assert len(began) == 4, began
+
+
 # -- refusals -------------------------------------------------------------------------------
 
 

@@ -481,6 +481,54 @@ async def test_batches_of_completions_and_releases_refuse_stale_epochs(store: An
     assert (await store.get("k0")).expires_at == later + RETENTION
 
 
+async def test_completions_and_claims_in_one_step_complete_first(backend: Backend) -> None:
+    """The Kafka consumer stores one batch's completions with the next batch's claims: the
+    completions land first (a key completed and claimed again replays), a stale epoch is refused,
+    and the SQL stores run it as one transaction."""
+    store = await backend.open()
+    first = [ClaimRequest(f"k{i}", FP_A, 1) for i in range(3)]
+    assert await store.claim_many(first, now=T0, lease_until=T0 + LEASE, expires_at=T0 + RETENTION) == [
+        Claimed(1)] * 3
+    at = T0 + timedelta(seconds=1)
+    async with statements(backend.kind, store) as ran:
+        completed, answers = await store.complete_and_claim(
+            [("k0", 1, OK), ("k1", 2, OK)], [ClaimRequest("k0", FP_A, 1), ClaimRequest("k2", FP_A, 1),
+                                             ClaimRequest("new", FP_A, 1)],
+            now=at, lease_until=at + LEASE, expires_at=at + RETENTION)
+    assert completed == [True, False]  # k1's epoch is stale
+    assert answers == [Replay(OK), Busy(59.0), Claimed(1)]
+    assert (await store.get("k0")).expires_at == at + RETENTION
+    assert (await store.get("k1")).state is State.IN_PROGRESS
+    assert (await store.get("new")).lease_expires_at == at + LEASE
+    if backend.kind != "memory":
+        begins = [sql for sql in ran if sql.strip().upper().startswith("BEGIN")]
+        assert len(begins) == 1, ran
+    assert await store.complete_and_claim([], [], now=at, lease_until=at + LEASE, expires_at=at) == ([], [])
+
+
+async def test_postgresql_batches_find_their_rows_by_key_on_a_fresh_table(pg_dsn: str) -> None:
+    """A fresh table has no statistics yet: left to its estimates, the planner hashes the whole
+    table for each batch of completions or releases (a cost that grows with the table). The
+    store's sessions find the rows by key."""
+    store = PostgresRecordStore(pg_dsn, table="idem_" + uuid.uuid4().hex[:20], pool_size=1)
+    await store.open()
+    try:
+        for b in range(8):
+            await store.claim_many([ClaimRequest(f"{b}-{i}", FP_A, None) for i in range(500)], now=T0,
+                                   lease_until=T0 + LEASE, expires_at=T0 + RETENTION)
+        keys = [f"3-{i}" for i in range(500)]
+        async with store._pool.acquire() as conn:
+            for name, args in (("complete_many", (keys, [1] * 500, [200] * 500, ["[]"] * 500, [b""] * 500,
+                                                  T0 + RETENTION)),
+                               ("release_many", (keys, [1] * 500))):
+                plan = "\n".join(row[0] for row in await conn.fetch("EXPLAIN " + store._sql[name], *args))
+                assert "Seq Scan" not in plan, plan
+    finally:
+        async with store._pool.acquire() as conn:
+            await conn.execute(f"DROP TABLE {store.table}")
+        await store.close()
+
+
 # -- what is stored ------------------------------------------------------------------------
 
 
