@@ -22,123 +22,42 @@ resume after a backoff) while the others go on.
 from __future__ import annotations
 
 import asyncio
-import enum
-import hashlib
 import inspect
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeAlias
 
-import rfc8785
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from .engine import IdempotencyContext, purge_forever
-from .keys import MalformedFence, MalformedKey, identity, parse_fence, parse_key
-from .records import (
-    Busy,
-    Claimed,
-    ClaimRequest,
-    ClaimResult,
-    Mismatch,
-    RecordStore,
-    Replay,
-    StaleFence,
-    StoredResponse,
+from .kafka_records import (
+    FetchedRecord,
+    Record,
+    RecordReader,
+    Refusal,
+    Refused,
+    digest_of,
+    payload_matches,
 )
-from .wire import (
-    EXTERNAL_ID,
-    KAFKA_FENCE,
-    KAFKA_IDEMPOTENCY_KEY,
-    KAFKA_PAYLOAD_DIGEST,
-    KAFKA_SIGNATURE,
-    KAFKA_TIMESTAMP,
-    WEBHOOK_ID,
-    InvalidSignature,
-    Problem,
-    check_secret,
-    verify_signature,
-)
+from .records import Busy, Claimed, Mismatch, RecordStore, Replay, StaleFence, StoredResponse
+from .wire import EXTERNAL_ID, KAFKA_FENCE
+
+__all__ = ["ErrorCallback", "Handler", "IdempotentConsumer", "Record", "Refusal", "Refused", "digest_of",
+           "payload_matches"]
 
 log = logging.getLogger("receivers.kafka")
 _EXTERNAL_ID = EXTERNAL_ID.lower()
-_OURS = frozenset({KAFKA_IDEMPOTENCY_KEY, KAFKA_PAYLOAD_DIGEST, KAFKA_FENCE, KAFKA_TIMESTAMP, KAFKA_SIGNATURE})
 
-Record: TypeAlias = "ConsumerRecord[Any, Any]"
 #: Your effect for one record; ``context.epoch`` rises on a takeover, to fence downstream writes.
 Handler = Callable[[Record, IdempotencyContext], Awaitable[object]]
-
-
-class Refusal(str, enum.Enum):
-    """Why a record was refused: its handler does not run and its offset is committed, since the
-    same record can never succeed."""
-
-    MISSING_KEY = Problem.MISSING_KEY
-    MALFORMED_KEY = Problem.MALFORMED_KEY
-    MISSING_SIGNATURE = "missing-signature"  # with secrets: not signed (not the outbox's, or no signing secret)
-    INVALID_SIGNATURE = Problem.INVALID_SIGNATURE  # with secrets: no signature matches, or one too old
-    MALFORMED_FENCE = Problem.MALFORMED_FENCE
-    MISSING_DIGEST = "missing-payload-digest"
-    DIGEST_MISMATCH = "payload-digest-mismatch"
-    KEY_REUSED = Problem.KEY_REUSED
-    STALE_FENCE = Problem.STALE_FENCE
-
-
-@dataclass(frozen=True, slots=True)
-class Refused:
-    """What ``on_error`` is told about a refused record (``key`` None when it has none)."""
-
-    reason: Refusal
-    detail: str
-    key: str | None
-
-
 ErrorCallback = Callable[[Record, Refused], "Awaitable[object] | object"]
 
 
 def _log_refusal(record: Record, refused: Refused) -> None:
     log.warning("refused %s/%d/%d (key %r): %s: %s", record.topic, record.partition, record.offset,
                 refused.key, refused.reason.value, refused.detail)
-
-
-def _value_bytes(value: Any) -> bytes:
-    """A record value as the sender sent it: its bytes as they are (the sender's value is the
-    canonical JSON itself), or the canonical JSON of a value a deserializer already decoded."""
-    return value if isinstance(value, bytes) else rfc8785.dumps(value)
-
-
-def digest_of(value: Any) -> str:
-    """``sha256:<hex>`` of a record value (``_value_bytes``)."""
-    return "sha256:" + hashlib.sha256(_value_bytes(value)).hexdigest()
-
-
-def payload_matches(value: object, digest: str) -> bool:
-    """Whether ``value`` is the payload ``digest`` names: one hash when it is the canonical JSON
-    as sent; otherwise its JSON is put in canonical form and compared."""
-    if value is None:
-        return False
-    try:
-        if digest_of(value) == digest:
-            return True
-        return isinstance(value, bytes) and digest_of(json.loads(value)) == digest
-    except (ValueError, RecursionError):  # not JSON, or not canonicalizable (rfc8785 errors are ValueErrors)
-        return False
-
-
-@dataclass(slots=True)
-class _Item:
-    """One fetched record and what became of it in this batch."""
-
-    record: Record
-    partition: TopicPartition
-    key: str | None = None
-    request: ClaimRequest | None = None  # None: refused before claiming
-    refused: Refused | None = None
-    answer: ClaimResult | None = None
 
 
 class IdempotentConsumer:
@@ -185,22 +104,12 @@ class IdempotentConsumer:
         self.retention = timedelta(seconds=retention_seconds)
         self.lease = timedelta(seconds=lease_seconds)
         self.max_batch = max_batch
-        #: Refuse a record whose value is not the payload its ``payload-digest`` names.
-        self.verify_digest = verify_digest
-        #: With the destination's signing secrets (several while rotating), a record runs only if
-        #: one of them signed it, no longer ago than the tolerance: the retention by default, beyond
-        #: which a replayed record's key may be purged and could run again.
-        self.secrets = None if secrets is None else [check_secret(s) for s in
-                                                     ([secrets] if isinstance(secrets, str) else secrets)]
-        if self.secrets == []:
-            raise ValueError("secrets= holds no secret; pass None to turn signature checks off")
-        self.signature_tolerance_seconds = (retention_seconds if signature_tolerance_seconds is None
-                                            else signature_tolerance_seconds)
-        if secrets is None:
-            log.warning("idempotent consumer of group %r set up without secrets=: record signatures are not "
-                        "checked, so anyone who can write to the topic can run the handler under a real key "
-                        "(and have the genuine record refused); pass the destination's whsec_ secret(s) as "
-                        "secrets= to check them", group)
+        #: Reads each record's key, digest, fence and signature (the signature no older than the
+        #: tolerance: the retention by default, beyond which a replayed record's key may be purged
+        #: and could run again).
+        self.reader = RecordReader(group, secrets=secrets, verify_digest=verify_digest, clock=clock,
+                                   signature_tolerance_seconds=(retention_seconds if signature_tolerance_seconds
+                                                                is None else signature_tolerance_seconds))
         self.retry_seconds = retry_seconds
         self.max_retry_seconds = max_retry_seconds
         self.purge_seconds = purge_seconds
@@ -214,7 +123,7 @@ class IdempotentConsumer:
         self._failures: dict[TopicPartition, int] = {}
         #: Records handled whose completions are not stored yet (with their claims' epochs), and the
         #: offsets that wait for them: both go with the next round's claims, or alone (``_flush``).
-        self._done: list[tuple[_Item, int]] = []
+        self._done: list[tuple[FetchedRecord, int]] = []
         self._offsets: dict[TopicPartition, int] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -324,13 +233,13 @@ class IdempotentConsumer:
     async def _process(self, batch: dict[TopicPartition, list[Record]]) -> None:
         """Settle a batch round by round; each partition's offset, up to its last record settled in
         order, is committed once the completions before it are stored."""
-        queue = [self._item(partition, record) for partition, records in batch.items() for record in records]
+        queue = [self.reader.read(partition, record) for partition, records in batch.items() for record in records]
         held: set[TopicPartition] = set()
         while queue and not self._stopping.is_set():
             round_, rest = _next_round(queue)
             queue = await self._round(round_, held) + rest
 
-    async def _round(self, items: list[_Item], held: set[TopicPartition]) -> list[_Item]:
+    async def _round(self, items: list[FetchedRecord], held: set[TopicPartition]) -> list[FetchedRecord]:
         """Store the completions waiting and claim a round of records, in one transaction; commit
         the offsets that waited for those completions; run the round's handlers in order, leaving
         their completions to wait for the next round. Returns the records it did not start
@@ -357,9 +266,9 @@ class IdempotentConsumer:
                 item.answer = answer
         await self._commit(offsets)
         deadline = time.monotonic() + self.lease.total_seconds() / 2
-        handled: list[tuple[_Item, int]] = []
-        releasing: list[tuple[_Item, int]] = []  # claims whose handler failed or did not start
-        left: list[_Item] = []
+        handled: list[tuple[FetchedRecord, int]] = []
+        releasing: list[tuple[FetchedRecord, int]] = []  # claims whose handler failed or did not start
+        left: list[FetchedRecord] = []
         for n, item in enumerate(items):
             claim = item.answer if isinstance(item.answer, Claimed) else None
             if item.partition in held:
@@ -386,7 +295,7 @@ class IdempotentConsumer:
         self._done += handled
         return left
 
-    async def _run(self, item: _Item, epoch: int) -> bool:
+    async def _run(self, item: FetchedRecord, epoch: int) -> bool:
         """Run the handler under a claim; False (retry it) when it raised."""
         assert item.key is not None
         try:
@@ -397,7 +306,7 @@ class IdempotentConsumer:
             return False
         return True
 
-    async def _settle(self, item: _Item) -> bool:
+    async def _settle(self, item: FetchedRecord) -> bool:
         """Settle a record whose handler is not to run: True to move past it, False to retry it."""
         answer = item.answer
         if isinstance(answer, Replay):
@@ -422,7 +331,7 @@ class IdempotentConsumer:
             return False
         return True
 
-    def _hold(self, item: _Item, held: set[TopicPartition]) -> None:
+    def _hold(self, item: FetchedRecord, held: set[TopicPartition]) -> None:
         """Retry ``item`` later: seek its partition back to it and pause it for a backoff that
         doubles with each retry in a row (capped), or until a busy key's lease runs out."""
         partition = item.partition
@@ -444,7 +353,7 @@ class IdempotentConsumer:
         self._done, self._offsets = [], {}
         await self._store_alone(done, offsets)
 
-    async def _store_alone(self, handled: list[tuple[_Item, int]], offsets: dict[TopicPartition, int]) -> None:
+    async def _store_alone(self, handled: list[tuple[FetchedRecord, int]], offsets: dict[TopicPartition, int]) -> None:
         if handled and not await self._complete(handled):
             for item, _ in handled:  # stopping with the store down: commit nothing from here on
                 offsets[item.partition] = min(offsets[item.partition], item.record.offset)
@@ -459,7 +368,7 @@ class IdempotentConsumer:
             log.warning("could not commit offsets %s: %r; their records are skipped when fetched again",
                         {f"{p.topic}/{p.partition}": o for p, o in offsets.items()}, exc)
 
-    async def _complete(self, handled: list[tuple[_Item, int]]) -> bool:
+    async def _complete(self, handled: list[tuple[FetchedRecord, int]]) -> bool:
         """Store the handled records' completions, retrying while the store is down; False only
         when stopping with the store still down (those records run again once their lease ends)."""
         done = _completions(handled)
@@ -482,77 +391,14 @@ class IdempotentConsumer:
             _log_taken_over(handled, stored)
             return True
 
-    async def _release(self, claimed: list[tuple[_Item, int]]) -> None:
+    async def _release(self, claimed: list[tuple[FetchedRecord, int]]) -> None:
         try:
             await self.store.release_many([(item.request.identity, epoch) for item, epoch in claimed
                                            if item.request])
         except Exception as exc:
             log.error("could not release %d claims: %r; they are retried once their lease ends", len(claimed), exc)
 
-    # -- reading a record --------------------------------------------------------------------
-
-    def _item(self, partition: TopicPartition, record: Record) -> _Item:
-        """The record with its key, fingerprint and fence read, or with why it is refused."""
-        item = _Item(record, partition)
-        ours: dict[str, list[str]] = {}
-        for name, value in record.headers:
-            if name in _OURS:  # a null or non-UTF-8 value reads as text no key, digest or fence can be
-                text = value.decode("utf-8", "replace") if value is not None else ""
-                if name in ours:
-                    ours[name].append(text)
-                else:
-                    ours[name] = [text]
-        header = ours.get
-        digests = header(KAFKA_PAYLOAD_DIGEST, ())
-        try:
-            item.key = parse_key(header(KAFKA_IDEMPOTENCY_KEY, ()))
-        except MalformedKey as exc:
-            item.refused = Refused(Refusal.MALFORMED_KEY, str(exc), None)
-            return item
-        if item.key is None:
-            item.refused = Refused(Refusal.MISSING_KEY, f"no {KAFKA_IDEMPOTENCY_KEY} header", None)
-            return item
-        if self.secrets is not None:
-            item.refused = self._unsigned(record, item.key, header(KAFKA_TIMESTAMP, ()), header(KAFKA_SIGNATURE, ()))
-            if item.refused is not None:
-                return item
-        try:
-            fence = parse_fence(header(KAFKA_FENCE, ()))
-        except MalformedFence as exc:
-            item.refused = Refused(Refusal.MALFORMED_FENCE, str(exc), item.key)
-            return item
-        if len(digests) != 1:
-            item.refused = Refused(Refusal.MISSING_DIGEST, f"send exactly one {KAFKA_PAYLOAD_DIGEST} header",
-                                   item.key)
-        elif self.verify_digest and not payload_matches(record.value, digests[0]):
-            item.refused = Refused(Refusal.DIGEST_MISMATCH, f"the value is not the payload its "
-                                   f"{KAFKA_PAYLOAD_DIGEST} names", item.key)
-        else:
-            item.request = ClaimRequest(identity(self.group, item.key), digests[0], fence)
-        return item
-
-    def _unsigned(self, record: Record, key: str, stamps: Sequence[str], signatures: Sequence[str]) -> Refused | None:
-        """Why the record is not signed with one of ``secrets``, or None when it is."""
-        assert self.secrets is not None
-        if not stamps and not signatures:
-            return Refused(Refusal.MISSING_SIGNATURE, f"no {KAFKA_SIGNATURE} header: not signed by the outbox, or "
-                           "by a destination that holds no signing secret", key)
-        if len(stamps) != 1 or len(signatures) != 1:
-            return Refused(Refusal.INVALID_SIGNATURE, f"send exactly one {KAFKA_TIMESTAMP} and one "
-                           f"{KAFKA_SIGNATURE} header", key)
-        signed = {WEBHOOK_ID: key, KAFKA_TIMESTAMP: stamps[0], KAFKA_SIGNATURE: signatures[0]}
-        try:
-            verify_signature(self.secrets, signed, _value_bytes(record.value),
-                             tolerance_seconds=self.signature_tolerance_seconds, now=self.clock().timestamp())
-        except InvalidSignature as exc:
-            return Refused(Refusal.INVALID_SIGNATURE, str(exc), key)
-        except (TypeError, ValueError, RecursionError):  # a decoded value that has no canonical JSON
-            return Refused(Refusal.INVALID_SIGNATURE, "the value has no canonical JSON to check the signature "
-                           "over", key)
-        return None
-
-
-def _next_round(queue: list[_Item]) -> tuple[list[_Item], list[_Item]]:
+def _next_round(queue: list[FetchedRecord]) -> tuple[list[FetchedRecord], list[FetchedRecord]]:
     """The longest head of ``queue`` naming each key once (a repeat is claimed once the first
     settled, then replays rather than waiting on its own claim), and the rest."""
     seen: set[str] = set()
@@ -564,12 +410,12 @@ def _next_round(queue: list[_Item]) -> tuple[list[_Item], list[_Item]]:
     return queue, []
 
 
-def _completions(handled: list[tuple[_Item, int]]) -> list[tuple[str, int, StoredResponse]]:
+def _completions(handled: list[tuple[FetchedRecord, int]]) -> list[tuple[str, int, StoredResponse]]:
     """The completions of handled records, as the stores' ``complete_many`` takes them."""
     return [(item.request.identity, epoch, _result(item.record)) for item, epoch in handled if item.request]
 
 
-def _log_taken_over(handled: list[tuple[_Item, int]], stored: list[bool]) -> None:
+def _log_taken_over(handled: list[tuple[FetchedRecord, int]], stored: list[bool]) -> None:
     for (item, epoch), ok in zip(handled, stored, strict=True):
         if not ok:
             log.warning("key %r was taken over (epoch %d is stale) before its completion was stored", item.key, epoch)

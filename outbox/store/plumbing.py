@@ -5,9 +5,9 @@ receivers' SQLite pieces (the group committer, its set jobs, the microsecond tim
 
 from __future__ import annotations
 
-from receivers import _sqlite
-from receivers._sql import Queries
-from receivers._sqlite import SetJob, from_us, to_us
+from receivers import sqlite_writer as _sqlite
+from receivers.queries import Queries
+from receivers.sqlite_writer import SetJob, from_us, to_us
 
 from ..errors import StoreUnavailable
 

@@ -371,7 +371,7 @@ def commit_module() -> Any:
     used only to count commits; the count is left out if it moves)."""
     import importlib
 
-    for name in ("receivers._sqlite", "outbox.store.sqlite"):
+    for name in ("receivers.sqlite_writer", "outbox.store.sqlite"):
         try:
             module = importlib.import_module(name)
         except ImportError:

@@ -15,8 +15,8 @@ from pathlib import Path
 import aiosqlite
 import pytest
 
-from receivers._sqlite import GroupCommitter
 from receivers.records import StoreUnavailable
+from receivers.sqlite_writer import GroupCommitter
 
 
 def write(n: int) -> Callable[[sqlite3.Connection], int]:

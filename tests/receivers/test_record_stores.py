@@ -329,9 +329,9 @@ async def test_purge_deletes_only_expired_records(store: Any) -> None:
 
 
 async def test_purge_takes_every_expired_record_batch_after_batch(store: Any, monkeypatch) -> None:
-    import receivers.stores
+    import receivers.stores.sqlite
 
-    monkeypatch.setattr(receivers.stores, "PURGE_BATCH", 2)  # a SQLite store deletes 2 per transaction
+    monkeypatch.setattr(receivers.stores.sqlite, "PURGE_BATCH", 2)  # a SQLite store deletes 2 per transaction
     now = T0 + timedelta(hours=5)
     for n in range(5):
         await claim(store, f"old-{n}")

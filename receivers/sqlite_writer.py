@@ -1,11 +1,12 @@
-"""SQLite plumbing shared by every SQLite store (the receivers' record store, the outbox's
-store): durable connections, one-hop transactions, group commit, where concurrent writers share
-a transaction and its fsync, and times kept as integer microseconds.
+"""The SQLite writer every SQLite store shares (the receivers' record store, the outbox's store):
+durable connections, one-hop transactions, group commit, where concurrent writers share a
+transaction and its fsync, and times kept as integer microseconds.
 
-One job's failure undoes only that job, and each writer is answered only after the commit that
-made its write durable. SQLite answering "not now" (locked, busy, full) raises the error of the
-``Sqlite`` in use: each store names its own StoreUnavailable. aiosqlite is imported when a
-connection is opened, not with this module.
+A public part of ``receivers`` (the leaf package) so that the outbox's store builds on it:
+``Sqlite(error)`` names the store's own "not now" error, ``GroupCommitter`` queues write jobs, and
+``SetJob`` lets jobs of one kind run as one set-wide statement. One job's failure undoes only that
+job, and each writer is answered only after the commit that made its write durable. aiosqlite is
+imported when a connection is opened, not with this module.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Named SQL blocks, one file per dialect (``sql/<dialect>.sql`` in a package): the receivers'
-record stores and the outbox's store keep their statements this way."""
+"""Named SQL blocks, one file per dialect (``sql/<dialect>.sql`` in a package), each statement
+``-- name: NAME`` then a line saying what it does. A public part of ``receivers`` (the leaf
+package): the receivers' record stores and the outbox's store both keep their statements this way."""
 
 from __future__ import annotations
 
