@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -13,7 +14,7 @@ import click
 from .. import operations
 from ..clock import iso
 from ..errors import InvalidInput, OutboxError
-from ..model import Status
+from ..model import Intent, Status
 from ..outbox import Outbox
 from ..shapes import history_json, intent_json
 from ..store import IntentQuery
@@ -253,15 +254,22 @@ async def resolve(ctx: Context, box: Outbox, action_id: str, resolution: str, ex
     ctx.emit(intent_json(intent), f"resolved {action_id}: {intent.status.value}")
 
 
-@click.command()
-@click.argument("action_id")
-@SCOPE
-@REASON
-@run
-async def cancel(ctx: Context, box: Outbox, action_id: str, scope: str | None, reason: str) -> None:
-    """Withdraw an intent that is not being sent right now."""
-    intent = await operations.cancel(box, action_id, _operator(reason), scope=scope)
-    ctx.emit(intent_json(intent), f"cancelled {action_id}")
+def _with_reason(name: str, act: Callable[..., Awaitable[Intent]], done: str, about: str) -> click.Command:
+    """An operator's command that takes nothing but an intent and a reason (cancel, reject)."""
+
+    @click.command(name, help=about)
+    @click.argument("action_id")
+    @SCOPE
+    @REASON
+    @run
+    async def command(ctx: Context, box: Outbox, action_id: str, scope: str | None, reason: str) -> None:
+        intent = await act(box, action_id, _operator(reason), scope=scope)
+        ctx.emit(intent_json(intent), f"{done} {action_id}")
+
+    return command
+
+
+cancel = _with_reason("cancel", operations.cancel, "cancelled", "Withdraw an intent that is not being sent right now.")
 
 
 @click.command()
@@ -279,15 +287,7 @@ async def approve(ctx: Context, box: Outbox, action_id: str, digest: str, valid_
     ctx.emit(intent_json(intent), f"approved {action_id} until {iso(intent.approval_expires_at)}")
 
 
-@click.command()
-@click.argument("action_id")
-@SCOPE
-@REASON
-@run
-async def reject(ctx: Context, box: Outbox, action_id: str, scope: str | None, reason: str) -> None:
-    """Refuse a held intent; it is never sent."""
-    intent = await operations.reject(box, action_id, _operator(reason), scope=scope)
-    ctx.emit(intent_json(intent), f"rejected {action_id}")
+reject = _with_reason("reject", operations.reject, "rejected", "Refuse a held intent; it is never sent.")
 
 
 @click.command()

@@ -13,8 +13,9 @@ import hmac
 import json
 from collections.abc import Awaitable, Callable
 from datetime import datetime
+from functools import wraps
 from html import escape
-from typing import Any
+from typing import Any, ParamSpec
 from urllib.parse import parse_qs, quote
 
 from fastapi import APIRouter, Request
@@ -43,6 +44,8 @@ ATTENTION = ((Status.DEAD, "Dead letters"), (Status.UNKNOWN, "Unknown outcomes")
 #: code shows nothing. A failed action's own message is drawn in the answer to its form instead.
 DONE = {name: f"{name} done" for name in ("replay", "resolve", "cancel", "approve", "reject")}
 SIGN_IN_REFUSED = {"refused": "that is not an operator or admin token"}
+
+P = ParamSpec("P")
 
 
 def csrf_for(token: str) -> str:
@@ -79,6 +82,45 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
     def to_login() -> Response:
         return RedirectResponse("/console/login", status_code=303)
 
+    def signed_in(view: Callable[P, Awaitable[Response]]) -> Callable[P, Awaitable[Response]]:
+        """A page only a signed-in operator sees; anyone else is sent to sign in."""
+
+        @wraps(view)
+        async def guarded(*args: P.args, **kwargs: P.kwargs) -> Response:
+            request: Any = kwargs["request"]  # FastAPI passes every parameter by name
+            if await session(request) is None:
+                return to_login()
+            return await view(*args, **kwargs)
+
+        return guarded
+
+    async def signed_form(request: Request) -> tuple[TokenInfo, dict[str, list[str]]] | Response:
+        """Who sent a console form and its fields, or the answer instead: to sign in, or a refusal
+        of a form without this session's CSRF value."""
+        who = await session(request)
+        if who is None:
+            return to_login()
+        raw = await form(request)
+        if (refused := forged(request, raw)) is not None:
+            return refused
+        return who, raw
+
+    async def filtered(request: Request, title: str, action: str,
+                       draw: Callable[[Outbox, datetime, Filter], Awaitable[str]]) -> Response:
+        """A page of the filter form (sent to ``action``) over what ``draw`` makes of the filter it
+        chose; a filter or a query the outbox refuses answers 400 with the form and its message."""
+        outbox = box(request)
+        now = outbox.clock.now()
+        destinations = [d.id for d in await outbox.list_destinations()]
+        chosen = Filter()
+        try:
+            chosen = Filter.parse(request.query_params, now)
+            drawn = await draw(outbox, now, chosen)
+        except OutboxError as exc:
+            return page(title, chosen_form(chosen, destinations, action=action) + flashes(error=exc.message),
+                        status=400)
+        return page(title, chosen_form(chosen, destinations, action=action) + drawn)
+
     @pages.get("/style.css")
     async def style() -> Response:
         return Response(STYLE, media_type="text/css; charset=utf-8", headers={"Cache-Control": "max-age=3600"})
@@ -108,9 +150,8 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
         return response
 
     @pages.get("")
+    @signed_in
     async def overview(request: Request) -> Response:
-        if await session(request) is None:
-            return to_login()
         outbox = box(request)
         now = outbox.clock.now()
         minutes = window(now)
@@ -158,32 +199,25 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
                     + "<h2>Backlog by status</h2>" + statuses + "".join(sections))
 
     @pages.get("/intents")
+    @signed_in
     async def search(request: Request) -> Response:
-        if await session(request) is None:
-            return to_login()
-        outbox = box(request)
-        now = outbox.clock.now()
-        destinations = [d.id for d in await outbox.list_destinations()]
-        chosen = Filter()
-        try:
-            chosen = Filter.parse(request.query_params, now)
+        async def matched(outbox: Outbox, now: datetime, chosen: Filter) -> str:
             if chosen.action_id:
                 intents, next_seq = await outbox.store.intents_named(chosen.action_id), None
             else:
                 found = await outbox.list_intents(chosen.query(before=chosen.before))
                 intents, next_seq = found.intents, found.next_seq
-        except OutboxError as exc:
-            return page("Intents", chosen_form(chosen, destinations) + flashes(error=exc.message), status=400)
-        older = (f"<p><a rel='next' href='/console/intents?{chosen.encode(before=next_seq)}'>older →</a></p>"
-                 if next_seq else "")
-        bulk = (f"<p><a href='/console/replay?{chosen.encode()}'>Replay what this filter matches…</a></p>"
-                if chosen.replayable() else "")
-        return page("Intents", chosen_form(chosen, destinations) + bulk + _intents(intents, now) + older)
+            older = (f"<p><a rel='next' href='/console/intents?{chosen.encode(before=next_seq)}'>older →</a></p>"
+                     if next_seq else "")
+            bulk = (f"<p><a href='/console/replay?{chosen.encode()}'>Replay what this filter matches…</a></p>"
+                    if chosen.replayable() else "")
+            return bulk + _intents(intents, now) + older
+
+        return await filtered(request, "Intents", "/console/intents", matched)
 
     @pages.get("/intents/{action_id}")
+    @signed_in
     async def intent_page(request: Request, action_id: str, scope: str | None = None, done: str = "") -> Response:
-        if await session(request) is None:
-            return to_login()
         return await intent_view(request, action_id, scope, done=DONE.get(done, ""))
 
     async def intent_view(request: Request, action_id: str, scope: str | None, *, done: str = "", error: str = "",
@@ -250,12 +284,10 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
 
     async def act(request: Request, action_id: str, scope: str | None, name: str,
                   run: Callable[[Outbox, operations.Actor, dict[str, str]], Awaitable[object]]) -> Response:
-        who = await session(request)
-        if who is None:
-            return to_login()
-        raw = await form(request)
-        if (refused := forged(request, raw)) is not None:
-            return refused
+        sent = await signed_form(request)
+        if isinstance(sent, Response):
+            return sent
+        who, raw = sent
         fields = {k: v[-1] for k, v in raw.items()}
         try:
             await run(box(request), operations.Actor(who.actor, fields.get("reason", "")), fields)
@@ -298,38 +330,28 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
                          lambda b, who, f: operations.reject(b, action_id, who, scope=scope))
 
     @pages.get("/replay")
+    @signed_in
     async def replay_preview(request: Request) -> Response:
-        if await session(request) is None:
-            return to_login()
-        outbox = box(request)
-        now = outbox.clock.now()
-        destinations = [d.id for d in await outbox.list_destinations()]
-        chosen = Filter()
-        try:
-            chosen = Filter.parse(request.query_params, now)
+        async def dry_run(outbox: Outbox, now: datetime, chosen: Filter) -> str:
             found = [i async for i in operations.matching(outbox, operations.replay_filter(chosen.query()))]
-        except OutboxError as exc:
-            return page("Bulk replay", chosen_form(chosen, destinations, action="/console/replay")
-                        + flashes(error=exc.message), status=400)
-        confirm = (
-            f"<form method='post' action='/console/replay'>{csrf_field(request)}{chosen.hidden()}"
-            f"<p><label>Reason (recorded on every replay)<br><input name='reason' required size='40'></label></p>"
-            f"<p><label><input type='checkbox' name='accept_duplicate_risk' value='yes'> accept duplicate risk"
-            f"</label></p><button type='submit'>Replay {len(found)} intents</button></form>") if found else ""
-        return page("Bulk replay", chosen_form(chosen, destinations, action="/console/replay")
-                    + f"<h2>Dry run: {len(found)} intents match</h2>"
+            confirm = (
+                f"<form method='post' action='/console/replay'>{csrf_field(request)}{chosen.hidden()}"
+                f"<p><label>Reason (recorded on every replay)<br><input name='reason' required size='40'></label></p>"
+                f"<p><label><input type='checkbox' name='accept_duplicate_risk' value='yes'> accept duplicate risk"
+                f"</label></p><button type='submit'>Replay {len(found)} intents</button></form>") if found else ""
+            return (f"<h2>Dry run: {len(found)} intents match</h2>"
                     + (f"<p>The first {min(len(found), 20)} of them:</p>" if found else "")
                     + _intents(found[:20], now) + confirm)
 
+        return await filtered(request, "Bulk replay", "/console/replay", dry_run)
+
     @pages.post("/replay")
     async def replay_start(request: Request) -> Response:
-        who = await session(request)
-        if who is None:
-            return to_login()
+        sent = await signed_form(request)
+        if isinstance(sent, Response):
+            return sent
+        who, raw = sent
         outbox = box(request)
-        raw = await form(request)
-        if (refused := forged(request, raw)) is not None:
-            return refused
         try:
             chosen = Filter.parse(raw, outbox.clock.now())
             actor = operations.Actor(who.actor, raw.get("reason", [""])[-1])
@@ -340,9 +362,8 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
         return RedirectResponse(f"/console/replay/{job}", status_code=303)
 
     @pages.get("/replay/{job}")
+    @signed_in
     async def replay_progress(request: Request, job: str) -> Response:
-        if await session(request) is None:
-            return to_login()
         found = replays.get(job)
         if found is None:
             return page("Not found", "<p>no such bulk replay in this process (it may have restarted)</p>",

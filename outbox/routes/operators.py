@@ -4,6 +4,7 @@ authority provider the app was given (``app.state.authorize``) first."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -82,11 +83,20 @@ async def resolve(spec: ResolveIn, request: Request, action_id: ActionId, token:
     return await acted(request, intent, EventKind.RESOLVED)
 
 
-@router.post("/v1/intents/{action_id}/cancel", summary="Withdraw an intent", **openapi.action(ReasonIn))
-async def cancel(spec: ReasonIn, request: Request, action_id: ActionId, token: Operator,
-                 scope: ScopeParam = None) -> dict[str, Any]:
-    intent = await operations.cancel(box(request), action_id, actor(token, spec.reason), scope=scope)
-    return await acted(request, intent, EventKind.CANCELLED)
+def with_reason(name: str, act: Callable[..., Awaitable[Intent]], kind: EventKind, summary: str) -> None:
+    """Route ``POST /v1/intents/{action_id}/<name>``: an action that takes nothing but a reason
+    (cancel, reject), answered with the intent as it left it."""
+
+    async def action(spec: ReasonIn, request: Request, action_id: ActionId, token: Operator,
+                     scope: ScopeParam = None) -> dict[str, Any]:
+        intent = await act(box(request), action_id, actor(token, spec.reason), scope=scope)
+        return await acted(request, intent, kind)
+
+    router.post(f"/v1/intents/{{action_id}}/{name}", name=name, summary=summary,
+                **openapi.action(ReasonIn))(action)
+
+
+with_reason("cancel", operations.cancel, EventKind.CANCELLED, "Withdraw an intent")
 
 
 @router.post("/v1/intents/{action_id}/approve",
@@ -99,11 +109,7 @@ async def approve(spec: ApproveIn, request: Request, action_id: ActionId, token:
     return await acted(request, intent, EventKind.APPROVED)
 
 
-@router.post("/v1/intents/{action_id}/reject", summary="Refuse a held intent", **openapi.action(ReasonIn))
-async def reject(spec: ReasonIn, request: Request, action_id: ActionId, token: Operator,
-                 scope: ScopeParam = None) -> dict[str, Any]:
-    intent = await operations.reject(box(request), action_id, actor(token, spec.reason), scope=scope)
-    return await acted(request, intent, EventKind.REJECTED)
+with_reason("reject", operations.reject, EventKind.REJECTED, "Refuse a held intent")
 
 
 @router.post("/v1/replay",
