@@ -36,6 +36,7 @@ from pydantic_core import PydanticCustomError
 
 from receivers.wire import PROBLEM_TYPE_PREFIX
 
+from .clock import iso
 from .errors import InvalidInput
 from .ids import ACTION_ID, DESTINATION_ID, ORDERING_KEY, SCOPE, TOKEN_ID, TOKEN_LABEL, check
 from .model import SETTLED, OnDead, OnUnknown, Ordering, Outcome, Role, Status, Submission
@@ -440,28 +441,35 @@ class HasHistory(Protocol):
 
 def intent_json(intent: IntentRecord, *, payload: bool = True) -> dict[str, Any]:
     """An intent as the API and CLI show it (without its ``payload`` where the caller has it:
-    a batch's answers)."""
-    return (Intent if payload else BatchIntent).model_construct(
-        action_id=intent.action_id, scope=intent.scope, idempotency_key=intent.key,
-        destination=intent.destination, channel=intent.channel, ordering_key=intent.ordering_key,
-        status=intent.status, payload=intent.payload if payload else None, payload_digest=intent.payload_digest,
-        attempt_count=intent.attempts, max_attempts=intent.max_attempts, next_attempt_at=intent.next_attempt_at,
-        not_before=intent.not_before, expires_at=intent.expires_at, lease_owner=intent.lease_owner,
-        lease_expires_at=intent.lease_expires_at, fence=intent.fence, created_at=intent.created_at,
-        updated_at=intent.updated_at, last_error=intent.last_error, unreadable=intent.unreadable,
-    ).model_dump(mode="json")
+    a batch's answers): ``Intent``'s fields, built as a plain dict, since every enqueue, batch
+    and page answers with it (a model dumped costs about five times as much)."""
+    return {
+        "action_id": intent.action_id, "scope": intent.scope, "idempotency_key": intent.key,
+        "destination": intent.destination, "channel": intent.channel, "ordering_key": intent.ordering_key,
+        "status": intent.status.value, **({"payload": intent.payload} if payload else {}),
+        "payload_digest": intent.payload_digest, "attempt_count": intent.attempts,
+        "max_attempts": intent.max_attempts, "next_attempt_at": iso(intent.next_attempt_at),
+        "not_before": iso(intent.not_before), "expires_at": iso(intent.expires_at),
+        "lease_owner": intent.lease_owner, "lease_expires_at": iso(intent.lease_expires_at), "fence": intent.fence,
+        "created_at": iso(intent.created_at), "updated_at": iso(intent.updated_at),
+        "last_error": intent.last_error, "unreadable": intent.unreadable,
+    }
 
 
 def history_json(history: HasHistory) -> dict[str, Any]:
-    """An intent's attempts and events as the API and CLI show them."""
-    attempts = [Attempt.model_construct(
-        attempt_id=a.attempt_id, number=a.number, fence=a.fence, worker=a.worker, started_at=a.started_at,
-        finished_at=a.finished_at, submission=a.submission, outcome=a.outcome, status_code=a.status_code,
-        reply=a.reply, external_id=a.external_id, error=a.error, duration_ms=a.duration_ms, stage=a.stage,
-    ).model_dump(mode="json") for a in history.attempts]
-    events = [Event.model_construct(kind=e.kind.value, at=e.at, actor=e.actor, reason=e.reason, data=dict(e.data)
-                                    ).model_dump(mode="json") for e in history.events]
-    return {"attempts": attempts, "events": events}
+    """An intent's attempts and events as the API and CLI show them (``Attempt``'s and
+    ``Event``'s fields, as plain dicts, as ``intent_json``)."""
+    return {
+        "attempts": [{
+            "attempt_id": a.attempt_id, "number": a.number, "fence": a.fence, "worker": a.worker,
+            "started_at": iso(a.started_at), "finished_at": iso(a.finished_at),
+            "submission": a.submission.value if a.submission else None,
+            "outcome": a.outcome.value if a.outcome else None, "status_code": a.status_code, "reply": a.reply,
+            "external_id": a.external_id, "error": a.error, "duration_ms": a.duration_ms, "stage": a.stage,
+        } for a in history.attempts],
+        "events": [{"kind": e.kind.value, "at": iso(e.at), "actor": e.actor, "reason": e.reason, "data": dict(e.data)}
+                   for e in history.events],
+    }
 
 
 def destination_json(destination: DestinationRecord) -> dict[str, Any]:
