@@ -95,7 +95,7 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
         generate_unique_id_function=openapi.operation_id,
     )
     openapi.install(app)
-    app.add_middleware(bodies.BodyLimits, **bodies.limits(settings))
+    app.add_middleware(bodies.BodyLimits, router=app.router, **bodies.limits(settings))
     app.add_middleware(Head, router=app.router)
     handlers.install(app)
     app.include_router(probes.router)

@@ -11,7 +11,7 @@ import fastapi.routing
 from fastapi import Request
 from fastapi.routing import APIRoute
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Match
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 #: Sent with every console answer. The pages load only their own stylesheet and post their
@@ -31,19 +31,24 @@ def allowed_methods(request: Request) -> str:
     """Every method the request's path answers, for a 405's ``Allow`` (Starlette names only
     those of the first route matching the path, and FastAPI makes one route per method)."""
     methods: set[str] = set()
-    for route in _routes(request.app.router.routes):
+    for route in routes(request.app.router):
         route_methods = getattr(route, "methods", None)
         if route_methods and route.matches(request.scope)[0] is not Match.NONE:
             methods |= route_methods
     return ", ".join(sorted(methods))
 
 
-def _routes(routes: list[BaseRoute]) -> Iterable[Any]:
-    """The routes, with those of the included routers: recent FastAPI (0.165) keeps an included
-    router as one route, whose routes ``iter_route_contexts`` yields; earlier releases copied
-    them into the app."""
+def routes(router: Any) -> Iterable[Any]:
+    """``router``'s routes, with those of the routers it includes: recent FastAPI (0.165) keeps
+    an included router as one route, whose routes ``iter_route_contexts`` yields; earlier
+    releases copied them into the app."""
     flatten = getattr(fastapi.routing, "iter_route_contexts", None)
-    return routes if flatten is None else flatten(routes)
+    return router.routes if flatten is None else flatten(router.routes)
+
+
+def matched(router: Any, scope: Scope) -> Any | None:
+    """The route of ``router`` that answers ``scope`` whole (its path and its method), or None."""
+    return next((route for route in routes(router) if route.matches(scope)[0] is Match.FULL), None)
 
 
 class Head:
@@ -60,8 +65,7 @@ class Head:
             await self.app(scope, receive, send)
             return
         as_get = {**scope, "method": "GET"}  # a copy: the server's own scope still says HEAD
-        if not any("GET" in (getattr(route, "methods", None) or ()) and route.matches(as_get)[0] is Match.FULL
-                   for route in _routes(self.router.routes)):
+        if matched(self.router, as_get) is None:
             await self.app(scope, receive, send)
             return
 

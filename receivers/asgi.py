@@ -49,15 +49,15 @@ class IdempotencyMiddleware:
             await _answer(send, self.idempotency.too_large(int(declared[0])))
             return
         try:
-            body = await _read_body(receive, self.idempotency.max_body_bytes)
-        except _ClientGone:
+            body = await read_body(receive, self.idempotency.max_body_bytes)
+        except ClientGone:
             return  # nothing to claim: the request never fully arrived
         if body is None:
             await _answer(send, self.idempotency.too_large(self.idempotency.max_body_bytes + 1))
             return
         decision = await self.idempotency.begin(request, body)
         if decision is None:
-            await self.app(scope, _replaying(body, receive), send)
+            await self.app(scope, replaying(body, receive), send)
         elif isinstance(decision, Answer):
             await _answer(send, decision)
         else:
@@ -105,7 +105,7 @@ class IdempotencyMiddleware:
                                                   None if chunks is None else b"".join(chunks))
 
         try:
-            await self.app(scope, _replaying(body, receive), capture)
+            await self.app(scope, replaying(body, receive), capture)
         except BaseException:
             if not finished:
                 await self.idempotency.finish(run, None, headers, None)
@@ -114,17 +114,18 @@ class IdempotencyMiddleware:
             await self.idempotency.finish(run, None, headers, None)
 
 
-class _ClientGone(Exception):
+class ClientGone(Exception):
     """The client disconnected before its request body was complete."""
 
 
-async def _read_body(receive: Any, limit: int) -> bytes | None:
-    """The whole request body, or None once it exceeds ``limit``. Raises _ClientGone."""
+async def read_body(receive: Any, limit: int) -> bytes | None:
+    """The whole request body, or None once it exceeds ``limit``. Raises ClientGone. (The
+    outbox's API reads its bodies with it too.)"""
     chunks, size = [], 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise _ClientGone
+            raise ClientGone
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
@@ -135,7 +136,7 @@ async def _read_body(receive: Any, limit: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _replaying(body: bytes, receive: Any) -> Any:
+def replaying(body: bytes, receive: Any) -> Any:
     """A ``receive`` that hands the app the body already read, then defers to the real one."""
     sent = False
 

@@ -1,6 +1,7 @@
 """Request bodies, bounded and strict before any route reads them: ``BodyLimits``, a pure-ASGI
 middleware (the shape of ``receivers.asgi``), in front of every route that takes a JSON body
-(``POST``, ``PUT`` and ``PATCH`` under ``/v1/``). A body is refused by its declared or streamed
+(``POST``, ``PUT`` and ``PATCH`` under ``/v1/``; a request no route answers goes on unread, to
+its 404 or 405). A body is refused by its declared or streamed
 size before it is parsed, must be JSON (``application/json`` or ``+json``), and may nest no
 deeper than a payload may plus its envelope; the route then validates it as its model.
 
@@ -19,11 +20,14 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from receivers.asgi import ClientGone, read_body, replaying
 
 from ..digest import MAX_NESTING, nesting
 from ..problems import Problem
 from ..settings import Settings
+from ..web import routes
 from .handlers import validation_problem
 
 M = TypeVar("M", bound=BaseModel)
@@ -99,17 +103,28 @@ class BodyLimits:
     answers the problem saying why it is refused (415, 413, 400, 422); a body it lets through
     is handed on to the app as it came."""
 
-    def __init__(self, app: ASGIApp, *, default: Limit, by_path: Mapping[str, Limit]) -> None:
+    def __init__(self, app: ASGIApp, *, router: Any, default: Limit, by_path: Mapping[str, Limit]) -> None:
         self.app = app
+        self.router = router
         self.default = default
         self.by_path = dict(by_path)
+        self._bodied: list[tuple[re.Pattern[str], frozenset[str], Limit]] | None = None
+
+    def _limit(self, scope: Scope) -> Limit | None:
+        """The limit of the route that answers ``scope`` with a body, or None. The routes are
+        looked at once (at the first request: all are in by then), and only those that take
+        a body are matched, path first, which costs a few regular expressions a request."""
+        if self._bodied is None:
+            self._bodied = [(route.path_regex, frozenset(route.methods), self.by_path.get(route.path, self.default))
+                            for route in routes(self.router) if getattr(route, "methods", None)
+                            and route.methods & BODY_METHODS and route.path.startswith(PREFIX)]
+        return next((limit for pattern, methods, limit in self._bodied
+                     if scope["method"] in methods and pattern.match(scope["path"])), None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (scope["type"] != "http" or scope["method"] not in BODY_METHODS
-                or not scope["path"].startswith(PREFIX)):
+        if scope["type"] != "http" or scope["method"] not in BODY_METHODS or (limit := self._limit(scope)) is None:
             await self.app(scope, receive, send)
             return
-        limit = self.by_path.get(scope["path"], self.default)
         headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
         try:
             body = await _read(headers, receive, limit)
@@ -117,7 +132,7 @@ class BodyLimits:
             await refused.response(scope["path"])(scope, receive, send)
             return
         if body is not None:
-            await self.app(scope, _replaying(body, receive), send)
+            await self.app(scope, replaying(body, receive), send)
 
 
 async def _read(headers: Mapping[str, str], receive: Receive, limit: Limit) -> bytes | None:
@@ -135,22 +150,15 @@ async def _read(headers: Mapping[str, str], receive: Receive, limit: Limit) -> b
             413, "payload-too-large", "Payload too large",
             f"body is {declared} bytes; the limit is {limit.size} ({limit.says})",
         )
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit.size:
-            raise Problem(
-                413, "payload-too-large", "Payload too large",
-                f"body exceeds the limit of {limit.size} bytes",
-            )
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    body = b"".join(chunks)
+    try:
+        body = await read_body(receive, limit.size)
+    except ClientGone:
+        return None
+    if body is None:
+        raise Problem(
+            413, "payload-too-large", "Payload too large",
+            f"body exceeds the limit of {limit.size} bytes",
+        )
     _check(body, limit.depth)
     return body
 
@@ -184,20 +192,6 @@ def _check(body: bytes, depth_limit: int) -> None:
         raise Problem(422, "invalid-input", "Invalid input",
                       "the body holds a lone surrogate (a \\ud800-\\udfff escape not in a pair) in a string or a "
                       "name: that is not Unicode text (I-JSON, RFC 7493 section 2.1)")
-
-
-def _replaying(body: bytes, receive: Receive) -> Receive:
-    """``receive`` for the app: the body read, then whatever the client sends next."""
-    sent = False
-
-    async def replayed() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replayed
 
 
 def validated(model: type[M], raw: Any) -> M:

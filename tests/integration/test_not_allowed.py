@@ -31,3 +31,14 @@ async def test_a_wrong_method_on_a_console_page_names_its_methods_too(box):
         login = await c.put("/console/login")
     assert logout.status_code == 405 and logout.headers["allow"] == "POST"
     assert login.status_code == 405 and login.headers["allow"] == "GET, POST"
+
+
+async def test_a_body_to_a_path_or_method_nothing_answers_is_not_read(box):
+    """Bodies are checked only for a route that answers the request: anything else is its 404
+    or 405, whatever its body, as before there was a body check in front of the routes."""
+    app = create_app(Settings(worker=False), outbox=box)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://outbox") as c:
+        nowhere = await c.post("/v1/nothing", content=b"{not json", headers={"content-type": "text/plain"})
+        wrong = await c.put("/v1/intents", content=b"{not json", headers={"content-type": "text/plain"})
+    assert nowhere.status_code == 404, nowhere.text
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "GET, POST", wrong.text
