@@ -59,12 +59,10 @@ class Served:
             return unsettled.intent
 
     async def approve(self, action_id: str, scope: str, payload_digest: str, reason: str) -> Intent:
-        await self._operator().approve(action_id, payload_digest=payload_digest, reason=reason, scope=scope)
-        return await self.client.get(action_id, scope=scope)
+        return await self._operator().approve(action_id, payload_digest=payload_digest, reason=reason, scope=scope)
 
     async def reject(self, action_id: str, scope: str, reason: str) -> Intent:
-        await self._operator().reject(action_id, reason=reason, scope=scope)
-        return await self.client.get(action_id, scope=scope)
+        return await self._operator().reject(action_id, reason=reason, scope=scope)
 
     def _operator(self) -> AsyncClient:
         if self._approver is None:
