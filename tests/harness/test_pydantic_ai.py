@@ -105,6 +105,28 @@ async def test_an_approval_given_through_the_harness_approves_the_intent(service
     assert service.effects.keys == {f"{SCOPE}/{identities['action_id']}": 1}
 
 
+async def test_an_approval_given_elsewhere_is_read_from_the_record_at_the_next_settle(service: Service,
+                                                                                    backend: Served) -> None:
+    """An operator approves (and another refuses) the held intents in the outbox itself, not
+    through the harness: the next ``settle``, given no decisions, resumes with what the outbox
+    recorded."""
+    tools = effect_tools(backend)
+    agent = agent_for(tools, ("send_wires", "yes", {"invoice": 7}), ("send_wires", "no", {"invoice": 8}))
+    run = await agent.run("go")
+    assert isinstance(run.output, DeferredToolRequests) and len(run.output.approvals) == 2
+    approved, refused = run.output.metadata["yes"]["outbox"], run.output.metadata["no"]["outbox"]
+    await backend.approve(approved["action_id"], SCOPE, approved["payload_digest"], "looked elsewhere")
+    await backend.reject(refused["action_id"], SCOPE, "not today")
+    resumed = await tools.settle(agent, run.all_messages(), run.output, wait=10)
+    while resumed is not None and isinstance(resumed.output, DeferredToolRequests):
+        resumed = await tools.settle(agent, resumed.all_messages(), resumed.output, wait=10)
+    assert resumed is not None
+    answer = json.loads(resumed.output)
+    assert answer["yes"]["content"]["status"] == "delivered"
+    assert answer["no"]["outcome"] == "denied"
+    assert service.effects.keys == {f"{SCOPE}/{approved['action_id']}": 1}
+
+
 async def test_an_approval_of_changed_arguments_is_refused(service: Service, backend: Served) -> None:
     tools = effect_tools(backend)
     agent = agent_for(tools, ("send_wires", "c1", {"invoice": 7}))
