@@ -323,6 +323,10 @@ class Store(Protocol):
         finish then changes no indexed column), and the open intents as of ``now``."""
         ...
 
+    async def destination_counts(self, destination_id: str) -> dict[str, int]:
+        """A destination's intents by status (statuses it has none of are left out)."""
+        ...
+
     async def failed_attempts(self, destination_id: str, since: datetime, limit: int) -> list[FailedAttempt]:
         """A destination's attempts started since ``since`` that did not deliver, newest first, at
         most ``limit`` (through the index on start times, as ``activity``)."""

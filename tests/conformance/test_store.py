@@ -679,7 +679,7 @@ async def test_activity_counts_attempts_by_minute_the_latest_failures_and_the_ba
     assert [(s.since, s.until, s.count) for s in later.backlog] == [(hour + timedelta(hours=1), None, 2)]
 
 
-async def test_a_destinations_failed_attempts_are_read_newest_first_within_the_window(store):
+async def test_a_destinations_failed_attempts_and_counts_by_status(store):
     await store.insert_intents([new("f1"), new("f2"), new("ok"), new("gone", at=T0 - timedelta(hours=2))])
     await store.insert_intent(*new("other", dest="approvals"))
     for i in await store.claim("w1", now=T0, lease_until=T0 + timedelta(hours=9), limit=5):
@@ -698,6 +698,8 @@ async def test_a_destinations_failed_attempts_are_read_newest_first_within_the_w
         ("f1", "acme", 1, T0 + timedelta(seconds=5), "submitted", "retryable", 503, "f1 down")]
     assert [f.action_id for f in await store.failed_attempts("billing", T0 - timedelta(hours=1), 1)] == ["f2"]
     assert await store.failed_attempts("nowhere", T0 - timedelta(hours=1), 10) == []
+    assert await store.destination_counts("billing") == {"dead": 3, "delivered": 1}
+    assert await store.destination_counts("nowhere") == {}
 
 
 async def test_leases_are_renewed_only_while_held_and_expired_ones_are_found(store):

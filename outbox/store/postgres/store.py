@@ -326,6 +326,9 @@ class PostgresStore(Lookups):
 
         return await self._run(work, transaction=SNAPSHOT)
 
+    async def destination_counts(self, destination_id: str) -> dict[str, int]:
+        return {status: n for status, n in await self._connections.fetch("destination_counts", destination_id)}
+
     async def failed_attempts(self, destination_id: str, since: datetime, limit: int) -> list[FailedAttempt]:
         rows = await self._connections.fetch("destination_failures", destination_id, since, limit)
         return [FailedAttempt(a, s, n, READ.at(at), sub, o, code, error) for a, s, n, at, sub, o, code, error in rows]

@@ -328,6 +328,12 @@ class SqliteStore(Lookups):
 
         return await self._read(read)
 
+    async def destination_counts(self, destination_id: str) -> dict[str, int]:
+        def read(conn: sqlite3.Connection) -> dict[str, int]:
+            return dict(conn.execute(SQL["destination_counts"], (destination_id,)).fetchall())
+
+        return await self._read(read)
+
     async def failed_attempts(self, destination_id: str, since: datetime, limit: int) -> list[FailedAttempt]:
         def read(conn: sqlite3.Connection) -> list[FailedAttempt]:
             rows = conn.execute(SQL["destination_failures"], (destination_id, to_us(since), limit))
