@@ -117,7 +117,7 @@ async def destination_page(request: Request, outbox: Outbox, destination: Destin
     filtered = f"/console/intents?destination={quote(destination.id)}"
     backlog = table(["status", "intents"], [
         [f"<a href='{filtered}&amp;status={s.value}'>{pill(s.value)}</a>", str(counts.get(s.value, 0))]
-        for s in Status], numeric=("intents",))
+        for s in Status], numeric=("intents",), compact=True)
     errors = table(["finished", "intent", "#", "submission", "outcome", "status", "error"], [
         [when(f.at, now), intent_link(f.action_id, f.scope), str(f.number), escape(f.submission or ""),
          escape(f.outcome), str(f.status_code or ""), escape(f.error or "")] for f in failures],

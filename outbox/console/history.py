@@ -54,7 +54,8 @@ def timeline(events: list[Event], now: datetime) -> str:
     """The timeline: time, event, actor, reason, and the event's fields that say something (the
     ones that are set), the whole of its data as JSON folded under them."""
     def fields(e: Event) -> str:
-        said = " · ".join(f"{escape(k)} {_shown(k, v)}" for k, v in e.data.items() if v not in (None, "", [], {}))
+        said = " · ".join(f"<span class='k'>{escape(k)}</span> {_shown(k, v)}" for k, v in e.data.items()
+                          if v not in (None, "", [], {}))
         raw = (f"<details><summary>raw</summary><pre>{escape(json.dumps(dict(e.data), indent=2))}</pre></details>"
                if e.data else "")
         return said + raw

@@ -18,9 +18,9 @@ body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1b1f24;background:#f6f8f
 header{background:#24292f;color:#fff;padding:10px 16px;display:flex;flex-wrap:wrap;gap:16px;align-items:center}
 header a{color:#fff} main{padding:16px;max-width:1400px;box-sizing:border-box}
 .scroll{overflow-x:auto}
-table{border-collapse:collapse;width:100%;background:#fff;margin:8px 0 20px}
+table{border-collapse:collapse;width:100%;background:#fff;margin:8px 0 20px} table.compact{width:auto;min-width:16em}
 td pre{margin:0;font-size:12px}
-th,td{border:1px solid #d0d7de;padding:4px 8px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
+th,td{border:1px solid #d0d7de;padding:4px 8px;text-align:left;vertical-align:top;overflow-wrap:break-word}
 th{background:#eaeef2;overflow-wrap:normal}
 .pill{padding:1px 8px;border-radius:10px;background:#ddf4ff;white-space:nowrap}
 .dead,.revoked,.paused,.disabled,.open{background:#ffebe9} .unknown,.held,.probing{background:#fff8c5}
@@ -39,6 +39,8 @@ svg{width:100%;height:auto} .num{text-align:right;white-space:nowrap}
 main>p,h1{overflow-wrap:anywhere} input,select{max-width:100%} form.inline{max-width:100%;box-sizing:border-box}
 tr.more td{border-top:none;background:#fbfcfd} tr.more td>b{font-size:12px;color:#57606a}
 details>summary{cursor:pointer;color:#0969da;font-size:12px}
+details.id{display:inline-block;vertical-align:top} details.id>summary{white-space:nowrap}
+.k{color:#57606a;font-size:12px}
 ul.headline{list-style:none;padding:0;margin:8px 0 16px;display:flex;flex-wrap:wrap;gap:8px}
 ul.headline li{background:#fff;border:1px solid #d0d7de;border-radius:6px;padding:6px 12px}
 ul.headline li.bad{border:2px solid #cf222e} ul.headline li.warn{border:2px solid #d4a72c}
@@ -48,7 +50,8 @@ padding:8px;margin:8px 0 20px} dl.fields dt{font-weight:600} dl.fields dd{margin
 @media (max-width:700px){
 main{padding:8px} table.stack,table.stack tbody,table.stack tr,table.stack td{display:block}
 table.stack thead{display:none} table.stack tr{border:1px solid #d0d7de;margin-bottom:8px}
-table.stack td{border:none;border-top:1px solid #eaeef2;text-align:left}
+table.stack td{border:none;border-top:1px solid #eaeef2;text-align:left;overflow-wrap:anywhere}
+table.stack tr.more{margin-top:-9px;border-top:none}
 table.stack td:empty{display:none}
 table.stack td[data-label]::before{content:attr(data-label);display:inline-block;min-width:7.5em;font-weight:600;
 color:#57606a;margin-right:8px}
@@ -81,11 +84,13 @@ def page(title: str, body: str, *, signed_in: bool = True, status: int = 200,
 Row = tuple[Sequence[str], str] | Sequence[str]
 
 
-def table(head: list[str], rows: Sequence[Row], empty: str = "none", *, numeric: tuple[str, ...] = ()) -> str:
+def table(head: list[str], rows: Sequence[Row], empty: str = "none", *, numeric: tuple[str, ...] = (),
+          compact: bool = False) -> str:
     """A table of rows of cells. It fits the page's width (long values wrap); on a narrow screen
     each row stacks into a card whose cells are labelled with their column, so nothing needs
     scrolling sideways. A row given with a second part draws that under it across the width
-    (an attempt's error and reply). Columns named in ``numeric`` align right."""
+    (an attempt's error and reply). Columns named in ``numeric`` align right; a ``compact`` table
+    is as wide as its content."""
     cells = "".join(f"<th>{escape(h)}</th>" for h in head)
     body = []
     for row in rows:
@@ -96,7 +101,8 @@ def table(head: list[str], rows: Sequence[Row], empty: str = "none", *, numeric:
         if more:
             body.append(f"<tr class='more'><td colspan={len(head)}>{more}</td></tr>")
     drawn = "".join(body) or f"<tr><td colspan={len(head)}>{escape(empty)}</td></tr>"
-    return (f"<div class='scroll'><table class='stack'><thead><tr>{cells}</tr></thead><tbody>{drawn}</tbody>"
+    kind = "stack compact" if compact else "stack"
+    return (f"<div class='scroll'><table class='{kind}'><thead><tr>{cells}</tr></thead><tbody>{drawn}</tbody>"
             "</table></div>")
 
 

@@ -164,7 +164,7 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             counts[status] = counts.get(status, 0) + n
         statuses = table(["status", "intents"], [
             [f"<a href='/console/intents?status={s.value}'>{pill(s.value)}</a>", str(counts.get(s.value, 0))]
-            for s in Status], numeric=("intents",))
+            for s in Status], numeric=("intents",), compact=True)
         delivered, failed = per_minute(activity, minutes)
         graphs = ("<div class='charts'>"
                   + charts.bars("Attempts per minute", minutes, delivered, failed, ("delivered", "failed"))
@@ -354,7 +354,8 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
                 f"<form method='post' action='/console/replay'>{csrf_field(request)}{chosen.hidden()}"
                 f"<p><label>Reason (recorded on every replay)<br><input name='reason' required size='40'></label></p>"
                 f"<p><label><input type='checkbox' name='accept_duplicate_risk' value='yes'> accept duplicate risk"
-                f"</label></p><button type='submit'>Replay {len(found)} intents</button></form>") if found else ""
+                + (f" (<b>{len(risky)} may have taken effect already</b>; unticked, they are refused)" if risky else "")
+                + f"</label></p><button type='submit'>Replay {len(found)} intents</button></form>") if found else ""
             return (f"<h2>Dry run: {len(found)} intents match</h2>" + warning
                     + (f"<p>The first {min(len(found), 20)} of them:</p>" if found else "")
                     + _intents(found[:20], now) + confirm)

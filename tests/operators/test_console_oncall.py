@@ -76,7 +76,10 @@ async def test_a_destination_page_shows_its_health_backlog_last_errors_and_polic
     assert (backlog["dead"], backlog["pending"], backlog["delivered"]) == ("2", "1", "0")
     assert "/console/intents?destination=hook&amp;status=dead" in page
     errors = [" ".join(r.split()) for r in rows(page, "Last errors")]
-    assert re.findall(r">(e\d)</a>", page.split(">Last errors</h2>", 1)[1].split("</table>")[0]) == ["e2", "e1"]
+    last_errors = page.split(">Last errors</h2>", 1)[1].split("</table>")[0]
+    assert sorted(re.findall(r">(e\d)</a>", last_errors)) == ["e1", "e2"]
+    finished = re.findall(r"<tr><td data-label='finished'><time datetime='([^']+)'", last_errors)
+    assert len(finished) == 2 and finished == sorted(finished, reverse=True)  # newest first
     assert all("retryable 503 receiver answered 503" in e for e in errors), errors
     policy = dict(re.findall(r"<dt>([^<]+)</dt><dd>([^<]*)</dd>", page.split("<h2>Policy</h2>", 1)[1]))
     assert policy["idempotent"] == "false" and policy["retention_seconds"] == "86400"
@@ -105,7 +108,10 @@ async def test_the_bulk_replay_confirm_step_warns_of_duplicate_risk(ops: Ops):
     assert text.startswith("Duplicate risk: 2 of these 5 intents may already have taken effect")
     assert "(slow)" in text and "dedupe" not in text and "hook" not in text
     assert preview.index("id='duplicate-risk'") < preview.index("<form method='post' action='/console/replay'>")
+    assert "accept duplicate risk (<b>2 may have taken effect already</b>; unticked, they are refused)" in preview
+    assert "Replay 5 intents</button>" in preview
     assert "Dry run: 2 intents match" in dead_only and "duplicate-risk" not in dead_only
+    assert "may have taken effect already" not in dead_only
 
 
 async def test_resolve_chooses_no_outcome_and_refuses_a_form_without_one(ops: Ops):
