@@ -90,7 +90,7 @@ def table(head: list[str], rows: Sequence[Row], empty: str = "none", *, numeric:
     each row stacks into a card whose cells are labelled with their column, so nothing needs
     scrolling sideways. A row given with a second part draws that under it across the width
     (an attempt's error and reply). Columns named in ``numeric`` align right; a ``compact`` table
-    is as wide as its content."""
+    (a few narrow columns) is as wide as its content and never stacks."""
     cells = "".join(f"<th>{escape(h)}</th>" for h in head)
     body = []
     for row in rows:
@@ -101,7 +101,7 @@ def table(head: list[str], rows: Sequence[Row], empty: str = "none", *, numeric:
         if more:
             body.append(f"<tr class='more'><td colspan={len(head)}>{more}</td></tr>")
     drawn = "".join(body) or f"<tr><td colspan={len(head)}>{escape(empty)}</td></tr>"
-    kind = "stack compact" if compact else "stack"
+    kind = "compact" if compact else "stack"
     return (f"<div class='scroll'><table class='{kind}'><thead><tr>{cells}</tr></thead><tbody>{drawn}</tbody>"
             "</table></div>")
 
