@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 from fastapi import Request
 
+from .. import channels
 from ..destinations import Destination
 from ..model import Status
 from ..outbox import Outbox
@@ -21,22 +22,6 @@ from .layout import destination_link, fields, intent_link, pill, table, when
 
 #: A destination's last errors shown on its page.
 LAST_ERRORS = 20
-#: The settings that say where a channel delivers, by the name a channel's spec gives them.
-TARGETS = ("url", "topic", "host", "bootstrap_servers")
-
-
-def where(destination: Destination) -> str:
-    """Where the destination delivers, from its settings as registered now: a webhook's URL, a
-    Kafka topic (and its brokers), an SMTP host and port."""
-    s = destination.settings
-    if "topic" in s:
-        brokers = s.get("bootstrap_servers") or []
-        return f"topic {s['topic']}" + (f" on {', '.join(map(str, brokers))}" if brokers else "")
-    if "host" in s:
-        return f"{s['host']}:{s['port']}" if "port" in s else str(s["host"])
-    return next((str(s[k]) for k in TARGETS if k in s), destination.channel)
-
-
 def record_pause(destination: Destination, now: datetime) -> datetime | None:
     """When a pause the destination's record holds (``paused_until``, where the record has one)
     ends, if it has not yet."""
@@ -122,7 +107,7 @@ async def destination_page(request: Request, outbox: Outbox, destination: Destin
         [when(f.at, now), intent_link(f.action_id, f.scope), str(f.number), escape(f.submission or ""),
          escape(f.outcome), str(f.status_code or ""), escape(f.error or "")] for f in failures],
         empty="no failed attempts in the last hour", numeric=("#", "status"))
-    return (f"<p>{escape(destination.channel)} to <b>{escape(where(destination))}</b> · circuit: {state} · "
+    return (f"<p>{escape(destination.channel)} to <b>{escape(channels.target(destination))}</b> · circuit: {state} · "
             f"<a href='{filtered}'>its intents</a></p>"
             "<h2>Last hour</h2>" + table(HEALTH[2:], [health_row(h, state, now)[2:]], numeric=NUMERIC)
             + "<h2>Backlog by status</h2>" + backlog

@@ -1,6 +1,6 @@
 """An intent's attempts and timeline as its console page draws them: one row per attempt (where
-it went, what came back, its error and reply under it) and one readable row per event (its
-key fields in words, the raw JSON folded away)."""
+it went, as recorded when it started; what came back; its error and reply under it) and one
+readable row per event (its key fields in words, the raw JSON folded away)."""
 
 from __future__ import annotations
 
@@ -9,23 +9,31 @@ from datetime import datetime
 from html import escape
 from typing import Any
 
+from .. import channels
 from ..destinations import Destination
-from ..model import Attempt, Event
-from .destination import where
+from ..model import Attempt, Event, EventKind
 from .layout import destination_link, pretty, short_id, table, when
 
 #: Characters of a text field an event row shows before it is cut (the raw JSON keeps it whole).
 FIELD = 80
 
 
-def attempts(found: list[Attempt], destination: Destination | None, now: datetime) -> str:
-    """The attempts table. An attempt does not record where it went, so "where" is the
-    destination's target as registered now, and says so when the destination changed since."""
-    target = destination_link(destination.id) + " · " + escape(where(destination)) if destination else "—"
+def attempts(found: list[Attempt], events: list[Event], destination: Destination | None, now: datetime) -> str:
+    """The attempts table. Where each went is what its ``attempt_started`` event recorded; an
+    attempt started before attempts recorded it shows the destination's target as registered
+    now, labelled so, and marked when the destination changed since."""
+    recorded = {e.data.get("attempt_id"): str(e.data["target"]) for e in events
+                if e.kind is EventKind.ATTEMPT_STARTED and "target" in e.data}
+    name = destination_link(destination.id) if destination else "—"
 
     def went(a: Attempt) -> str:
-        changed = destination is not None and destination.updated_at > a.started_at
-        return target + (" <i>(registered now; changed since this attempt)</i>" if changed else "")
+        if a.attempt_id in recorded:
+            return f"{name} · {escape(recorded[a.attempt_id])}"
+        if destination is None:
+            return name
+        changed = destination.updated_at > a.started_at
+        return (f"{name} · {escape(channels.target(destination))} <i>(not recorded; registered now"
+                + ("; changed since this attempt" if changed else "") + ")</i>")
 
     def under(a: Attempt) -> str:
         parts = ([f"<b>error</b> {escape(a.error)}"] if a.error else []) + (
@@ -38,9 +46,8 @@ def attempts(found: list[Attempt], destination: Destination | None, now: datetim
         escape(a.outcome.value if a.outcome else "in flight") + (f" at {escape(a.stage)}" if a.stage else ""),
         str(a.status_code or ""), escape(a.external_id or ""),
         "" if a.duration_ms is None else f"{a.duration_ms:.0f}"], under(a)) for a in found]
-    return ("<p>Where each went is the destination as registered now: attempts do not record it.</p>"
-            + table(["#", "attempt", "fence", "started", "where", "submission", "outcome", "status",
-                     "external id", "ms"], rows, numeric=("#", "fence", "status", "ms")))
+    return table(["#", "attempt", "fence", "started", "where", "submission", "outcome", "status", "external id", "ms"],
+                 rows, numeric=("#", "fence", "status", "ms"))
 
 
 def _shown(key: str, value: Any) -> str:

@@ -286,7 +286,7 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             f"{waiting}{last_error}"
             f"<p>payload <code>{escape(intent.payload_digest)}</code></p>{pretty(intent.payload_json[:4000])}"
             f"<h2>Actions</h2>{''.join(actions) or '<p>none for this status</p>'}"
-            "<h2>Attempts</h2>" + history_view.attempts(history.attempts, destination, now)
+            "<h2>Attempts</h2>" + history_view.attempts(history.attempts, history.events, destination, now)
             + "<h2>Timeline</h2>" + history_view.timeline(history.events, now)), status=status)
 
     async def act(request: Request, action_id: str, scope: str | None, name: str,

@@ -5,9 +5,12 @@ against a real outbox served by uvicorn, a real receiver and in-process workers.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
-from outbox import DestinationSpec, Status
+from outbox import Attempt, Destination, DestinationSpec, Event, EventKind, OnUnknown, Outcome, Status, Submission
 from outbox.console import csrf_for
+from outbox.console.history import attempts
 from outbox.console.layout import fields
 
 from ..conftest import SECRET
@@ -135,16 +138,30 @@ async def test_resolve_chooses_no_outcome_and_refuses_a_form_without_one(ops: Op
     assert (await ops.box.get("u1")).status is Status.DELIVERED
 
 
-async def test_an_attempt_says_where_it_went_as_the_destination_is_registered_now(ops: Ops):
+async def test_an_attempt_says_where_it_went_even_after_the_destination_moved(ops: Ops):
     await ops.dead_letters("w1")
     async with console(ops) as http:
-        before = (await http.get("/console/intents/w1")).text
         await ops.box.put_destination("hook", DestinationSpec(url=ops.receiver.url + "/moved", secret=SECRET,
                                                               allow_private_network=True, timeout_seconds=1))
-        after = (await http.get("/console/intents/w1")).text
-    assert "attempts do not record it" in before
-    [attempt] = [" ".join(r.split()) for r in rows(before, "Attempts")]
-    assert f"hook · {ops.receiver.url}/flaky submitted retryable 503" in attempt
-    assert "changed since" not in attempt
-    [moved] = [" ".join(r.split()) for r in rows(after, "Attempts")]
-    assert f"hook · {ops.receiver.url}/moved (registered now; changed since this attempt)" in moved
+        page = (await http.get("/console/intents/w1")).text
+        destination = (await http.get("/console/destinations/hook")).text
+    [attempt] = [" ".join(r.split()) for r in rows(page, "Attempts")]
+    assert f"hook · {ops.receiver.url}/flaky submitted retryable 503" in attempt  # as recorded when it started
+    assert "moved" not in attempt and "not recorded" not in attempt
+    assert f"webhook to <b>{ops.receiver.url}/moved</b>" in destination  # where it delivers now
+
+
+def test_an_attempt_that_recorded_no_target_shows_the_destination_as_registered_now():
+    """Attempts started before attempts recorded where they went."""
+    at = datetime(2030, 1, 1, 12, tzinfo=UTC)
+    destination = Destination("hook", "webhook", {"url": "https://hooks.example/now"}, (), False, 86_400,
+                              OnUnknown.DECLARED, 10.0, False, False, False, at, at + timedelta(hours=1))
+    old = Attempt("0193a5f2-7c1e-7d44-9e0b-5f7a1c2d3e4f", 1, 1, "w1", at, at, Submission.SUBMITTED,
+                  Outcome.RETRYABLE, 503, None, None, "receiver answered 503", 4.0)
+    later = replace(old, attempt_id="0193a5f2-7c1e-7d44-9e0b-5f7a1c2d3e50", number=2,
+                    started_at=at + timedelta(hours=2))
+    started = Event(EventKind.ATTEMPT_STARTED, at, "w1", None, {"attempt_id": old.attempt_id})
+    drawn = attempts([old, later], [started], destination, at + timedelta(hours=3))
+    first, second = (" ".join(r.split()) for r in rows("<h2>Attempts</h2>" + drawn, "Attempts"))
+    assert "https://hooks.example/now (not recorded; registered now; changed since this attempt)" in first
+    assert "https://hooks.example/now (not recorded; registered now)" in second
