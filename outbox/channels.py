@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
-from .destinations import DestinationSpec, rotate_secrets
+from .destinations import Destination, DestinationSpec, rotate_secrets
 from .errors import InvalidInput
 
 #: The entry-point group a channel's module registers its ``ChannelKind`` under.
@@ -34,7 +34,9 @@ class ChannelKind:
     (a signing key), ``keep_secrets``, which says what a destination holds once a spec replaces
     it (a channel with secrets of two kinds keeps each apart), and ``check_payload``, which raises
     ValueError for a payload the channel could never deliver, so it is refused at enqueue
-    rather than dead-lettered later. The sender's half (how to send) extends this class."""
+    rather than dead-lettered later, and ``target``, which says in words where a destination of it
+    delivers (a webhook's URL), from its settings: each attempt records it as it starts. The
+    sender's half (how to send) extends this class."""
 
     name: str
     spec: type[DestinationSpec]
@@ -43,6 +45,7 @@ class ChannelKind:
     new_secret: Callable[[], str] | None = None
     keep_secrets: Callable[[tuple[str, ...], Any], tuple[str, ...]] = rotate_secrets
     check_payload: Callable[[Any], None] | None = None  # None: every JSON payload is deliverable
+    target: Callable[[Mapping[str, Any]], str] | None = None  # None: the channel's name says it all
 
 
 class UnknownChannel(InvalidInput):
@@ -81,6 +84,15 @@ def get(name: str) -> ChannelKind:
                                 f"not the ChannelKind named {name!r}")
             _kinds[name] = loaded
         return _kinds[name]
+
+
+def target(destination: Destination) -> str:
+    """Where ``destination`` delivers, in its channel's words, from its settings as they are."""
+    try:
+        kind = get(destination.channel)
+    except UnknownChannel:
+        return destination.channel
+    return destination.channel if kind.target is None else kind.target(destination.settings)
 
 
 def register(kind: ChannelKind) -> None:

@@ -6,7 +6,7 @@ the operator saw, and appends an event naming who did it and why. History is nev
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
@@ -56,6 +56,19 @@ async def _may_have_taken_effect(box: Outbox, intent: Intent) -> bool:
     )
 
 
+async def duplicate_risks(box: Outbox, intents: Iterable[Intent]) -> list[Intent]:
+    """Those of ``intents`` a replay refuses for duplicate risk unless it is accepted: an earlier
+    attempt may have taken effect and the destination does not declare idempotency."""
+    idempotent: dict[str, bool] = {}
+    risky = []
+    for intent in intents:
+        if intent.destination not in idempotent:
+            idempotent[intent.destination] = (await box.get_destination(intent.destination)).idempotent
+        if not idempotent[intent.destination] and await _may_have_taken_effect(box, intent):
+            risky.append(intent)
+    return risky
+
+
 async def replay(
     box: Outbox, action_id: str, actor: Actor, *, scope: str | None = None, authorize: Authorize | None = None,
     accept_duplicate_risk: bool = False,
@@ -74,11 +87,10 @@ async def replay(
     if intent.unreadable is not None:
         raise IllegalTransition(f"{action_id!r} cannot be sent: {intent.unreadable}; cancel it, and enqueue it "
                                 "again with times the outbox takes")
-    destination = await box.get_destination(intent.destination)
-    if not destination.idempotent and not accept_duplicate_risk and await _may_have_taken_effect(box, intent):
+    if not accept_duplicate_risk and await duplicate_risks(box, [intent]):
         raise DuplicateRisk(
             f"an earlier attempt of {action_id!r} may have taken effect and destination "
-            f"{destination.id!r} does not declare idempotency; replaying may duplicate it "
+            f"{intent.destination!r} does not declare idempotency; replaying may duplicate it "
             "(pass accept_duplicate_risk / --accept-duplicate-risk to do it anyway)")
     if intent.expires_at is not None and box.clock.now() >= intent.expires_at:
         raise IllegalTransition(f"{action_id!r} expired at {intent.expires_at.isoformat()}; it cannot be sent")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from outbox import Attempt, Destination, Event, EventKind, Intent, Outbox, Outcome, Status, Submission
+from outbox import Attempt, Destination, Event, EventKind, Intent, Outbox, Outcome, Status, Submission, channels
 from outbox.ids import uuid7
 from outbox.model import SETTLED, Hold, Release, Settle, Start
 
@@ -56,15 +56,17 @@ class Outcomes:
         self._forget_destination = forget_destination  # a disabled destination is read again
         self._attempt_counts: dict[tuple[str, Outcome], Any] = {}  # the attempts counter's children
 
-    def start(self, intent: Intent, decision: Decision, now: datetime) -> Start:
-        """The change that starts the next attempt on ``intent``, with the authority's ``decision``."""
+    def start(self, intent: Intent, destination: Destination, decision: Decision, now: datetime) -> Start:
+        """The change that starts the next attempt on ``intent``, with the authority's ``decision``
+        and where the attempt goes (the attempt row does not keep it; the destination may change)."""
         attempt = Attempt(uuid7(), intent.attempts + 1, intent.fence, self.worker, now,
                           None, None, None, None, None, None, None, None)
         return Start(intent.key, intent.fence, attempt, Event(
             EventKind.ATTEMPT_STARTED, now, self.worker, None,
             {"attempt_id": attempt.attempt_id, "number": attempt.number, "fence": intent.fence,
              "authority": decision.reason, "authority_revision": decision.revision,
-             "authority_checked_at": decision.checked_at and decision.checked_at.isoformat()}))
+             "authority_checked_at": decision.checked_at and decision.checked_at.isoformat(),
+             "target": channels.target(destination)}))
 
     async def finish(self, intent: Intent, destination: Destination, attempt: Attempt, result: SendResult,
                      seconds: float) -> Entry:

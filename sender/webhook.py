@@ -386,5 +386,5 @@ def _describe(exc: BaseException) -> str:
 
 CHANNEL = ChannelModule(
     name="webhook", spec=WebhookSpec, secret_form="a whsec_ secret", new_secret=new_secret,
-    open=lambda concurrency: WebhookChannel(concurrency=concurrency),
+    open=lambda concurrency: WebhookChannel(concurrency=concurrency), target=lambda settings: str(settings["url"]),
 )

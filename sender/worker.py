@@ -182,7 +182,7 @@ class Worker(Pipeline):
                 task.add_done_callback(self._finished_task)
                 continue
             destination, decision = judged
-            ready.append(Ready(lease, self.outcomes.start(lease.intent, decision, now), destination))
+            ready.append(Ready(lease, self.outcomes.start(lease.intent, destination, decision, now), destination))
         self._waiting.extendleft(reversed(later))
         return ready
 

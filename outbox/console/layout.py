@@ -5,6 +5,7 @@ Nothing here runs script: the pages are plain HTML under a policy that forbids i
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from html import escape
 from typing import Any
@@ -15,32 +16,59 @@ from fastapi.responses import HTMLResponse
 STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1b1f24;background:#f6f8fa}
 header{background:#24292f;color:#fff;padding:10px 16px;display:flex;flex-wrap:wrap;gap:16px;align-items:center}
-header a{color:#fff} main{padding:16px;max-width:1400px}
+header a{color:#fff} main{padding:16px;max-width:1400px;box-sizing:border-box}
 .scroll{overflow-x:auto}
-table{border-collapse:collapse;width:max-content;min-width:100%;background:#fff;margin:8px 0 20px}
-td pre{margin:0;max-width:36em;font-size:12px}
-th,td{border:1px solid #d0d7de;padding:4px 8px;text-align:left;vertical-align:top;max-width:32em}
-th{background:#eaeef2} .pill{padding:1px 8px;border-radius:10px;background:#ddf4ff;white-space:nowrap}
-.dead,.revoked,.paused{background:#ffebe9} .unknown,.held{background:#fff8c5} .delivered,.closed{background:#dafbe1}
+table{border-collapse:collapse;width:100%;background:#fff;margin:8px 0 20px} table.compact{width:auto;min-width:16em}
+td pre{margin:0;font-size:12px}
+th,td{border:1px solid #d0d7de;padding:4px 8px;text-align:left;vertical-align:top;overflow-wrap:break-word}
+th{background:#eaeef2;overflow-wrap:normal}
+.pill{padding:1px 8px;border-radius:10px;background:#ddf4ff;white-space:nowrap}
+.dead,.revoked,.paused,.disabled,.open{background:#ffebe9} .unknown,.held,.probing{background:#fff8c5}
+.delivered,.closed{background:#dafbe1}
 form.inline{display:inline-block;margin:4px 8px 4px 0;padding:6px;border:1px solid #d0d7de;background:#fff}
 form.filters{display:flex;flex-wrap:wrap;gap:8px;align-items:flex-end;background:#fff;padding:8px;
 border:1px solid #d0d7de} form.filters label{display:flex;flex-direction:column;font-size:12px}
 .flash{padding:8px;background:#dafbe1;border:1px solid #4ac26b} .error{background:#ffebe9;border-color:#ff8182}
-code{font-size:12px} header form{margin:0} time{border-bottom:1px dotted #57606a}
-pre{background:#fff;border:1px solid #d0d7de;padding:8px;overflow-x:auto;max-width:100%;white-space:pre-wrap}
-.charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(320px,1fr));gap:16px}
+.calm{color:#1a7f37} .warning{padding:8px;background:#fff8c5;border:2px solid #d4a72c;font-size:15px}
+code{font-size:12px} header form{margin:0} time{border-bottom:1px dotted #57606a;white-space:nowrap}
+pre{background:#fff;border:1px solid #d0d7de;padding:8px;overflow-x:auto;max-width:100%;white-space:pre-wrap;
+overflow-wrap:anywhere;box-sizing:border-box}
+.charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(320px,100%),1fr));gap:16px}
 figure{margin:0;background:#fff;border:1px solid #d0d7de;padding:8px} figcaption{font-size:12px;color:#57606a}
-svg{width:100%;height:auto} .num{text-align:right}
+svg{width:100%;height:auto} .num{text-align:right;white-space:nowrap}
 main>p,h1{overflow-wrap:anywhere} input,select{max-width:100%} form.inline{max-width:100%;box-sizing:border-box}
+tr.more td{border-top:none;background:#fbfcfd} tr.more td>b{font-size:12px;color:#57606a}
+details>summary{cursor:pointer;color:#0969da;font-size:12px}
+details.id{display:inline-block;vertical-align:top} details.id>summary{white-space:nowrap}
+.k{color:#57606a;font-size:12px}
+ul.headline{list-style:none;padding:0;margin:8px 0 16px;display:flex;flex-wrap:wrap;gap:8px}
+ul.headline li{background:#fff;border:1px solid #d0d7de;border-radius:6px;padding:6px 12px}
+ul.headline li.bad{border:2px solid #cf222e} ul.headline li.warn{border:2px solid #d4a72c}
+ul.headline b{font-size:20px;margin-right:4px} ul.headline .quiet{color:#57606a}
+dl.fields{display:grid;grid-template-columns:max-content 1fr;gap:2px 16px;background:#fff;border:1px solid #d0d7de;
+padding:8px;margin:8px 0 20px} dl.fields dt{font-weight:600} dl.fields dd{margin:0;overflow-wrap:anywhere}
+@media (max-width:700px){
+main{padding:8px} table.stack,table.stack tbody,table.stack tr,table.stack td{display:block}
+table.stack thead{display:none} table.stack tr{border:1px solid #d0d7de;margin-bottom:8px}
+table.stack td{border:none;border-top:1px solid #eaeef2;text-align:left;overflow-wrap:anywhere}
+table.stack tr.more{margin-top:-9px;border-top:none}
+table.stack td:empty{display:none}
+table.stack td[data-label]::before{content:attr(data-label);display:inline-block;min-width:7.5em;font-weight:600;
+color:#57606a;margin-right:8px}
+dl.fields{grid-template-columns:1fr} dl.fields dd{margin-bottom:6px}
+}
 """
+
+#: The console's sections, as the header links to them.
+NAV = (("Overview", "/console"), ("Intents", "/console/intents"), ("Destinations", "/console/destinations"),
+       ("Bulk replay", "/console/replay"))
 
 
 def page(title: str, body: str, *, signed_in: bool = True, status: int = 200,
          refresh: int | None = None) -> HTMLResponse:
     """A console page; ``refresh`` reloads it every that many seconds (a progress view, no script)."""
-    nav = ('<a href="/console">Overview</a><a href="/console/intents">Intents</a>'
-           '<a href="/console/replay">Bulk replay</a><form method="post" action="/console/logout">'
-           '<button>Sign out</button></form>') if signed_in else ""
+    nav = ("".join(f'<a href="{href}">{label}</a>' for label, href in NAV)
+           + '<form method="post" action="/console/logout"><button>Sign out</button></form>') if signed_in else ""
     meta = f"<meta http-equiv='refresh' content='{refresh}'>" if refresh else ""
     return HTMLResponse(
         f"<!doctype html><html lang='en'><head><meta charset='utf-8'>"
@@ -52,11 +80,51 @@ def page(title: str, body: str, *, signed_in: bool = True, status: int = 200,
     )
 
 
-def table(head: list[str], rows: list[str], empty: str = "none") -> str:
-    """A table (scrolling sideways on a narrow screen) of rendered ``<tr>`` rows."""
+#: A table row: its cells' HTML, and optionally what goes under it across the whole width.
+Row = tuple[Sequence[str], str] | Sequence[str]
+
+
+def table(head: list[str], rows: Sequence[Row], empty: str = "none", *, numeric: tuple[str, ...] = (),
+          compact: bool = False) -> str:
+    """A table of rows of cells. It fits the page's width (long values wrap); on a narrow screen
+    each row stacks into a card whose cells are labelled with their column, so nothing needs
+    scrolling sideways. A row given with a second part draws that under it across the width
+    (an attempt's error and reply). Columns named in ``numeric`` align right; a ``compact`` table
+    (a few narrow columns) is as wide as its content and never stacks."""
     cells = "".join(f"<th>{escape(h)}</th>" for h in head)
-    body = "".join(rows) or f"<tr><td colspan={len(head)}>{escape(empty)}</td></tr>"
-    return f"<div class='scroll'><table><tr>{cells}</tr>{body}</table></div>"
+    body = []
+    for row in rows:
+        values, more = row if isinstance(row, tuple) else (row, "")
+        body.append("<tr>" + "".join(
+            f"<td data-label='{escape(h)}'{' class=num' if h in numeric else ''}>{v}</td>"
+            for h, v in zip(head, values, strict=True)) + "</tr>")
+        if more:
+            body.append(f"<tr class='more'><td colspan={len(head)}>{more}</td></tr>")
+    drawn = "".join(body) or f"<tr><td colspan={len(head)}>{escape(empty)}</td></tr>"
+    kind = "compact" if compact else "stack"
+    return (f"<div class='scroll'><table class='{kind}'><thead><tr>{cells}</tr></thead><tbody>{drawn}</tbody>"
+            "</table></div>")
+
+
+def short_id(value: str, keep: int = 8) -> str:
+    """A long id cut to its last ``keep`` characters (uuid7s share their first ones), the whole
+    of it on hover and in a ``<details>`` for a phone; a short one whole."""
+    if len(value) <= keep + 4:
+        return f"<code>{escape(value)}</code>"
+    return (f"<details class='id'><summary title='{escape(value)}'><code>…{escape(value[-keep:])}</code></summary>"
+            f"<code>{escape(value)}</code></details>")
+
+
+def fields(values: dict[str, Any]) -> str:
+    """A record's fields as a definition list, whatever they are: a value that is not a string
+    shows as JSON, a missing one as —."""
+    def shown(value: Any) -> str:
+        if value is None:
+            return "—"
+        return escape(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
+
+    listed = "".join(f"<dt>{escape(k)}</dt><dd>{shown(v)}</dd>" for k, v in values.items())
+    return f"<dl class='fields'>{listed}</dl>"
 
 
 def flashes(done: str = "", error: str = "") -> str:
@@ -118,3 +186,12 @@ def intent_url(action_id: str, scope: str | None, action: str = "", **query: str
 
 def intent_link(action_id: str, scope: str) -> str:
     return f"<a href='{escape(intent_url(action_id, scope))}'>{escape(action_id)}</a>"
+
+
+def destination_url(destination_id: str) -> str:
+    return f"/console/destinations/{quote(destination_id, safe='')}"
+
+
+def destination_link(destination_id: str) -> str:
+    """A destination's name, linking to its page."""
+    return f"<a href='{escape(destination_url(destination_id))}'>{escape(destination_id)}</a>"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from functools import wraps
@@ -22,6 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
 from .. import operations, problems
+from ..destinations import Destination
 from ..errors import InvalidInput, NotFound, OutboxError
 from ..ids import KEY_SEPARATOR
 from ..model import Intent, Role, Status
@@ -30,9 +30,12 @@ from ..store import IntentQuery
 from ..tokens import TokenInfo
 from ..web import ConsoleRoute, secure_cookie
 from . import charts
+from . import history as history_view
+from .destination import STATES, circuit_state, destination_page, destinations_table
 from .filters import Filter
+from .headline import headline
 from .health import backlog, health, per_minute, window
-from .layout import STYLE, flashes, intent_link, intent_url, page, pill, pretty, table, when
+from .layout import STYLE, destination_link, flashes, intent_link, intent_url, page, pill, pretty, table, when
 from .replays import Replays
 
 COOKIE = "outbox_console"
@@ -160,32 +163,16 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
         for status, _, n in await outbox.store.count_by_status():
             counts[status] = counts.get(status, 0) + n
         statuses = table(["status", "intents"], [
-            f"<tr><td><a href='/console/intents?status={s.value}'>{pill(s.value)}</a></td>"
-            f"<td class='num'>{counts.get(s.value, 0)}</td></tr>" for s in Status])
+            [f"<a href='/console/intents?status={s.value}'>{pill(s.value)}</a>", str(counts.get(s.value, 0))]
+            for s in Status], numeric=("intents",), compact=True)
         delivered, failed = per_minute(activity, minutes)
         graphs = ("<div class='charts'>"
                   + charts.bars("Attempts per minute", minutes, delivered, failed, ("delivered", "failed"))
                   + charts.line("Backlog (open intents)", minutes, backlog(activity, minutes), "open")
                   + "</div>")
         destinations = await outbox.list_destinations()
-        disabled = {d.id for d in destinations if d.disabled}
-        rows = []
-        for h in health(activity, [d.id for d in destinations]):
-            rate = "—" if h.failure_rate is None else f"{h.failure_rate:.0%}"
-            mean = "—" if h.mean_ms is None else f"{h.mean_ms:.0f} ms"
-            failure = h.last_failure
-            last_error = "—" if failure is None else (
-                f"{when(failure.at, now)} {escape(failure.outcome)}"
-                + (f" {failure.status_code}" if failure.status_code else "")
-                + (f": {escape(failure.error[:200])}" if failure.error else ""))
-            rows.append(
-                f"<tr><td><a href='/console/intents?destination={quote(h.destination)}'>"
-                f"{escape(h.destination)}</a></td><td>{circuit(request, h.destination, disabled, now)}</td>"
-                f"<td class='num'>{h.delivered}</td><td class='num'>{h.failed}</td><td class='num'>{rate}</td>"
-                f"<td class='num'>{mean}</td><td class='num'>{h.waiting}</td><td>{when(h.oldest_due_at, now)}</td>"
-                f"<td>{when(h.last_success, now)}</td><td>{last_error}</td></tr>")
-        destination_health = table(["destination", "circuit", "delivered", "failed", "failure rate",
-                                     "mean attempt", "open", "oldest due", "last success", "last error"], rows)
+        destination_health = destinations_table(request, destinations,
+                                                health(activity, [d.id for d in destinations]), now)
         sections = []
         for status, title in ATTENTION:
             found = await outbox.list_intents(IntentQuery(statuses=[status], limit=10))
@@ -194,8 +181,9 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             sections.append(f"<h2 id='{status.value}'>{title}</h2>" + _intents(found.intents, now) + more)
         search = ("<form class='filters' method='get' action='/console/intents'><label>action id"
                   "<input name='q' size='24'></label><button>Find</button></form>")
-        return page("Overview", _set_aside(request, now) + search + "<h2>Last hour</h2>" + graphs
-                    + "<h2>Destinations (last hour)</h2>" + destination_health
+        return page("Overview", headline(request, counts, destinations, now) + _set_aside(request, now) + search
+                    + "<h2>Last hour</h2>" + graphs
+                    + "<h2 id='destinations'>Destinations (last hour)</h2>" + destination_health
                     + "<h2>Backlog by status</h2>" + statuses + "".join(sections))
 
     @pages.get("/intents")
@@ -214,6 +202,32 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             return bulk + _intents(intents, now) + older
 
         return await filtered(request, "Intents", "/console/intents", matched)
+
+    @pages.get("/destinations")
+    @signed_in
+    async def destinations_list(request: Request, state: str = "") -> Response:
+        outbox = box(request)
+        now = outbox.clock.now()
+        if state and state not in STATES:
+            return page("Destinations", flashes(error="state must be one of " + ", ".join(STATES)), status=400)
+        destinations = await outbox.list_destinations()
+        shown = [d for d in destinations if not state or circuit_state(request, d, now)[0] == state]
+        activity = await outbox.store.activity(window(now)[0], now)
+        healths = [h for h in health(activity, [d.id for d in shown]) if h.destination in {d.id for d in shown}]
+        choices = " · ".join(f"<a href='/console/destinations?state={quote(s)}'>{escape(s)}</a>" for s in STATES)
+        return page("Destinations", (f"<p>{'showing ' + pill(state) + ' · ' if state else ''}"
+                                     f"<a href='/console/destinations'>all</a> · {choices}</p>"
+                                     "<h2>Last hour</h2>" + destinations_table(request, shown, healths, now)))
+
+    @pages.get("/destinations/{destination_id}")
+    @signed_in
+    async def destination_view(request: Request, destination_id: str) -> Response:
+        outbox = box(request)
+        try:
+            destination = await outbox.get_destination(destination_id)
+        except NotFound as exc:
+            return page("Not found", f"<p>{escape(exc.message)}</p>", status=404)
+        return page(f"Destination {destination_id}", await destination_page(request, outbox, destination))
 
     @pages.get("/intents/{action_id}")
     @signed_in
@@ -243,7 +257,8 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             actions.append(action("replay", "Replay", "<label><input type='checkbox' name='accept_duplicate_risk' "
                                                       "value='yes'> accept duplicate risk</label> "))
         if intent.status is Status.UNKNOWN:
-            actions.append(action("resolve", "Resolve", "<select name='resolution'>" + "".join(
+            actions.append(action("resolve", "Resolve", "<select name='resolution' required>"
+                "<option value='' selected>choose the outcome…</option>" + "".join(
                 f"<option>{r.value}</option>" for r in operations.Resolution) + "</select> "
                 "<input name='external_id' placeholder='external id (evidence)' size='20'> "))
         if intent.status is Status.HELD:
@@ -252,17 +267,10 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             actions.append(action("reject", "Reject"))
         if intent.status in (Status.PENDING, Status.HELD, Status.REVOKED, Status.DEAD):
             actions.append(action("cancel", "Cancel"))
-        attempts = [
-            f"<tr><td>{a.number}</td><td><code>{escape(a.attempt_id)}</code></td><td>{a.fence}</td>"
-            f"<td>{when(a.started_at, now)}</td><td>{escape(a.submission.value if a.submission else '')}</td>"
-            f"<td>{escape(a.outcome.value if a.outcome else 'in flight')}</td><td>{escape(a.stage or '')}</td>"
-            f"<td>{a.status_code or ''}</td><td>{escape(a.external_id or '')}</td>"
-            f"<td class='num'>{'' if a.duration_ms is None else f'{a.duration_ms:.0f}'}</td>"
-            f"<td>{escape(a.error or '')}</td><td>{pretty(a.reply)}</td></tr>" for a in history.attempts]
-        events = [
-            f"<tr><td>{when(e.at, now)}</td><td>{escape(e.kind.value)}</td><td>{escape(e.actor)}</td>"
-            f"<td>{escape(e.reason or '')}</td><td>{pretty(json.dumps(dict(e.data)) if e.data else '')}</td></tr>"
-            for e in history.events]
+        try:
+            destination: Destination | None = await outbox.get_destination(intent.destination)
+        except NotFound:
+            destination = None
         waiting = f"<p class='flash error'>waiting {_behind_link(behind, intent)}</p>" if behind else ""
         if intent.unreadable:
             waiting += (f"<p class='flash error'>{escape(intent.unreadable)}: the sender sets it aside unsent; "
@@ -270,7 +278,7 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
         last_error = ("" if intent.status is Status.DELIVERED or not intent.last_error
                       else f"<p>last error: {escape(intent.last_error)}</p>")
         return page(f"Intent {action_id}", flashes(done, error) + (
-            f"<p>{pill(intent.status.value)} to <b>{escape(intent.destination)}</b> for "
+            f"<p>{pill(intent.status.value)} to <b>{destination_link(intent.destination)}</b> for "
             f"<b>{escape(intent.scope)}</b> · attempts {intent.attempts}/{intent.max_attempts} · fence {intent.fence}"
             f" · enqueued {when(intent.created_at, now)} · changed {when(intent.updated_at, now)}"
             + (f" · next attempt {when(intent.next_attempt_at, now)}" if intent.status is Status.PENDING
@@ -278,9 +286,8 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             f"{waiting}{last_error}"
             f"<p>payload <code>{escape(intent.payload_digest)}</code></p>{pretty(intent.payload_json[:4000])}"
             f"<h2>Actions</h2>{''.join(actions) or '<p>none for this status</p>'}"
-            f"<h2>Attempts</h2>" + table(["#", "attempt_id", "fence", "started", "submission", "outcome", "stage",
-                                           "status", "external id", "ms", "error", "reply"], attempts)
-            + "<h2>Timeline</h2>" + table(["at", "event", "actor", "reason", "data"], events)), status=status)
+            "<h2>Attempts</h2>" + history_view.attempts(history.attempts, history.events, destination, now)
+            + "<h2>Timeline</h2>" + history_view.timeline(history.events, now)), status=status)
 
     async def act(request: Request, action_id: str, scope: str | None, name: str,
                   run: Callable[[Outbox, operations.Actor, dict[str, str]], Awaitable[object]]) -> Response:
@@ -308,7 +315,8 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             try:
                 resolution = operations.Resolution(f.get("resolution", ""))
             except ValueError:
-                raise InvalidInput("choose delivered, retry or dead") from None
+                raise InvalidInput("choose the outcome to resolve it as: delivered, retry or dead "
+                                   "(nothing is chosen for you)") from None
             return await operations.resolve(b, action_id, resolution, who, scope=scope,
                                             external_id=f.get("external_id") or None)
 
@@ -334,12 +342,21 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
     async def replay_preview(request: Request) -> Response:
         async def dry_run(outbox: Outbox, now: datetime, chosen: Filter) -> str:
             found = [i async for i in operations.matching(outbox, operations.replay_filter(chosen.query()))]
+            risky = await operations.duplicate_risks(outbox, found)
+            warning = (f"<p class='warning' id='duplicate-risk'><b>Duplicate risk: {len(risky)} of these "
+                       f"{len(found)} intents</b> may already have taken effect (an attempt whose outcome is "
+                       "unknown or may have been submitted) at a destination that does not declare idempotency ("
+                       + ", ".join(sorted({destination_link(i.destination) for i in risky}))
+                       + "). Replaying sends them again and the receiver may act twice. Without "
+                       "“accept duplicate risk” they are refused and listed; tick it only once you know "
+                       "the receiver can take them.</p>") if risky else ""
             confirm = (
                 f"<form method='post' action='/console/replay'>{csrf_field(request)}{chosen.hidden()}"
                 f"<p><label>Reason (recorded on every replay)<br><input name='reason' required size='40'></label></p>"
                 f"<p><label><input type='checkbox' name='accept_duplicate_risk' value='yes'> accept duplicate risk"
-                f"</label></p><button type='submit'>Replay {len(found)} intents</button></form>") if found else ""
-            return (f"<h2>Dry run: {len(found)} intents match</h2>"
+                + (f" (<b>{len(risky)} may have taken effect already</b>; unticked, they are refused)" if risky else "")
+                + f"</label></p><button type='submit'>Replay {len(found)} intents</button></form>") if found else ""
+            return (f"<h2>Dry run: {len(found)} intents match</h2>" + warning
                     + (f"<p>The first {min(len(found), 20)} of them:</p>" if found else "")
                     + _intents(found[:20], now) + confirm)
 
@@ -369,7 +386,7 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             return page("Not found", "<p>no such bulk replay in this process (it may have restarted)</p>",
                         status=404)
         now = box(request).clock.now()
-        refused = [f"<tr><td>{escape(a)}</td><td>{escape(why)}</td></tr>" for a, why in found.refused.items()]
+        refused = [[escape(a), escape(why)] for a, why in found.refused.items()]
         state = ("running (this page refreshes itself)" if not found.finished
                  else f"stopped: {escape(found.error)}" if found.error else "finished")
         return page("Bulk replay", (
@@ -382,22 +399,6 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             refresh=None if found.finished else 2)
 
     return pages
-
-
-def circuit(request: Request, destination: str, disabled: set[str], now: datetime) -> str:
-    """What is known here of a destination's circuit: only a sender in this process knows its own
-    pauses (they are not stored), so without one it says so rather than guess."""
-    if destination in disabled:
-        return pill("disabled") + " (answered 410 Gone)"
-    circuits = getattr(getattr(request.app.state, "worker", None), "circuits", None)
-    if circuits is None:
-        return "not known here (no sender in this process)"
-    until = circuits.paused_until(destination)
-    if until is None:
-        return pill("closed")
-    if until > now:
-        return f"{pill('paused')} until {when(until, now)}"
-    return f"{pill('probing')} (pause ended {when(until, now)}; one send finds out)"
 
 
 def chosen_form(chosen: Filter, destinations: list[str], *, action: str = "/console/intents") -> str:
@@ -435,12 +436,10 @@ def _set_aside(request: Request, now: datetime) -> str:
 
 def _intents(intents: list[Intent], now: datetime) -> str:
     return table(["action_id", "status", "destination", "scope", "attempts", "enqueued", "changed", "last error"], [
-        f"<tr><td>{intent_link(i.action_id, i.scope)}</td>"
-        f"<td>{pill(i.status.value)}{' ' + pill('unreadable') if i.unreadable else ''}</td>"
-        f"<td>{escape(i.destination)}</td><td>{escape(i.scope)}</td><td class='num'>{i.attempts}</td>"
-        f"<td>{when(i.created_at, now)}</td><td>{when(i.updated_at, now)}</td>"
-        f"<td>{'' if i.status is Status.DELIVERED else escape((i.last_error or '')[:200])}</td></tr>"
-        for i in intents])
+        [intent_link(i.action_id, i.scope), pill(i.status.value) + (" " + pill("unreadable") if i.unreadable else ""),
+         destination_link(i.destination), escape(i.scope), str(i.attempts), when(i.created_at, now),
+         when(i.updated_at, now), "" if i.status is Status.DELIVERED else escape((i.last_error or "")[:200])]
+        for i in intents], numeric=("attempts",))
 
 
 def _behind_link(behind: Behind, intent: Intent) -> str:

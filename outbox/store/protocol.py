@@ -113,6 +113,20 @@ class Failure:
 
 
 @dataclass(frozen=True, slots=True)
+class FailedAttempt:
+    """One attempt that did not deliver, with the intent it was for: a destination's last errors."""
+
+    action_id: str
+    scope: str
+    number: int
+    at: datetime  # when it finished
+    submission: str | None
+    outcome: str
+    status_code: int | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class Waiting:
     """A destination's open (pending, leased, held) intents, and when its oldest due one fell due."""
 
@@ -307,6 +321,15 @@ class Store(Protocol):
         """Attempts started since ``since`` that finished, the failures among them, and the intents
         settled since (minute by minute, through indexes on start and change times: an attempt's
         finish then changes no indexed column), and the open intents as of ``now``."""
+        ...
+
+    async def destination_counts(self, destination_id: str) -> dict[str, int]:
+        """A destination's intents by status (statuses it has none of are left out)."""
+        ...
+
+    async def failed_attempts(self, destination_id: str, since: datetime, limit: int) -> list[FailedAttempt]:
+        """A destination's attempts started since ``since`` that did not deliver, newest first, at
+        most ``limit`` (through the index on start times, as ``activity``)."""
         ...
 
     async def disable_destination(self, destination_id: str, at: datetime) -> None:

@@ -26,5 +26,5 @@ __all__ = ["CHANNEL", "Attachment", "EmailChannel", "EmailPayload", "EmailSpec",
 
 CHANNEL = ChannelModule(
     name="email", spec=EmailSpec, needs_secret=False, check_payload=check_payload,
-    open=lambda concurrency: EmailChannel(),
+    open=lambda concurrency: EmailChannel(), target=lambda settings: f"smtp {settings['host']}:{settings['port']}",
 )

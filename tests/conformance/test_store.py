@@ -679,6 +679,29 @@ async def test_activity_counts_attempts_by_minute_the_latest_failures_and_the_ba
     assert [(s.since, s.until, s.count) for s in later.backlog] == [(hour + timedelta(hours=1), None, 2)]
 
 
+async def test_a_destinations_failed_attempts_and_counts_by_status(store):
+    await store.insert_intents([new("f1"), new("f2"), new("ok"), new("gone", at=T0 - timedelta(hours=2))])
+    await store.insert_intent(*new("other", dest="approvals"))
+    for i in await store.claim("w1", now=T0, lease_until=T0 + timedelta(hours=9), limit=5):
+        at = {"f1": T0 + timedelta(seconds=5), "f2": T0 + timedelta(seconds=9), "ok": T0 + timedelta(seconds=7),
+              "gone": T0 - timedelta(hours=2), "other": T0 + timedelta(seconds=3)}[i.action_id]
+        outcome = Outcome.DELIVERED if i.action_id == "ok" else Outcome.RETRYABLE
+        done = replace(attempt(1, i.fence, at=at), attempt_id=f"{i.action_id}-1", finished_at=at,
+                       submission=Submission.SUBMITTED, outcome=outcome, status_code=503, error=f"{i.action_id} down")
+        status = Status.DELIVERED if outcome is Outcome.DELIVERED else Status.DEAD
+        await made(store, Settle(i.key, i.fence, status, (Event(kind="attempt_finished", at=at, actor="w1"),),
+                                 attempts=1, attempt=done))
+    found = await store.failed_attempts("billing", T0 - timedelta(hours=1), 10)
+    assert [(f.action_id, f.scope, f.number, f.at, f.submission, f.outcome, f.status_code, f.error)
+            for f in found] == [
+        ("f2", "acme", 1, T0 + timedelta(seconds=9), "submitted", "retryable", 503, "f2 down"),
+        ("f1", "acme", 1, T0 + timedelta(seconds=5), "submitted", "retryable", 503, "f1 down")]
+    assert [f.action_id for f in await store.failed_attempts("billing", T0 - timedelta(hours=1), 1)] == ["f2"]
+    assert await store.failed_attempts("nowhere", T0 - timedelta(hours=1), 10) == []
+    assert await store.destination_counts("billing") == {"dead": 3, "delivered": 1}
+    assert await store.destination_counts("nowhere") == {}
+
+
 async def test_leases_are_renewed_only_while_held_and_expired_ones_are_found(store):
     await store.insert_intents([new("l1"), new("l2")])
     claimed = await store.claim("w1", now=T0, lease_until=T0 + timedelta(seconds=10), limit=2)

@@ -4,13 +4,14 @@ and delivered through the served API and its embedded sender, with nothing else 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from outbox import Status, channels
+from outbox import Destination, OnUnknown, Status, channels
 from tests import file_channel
 from tests.conftest import eventually
 
@@ -96,3 +97,18 @@ async def test_the_document_offers_every_installed_channels_spec(api: Api):
     assert {"FileSpec", "WebhookSpec"} <= set(offered) and len(offered) == len(channels.names())
     assert {"channel", "path"} <= set(schemas["FileSpec"]["required"])
     assert "url" in schemas["WebhookSpec"]["required"]
+
+
+def test_each_channel_says_where_a_destination_delivers(file_installed: None):
+    """What each attempt records as its target (and the console shows)."""
+    def record(channel: str, **settings: Any) -> Destination:
+        at = datetime(2030, 1, 1, tzinfo=UTC)
+        return Destination("d", channel, settings, (), False, 86_400, OnUnknown.DECLARED, 10.0, False, False, False,
+                           at, at)
+
+    assert channels.target(record("webhook", url="https://hooks.example/in")) == "https://hooks.example/in"
+    assert channels.target(record("email", host="smtp.example", port=587, tls="starttls")) == "smtp smtp.example:587"
+    assert channels.target(record("kafka", topic="invoices", bootstrap_servers=["k1:9092", "k2:9092"])) == (
+        "topic invoices on k1:9092, k2:9092")
+    assert channels.target(record("file", path="/tmp/j.jsonl")) == "file"  # a channel that says nothing more
+    assert channels.target(record("gone")) == "gone"  # no longer installed

@@ -63,6 +63,7 @@ async def test_a_200_delivers_once_with_every_header_and_the_external_id(env: Se
     started = last(history, "attempt_started").data  # the allowing decision is kept with the attempt
     assert started["attempt_id"] == attempt.attempt_id and started["fence"] == 1
     assert started["authority"] == "grant 'g1'" and started["authority_revision"] == "g1@1"
+    assert started["target"] == f"{receiver.url}/hook"  # where it went, as the destination was then
     finished = last(history, "attempt_finished").data
     assert finished == {"attempt_id": attempt.attempt_id, "submission": "submitted",
                         "outcome": "delivered", "status_code": 200}

@@ -127,6 +127,19 @@ class Filled:
             if own:
                 await worker.aclose()
 
+    async def unknowns(self, *action_ids: str, destination: str = "slow", **spec: Any) -> None:
+        """Intents whose one attempt timed out at a receiver that answers late: outcome unknown.
+        The receiver answers at once afterwards."""
+        self.receiver.script("/slow", Reply(200, delay=2))
+        await self.destination(destination, "/slow", timeout_seconds=0.3, **spec)
+        for action_id in action_ids:
+            await self.enqueue(action_id, destination=destination)
+        await self.deliver(action_ids)
+        for action_id in action_ids:
+            intent = await self.box.get(action_id)
+            assert intent.status is Status.UNKNOWN, intent
+        self.receiver.script("/slow", Reply(200, headers={"External-Id": "late-but-fine"}))
+
     async def dead_letters(self, *action_ids: str) -> Switch:
         """Intents to ``hook`` (a receiver answering 503 until fixed) with one attempt each:
         dead letters. Returns the switch that fixes the receiver."""

@@ -23,7 +23,7 @@ from outbox import DestinationSpec, Outbox, Role, Settings
 from outbox.service import create_service
 
 from ..conftest import SECRET
-from ..receiver import Receiver
+from ..receiver import Receiver, Reply
 from ..servers import Served
 from .conftest import Switch
 
@@ -72,12 +72,16 @@ def console(tmp_path: Path) -> Iterator[Console]:
     receiver = Receiver().start()
     switch = Switch()
     receiver.script("/hook", switch)
+    receiver.script("/slow/a/rather/long/path/that/names/the/tenant/and/the/invoice/service", Reply(200, delay=2))
     db_url = f"sqlite:///{tmp_path / 'console.db'}"
 
     async def prepare() -> tuple[str, str, str]:
         async with await Outbox.open(db_url) as box:
             await box.put_destination("billing", DestinationSpec(
                 url=receiver.url + "/hook", secret=SECRET, allow_private_network=True, timeout_seconds=2))
+            await box.put_destination("slow", DestinationSpec(
+                url=receiver.url + "/slow/a/rather/long/path/that/names/the/tenant/and/the/invoice/service",
+                secret=SECRET, allow_private_network=True, timeout_seconds=0.3))
             operator, info = await box.create_token(Role.OPERATOR, label="on call")
             producer, _ = await box.create_token(Role.PRODUCER, ["acme"])
         return operator, info.actor, producer
@@ -140,7 +144,7 @@ def test_an_operator_replays_a_dead_letter_from_the_console(console: Console, tm
         timeline = page.locator("h2:text('Timeline') + .scroll table").inner_text()
         assert "replayed" in timeline and "billing back after INC-4711" in timeline
         assert console.operator_actor in timeline
-        assert "rcpt-inv-42-send" in page.locator("h2:text('Attempts') + .scroll table").inner_text()
+        assert "rcpt-inv-42-send" in page.locator("h2:text('Attempts') ~ .scroll table").first.inner_text()
         assert page.locator("form[action$='/replay']").count() == 0  # nothing left to replay
 
         shot = tmp_path / "intent-delivered.png"
@@ -188,11 +192,27 @@ SCREENSHOTS = Path(os.environ.get("OUTBOX_TEST_ARTIFACTS", Path(__file__).parent
 VIEWPORTS = {"narrow": {"width": 390, "height": 844}, "wide": {"width": 1440, "height": 900}}
 
 
+def _timed_out(c: Console, action_id: str) -> None:
+    """An intent to "slow" whose one attempt timed out: outcome unknown (a duplicate risk)."""
+    with httpx.Client(base_url=c.url, headers={"Authorization": f"Bearer {c.producer}"}, timeout=30) as http:
+        created = http.post("/v1/intents", json={
+            "action_id": action_id, "scope": "acme", "destination": "slow", "payload": {"invoice": 43}})
+        assert created.status_code == 201, created.text
+        unknown = http.get(f"/v1/intents/{action_id}", params={"wait": 20}).json()
+    assert unknown["status"] == "unknown", unknown
+
+
 def test_every_console_page_reads_at_a_narrow_and_a_wide_viewport(console: Console):
     _dead_letter(console, "inv-50-send")
     _dead_letter(console, "inv-51-send")
-    pages = {"overview": "/console", "search": "/console/intents?status=dead",
-             "intent": "/console/intents/inv-50-send?scope=acme", "replay": "/console/replay?status=dead"}
+    _timed_out(console, "0193a5f2-7c1e-7d44-9e0b-5f7a1c2d3e4f-invoice-44-send")
+    pages = {"overview": ("/console", "dead"),
+             "search": ("/console/intents?status=dead", "inv-51-send"),
+             "destination": ("/console/destinations/billing", "Last errors"),
+             "intent": ("/console/intents/inv-50-send?scope=acme", "receiver answered 503"),
+             "unknown": ("/console/intents/0193a5f2-7c1e-7d44-9e0b-5f7a1c2d3e4f-invoice-44-send?scope=acme",
+                         "Timeout on reading data from socket"),
+             "replay": ("/console/replay", "Duplicate risk: 1 of these 3 intents")}
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     with chromium() as browser:
         for name, viewport in VIEWPORTS.items():
@@ -203,10 +223,12 @@ def test_every_console_page_reads_at_a_narrow_and_a_wide_viewport(console: Conso
             page.fill("input[name=token]", console.operator)
             page.get_by_role("button", name="Sign in").click()
             page.wait_for_url(console.url + "/console")
-            for title, path in pages.items():
+            for title, (path, key) in pages.items():
                 page.goto(console.url + path)
-                # nothing wider than the screen but the tables, which scroll inside their own box
-                assert page.evaluate("document.documentElement.scrollWidth") <= viewport["width"], (name, title)
+                # nothing wider than the screen: tables fit, or stack into cards on a phone
+                width = page.evaluate("[document.scrollingElement.scrollWidth, window.innerWidth]")
+                assert width[0] <= width[1], (name, title, width)
+                assert page.get_by_text(key).first.is_visible(), (name, title, key)
                 shot = SCREENSHOTS / f"{title}-{name}.png"
                 page.screenshot(path=str(shot), full_page=True)
                 assert shot.stat().st_size > 10_000
@@ -214,9 +236,16 @@ def test_every_console_page_reads_at_a_narrow_and_a_wide_viewport(console: Conso
             for chart in page.locator("figure svg").all():
                 box = chart.bounding_box()
                 assert box is not None and 100 < box["width"] <= viewport["width"] and box["height"] > 20
-            assert "2 failed" in page.locator("figcaption").first.inner_text()
+            assert "3 failed" in page.locator("figcaption").first.inner_text()
+            headline = page.locator("ul.headline")
+            assert headline.is_visible() and "2dead" in headline.inner_text().replace(" ", "").replace("\n", "")
             health = page.locator("h2:text('Destinations (last hour)') + .scroll table").inner_text()
             assert "billing" in health and "closed" in health  # the embedded sender's circuit
-            page.goto(console.url + "/console/replay?status=dead")
-            assert page.locator("h2").first.inner_text() == "Dry run: 2 intents match"
+            page.goto(console.url + "/console/intents/inv-50-send?scope=acme")
+            reply = page.locator("tr.more pre").first  # the reply, across the table's width
+            box = reply.bounding_box()
+            assert reply.is_visible() and box is not None and box["x"] + box["width"] <= viewport["width"]
+            page.goto(console.url + "/console/replay")
+            assert page.locator("h2").first.inner_text() == "Dry run: 3 intents match"
+            assert page.locator("#duplicate-risk").is_visible()
             context.close()

@@ -13,20 +13,6 @@ from ..problems import assert_problem
 from ..receiver import Reply
 from .conftest import OpenOps, Ops, Switch
 
-
-async def _unknown(ops: Ops, *action_ids: str, destination: str = "slow", **spec) -> None:
-    """Intents whose one attempt timed out at a receiver that answers late: outcome unknown."""
-    ops.receiver.script("/slow", Reply(200, delay=2))
-    await ops.destination(destination, "/slow", timeout_seconds=0.3, **spec)
-    for action_id in action_ids:
-        await ops.enqueue(action_id, destination=destination)
-    await ops.deliver(action_ids)
-    for action_id in action_ids:
-        intent = await ops.box.get(action_id)
-        assert intent.status is Status.UNKNOWN, intent
-    ops.receiver.script("/slow", Reply(200, headers={"External-Id": "late-but-fine"}))
-
-
 # -- replay ------------------------------------------------------------------------------------
 
 
@@ -122,7 +108,7 @@ async def test_replay_of_a_revoked_intent_waits_for_authority(ops: Ops):
 
 
 async def test_replay_of_an_unknown_outcome_needs_accepting_the_duplicate_risk(ops: Ops):
-    await _unknown(ops, "unk-1")  # destination 'slow' does not declare idempotency
+    await ops.unknowns("unk-1")  # destination 'slow' does not declare idempotency
     [attempt] = (await ops.box.history("unk-1")).attempts
     assert attempt.submission.value == "maybe_submitted"
     async with ops.client(ops.operator) as c:
@@ -156,7 +142,7 @@ async def test_a_dead_letter_with_a_maybe_submitted_attempt_also_needs_accepting
 
 async def test_an_idempotent_destination_needs_no_duplicate_risk_acceptance(ops: Ops):
     # idempotent, but on_unknown=never: a timeout still ends unknown; the receiver dedupes
-    await _unknown(ops, "unk-2", destination="dedupe", idempotent=True, on_unknown="never")
+    await ops.unknowns("unk-2", destination="dedupe", idempotent=True, on_unknown="never")
     async with ops.client(ops.operator) as c:
         ok = await c.post("/v1/intents/unk-2/replay", json={"reason": "receiver dedupes on the key"})
     assert ok.status_code == 200, ok.text
@@ -167,7 +153,7 @@ async def test_an_idempotent_destination_needs_no_duplicate_risk_acceptance(ops:
 
 
 async def test_resolve_settles_unknown_intents_with_evidence(ops: Ops):
-    await _unknown(ops, "res-delivered", "res-retry", "res-dead")
+    await ops.unknowns("res-delivered", "res-retry", "res-dead")
     async with ops.client(ops.operator) as c:
         delivered = await c.post("/v1/intents/res-delivered/resolve", json={
             "resolution": "delivered", "external_id": "inv-991", "reason": "the receiver shows inv-991"})

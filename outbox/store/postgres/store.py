@@ -23,7 +23,19 @@ from ...tokens import TokenInfo
 from .. import moves
 from ..lookups import Lookups
 from ..migrator import Migration, run_migrations, scripts_for
-from ..protocol import Activity, Applied, AttemptMinute, Claim, Failure, History, IntentQuery, Page, Span, Waiting
+from ..protocol import (
+    Activity,
+    Applied,
+    AttemptMinute,
+    Claim,
+    FailedAttempt,
+    Failure,
+    History,
+    IntentQuery,
+    Page,
+    Span,
+    Waiting,
+)
 from ..records import Row, destination_values, event_data, grant_values, token_values
 from ..rules import decide_destination_delete, not_revoked, whole_or_refused
 from .changes import apply_rounds, crashing, rounds_by_move, statements
@@ -313,6 +325,13 @@ class PostgresStore(Lookups):
                  for start, end, n in await conn.fetch(SQL["activity_backlog"], since)])
 
         return await self._run(work, transaction=SNAPSHOT)
+
+    async def destination_counts(self, destination_id: str) -> dict[str, int]:
+        return {status: n for status, n in await self._connections.fetch("destination_counts", destination_id)}
+
+    async def failed_attempts(self, destination_id: str, since: datetime, limit: int) -> list[FailedAttempt]:
+        rows = await self._connections.fetch("destination_failures", destination_id, since, limit)
+        return [FailedAttempt(a, s, n, READ.at(at), sub, o, code, error) for a, s, n, at, sub, o, code, error in rows]
 
     async def disable_destination(self, destination_id: str, at: datetime) -> None:
         await self._connections.execute("disable_destination", at, destination_id)

@@ -555,6 +555,17 @@ SELECT DISTINCT ON (i.destination) i.destination, a.finished_at, a.outcome, a.st
 FROM attempts a JOIN intents i ON i.seq = a.intent_seq
 WHERE a.started_at >= $1 AND a.outcome <> 'delivered' ORDER BY i.destination, a.finished_at DESC;
 
+-- name: destination_counts
+-- A destination's intents by status (through its index).
+SELECT status, count(*) FROM intents WHERE destination = $1 GROUP BY status;
+
+-- name: destination_failures
+-- A destination's failed attempts of those started since $2, newest first, at most $3.
+SELECT i.action_id, i.scope, a.number, a.finished_at, a.submission, a.outcome, a.status_code, a.error
+FROM attempts a JOIN intents i ON i.seq = a.intent_seq
+WHERE i.destination = $1 AND a.started_at >= $2 AND a.outcome <> 'delivered'
+ORDER BY a.finished_at DESC, a.attempt_id DESC LIMIT $3;
+
 -- name: activity_waiting
 -- Each destination's open intents and when its oldest due one (at $1) fell due.
 SELECT destination, count(*), min(next_attempt_at) FILTER (WHERE status = 'pending' AND next_attempt_at <= $1)

@@ -23,7 +23,19 @@ from ...tokens import TokenInfo
 from ..lookups import Lookups
 from ..migrator import run_migrations, scripts_for
 from ..plumbing import GroupCommitter, connect, on_thread, to_us, unavailable
-from ..protocol import Activity, Applied, AttemptMinute, Claim, Failure, History, IntentQuery, Page, Span, Waiting
+from ..protocol import (
+    Activity,
+    Applied,
+    AttemptMinute,
+    Claim,
+    FailedAttempt,
+    Failure,
+    History,
+    IntentQuery,
+    Page,
+    Span,
+    Waiting,
+)
 from ..records import Row, destination_values, grant_values, token_values
 from ..rules import decide_destination_delete, not_revoked, whole_or_refused
 from .changes import Apply, Recover, make_claim
@@ -313,6 +325,20 @@ class SqliteStore(Lookups):
                  for d, n, oldest in conn.execute(SQL["activity_waiting"], (to_us(now),))],
                 [Span(READ.at(start), READ.at(end), n)
                  for start, end, n in conn.execute(SQL["activity_backlog"], (after,))])
+
+        return await self._read(read)
+
+    async def destination_counts(self, destination_id: str) -> dict[str, int]:
+        def read(conn: sqlite3.Connection) -> dict[str, int]:
+            return dict(conn.execute(SQL["destination_counts"], (destination_id,)).fetchall())
+
+        return await self._read(read)
+
+    async def failed_attempts(self, destination_id: str, since: datetime, limit: int) -> list[FailedAttempt]:
+        def read(conn: sqlite3.Connection) -> list[FailedAttempt]:
+            rows = conn.execute(SQL["destination_failures"], (destination_id, to_us(since), limit))
+            return [FailedAttempt(a, s, n, READ.at(at), sub, o, code, error)
+                    for a, s, n, at, sub, o, code, error in rows]
 
         return await self._read(read)
 
