@@ -438,8 +438,9 @@ SELECT * FROM intents WHERE {where} ORDER BY seq DESC LIMIT $1;
 WITH existing AS (SELECT id FROM destinations WHERE id = $1)
 INSERT INTO destinations (id, channel, settings, secrets, idempotent, retention_seconds, on_unknown,
                           timeout_seconds, requires_approval, allow_private_network, disabled,
-                          created_at, updated_at, reconcile, ordering, ordering_on_dead)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+                          created_at, updated_at, reconcile, ordering, ordering_on_dead,
+                          retry_schedule, max_age_seconds)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
 ON CONFLICT (id) DO UPDATE SET
     channel = excluded.channel, settings = excluded.settings, secrets = excluded.secrets,
     idempotent = excluded.idempotent, retention_seconds = excluded.retention_seconds,
@@ -447,7 +448,8 @@ ON CONFLICT (id) DO UPDATE SET
     requires_approval = excluded.requires_approval,
     allow_private_network = excluded.allow_private_network, disabled = excluded.disabled,
     updated_at = excluded.updated_at, reconcile = excluded.reconcile, ordering = excluded.ordering,
-    ordering_on_dead = excluded.ordering_on_dead
+    ordering_on_dead = excluded.ordering_on_dead, retry_schedule = excluded.retry_schedule,
+    max_age_seconds = excluded.max_age_seconds
 RETURNING NOT EXISTS (SELECT 1 FROM existing) AS created;
 
 -- name: sealing_key

@@ -320,8 +320,9 @@ SELECT * FROM intents WHERE seq = ?;
 -- Register or replace a destination.
 INSERT INTO destinations (id, channel, settings, secrets, idempotent, retention_seconds, on_unknown,
                           timeout_seconds, requires_approval, allow_private_network, disabled,
-                          created_at, updated_at, reconcile, ordering, ordering_on_dead)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                          created_at, updated_at, reconcile, ordering, ordering_on_dead,
+                          retry_schedule, max_age_seconds)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (id) DO UPDATE SET
     channel = excluded.channel, settings = excluded.settings, secrets = excluded.secrets,
     idempotent = excluded.idempotent, retention_seconds = excluded.retention_seconds,
@@ -329,7 +330,8 @@ ON CONFLICT (id) DO UPDATE SET
     requires_approval = excluded.requires_approval,
     allow_private_network = excluded.allow_private_network, disabled = excluded.disabled,
     updated_at = excluded.updated_at, reconcile = excluded.reconcile, ordering = excluded.ordering,
-    ordering_on_dead = excluded.ordering_on_dead
+    ordering_on_dead = excluded.ordering_on_dead, retry_schedule = excluded.retry_schedule,
+    max_age_seconds = excluded.max_age_seconds
 RETURNING *;
 
 -- name: sealing_key
