@@ -76,8 +76,7 @@ def _why_not_again(intent: Intent, destination: Destination, attempts_made: int,
     if attempts_made >= intent.max_attempts:
         return f"attempts exhausted ({attempts_made} of {intent.max_attempts})"
     if exhausted(destination.retry_schedule, attempts_made):
-        return (f"retry schedule exhausted ({attempts_made} attempts: the first and one after each of its "
-                f"{len(destination.retry_schedule or ())} delays)")
+        return f"retry schedule exhausted ({attempts_made} attempts, one more than its delays)"
     if (ends := deadline(intent, destination)) is not None and due >= ends.at:
         return f"expired: {ends.why} falls before the next attempt"
     return None

@@ -352,6 +352,16 @@ async def test_destinations_are_registered_replaced_and_listed(store):
     assert await store.get_destination("nope") is None
 
 
+async def test_a_destinations_retry_schedule_and_max_age_are_kept_and_cleared(store):
+    await store.put_destination(destination("crm", retry_schedule=(5, 0.5, 3600), max_age_seconds=86_400))
+    found = await store.get_destination("crm")
+    assert (found.retry_schedule, found.max_age_seconds) == ((5, 0.5, 3600), 86_400)
+    assert [d.retry_schedule for d in await store.list_destinations()] == [None, None, (5, 0.5, 3600)]
+    await store.put_destination(destination("crm"))
+    found = await store.get_destination("crm")
+    assert (found.retry_schedule, found.max_age_seconds) == (None, None)
+
+
 async def stored_secrets(store: Store) -> dict[str, dict]:
     """Each destination's secrets as the database holds them, read with the caller's own SQL."""
     async with store.transaction() as tx:
