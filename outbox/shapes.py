@@ -313,7 +313,8 @@ class Destination(BaseModel):
     reconcile: bool
     ordering: Ordering
     ordering_on_dead: OnDead
-    retry_schedule: list[float] | None = Field(description="seconds before retry 1, 2, ...; null: exponential backoff")
+    retry_schedule: list[int | float] | None = Field(
+        description="seconds before retry 1, 2, ...; null: exponential backoff")
     max_age_seconds: int | None = Field(
         description="how long after its enqueue an intent may be attempted; null: no limit")
     created_at: AwareDatetime
