@@ -26,7 +26,7 @@ async def env(store_url: str) -> AsyncIterator[SenderEnv]:
     settings = Settings(authority="grants", authority_seconds=0, lease_seconds=30)
     box = await Outbox.open(store_url, settings=settings, clock=ManualClock())
     await box.put_grant("g1", GrantSpec(scope="acme", destination="*"))
-    env = SenderEnv(box, box.clock)  # type: ignore[arg-type]
+    env = SenderEnv(box, box.clock)
     yield env
     await env.aclose()
 
