@@ -52,9 +52,11 @@ def decide(
         reason = _unknown_blocks_retry(destination, first_submission_at, now, policy)
         if reason:
             return Fate(Status.UNKNOWN, EventKind.UNKNOWN, f"{result.error}; {reason}")
-    schedule = destination.retry_schedule
-    due = now + timedelta(seconds=policy.backoff.delay(attempts_made, result.retry_after, schedule))
-    why_not = _why_not_again(intent, destination, attempts_made, due)
+    schedule, tries = destination.retry_schedule, attempts_made
+    if schedule is not None:  # counted since the last replay, which starts it over
+        tries = attempts_made - intent.replayed_after
+    due = now + timedelta(seconds=policy.backoff.delay(tries, result.retry_after, schedule))
+    why_not = _why_not_again(intent, destination, attempts_made, tries, due)
     if why_not and result.outcome is Outcome.UNKNOWN:
         # The last attempt may have taken effect: that is not a dead letter's "not delivered".
         return Fate(Status.UNKNOWN, EventKind.UNKNOWN,
@@ -70,13 +72,15 @@ def decide(
     return Fate(Status.PENDING, EventKind.SCHEDULED_RETRY, f"{result.outcome.value}: {result.error}", due)
 
 
-def _why_not_again(intent: Intent, destination: Destination, attempts_made: int, due: datetime) -> str | None:
-    """Why the intent gets no attempt at ``due`` (its attempts, its destination's retry schedule or
-    its time ran out), or None. ``max_attempts`` still bounds a schedule: the fewer attempts win."""
+def _why_not_again(intent: Intent, destination: Destination, attempts_made: int, tries: int,
+                   due: datetime) -> str | None:
+    """Why the intent gets no attempt at ``due`` (its attempts, its destination's retry schedule,
+    ``tries`` into it, or its time ran out), or None. ``max_attempts`` still bounds a schedule: the
+    fewer attempts win."""
     if attempts_made >= intent.max_attempts:
         return f"attempts exhausted ({attempts_made} of {intent.max_attempts})"
-    if exhausted(destination.retry_schedule, attempts_made):
-        return f"retry schedule exhausted ({attempts_made} attempts, one more than its delays)"
+    if exhausted(destination.retry_schedule, tries):
+        return f"retry schedule exhausted ({tries} attempts, one more than its delays)"
     if (ends := deadline(intent, destination)) is not None and due >= ends.at:
         return f"expired: {ends.why} falls before the next attempt"
     return None

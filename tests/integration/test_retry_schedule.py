@@ -57,7 +57,8 @@ async def test_the_attempts_are_spaced_as_the_schedule_says(env: SenderEnv, rece
     assert len(receiver.requests("/hook")) == 4
 
 
-async def test_an_exhausted_schedule_is_a_dead_letter_that_says_so(env: SenderEnv, receiver: Receiver):
+async def test_an_exhausted_schedule_is_a_dead_letter_that_says_so_and_a_replay_starts_it_over(
+        env: SenderEnv, receiver: Receiver):
     receiver.script("/hook", Reply(503))
     await env.destination(f"{receiver.url}/hook", retry_schedule=[5, 30])
     await env.enqueue("a1")
@@ -68,6 +69,12 @@ async def test_an_exhausted_schedule_is_a_dead_letter_that_says_so(env: SenderEn
     assert intent.last_error is not None
     assert intent.last_error.startswith("retry schedule exhausted (3 attempts, one more than its delays)")
     assert len(receiver.requests("/hook")) == 3
+
+    await operations.replay(env.box, "a1", Actor("op", "the receiver is back"))  # the schedule starts over
+    assert await attempt_until_settled(env, "a1") == [5, 30]
+    intent = await env.box.get("a1")
+    assert intent.status is Status.DEAD and intent.attempts == 6 and intent.replayed_after == 3
+    assert len(receiver.requests("/hook")) == 6
 
 
 async def test_a_retry_past_the_max_age_is_a_dead_letter_and_is_not_replayed(env: SenderEnv, receiver: Receiver):

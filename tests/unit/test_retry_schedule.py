@@ -51,6 +51,13 @@ def test_each_retry_follows_the_schedule_until_it_is_exhausted_then_the_intent_i
     assert dead.reason.startswith("retry schedule exhausted (4 attempts, one more than its delays)")
 
 
+def test_a_replay_starts_the_schedule_over():
+    replayed = replace(MANY, replayed_after=4)
+    assert fate(FAILED, dest=SCHEDULED, intent=replayed, attempts=5).next_attempt_at == NOW + timedelta(seconds=5)
+    dead = fate(FAILED, dest=SCHEDULED, intent=replayed, attempts=8)
+    assert dead.status is Status.DEAD and dead.reason.startswith("retry schedule exhausted (4 attempts,")
+
+
 def test_max_attempts_still_bounds_a_longer_schedule():
     long = replace(DEST, retry_schedule=(1,) * 50)
     dead = fate(FAILED, dest=long, intent=replace(INTENT, max_attempts=3), attempts=3)
