@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
-from .model import OnDead, OnUnknown, Ordering
+from .model import Intent, OnDead, OnUnknown, Ordering
 from .shapes import destination_json
 
 
@@ -40,6 +40,10 @@ class Destination:
     reconcile: bool = False
     ordering: Ordering = Ordering.NONE
     ordering_on_dead: OnDead = OnDead.BLOCK
+    #: The delays in seconds before retry 1, 2, ... (exhausted: dead); None: exponential backoff.
+    retry_schedule: tuple[float, ...] | None = None
+    #: How long after its enqueue an intent may still be attempted; None: no limit.
+    max_age_seconds: int | None = None
 
     def public(self) -> dict[str, Any]:
         """The destination as the API and CLI show it (``shapes.Destination``)."""
@@ -47,6 +51,16 @@ class Destination:
 
     def __repr__(self) -> str:  # keep secrets out of logs and tracebacks
         return f"Destination(id={self.id!r}, channel={self.channel!r}, settings={dict(self.settings)!r})"
+
+
+#: A retry schedule's longest delay: the default backoff cap, an hour.
+MAX_RETRY_DELAY_SECONDS = 3600
+#: A retry schedule's most delays.
+MAX_RETRY_SCHEDULE = 100
+#: The longest max age: a receiver's longest retention, 90 days.
+MAX_AGE_SECONDS = 90 * 86_400
+
+RetryDelay = Annotated[StrictInt | StrictFloat, Field(gt=0, le=MAX_RETRY_DELAY_SECONDS)]
 
 
 class DestinationSpec(BaseModel):
@@ -93,9 +107,43 @@ class DestinationSpec(BaseModel):
                     "cancels it (block), or the key goes on without it (skip)",
     )
 
+    retry_schedule: list[RetryDelay] | None = Field(
+        default=None, min_length=1, max_length=MAX_RETRY_SCHEDULE,
+        description="seconds to wait before retry 1, 2, ... (exact, no jitter; a Retry-After may lengthen one); "
+                    "once every delay is used the intent is dead. Null: exponential backoff with jitter",
+    )
+    max_age_seconds: StrictInt | None = Field(
+        default=None, ge=1, le=MAX_AGE_SECONDS,
+        description="an intent not delivered this long after it was enqueued is dead instead of attempted "
+                    "again; judged from the current value, so a change applies to intents already queued",
+    )
+
     def settings(self) -> dict[str, Any]:
         """The channel's own settings: every field but the shared ones, as JSON values."""
         return self.model_dump(mode="json", by_alias=True, exclude=set(DestinationSpec.model_fields))
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    """When an intent stops being attempted, and what set that time."""
+
+    at: datetime
+    why: str  # "its expires_at (...)", or the destination's max age
+
+
+def deadline(intent: Intent, destination: Destination) -> Deadline | None:
+    """The time from which ``intent`` gets no attempt: its own ``expires_at`` or its enqueue plus
+    the destination's ``max_age_seconds``, whichever is first; None when neither is set.
+
+    The age is measured from the destination's current value, not one stored at enqueue, so a
+    changed ``max_age_seconds`` holds alike for intents queued before and after the change."""
+    found = []
+    if intent.expires_at is not None:
+        found.append(Deadline(intent.expires_at, f"its expires_at ({intent.expires_at.isoformat()})"))
+    if destination.max_age_seconds is not None:
+        at = intent.created_at + timedelta(seconds=destination.max_age_seconds)
+        found.append(Deadline(at, f"the destination's max age of {destination.max_age_seconds}s ({at.isoformat()})"))
+    return min(found, key=lambda d: d.at, default=None)
 
 
 #: The most secrets a destination keeps of one kind: the newest and two older ones, for a rotation.

@@ -105,6 +105,9 @@ class Intent:
     #: Intents of one destination with the same key are delivered in enqueue order when the
     #: destination asks for it (``Ordering.KEY``); a Kafka record's key.
     ordering_key: str | None = None
+    #: The attempts made before its last replay (or resolve to retry): a destination's retry
+    #: schedule starts over after it, as ``max_attempts`` gives a fresh budget.
+    replayed_after: int = 0
     #: Which stored times no datetime can hold (each read as the nearest one that can), or None:
     #: the row was written by hand or before times were checked, and the sender sets it aside.
     unreadable: str | None = None

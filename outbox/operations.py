@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
+from .destinations import deadline
 from .errors import AuthorityDenied, DuplicateRisk, IllegalTransition, InvalidInput, OutboxError
 from .model import (
     Approve,
@@ -92,8 +93,8 @@ async def replay(
             f"an earlier attempt of {action_id!r} may have taken effect and destination "
             f"{intent.destination!r} does not declare idempotency; replaying may duplicate it "
             "(pass accept_duplicate_risk / --accept-duplicate-risk to do it anyway)")
-    if intent.expires_at is not None and box.clock.now() >= intent.expires_at:
-        raise IllegalTransition(f"{action_id!r} expired at {intent.expires_at.isoformat()}; it cannot be sent")
+    if (ends := deadline(intent, destination)) is not None and box.clock.now() >= ends.at:
+        raise IllegalTransition(f"{action_id!r} cannot be sent: past {ends.why}")
     if authorize is not None and (denied := await authorize(intent)) is not None:
         raise AuthorityDenied(f"authority does not allow {action_id!r} now: {denied}")
     now = box.clock.now()

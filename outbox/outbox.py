@@ -400,6 +400,8 @@ class Outbox:
             reconcile=spec.reconcile,
             ordering=spec.ordering,
             ordering_on_dead=spec.ordering_on_dead,
+            retry_schedule=None if spec.retry_schedule is None else tuple(spec.retry_schedule),
+            max_age_seconds=spec.max_age_seconds,
         )
         created = await self.store.put_destination(destination)
         return destination, created

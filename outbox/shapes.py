@@ -313,6 +313,10 @@ class Destination(BaseModel):
     reconcile: bool
     ordering: Ordering
     ordering_on_dead: OnDead
+    retry_schedule: list[int | float] | None = Field(
+        description="seconds before retry 1, 2, ...; null: exponential backoff")
+    max_age_seconds: int | None = Field(
+        description="how long after its enqueue an intent may be attempted; null: no limit")
     created_at: AwareDatetime
     updated_at: AwareDatetime
 
@@ -480,6 +484,7 @@ def destination_json(destination: DestinationRecord) -> dict[str, Any]:
         retention_seconds=d.retention_seconds, on_unknown=d.on_unknown, timeout_seconds=d.timeout_seconds,
         requires_approval=d.requires_approval, allow_private_network=d.allow_private_network, disabled=d.disabled,
         reconcile=d.reconcile, ordering=d.ordering, ordering_on_dead=d.ordering_on_dead,
+        retry_schedule=None if d.retry_schedule is None else list(d.retry_schedule), max_age_seconds=d.max_age_seconds,
         created_at=d.created_at, updated_at=d.updated_at, **d.settings,
     ).model_dump(mode="json")
 

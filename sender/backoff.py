@@ -1,7 +1,9 @@
-"""When to try again: exponential backoff with jitter, capped at an hour, Retry-After honoured."""
+"""When to try again: exponential backoff with jitter, or a destination's own schedule of delays,
+capped at an hour, Retry-After honoured."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import tenacity
@@ -24,12 +26,25 @@ class Backoff:
             tenacity.wait_random_exponential(multiplier=half, max=cap)
         object.__setattr__(self, "_strategy", strategy)
 
-    def delay(self, tries: int, retry_after: float | None = None) -> float:
+    def delay(self, tries: int, retry_after: float | None = None, schedule: Sequence[float] | None = None) -> float:
         """Seconds to wait after ``tries`` (≥ 1): the attempts made, or, for an intent given back
-        unsent, the times it was claimed; a receiver's Retry-After is honoured up to the cap."""
-        state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
-        state.attempt_number = max(1, tries)
-        computed = min(self._strategy(state), self.cap_seconds)  # type: ignore[attr-defined]
+        unsent, the times it was claimed; a receiver's Retry-After is honoured up to the cap.
+
+        With a ``schedule`` (a destination's ``retry_schedule``) the wait is its entry number
+        ``tries``, exactly, without jitter (its last entry once past the end: whether there is a
+        retry at all is ``exhausted``'s to say)."""
+        if schedule:
+            computed = min(schedule[min(max(1, tries), len(schedule)) - 1], self.cap_seconds)
+        else:
+            state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
+            state.attempt_number = max(1, tries)
+            computed = min(self._strategy(state), self.cap_seconds)  # type: ignore[attr-defined]
         if retry_after is not None:
             computed = max(computed, min(retry_after, self.cap_seconds))
         return computed
+
+
+def exhausted(schedule: Sequence[float] | None, attempts_made: int) -> bool:
+    """Whether a retry schedule has no delay left after ``attempts_made``: n delays allow the
+    first attempt and n retries. Without a schedule, only ``max_attempts`` ends the retries."""
+    return schedule is not None and attempts_made > len(schedule)

@@ -16,6 +16,7 @@ import time
 from datetime import datetime, timedelta
 
 from outbox import Destination, Event, EventKind, Intent, Outbox, SecretsKeyError, Status, StoreUnavailable
+from outbox.destinations import deadline
 from outbox.model import Hold
 
 from .authority import AuthorityRequest, CachedAuthority, Decision, Verdict
@@ -96,8 +97,8 @@ class Checks:
                                          now + timedelta(seconds=wait), applied=functools.partial(
                                              log.info, "not sent: destination %s; parked for %.0fs", why, wait,
                                              extra=log_fields(intent, None, self.worker)))
-        if intent.expires_at is not None and now >= intent.expires_at:
-            expired = Fate(Status.DEAD, EventKind.DEAD_LETTERED, "expired before it could be sent")
+        if (ends := deadline(intent, destination)) is not None and now >= ends.at:
+            expired = Fate(Status.DEAD, EventKind.DEAD_LETTERED, f"expired before it could be sent: past {ends.why}")
             return self.outcomes.settle(intent, expired, [])
         if (paused := self.circuits.hold(destination, now)) is not None:
             return self.outcomes.release(intent, paused[1], paused[0])  # nothing sent, no attempt made
@@ -135,7 +136,7 @@ class Checks:
                 lease.destination = await self.destinations.get(intent.destination)
             destination, now = lease.destination, self.clock.now()
             if (destination is not None and not destination.disabled
-                    and (intent.expires_at is None or now < intent.expires_at)
+                    and ((ends := deadline(intent, destination)) is None or now < ends.at)
                     and not (destination.requires_approval and approval_refusal(intent, now))):
                 lease.decision = await self.authority.check(_request(intent))
         except StoreUnavailable as exc:  # its lease is confirmed again before it is taken next

@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from outbox import Destination, EventKind, Intent, OnUnknown, Outcome, Status
+from outbox.destinations import deadline
 
-from .backoff import Backoff
+from .backoff import Backoff, exhausted
 from .channel import SendResult
 
 
@@ -51,8 +52,11 @@ def decide(
         reason = _unknown_blocks_retry(destination, first_submission_at, now, policy)
         if reason:
             return Fate(Status.UNKNOWN, EventKind.UNKNOWN, f"{result.error}; {reason}")
-    due = now + timedelta(seconds=policy.backoff.delay(attempts_made, result.retry_after))
-    why_not = _why_not_again(intent, attempts_made, due)
+    schedule, tries = destination.retry_schedule, attempts_made
+    if schedule is not None:  # counted since the last replay, which starts it over
+        tries = attempts_made - intent.replayed_after
+    due = now + timedelta(seconds=policy.backoff.delay(tries, result.retry_after, schedule))
+    why_not = _why_not_again(intent, destination, attempts_made, tries, due)
     if why_not and result.outcome is Outcome.UNKNOWN:
         # The last attempt may have taken effect: that is not a dead letter's "not delivered".
         return Fate(Status.UNKNOWN, EventKind.UNKNOWN,
@@ -68,12 +72,17 @@ def decide(
     return Fate(Status.PENDING, EventKind.SCHEDULED_RETRY, f"{result.outcome.value}: {result.error}", due)
 
 
-def _why_not_again(intent: Intent, attempts_made: int, due: datetime) -> str | None:
-    """Why the intent gets no attempt at ``due`` (its attempts or its time ran out), or None."""
+def _why_not_again(intent: Intent, destination: Destination, attempts_made: int, tries: int,
+                   due: datetime) -> str | None:
+    """Why the intent gets no attempt at ``due`` (its attempts, its destination's retry schedule,
+    ``tries`` into it, or its time ran out), or None. ``max_attempts`` still bounds a schedule: the
+    fewer attempts win."""
     if attempts_made >= intent.max_attempts:
         return f"attempts exhausted ({attempts_made} of {intent.max_attempts})"
-    if intent.expires_at is not None and due >= intent.expires_at:
-        return f"expires at {intent.expires_at.isoformat()} before the next attempt"
+    if exhausted(destination.retry_schedule, tries):
+        return f"retry schedule exhausted ({tries} attempts, one more than its delays)"
+    if (ends := deadline(intent, destination)) is not None and due >= ends.at:
+        return f"expired: {ends.why} falls before the next attempt"
     return None
 
 

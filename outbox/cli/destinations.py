@@ -38,6 +38,16 @@ def _settings_line(settings: Mapping[str, Any]) -> str:
     return " ".join(f"{name}={value}" for name, value in settings.items() if value not in (None, {}, [], ""))
 
 
+def _delays(ctx: click.Context, param: click.Parameter, text: str | None) -> list[Any] | None:
+    """``--retry-schedule 5,30,300`` as its list of delays (each checked with the destination)."""
+    if text is None:
+        return None
+    try:
+        return [json.loads(part) for part in text.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"takes seconds separated by commas (5,30,300), not {text!r}") from None
+
+
 #: Shared settings without an option of their own: given as --set NAME=VALUE, as a channel's are.
 SET_ONLY = frozenset({"ordering", "ordering_on_dead"})
 
@@ -63,6 +73,11 @@ SET_ONLY = frozenset({"ordering", "ordering_on_dead"})
               help="Allow loopback/private addresses (turns off the SSRF guard).")
 @click.option("--disabled", is_flag=True, help="Register it disabled.")
 @click.option("--reconcile", is_flag=True, help="The receiver answers the reconcile probe (our middleware).")
+@click.option("--retry-schedule", callback=_delays, metavar="SECONDS,...",
+              help="The delays before retry 1, 2, ... (e.g. 5,30,300,1800,3600), each at most 3600; once all are "
+                   "used the intent is dead [default: exponential backoff with jitter].")
+@click.option("--max-age-seconds", type=int,
+              help="An intent not delivered this long after its enqueue is dead [default: no limit].")
 @click.option("--drop-previous-secrets", is_flag=True,
               help="Keep only the newest secret: the end of a rotation, once the receiver has the new one.")
 @run

@@ -98,7 +98,7 @@ def intent(row: Row, time: Time) -> Intent:
     return Intent(
         **_as_is(row, "seq", "action_id", "scope", "destination", "channel", "payload_digest", "attempts",
                  "max_attempts", "lease_owner", "fence", "last_error", "approved_digest", "approved_by",
-                 "ordering_key"),
+                 "ordering_key", "replayed_after"),
         payload_json=row["payload"],
         status=Status(row["status"]),
         next_attempt_at=at("next_attempt_at"),
@@ -145,6 +145,8 @@ def destination(row: Row, time: Time, keyring: Keyring | None) -> Destination:
         updated_at=at("updated_at"),
         ordering=Ordering(row["ordering"]),
         ordering_on_dead=OnDead(row["ordering_on_dead"]),
+        retry_schedule=None if row["retry_schedule"] is None else tuple(json.loads(row["retry_schedule"])),
+        max_age_seconds=row["max_age_seconds"],
     )
 
 
@@ -216,7 +218,8 @@ def destination_values(d: Destination, sealed: str) -> tuple[Any, ...]:
     """A destination's columns as ``put_destination`` takes them, its secrets ``sealed``."""
     return (d.id, d.channel, json.dumps(dict(d.settings)), sealed, d.idempotent, d.retention_seconds,
             d.on_unknown.value, d.timeout_seconds, d.requires_approval, d.allow_private_network, d.disabled,
-            d.created_at, d.updated_at, d.reconcile, d.ordering.value, d.ordering_on_dead.value)
+            d.created_at, d.updated_at, d.reconcile, d.ordering.value, d.ordering_on_dead.value,
+            None if d.retry_schedule is None else json.dumps(list(d.retry_schedule)), d.max_age_seconds)
 
 
 def token_values(info: TokenInfo, token_hash: str) -> tuple[Any, ...]:

@@ -193,6 +193,13 @@ def test_the_channel_declaration_shown_is_the_webhook_channels(tmp_path: Path):
     assert isinstance(shown.open(4), webhook.WebhookChannel)
 
 
+def test_the_retry_schedule_example_registers_the_schedule_and_the_max_age_it_shows(tmp_path: Path):
+    block = shell_block_after("### Retry schedule")
+    shown = bash(f"outbox migrate >/dev/null\n{block}", tmp_path)
+    assert "retry_schedule         [5, 30, 300, 1800, 3600]" in shown
+    assert "max_age_seconds        86400" in shown
+
+
 def test_the_email_example_delivers_and_shows_the_servers_view(tmp_path: Path):
     script = tmp_path / "email_example.py"
     script.write_text(python_blocks()["email"])

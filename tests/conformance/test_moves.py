@@ -206,8 +206,8 @@ async def make_replay(store: Store) -> None:
     assert answer == after
     assert moved("replay", before, after) == {
         "status": Status.PENDING, "next_attempt_at": due, "max_attempts": 6, "last_error": None,
-        "updated_at": T0 + timedelta(seconds=9)}
-    assert after.attempts == 1  # the attempts made stay counted
+        "updated_at": T0 + timedelta(seconds=9), "replayed_after": 1}
+    assert after.attempts == 1  # the attempts made stay counted (a retry schedule starts over after them)
     assert await events_since(store, before.key, 4) == [event("replayed", 9, "op")]
 
 
@@ -224,7 +224,8 @@ async def make_resolve(store: Store) -> None:
                                               next_attempt_at=due, max_attempts=9))
     assert answer == await store.get_intent(before.key)
     assert moved("resolve", before, answer) == {
-        "status": Status.PENDING, "next_attempt_at": due, "max_attempts": 9, "updated_at": T0 + timedelta(seconds=9)}
+        "status": Status.PENDING, "next_attempt_at": due, "max_attempts": 9, "updated_at": T0 + timedelta(seconds=9),
+        "replayed_after": 1}
 
 
 async def make_cancel(store: Store) -> None:

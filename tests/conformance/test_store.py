@@ -352,6 +352,31 @@ async def test_destinations_are_registered_replaced_and_listed(store):
     assert await store.get_destination("nope") is None
 
 
+async def test_a_destinations_retry_schedule_and_max_age_are_kept_and_cleared(store):
+    await store.put_destination(destination("crm", retry_schedule=(5, 0.5, 3600), max_age_seconds=86_400))
+    found = await store.get_destination("crm")
+    assert (found.retry_schedule, found.max_age_seconds) == ((5, 0.5, 3600), 86_400)
+    assert [d.retry_schedule for d in await store.list_destinations()] == [None, None, (5, 0.5, 3600)]
+    await store.put_destination(destination("crm"))
+    found = await store.get_destination("crm")
+    assert (found.retry_schedule, found.max_age_seconds) == (None, None)
+
+
+async def test_a_replay_or_a_resolve_to_retry_keeps_the_attempts_made_before_it(store):
+    """What a destination's retry schedule counts from: it starts over after a replay."""
+    ev = (Event(kind="attempt_finished", at=T0, actor="w1"),)
+    await store.insert_intents([new("d1"), new("u1"), new("u2")])
+    await claim_ids(store)
+    for action_id, status in (("d1", Status.DEAD), ("u1", Status.UNKNOWN), ("u2", Status.UNKNOWN)):
+        intent = await store.get_intent(f"acme/{action_id}")
+        await made(store, Settle(intent.key, intent.fence, status, ev, attempts=3))
+    assert (await store.get_intent("acme/d1")).replayed_after == 0
+    await made(store, Replay("acme/d1", Status.DEAD, T0, 8, ev))
+    await made(store, Resolve("acme/u1", Status.PENDING, ev, next_attempt_at=T0, max_attempts=8))
+    await made(store, Resolve("acme/u2", Status.DELIVERED, ev))
+    assert [(await store.get_intent(f"acme/{a}")).replayed_after for a in ("d1", "u1", "u2")] == [3, 3, 0]
+
+
 async def stored_secrets(store: Store) -> dict[str, dict]:
     """Each destination's secrets as the database holds them, read with the caller's own SQL."""
     async with store.transaction() as tx:

@@ -171,6 +171,23 @@ async def test_destinations_are_managed_by_admins_and_never_show_secrets(api: Ap
         assert_problem(await c.get("/v1/destinations/crm"), 404, "not-found", "crm")
 
 
+async def test_a_destinations_retry_schedule_and_max_age_are_set_shown_and_checked(api: Api):
+    async with api.client(api.admin) as c:
+        body = {"url": "https://crm.example/", "secret": SECRET}
+        shown = (await c.get("/v1/destinations/billing")).json()
+        assert (shown["retry_schedule"], shown["max_age_seconds"]) == (None, None)
+        made = await c.put("/v1/destinations/crm", json={**body, "retry_schedule": [5, 30, 300, 1800, 3600],
+                                                          "max_age_seconds": 86_400})
+        assert made.status_code == 201
+        shown = (await c.get("/v1/destinations/crm")).json()
+        assert (shown["retry_schedule"], shown["max_age_seconds"]) == ([5, 30, 300, 1800, 3600], 86_400)
+        for bad, words in (({"retry_schedule": [5, 7200]}, "retry_schedule.1: Input should be less than or equal "
+                            "to 3600"), ({"retry_schedule": []}, "retry_schedule: List should have at least 1"),
+                           ({"max_age_seconds": 0}, "max_age_seconds: Input should be greater than or equal to 1")):
+            assert_problem(await c.put("/v1/destinations/crm", json={**body, **bad}), 422, "invalid-input", words)
+        assert (await c.get("/v1/destinations/crm")).json() == shown  # a refused change left it as it was
+
+
 @pytest.mark.parametrize(("spec", "words"), [
     ({"url": "http://１２７.０.０.１:8080/hook"},
      "url: Value error, host '１２７.０.０.１' is read as the address '127.0.0.1'"),

@@ -50,6 +50,7 @@ from outbox.operations import Actor, replay
 from outbox.store import migrator
 from outbox.store.postgres import LISTENER, SQL, PostgresStore, cycle_arguments
 from outbox.store.protocol import Claim
+from outbox.store.records import destination_values
 from sender import Worker
 
 from .. import pg
@@ -857,10 +858,10 @@ async def test_a_rotation_waits_for_a_write_of_secrets_under_way_and_seals_it_to
             under_way = writer.transaction()  # put_destination's statements, stopped before its commit
             await under_way.start()
             key = await writer.fetchval(SQL["share_sealing_key"])
-            now = datetime.now(UTC)
-            await writer.execute(SQL["put_destination"], "other", "webhook", '{"url": "https://other.example/"}',
-                                 box.store.keyring.seal([SECRET], destination_id="other", key=key), False, 86_400,
-                                 "declared", 10.0, False, False, False, now, now, False, "none", "block")
+            other = replace(await box.store.get_destination("hook"), id="other",
+                            settings={"url": "https://other.example/"})
+            written = box.store.keyring.seal([SECRET], destination_id="other", key=key)
+            await writer.execute(SQL["put_destination"], *destination_values(other, written))
             key_file.write_text(generate_key() + "\n" + key_file.read_text())
             rotation = asyncio.create_task(rotate(box.store))
             await asyncio.sleep(0.5)

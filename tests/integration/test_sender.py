@@ -425,7 +425,7 @@ async def test_an_intent_that_would_expire_before_its_retry_is_dead_lettered(env
     await env.enqueue("a1", expires_at=env.clock.now() + timedelta(seconds=300))
     await env.worker().run_once()
     intent = await env.box.get("a1")
-    assert intent.status is Status.DEAD and intent.last_error.startswith("expires at ")
+    assert intent.status is Status.DEAD and intent.last_error.startswith("expired: its expires_at (")
     assert len(receiver.requests()) == 1
 
 

@@ -470,6 +470,23 @@ async def test_ordering_is_set_on_a_destination_and_show_says_what_an_intent_wai
     assert "ordering_key 'a b' is malformed" in bad.stderr
 
 
+async def test_a_retry_schedule_and_a_max_age_are_set_from_the_cli(shell: Shell):
+    made = shell.json("destinations", "put", "hook", "--url", "https://h.example/in",
+                      "--retry-schedule", "5,30,0.5", "--max-age-seconds", "3600")
+    assert (made["retry_schedule"], made["max_age_seconds"]) == ([5, 30, 0.5], 3600)
+    assert "retry_schedule         [5, 30, 0.5]" in shell.run("destinations", "show", "hook").stdout
+    before = snapshot(shell.db)
+    words = shell.run("destinations", "put", "hook", "--url", "https://h.example/in", "--retry-schedule", "5,soon",
+                      code=2)
+    assert "takes seconds separated by commas (5,30,300), not '5,soon'" in words.stderr
+    long = shell.run("destinations", "put", "hook", "--url", "https://h.example/in", "--retry-schedule", "7200",
+                     code=1)
+    assert "less than or equal to 3600" in long.stderr
+    assert snapshot(shell.db) == before
+    cleared = shell.json("destinations", "put", "hook", "--url", "https://h.example/in")
+    assert (cleared["retry_schedule"], cleared["max_age_seconds"]) == (None, None)
+
+
 async def test_an_email_destination_from_the_cli_keeps_the_channels_defaults(shell: Shell):
     """Options left out take the channel's defaults (an email destination's on_unknown is never),
     and a destination's own settings read back as name=value."""

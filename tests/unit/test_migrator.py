@@ -47,9 +47,12 @@ def test_two_scripts_with_one_version_are_refused(tmp_path: Path):
         discover(tmp_path)
 
 
-def test_the_shipped_sqlite_scripts_are_numbered_from_one_without_gaps():
+def test_the_shipped_sqlite_scripts_are_numbered_from_one_in_order():
+    """Gaps are allowed: a version is taken when its work starts, and works land in any order
+    (a database with 0014 applied still gets 0012 and 0013, which are not in its record)."""
     scripts = scripts_for("sqlite")
-    assert [m.version for m in scripts] == list(range(1, len(scripts) + 1))
+    versions = [m.version for m in scripts]
+    assert versions == sorted(set(versions)) and versions[0] == 1
     assert scripts[0].name == "0001_initial"
 
 

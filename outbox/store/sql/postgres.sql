@@ -300,10 +300,11 @@ SELECT n FROM changed;
 
 -- name: replay
 -- Move replay for a batch (arrays from $7: key, expected status, next_attempt_at, max_attempts, updated_at): each
--- intent still in the status its caller saw is pending with a fresh budget. Returns the places applied, with the rows.
+-- intent still in the status its caller saw is pending with a fresh budget (its retry schedule starting over).
+-- Returns the places applied, with the rows.
 WITH changed AS (
     UPDATE intents SET status = 'pending', next_attempt_at = b.next_attempt_at, max_attempts = b.max_attempts,
-                       last_error = NULL, updated_at = b.updated_at
+                       last_error = NULL, updated_at = b.updated_at, replayed_after = intents.attempts
     FROM unnest($7::text[], $8::text[], $9::timestamptz[], $10::integer[], $11::timestamptz[])
         WITH ORDINALITY AS b (intent_key, expected, next_attempt_at, max_attempts, updated_at, n)
     WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = b.expected
@@ -312,11 +313,14 @@ WITH changed AS (
 SELECT *, pg_notify('outbox_due', '') AS notified FROM changed;
 
 -- name: resolve
--- Move resolve for a batch (arrays from $7: key, status, next_attempt_at and max_attempts (null: kept), updated_at):
--- each intent still unknown becomes its status. Returns the places applied, with the rows.
+-- Move resolve for a batch (arrays from $7: key, status, next_attempt_at and max_attempts (null: kept; given, a
+-- retry schedule starts over), updated_at): each intent still unknown becomes its status. Returns the places
+-- applied, with the rows.
 WITH changed AS (
     UPDATE intents SET status = b.status, next_attempt_at = coalesce(b.next_attempt_at, intents.next_attempt_at),
-                       max_attempts = coalesce(b.max_attempts, intents.max_attempts), updated_at = b.updated_at
+                       max_attempts = coalesce(b.max_attempts, intents.max_attempts), updated_at = b.updated_at,
+                       replayed_after = CASE WHEN b.max_attempts IS NULL THEN intents.replayed_after
+                                             ELSE intents.attempts END
     FROM unnest($7::text[], $8::text[], $9::timestamptz[], $10::integer[], $11::timestamptz[])
         WITH ORDINALITY AS b (intent_key, status, next_attempt_at, max_attempts, updated_at, n)
     WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'unknown'
@@ -438,8 +442,9 @@ SELECT * FROM intents WHERE {where} ORDER BY seq DESC LIMIT $1;
 WITH existing AS (SELECT id FROM destinations WHERE id = $1)
 INSERT INTO destinations (id, channel, settings, secrets, idempotent, retention_seconds, on_unknown,
                           timeout_seconds, requires_approval, allow_private_network, disabled,
-                          created_at, updated_at, reconcile, ordering, ordering_on_dead)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+                          created_at, updated_at, reconcile, ordering, ordering_on_dead,
+                          retry_schedule, max_age_seconds)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
 ON CONFLICT (id) DO UPDATE SET
     channel = excluded.channel, settings = excluded.settings, secrets = excluded.secrets,
     idempotent = excluded.idempotent, retention_seconds = excluded.retention_seconds,
@@ -447,7 +452,8 @@ ON CONFLICT (id) DO UPDATE SET
     requires_approval = excluded.requires_approval,
     allow_private_network = excluded.allow_private_network, disabled = excluded.disabled,
     updated_at = excluded.updated_at, reconcile = excluded.reconcile, ordering = excluded.ordering,
-    ordering_on_dead = excluded.ordering_on_dead
+    ordering_on_dead = excluded.ordering_on_dead, retry_schedule = excluded.retry_schedule,
+    max_age_seconds = excluded.max_age_seconds
 RETURNING NOT EXISTS (SELECT 1 FROM existing) AS created;
 
 -- name: sealing_key

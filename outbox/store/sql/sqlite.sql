@@ -124,7 +124,8 @@ SELECT json_group_array(json_object(
     'not_before', not_before, 'expires_at', expires_at, 'lease_owner', lease_owner,
     'lease_expires_at', lease_expires_at, 'fence', fence, 'created_at', created_at,
     'updated_at', updated_at, 'last_error', last_error, 'approved_digest', approved_digest,
-    'approval_expires_at', approval_expires_at, 'approved_by', approved_by, 'ordering_key', ordering_key))
+    'approval_expires_at', approval_expires_at, 'approved_by', approved_by, 'ordering_key', ordering_key,
+    'replayed_after', replayed_after))
 FROM intents WHERE seq IN (SELECT value FROM json_each(?));
 
 -- name: renew_lease
@@ -262,17 +263,19 @@ UPDATE intents SET status = 'held', last_error = u.value ->> 1, lease_owner = NU
 FROM json_each(?) AS u WHERE intents.seq = u.value ->> 0;
 
 -- name: replay
--- Move replay: [seq, next_attempt_at, max_attempts, updated_at] rows, pending again with no last error.
+-- Move replay: [seq, next_attempt_at, max_attempts, updated_at] rows, pending again with no last error
+-- and a retry schedule that starts over.
 UPDATE intents SET status = 'pending', next_attempt_at = u.value ->> 1, max_attempts = u.value ->> 2,
-                   last_error = NULL, updated_at = u.value ->> 3
+                   last_error = NULL, updated_at = u.value ->> 3, replayed_after = attempts
 FROM json_each(?) AS u WHERE intents.seq = u.value ->> 0
 RETURNING *;
 
 -- name: resolve
 -- Move resolve: [seq, status, next_attempt_at, max_attempts, updated_at] rows (null next_attempt_at or
--- max_attempts: kept).
+-- max_attempts: kept; given, a retry schedule starts over).
 UPDATE intents SET status = u.value ->> 1, next_attempt_at = coalesce(u.value ->> 2, next_attempt_at),
-                   max_attempts = coalesce(u.value ->> 3, max_attempts), updated_at = u.value ->> 4
+                   max_attempts = coalesce(u.value ->> 3, max_attempts), updated_at = u.value ->> 4,
+                   replayed_after = CASE WHEN u.value ->> 3 IS NULL THEN replayed_after ELSE attempts END
 FROM json_each(?) AS u WHERE intents.seq = u.value ->> 0
 RETURNING *;
 
@@ -320,8 +323,9 @@ SELECT * FROM intents WHERE seq = ?;
 -- Register or replace a destination.
 INSERT INTO destinations (id, channel, settings, secrets, idempotent, retention_seconds, on_unknown,
                           timeout_seconds, requires_approval, allow_private_network, disabled,
-                          created_at, updated_at, reconcile, ordering, ordering_on_dead)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                          created_at, updated_at, reconcile, ordering, ordering_on_dead,
+                          retry_schedule, max_age_seconds)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (id) DO UPDATE SET
     channel = excluded.channel, settings = excluded.settings, secrets = excluded.secrets,
     idempotent = excluded.idempotent, retention_seconds = excluded.retention_seconds,
@@ -329,7 +333,8 @@ ON CONFLICT (id) DO UPDATE SET
     requires_approval = excluded.requires_approval,
     allow_private_network = excluded.allow_private_network, disabled = excluded.disabled,
     updated_at = excluded.updated_at, reconcile = excluded.reconcile, ordering = excluded.ordering,
-    ordering_on_dead = excluded.ordering_on_dead
+    ordering_on_dead = excluded.ordering_on_dead, retry_schedule = excluded.retry_schedule,
+    max_age_seconds = excluded.max_age_seconds
 RETURNING *;
 
 -- name: sealing_key
