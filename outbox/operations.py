@@ -93,6 +93,7 @@ async def replay(
             f"an earlier attempt of {action_id!r} may have taken effect and destination "
             f"{intent.destination!r} does not declare idempotency; replaying may duplicate it "
             "(pass accept_duplicate_risk / --accept-duplicate-risk to do it anyway)")
+    destination = await box.get_destination(intent.destination)
     if (ends := deadline(intent, destination)) is not None and box.clock.now() >= ends.at:
         raise IllegalTransition(f"{action_id!r} cannot be sent: past {ends.why}")
     if authorize is not None and (denied := await authorize(intent)) is not None:
