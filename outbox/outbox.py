@@ -50,6 +50,7 @@ from .ids import (
 )
 from .metrics import Metrics
 from .model import SETTLED, Enqueued, Event, EventKind, Intent, NewIntent, Role, Status
+from .publishing import Publishing, PublishingTransaction
 from .settings import Settings
 from .shapes import WaitingBehind
 from .signals import Signal
@@ -76,8 +77,9 @@ class IntentFields(TypedDict, total=False):
     actor: str  # who the enqueued event names: "library" unless said
 
 
-class Outbox:
-    """Durable intents: enqueue, inspect, and the registries they depend on."""
+class Outbox(Publishing):
+    """Durable intents: enqueue, inspect, publish events (``outbox.publishing``), and the
+    registries they depend on."""
 
     def __init__(self, store: Store, *, settings: Settings | None = None, clock: Clock | None = None):
         self.store = store
@@ -400,6 +402,7 @@ class Outbox:
             reconcile=spec.reconcile,
             ordering=spec.ordering,
             ordering_on_dead=spec.ordering_on_dead,
+            subscriptions=spec.subscribed(),
         )
         created = await self.store.put_destination(destination)
         return destination, created
@@ -519,8 +522,8 @@ class Outbox:
         return info
 
 
-class OutboxTransaction:
-    """The caller's SQL and the outbox's enqueues in one database transaction."""
+class OutboxTransaction(PublishingTransaction):
+    """The caller's SQL and the outbox's enqueues (and publishes) in one database transaction."""
 
     def __init__(self, outbox: Outbox, tx: Transaction) -> None:
         self._outbox = outbox
