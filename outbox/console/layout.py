@@ -39,6 +39,7 @@ def page(title: str, body: str, *, signed_in: bool = True, status: int = 200,
          refresh: int | None = None) -> HTMLResponse:
     """A console page; ``refresh`` reloads it every that many seconds (a progress view, no script)."""
     nav = ('<a href="/console">Overview</a><a href="/console/intents">Intents</a>'
+           '<a href="/console/events">Events</a>'
            '<a href="/console/replay">Bulk replay</a><form method="post" action="/console/logout">'
            '<button>Sign out</button></form>') if signed_in else ""
     meta = f"<meta http-equiv='refresh' content='{refresh}'>" if refresh else ""

@@ -29,7 +29,7 @@ from ..outbox import Behind, Outbox
 from ..store import IntentQuery
 from ..tokens import TokenInfo
 from ..web import ConsoleRoute, secure_cookie
-from . import charts
+from . import charts, events
 from .filters import Filter
 from .health import backlog, health, per_minute, window
 from .layout import STYLE, flashes, intent_link, intent_url, page, pill, pretty, table, when
@@ -120,6 +120,8 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             return page(title, chosen_form(chosen, destinations, action=action) + flashes(error=exc.message),
                         status=400)
         return page(title, chosen_form(chosen, destinations, action=action) + drawn)
+
+    events.register(pages, box, signed_in)
 
     @pages.get("/style.css")
     async def style() -> Response:
