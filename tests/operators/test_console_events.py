@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+import httpx
+
 from outbox import DestinationSpec
 from sender.email import EmailSpec
 
@@ -42,3 +44,7 @@ async def test_events_are_searched_and_an_events_fan_out_links_to_its_intents(op
     async with console(ops) as http:
         intent = (await http.get("/console/intents/evt~inv-1-paid~ledger", params={"scope": "acme"})).text
     assert "inv-1-paid" in intent
+    async with httpx.AsyncClient(base_url=ops.url) as anonymous:
+        for path in ("/console/events", "/console/events/inv-1-paid"):
+            answer = await anonymous.get(path)
+            assert answer.status_code == 303 and answer.headers["location"] == "/console/login"
