@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import asyncpg
 
@@ -48,6 +48,42 @@ async def publish(conn: asyncpg.Connection, new: NewEvent, granted_only: bool) -
     if skipped:
         await conn.execute(SQL["set_event_skipped"], json.dumps(skipped), seq)
     return Published(StoredEvent.recorded(seq, new).with_fanout(intents, skipped), created=True)
+
+
+async def publish_each(conn: asyncpg.Connection, items: Sequence[NewEvent],
+                       granted_only: bool) -> list[Published | OutboxError]:
+    """``publish`` for each of ``items`` on ``conn``, inside a transaction, in a few statements
+    however many events: the new keys are recorded at once, their subscribers read at once and
+    every intent made by one ``intake.insert_batch``; the rest (keys recorded already, or earlier
+    in the batch) are compared afterwards with the event holding the key. A refusal stands as its
+    error in its place (decided before any write of that event: it undoes nothing)."""
+    recorded = dict(await conn.fetch(SQL["insert_topic_events"], *map(list, zip(
+        *(new_event_values(new) for new in items), strict=True)))) if items else {}
+    fresh = {i: recorded.pop(new.key) for i, new in enumerate(items) if new.key in recorded}
+    wanted = list(fresh)
+    seen: dict[str, Any] = {}
+    subscribers: dict[int, list[str]] = {i: [] for i in fresh}
+    for row in await conn.fetch(SQL["events_subscribers"], wanted, [items[i].scope for i in wanted],
+                                [items[i].topic for i in wanted], [items[i].created_at for i in wanted],
+                                granted_only) if wanted else []:
+        seen.setdefault(row["id"], row)
+        subscribers[row["n"]].append(row["id"])
+    made = [(i, items[i].intent_for(d)) for i in wanted for d in subscribers[i]]
+    stored = await insert_batch(conn, [item for _, item in made], seen) if made else []
+    results: list[Published | OutboxError | None] = [None] * len(items)
+    for i, seq in fresh.items():
+        mine = [(item, result) for (n, item), result in zip(made, stored, strict=True) if n == i]
+        intents, skipped = fanout_of([item for item, _ in mine], [result for _, result in mine])
+        if skipped:
+            await conn.execute(SQL["set_event_skipped"], json.dumps(skipped), seq)
+        results[i] = Published(StoredEvent.recorded(seq, items[i]).with_fanout(intents, skipped), created=True)
+    for i, new in enumerate(items):
+        if results[i] is None:
+            try:
+                results[i] = decide_existing_event(await _event(conn, new.key), new)
+            except OutboxError as exc:
+                results[i] = exc
+    return cast(list[Published | OutboxError], results)  # every place filled above
 
 
 async def deliver(conn: asyncpg.Connection, new: NewIntent, event: Event) -> tuple[Enqueued, StoredEvent]:
@@ -95,16 +131,7 @@ class PostgresEvents:
         return await self._in_transaction(lambda conn: publish(conn, new, granted_only), {})
 
     async def publish_each(self, items: Sequence[NewEvent], *, granted_only: bool) -> list[Published | OutboxError]:
-        async def work(conn: asyncpg.Connection) -> list[Published | OutboxError]:
-            results: list[Published | OutboxError] = []
-            for new in items:  # (a refusal raises no SQL error: the transaction goes on)
-                try:
-                    results.append(await publish(conn, new, granted_only))
-                except OutboxError as exc:
-                    results.append(exc)
-            return results
-
-        return await self._in_transaction(work, {})
+        return await self._in_transaction(lambda conn: publish_each(conn, items, granted_only), {})
 
     async def deliver_event(self, new: NewIntent, event: Event) -> tuple[Enqueued, StoredEvent]:
         return await self._in_transaction(lambda conn: deliver(conn, new, event), {})

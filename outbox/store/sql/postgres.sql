@@ -602,6 +602,32 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 ON CONFLICT (event_key) DO NOTHING
 RETURNING seq;
 
+-- name: insert_topic_events
+-- Record a batch's events (arrays $1-$9, as insert_topic_event takes one), in order, each unless its key exists (an
+-- earlier one's of the batch included); returns the key and seq of each one recorded.
+INSERT INTO topic_events (event_key, event_id, scope, topic, payload, payload_digest, ordering_key, actor, created_at)
+SELECT event_key, event_id, scope, topic, payload, payload_digest, ordering_key, actor, created_at
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
+            $9::timestamptz[]) WITH ORDINALITY
+    AS u (event_key, event_id, scope, topic, payload, payload_digest, ordering_key, actor, created_at, n)
+ORDER BY n
+ON CONFLICT (event_key) DO NOTHING
+RETURNING event_key, seq;
+
+-- name: events_subscribers
+-- event_subscribers for a batch of events at once: for each (n, scope, topic, time) of arrays $1-$4, with $5 as its
+-- $4, the destinations subscribed, as (n, id, channel, requires_approval), by n then id.
+SELECT e.n, d.id, d.channel, d.requires_approval
+FROM unnest($1::integer[], $2::text[], $3::text[], $4::timestamptz[]) AS e (n, scope, topic, at)
+JOIN destinations d ON EXISTS (
+    SELECT 1 FROM subscriptions s
+    WHERE s.destination = d.id AND (s.scope IS NULL OR s.scope = e.scope)
+      AND CASE WHEN s.exact THEN s.prefix = e.topic ELSE starts_with(e.topic, s.prefix) END)
+WHERE NOT $5::boolean OR EXISTS (SELECT 1 FROM grants g
+                                 WHERE g.scope = e.scope AND g.destination IN (d.id, '*')
+                                   AND (g.expires_at IS NULL OR g.expires_at > e.at))
+ORDER BY e.n, d.id;
+
 -- name: set_event_skipped
 -- The subscribers an event made no intent for, as JSON [[destination, reason], ...].
 UPDATE topic_events SET skipped = $1 WHERE seq = $2;
