@@ -13,7 +13,7 @@ are retried only when no connection was made. Problem+json answers are raised as
 library's (``outbox.errors``) of the same meaning. Answers have the shapes ``outbox.shapes``
 defines (an ``Intent``'s ``data`` is a ``shapes.Intent``, with ``shapes.IntentDetail``'s
 attempts and events from ``get`` and ``wait``). Only httpx, tenacity and those shapes are
-imported here: a producer host needs neither the store nor the server. (About 500 lines: two
+imported here: a producer host needs neither the store nor the server. (About 650 lines: two
 clients, blocking and async, with the same methods over the shared request helpers.)
 """
 
