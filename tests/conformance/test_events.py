@@ -6,6 +6,7 @@ fixtures of ``test_store.py``."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -226,3 +227,13 @@ async def test_subscriptions_are_replaced_with_their_destination_and_removed_wit
     await store.put_destination(destination("fresh"))  # registered again: none of the old subscriptions
     await store.put_grant("g-fresh", GrantSpec(scope="acme", destination="fresh"), T0)
     assert "fresh" not in fanned(await store.publish(event("e3", "user.created"), granted_only=True))
+
+
+async def test_concurrent_publishes_of_one_event_make_one_fan_out(store):
+    await subscribe(store, "hook", "*")
+    await subscribe(store, "other", "*")
+    results = await asyncio.gather(*(store.publish(event("e1"), granted_only=True) for _ in range(4)))
+    assert sorted(r.created for r in results) == [False, False, False, True]
+    assert len({r.event.fanout for r in results}) == 1
+    page = await store.list_events(EventQuery())
+    assert [e.event_id for e in page.events] == ["e1"]
