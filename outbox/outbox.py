@@ -24,6 +24,7 @@ from typing import Any, Required, TypedDict, Unpack
 
 from . import channels, keyring, timestamps
 from .clock import Clock, OffsetClock, SystemClock
+from .cursor import MAX_PAGE
 from .destinations import Destination, DestinationSpec
 from .digest import canonical_json, digest_of
 from .errors import (
@@ -56,8 +57,6 @@ from .shapes import WaitingBehind
 from .signals import Signal
 from .store import History, IntentQuery, Page, SharesClock, Store, SupportsListener, Transaction, store_for_url
 from .tokens import TokenInfo, hash_token, new_token
-
-MAX_PAGE = 500
 
 log = logging.getLogger("outbox")
 

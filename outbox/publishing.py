@@ -16,6 +16,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any, Required, TypedDict, Unpack
 
+from .cursor import MAX_PAGE
 from .errors import AmbiguousActionId, InvalidInput, NotFound, OutboxError
 from .events import EventPage, EventQuery, NewEvent, Published, StoredEvent
 from .ids import MAX_KEY_LENGTH, SCOPE, check, intent_key, uuid7
@@ -132,8 +133,8 @@ class Publishing:
 
     async def list_events(self, query: EventQuery) -> EventPage:
         """A page of events with their fan-outs, newest first."""
-        if not 1 <= query.limit <= 500:
-            raise InvalidInput("limit must be between 1 and 500")
+        if not 1 <= query.limit <= MAX_PAGE:
+            raise InvalidInput(f"limit must be between 1 and {MAX_PAGE}")
         for scope in query.scopes or ():
             check(SCOPE, scope, "scope")
         if query.topic is not None:

@@ -12,10 +12,9 @@ from fastapi.responses import JSONResponse, Response
 from pydantic_core import to_json
 
 from .. import openapi
-from ..cursor import encode_cursor
+from ..cursor import MAX_PAGE, encode_cursor
 from ..errors import OutboxError
 from ..events import EventQuery, Published, StoredEvent
-from ..outbox import MAX_PAGE
 from ..problems import Problem, from_error
 from ..shapes import (
     MAX_BATCH,
