@@ -72,6 +72,7 @@ class Delivery:
 
     @classmethod
     def of(cls, intent: Intent) -> Delivery:
+        """The part an intent of the event plays in its fan-out."""
         return cls(intent.destination, intent.action_id, intent.status)
 
 

@@ -80,6 +80,8 @@ class Publishing:
                 f"scope and event_id together are {len(scope) + len(event_id)} characters; each of the event's "
                 f"intents is known to receivers as scope/evt~event_id~destination, of at most {MAX_KEY_LENGTH}: "
                 f"keep them to {MAX_EVENT_KEY}")
+        # the intents' own checks (payload, times, attempts, ordering key), as for the intent of the
+        # longest destination id: what passes here passes for every subscriber
         new, _ = self.prepare(destination=LONGEST_DESTINATION, scope=scope, payload=payload,
                               action_id=action_id_for(event_id, LONGEST_DESTINATION), not_before=not_before,
                               expires_at=expires_at, max_attempts=max_attempts, ordering_key=ordering_key)
