@@ -24,6 +24,7 @@ from .errors import (
     StoreUnavailable,
     UnknownDestination,
 )
+from .events import Delivery, EventQuery, Published, StoredEvent
 from .model import (
     TRANSITIONS,
     Attempt,
@@ -38,6 +39,7 @@ from .model import (
     Submission,
 )
 from .settings import Settings
+from .topics import Subscription
 
 if TYPE_CHECKING:
     from .outbox import Outbox, OutboxTransaction
@@ -61,12 +63,14 @@ __all__ = [
     "AmbiguousActionId",
     "Attempt",
     "Clock",
+    "Delivery",
     "Destination",
     "DestinationInUse",
     "DestinationSpec",
     "Enqueued",
     "Event",
     "EventKind",
+    "EventQuery",
     "IllegalTransition",
     "Intent",
     "IntentConflict",
@@ -82,6 +86,7 @@ __all__ = [
     "Outcome",
     "Page",
     "PayloadTooLarge",
+    "Published",
     "Role",
     "SchemaTooNew",
     "SecretsKeyError",
@@ -89,7 +94,9 @@ __all__ = [
     "StaleWrite",
     "Status",
     "StoreUnavailable",
+    "StoredEvent",
     "Submission",
+    "Subscription",
     "SystemClock",
     "UnknownDestination",
     "canonical_json",

@@ -21,7 +21,7 @@ from . import console, openapi
 from .model import Intent
 from .operations import Authorize
 from .outbox import Outbox
-from .routes import bodies, handlers, intents, operators, probes, registry, tokens
+from .routes import bodies, events, handlers, intents, operators, probes, registry, tokens
 from .routes.auth import box
 from .settings import Settings
 from .web import Head
@@ -102,6 +102,7 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
     if probes_only:
         return app
     app.include_router(intents.router)
+    app.include_router(events.router)
     app.include_router(operators.router)
     app.include_router(console.router(box, operators.authorize))
     app.include_router(registry.destinations)

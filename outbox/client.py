@@ -13,7 +13,7 @@ are retried only when no connection was made. Problem+json answers are raised as
 library's (``outbox.errors``) of the same meaning. Answers have the shapes ``outbox.shapes``
 defines (an ``Intent``'s ``data`` is a ``shapes.Intent``, with ``shapes.IntentDetail``'s
 attempts and events from ``get`` and ``wait``). Only httpx, tenacity and those shapes are
-imported here: a producer host needs neither the store nor the server. (About 500 lines: two
+imported here: a producer host needs neither the store nor the server. (About 650 lines: two
 clients, blocking and async, with the same methods over the shared request helpers.)
 """
 
@@ -25,7 +25,7 @@ import json
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -81,6 +81,30 @@ class Enqueued:
     existed with the same destination, payload and ordering key: a retry or a repeat)."""
 
     intent: Intent
+    created: bool
+
+
+@dataclass(frozen=True)
+class Event:
+    """An event as the API shows it, with its fan-out: per destination its intent's
+    ``action_id`` and ``status``, or why it was ``skipped`` (``shapes.PublishedEvent``)."""
+
+    event_id: str
+    scope: str
+    topic: str
+    fanout: tuple[dict[str, Any], ...]
+    data: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> Event:
+        return cls(data["event_id"], data["scope"], data["topic"], tuple(data["fanout"]), data)
+
+
+@dataclass(frozen=True)
+class Published:
+    """A publish's answer: the event, and whether this call recorded it (False: a repeat)."""
+
+    event: Event
     created: bool
 
 
@@ -263,8 +287,15 @@ def _token(token: str | None) -> str:
 def _intent_body(destination: str, payload: Any, scope: str, action_id: str | None, not_before: datetime | None,
                  expires_at: datetime | None, max_attempts: int | None, ordering_key: str | None) -> dict[str, Any]:
     """An intent as POST /v1/intents takes it, its action id fixed now (before any try)."""
-    body: dict[str, Any] = {"action_id": action_id or uuid7(), "scope": scope, "destination": destination,
-                            "payload": payload}
+    return {"action_id": action_id or uuid7(), "scope": scope, "destination": destination, "payload": payload,
+            **_optional(not_before=not_before, expires_at=expires_at, max_attempts=max_attempts,
+                        ordering_key=ordering_key)}
+
+
+def _optional(*, not_before: datetime | None = None, expires_at: datetime | None = None,
+              max_attempts: int | None = None, ordering_key: str | None = None) -> dict[str, Any]:
+    """An intent's (or an event's) optional fields that are given, as the API takes them."""
+    body: dict[str, Any] = {}
     for name, when in (("not_before", not_before), ("expires_at", expires_at)):
         if when is not None:
             body[name] = timestamps.text(when, name)
@@ -274,18 +305,35 @@ def _intent_body(destination: str, payload: Any, scope: str, action_id: str | No
     return body
 
 
-def _batches(items: Iterable[Mapping[str, Any]]) -> Iterator[builtins.list[bytes]]:
-    """``enqueue_many``'s items as encoded intents (each action id fixed now), in batches of at
-    most MAX_BATCH and about BATCH_BYTES."""
+def _event_body(scope: str, topic: str, payload: Any, event_id: str | None = None, **options: Any) -> dict[str, Any]:
+    """An event as POST /v1/events takes it, its id fixed now (before any try); ``options`` are
+    the optional intent fields (``_optional``'s)."""
+    try:
+        optional = _optional(**options)
+    except TypeError:
+        raise TypeError(f"publish got unexpected fields among {sorted(options)}") from None
+    return {"event_id": event_id or uuid7(), "scope": scope, "topic": topic, "payload": payload, **optional}
+
+
+def _intent_item(item: Mapping[str, Any]) -> dict[str, Any]:
+    """One of ``enqueue_many``'s items as POST /v1/intents takes it."""
+    fields = dict(item)
+    body = _intent_body(
+        fields.pop("destination"), fields.pop("payload"), fields.pop("scope"), fields.pop("action_id", None),
+        *(fields.pop(name, None) for name in ("not_before", "expires_at", "max_attempts", "ordering_key")))
+    if fields:
+        raise TypeError(f"enqueue_many got unexpected fields {sorted(fields)}")
+    return body
+
+
+def _batches(items: Iterable[Mapping[str, Any]],
+             body: Callable[[Mapping[str, Any]], dict[str, Any]] = _intent_item) -> Iterator[builtins.list[bytes]]:
+    """A batch call's items as encoded bodies (``body`` of each: each id fixed now), in batches
+    of at most MAX_BATCH and about BATCH_BYTES."""
     batch: builtins.list[bytes] = []
     size = 0
     for item in items:
-        fields = dict(item)
-        encoded = _encoded(_intent_body(
-            fields.pop("destination"), fields.pop("payload"), fields.pop("scope"), fields.pop("action_id", None),
-            *(fields.pop(name, None) for name in ("not_before", "expires_at", "max_attempts", "ordering_key"))))
-        if fields:
-            raise TypeError(f"enqueue_many got unexpected fields {sorted(fields)}")
+        encoded = _encoded(body(item))
         if batch and (len(batch) == MAX_BATCH or size + len(encoded) > BATCH_BYTES):
             yield batch
             batch, size = [], 0
@@ -295,8 +343,22 @@ def _batches(items: Iterable[Mapping[str, Any]]) -> Iterator[builtins.list[bytes
         yield batch
 
 
-def _batch_request(batch: Sequence[bytes]) -> bytes:
-    return b'{"intents":[' + b",".join(batch) + b"]}"
+def _batch_request(batch: Sequence[bytes], name: bytes = b"intents") -> bytes:
+    return b'{"' + name + b'":[' + b",".join(batch) + b"]}"
+
+
+def _event_item(item: Mapping[str, Any]) -> dict[str, Any]:
+    """One of ``publish_many``'s items as POST /v1/events takes it."""
+    return _event_body(**item)
+
+
+def _published(answer: Mapping[str, Any]) -> builtins.list[Published | OutboxError]:
+    return [Published(Event.of(item["event"]), item["status"] == 201) if "event" in item
+            else problem_error(item["problem"]) for item in answer["results"]]
+
+
+def _event_path(event_id: str) -> str:
+    return f"/v1/events/{quote(event_id, safe='')}"
 
 
 def _batch_results(answer: Mapping[str, Any]) -> builtins.list[Enqueued | OutboxError]:
@@ -410,6 +472,27 @@ class Client:
         """An intent with its attempts and events. Raises NotFound, AmbiguousActionId."""
         return Intent.of(self._call("GET", _intent_path(action_id), params=_scoped(scope))[1])
 
+    def publish(self, topic: str, payload: Any, *, scope: str, event_id: str | None = None,
+                **options: Any) -> Published:
+        """Publish an event (one intent per subscribed destination); its id is fixed before the
+        first try, so a retry finds it (200). ``options``: ``not_before``, ``expires_at``,
+        ``max_attempts``, ``ordering_key``. Raises InvalidInput, IntentConflict, Forbidden, ..."""
+        status, data = self._call("POST", "/v1/events", body=_encoded(_event_body(
+            scope, topic, payload, event_id, **options)))
+        return Published(Event.of(data), status == 201)
+
+    def publish_many(self, items: Iterable[Mapping[str, Any]]) -> builtins.list[Published | OutboxError]:
+        """Publish events (each a mapping of ``publish``'s arguments) through the batch endpoint,
+        as ``enqueue_many`` enqueues: a result per item, in order, an item's error in its place."""
+        results: builtins.list[Published | OutboxError] = []
+        for batch in _batches(items, _event_item):
+            results += _published(self._call("POST", "/v1/events:batch", body=_batch_request(batch, b"events"))[1])
+        return results
+
+    def get_event(self, event_id: str, *, scope: str | None = None) -> Event:
+        """An event with its fan-out. Raises NotFound, AmbiguousActionId."""
+        return Event.of(self._call("GET", _event_path(event_id), params=_scoped(scope))[1])
+
     def wait(self, action_id: str, *, timeout: float, scope: str | None = None) -> Intent:
         """The intent once settled (delivered, dead, revoked, cancelled, or unknown with its
         attempts as evidence), long-polling the server. Raises WaitTimeout, NotFound."""
@@ -497,6 +580,25 @@ class AsyncClient:
     async def get(self, action_id: str, *, scope: str | None = None) -> Intent:
         """As ``Client.get``."""
         return Intent.of((await self._call("GET", _intent_path(action_id), params=_scoped(scope)))[1])
+
+    async def publish(self, topic: str, payload: Any, *, scope: str, event_id: str | None = None,
+                      **options: Any) -> Published:
+        """As ``Client.publish``."""
+        status, data = await self._call("POST", "/v1/events", body=_encoded(_event_body(
+            scope, topic, payload, event_id, **options)))
+        return Published(Event.of(data), status == 201)
+
+    async def publish_many(self, items: Iterable[Mapping[str, Any]]) -> builtins.list[Published | OutboxError]:
+        """As ``Client.publish_many``."""
+        results: builtins.list[Published | OutboxError] = []
+        for batch in _batches(items, _event_item):
+            results += _published((await self._call("POST", "/v1/events:batch",
+                                                    body=_batch_request(batch, b"events")))[1])
+        return results
+
+    async def get_event(self, event_id: str, *, scope: str | None = None) -> Event:
+        """As ``Client.get_event``."""
+        return Event.of((await self._call("GET", _event_path(event_id), params=_scoped(scope)))[1])
 
     async def wait(self, action_id: str, *, timeout: float, scope: str | None = None) -> Intent:
         """As ``Client.wait``."""

@@ -6,6 +6,9 @@ from __future__ import annotations
 import base64
 import binascii
 
+#: The most one page of a listing holds (intents, events).
+MAX_PAGE = 500
+
 
 def encode_cursor(seq: int) -> str:
     """The cursor of the page that starts after the intent numbered ``seq``."""

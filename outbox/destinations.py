@@ -16,7 +16,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from .model import Intent, OnDead, OnUnknown, Ordering
-from .shapes import destination_json
+from .shapes import Subscriptions, destination_json
+from .topics import Subscription
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,8 @@ class Destination:
     retry_schedule: tuple[float, ...] | None = None
     #: How long after its enqueue an intent may still be attempted; None: no limit.
     max_age_seconds: int | None = None
+    #: The topics it receives events of (``outbox.topics``), for which scopes.
+    subscriptions: tuple[Subscription, ...] = ()
 
     def public(self) -> dict[str, Any]:
         """The destination as the API and CLI show it (``shapes.Destination``)."""
@@ -106,6 +109,16 @@ class DestinationSpec(BaseModel):
         description="under ordering, a dead or revoked intent blocks its key until an operator replays or "
                     "cancels it (block), or the key goes on without it (skip)",
     )
+    subscriptions: Subscriptions = Field(
+        default_factory=list,
+        description="topics whose events it receives: [{\"topic\": \"invoice.*\", \"scopes\": [\"acme\"]}] "
+                    "(scopes omitted: every scope that holds a grant for it)",
+    )
+
+    def subscribed(self) -> tuple[Subscription, ...]:
+        """The subscriptions as the record keeps them."""
+        return tuple(Subscription(s.topic, None if s.scopes is None else tuple(dict.fromkeys(s.scopes)))
+                     for s in self.subscriptions)
 
     retry_schedule: list[RetryDelay] | None = Field(
         default=None, min_length=1, max_length=MAX_RETRY_SCHEDULE,

@@ -36,6 +36,18 @@ class Metrics:
         self.paused_destinations = Gauge("outbox_paused_destinations",
                                          "Destinations this process's sender has paused: they stopped answering.",
                                          registry=r)
+        self.events_published = Counter("outbox_events_published_total",
+                                        "Events recorded by publishing (not counting repeats of one).", registry=r)
+        self.intents_fanned_out = Counter("outbox_intents_fanned_out_total",
+                                          "Intents made by events' fan-outs and operators' deliveries of events.",
+                                          registry=r)
+
+    def published(self, created: int, intents: int) -> None:
+        """Count ``created`` events recorded and ``intents`` intents they (or a delivery) made."""
+        if created:
+            self.events_published.inc(created)
+        if intents:
+            self.intents_fanned_out.inc(intents)
 
     async def render(self, store: Store, now: datetime) -> bytes:
         """Refresh the backlog gauges from the store, then the exposition text."""

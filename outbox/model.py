@@ -111,6 +111,8 @@ class Intent:
     #: Which stored times no datetime can hold (each read as the nearest one that can), or None:
     #: the row was written by hand or before times were checked, and the sender sets it aside.
     unreadable: str | None = None
+    #: The published event this intent delivers (``outbox.events``; its scope is the intent's), or None.
+    event_id: str | None = None
 
     @property
     def payload(self) -> Any:
@@ -138,6 +140,7 @@ class NewIntent:
     expires_at: datetime | None
     created_at: datetime
     ordering_key: str | None = None
+    event_id: str | None = None  # the event it delivers, if any
 
     @property
     def key(self) -> str:

@@ -131,6 +131,12 @@ EXAMPLES: dict[str, dict[str, Any]] = {
                   "valid_seconds": 3600, "reason": "checked with finance"},
     "BulkReplayIn": {"reason": "billing outage 02:00-03:00, INC-4711",
                      "filter": {"status": ["dead"], "destination": "billing"}, "dry_run": True},
+    "EventIn": {"event_id": "invoice-42-paid", "scope": "acme", "topic": "invoice.paid",
+                "payload": {"invoice": 42, "amount_cents": 1999}},
+    "EventBatchIn": {"events": [
+        {"event_id": "invoice-42-paid", "scope": "acme", "topic": "invoice.paid", "payload": {"invoice": 42}},
+        {"event_id": "invoice-43-paid", "scope": "acme", "topic": "invoice.paid", "payload": {"invoice": 43}}]},
+    "DeliverIn": {"destination": "ledger", "reason": "ledger subscribed after invoice 42 was paid"},
 }
 #: A destination's body, which its channel's spec validates (``routes.registry``): documented
 #: by :func:`install` as the spec of one installed channel.

@@ -24,6 +24,7 @@ from typing import Any, Required, TypedDict, Unpack
 
 from . import channels, keyring, timestamps
 from .clock import Clock, OffsetClock, SystemClock
+from .cursor import MAX_PAGE
 from .destinations import Destination, DestinationSpec
 from .digest import canonical_json, digest_of
 from .errors import (
@@ -50,13 +51,12 @@ from .ids import (
 )
 from .metrics import Metrics
 from .model import SETTLED, Enqueued, Event, EventKind, Intent, NewIntent, Role, Status
+from .publishing import Publishing, PublishingTransaction
 from .settings import Settings
 from .shapes import WaitingBehind
 from .signals import Signal
 from .store import History, IntentQuery, Page, SharesClock, Store, SupportsListener, Transaction, store_for_url
 from .tokens import TokenInfo, hash_token, new_token
-
-MAX_PAGE = 500
 
 log = logging.getLogger("outbox")
 
@@ -76,8 +76,9 @@ class IntentFields(TypedDict, total=False):
     actor: str  # who the enqueued event names: "library" unless said
 
 
-class Outbox:
-    """Durable intents: enqueue, inspect, and the registries they depend on."""
+class Outbox(Publishing):
+    """Durable intents: enqueue, inspect, publish events (``outbox.publishing``), and the
+    registries they depend on."""
 
     def __init__(self, store: Store, *, settings: Settings | None = None, clock: Clock | None = None):
         self.store = store
@@ -402,6 +403,7 @@ class Outbox:
             ordering_on_dead=spec.ordering_on_dead,
             retry_schedule=None if spec.retry_schedule is None else tuple(spec.retry_schedule),
             max_age_seconds=spec.max_age_seconds,
+            subscriptions=spec.subscribed(),
         )
         created = await self.store.put_destination(destination)
         return destination, created
@@ -521,8 +523,8 @@ class Outbox:
         return info
 
 
-class OutboxTransaction:
-    """The caller's SQL and the outbox's enqueues in one database transaction."""
+class OutboxTransaction(PublishingTransaction):
+    """The caller's SQL and the outbox's enqueues (and publishes) in one database transaction."""
 
     def __init__(self, outbox: Outbox, tx: Transaction) -> None:
         self._outbox = outbox

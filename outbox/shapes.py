@@ -8,15 +8,16 @@ module imports no FastAPI, store or sender code.
 An id's rule is a type (``ActionId``, ``Scope``, ...): it checks the value whole, as
 ``outbox.ids.check`` does, and documents the same rule as an anchored ECMA-262 ``pattern``.
 
-It is longer than most modules (about 490 lines) because it is the whole wire in one place:
-split, a shape would again be spelled out where another one is read.
+It is longer than most modules (about 630 lines, intents and events) because it is the whole
+wire in one place: split, a shape would again be spelled out where another one is read.
 """
 
 from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from json import loads as json_loads
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
 
 from pydantic import (
@@ -41,9 +42,11 @@ from .errors import InvalidInput
 from .ids import ACTION_ID, DESTINATION_ID, ORDERING_KEY, SCOPE, TOKEN_ID, TOKEN_LABEL, check
 from .model import SETTLED, OnDead, OnUnknown, Ordering, Outcome, Role, Status, Submission
 from .timestamps import Timestamp
+from .topics import EVENT_ID, MAX_SUBSCRIPTIONS, PATTERN, TOPIC, checked_pattern, checked_topic
 
 if TYPE_CHECKING:
     from .destinations import Destination as DestinationRecord
+    from .events import StoredEvent
     from .grants import Grant as GrantRecord
     from .model import Attempt as AttemptRecord
     from .model import Event as EventRecord
@@ -82,6 +85,18 @@ def _checked(pattern: re.Pattern[str], what: str, *literals: str) -> AfterValida
     return AfterValidator(checked)
 
 
+def _ruled(rule: Callable[[str], str]) -> AfterValidator:
+    """A validator refusing what ``rule`` refuses (InvalidInput), in its words."""
+
+    def checked(value: str) -> str:
+        try:
+            return rule(value)
+        except InvalidInput as exc:
+            raise PydanticCustomError("malformed", "{reason}", {"reason": exc.message}) from None
+
+    return AfterValidator(checked)
+
+
 def _documented(pattern: re.Pattern[str], *literals: str) -> WithJsonSchema:
     return WithJsonSchema({"type": "string", "pattern": ecma(*literals, pattern)})
 
@@ -99,6 +114,10 @@ TokenId = Annotated[str, _checked(TOKEN_ID, "token id"), _documented(TOKEN_ID)]
 #: A scope a producer token may act in, or ``*`` for all.
 TokenScope = Annotated[str, _checked(SCOPE, "scope", "*"), _documented(SCOPE, "*")]
 TokenLabel = Annotated[str, _checked(TOKEN_LABEL, "label"), _documented(TOKEN_LABEL)]
+#: An event's topic, and what a destination subscribes with (``outbox.topics``).
+Topic = Annotated[str, _ruled(checked_topic), _documented(TOPIC)]
+TopicPattern = Annotated[str, _ruled(checked_pattern), _documented(PATTERN)]
+EventId = Annotated[str, _checked(EVENT_ID, "event_id"), _documented(EVENT_ID)]
 
 # -- what the API takes --------------------------------------------------------------------
 
@@ -131,6 +150,55 @@ class BatchIn(BaseModel):
     intents: Annotated[list[Any], WithJsonSchema({
         "type": "array", "items": {"$ref": "#/components/schemas/IntentIn"}, "minItems": 1, "maxItems": MAX_BATCH,
     })] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class Subscription(BaseModel):
+    """A destination's subscription: the events of the topics ``topic`` matches, in ``scopes``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    topic: TopicPattern = Field(description="a topic (invoice.paid), a prefix and .* (invoice.*: every topic under "
+                                            "it), or * (every topic)")
+    scopes: list[Scope] | None = Field(default=None, min_length=1, max_length=100, description=(
+        "only these scopes' events; null: every scope that holds a grant for the destination"))
+
+
+#: A destination's subscriptions, as registering it takes them.
+Subscriptions = Annotated[list[Subscription], Field(max_length=MAX_SUBSCRIPTIONS)]
+
+
+class EventIn(BaseModel):
+    """An event as a producer publishes it: one intent per subscribed destination."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    event_id: EventId | None = Field(default=None, description="your event's id; generated (UUIDv7) when omitted")
+    scope: Scope = Field(description="tenant/account on whose authority the effects are made")
+    topic: Topic = Field(description="what happened, as dot-separated segments (invoice.paid)")
+    payload: JsonValue = Field(description="the JSON every subscribed destination receives")
+    not_before: Timestamp | None = Field(default=None, description="not sent before this")
+    expires_at: Timestamp | None = Field(default=None, description="dead-lettered if not sent by this")
+    max_attempts: StrictInt | None = Field(default=None, ge=1, le=1000)
+    ordering_key: OrderingKey | None = Field(default=None, description="each intent's ordering_key")
+
+
+class EventBatchIn(BaseModel):
+    """Events to publish together: each is decided on its own, all in one durable commit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # each item is checked as EventIn on its own, so that one bad item is its own answer
+    events: Annotated[list[Any], WithJsonSchema({
+        "type": "array", "items": {"$ref": "#/components/schemas/EventIn"}, "minItems": 1, "maxItems": MAX_BATCH,
+    })] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class DeliverIn(BaseModel):
+    """An operator's delivery of an existing event to one destination (subscribed or not)."""
+
+    model_config = ConfigDict(extra="forbid")
+    destination: DestinationName
+    reason: str | None = Field(default=None, min_length=1, max_length=1000)
 
 
 class ReasonIn(BaseModel):
@@ -220,6 +288,7 @@ class Intent(BaseModel):
     unreadable: str | None = Field(description=(
         "null, unless some of its stored times are beyond what can be read (years 1 to 9999 UTC; a row written "
         "by hand): which, each shown as the nearest time that can be read; the sender sets it aside, dead"))
+    event_id: str | None = Field(default=None, description="the event (in its scope) this intent delivers, if any")
 
 
 class BatchIntent(Intent):
@@ -319,6 +388,7 @@ class Destination(BaseModel):
         description="how long after its enqueue an intent may be attempted; null: no limit")
     created_at: AwareDatetime
     updated_at: AwareDatetime
+    subscriptions: list[Subscription] = Field(description="the topics whose events it receives")
 
 
 class DestinationList(BaseModel):
@@ -379,6 +449,42 @@ class BulkReplayResult(BaseModel):
     refused: dict[str, str] = Field(description="action_id: why it was not replayed")
 
 
+class Delivery(BaseModel):
+    """One destination's part of an event's fan-out: its intent (read it at
+    /v1/intents/{action_id}), or why the event made none."""
+
+    destination: str
+    action_id: str = Field(description="evt~<event_id>~<destination>")
+    status: Status | None = Field(description="the intent's current status; null when skipped")
+    skipped: str | None = Field(description="why no intent was made (its channel refuses the payload); else null")
+
+
+class PublishedEvent(BaseModel):
+    """An event and its fan-out, by destination."""
+
+    event_id: str
+    scope: str
+    topic: str
+    payload: JsonValue
+    payload_digest: str
+    ordering_key: str | None
+    created_at: AwareDatetime
+    fanout: list[Delivery]
+
+
+class BatchEvent(PublishedEvent):
+    """An event as a batch answers it: all but the payload, which the caller sent."""
+
+    payload: SkipJsonSchema[JsonValue] = Field(default=None, exclude=True)
+
+
+class EventPage(BaseModel):
+    """A page of events, newest first."""
+
+    items: list[PublishedEvent]
+    next_cursor: str | None = Field(description="pass back as `cursor` for the next page; null on the last")
+
+
 class Health(BaseModel):
     """The process is up (degraded: its sender is waiting for the database, or set intents aside
     whose stored times cannot be read)."""
@@ -431,6 +537,21 @@ class BatchResult(BaseModel):
     results: list[BatchItem]
 
 
+class EventBatchItem(BaseModel):
+    """One event's answer in a batch, in the request's order: ``status`` is what POST /v1/events
+    would have answered for it alone (201, 200, 403, 409, 413, 422), with the event or the problem."""
+
+    status: int
+    event: BatchEvent | None = Field(default=None, description="when status is 200 or 201")
+    problem: Problem | None = Field(default=None, description="otherwise: the problem+json a single publish answers")
+
+
+class EventBatchResult(BaseModel):
+    """Every event's answer, in the request's order (the batch was one durable commit)."""
+
+    results: list[EventBatchItem]
+
+
 # -- the outbox's records as answers -------------------------------------------------------
 
 
@@ -456,7 +577,7 @@ def intent_json(intent: IntentRecord, *, payload: bool = True) -> dict[str, Any]
         "not_before": iso(intent.not_before), "expires_at": iso(intent.expires_at),
         "lease_owner": intent.lease_owner, "lease_expires_at": iso(intent.lease_expires_at), "fence": intent.fence,
         "created_at": iso(intent.created_at), "updated_at": iso(intent.updated_at),
-        "last_error": intent.last_error, "unreadable": intent.unreadable,
+        "last_error": intent.last_error, "unreadable": intent.unreadable, "event_id": intent.event_id,
     }
 
 
@@ -485,8 +606,22 @@ def destination_json(destination: DestinationRecord) -> dict[str, Any]:
         requires_approval=d.requires_approval, allow_private_network=d.allow_private_network, disabled=d.disabled,
         reconcile=d.reconcile, ordering=d.ordering, ordering_on_dead=d.ordering_on_dead,
         retry_schedule=None if d.retry_schedule is None else list(d.retry_schedule), max_age_seconds=d.max_age_seconds,
-        created_at=d.created_at, updated_at=d.updated_at, **d.settings,
+        created_at=d.created_at, updated_at=d.updated_at,
+        subscriptions=[Subscription.model_construct(**s.json()) for s in d.subscriptions], **d.settings,
     ).model_dump(mode="json")
+
+
+def event_json(event: StoredEvent, *, payload: bool = True) -> dict[str, Any]:
+    """An event with its fan-out as the API and CLI show it (without its ``payload`` where the
+    caller has it: a batch's answers)."""
+    e = event
+    return {
+        "event_id": e.event_id, "scope": e.scope, "topic": e.topic,
+        **({"payload": json_loads(e.payload_json)} if payload else {}),
+        "payload_digest": e.payload_digest, "ordering_key": e.ordering_key, "created_at": iso(e.created_at),
+        "fanout": [{"destination": d.destination, "action_id": d.action_id,
+                    "status": d.status.value if d.status else None, "skipped": d.skipped} for d in e.fanout],
+    }
 
 
 def grant_json(grant: GrantRecord) -> dict[str, Any]:

@@ -10,6 +10,7 @@ One module per noun, as ``outbox.routes`` is, assembled into ``main`` here:
 - ``service``: serve, worker, demo, migrate
 - ``intents``: enqueue, show, list, and the operators' replay, resolve, cancel, approve,
   reject, prune
+- ``events``: publish, and events show, list, deliver
 - ``tokens``, ``grants``, ``destinations``, ``secrets``: a group of commands each
 """
 
@@ -19,6 +20,7 @@ import click
 
 from .context import Context
 from .destinations import destinations
+from .events import events, publish
 from .grants import grants
 from .intents import approve, cancel, enqueue, list_, prune, reject, replay, resolve, show
 from .options import env
@@ -45,5 +47,5 @@ def main(click_ctx: click.Context, database_url: str | None, as_json: bool) -> N
 
 
 for command in (serve, worker, demo, migrate, tokens, enqueue, show, list_, replay, resolve, cancel, approve, reject,
-                prune, grants, destinations, secrets_group):
+                prune, grants, destinations, secrets_group, publish, events):
     main.add_command(command)

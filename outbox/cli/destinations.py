@@ -48,6 +48,13 @@ def _delays(ctx: click.Context, param: click.Parameter, text: str | None) -> lis
         raise click.BadParameter(f"takes seconds separated by commas (5,30,300), not {text!r}") from None
 
 
+def _subscription(text: str) -> dict[str, Any]:
+    """``PATTERN`` or ``PATTERN=SCOPE,SCOPE`` as a subscription (a pattern and a scope hold no
+    ``=`` and no ``,``)."""
+    pattern, equals, scopes = text.partition("=")
+    return {"topic": pattern, "scopes": scopes.split(",") if equals else None}
+
+
 #: Shared settings without an option of their own: given as --set NAME=VALUE, as a channel's are.
 SET_ONLY = frozenset({"ordering", "ordering_on_dead"})
 
@@ -80,10 +87,13 @@ SET_ONLY = frozenset({"ordering", "ordering_on_dead"})
               help="An intent not delivered this long after its enqueue is dead [default: no limit].")
 @click.option("--drop-previous-secrets", is_flag=True,
               help="Keep only the newest secret: the end of a rotation, once the receiver has the new one.")
+@click.option("--subscribe", "subscriptions", multiple=True, metavar="PATTERN[=SCOPE,...]",
+              help="Receive the events of the topics PATTERN matches (invoice.paid, invoice.*, *), for every "
+                   "scope with a grant or only those named. Repeat for several [default: none].")
 @run
 async def destinations_put(
     ctx: Context, box: Outbox, destination_id: str, channel: str, url: str | None, settings: tuple[str, ...],
-    secret: str | None, **spec: Any,
+    secret: str | None, subscriptions: tuple[str, ...], **spec: Any,
 ) -> None:
     """Register or replace a destination: the shared options, and the channel's own settings
     (a webhook's --url) as --set NAME=VALUE."""
@@ -95,7 +105,8 @@ async def destinations_put(
     if shared := sorted(own.keys() & {*DestinationSpec.model_fields, "channel", "secret"} - SET_ONLY):
         raise InvalidInput(f"--set {shared[0]}=... names a shared option; use --{shared[0].replace('_', '-')}")
     chosen = {name: value for name, value in spec.items() if value is not None}  # unset: the channel's default
-    parsed = validated(kind.spec, **own, **chosen, channel=channel, secret=secret)
+    parsed = validated(kind.spec, **own, **chosen, channel=channel, secret=secret,
+                       subscriptions=[_subscription(text) for text in subscriptions])
     destination, created = await box.put_destination(destination_id, parsed)
     data = {**destination.public(), "created": created}
     if generated:

@@ -60,8 +60,8 @@ dl.fields{grid-template-columns:1fr} dl.fields dd{margin-bottom:6px}
 """
 
 #: The console's sections, as the header links to them.
-NAV = (("Overview", "/console"), ("Intents", "/console/intents"), ("Destinations", "/console/destinations"),
-       ("Bulk replay", "/console/replay"))
+NAV = (("Overview", "/console"), ("Intents", "/console/intents"), ("Events", "/console/events"),
+       ("Destinations", "/console/destinations"), ("Bulk replay", "/console/replay"))
 
 
 def page(title: str, body: str, *, signed_in: bool = True, status: int = 200,

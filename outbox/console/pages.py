@@ -29,7 +29,7 @@ from ..outbox import Behind, Outbox
 from ..store import IntentQuery
 from ..tokens import TokenInfo
 from ..web import ConsoleRoute, secure_cookie
-from . import charts
+from . import charts, events
 from . import history as history_view
 from .destination import STATES, circuit_state, destination_page, destinations_table
 from .filters import Filter
@@ -123,6 +123,8 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             return page(title, chosen_form(chosen, destinations, action=action) + flashes(error=exc.message),
                         status=400)
         return page(title, chosen_form(chosen, destinations, action=action) + drawn)
+
+    events.register(pages, box, signed_in)
 
     @pages.get("/style.css")
     async def style() -> Response:

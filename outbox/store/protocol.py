@@ -23,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..destinations import Destination
 from ..errors import OutboxError
+from ..events import EventPage, EventQuery, NewEvent, Published, StoredEvent
 from ..grants import Grant, GrantSpec
 from ..keyring import Keyring
 from ..model import Attempt, Change, Enqueued, Event, Intent, NewIntent, Status
@@ -188,6 +189,10 @@ class Transaction(Protocol):
         """As ``Store.insert_intent``, inside this transaction."""
         ...
 
+    async def publish(self, new: NewEvent, *, granted_only: bool) -> Published:
+        """As ``Store.publish``, inside this transaction."""
+        ...
+
 
 class Store(Protocol):
     """An outbox database."""
@@ -237,6 +242,40 @@ class Store(Protocol):
 
     async def get_intent(self, key: str) -> Intent | None:
         """One intent, or None."""
+        ...
+
+    async def publish(self, new: NewEvent, *, granted_only: bool) -> Published:
+        """Record an event and, in the same transaction, one intent (``NewEvent.intent_for``) per
+        destination with a subscription matching its topic (``topics.matches``) for its scope and,
+        with ``granted_only``, a grant live at its ``created_at`` for that scope (``find_grant``'s
+        rule); a subscriber whose intent is refused (its channel refuses the payload, its derived
+        key is held by another operation) is skipped with the reason, recorded on the event. The
+        same key (scope/event_id), topic, digest and ordering key again returns the event as it
+        stands (``created=False``, nothing written); else raises IntentConflict, writing nothing."""
+        ...
+
+    async def publish_each(self, items: Sequence[NewEvent], *, granted_only: bool) -> list[Published | OutboxError]:
+        """``publish`` for many in one transaction, each on its own: an event refused is answered
+        by its error in its place and writes nothing; the others commit together, or none does."""
+        ...
+
+    async def deliver_event(self, new: NewIntent, event: Event) -> tuple[Enqueued, StoredEvent]:
+        """Create ``new``, an event's intent for one more destination (``new.event_id`` names it,
+        in its scope), unless its key exists; returns it and the event with its fan-out as it then
+        stands. Raises UnknownDestination, IntentConflict, InvalidInput (as ``insert_intent``) and
+        NotFound when the event does not exist (writing nothing)."""
+        ...
+
+    async def get_event(self, key: str) -> StoredEvent | None:
+        """One event (scope/event_id) with its fan-out, or None."""
+        ...
+
+    async def events_named(self, event_id: str) -> list[StoredEvent]:
+        """Every scope's event with this id (at most one per scope), by scope, with fan-outs."""
+        ...
+
+    async def list_events(self, query: EventQuery) -> EventPage:
+        """A page of events matching ``query``, newest first, with their fan-outs."""
         ...
 
     async def intents_named(self, action_id: str) -> list[Intent]:

@@ -20,17 +20,19 @@ dialect only stores each value its way (SQLite: times as integer microseconds).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from ..clock import iso
 from ..destinations import Destination
+from ..events import NewEvent, StoredEvent
 from ..grants import Grant, GrantSpec
 from ..keyring import Keyring, required
 from ..model import Attempt, Event, Intent, NewIntent, OnDead, OnUnknown, Ordering, Outcome, Role, Status, Submission
 from ..tokens import TokenInfo
+from ..topics import Subscription
 
 #: A stored time as a datetime, None staying None (``Any``: each dialect's driver has its own
 #: type); raises OverflowError for one no datetime can hold, which the driver then gives as
@@ -98,7 +100,7 @@ def intent(row: Row, time: Time) -> Intent:
     return Intent(
         **_as_is(row, "seq", "action_id", "scope", "destination", "channel", "payload_digest", "attempts",
                  "max_attempts", "lease_owner", "fence", "last_error", "approved_digest", "approved_by",
-                 "ordering_key", "replayed_after"),
+                 "ordering_key", "replayed_after", "event_id"),
         payload_json=row["payload"],
         status=Status(row["status"]),
         next_attempt_at=at("next_attempt_at"),
@@ -147,7 +149,25 @@ def destination(row: Row, time: Time, keyring: Keyring | None) -> Destination:
         ordering_on_dead=OnDead(row["ordering_on_dead"]),
         retry_schedule=None if row["retry_schedule"] is None else tuple(json.loads(row["retry_schedule"])),
         max_age_seconds=row["max_age_seconds"],
+        subscriptions=subscriptions_from(row["subscriptions"]),
     )
+
+
+def subscriptions_from(stored: str) -> tuple[Subscription, ...]:
+    """A destination's subscriptions from their stored JSON (``Subscription.json``'s)."""
+    return tuple(Subscription(s["topic"], None if s["scopes"] is None else tuple(s["scopes"]))
+                 for s in json.loads(stored))
+
+
+def stored_event(row: Row, time: Time) -> StoredEvent:
+    """An event from its row (without its fan-out: ``StoredEvent.with_fanout``)."""
+    return StoredEvent(**_as_is(row, "seq", "event_id", "scope", "topic", "payload_digest", "ordering_key", "actor"),
+                       payload_json=row["payload"], created_at=nearest(time, row["created_at"]))
+
+
+def skipped_of(row: Row) -> list[tuple[str, str]]:
+    """The ``(destination, reason)`` pairs an event's row says it made no intent for."""
+    return [(d, reason) for d, reason in json.loads(row["skipped"])]
 
 
 def token(row: Row, time: Time) -> TokenInfo:
@@ -188,6 +208,10 @@ class Reader:
     def destination(self, row: Row, keyring: Keyring | None) -> Destination:
         return destination(row, self.time, keyring)
 
+    def event_of(self, row: Row, intents: Sequence[Intent]) -> StoredEvent:
+        """An event from its row, with its fan-out: ``intents``, the ones it made."""
+        return stored_event(row, self.time).with_fanout(intents, skipped_of(row))
+
     def at(self, stored: Any) -> Any:
         """A time read outside a record (an aggregate's), as records read theirs."""
         return nearest(self.time, stored)
@@ -219,7 +243,14 @@ def destination_values(d: Destination, sealed: str) -> tuple[Any, ...]:
     return (d.id, d.channel, json.dumps(dict(d.settings)), sealed, d.idempotent, d.retention_seconds,
             d.on_unknown.value, d.timeout_seconds, d.requires_approval, d.allow_private_network, d.disabled,
             d.created_at, d.updated_at, d.reconcile, d.ordering.value, d.ordering_on_dead.value,
-            None if d.retry_schedule is None else json.dumps(list(d.retry_schedule)), d.max_age_seconds)
+            None if d.retry_schedule is None else json.dumps(list(d.retry_schedule)), d.max_age_seconds,
+            json.dumps([sub.json() for sub in d.subscriptions]))
+
+
+def new_event_values(new: NewEvent) -> tuple[Any, ...]:
+    """A new event's columns as ``insert_topic_event`` takes them."""
+    return (new.key, new.event_id, new.scope, new.topic, new.payload_json, new.payload_digest, new.ordering_key,
+            new.actor, new.created_at)
 
 
 def token_values(info: TokenInfo, token_hash: str) -> tuple[Any, ...]:

@@ -22,7 +22,8 @@ from ..errors import (
     StaleWrite,
     UnknownDestination,
 )
-from ..model import INITIAL, Enqueued, Intent, NewIntent, Role, Status
+from ..events import NewEvent, Published, StoredEvent
+from ..model import INITIAL, Enqueued, Event, Intent, NewIntent, Role, Status
 from ..tokens import TokenInfo
 
 # -- enqueue ----------------------------------------------------------------------------------
@@ -59,7 +60,7 @@ def inserted_intent(seq: int, new: NewIntent, channel: str, status: Status) -> I
         status=status, attempts=0, max_attempts=new.max_attempts,
         next_attempt_at=new.next_attempt_at, not_before=new.not_before, expires_at=new.expires_at,
         lease_owner=None, lease_expires_at=None, fence=0, created_at=new.created_at,
-        updated_at=new.created_at, last_error=None, ordering_key=new.ordering_key,
+        updated_at=new.created_at, last_error=None, ordering_key=new.ordering_key, event_id=new.event_id,
     )
 
 
@@ -85,6 +86,45 @@ def decide_existing(existing: Intent, new: NewIntent) -> Enqueued:
             + "; an action_id names one operation and is never reused for another"
         )
     return Enqueued(existing, created=False)
+
+
+# -- events -----------------------------------------------------------------------------------
+
+
+def decide_existing_event(existing: StoredEvent, new: NewEvent) -> Published:
+    """A publish that found its key (scope/event_id) taken: the same topic, payload digest and
+    ordering key is the same event, answered with the fan-out it made (nothing is created);
+    anything else raises IntentConflict naming what differs (within the scope: nothing about
+    any other tenant)."""
+    differences = [
+        f"{name} {theirs!r} (this request: {ours!r})"
+        for name, theirs, ours in (
+            ("topic", existing.topic, new.topic),
+            ("payload_digest", existing.payload_digest, new.payload_digest),
+            ("ordering_key", existing.ordering_key, new.ordering_key),
+        )
+        if theirs != ours
+    ]
+    if differences:
+        raise IntentConflict(
+            f"event_id {new.event_id!r} already exists in scope {new.scope!r} with " + ", ".join(differences)
+            + "; an event_id names one event and is never reused for another")
+    return Published(existing, created=False)
+
+
+def fanout_of(items: Sequence[tuple[NewIntent, Event]],
+              results: Sequence[Enqueued | OutboxError]) -> tuple[list[Intent], list[tuple[str, str]]]:
+    """What an event's intents came to (``insert_each``'s results for ``items``): the intents
+    made or found, and ``(destination, reason)`` for each one refused (its channel refuses the
+    payload, or its derived action id is held by another operation), which does not stop the rest."""
+    intents: list[Intent] = []
+    skipped: list[tuple[str, str]] = []
+    for (new, _), result in zip(items, results, strict=True):
+        if isinstance(result, OutboxError):
+            skipped.append((new.destination, result.message))
+        else:
+            intents.append(result.intent)
+    return intents, skipped
 
 
 # -- changes ----------------------------------------------------------------------------------

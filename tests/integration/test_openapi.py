@@ -19,6 +19,7 @@ from outbox import DestinationSpec, Outbox, Role, Settings, channels
 from outbox.grants import GrantSpec
 from outbox.ids import ACTION_ID, DESTINATION_ID, TOKEN_ID
 from outbox.shapes import ecma
+from outbox.topics import EVENT_ID
 
 from ..conftest import SECRET
 
@@ -108,6 +109,9 @@ async def test_every_json_body_a_route_reads_is_a_component(served: Served):
         ("put", "/v1/destinations/{destination_id}"): "#/components/schemas/DestinationSpec",
         ("put", "/v1/grants/{grant_id}"): "#/components/schemas/GrantSpec",
         ("post", "/v1/tokens"): "#/components/schemas/TokenSpec",
+        ("post", "/v1/events"): "#/components/schemas/EventIn",
+        ("post", "/v1/events:batch"): "#/components/schemas/EventBatchIn",
+        ("post", "/v1/events/{event_id}/deliver"): "#/components/schemas/DeliverIn",
     }
     assert served.document["components"]["schemas"]["IntentIn"]["properties"]["payload"] == {
         "$ref": "#/components/schemas/JsonValue", "description": "the JSON the destination receives"}
@@ -168,7 +172,7 @@ async def test_a_destination_answer_is_its_channels_one_told_apart_by_channel(se
 
 async def test_id_parameters_carry_the_patterns_the_api_checks(served: Served):
     expected = {"action_id": ACTION_ID, "destination_id": DESTINATION_ID, "grant_id": DESTINATION_ID,
-                "token_id": TOKEN_ID}
+                "token_id": TOKEN_ID, "event_id": EVENT_ID}
     seen = set()
     for _, path, operation in operations(served.document):
         for parameter in operation.get("parameters", []):
@@ -183,6 +187,9 @@ async def test_id_parameters_carry_the_patterns_the_api_checks(served: Served):
     intent_in = served.document["components"]["schemas"]["IntentIn"]["properties"]
     scope = as_ecma(intent_in["scope"]["pattern"])
     assert scope.search("acme/eu") and not scope.search("") and not scope.search("acme eu")
+    topic = as_ecma(served.document["components"]["schemas"]["EventIn"]["properties"]["topic"]["pattern"])
+    assert topic.search("invoice.paid") and not topic.search("invoice.*") and not topic.search("invoice.paid\n")
+    assert not topic.search("a" * 201) and not topic.search(".".join("a" * 9))
 
 
 async def test_times_are_date_time_strings_with_their_range_and_integers_integers(served: Served):
@@ -259,6 +266,46 @@ async def test_what_the_api_answers_is_what_the_document_says(served: Served):
     assert "secret" not in documented["Destination"]
     assert set(made.json()) == set(schemas["NewToken"]["properties"])
     assert set(revoked.json()) == set(schemas["Token"]["properties"])
+
+
+async def test_what_the_event_routes_answer_is_what_the_document_says(served: Served):
+    async with served.client(served.admin) as admin:
+        subscribed = await admin.put("/v1/destinations/billing", json={
+            "url": "https://billing.example/", "subscriptions": [{"topic": "invoice.*", "scopes": ["acme"]}]})
+        published = await admin.post("/v1/events", json={"event_id": "e1", "scope": "acme", "topic": "invoice.paid",
+                                                          "payload": {"n": 1}})
+        again = await admin.post("/v1/events", json={"event_id": "e1", "scope": "acme", "topic": "invoice.paid",
+                                                      "payload": {"n": 1}})
+        conflict = await admin.post("/v1/events", json={"event_id": "e1", "scope": "acme", "topic": "invoice.sent",
+                                                         "payload": {"n": 1}})
+        shown = await admin.get("/v1/events/e1")
+        listed = await admin.get("/v1/events", params={"topic": "invoice.*"})
+        batch = await admin.post("/v1/events:batch", json={"events": [
+            {"event_id": "e2", "scope": "acme", "topic": "invoice.paid", "payload": {}}, {"scope": "acme"}]})
+        delivered = await admin.post("/v1/events/e1/deliver", json={"destination": "billing"})
+        missing = await admin.get("/v1/events/nope")
+        intent = await admin.get("/v1/intents/evt~e1~billing")
+    checks = [
+        (subscribed, "put", "/v1/destinations/{destination_id}", 200, "Destination"),
+        (published, "post", "/v1/events", 201, "PublishedEvent"),
+        (again, "post", "/v1/events", 200, "PublishedEvent"),
+        (conflict, "post", "/v1/events", 409, "Problem"),
+        (shown, "get", "/v1/events/{event_id}", 200, "PublishedEvent"),
+        (listed, "get", "/v1/events", 200, "EventPage"),
+        (batch, "post", "/v1/events:batch", 200, "EventBatchResult"),
+        (delivered, "post", "/v1/events/{event_id}/deliver", 200, "PublishedEvent"),
+        (missing, "get", "/v1/events/{event_id}", 404, "Problem"),
+        (intent, "get", "/v1/intents/{action_id}", 200, "IntentDetail"),
+    ]
+    for response, method, path, status, name in checks:
+        assert response.status_code == status, (path, response.text)
+        served.answer(method, path, status).validate(response.json())
+        served.schema(name).validate(response.json())
+    schemas = served.document["components"]["schemas"]
+    assert set(shown.json()) == set(schemas["PublishedEvent"]["properties"])
+    assert set(shown.json()["fanout"][0]) == set(schemas["Delivery"]["properties"])
+    assert intent.json()["event_id"] == "e1" and "event_id" in schemas["IntentDetail"]["properties"]
+    assert subscribed.json()["subscriptions"] == [{"topic": "invoice.*", "scopes": ["acme"]}]
 
 
 async def test_the_documented_examples_are_accepted(served: Served):

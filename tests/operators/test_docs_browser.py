@@ -37,7 +37,7 @@ def test_docs_render_every_operation_without_another_host(tmp_path: Path):
             page.wait_for_selector(".opblock")
             operations = page.locator(".opblock-summary-path").all_inner_texts()
             assert "/v1/intents/{action_id}/replay" in [o.replace("\u200b", "") for o in operations]
-            assert len(operations) == 24
+            assert len(operations) == 29
             page.locator(".opblock-summary", has_text="/v1/replay").first.click()
             body = page.locator(".opblock-body").first
             assert "dry_run" in body.inner_text()  # the request body's example

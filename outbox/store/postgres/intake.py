@@ -59,14 +59,15 @@ async def _judged(conn: asyncpg.Connection, new: NewIntent, seen: dict[str, Any]
 
 
 async def insert_batch(
-    conn: asyncpg.Connection, items: Sequence[tuple[NewIntent, Event]]
+    conn: asyncpg.Connection, items: Sequence[tuple[NewIntent, Event]], seen: dict[str, Any] | None = None
 ) -> list[Enqueued | OutboxError]:
     """A batch's enqueues on ``conn``, inside a transaction, in a few statements however many
     intents: each is judged as alone (a refusal is its result, decided before any write), the new
     keys are inserted with their first events at once, and the rest are compared with the intents
-    already holding their keys, as ``rules.decide_existing`` says."""
+    already holding their keys, as ``rules.decide_existing`` says. ``seen``: destinations' rows
+    read already (``destination_for_enqueue``'s columns), by id."""
     await _lock_ordering_keys(conn, [new for new, _ in items])
-    seen: dict[str, Any] = {}
+    seen = {} if seen is None else seen
     results: list[Enqueued | OutboxError | None] = [None] * len(items)
     fresh: dict[str, tuple[int, str, Status]] = {}  # key -> (its first item, channel, status)
     for i, (new, _) in enumerate(items):
@@ -99,4 +100,5 @@ def _values(new: NewIntent, event: Event, channel: str, status: Status) -> tuple
     """An intent and its first event as ``insert_intent`` (one) and ``insert_intents`` (a row of
     their arrays) take them."""
     return (*new_intent_values(new, channel, status),
-            event.kind.value, event.at, event.actor, event.reason, event_data(event), new.ordering_key)
+            event.kind.value, event.at, event.actor, event.reason, event_data(event), new.ordering_key,
+            new.event_id)

@@ -16,6 +16,7 @@ import asyncpg
 from ... import crash
 from ...destinations import Destination
 from ...errors import InvalidInput, NotFound, OutboxError, StoreUnavailable
+from ...events import NewEvent, Published
 from ...grants import Grant, GrantSpec
 from ...keyring import Keyring, required
 from ...model import Attempt, Change, Enqueued, Event, Intent, NewIntent, check_change
@@ -51,6 +52,7 @@ from .connection import (
 )
 from .intake import insert_batch, insert_intent
 from .listener import listen
+from .publishing import PostgresEvents, publish, replace_subscriptions
 from .sql import SQL
 
 log = logging.getLogger("outbox.store")
@@ -72,6 +74,10 @@ class _PostgresTransaction:
         with unavailable(self._conn):
             return await insert_intent(self._conn, new, event)
 
+    async def publish(self, new: NewEvent, *, granted_only: bool) -> Published:
+        with unavailable(self._conn):
+            return await publish(self._conn, new, granted_only)
+
 
 class _PostgresMigration:
     """The migration runner's view of a connection inside the migration's transaction."""
@@ -90,7 +96,7 @@ class _PostgresMigration:
         await self._conn.execute(SQL["record_migration"], migration.version, migration.name, at)
 
 
-class PostgresStore(Lookups):
+class PostgresStore(PostgresEvents, Lookups):
     """An outbox in a PostgreSQL database, shared by every process that opens it."""
 
     dialect = "postgres"
@@ -357,6 +363,7 @@ class PostgresStore(Lookups):
             key = keyring.sealing(await conn.fetchval(SQL["share_sealing_key"]))
             created: bool = await conn.fetchval(
                 SQL["put_destination"], *destination_values(d, keyring.seal(d.secrets, destination_id=d.id, key=key)))
+            await replace_subscriptions(conn, d)
             return created
 
         return await self._run(work, transaction={})
@@ -397,6 +404,7 @@ class PostgresStore(Lookups):
                 in_history=await conn.fetchval(SQL["any_intent_for_destination"], destination_id) is not None,
                 grants=[row[0] for row in await conn.fetch(SQL["grants_for_destination"], destination_id)],
             )
+            await conn.execute(SQL["delete_subscriptions"], destination_id)
             await conn.execute(SQL["delete_destination"], destination_id)
 
         await self._run(work, transaction={})

@@ -49,8 +49,9 @@ SELECT count(pg_advisory_xact_lock(held.destination, held.bucket)) FROM (
 -- Create an intent with its first event unless its key (scope/action_id) exists; returns the new seq, or nothing.
 WITH created AS (
     INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
-                         max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at, ordering_key)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $19)
+                         max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at, ordering_key,
+                         event_id)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $19, $20)
     ON CONFLICT (intent_key) DO NOTHING
     RETURNING seq, status
 ), logged AS (
@@ -60,21 +61,22 @@ WITH created AS (
 SELECT seq, CASE WHEN status = 'pending' THEN pg_notify('outbox_due', '') END AS notified FROM created;
 
 -- name: insert_intents
--- Create the intents of a batch (one row per key, as arrays $1-$19), each with its first event, skipping keys that
+-- Create the intents of a batch (one row per key, as arrays $1-$20), each with its first event, skipping keys that
 -- exist; returns each new intent's key and seq. Inserted in the batch's order, so seq order is that order.
 WITH batch AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
                          $8::text[], $9::integer[], $10::timestamptz[], $11::timestamptz[], $12::timestamptz[],
                          $13::timestamptz[], $14::text[], $15::timestamptz[], $16::text[], $17::text[], $18::text[],
-                         $19::text[])
+                         $19::text[], $20::text[])
         WITH ORDINALITY AS u (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
                               max_attempts, next_attempt_at, not_before, expires_at, created_at, kind, at, actor, reason,
-                              data, ordering_key, n)
+                              data, ordering_key, event_id, n)
 ), created AS (
     INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
-                         max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at, ordering_key)
+                         max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at, ordering_key,
+                         event_id)
     SELECT intent_key, action_id, scope, destination, channel, payload, payload_digest, status, max_attempts,
-           next_attempt_at, not_before, expires_at, created_at, created_at, ordering_key
+           next_attempt_at, not_before, expires_at, created_at, created_at, ordering_key, event_id
     FROM batch ORDER BY n
     ON CONFLICT (intent_key) DO NOTHING
     RETURNING seq, intent_key, status
@@ -443,8 +445,8 @@ WITH existing AS (SELECT id FROM destinations WHERE id = $1)
 INSERT INTO destinations (id, channel, settings, secrets, idempotent, retention_seconds, on_unknown,
                           timeout_seconds, requires_approval, allow_private_network, disabled,
                           created_at, updated_at, reconcile, ordering, ordering_on_dead,
-                          retry_schedule, max_age_seconds)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
+                          retry_schedule, max_age_seconds, subscriptions)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)
 ON CONFLICT (id) DO UPDATE SET
     channel = excluded.channel, settings = excluded.settings, secrets = excluded.secrets,
     idempotent = excluded.idempotent, retention_seconds = excluded.retention_seconds,
@@ -453,7 +455,7 @@ ON CONFLICT (id) DO UPDATE SET
     allow_private_network = excluded.allow_private_network, disabled = excluded.disabled,
     updated_at = excluded.updated_at, reconcile = excluded.reconcile, ordering = excluded.ordering,
     ordering_on_dead = excluded.ordering_on_dead, retry_schedule = excluded.retry_schedule,
-    max_age_seconds = excluded.max_age_seconds
+    max_age_seconds = excluded.max_age_seconds, subscriptions = excluded.subscriptions
 RETURNING NOT EXISTS (SELECT 1 FROM existing) AS created;
 
 -- name: sealing_key
@@ -588,3 +590,80 @@ FROM intents WHERE status IN ('delivered', 'cancelled') AND updated_at >= $1 GRO
 UNION ALL
 SELECT date_trunc('minute', greatest(created_at, $1)), date_trunc('minute', updated_at), count(*)
 FROM intents WHERE status IN ('dead', 'unknown', 'revoked') AND updated_at >= $1 GROUP BY 1, 2;
+
+-- name: delete_subscriptions
+-- A destination's subscription rows (replaced with it, or removed before it).
+DELETE FROM subscriptions WHERE destination = $1;
+
+-- name: insert_subscriptions
+-- A destination's subscription rows, from arrays of destination, prefix, exact and scope.
+INSERT INTO subscriptions (destination, prefix, exact, scope)
+SELECT * FROM unnest($1::text[], $2::text[], $3::boolean[], $4::text[]);
+
+-- name: event_subscribers
+-- The destinations subscribed to topic $2 for scope $1 (with $4, only those the scope holds a grant for that is live
+-- at $3, as matching_grant judges), by id, with what an enqueue needs to know of each.
+SELECT d.id, d.channel, d.requires_approval FROM destinations d
+WHERE EXISTS (SELECT 1 FROM subscriptions s
+              WHERE s.destination = d.id AND (s.scope IS NULL OR s.scope = $1)
+                AND CASE WHEN s.exact THEN s.prefix = $2 ELSE starts_with($2, s.prefix) END)
+  AND (NOT $4::boolean OR EXISTS (SELECT 1 FROM grants g
+                                  WHERE g.scope = $1 AND g.destination IN (d.id, '*')
+                                    AND (g.expires_at IS NULL OR g.expires_at > $3)))
+ORDER BY d.id;
+
+-- name: insert_topic_event
+-- Record an event unless its key (scope/event_id) exists; returns the new seq, or nothing.
+INSERT INTO topic_events (event_key, event_id, scope, topic, payload, payload_digest, ordering_key, actor, created_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+ON CONFLICT (event_key) DO NOTHING
+RETURNING seq;
+
+-- name: insert_topic_events
+-- Record a batch's events (arrays $1-$9, as insert_topic_event takes one), in order, each unless its key exists (an
+-- earlier one's of the batch included); returns the key and seq of each one recorded.
+INSERT INTO topic_events (event_key, event_id, scope, topic, payload, payload_digest, ordering_key, actor, created_at)
+SELECT event_key, event_id, scope, topic, payload, payload_digest, ordering_key, actor, created_at
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
+            $9::timestamptz[]) WITH ORDINALITY
+    AS u (event_key, event_id, scope, topic, payload, payload_digest, ordering_key, actor, created_at, n)
+ORDER BY n
+ON CONFLICT (event_key) DO NOTHING
+RETURNING event_key, seq;
+
+-- name: events_subscribers
+-- event_subscribers for a batch of events at once: for each (n, scope, topic, time) of arrays $1-$4, with $5 as its
+-- $4, the destinations subscribed, as (n, id, channel, requires_approval), by n then id.
+SELECT e.n, d.id, d.channel, d.requires_approval
+FROM unnest($1::integer[], $2::text[], $3::text[], $4::timestamptz[]) AS e (n, scope, topic, at)
+JOIN destinations d ON EXISTS (
+    SELECT 1 FROM subscriptions s
+    WHERE s.destination = d.id AND (s.scope IS NULL OR s.scope = e.scope)
+      AND CASE WHEN s.exact THEN s.prefix = e.topic ELSE starts_with(e.topic, s.prefix) END)
+WHERE NOT $5::boolean OR EXISTS (SELECT 1 FROM grants g
+                                 WHERE g.scope = e.scope AND g.destination IN (d.id, '*')
+                                   AND (g.expires_at IS NULL OR g.expires_at > e.at))
+ORDER BY e.n, d.id;
+
+-- name: set_event_skipped
+-- The subscribers an event made no intent for, as JSON [[destination, reason], ...].
+UPDATE topic_events SET skipped = $1 WHERE seq = $2;
+
+-- name: event_by_key
+-- One event by its key (scope/event_id).
+SELECT * FROM topic_events WHERE event_key = $1;
+
+-- name: events_by_id
+-- The events of every scope that use an event id (at most one per scope).
+SELECT * FROM topic_events WHERE event_id = $1 ORDER BY scope;
+
+-- name: intents_of_events
+-- The intents of the events (scope, event_id) given as arrays $1 and $2.
+SELECT i.* FROM intents i JOIN unnest($1::text[], $2::text[]) AS e (scope, event_id)
+    ON i.scope = e.scope AND i.event_id = e.event_id
+WHERE i.event_id IS NOT NULL
+ORDER BY i.destination;
+
+-- name: list_events
+-- A page of events, newest first, after a cursor: $1 rows at most, {where} conditions on $2 onwards.
+SELECT * FROM topic_events WHERE {where} ORDER BY seq DESC LIMIT $1;

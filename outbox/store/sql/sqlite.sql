@@ -32,20 +32,22 @@ SELECT channel, requires_approval FROM destinations WHERE id = ?;
 -- name: insert_intent
 -- Create an intent unless its key (scope/action_id) exists; returns the new seq, or nothing.
 INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
-                     max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at, ordering_key)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                     max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at, ordering_key,
+                     event_id)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (intent_key) DO NOTHING
 RETURNING seq;
 
 -- name: insert_intents_set
 -- Create the intents of a JSON array of [key, action_id, scope, destination, channel, payload,
 -- payload_digest, status, max_attempts, next_attempt_at, not_before, expires_at, created_at,
--- ordering_key] rows, in order, each unless its key exists (an earlier row's included); returns
--- the key and new seq of each one created.
+-- ordering_key, event_id] rows, in order, each unless its key exists (an earlier row's included);
+-- returns the key and new seq of each one created.
 INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
-                     max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at, ordering_key)
+                     max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at, ordering_key,
+                     event_id)
 SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6, value ->> 7,
-       value ->> 8, value ->> 9, value ->> 10, value ->> 11, value ->> 12, value ->> 12, value ->> 13
+       value ->> 8, value ->> 9, value ->> 10, value ->> 11, value ->> 12, value ->> 12, value ->> 13, value ->> 14
 FROM json_each(?) WHERE true  -- (WHERE: so that ON CONFLICT is not read as a join's ON)
 ON CONFLICT (intent_key) DO NOTHING
 RETURNING intent_key, seq;
@@ -125,7 +127,7 @@ SELECT json_group_array(json_object(
     'lease_expires_at', lease_expires_at, 'fence', fence, 'created_at', created_at,
     'updated_at', updated_at, 'last_error', last_error, 'approved_digest', approved_digest,
     'approval_expires_at', approval_expires_at, 'approved_by', approved_by, 'ordering_key', ordering_key,
-    'replayed_after', replayed_after))
+    'replayed_after', replayed_after, 'event_id', event_id))
 FROM intents WHERE seq IN (SELECT value FROM json_each(?));
 
 -- name: renew_lease
@@ -324,8 +326,8 @@ SELECT * FROM intents WHERE seq = ?;
 INSERT INTO destinations (id, channel, settings, secrets, idempotent, retention_seconds, on_unknown,
                           timeout_seconds, requires_approval, allow_private_network, disabled,
                           created_at, updated_at, reconcile, ordering, ordering_on_dead,
-                          retry_schedule, max_age_seconds)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                          retry_schedule, max_age_seconds, subscriptions)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (id) DO UPDATE SET
     channel = excluded.channel, settings = excluded.settings, secrets = excluded.secrets,
     idempotent = excluded.idempotent, retention_seconds = excluded.retention_seconds,
@@ -334,7 +336,7 @@ ON CONFLICT (id) DO UPDATE SET
     allow_private_network = excluded.allow_private_network, disabled = excluded.disabled,
     updated_at = excluded.updated_at, reconcile = excluded.reconcile, ordering = excluded.ordering,
     ordering_on_dead = excluded.ordering_on_dead, retry_schedule = excluded.retry_schedule,
-    max_age_seconds = excluded.max_age_seconds
+    max_age_seconds = excluded.max_age_seconds, subscriptions = excluded.subscriptions
 RETURNING *;
 
 -- name: sealing_key
@@ -452,3 +454,53 @@ GROUP BY since, until
 UNION ALL
 SELECT max(created_at, ?1) / 60000000 * 60000000 AS since, updated_at / 60000000 * 60000000 AS until, count(*)
 FROM intents WHERE status IN ('dead', 'unknown', 'revoked') AND updated_at >= ?1 GROUP BY since, until;
+
+-- name: delete_subscriptions
+-- A destination's subscription rows (replaced with it, or removed before it).
+DELETE FROM subscriptions WHERE destination = ?;
+
+-- name: insert_subscriptions
+-- A destination's subscription rows, from a JSON array of [destination, prefix, exact, scope] rows.
+INSERT INTO subscriptions (destination, prefix, exact, scope)
+SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3 FROM json_each(?);
+
+-- name: event_subscribers
+-- The destinations subscribed to topic ?2 for scope ?1 (with ?4, only those the scope holds a grant for that is live
+-- at ?3, as matching_grant judges), by id, with what an enqueue needs to know of each.
+SELECT d.id, d.channel, d.requires_approval FROM destinations d
+WHERE EXISTS (SELECT 1 FROM subscriptions s
+              WHERE s.destination = d.id AND (s.scope IS NULL OR s.scope = ?1)
+                AND CASE WHEN s.exact THEN s.prefix = ?2 ELSE substr(?2, 1, length(s.prefix)) = s.prefix END)
+  AND (NOT ?4 OR EXISTS (SELECT 1 FROM grants g
+                         WHERE g.scope = ?1 AND g.destination IN (d.id, '*')
+                           AND (g.expires_at IS NULL OR g.expires_at > ?3)))
+ORDER BY d.id;
+
+-- name: insert_topic_event
+-- Record an event unless its key (scope/event_id) exists; returns the new seq, or nothing.
+INSERT INTO topic_events (event_key, event_id, scope, topic, payload, payload_digest, ordering_key, actor, created_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (event_key) DO NOTHING
+RETURNING seq;
+
+-- name: set_event_skipped
+-- The subscribers an event made no intent for, as JSON [[destination, reason], ...].
+UPDATE topic_events SET skipped = ? WHERE seq = ?;
+
+-- name: event_by_key
+-- One event by its key (scope/event_id).
+SELECT * FROM topic_events WHERE event_key = ?;
+
+-- name: events_by_id
+-- The events of every scope that use an event id (at most one per scope).
+SELECT * FROM topic_events WHERE event_id = ? ORDER BY scope;
+
+-- name: intents_of_events
+-- The intents of a JSON array of [scope, event_id] events.
+SELECT * FROM intents
+WHERE event_id IS NOT NULL AND (scope, event_id) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?))
+ORDER BY destination;
+
+-- name: list_events
+-- A page of events, newest first, after a cursor.
+SELECT * FROM topic_events WHERE {where} ORDER BY seq DESC LIMIT ?;

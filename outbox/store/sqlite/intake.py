@@ -41,7 +41,7 @@ def insert_intent(conn: sqlite3.Connection, new: NewIntent, event: Event) -> Enq
     channel, status = _enqueue_target(conn, new, None)
     values = _values(new, channel, status)
     # updated_at is created_at (the last of ``values``)
-    row = conn.execute(SQL["insert_intent"], (*values, values[-1], new.ordering_key)).fetchone()
+    row = conn.execute(SQL["insert_intent"], (*values, values[-1], new.ordering_key, new.event_id)).fetchone()
     if row is not None:
         _append_event(conn, row[0], event)
         return Enqueued(inserted_intent(row[0], new, channel, status), created=True)
@@ -53,12 +53,14 @@ def _compared(conn: sqlite3.Connection, new: NewIntent) -> Enqueued:
     return decide_existing(READ.intent(conn.execute(SQL["intent_by_key"], (new.key,)).fetchone()), new)
 
 
-def insert_each(conn: sqlite3.Connection, items: Sequence[tuple[NewIntent, Event]]) -> list[Enqueued | OutboxError]:
+def insert_each(conn: sqlite3.Connection, items: Sequence[tuple[NewIntent, Event]],
+                seen: dict[str, sqlite3.Row] | None = None) -> list[Enqueued | OutboxError]:
     """``insert_intent`` for each of ``items`` in the one write transaction, as sets: one
     statement inserts every intent whose key is free (the first of an intent named twice), one
     appends their first events, and the rest are compared with what holds their key. An intent
-    refused stands as its error in its place (refused before any write: it undoes nothing)."""
-    seen: dict[str, sqlite3.Row] = {}
+    refused stands as its error in its place (refused before any write: it undoes nothing).
+    ``seen``: destinations' rows read already (``destination_for_enqueue``'s columns), by id."""
+    seen = {} if seen is None else seen
     results: list[Enqueued | OutboxError | None] = [None] * len(items)
     accepted: list[tuple[int, str, Status]] = []
     for i, (new, _) in enumerate(items):
@@ -66,7 +68,8 @@ def insert_each(conn: sqlite3.Connection, items: Sequence[tuple[NewIntent, Event
             accepted.append((i, *_enqueue_target(conn, new, seen)))
         except OutboxError as exc:
             results[i] = exc
-    rows = [[*_values(items[i][0], channel, status), items[i][0].ordering_key] for i, channel, status in accepted]
+    rows = [[*_values(items[i][0], channel, status), items[i][0].ordering_key, items[i][0].event_id]
+            for i, channel, status in accepted]
     inserted = dict(conn.execute(SQL["insert_intents_set"], (json.dumps(rows),)).fetchall()) if rows else {}
     events: list[list[Any]] = []
     for i, channel, status in accepted:

@@ -16,6 +16,7 @@ import aiosqlite
 
 from ...destinations import Destination
 from ...errors import NoDatabase, NotFound, OutboxError, StoreUnavailable
+from ...events import NewEvent, Published
 from ...grants import Grant, GrantSpec
 from ...keyring import Keyring, required
 from ...model import Attempt, Change, Enqueued, Event, Intent, NewIntent, check_change
@@ -41,6 +42,7 @@ from ..rules import decide_destination_delete, not_revoked, whole_or_refused
 from .changes import Apply, Recover, make_claim
 from .intake import insert_each, insert_intent
 from .migration import SqliteMigration, begin_migration
+from .publishing import SqliteEvents, publish, replace_subscriptions
 from .sql import READ, SQL, stored
 
 T = TypeVar("T")
@@ -62,8 +64,11 @@ class _SqliteTransaction:
     async def insert_intent(self, new: NewIntent, event: Event) -> Enqueued:
         return await on_thread(self._db, insert_intent, new, event)
 
+    async def publish(self, new: NewEvent, *, granted_only: bool) -> Published:
+        return await on_thread(self._db, publish, new, granted_only)
 
-class SqliteStore(Lookups):
+
+class SqliteStore(SqliteEvents, Lookups):
     """An outbox in one SQLite file."""
 
     dialect = "sqlite"
@@ -375,6 +380,7 @@ class SqliteStore(Lookups):
             key = keyring.sealing(conn.execute(SQL["sealing_key"]).fetchone()[0])
             sealed = keyring.seal(d.secrets, destination_id=d.id, key=key)
             conn.execute(SQL["put_destination"], tuple(map(stored, destination_values(d, sealed)))).fetchall()
+            replace_subscriptions(conn, d)
             return not existed
 
         return await self._write(run)
@@ -432,6 +438,7 @@ class SqliteStore(Lookups):
                 in_history=conn.execute(SQL["any_intent_for_destination"], (destination_id,)).fetchone() is not None,
                 grants=[row[0] for row in conn.execute(SQL["grants_for_destination"], (destination_id,))],
             )
+            conn.execute(SQL["delete_subscriptions"], (destination_id,))
             conn.execute(SQL["delete_destination"], (destination_id,))
 
         await self._write(run)

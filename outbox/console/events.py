@@ -1,0 +1,83 @@
+"""The console's events: search them by topic (or pattern), scope and id, and see one event's
+fan-out, each destination's intent and its status linking to the intent's page."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from html import escape
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from ..errors import NotFound, OutboxError
+from ..events import EventQuery, StoredEvent
+from ..outbox import Outbox
+from .layout import flashes, intent_link, page, pill, pretty, table, when
+
+#: How many events a search shows.
+PAGE = 100
+
+
+def event_url(event_id: str, scope: str) -> str:
+    """An event's console page, naming its scope: event ids are unique per scope only."""
+    return f"/console/events/{quote(event_id, safe='')}?{urlencode({'scope': scope})}"
+
+
+def register(pages: APIRouter, box: Callable[[Request], Outbox],
+             signed_in: Callable[[Callable[..., Awaitable[Response]]], Callable[..., Awaitable[Response]]]) -> None:
+    """Add the events pages to the console's router (``signed_in`` guards each)."""
+
+    @pages.get("/events")
+    @signed_in
+    async def events_search(request: Request, topic: str = "", scope: str = "", event_id: str = "") -> Response:
+        outbox = box(request)
+        form = _form(topic, scope, event_id)
+        try:
+            found = await outbox.list_events(EventQuery(
+                topic=topic or None, scopes=[scope] if scope else None, event_id=event_id or None, limit=PAGE))
+        except OutboxError as exc:
+            return page("Events", form + flashes(error=exc.message), status=400)
+        return page("Events", form + _events(found.events, outbox.clock.now()))
+
+    @pages.get("/events/{event_id}")
+    @signed_in
+    async def event_page(request: Request, event_id: str, scope: str | None = None) -> Response:
+        outbox = box(request)
+        try:
+            event = await outbox.get_event(event_id, scope=scope)
+        except OutboxError as exc:
+            return page("Event", flashes(error=exc.message), status=404 if isinstance(exc, NotFound) else 400)
+        return page(f"Event {event.event_id}", _event(event, outbox.clock.now()))
+
+
+def _form(topic: str, scope: str, event_id: str) -> str:
+    fields: list[tuple[str, str, str]] = [("topic", "topic or pattern (invoice.*)", topic), ("scope", "scope", scope),
+                                          ("event_id", "event id", event_id)]
+    return ("<form class='filters' method='get' action='/console/events'>"
+            + "".join(f"<label>{escape(label)}<input name='{name}' value='{escape(value)}'></label>"
+                      for name, label, value in fields)
+            + "<button>Search</button></form>")
+
+
+def _events(events: list[StoredEvent], now: datetime) -> str:
+    return table(["event_id", "scope", "topic", "published", "fan-out"], [
+        f"<tr><td><a href='{escape(event_url(e.event_id, e.scope))}'>{escape(e.event_id)}</a></td>"
+        f"<td>{escape(e.scope)}</td><td>{escape(e.topic)}</td><td>{when(e.created_at, now)}</td>"
+        f"<td>{' '.join(pill(d.status.value if d.status else 'skipped') for d in e.fanout) or 'no subscriber'}</td>"
+        "</tr>" for e in events], empty="no events match")
+
+
+def _event(event: StoredEvent, now: datetime) -> str:
+    facts: list[tuple[str, Any]] = [("scope", escape(event.scope)), ("topic", escape(event.topic)),
+                                    ("published", when(event.created_at, now)), ("by", escape(event.actor)),
+                                    ("payload digest", f"<code>{escape(event.payload_digest)}</code>")]
+    listed = table(["", ""], [f"<tr><th>{name}</th><td>{value}</td></tr>" for name, value in facts])
+    fanout = table(["destination", "intent", "status"], [
+        f"<tr><td>{escape(d.destination)}</td>"
+        + (f"<td>{intent_link(d.action_id, event.scope)}</td><td>{pill(d.status.value)}</td>" if d.status
+           else f"<td>{escape(d.action_id)}</td><td>{pill('skipped')} {escape(d.skipped or '')}</td>")
+        + "</tr>" for d in event.fanout], empty="no destination was subscribed and granted")
+    return listed + "<h2>Fan-out</h2>" + fanout + "<h2>Payload</h2>" + pretty(event.payload_json)

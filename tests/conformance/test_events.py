@@ -1,0 +1,239 @@
+"""The store conformance suite, events: publishing and its fan-out, subscriptions, an operator's
+delivery, and reading events back. Run on every backend of ``backends.STORE_FACTORIES`` with the
+fixtures of ``test_store.py``."""
+
+# ruff: noqa: F811 (the suite's fixtures are imported by name, and the functions here take them by that name)
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+import pytest
+
+from outbox import IntentConflict, NotFound, Status, UnknownDestination
+from outbox.events import EventQuery, NewEvent
+from outbox.grants import GrantSpec
+from outbox.model import Event, NewIntent
+from outbox.store import Store
+from outbox.topics import Subscription, action_id_for, matches
+
+from .backends import CALLER_SQL
+from .test_store import T0, destination, open_store, store, store_factory  # noqa: F401 (fixtures)
+
+MAIL = {"host": "mail.example", "port": 25, "from_address": "outbox@example.com"}
+
+
+def event(event_id: str, topic: str = "invoice.paid", *, scope: str = "acme", digest: str = "sha256:aa",
+          payload: str = '{"n":1}', at: datetime = T0) -> NewEvent:
+    return NewEvent(event_id=event_id, scope=scope, topic=topic, payload_json=payload, payload_digest=digest,
+                    max_attempts=5, next_attempt_at=at, not_before=None, expires_at=None, created_at=at,
+                    ordering_key=None, actor="test")
+
+
+async def subscribe(store: Store, id: str, *patterns: str, scopes: tuple[str, ...] | None = None,
+                    grant: str | None = "acme", **changes) -> None:
+    """Register webhook destination ``id`` subscribed to ``patterns`` and, unless ``grant`` is
+    None, grant scope ``grant`` to it."""
+    await store.put_destination(destination(id, subscriptions=tuple(Subscription(p, scopes) for p in patterns),
+                                            **changes))
+    if grant is not None:
+        await store.put_grant(f"g-{id}-{grant}", GrantSpec(scope=grant, destination=id), T0)
+
+
+def fanned(published) -> dict[str, Status | None]:
+    return {d.destination: d.status for d in published.event.fanout}
+
+
+async def test_an_event_makes_one_intent_per_matching_granted_subscriber_in_one_commit(store):
+    await subscribe(store, "exact", "invoice.paid")
+    await subscribe(store, "prefix", "invoice.*")
+    await subscribe(store, "all", "*")
+    await subscribe(store, "other-topic", "invoice.sent", "user.*")
+    await subscribe(store, "ungranted", "*", grant=None)
+    await subscribe(store, "other-scope", "*", scopes=("globex",))
+    await subscribe(store, "approval", "invoice.paid", requires_approval=True)
+    published = await store.publish(event("e1"), granted_only=True)
+    assert published.created
+    assert fanned(published) == {"all": Status.PENDING, "approval": Status.HELD, "exact": Status.PENDING,
+                                 "prefix": Status.PENDING}
+    for d in published.event.fanout:
+        intent = await store.get_intent(f"acme/{action_id_for('e1', d.destination)}")
+        assert (intent.event_id, intent.payload, intent.destination) == ("e1", {"n": 1}, d.destination)
+        assert [(e.kind, e.data) for e in (await store.history(intent.key)).events] == [
+            ("enqueued", {"event_id": "e1"})]
+    assert await store.get_event("acme/e1") == published.event
+
+
+async def test_without_grants_as_the_authority_every_subscriber_gets_an_intent(store):
+    await subscribe(store, "ungranted", "*", grant=None)
+    await subscribe(store, "other-scope", "*", scopes=("globex",), grant=None)
+    assert fanned(await store.publish(event("e1"), granted_only=False)) == {"ungranted": Status.PENDING}
+
+
+async def test_a_grant_for_every_destination_counts_and_an_expired_one_does_not(store):
+    await subscribe(store, "hook", "*", grant=None)
+    await store.put_grant("late", GrantSpec(scope="acme", destination="*", expires_at=T0), T0)
+    assert fanned(await store.publish(event("e1"), granted_only=True)) == {}
+    await store.put_grant("late", GrantSpec(scope="acme", destination="*", expires_at=T0 + timedelta(days=1)), T0)
+    assert fanned(await store.publish(event("e2"), granted_only=True)) == {"hook": Status.PENDING}
+
+
+@pytest.mark.parametrize("pattern", ["*", "invoice.*", "invoice.paid.*", "invoice.paid", "invoice", "invoice_x.*",
+                                     "invoice-x.paid"])
+async def test_the_store_matches_topics_as_the_pure_matcher_does(store, pattern):
+    await subscribe(store, "hook", pattern)
+    for n, topic in enumerate(["invoice", "invoice.paid", "invoice.paid.late", "invoices.paid", "invoice_x.y",
+                               "invoice-x.paid", "user.invoice.paid"]):
+        got = fanned(await store.publish(event(f"e{n}", topic), granted_only=True))
+        assert bool(got) is matches(pattern, topic), (pattern, topic)
+
+
+async def test_publishing_again_answers_the_same_fan_out_and_creates_nothing(store):
+    await subscribe(store, "hook", "invoice.*")
+    first = await store.publish(event("e1"), granted_only=True)
+    await subscribe(store, "late", "invoice.*")  # a later subscription does not receive the old event
+    again = await store.publish(event("e1", at=T0 + timedelta(seconds=5)), granted_only=True)
+    assert not again.created and again.event == first.event
+    assert await store.get_intent(f"acme/{action_id_for('e1', 'late')}") is None
+
+
+@pytest.mark.parametrize("changes,named", [({"digest": "sha256:bb"}, "payload_digest"),
+                                           ({"topic": "invoice.sent"}, "topic")])
+async def test_another_event_under_the_same_id_is_a_conflict_that_writes_nothing(store, changes, named):
+    await subscribe(store, "hook", "invoice.*")
+    await store.publish(event("e1"), granted_only=True)
+    with pytest.raises(IntentConflict, match=named) as refused:
+        await store.publish(event("e1", **changes), granted_only=True)
+    assert "globex" not in str(refused.value)
+    assert (await store.get_event("acme/e1")).payload_digest == "sha256:aa"
+    page = await store.list_events(EventQuery())
+    assert [e.event_id for e in page.events] == ["e1"]
+
+
+async def test_event_ids_are_per_scope(store):
+    await subscribe(store, "hook", "*", grant=None)
+    await store.put_grant("all", GrantSpec(scope="globex", destination="*"), T0)
+    await store.put_grant("all-acme", GrantSpec(scope="acme", destination="*"), T0)
+    await store.publish(event("e1"), granted_only=True)
+    theirs = await store.publish(event("e1", scope="globex", digest="sha256:bb"), granted_only=True)
+    assert theirs.created and [e.scope for e in await store.events_named("e1")] == ["acme", "globex"]
+    assert await store.events_named("nobody") == []
+
+
+async def test_a_subscriber_whose_channel_refuses_the_payload_is_skipped_and_the_others_get_theirs(store):
+    await subscribe(store, "hook", "*")
+    await subscribe(store, "mail", "*", channel="email", settings=MAIL)
+    published = await store.publish(event("e1", payload='{"not":"an email"}'), granted_only=True)
+    assert fanned(published) == {"hook": Status.PENDING, "mail": None}
+    skipped = next(d for d in published.event.fanout if d.destination == "mail")
+    assert "email channel" in skipped.skipped and skipped.action_id == action_id_for("e1", "mail")
+    assert await store.get_intent(f"acme/{skipped.action_id}") is None
+    assert (await store.get_event("acme/e1")).fanout == published.event.fanout
+
+
+async def test_a_derived_action_id_held_by_another_operation_is_skipped(store):
+    await subscribe(store, "hook", "*")
+    await subscribe(store, "other", "*")
+    taken = NewIntent(action_id=action_id_for("e1", "hook"), scope="acme", destination="hook", payload_json="{}",
+                      payload_digest="sha256:zz", max_attempts=5, next_attempt_at=T0, not_before=None,
+                      expires_at=None, created_at=T0)
+    await store.insert_intent(taken, Event(kind="enqueued", at=T0, actor="test"))
+    published = await store.publish(event("e1"), granted_only=True)
+    assert fanned(published) == {"hook": None, "other": Status.PENDING}
+
+
+async def test_publish_each_decides_each_event_on_its_own_in_one_commit(store):
+    await subscribe(store, "hook", "*")
+    await store.publish(event("taken"), granted_only=True)
+    results = await store.publish_each([event("e1"), event("taken", digest="sha256:bb"), event("e2"),
+                                        event("e1")], granted_only=True)
+    assert [type(r).__name__ for r in results] == ["Published", "IntentConflict", "Published", "Published"]
+    assert [r.created for r in results if not isinstance(r, Exception)] == [True, True, False]
+    assert fanned(results[3]) == {"hook": Status.PENDING}
+    assert len((await store.list_events(EventQuery())).events) == 3
+
+
+async def test_an_event_and_its_intents_commit_and_roll_back_with_the_callers_sql(store):
+    await subscribe(store, "hook", "*")
+    sql = CALLER_SQL[store.dialect]
+    async with store.transaction() as tx:
+        await tx.execute(sql.create)
+    with pytest.raises(RuntimeError, match="payment failed"):
+        async with store.transaction() as tx:
+            await tx.execute(sql.insert, (1, 100))
+            assert (await tx.publish(event("e1"), granted_only=True)).created
+            raise RuntimeError("payment failed")
+    assert await store.get_event("acme/e1") is None
+    assert await store.get_intent(f"acme/{action_id_for('e1', 'hook')}") is None
+    async with store.transaction() as tx:
+        await tx.execute(sql.insert, (1, 100))
+        await tx.publish(event("e1"), granted_only=True)
+    assert fanned(await store.publish(event("e1"), granted_only=True)) == {"hook": Status.PENDING}
+
+
+async def test_an_operators_delivery_makes_the_destinations_intent_once(store):
+    await subscribe(store, "hook", "*")
+    await store.publish(event("e1"), granted_only=True)
+    await store.put_destination(destination("late"))  # neither subscribed nor granted: the operator's choice
+    new = NewIntent(action_id=action_id_for("e1", "late"), scope="acme", destination="late", payload_json='{"n":1}',
+                    payload_digest="sha256:aa", max_attempts=5, next_attempt_at=T0, not_before=None,
+                    expires_at=None, created_at=T0, event_id="e1")
+    first = Event(kind="enqueued", at=T0, actor="op", reason="catch up", data={"event_id": "e1"})
+    made, shown = await store.deliver_event(new, first)
+    assert made.created and made.intent.event_id == "e1" and made.intent.status is Status.PENDING
+    assert {d.destination: d.status for d in shown.fanout} == {"hook": Status.PENDING, "late": Status.PENDING}
+    again, _ = await store.deliver_event(new, first)
+    assert not again.created and again.intent.seq == made.intent.seq
+    with pytest.raises(NotFound):
+        await store.deliver_event(replace(new, event_id="nope", action_id=action_id_for("nope", "late")), first)
+    assert await store.get_intent(f"acme/{action_id_for('nope', 'late')}") is None
+    with pytest.raises(UnknownDestination):
+        await store.deliver_event(replace(new, destination="gone", action_id=action_id_for("e1", "gone")), first)
+
+
+async def test_events_are_listed_newest_first_by_scope_topic_id_and_time_with_a_cursor(store):
+    await subscribe(store, "hook", "invoice.*")
+    for n, (scope, topic) in enumerate([("acme", "invoice.paid"), ("globex", "invoice.paid"),
+                                        ("acme", "user.created"), ("acme", "invoice.sent.late")]):
+        await store.publish(event(f"e{n}", topic, scope=scope, at=T0 + timedelta(minutes=n)), granted_only=True)
+
+    async def ids(**query) -> list[str]:
+        return [e.event_id for e in (await store.list_events(EventQuery(**query))).events]
+
+    assert await ids() == ["e3", "e2", "e1", "e0"]
+    assert await ids(scopes=["acme"]) == ["e3", "e2", "e0"] and await ids(scopes=[]) == []
+    assert await ids(topic="invoice.*") == ["e3", "e1", "e0"]
+    assert await ids(topic="invoice.paid") == ["e1", "e0"] and await ids(topic="*") == await ids()
+    assert await ids(event_id="e2") == ["e2"]
+    assert await ids(created_after=T0 + timedelta(minutes=1), created_before=T0 + timedelta(minutes=3)) == ["e2", "e1"]
+    page = await store.list_events(EventQuery(limit=3))
+    assert [e.event_id for e in page.events] == ["e3", "e2", "e1"] and page.next_seq is not None
+    assert await ids(before_seq=page.next_seq) == ["e0"]
+    assert {d.destination for d in page.events[0].fanout} == {"hook"}
+
+
+async def test_subscriptions_are_replaced_with_their_destination_and_removed_with_it(store):
+    await subscribe(store, "hook", "invoice.*")
+    assert (await store.get_destination("hook")).subscriptions == (Subscription("invoice.*"),)
+    await store.put_destination(destination("hook", subscriptions=(Subscription("user.*", ("acme", "globex")),)))
+    assert (await store.get_destination("hook")).subscriptions == (Subscription("user.*", ("acme", "globex")),)
+    assert fanned(await store.publish(event("e1", "invoice.paid"), granted_only=True)) == {}
+    assert fanned(await store.publish(event("e2", "user.created"), granted_only=True)) == {"hook": Status.PENDING}
+    await store.put_destination(destination("fresh", subscriptions=(Subscription("*"),)))
+    await store.delete_destination("fresh")
+    assert await store.get_destination("fresh") is None
+    await store.put_destination(destination("fresh"))  # registered again: none of the old subscriptions
+    await store.put_grant("g-fresh", GrantSpec(scope="acme", destination="fresh"), T0)
+    assert "fresh" not in fanned(await store.publish(event("e3", "user.created"), granted_only=True))
+
+
+async def test_concurrent_publishes_of_one_event_make_one_fan_out(store):
+    await subscribe(store, "hook", "*")
+    await subscribe(store, "other", "*")
+    results = await asyncio.gather(*(store.publish(event("e1"), granted_only=True) for _ in range(4)))
+    assert sorted(r.created for r in results) == [False, False, False, True]
+    assert len({r.event.fanout for r in results}) == 1
+    page = await store.list_events(EventQuery())
+    assert [e.event_id for e in page.events] == ["e1"]

@@ -1,0 +1,67 @@
+"""``outbox.client``'s events against a real served outbox (uvicorn on loopback, a real SQLite
+file, the embedded worker delivering to a real receiver): publish, publish_many, get_event."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from outbox import DestinationSpec, Outbox, Role, Settings
+from outbox.client import AsyncClient, Client, IntentConflict, InvalidInput, Published
+
+from ..receiver import Receiver, Reply
+from .conftest import SECRET
+
+
+@pytest.fixture
+async def served(tmp_path: Path, receiver: Receiver, serve_api) -> AsyncIterator[tuple[str, str]]:
+    """A served outbox whose ``hook`` subscribes to ``invoice.*`` and is delivered to a receiver
+    answering 200; the URL and a producer token for scope acme."""
+    receiver.script("/hook", Reply(200))
+    db_path = tmp_path / "client.db"
+    async with await Outbox.open(f"sqlite:///{db_path}") as box:
+        await box.put_destination("hook", DestinationSpec(url=f"{receiver.url}/hook", secret=SECRET,
+                                                          allow_private_network=True,
+                                                          subscriptions=[{"topic": "invoice.*"}]))
+        producer, _ = await box.create_token(Role.PRODUCER, ["acme"])
+    yield serve_api(Settings(database_url=f"sqlite:///{db_path}", worker=True, authority="allow-all",
+                             poll_seconds=0.05)), producer
+
+
+async def test_publish_get_event_and_wait_for_its_intent(served: tuple[str, str], receiver: Receiver):
+    url, token = served
+    with Client(url, token=token) as outbox:
+        published = outbox.publish("invoice.paid", {"invoice": 1}, scope="acme", event_id="inv-1-paid")
+        again = outbox.publish("invoice.paid", {"invoice": 1}, scope="acme", event_id="inv-1-paid")
+        generated = outbox.publish("invoice.sent", {"invoice": 2}, scope="acme", max_attempts=3)
+        [delivery] = published.event.fanout
+        settled = outbox.wait(delivery["action_id"], scope="acme", timeout=20)
+        shown = outbox.get_event("inv-1-paid")
+        with pytest.raises(IntentConflict):
+            outbox.publish("invoice.paid", {"invoice": 99}, scope="acme", event_id="inv-1-paid")
+        with pytest.raises(TypeError, match="unexpected"):
+            outbox.publish("invoice.paid", {}, scope="acme", destination="hook")
+    assert published.created and not again.created and again.event.fanout == published.event.fanout
+    assert delivery == {"destination": "hook", "action_id": "evt~inv-1-paid~hook", "status": "pending",
+                        "skipped": None}
+    assert generated.created and generated.event.event_id[14] == "7"  # a UUIDv7 fixed before the first try
+    assert settled.status == "delivered" and settled.data["event_id"] == "inv-1-paid"
+    assert shown.fanout[0]["status"] == "delivered"
+    assert "acme/evt~inv-1-paid~hook" in [r.headers["idempotency-key"] for r in receiver.requests("/hook")]
+
+
+async def test_publish_many_answers_each_event_in_order(served: tuple[str, str]):
+    url, token = served
+    async with AsyncClient(url, token=token) as outbox:
+        await outbox.publish("invoice.paid", {"n": 0}, scope="acme", event_id="taken")
+        results = await outbox.publish_many([
+            {"topic": "invoice.paid", "payload": {"n": 1}, "scope": "acme", "event_id": "b1"},
+            {"topic": "invoice.paid", "payload": {"n": 9}, "scope": "acme", "event_id": "taken"},
+            {"topic": "Not A Topic", "payload": {}, "scope": "acme"},
+            {"topic": "user.created", "payload": {}, "scope": "acme", "event_id": "b2"}])
+        shown = await outbox.get_event("b1", scope="acme")
+    assert [type(r) for r in results] == [Published, IntentConflict, InvalidInput, Published]
+    assert results[0].created and results[0].event.fanout[0]["action_id"] == "evt~b1~hook"
+    assert results[3].event.fanout == () and shown.event_id == "b1"
