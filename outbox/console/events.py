@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from html import escape
-from typing import Any
 from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Request
@@ -15,7 +14,7 @@ from fastapi.responses import Response
 from ..errors import NotFound, OutboxError
 from ..events import EventQuery, StoredEvent
 from ..outbox import Outbox
-from .layout import flashes, intent_link, page, pill, pretty, table, when
+from .layout import destination_link, flashes, intent_link, page, pill, pretty, table, when
 
 #: How many events a search shows.
 PAGE = 100
@@ -64,20 +63,19 @@ def _form(topic: str, scope: str, event_id: str) -> str:
 
 def _events(events: list[StoredEvent], now: datetime) -> str:
     return table(["event_id", "scope", "topic", "published", "fan-out"], [
-        f"<tr><td><a href='{escape(event_url(e.event_id, e.scope))}'>{escape(e.event_id)}</a></td>"
-        f"<td>{escape(e.scope)}</td><td>{escape(e.topic)}</td><td>{when(e.created_at, now)}</td>"
-        f"<td>{' '.join(pill(d.status.value if d.status else 'skipped') for d in e.fanout) or 'no subscriber'}</td>"
-        "</tr>" for e in events], empty="no events match")
+        [f"<a href='{escape(event_url(e.event_id, e.scope))}'>{escape(e.event_id)}</a>", escape(e.scope),
+         escape(e.topic), when(e.created_at, now),
+         " ".join(pill(d.status.value if d.status else "skipped") for d in e.fanout) or "no subscriber"]
+        for e in events], empty="no events match")
 
 
 def _event(event: StoredEvent, now: datetime) -> str:
-    facts: list[tuple[str, Any]] = [("scope", escape(event.scope)), ("topic", escape(event.topic)),
-                                    ("published", when(event.created_at, now)), ("by", escape(event.actor)),
-                                    ("payload digest", f"<code>{escape(event.payload_digest)}</code>")]
-    listed = table(["", ""], [f"<tr><th>{name}</th><td>{value}</td></tr>" for name, value in facts])
+    facts = (f"<dl class='fields'><dt>scope</dt><dd>{escape(event.scope)}</dd><dt>topic</dt>"
+             f"<dd>{escape(event.topic)}</dd><dt>published</dt><dd>{when(event.created_at, now)}</dd>"
+             f"<dt>by</dt><dd>{escape(event.actor)}</dd><dt>payload digest</dt>"
+             f"<dd><code>{escape(event.payload_digest)}</code></dd></dl>")
     fanout = table(["destination", "intent", "status"], [
-        f"<tr><td>{escape(d.destination)}</td>"
-        + (f"<td>{intent_link(d.action_id, event.scope)}</td><td>{pill(d.status.value)}</td>" if d.status
-           else f"<td>{escape(d.action_id)}</td><td>{pill('skipped')} {escape(d.skipped or '')}</td>")
-        + "</tr>" for d in event.fanout], empty="no destination was subscribed and granted")
-    return listed + "<h2>Fan-out</h2>" + fanout + "<h2>Payload</h2>" + pretty(event.payload_json)
+        [destination_link(d.destination), intent_link(d.action_id, event.scope), pill(d.status.value)] if d.status
+        else [destination_link(d.destination), escape(d.action_id), f"{pill('skipped')} {escape(d.skipped or '')}"]
+        for d in event.fanout], empty="no destination was subscribed and granted")
+    return facts + "<h2>Fan-out</h2>" + fanout + "<h2>Payload</h2>" + pretty(event.payload_json)
