@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
+from .flow import RateLimit
 from .model import OnDead, OnUnknown, Ordering
 from .shapes import destination_json
 
@@ -40,6 +41,10 @@ class Destination:
     reconcile: bool = False
     ordering: Ordering = Ordering.NONE
     ordering_on_dead: OnDead = OnDead.BLOCK
+    rate_limit: RateLimit | None = None
+    max_in_flight: int | None = None
+    #: Until when a receiver asked for a pause (429/503 with Retry-After): no claim sends to it.
+    paused_until: datetime | None = None
 
     def public(self) -> dict[str, Any]:
         """The destination as the API and CLI show it (``shapes.Destination``)."""
@@ -91,6 +96,14 @@ class DestinationSpec(BaseModel):
         default=OnDead.BLOCK,
         description="under ordering, a dead or revoked intent blocks its key until an operator replays or "
                     "cancels it (block), or the key goes on without it (skip)",
+    )
+    rate_limit: RateLimit | None = Field(
+        default=None,
+        description="sends per second, with a burst (a token bucket), across every worker; null: unlimited",
+    )
+    max_in_flight: StrictInt | None = Field(
+        default=None, ge=1, le=100_000,
+        description="intents leased at once (from the claim to the outcome), across every worker; null: unlimited",
     )
 
     def settings(self) -> dict[str, Any]:

@@ -36,6 +36,10 @@ class Metrics:
         self.paused_destinations = Gauge("outbox_paused_destinations",
                                          "Destinations this process's sender has paused: they stopped answering.",
                                          registry=r)
+        self.sends_held = Counter(
+            "outbox_sends_held", "Due intents a claim of this process's sender held back by a destination's limit "
+            "(rate, in_flight) or pause, counted at each claim that passed them over.", ["destination", "limit"],
+            registry=r)
 
     async def render(self, store: Store, now: datetime) -> bytes:
         """Refresh the backlog gauges from the store, then the exposition text."""

@@ -400,6 +400,9 @@ class Outbox:
             reconcile=spec.reconcile,
             ordering=spec.ordering,
             ordering_on_dead=spec.ordering_on_dead,
+            rate_limit=spec.rate_limit,
+            max_in_flight=spec.max_in_flight,
+            paused_until=existing.paused_until if existing else None,
         )
         created = await self.store.put_destination(destination)
         return destination, created

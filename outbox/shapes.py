@@ -38,6 +38,7 @@ from receivers.wire import PROBLEM_TYPE_PREFIX
 
 from .clock import iso
 from .errors import InvalidInput
+from .flow import RateLimit
 from .ids import ACTION_ID, DESTINATION_ID, ORDERING_KEY, SCOPE, TOKEN_ID, TOKEN_LABEL, check
 from .model import SETTLED, OnDead, OnUnknown, Ordering, Outcome, Role, Status, Submission
 from .timestamps import Timestamp
@@ -315,6 +316,10 @@ class Destination(BaseModel):
     ordering_on_dead: OnDead
     created_at: AwareDatetime
     updated_at: AwareDatetime
+    rate_limit: RateLimit | None
+    max_in_flight: int | None
+    paused_until: AwareDatetime | None = Field(
+        description="until when a receiver's 429 or 503 with Retry-After paused sending to it (null: not paused)")
 
 
 class DestinationList(BaseModel):
@@ -480,7 +485,8 @@ def destination_json(destination: DestinationRecord) -> dict[str, Any]:
         retention_seconds=d.retention_seconds, on_unknown=d.on_unknown, timeout_seconds=d.timeout_seconds,
         requires_approval=d.requires_approval, allow_private_network=d.allow_private_network, disabled=d.disabled,
         reconcile=d.reconcile, ordering=d.ordering, ordering_on_dead=d.ordering_on_dead,
-        created_at=d.created_at, updated_at=d.updated_at, **d.settings,
+        created_at=d.created_at, updated_at=d.updated_at, rate_limit=d.rate_limit, max_in_flight=d.max_in_flight,
+        paused_until=d.paused_until, **d.settings,
     ).model_dump(mode="json")
 
 

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from ..clock import iso
 from ..destinations import Destination
+from ..flow import RateLimit
 from ..grants import Grant, GrantSpec
 from ..keyring import Keyring, required
 from ..model import Attempt, Event, Intent, NewIntent, OnDead, OnUnknown, Ordering, Outcome, Role, Status, Submission
@@ -145,6 +146,10 @@ def destination(row: Row, time: Time, keyring: Keyring | None) -> Destination:
         updated_at=at("updated_at"),
         ordering=Ordering(row["ordering"]),
         ordering_on_dead=OnDead(row["ordering_on_dead"]),
+        rate_limit=None if row["rate_per_second"] is None else RateLimit(per_second=row["rate_per_second"],
+                                                                         burst=row["rate_burst"]),
+        max_in_flight=row["max_in_flight"],
+        paused_until=at("paused_until"),
     )
 
 
@@ -216,7 +221,8 @@ def destination_values(d: Destination, sealed: str) -> tuple[Any, ...]:
     """A destination's columns as ``put_destination`` takes them, its secrets ``sealed``."""
     return (d.id, d.channel, json.dumps(dict(d.settings)), sealed, d.idempotent, d.retention_seconds,
             d.on_unknown.value, d.timeout_seconds, d.requires_approval, d.allow_private_network, d.disabled,
-            d.created_at, d.updated_at, d.reconcile, d.ordering.value, d.ordering_on_dead.value)
+            d.created_at, d.updated_at, d.reconcile, d.ordering.value, d.ordering_on_dead.value,
+            d.rate_limit and float(d.rate_limit.per_second), d.rate_limit and d.rate_limit.burst, d.max_in_flight)
 
 
 def token_values(info: TokenInfo, token_hash: str) -> tuple[Any, ...]:
