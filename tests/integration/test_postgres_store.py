@@ -860,7 +860,8 @@ async def test_a_rotation_waits_for_a_write_of_secrets_under_way_and_seals_it_to
             now = datetime.now(UTC)
             await writer.execute(SQL["put_destination"], "other", "webhook", '{"url": "https://other.example/"}',
                                  box.store.keyring.seal([SECRET], destination_id="other", key=key), False, 86_400,
-                                 "declared", 10.0, False, False, False, now, now, False, "none", "block")
+                                 "declared", 10.0, False, False, False, now, now, False, "none", "block",
+                                 None, None, None)
             key_file.write_text(generate_key() + "\n" + key_file.read_text())
             rotation = asyncio.create_task(rotate(box.store))
             await asyncio.sleep(0.5)
