@@ -12,7 +12,9 @@ CREATE TABLE destination_buckets (
 -- The claim's part for limited and paused destinations (the cycle statement calls it only when
 -- there are some): for each, in id order (claims lock their rows in one order), up to cap in all,
 -- lease what its limits allow of its oldest due intents, append their "leased" events, and say
--- how many due ones each limit held back. A limited destination's bucket row is locked first;
+-- how many due ones each limit held back (counted only when a limit took less than the claim
+-- could have, so a limit that does not bind costs no count; those waiting behind their ordering
+-- key are counted too). A limited destination's bucket row is locked first;
 -- VOLATILE, so every statement after that lock sees a fresh snapshot: the leases of every claim
 -- that held the lock before are counted, whatever the calling statement's snapshot. Its due
 -- intents are picked as the cycle's claim picks (the claimable block of sql/postgres.sql, the
@@ -56,31 +58,19 @@ BEGIN
         INSERT INTO destination_buckets (destination, tokens, refilled_at)
         VALUES (d.id, coalesce(d.rate_burst, 0), claimed_at) ON CONFLICT (destination) DO NOTHING;
         SELECT * INTO bucket FROM destination_buckets AS k WHERE k.destination = d.id FOR UPDATE;
-        SELECT count(*) INTO v_due FROM (
-            SELECT 1 FROM intents AS due
-            WHERE due.destination = d.id AND due.status = 'pending' AND due.next_attempt_at <= claimed_at
-              AND (due.ordering_key IS NULL OR NOT EXISTS (
-                  SELECT 1 FROM destinations AS o, intents AS earlier
-                  WHERE o.id = due.destination AND o.ordering = 'key'
-                    AND earlier.destination = due.destination AND earlier.ordering_key = due.ordering_key
-                    AND earlier.seq < due.seq
-                    AND earlier.status IN ('pending', 'leased', 'held', 'unknown', 'dead', 'revoked')
-                    AND (earlier.status NOT IN ('dead', 'revoked') OR o.ordering_on_dead = 'block')))
-            LIMIT v_left) AS w;
-        CONTINUE WHEN v_due = 0;
-        SELECT count(*) INTO v_in_flight FROM intents AS i WHERE i.destination = d.id AND i.status = 'leased';
-        v_room := v_due;
+        v_room := v_left;  -- what max_in_flight leaves room for
         IF d.max_in_flight IS NOT NULL THEN
-            v_room := greatest(0, least(v_due, d.max_in_flight - v_in_flight));
+            SELECT count(*) INTO v_in_flight FROM (  -- (enough once it reaches the limit)
+                SELECT 1 FROM intents AS i WHERE i.destination = d.id AND i.status = 'leased'
+                LIMIT d.max_in_flight) AS l;
+            v_room := greatest(0, least(v_left, d.max_in_flight - v_in_flight));
         END IF;
-        v_allowed := v_room;
+        v_allowed := v_room;  -- and of that, what the tokens allow
         IF d.rate_per_second IS NOT NULL THEN
             v_tokens := least(d.rate_burst::double precision, bucket.tokens
                               + greatest(0, extract(epoch FROM claimed_at - bucket.refilled_at)) * d.rate_per_second);
             v_allowed := greatest(0, least(v_room, floor(v_tokens)::integer));
         END IF;
-        held_in_flight := v_due - v_room;
-        held_rate := v_room - v_allowed;
         IF v_allowed > 0 THEN
             WITH picked AS (
                 SELECT seq FROM intents AS due
@@ -107,15 +97,27 @@ BEGIN
             )
             SELECT coalesce(array_agg(took.intents), '{}') INTO flow_leased FROM took;
         END IF;
+        v_due := cardinality(flow_leased);
+        IF v_due = v_allowed AND v_allowed < v_left THEN  -- a limit took less than the claim could: count the rest
+            SELECT v_due + count(*) INTO v_due FROM (
+                SELECT 1 FROM intents AS due
+                WHERE due.destination = d.id AND due.status = 'pending' AND due.next_attempt_at <= claimed_at
+                LIMIT v_left - v_due) AS w;
+        END IF;
+        held_in_flight := greatest(0, v_due - v_room);
+        held_rate := greatest(0, least(v_due, v_room) - cardinality(flow_leased));
         IF d.rate_per_second IS NOT NULL THEN
             v_tokens := v_tokens - cardinality(flow_leased);
-            UPDATE destination_buckets SET tokens = v_tokens, refilled_at = greatest(refilled_at, claimed_at)
-            WHERE destination = d.id;
+            IF cardinality(flow_leased) > 0 THEN
+                UPDATE destination_buckets SET tokens = v_tokens, refilled_at = greatest(refilled_at, claimed_at)
+                WHERE destination = d.id;
+            END IF;
             IF held_rate > 0 THEN
                 flow_retry_at := extract(epoch FROM claimed_at) + (1 - v_tokens) / d.rate_per_second;
             END IF;
         END IF;
         v_left := v_left - cardinality(flow_leased);
+        CONTINUE WHEN v_due = 0;
         RETURN NEXT;
     END LOOP;
 END;
