@@ -78,6 +78,7 @@ class Outcomes:
                         extra=log_fields(intent, attempt, self.worker))
         if (until := pause_until(result, now, self.policy)) is not None:  # before the outcome, as above
             await self.store.pause_destination(destination.id, until)
+            self._forget_destination(destination.id)  # its leases not yet started are given back
             log.info("destination %s paused until %s: it answered %s with Retry-After", destination.id,
                      until.isoformat(), result.status_code, extra=log_fields(intent, attempt, self.worker))
         return await self.conclude(intent, destination, result, finished, finished_event(finished, self.worker),

@@ -113,3 +113,22 @@ async def test_a_429_with_retry_after_pauses_its_destination_and_another_keeps_f
         await running
     assert min(r.at for r in receiver.requests("/paused")[1:]) - answered >= 0.9
     assert held_total(box, "paused", "paused") > 0
+
+
+async def test_leases_taken_before_a_pause_are_given_back_unsent(box: Outbox, receiver: Receiver):
+    receiver.script("/paused", Reply(429, headers={"Retry-After": "1"}), Reply(200))
+    await register(box, "paused", f"{receiver.url}/paused")
+    ids = await enqueue(box, "paused", 4)
+    worker = Worker(box, concurrency=1)  # one send at a time, the four leased at once
+    running = asyncio.create_task(worker.run())
+    try:
+        await asyncio.to_thread(receiver.wait_for_requests_blocking, 1, "/paused")
+        answered = time.monotonic()
+        await delivered(box, ids, timeout=10)
+    finally:
+        worker.stop()
+        await running
+    later = receiver.requests("/paused")[1:]
+    assert len(later) == 4 and min(r.at for r in later) - answered >= 0.9  # none sent during the pause
+    made = sorted([len((await box.history(a, scope="acme")).attempts) for a in ids])
+    assert made == [1, 1, 1, 2]  # the ones given back made no attempt then; the 429'd one two
