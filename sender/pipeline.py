@@ -231,7 +231,8 @@ class Pipeline(abc.ABC):
             crash_point("after_claim")
             lease = self._held[intent.key] = Lease(intent, now + self.lease)
             self._waiting.append(lease)
-        self._count_held(applied.held)
+        if asked is not None:
+            self._count_held(applied.held)
         if asked is not None and len(applied.claimed) < asked.limit:
             await self._look_again(ticket, now, applied.held)
         return len(applied.claimed)

@@ -63,9 +63,9 @@ def _flow(conn: sqlite3.Connection, claim: Claim, flows: Sequence[sqlite3.Row]) 
             continue
         rate = None if d["rate_per_second"] is None else RateLimit(per_second=d["rate_per_second"],
                                                                      burst=d["rate_burst"])
-        tokens = None if rate is None else refilled(
-            float(rate.burst) if d["tokens"] is None else d["tokens"],
-            claim.now if d["refilled_at"] is None else READ.at(d["refilled_at"]), claim.now, rate)
+        last = claim.now if d["refilled_at"] is None else READ.at(d["refilled_at"])  # (a new bucket is full)
+        tokens = None if rate is None else refilled(float(rate.burst) if d["tokens"] is None else d["tokens"],
+                                                    last, claim.now, rate)
         in_flight = conn.execute(SQL["in_flight"], (d["id"],)).fetchone()[0] if d["max_in_flight"] else 0
         allowed = allowance(len(due), in_flight=in_flight, max_in_flight=d["max_in_flight"], tokens=tokens)
         picked += due[:allowed.allowed]
@@ -73,8 +73,7 @@ def _flow(conn: sqlite3.Connection, claim: Claim, flows: Sequence[sqlite3.Row]) 
             held.append(Held(d["id"], Limit.IN_FLIGHT, allowed.held_in_flight))
         if rate is not None and tokens is not None:
             tokens -= allowed.allowed
-            conn.execute(SQL["put_bucket"], (d["id"], tokens, to_us(max(claim.now, READ.at(d["refilled_at"])
-                                                                         if d["refilled_at"] else claim.now))))
+            conn.execute(SQL["put_bucket"], (d["id"], tokens, to_us(max(claim.now, last))))
             if allowed.held_rate:
                 held.append(Held(d["id"], Limit.RATE, allowed.held_rate,
                                  claim.now + timedelta(seconds=(1 - tokens) / rate.per_second)))
