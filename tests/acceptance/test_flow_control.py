@@ -48,7 +48,7 @@ SLOW = 0.2
 RETRY_AFTER = 3
 #: Longest a send follows its lease (its checks, then its start's cycle): how much later than the
 #: token was taken a request may reach the receiver.
-START_SLACK = 0.25
+START_SLACK = 0.5
 #: The events a delivered intent has when nothing but its one attempt happened to it.
 DELIVERY = ["enqueued", "leased", "attempt_started", "attempt_finished", "delivered"]
 
