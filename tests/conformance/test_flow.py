@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 
 from outbox import Event, Status
 from outbox.flow import Held, Limit, RateLimit
-from outbox.model import Settle
+from outbox.model import Ordering, Settle
 from outbox.store import Store
 from outbox.store.protocol import Applied, Claim
 
@@ -90,3 +90,12 @@ async def test_concurrent_claimers_together_never_exceed_a_destinations_limits(s
     batches = await asyncio.gather(*(claimed(store, T0, limit=9, owner=f"w{n}") for n in range(10)))
     leased = [i.destination for batch in batches for i in batch.claimed]
     assert (leased.count("capped"), leased.count("metered"), leased.count("billing")) == (4, 5, 30)
+
+
+async def test_a_limited_destination_still_delivers_each_ordering_key_one_at_a_time(store):
+    await store.put_destination(destination("ordered", ordering=Ordering.KEY, max_in_flight=10,
+                                            rate_limit=RateLimit(per_second=1, burst=10)))
+    await store.insert_intents([new("a1", dest="ordered", key="k1"), new("a2", dest="ordered", key="k1"),
+                                new("b1", dest="ordered", key="k2"), new("n1", dest="ordered")])
+    assert ids(await claimed(store)) == ["a1", "b1", "n1"]  # the key's rule holds beside the limits
+    assert ids(await claimed(store)) == []
