@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
+from .flow import RateLimit
 from .model import Intent, OnDead, OnUnknown, Ordering
 from .shapes import Subscriptions, destination_json
 from .topics import Subscription
@@ -47,6 +48,10 @@ class Destination:
     max_age_seconds: int | None = None
     #: The topics it receives events of (``outbox.topics``), for which scopes.
     subscriptions: tuple[Subscription, ...] = ()
+    rate_limit: RateLimit | None = None
+    max_in_flight: int | None = None
+    #: Until when a receiver asked for a pause (429/503 with Retry-After): no claim sends to it.
+    paused_until: datetime | None = None
 
     def public(self) -> dict[str, Any]:
         """The destination as the API and CLI show it (``shapes.Destination``)."""
@@ -115,11 +120,6 @@ class DestinationSpec(BaseModel):
                     "(scopes omitted: every scope that holds a grant for it)",
     )
 
-    def subscribed(self) -> tuple[Subscription, ...]:
-        """The subscriptions as the record keeps them."""
-        return tuple(Subscription(s.topic, None if s.scopes is None else tuple(dict.fromkeys(s.scopes)))
-                     for s in self.subscriptions)
-
     retry_schedule: list[RetryDelay] | None = Field(
         default=None, min_length=1, max_length=MAX_RETRY_SCHEDULE,
         description="seconds to wait before retry 1, 2, ... (exact, no jitter; a Retry-After may lengthen one); "
@@ -130,6 +130,19 @@ class DestinationSpec(BaseModel):
         description="an intent not delivered this long after it was enqueued is dead instead of attempted "
                     "again; judged from the current value, so a change applies to intents already queued",
     )
+    rate_limit: RateLimit | None = Field(
+        default=None,
+        description="sends per second, with a burst (a token bucket), across every worker; null: unlimited",
+    )
+    max_in_flight: StrictInt | None = Field(
+        default=None, ge=1, le=100_000,
+        description="intents leased at once (from the claim to the outcome), across every worker; null: unlimited",
+    )
+
+    def subscribed(self) -> tuple[Subscription, ...]:
+        """The subscriptions as the record keeps them."""
+        return tuple(Subscription(s.topic, None if s.scopes is None else tuple(dict.fromkeys(s.scopes)))
+                     for s in self.subscriptions)
 
     def settings(self) -> dict[str, Any]:
         """The channel's own settings: every field but the shared ones, as JSON values."""

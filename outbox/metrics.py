@@ -36,6 +36,10 @@ class Metrics:
         self.paused_destinations = Gauge("outbox_paused_destinations",
                                          "Destinations this process's sender has paused: they stopped answering.",
                                          registry=r)
+        self.sends_held = Counter(
+            "outbox_sends_held", "Due intents a claim of this process's sender held back by a destination's limit "
+            "(rate, in_flight) or pause, counted at each claim that passed them over.", ["destination", "limit"],
+            registry=r)
         self.events_published = Counter("outbox_events_published_total",
                                         "Events recorded by publishing (not counting repeats of one).", registry=r)
         self.intents_fanned_out = Counter("outbox_intents_fanned_out_total",

@@ -404,6 +404,9 @@ class Outbox(Publishing):
             retry_schedule=None if spec.retry_schedule is None else tuple(spec.retry_schedule),
             max_age_seconds=spec.max_age_seconds,
             subscriptions=spec.subscribed(),
+            rate_limit=spec.rate_limit,
+            max_in_flight=spec.max_in_flight,
+            paused_until=existing.paused_until if existing else None,
         )
         created = await self.store.put_destination(destination)
         return destination, created

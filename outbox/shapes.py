@@ -39,6 +39,7 @@ from receivers.wire import PROBLEM_TYPE_PREFIX
 
 from .clock import iso
 from .errors import InvalidInput
+from .flow import RateLimit
 from .ids import ACTION_ID, DESTINATION_ID, ORDERING_KEY, SCOPE, TOKEN_ID, TOKEN_LABEL, check
 from .model import SETTLED, OnDead, OnUnknown, Ordering, Outcome, Role, Status, Submission
 from .timestamps import Timestamp
@@ -389,6 +390,10 @@ class Destination(BaseModel):
     created_at: AwareDatetime
     updated_at: AwareDatetime
     subscriptions: list[Subscription] = Field(description="the topics whose events it receives")
+    rate_limit: RateLimit | None
+    max_in_flight: int | None
+    paused_until: AwareDatetime | None = Field(
+        description="until when a receiver's 429 or 503 with Retry-After paused sending to it (null: not paused)")
 
 
 class DestinationList(BaseModel):
@@ -606,7 +611,8 @@ def destination_json(destination: DestinationRecord) -> dict[str, Any]:
         requires_approval=d.requires_approval, allow_private_network=d.allow_private_network, disabled=d.disabled,
         reconcile=d.reconcile, ordering=d.ordering, ordering_on_dead=d.ordering_on_dead,
         retry_schedule=None if d.retry_schedule is None else list(d.retry_schedule), max_age_seconds=d.max_age_seconds,
-        created_at=d.created_at, updated_at=d.updated_at,
+        created_at=d.created_at, updated_at=d.updated_at, rate_limit=d.rate_limit, max_in_flight=d.max_in_flight,
+        paused_until=d.paused_until,
         subscriptions=[Subscription.model_construct(**s.json()) for s in d.subscriptions], **d.settings,
     ).model_dump(mode="json")
 

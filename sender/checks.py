@@ -102,6 +102,10 @@ class Checks:
             return self.outcomes.settle(intent, expired, [])
         if (paused := self.circuits.hold(destination, now)) is not None:
             return self.outcomes.release(intent, paused[1], paused[0])  # nothing sent, no attempt made
+        if destination.paused_until is not None and now < destination.paused_until:  # leased before the pause
+            return self.outcomes.release(intent, f"destination {intent.destination!r} is paused until "
+                                         f"{destination.paused_until.isoformat()}: its receiver asked to wait",
+                                         destination.paused_until)
         if destination.requires_approval and (refusal := approval_refusal(intent, now)):
             hold = Hold(intent.key, intent.fence, refusal, (Event(EventKind.HELD, now, self.worker, refusal),))
             return Entry(hold, intent, applied=functools.partial(

@@ -31,6 +31,19 @@ class Policy:
     retention_margin_seconds: float = 300.0
 
 
+#: The answers with which a receiver asks the whole destination to slow down, when they carry Retry-After.
+SLOW_DOWN = frozenset({429, 503})
+
+
+def pause_until(result: SendResult, now: datetime, policy: Policy) -> datetime | None:
+    """Until when a destination is paused for every worker: a receiver's 429 or 503 with
+    Retry-After, the wait it asked for capped at the backoff cap. Without Retry-After (and on
+    channels that have none: Kafka, email) only the intent backs off."""
+    if result.status_code not in SLOW_DOWN or result.retry_after is None:
+        return None
+    return now + timedelta(seconds=min(max(result.retry_after, 0.0), policy.backoff.cap_seconds))
+
+
 def decide(
     intent: Intent,
     destination: Destination,

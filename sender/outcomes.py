@@ -22,7 +22,7 @@ from outbox.model import SETTLED, Hold, Release, Settle, Start
 
 from .authority import Decision
 from .channel import Channel, SendResult
-from .decision import Fate, Policy, decide
+from .decision import Fate, Policy, decide, pause_until
 from .leases import Lease, log_fields
 
 log = logging.getLogger("outbox.sender")
@@ -78,6 +78,11 @@ class Outcomes:
             self._forget_destination(destination.id)
             log.warning("destination %s disabled: it answered 410 Gone", destination.id,
                         extra=log_fields(intent, attempt, self.worker))
+        if (until := pause_until(result, now, self.policy)) is not None:  # before the outcome, as above
+            await self.store.pause_destination(destination.id, until)
+            self._forget_destination(destination.id)  # its leases not yet started are given back
+            log.info("destination %s paused until %s: it answered %s with Retry-After", destination.id,
+                     until.isoformat(), result.status_code, extra=log_fields(intent, attempt, self.worker))
         return await self.conclude(intent, destination, result, finished, finished_event(finished, self.worker),
                                    intent.fence)
 

@@ -21,9 +21,11 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from outbox import Attempt, Destination, Outbox, StoreUnavailable
 from outbox.crash import crash_point
+from outbox.flow import Held, Limit
 from outbox.model import Change, Settle, Start
 from outbox.store.protocol import Claim
 
@@ -90,6 +92,8 @@ class Pipeline(abc.ABC):
         self._claim_at = 0.0
         self._ticket = outbox.enqueued.ticket()
         self._failures = 0  # cycles in a row whose apply failed
+        self._held_counts: dict[tuple[str, Limit], Any] = {}  # the held sends counter's children
+        self._full: set[str] = set()  # destinations the last claim held back at max_in_flight
         self._retry_at = 0.0
         #: Why and since when the store has been failing this worker, or None while it answers.
         self.trouble: tuple[str, datetime] | None = None
@@ -227,22 +231,37 @@ class Pipeline(abc.ABC):
             crash_point("after_claim")
             lease = self._held[intent.key] = Lease(intent, now + self.lease)
             self._waiting.append(lease)
+        if asked is not None:
+            self._count_held(applied.held)
         if asked is not None and len(applied.claimed) < asked.limit:
-            await self._look_again(ticket)
+            await self._look_again(ticket, now, applied.held)
         return len(applied.claimed)
 
-    async def _look_again(self, ticket: asyncio.Event) -> None:
-        """A claim found all that was due: claim next on an enqueue (since ``ticket``), when the
-        next intent falls due, or after poll_seconds."""
+    def _count_held(self, held: list[Held]) -> None:
+        """Count what the claim held back, and note the destinations held at max_in_flight: an
+        outcome of one of theirs frees a place, so the next claim need not wait for the poll."""
+        for h in held:
+            child = self._held_counts.get((h.destination, h.limit))
+            if child is None:  # a child looked up once per destination and limit
+                child = self._held_counts[(h.destination, h.limit)] = self.outbox.metrics.sends_held.labels(
+                    h.destination, h.limit.value)
+            child.inc(h.count)
+        self._full = {h.destination for h in held if h.limit is Limit.IN_FLIGHT}
+
+    async def _look_again(self, ticket: asyncio.Event, now: datetime, held: list[Held]) -> None:
+        """A claim found all that was due, or held back the rest: claim next on an enqueue (since
+        ``ticket``), when the next intent falls due or a limit lets a held one go, or after
+        poll_seconds."""
         self._claimable, self._ticket = False, ticket
         wait = self.outbox.settings.poll_seconds
         try:
-            due = await self.store.next_due_at()
+            due = await self.store.next_due_at(now if held else None)
         except Exception as exc:  # the poll bounds the wait all the same
             log.warning("could not read when the next intent falls due (%s)", exc)
             due = None
-        if due is not None:
-            wait = min(wait, max(0.0, (due - self.clock.now()).total_seconds()))
+        for at in [due, *(h.retry_at for h in held)]:
+            if at is not None:
+                wait = min(wait, max(0.0, (at - self.clock.now()).total_seconds()))
         self._claim_at = time.monotonic() + wait
 
     def _answered(self) -> None:
@@ -291,6 +310,8 @@ class Pipeline(abc.ABC):
     def _flushed(self, entry: Entry, result: object) -> None:
         if entry.lease is not None:
             self._let_go(entry.lease)
+        if entry.intent.destination in self._full:  # a place came free there
+            self._claimable = True
         if result is None:
             follow_up(entry, self.outbox)
             return

@@ -56,7 +56,7 @@ def _subscription(text: str) -> dict[str, Any]:
 
 
 #: Shared settings without an option of their own: given as --set NAME=VALUE, as a channel's are.
-SET_ONLY = frozenset({"ordering", "ordering_on_dead"})
+SET_ONLY = frozenset({"ordering", "ordering_on_dead", "rate_limit", "max_in_flight"})
 
 
 @destinations.command("put")
@@ -64,7 +64,8 @@ SET_ONLY = frozenset({"ordering", "ordering_on_dead"})
 @click.option("--channel", default=channels.DEFAULT, show_default=True, help="The channel that delivers to it.")
 @click.option("--url", help="A webhook's URL (the same as --set url=URL).")
 @click.option("--set", "settings", multiple=True, metavar="NAME=VALUE",
-              help="One of the channel's own settings, or ordering=key|none and ordering_on_dead=block|skip; "
+              help="One of the channel's own settings, or ordering=key|none, ordering_on_dead=block|skip, "
+                   "rate_limit='{\"per_second\": 5, \"burst\": 10}' and max_in_flight=N; "
                    "a JSON value (587, true) or else text. Repeat for several.")
 @click.option("--secret", help="The channel's secret, e.g. a webhook's whsec_ signing secret [default: keep the "
                                "current one, or generate and print one if the channel makes its own].")

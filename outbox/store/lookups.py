@@ -54,8 +54,8 @@ class Lookups(ABC):
     async def waiting_behind(self, key: str) -> Intent | None:
         return await self._one("waiting_behind", (key,), self.read.intent)
 
-    async def next_due_at(self) -> datetime | None:
-        found: datetime | None = self.read.at(await self._value("next_due_at", ()))
+    async def next_due_at(self, now: datetime | None = None) -> datetime | None:
+        found: datetime | None = self.read.at(await self._value("next_due_at", (now,)))
         return found
 
     async def oldest_due_at(self, now: datetime) -> datetime | None:

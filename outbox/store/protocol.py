@@ -24,6 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 from ..destinations import Destination
 from ..errors import OutboxError
 from ..events import EventPage, EventQuery, NewEvent, Published, StoredEvent
+from ..flow import Held
 from ..grants import Grant, GrantSpec
 from ..keyring import Keyring
 from ..model import Attempt, Change, Enqueued, Event, Intent, NewIntent, Status
@@ -172,10 +173,12 @@ class Claim:
 class Applied:
     """What ``Store.apply`` did: one result per change, in order (None for a worker's change
     applied, the intent as it became for an operator's, or the error that refused it: NotFound,
-    StaleWrite, IllegalTransition), and the intents claimed after the changes, oldest due first."""
+    StaleWrite, IllegalTransition), the intents claimed after the changes, oldest due first, and
+    the due intents the claim held back by a destination's limit or pause (``outbox.flow``)."""
 
     results: list[Intent | OutboxError | None]
     claimed: list[Intent] = field(default_factory=list)
+    held: list[Held] = field(default_factory=list)
 
 
 class Transaction(Protocol):
@@ -316,7 +319,10 @@ class Store(Protocol):
         fence and appending a ``leased`` event. Concurrent claimers never get the same intent. An
         intent of a destination with ordering 'key' is left while an earlier intent (smaller seq)
         of its destination and key is pending, leased, held or unknown, or dead or revoked when the
-        destination's ordering_on_dead is 'block'."""
+        destination's ordering_on_dead is 'block'. A destination's limits (``outbox.flow``) hold,
+        for every claimer of the database together: no more than ``max_in_flight`` of its intents
+        leased at once, no more leased than its ``rate_limit``'s bucket has tokens, none while it
+        is paused; what they hold back stays pending, with no attempt and no event."""
         ...
 
     async def waiting_behind(self, key: str) -> Intent | None:
@@ -337,9 +343,11 @@ class Store(Protocol):
         """When the intent's first attempt that may have reached the receiver started."""
         ...
 
-    async def next_due_at(self) -> datetime | None:
+    async def next_due_at(self, now: datetime | None = None) -> datetime | None:
         """When the soonest pending intent falls due, or None; an intent waiting behind an
-        earlier one of its key (see ``claim``) is not counted, as it is not claimed when due."""
+        earlier one of its key (see ``claim``) is not counted, as it is not claimed when due,
+        nor (given ``now``) one due by ``now`` of a destination with a limit or a pause, which a
+        claim at ``now`` held back."""
         ...
 
     async def prune(self, before: datetime, *, dry_run: bool, limit: int | None) -> list[str]:
@@ -373,6 +381,11 @@ class Store(Protocol):
 
     async def disable_destination(self, destination_id: str, at: datetime) -> None:
         """Mark a destination disabled (it answered 410 Gone)."""
+        ...
+
+    async def pause_destination(self, destination_id: str, until: datetime) -> None:
+        """Claim none of a destination's intents until ``until`` (its receiver asked, 429 or 503
+        with Retry-After), unless it is paused longer already."""
         ...
 
     async def put_grant(self, grant_id: str, spec: GrantSpec, at: datetime) -> tuple[Grant, bool]:

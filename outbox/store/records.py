@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from ..clock import iso
 from ..destinations import Destination
 from ..events import NewEvent, StoredEvent
+from ..flow import RateLimit
 from ..grants import Grant, GrantSpec
 from ..keyring import Keyring, required
 from ..model import Attempt, Event, Intent, NewIntent, OnDead, OnUnknown, Ordering, Outcome, Role, Status, Submission
@@ -150,6 +151,10 @@ def destination(row: Row, time: Time, keyring: Keyring | None) -> Destination:
         retry_schedule=None if row["retry_schedule"] is None else tuple(json.loads(row["retry_schedule"])),
         max_age_seconds=row["max_age_seconds"],
         subscriptions=subscriptions_from(row["subscriptions"]),
+        rate_limit=None if row["rate_per_second"] is None else RateLimit(per_second=row["rate_per_second"],
+                                                                         burst=row["rate_burst"]),
+        max_in_flight=row["max_in_flight"],
+        paused_until=at("paused_until"),
     )
 
 
@@ -244,7 +249,9 @@ def destination_values(d: Destination, sealed: str) -> tuple[Any, ...]:
             d.on_unknown.value, d.timeout_seconds, d.requires_approval, d.allow_private_network, d.disabled,
             d.created_at, d.updated_at, d.reconcile, d.ordering.value, d.ordering_on_dead.value,
             None if d.retry_schedule is None else json.dumps(list(d.retry_schedule)), d.max_age_seconds,
-            json.dumps([sub.json() for sub in d.subscriptions]))
+            json.dumps([sub.json() for sub in d.subscriptions]),
+            d.rate_limit and float(d.rate_limit.per_second), d.rate_limit and d.rate_limit.burst, d.max_in_flight)
+
 
 
 def new_event_values(new: NewEvent) -> tuple[Any, ...]:

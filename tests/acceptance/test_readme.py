@@ -338,6 +338,13 @@ def test_the_http_walkthrough_delivers_to_the_fastapi_receiver_it_starts(tmp_pat
     assert (receiving / "idempotency.db").exists()
 
 
+def test_the_flow_control_example_sets_the_limits_it_shows(tmp_path: Path):
+    shown = dict(line.split(None, 1) for line in bash(shell_block_after("### Flow control"), tmp_path).splitlines()
+                 if re.match(r"(rate_limit|max_in_flight|paused_until) ", line))
+    assert json.loads(shown["rate_limit"]) == {"per_second": 5, "burst": 10}
+    assert shown["max_in_flight"] == "4" and shown["paused_until"] == "-"
+
+
 def test_the_runbooks_page_is_a_page_in_the_alert_rules():
     import yaml
 

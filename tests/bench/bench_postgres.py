@@ -407,13 +407,15 @@ def outbox_settings(concurrency: int) -> Any:
     return Settings(authority="allow-all", worker_concurrency=concurrency, secrets_key_file=harness.key_file())
 
 
-async def open_outbox(dsn: str, hook: str, concurrency: int) -> Any:
-    """The outbox at ``dsn`` (migrated), with the benchmark's destination pointing at ``hook``."""
+async def open_outbox(dsn: str, hook: str, concurrency: int, **limits: Any) -> Any:
+    """The outbox at ``dsn`` (migrated), with the benchmark's destination pointing at ``hook``
+    (with ``limits``: its flow control, bench_limits.py)."""
     from outbox import DestinationSpec, Outbox
 
     box = await Outbox.open(dsn, settings=outbox_settings(concurrency))
     try:
-        await box.put_destination(DESTINATION, DestinationSpec(url=hook, secret=SECRET, allow_private_network=True))
+        await box.put_destination(DESTINATION, DestinationSpec(url=hook, secret=SECRET, allow_private_network=True,
+                                                               **limits))
     except BaseException:
         await box.close()
         raise
@@ -421,10 +423,11 @@ async def open_outbox(dsn: str, hook: str, concurrency: int) -> Any:
 
 
 async def outbox_drain(admin_dsn: str, receiver: Receiver, n: int, concurrency: int, processes: int,
-                       workdir: Path, path: str) -> Drain:
-    """N intents enqueued (untimed), drained by ``processes`` ``outbox worker`` processes."""
+                       workdir: Path, path: str, **limits: Any) -> Drain:
+    """N intents enqueued (untimed), drained by ``processes`` ``outbox worker`` processes (to a
+    destination with ``limits``)."""
     async with fresh_database(admin_dsn) as dsn:
-        box = await open_outbox(dsn, receiver.base + path, concurrency)
+        box = await open_outbox(dsn, receiver.base + path, concurrency, **limits)
         try:
             await fill(box, 0, n)
         finally:

@@ -64,7 +64,7 @@ T0 = datetime(2030, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
 EXERCISED: dict[str, set[str]] = {}
 RAN: dict[str, set[str]] = {}
 #: The suite's other modules (run before this one), whose tests count towards its coverage.
-SUITE = ("test_events", "test_moves")
+SUITE = ("test_events", "test_flow", "test_moves")
 
 
 @pytest.fixture(params=STORE_FACTORIES, ids=lambda factory: factory.__name__)

@@ -22,6 +22,7 @@ TOPICS = {
     "paused destinations": "outbox_paused_destinations",
     "lease expiries": "outbox_lease_expiries_total",
     "authority denials": "outbox_authority_denials_total",
+    "sends held back by a destination's limits": "outbox_sends_held_total",
 }
 
 

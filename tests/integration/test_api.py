@@ -188,6 +188,24 @@ async def test_a_destinations_retry_schedule_and_max_age_are_set_shown_and_check
         assert (await c.get("/v1/destinations/crm")).json() == shown  # a refused change left it as it was
 
 
+async def test_a_destinations_limits_are_set_shown_and_refused_whole(api: Api):
+    async with api.client(api.admin) as c:
+        limits = {"rate_limit": {"per_second": 5, "burst": 10}, "max_in_flight": 4}
+        created = await c.put("/v1/destinations/metered", json={"url": "https://m.example/", "secret": SECRET,
+                                                                 **limits})
+        assert created.status_code == 201
+        assert {k: created.json()[k] for k in (*limits, "paused_until")} == {**limits, "paused_until": None}
+        for bad, words in (({"rate_limit": {"per_second": 0}}, "rate_limit.per_second"),
+                           ({"rate_limit": {"per_second": 5, "every": 2}}, "rate_limit.every"),
+                           ({"rate_limit": 5}, "rate_limit"), ({"max_in_flight": 0}, "max_in_flight")):
+            assert_problem(await c.put("/v1/destinations/metered", json={"url": "https://m.example/", **bad}),
+                           422, "invalid-input", words)
+        shown = (await c.get("/v1/destinations/metered")).json()  # unchanged by the refusals
+        assert {k: shown[k] for k in limits} == limits
+        cleared = await c.put("/v1/destinations/metered", json={"url": "https://m.example/"})
+        assert (cleared.json()["rate_limit"], cleared.json()["max_in_flight"]) == (None, None)  # unlimited again
+
+
 @pytest.mark.parametrize(("spec", "words"), [
     ({"url": "http://１２７.０.０.１:8080/hook"},
      "url: Value error, host '１２７.０.０.１' is read as the address '127.0.0.1'"),

@@ -101,8 +101,8 @@ async def test_an_enqueue_during_a_cycle_is_not_missed(open_env, receiver: Recei
     next_due_at = env.box.store.next_due_at
     enqueued = asyncio.Event()
 
-    async def enqueue_meanwhile():
-        due = await next_due_at()  # the cycle found nothing due, and is about to sleep ...
+    async def enqueue_meanwhile(*args):
+        due = await next_due_at(*args)  # the cycle found nothing due, and is about to sleep ...
         if not enqueued.is_set():
             await env.enqueue("late")  # ... when this comes
             enqueued.set()

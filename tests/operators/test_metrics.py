@@ -365,7 +365,12 @@ def _rules() -> list[dict]:
 
 async def test_alert_rules_are_complete_and_use_only_exposed_metrics(scene: Scene):
     await _scenario(scene)  # so every labelled series has been seen
+    # and a send held back: a paused destination's intent, passed over by a claim
+    await scene.box.store.pause_destination("hook", scene.clock.now() + timedelta(hours=1))
+    await scene.box.enqueue(action_id="held-1", destination="hook", scope="acme", payload={"id": "held-1"})
+    assert await scene.worker.run_once() == 0
     exposed = await scrape(scene.client)
+    assert exposed("outbox_sends_held_total", destination="hook", limit="paused") == 2  # with lost-1, overdue
     document = yaml.safe_load(ALERTS.read_text())
     assert isinstance(document["groups"], list) and document["groups"]
     names = []
@@ -390,7 +395,12 @@ def test_alert_rules_pass_promtool():
 
 async def test_dashboard_queries_use_only_exposed_metrics(scene: Scene):
     await _scenario(scene)  # so every labelled series has been seen
+    # and a send held back: a paused destination's intent, passed over by a claim
+    await scene.box.store.pause_destination("hook", scene.clock.now() + timedelta(hours=1))
+    await scene.box.enqueue(action_id="held-1", destination="hook", scope="acme", payload={"id": "held-1"})
+    assert await scene.worker.run_once() == 0
     exposed = await scrape(scene.client)
+    assert exposed("outbox_sends_held_total", destination="hook", limit="paused") == 2  # with lost-1, overdue
     queries = dashboard_queries()
     assert queries, "the dashboard has no queries"
     for where, expr in queries:

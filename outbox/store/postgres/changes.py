@@ -3,13 +3,16 @@ the settles and starts with the claim in one (``cycle``), round by round."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
 
 from ... import crash
 from ...errors import OutboxError, StaleWrite
+from ...flow import Held, Limit
 from ...model import Attempt, Cancel, Change, Intent, OperatorChange, Replay, Settle, Start, Status
 from .. import moves
 from ..protocol import Applied, Claim
@@ -97,6 +100,7 @@ async def apply_rounds(conn: asyncpg.Connection, changes: Sequence[Change],
     refusal."""
     results: list[Intent | OutboxError | None] = [None] * len(changes)
     claimed: list[Intent] = []
+    held: list[Held] = []
     rounds = list(rounds) or [{}]
     for r, round_ in enumerate(rounds):
         applied: dict[int, Any] = {}  # a change's place: its row (True: applied, no row)
@@ -113,6 +117,7 @@ async def apply_rounds(conn: asyncpg.Connection, changes: Sequence[Change],
             for n in (rows[0]["settled_places"] or []) + (rows[0]["started_places"] or []):
                 applied[cycled[n - 1]] = True
             claimed = [READ.intent(row) for row in rows if row["seq"] is not None]
+            held = held_back(rows[0]["held"])
         refused = [i for places in round_.values() for i in places if i not in applied]
         for i, row in applied.items():
             if isinstance(changes[i], OperatorChange):
@@ -122,7 +127,18 @@ async def apply_rounds(conn: asyncpg.Connection, changes: Sequence[Change],
                 SQL["intents_by_keys"], [changes[i].key for i in refused])}
             for i in refused:
                 results[i] = _refusal(changes[i], found.get(changes[i].key))
-    return Applied(results, claimed)
+    return Applied(results, claimed, held)
+
+
+def held_back(found: str | None) -> list[Held]:
+    """The cycle's ``held`` column (JSON rows: destination, held paused, in_flight and rate, and
+    when to look again, as epoch seconds) as what the claim held back, by limit."""
+    held: list[Held] = []
+    for destination, *counts, retry_at in json.loads(found or "[]"):
+        at = None if retry_at is None else datetime.fromtimestamp(retry_at, UTC)
+        held += [Held(destination, limit, n, at if limit is not Limit.IN_FLIGHT else None)
+                 for limit, n in zip((Limit.PAUSED, Limit.IN_FLIGHT, Limit.RATE), counts, strict=True) if n]
+    return held
 
 
 def statements(rounds: Sequence[Mapping[str, Sequence[int]]], claim: Claim | None) -> int:

@@ -8,8 +8,9 @@ from ..plumbing import queries
 
 SQL = queries.load("postgres")
 #: The statements that pick due intents share one rule for ordered keys (``claimable``).
-SQL = {**SQL, **{name: SQL[name].format(claimable=SQL["claimable"], logged=SQL["logged"])
-                  for name in ("cycle", "next_due_at")}}
+SQL = {**SQL, **{name: SQL[name].format(claimable=SQL["claimable"], logged=SQL["logged"],
+                                        limited=SQL["limited"].format(at=at))
+                  for name, at in (("cycle", "$36"), ("next_due_at", "$1"))}}
 #: The moves a worker's cycle applies in one statement (``cycle``), beside its claim.
 CYCLE = ("settle", "start")
 #: Each other move's block appends its events the same way (``logged``).

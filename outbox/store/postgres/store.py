@@ -281,7 +281,8 @@ class PostgresStore(PostgresEvents, Lookups):
                     results.append(InvalidInput(f"the change to intent {change.key!r} cannot be written: {exc}"))
             if crash_armed:
                 crash.crash_point("mid_group_commit")
-            return Applied(results, (await apply_rounds(conn, [], [], claim)).claimed)
+            claimed = await apply_rounds(conn, [], [], claim)
+            return Applied(results, claimed.claimed, claimed.held)
 
         return await self._run(each, transaction={})
 
@@ -341,6 +342,9 @@ class PostgresStore(PostgresEvents, Lookups):
 
     async def disable_destination(self, destination_id: str, at: datetime) -> None:
         await self._connections.execute("disable_destination", at, destination_id)
+
+    async def pause_destination(self, destination_id: str, until: datetime) -> None:
+        await self._connections.execute("pause_destination", destination_id, until)
 
     # -- grants ----------------------------------------------------------------------------
 

@@ -146,9 +146,22 @@ SELECT intents.*,
 FROM intents
 WHERE status = 'leased' AND lease_expires_at <= $1 ORDER BY lease_expires_at LIMIT $2;
 
+-- name: limited
+-- A destination (as "destinations") with a limit or a pause at a time: its intents are claimed by
+-- outbox_claim_limited. Filled into the statements that claim or look for due intents, with the time.
+(max_in_flight IS NOT NULL OR rate_per_second IS NOT NULL OR paused_until > {at})
+
 -- name: next_due_at
--- When the soonest pending intent not waiting behind another of its key falls due.
-SELECT next_attempt_at FROM intents AS due WHERE status = 'pending' AND {claimable} ORDER BY next_attempt_at LIMIT 1;
+-- When the soonest pending intent not waiting behind another of its key falls due; with a time $1, leaving out
+-- those of limited or paused destinations due by then (a claim at $1 held them back, and says when to look again).
+SELECT next_attempt_at FROM intents AS due WHERE status = 'pending' AND {claimable}
+  AND ($1::timestamptz IS NULL OR next_attempt_at > $1
+       OR due.destination <> ALL (ARRAY(SELECT id FROM destinations WHERE {limited})))
+ORDER BY next_attempt_at LIMIT 1;
+
+-- name: pause_destination
+-- Send nothing to a destination until $2 (a receiver's Retry-After), unless it is paused longer already.
+UPDATE destinations SET paused_until = greatest(paused_until, $2) WHERE id = $1;
 
 -- name: prunable
 -- Finished intents (delivered, cancelled) last changed before a time, oldest first, up to $2 (null: all).
@@ -207,6 +220,10 @@ logged AS (
 --   appended with the fence it was leased at. Rows another claimer has locked are skipped, never waited for. An
 --   intent of an ordered destination waits while an earlier one of its key is in the way (one seek of
 --   intents_ordering); the earlier one a concurrent claimer has just locked is still pending in this snapshot.
+--   Intents of destinations with a limit or a pause (limited) are left to outbox_claim_limited (migration 0013),
+--   called only when there are such destinations: it leases what their limits allow, under a lock of each one's
+--   bucket row, and says what it held back ("held": destination, paused, in_flight, rate, retry at as epoch
+--   seconds); the rest of $39 goes to the others, whose claim touches no further row and takes no further lock.
 -- All parts see one snapshot, so the claim never picks what this statement's settles make due: a later cycle does.
 -- The parts touch disjoint rows (settled and started intents are leased, claimed ones pending). One row comes back
 -- at least: the places settled and started (null: none) beside each claimed intent's columns (all null: none).
@@ -254,11 +271,16 @@ WITH settling AS (
     ON CONFLICT (attempt_id) DO NOTHING
 ), changed AS (
     SELECT seq, n FROM settled UNION ALL SELECT seq, n FROM started
-), {logged}, due AS (
+), {logged}, limited AS MATERIALIZED (
+    SELECT id FROM destinations WHERE $39 > 0 AND {limited}
+), flow AS MATERIALIZED (
+    SELECT * FROM outbox_claim_limited($37, $36, $38, $39) WHERE EXISTS (SELECT 1 FROM limited)
+), due AS (
     SELECT seq FROM intents AS due
     WHERE status = 'pending' AND next_attempt_at <= $36
+      AND due.destination <> ALL (ARRAY(SELECT id FROM limited))
       AND {claimable}
-    ORDER BY next_attempt_at LIMIT $39
+    ORDER BY next_attempt_at LIMIT $39 - (SELECT coalesce(sum(cardinality(flow_leased)), 0) FROM flow)
     FOR UPDATE OF due SKIP LOCKED
 ), leased AS (
     UPDATE intents SET status = 'leased', lease_owner = $37, lease_expires_at = $38, fence = intents.fence + 1,
@@ -270,9 +292,12 @@ WITH settling AS (
     SELECT seq, 'leased', $36, $37, NULL, jsonb_build_object('fence', fence) FROM leased ORDER BY seq
 )
 SELECT (SELECT array_agg(n) FROM settled) AS settled_places, (SELECT array_agg(n) FROM started) AS started_places,
-       (SELECT pg_notify('outbox_due', '') FROM settled WHERE status = 'pending' LIMIT 1) AS notified, leased.*
-FROM (VALUES (true)) AS one LEFT JOIN leased ON true
-ORDER BY leased.next_attempt_at;
+       (SELECT pg_notify('outbox_due', '') FROM settled WHERE status = 'pending' LIMIT 1) AS notified,
+       (SELECT json_agg(json_build_array(flow_destination, held_paused, held_in_flight, held_rate, flow_retry_at))
+        FROM flow WHERE held_paused + held_in_flight + held_rate > 0) AS held, claimed.*
+FROM (VALUES (true)) AS one
+LEFT JOIN (SELECT * FROM leased UNION ALL SELECT took.* FROM flow, unnest(flow_leased) AS took) AS claimed ON true
+ORDER BY claimed.next_attempt_at;
 
 -- name: release
 -- Move release for a batch (arrays from $7: key, fence, next_attempt_at, updated_at): each intent still leased at its
@@ -445,8 +470,9 @@ WITH existing AS (SELECT id FROM destinations WHERE id = $1)
 INSERT INTO destinations (id, channel, settings, secrets, idempotent, retention_seconds, on_unknown,
                           timeout_seconds, requires_approval, allow_private_network, disabled,
                           created_at, updated_at, reconcile, ordering, ordering_on_dead,
-                          retry_schedule, max_age_seconds, subscriptions)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)
+                          retry_schedule, max_age_seconds, subscriptions, rate_per_second,
+                          rate_burst, max_in_flight)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)
 ON CONFLICT (id) DO UPDATE SET
     channel = excluded.channel, settings = excluded.settings, secrets = excluded.secrets,
     idempotent = excluded.idempotent, retention_seconds = excluded.retention_seconds,
@@ -455,7 +481,9 @@ ON CONFLICT (id) DO UPDATE SET
     allow_private_network = excluded.allow_private_network, disabled = excluded.disabled,
     updated_at = excluded.updated_at, reconcile = excluded.reconcile, ordering = excluded.ordering,
     ordering_on_dead = excluded.ordering_on_dead, retry_schedule = excluded.retry_schedule,
-    max_age_seconds = excluded.max_age_seconds, subscriptions = excluded.subscriptions
+    max_age_seconds = excluded.max_age_seconds, subscriptions = excluded.subscriptions,
+    rate_per_second = excluded.rate_per_second, rate_burst = excluded.rate_burst,
+    max_in_flight = excluded.max_in_flight
 RETURNING NOT EXISTS (SELECT 1 FROM existing) AS created;
 
 -- name: sealing_key

@@ -94,6 +94,43 @@ SELECT json_group_array(seq) FROM (
       AND {claimable}
     ORDER BY next_attempt_at LIMIT ?);
 
+-- name: limited
+-- A destination (as "destinations") with a limit or a pause at the time ?1: its intents are claimed by flow.
+-- Filled into the statements that claim or look for due intents.
+(max_in_flight IS NOT NULL OR rate_per_second IS NOT NULL OR paused_until > ?1)
+
+-- name: flow_destinations
+-- The destinations with a limit or a pause at ?1, by id, each with its bucket (tokens, refilled_at; null: none yet).
+SELECT d.id, d.rate_per_second, d.rate_burst, d.max_in_flight, d.paused_until, b.tokens, b.refilled_at
+FROM destinations AS d LEFT JOIN destination_buckets AS b ON b.destination = d.id
+WHERE {limited} ORDER BY d.id;
+
+-- name: flow_due_seqs
+-- The oldest due intents (at ?1) of one destination ?2, up to ?3, as one JSON array of seqs, as due_seqs picks them.
+SELECT json_group_array(seq) FROM (
+    SELECT seq FROM intents AS due INDEXED BY intents_due
+    WHERE status = 'pending' AND next_attempt_at <= ?1 AND due.destination = ?2
+      AND {claimable}
+    ORDER BY next_attempt_at LIMIT ?3);
+
+-- name: unlimited_due_seqs
+-- due_seqs (at ?1, up to ?2) of the destinations without a limit or a pause at ?1.
+SELECT json_group_array(seq) FROM (
+    SELECT seq FROM intents AS due INDEXED BY intents_due
+    WHERE status = 'pending' AND next_attempt_at <= ?1
+      AND due.destination NOT IN (SELECT id FROM destinations WHERE {limited})
+      AND {claimable}
+    ORDER BY next_attempt_at LIMIT ?2);
+
+-- name: in_flight
+-- How many of a destination's intents are leased.
+SELECT count(*) FROM intents INDEXED BY intents_lease WHERE status = 'leased' AND destination = ?;
+
+-- name: put_bucket
+-- A destination's token bucket as a claim left it.
+INSERT INTO destination_buckets (destination, tokens, refilled_at) VALUES (?, ?, ?)
+ON CONFLICT (destination) DO UPDATE SET tokens = excluded.tokens, refilled_at = excluded.refilled_at;
+
 -- name: waiting_behind
 -- The earliest intent in the way of a pending intent (its key) of an ordered destination, as due_seqs judges it.
 SELECT earlier.* FROM intents AS due
@@ -145,9 +182,16 @@ SELECT * FROM attempts WHERE intent_seq = ? AND fence = ? AND finished_at IS NUL
 ORDER BY number DESC LIMIT 1;
 
 -- name: next_due_at
--- When the soonest pending intent not waiting behind another of its key falls due.
+-- When the soonest pending intent not waiting behind another of its key falls due; with a time ?1, leaving out
+-- those of limited or paused destinations due by then (a claim at ?1 held them back, and says when to look again).
 SELECT next_attempt_at FROM intents AS due INDEXED BY intents_due
-WHERE status = 'pending' AND {claimable} ORDER BY next_attempt_at LIMIT 1;
+WHERE status = 'pending' AND {claimable}
+  AND (?1 IS NULL OR next_attempt_at > ?1 OR due.destination NOT IN (SELECT id FROM destinations WHERE {limited}))
+ORDER BY next_attempt_at LIMIT 1;
+
+-- name: pause_destination
+-- Send nothing to a destination until ?2 (a receiver's Retry-After), unless it is paused longer already.
+UPDATE destinations SET paused_until = max(coalesce(paused_until, ?2), ?2) WHERE id = ?1;
 
 -- name: prunable
 -- Finished intents (delivered, cancelled) last changed before a time, oldest first.
@@ -326,8 +370,9 @@ SELECT * FROM intents WHERE seq = ?;
 INSERT INTO destinations (id, channel, settings, secrets, idempotent, retention_seconds, on_unknown,
                           timeout_seconds, requires_approval, allow_private_network, disabled,
                           created_at, updated_at, reconcile, ordering, ordering_on_dead,
-                          retry_schedule, max_age_seconds, subscriptions)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                          retry_schedule, max_age_seconds, subscriptions, rate_per_second,
+                          rate_burst, max_in_flight)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (id) DO UPDATE SET
     channel = excluded.channel, settings = excluded.settings, secrets = excluded.secrets,
     idempotent = excluded.idempotent, retention_seconds = excluded.retention_seconds,
@@ -336,7 +381,9 @@ ON CONFLICT (id) DO UPDATE SET
     allow_private_network = excluded.allow_private_network, disabled = excluded.disabled,
     updated_at = excluded.updated_at, reconcile = excluded.reconcile, ordering = excluded.ordering,
     ordering_on_dead = excluded.ordering_on_dead, retry_schedule = excluded.retry_schedule,
-    max_age_seconds = excluded.max_age_seconds, subscriptions = excluded.subscriptions
+    max_age_seconds = excluded.max_age_seconds, subscriptions = excluded.subscriptions,
+    rate_per_second = excluded.rate_per_second, rate_burst = excluded.rate_burst,
+    max_in_flight = excluded.max_in_flight
 RETURNING *;
 
 -- name: sealing_key

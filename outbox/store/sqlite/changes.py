@@ -8,11 +8,12 @@ import json
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from ...crash import crash_point
 from ...errors import OutboxError
+from ...flow import Held, Limit, RateLimit, allowance, refilled
 from ...model import Change, Intent, Start
 from .. import moves
 from ..plumbing import SetJob, to_us
@@ -20,17 +21,63 @@ from ..protocol import Applied, Claim
 from .sql import READ, SQL, attempt_row, event_row, stored_row
 
 
-def make_claim(conn: sqlite3.Connection, claim: Claim) -> list[Intent]:
+def make_claim(conn: sqlite3.Connection, claim: Claim) -> tuple[list[Intent], list[Held]]:
     """Lease up to ``claim.limit`` due intents to its owner (``Store.claim``), inside the write
-    transaction: four statements, however many."""
+    transaction: five statements, however many, while no destination has a limit or a pause
+    (``_flow`` then picks theirs); returns them and what the limits held back."""
     at = to_us(claim.now)
-    seqs = conn.execute(SQL["due_seqs"], (at, claim.limit)).fetchone()[0]
+    flows = conn.execute(SQL["flow_destinations"], (at,)).fetchall()
+    if not flows:
+        seqs = conn.execute(SQL["due_seqs"], (at, claim.limit)).fetchone()[0]
+        held: list[Held] = []
+    else:
+        picked, held = _flow(conn, claim, flows)
+        rest = json.loads(conn.execute(SQL["unlimited_due_seqs"], (at, claim.limit - len(picked))).fetchone()[0])
+        seqs = json.dumps(picked + rest)
     if seqs == "[]":
-        return []
+        return [], held
     conn.execute(SQL["lease"], (claim.owner, to_us(claim.lease_until), at, seqs))
     conn.execute(SQL["leased_events"], (at, claim.owner, seqs))
     rows = json.loads(conn.execute(SQL["intents_json"], (seqs,)).fetchone()[0])
-    return sorted((READ.intent(r) for r in rows), key=lambda i: i.next_attempt_at)
+    return sorted((READ.intent(r) for r in rows), key=lambda i: i.next_attempt_at), held
+
+
+def _flow(conn: sqlite3.Connection, claim: Claim, flows: Sequence[sqlite3.Row]) -> tuple[list[int], list[Held]]:
+    """The due intents of limited and paused destinations that ``claim`` may lease, up to its limit
+    in all, by destination in id order, each limit applied as ``flow.allowance`` says (the one
+    writer's claims take turns: what is leased is counted as it is), the tokens they take out of
+    each bucket, and what the limits held back."""
+    at = to_us(claim.now)
+    picked: list[int] = []
+    held: list[Held] = []
+    for d in flows:
+        left = claim.limit - len(picked)
+        if left <= 0:
+            break
+        due = json.loads(conn.execute(SQL["flow_due_seqs"], (at, d["id"], left)).fetchone()[0])
+        if not due:
+            continue
+        paused_until = READ.at(d["paused_until"])
+        if paused_until is not None and paused_until > claim.now:
+            held.append(Held(d["id"], Limit.PAUSED, len(due), paused_until))
+            continue
+        rate = None if d["rate_per_second"] is None else RateLimit(per_second=d["rate_per_second"],
+                                                                     burst=d["rate_burst"])
+        last = claim.now if d["refilled_at"] is None else READ.at(d["refilled_at"])  # (a new bucket is full)
+        tokens = None if rate is None else refilled(float(rate.burst) if d["tokens"] is None else d["tokens"],
+                                                    last, claim.now, rate)
+        in_flight = conn.execute(SQL["in_flight"], (d["id"],)).fetchone()[0] if d["max_in_flight"] else 0
+        allowed = allowance(len(due), in_flight=in_flight, max_in_flight=d["max_in_flight"], tokens=tokens)
+        picked += due[:allowed.allowed]
+        if allowed.held_in_flight:
+            held.append(Held(d["id"], Limit.IN_FLIGHT, allowed.held_in_flight))
+        if rate is not None and tokens is not None:
+            tokens -= allowed.allowed
+            conn.execute(SQL["put_bucket"], (d["id"], tokens, to_us(max(claim.now, last))))
+            if allowed.held_rate:
+                held.append(Held(d["id"], Limit.RATE, allowed.held_rate,
+                                 claim.now + timedelta(seconds=(1 - tokens) / rate.per_second)))
+    return picked, held
 
 
 def _make(conn: sqlite3.Connection, changes: Sequence[Change]) -> list[Intent | OutboxError | None]:
@@ -91,7 +138,7 @@ class Apply(SetJob):
     def run_many(cls, conn: sqlite3.Connection, jobs: Sequence[Any]) -> list[tuple[bool, Any]]:
         made = iter(_make(conn, [change for job in jobs for change in job.changes]))
         return [(True, Applied([next(made) for _ in job.changes],
-                               [] if job.claim is None else make_claim(conn, job.claim)))
+                               *(([], []) if job.claim is None else make_claim(conn, job.claim))))
                 for job in jobs]
 
 

@@ -13,7 +13,8 @@ from ..records import Reader, attempt_values
 
 SQL = queries.load("sqlite")
 #: The statements that pick due intents share one rule for ordered keys (``claimable``).
-SQL = {**SQL, **{name: SQL[name].format(claimable=SQL["claimable"]) for name in ("due_seqs", "next_due_at")}}
+SQL = {**SQL, **{name: SQL[name].format(claimable=SQL["claimable"], limited=SQL["limited"])
+                  for name in ("due_seqs", "next_due_at", "flow_destinations", "flow_due_seqs", "unlimited_due_seqs")}}
 
 
 def stored(value: Any) -> Any:

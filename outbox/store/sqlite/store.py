@@ -269,7 +269,8 @@ class SqliteStore(SqliteEvents, Lookups):
     async def claim(
         self, owner: str, *, now: datetime, lease_until: datetime, limit: int
     ) -> list[Intent]:
-        return await self._write(functools.partial(make_claim, claim=Claim(owner, now, lease_until, limit)))
+        claimed, _ = await self._write(functools.partial(make_claim, claim=Claim(owner, now, lease_until, limit)))
+        return claimed
 
     async def renew_leases(self, held: Sequence[tuple[str, int]], until: datetime) -> list[str]:
         deadline = to_us(until)
@@ -349,6 +350,9 @@ class SqliteStore(SqliteEvents, Lookups):
 
     async def disable_destination(self, destination_id: str, at: datetime) -> None:
         await self._execute("disable_destination", (at, destination_id))
+
+    async def pause_destination(self, destination_id: str, until: datetime) -> None:
+        await self._execute("pause_destination", (destination_id, until))
 
     # -- grants ----------------------------------------------------------------------------
 
