@@ -108,11 +108,23 @@ async def destination_page(request: Request, outbox: Outbox, destination: Destin
          escape(f.outcome), str(f.status_code or ""), escape(f.error or "")] for f in failures],
         empty="no failed attempts in the last hour", numeric=("#", "status"))
     return (f"<p>{escape(destination.channel)} to <b>{escape(channels.target(destination))}</b> · circuit: {state} · "
-            f"<a href='{filtered}'>its intents</a></p>"
-            "<h2>Last hour</h2>" + table(HEALTH[2:], [health_row(h, state, now)[2:]], numeric=NUMERIC)
+            f"<a href='{filtered}'>its intents</a></p>" + flow(destination, now)
+            + "<h2>Last hour</h2>" + table(HEALTH[2:], [health_row(h, state, now)[2:]], numeric=NUMERIC)
             + "<h2>Backlog by status</h2>" + backlog
             + f"<h2>Last errors</h2><p>The latest {LAST_ERRORS} attempts that did not deliver, of the last hour.</p>"
             + errors + "<h2>Policy</h2>" + fields(destination.public()))
+
+
+def flow(destination: Destination, now: datetime) -> str:
+    """Its limits, pause and subscriptions in words: what decides how fast, and what, it is sent."""
+    rate = destination.rate_limit
+    limits = [f"{rate.per_second:g}/s, burst {rate.burst}" if rate else "no rate limit",
+              f"at most {destination.max_in_flight} in flight" if destination.max_in_flight else "no in-flight limit"]
+    if destination.paused_until is not None and destination.paused_until > now:
+        limits.append(f"<b>paused</b> by its receiver until {when(destination.paused_until, now)}")
+    topics = ", ".join(f"<code>{escape(s.pattern)}</code>" + (f" ({escape(', '.join(s.scopes))})" if s.scopes else "")
+                       for s in destination.subscriptions) or "no topics"
+    return f"<p>flow: {' · '.join(limits)} · subscribes to {topics}</p>"
 
 
 def destinations_table(request: Request, destinations: list[Destination], healths: list[Health],

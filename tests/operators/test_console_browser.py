@@ -72,6 +72,7 @@ def console(tmp_path: Path) -> Iterator[Console]:
     receiver = Receiver().start()
     switch = Switch()
     receiver.script("/hook", switch)
+    receiver.script("/ledger", Reply(200))
     receiver.script("/slow/a/rather/long/path/that/names/the/tenant/and/the/invoice/service", Reply(200, delay=2))
     db_url = f"sqlite:///{tmp_path / 'console.db'}"
 
@@ -82,6 +83,10 @@ def console(tmp_path: Path) -> Iterator[Console]:
             await box.put_destination("slow", DestinationSpec(
                 url=receiver.url + "/slow/a/rather/long/path/that/names/the/tenant/and/the/invoice/service",
                 secret=SECRET, allow_private_network=True, timeout_seconds=0.3))
+            await box.put_destination("ledger", DestinationSpec(  # an event's subscriber, with flow control
+                url=receiver.url + "/ledger", secret=SECRET, allow_private_network=True,
+                subscriptions=[{"topic": "invoice.*"}], rate_limit={"per_second": 50, "burst": 10},
+                max_in_flight=4))
             operator, info = await box.create_token(Role.OPERATOR, label="on call")
             producer, _ = await box.create_token(Role.PRODUCER, ["acme"])
         return operator, info.actor, producer
@@ -202,7 +207,18 @@ def _timed_out(c: Console, action_id: str) -> None:
     assert unknown["status"] == "unknown", unknown
 
 
+def _published(c: Console, event_id: str) -> None:
+    """An event of topic invoice.paid, fanned out to "ledger" and delivered there."""
+    with httpx.Client(base_url=c.url, headers={"Authorization": f"Bearer {c.producer}"}, timeout=30) as http:
+        published = http.post("/v1/events", json={
+            "event_id": event_id, "scope": "acme", "topic": "invoice.paid", "payload": {"invoice": 60}})
+        assert published.status_code == 201, published.text
+        delivered = http.get(f"/v1/intents/evt~{event_id}~ledger", params={"wait": 20}).json()
+    assert delivered["status"] == "delivered", delivered
+
+
 def test_every_console_page_reads_at_a_narrow_and_a_wide_viewport(console: Console):
+    _published(console, "inv-60-paid")
     _dead_letter(console, "inv-50-send")
     _dead_letter(console, "inv-51-send")
     _timed_out(console, "0193a5f2-7c1e-7d44-9e0b-5f7a1c2d3e4f-invoice-44-send")
@@ -212,7 +228,10 @@ def test_every_console_page_reads_at_a_narrow_and_a_wide_viewport(console: Conso
              "intent": ("/console/intents/inv-50-send?scope=acme", "receiver answered 503"),
              "unknown": ("/console/intents/0193a5f2-7c1e-7d44-9e0b-5f7a1c2d3e4f-invoice-44-send?scope=acme",
                          "Timeout on reading data from socket"),
-             "replay": ("/console/replay", "Duplicate risk: 1 of these 3 intents")}
+             "replay": ("/console/replay", "Duplicate risk: 1 of these 3 intents"),
+             "events": ("/console/events?topic=invoice.*", "inv-60-paid"),
+             "event": ("/console/events/inv-60-paid?scope=acme", "evt~inv-60-paid~ledger"),
+             "limits": ("/console/destinations/ledger", "at most 4 in flight")}
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     with chromium() as browser:
         for name, viewport in VIEWPORTS.items():
