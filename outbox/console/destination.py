@@ -22,14 +22,13 @@ from .layout import destination_link, fields, intent_link, pill, table, when
 
 #: A destination's last errors shown on its page.
 LAST_ERRORS = 20
+
+
 def record_pause(destination: Destination, now: datetime) -> datetime | None:
-    """When a pause the destination's record holds (``paused_until``, where the record has one)
+    """When the pause its receiver asked for (``paused_until``, a 429 or 503 with Retry-After)
     ends, if it has not yet."""
-    until = destination.public().get("paused_until")
-    if not until:
-        return None
-    at = datetime.fromisoformat(str(until))
-    return at if at > now else None
+    until = destination.paused_until
+    return until if until is not None and until > now else None
 
 
 def circuits_here(request: Request) -> Any:
@@ -120,8 +119,8 @@ def flow(destination: Destination, now: datetime) -> str:
     rate = destination.rate_limit
     limits = [f"{rate.per_second:g}/s, burst {rate.burst}" if rate else "no rate limit",
               f"at most {destination.max_in_flight} in flight" if destination.max_in_flight else "no in-flight limit"]
-    if destination.paused_until is not None and destination.paused_until > now:
-        limits.append(f"<b>paused</b> by its receiver until {when(destination.paused_until, now)}")
+    if (paused := record_pause(destination, now)) is not None:
+        limits.append(f"<b>paused</b> by its receiver until {when(paused, now)}")
     topics = ", ".join(f"<code>{escape(s.pattern)}</code>" + (f" ({escape(', '.join(s.scopes))})" if s.scopes else "")
                        for s in destination.subscriptions) or "no topics"
     return f"<p>flow: {' · '.join(limits)} · subscribes to {topics}</p>"

@@ -165,3 +165,19 @@ def test_an_attempt_that_recorded_no_target_shows_the_destination_as_registered_
     first, second = (" ".join(r.split()) for r in rows("<h2>Attempts</h2>" + drawn, "Attempts"))
     assert "https://hooks.example/now (not recorded; registered now; changed since this attempt)" in first
     assert "https://hooks.example/now (not recorded; registered now)" in second
+
+
+async def test_a_destination_its_receiver_paused_is_counted_and_its_page_says_until_when(ops: Ops):
+    await ops.destination("hook", "/ok")
+    await ops.destination("slow", "/ok")
+    until = ops.box.clock.now() + timedelta(minutes=5)
+    await ops.box.store.pause_destination("slow", until)  # as a 429 with Retry-After: 300 does
+    async with console(ops) as http:
+        page = (await http.get("/console")).text
+        assert headline(page)["paused"] == "1 /console/destinations?state=paused"
+        paused = (await http.get("/console/destinations", params={"state": "paused"})).text
+        assert [r.split()[0] for r in rows(paused, "Last hour")] == ["slow"]
+        shown = (await http.get("/console/destinations/slow")).text
+        assert "flow: no rate limit · no in-flight limit · <b>paused</b> by its receiver until" in shown
+        assert "flow: no rate limit · no in-flight limit · subscribes to no topics" in (
+            await http.get("/console/destinations/hook")).text
