@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import Span
+from opentelemetry.trace import INVALID_SPAN, Span
 
 from . import tracing
 from .engine import Answer, Idempotency, Request, Run
@@ -47,6 +47,9 @@ class IdempotencyMiddleware:
         )
         if not self.idempotency.applies(request):
             await self.app(scope, receive, send)
+            return
+        if not tracing.recording(self.idempotency.tracer_provider):
+            await self._handle(request, scope, receive, send, INVALID_SPAN)
             return
         span = tracing.server_span(self.idempotency.tracer, request.method, request.path, scope.get("scheme", "http"),
                                    request.headers)

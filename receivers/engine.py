@@ -173,7 +173,8 @@ class Idempotency:
                         "reconcile probe is off; pass the destination's whsec_ secret(s) as secrets= to turn "
                         "both on")
         self.clock = clock
-        #: Where the middlewares' spans go (None: the global provider, a no-op until an SDK is set).
+        #: Where the middlewares' spans go (None: the global provider; none are made until an SDK is set).
+        self.tracer_provider = tracer_provider
         self.tracer = tracing.tracer(tracer_provider)
         self._opening: asyncio.Lock | None = None
         self._purger: asyncio.Task[None] | None = None

@@ -119,7 +119,8 @@ class IdempotentConsumer:
         self.max_retry_seconds = max_retry_seconds
         self.purge_seconds = purge_seconds
         self.clock = clock
-        self.tracer = tracing.tracer(tracer_provider)  # None: the global provider
+        self.tracer_provider = tracer_provider  # None: the global provider
+        self.tracer = tracing.tracer(tracer_provider)
         self._stopping = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
         self._purger: asyncio.Task[None] | None = None
@@ -285,7 +286,7 @@ class IdempotentConsumer:
                 left = [later for later in items[n:] if later.partition not in held]
                 releasing += [(later, later.answer.epoch) for later in left if isinstance(later.answer, Claimed)]
                 break
-            with tracing.consumer_span(self.tracer, self.group, item):
+            with tracing.consumer_span(self.tracer, self.tracer_provider, self.group, item):
                 settled = await (self._settle(item) if claim is None else self._run(item, claim.epoch))
             if claim is not None:
                 (handled if settled else releasing).append((item, claim.epoch))

@@ -3,8 +3,9 @@ record the Kafka consumer settles continues the sender's trace.
 
 The W3C trace context (``traceparent``/``tracestate``) is read from the request's or the record's
 headers with the application's propagator (``opentelemetry.propagate``), so a missing or
-malformed one simply starts a new trace. Without an SDK installed every span is a non-recording
-one: nothing is recorded and nothing is exported. The attribute names below are the README's.
+malformed one simply starts a new trace. Until the application installs an SDK (sets a tracer
+provider, or passes one) none of this is done at all, so it costs a receiver nothing. The
+attribute names below are the README's.
 """
 
 from __future__ import annotations
@@ -16,7 +17,17 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import propagate, trace
 from opentelemetry.propagators.textmap import Getter
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
+from opentelemetry.trace import (
+    INVALID_SPAN,
+    NoOpTracerProvider,
+    ProxyTracerProvider,
+    Span,
+    SpanKind,
+    Status,
+    StatusCode,
+    Tracer,
+    TracerProvider,
+)
 
 from .records import Busy, Claimed, Mismatch, Replay, StaleFence
 from .wire import Problem
@@ -75,6 +86,13 @@ def tracer(provider: TracerProvider | None) -> Tracer:
     return trace.get_tracer(SCOPE, tracer_provider=provider)
 
 
+def recording(provider: TracerProvider | None) -> bool:
+    """Whether spans are made: ``provider`` or, None, the global one is an SDK's. Asked for each
+    request or record, since the application may set its provider after the receiver started."""
+    found = trace.get_tracer_provider() if provider is None else provider
+    return not isinstance(found, ProxyTracerProvider | NoOpTracerProvider)
+
+
 class _Headers(Getter[Sequence[tuple[str, Any]]]):
     """Reads a header list of (lower-case name, value) pairs; Kafka's values are bytes."""
 
@@ -130,9 +148,12 @@ def failed(span: Span, exc: Exception) -> None:
 
 
 @contextmanager
-def consumer_span(tracer: Tracer, group: str, item: FetchedRecord) -> Iterator[Span]:
+def consumer_span(tracer: Tracer, provider: TracerProvider | None, group: str, item: FetchedRecord) -> Iterator[Span]:
     """A CONSUMER span (messaging conventions, ``process``) for one Kafka record, the child of
-    the trace context in its headers, current while the record is settled."""
+    the trace context in its headers, current while the record is settled (none without an SDK)."""
+    if not recording(provider):
+        yield INVALID_SPAN
+        return
     record = item.record
     parent = propagate.extract(record.headers or (), getter=_HEADERS)
     attributes: dict[str, Any] = {

@@ -19,7 +19,7 @@ from http import HTTPStatus
 from typing import Any, TypeVar
 
 from opentelemetry import trace
-from opentelemetry.trace import Span
+from opentelemetry.trace import INVALID_SPAN, Span
 
 from . import tracing
 from .engine import Answer, Idempotency, Request, Run, problem
@@ -65,6 +65,8 @@ class IdempotencyMiddleware:
                           environ.get("QUERY_STRING", ""), headers)
         if not self.idempotency.applies(request):
             return self.app(environ, start_response)
+        if not tracing.recording(self.idempotency.tracer_provider):
+            return self._handle(request, environ, start_response, INVALID_SPAN)
         span = tracing.server_span(self.idempotency.tracer, request.method, request.path,
                                    environ.get("wsgi.url_scheme", "http"), headers)
         with trace.use_span(span, end_on_exit=True):

@@ -7,6 +7,8 @@ to the middleware and the consumer (``tracer_provider=``), never the global one.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -310,3 +312,56 @@ async def test_a_failing_handler_is_an_error_consumer_span(kafka: Broker, spans:
     assert succeeded.status.status_code is StatusCode.UNSET
     for span in (failed, succeeded):
         assert_continues_the_sender(span)
+
+
+# -- the global provider -----------------------------------------------------------------------
+
+GLOBAL_PROVIDER = '''
+import asyncio
+
+import httpx
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from receivers import IdempotencyMiddleware, MemoryRecordStore
+
+
+async def app(scope, receive, send):
+    await receive()
+    await send({"type": "http.response.start", "status": 201, "headers": []})
+    await send({"type": "http.response.body", "body": b"done"})
+
+
+async def post(client, key):
+    answer = await client.post("/", content=b"{}", headers={"idempotency-key": key, "traceparent": TRACEPARENT})
+    assert answer.status_code == 201
+
+
+async def main():
+    middleware = IdempotencyMiddleware(app, MemoryRecordStore())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(middleware), base_url="http://r") as client:
+        await post(client, "before")  # no SDK yet: no span is made
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)  # set after the middleware was made: followed from now on
+        await post(client, "after")
+    await middleware.idempotency.aclose()
+    print([(span.attributes["outbox.idempotency_key"], format(span.context.trace_id, "032x"))
+           for span in exporter.get_finished_spans()])
+
+
+asyncio.run(main())
+'''
+
+
+def test_the_global_provider_is_followed_once_the_application_sets_it(tmp_path: Path) -> None:
+    """In a process of its own, since a global provider can be set once per process."""
+    script = tmp_path / "global_provider.py"
+    script.write_text(f"TRACEPARENT = {TRACEPARENT!r}\n" + GLOBAL_PROVIDER)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str([("after", f"{TRACE_ID:032x}")])
