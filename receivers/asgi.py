@@ -3,13 +3,18 @@
     app = IdempotencyMiddleware(app, store=SqliteRecordStore("idempotency.db"), secrets="whsec_...")
 
 The handler reads ``scope["state"]["idempotency"]`` (Starlette: ``request.state.idempotency``),
-an ``IdempotencyContext(scope, key, epoch)``, to fence its own downstream effects.
+an ``IdempotencyContext(scope, key, epoch)``, to fence its own downstream effects. Each request
+the contract covers is a SERVER span (``receivers.tracing``), current while the handler runs.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from opentelemetry import trace
+from opentelemetry.trace import INVALID_SPAN, Span
+
+from . import tracing
 from .engine import Answer, Idempotency, Request, Run
 from .records import RecordStore
 
@@ -23,7 +28,7 @@ class IdempotencyMiddleware:
     def __init__(self, app: Any, store: RecordStore, **options: Any) -> None:
         """``options`` are those of ``receivers.engine.Idempotency`` (secrets, scope_resolver,
         methods, required, retention_seconds, lease_seconds, max_body_bytes, max_stored_bytes,
-        max_json_depth, signature_tolerance_seconds, release_statuses, clock)."""
+        max_json_depth, signature_tolerance_seconds, release_statuses, clock, tracer_provider)."""
         self.app = app
         self.idempotency = Idempotency(store, **options)
 
@@ -43,6 +48,15 @@ class IdempotencyMiddleware:
         if not self.idempotency.applies(request):
             await self.app(scope, receive, send)
             return
+        if not tracing.recording(self.idempotency.tracer_provider):
+            await self._handle(request, scope, receive, send, INVALID_SPAN)
+            return
+        span = tracing.server_span(self.idempotency.tracer, request.method, request.path, scope.get("scheme", "http"),
+                                   request.headers)
+        with trace.use_span(span, end_on_exit=True):
+            await self._handle(request, scope, receive, _reporting(span, send), span)
+
+    async def _handle(self, request: Request, scope: Scope, receive: Any, send: Any, span: Span) -> None:
         declared = request.values("content-length")
         if (declared and declared[0].isascii() and declared[0].isdigit()  # "²".isdigit() too
                 and int(declared[0]) > self.idempotency.max_body_bytes):
@@ -55,7 +69,7 @@ class IdempotencyMiddleware:
         if body is None:
             await _answer(send, self.idempotency.too_large(self.idempotency.max_body_bytes + 1))
             return
-        decision = await self.idempotency.begin(request, body)
+        decision = await self.idempotency.begin(request, body, span)
         if decision is None:
             await self.app(scope, replaying(body, receive), send)
         elif isinstance(decision, Answer):
@@ -134,6 +148,17 @@ async def read_body(receive: Any, limit: int) -> bytes | None:
         if not message.get("more_body"):
             break
     return b"".join(chunks)
+
+
+def _reporting(span: Span, send: Any) -> Any:
+    """A ``send`` that tells the request's span the status it answers."""
+
+    async def report(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            tracing.responded(span, message["status"])
+        await send(message)
+
+    return report
 
 
 def replaying(body: bytes, receive: Any) -> Any:

@@ -17,6 +17,9 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from opentelemetry.trace import INVALID_SPAN, Span, TracerProvider
+
+from . import tracing
 from .keys import (
     MAX_JSON_DEPTH,
     InvalidJsonBody,
@@ -88,11 +91,14 @@ class IdempotencyContext:
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """Respond with this, without running the handler."""
+    """Respond with this, without running the handler (``outcome`` and ``problem`` are what the
+    request's span is told)."""
 
     status: int
     headers: tuple[tuple[str, str], ...]
     body: bytes
+    outcome: str = tracing.Outcome.REFUSED.value
+    problem: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +117,8 @@ def problem(status: int, kind: str, title: str, detail: str, **headers: str) -> 
     body = json.dumps({"type": problem_type(kind), "title": title, "status": status,
                        "detail": detail}).encode()
     extra = tuple((k.replace("_", "-").lower(), v) for k, v in headers.items())
-    return Answer(status, (("content-type", "application/problem+json"), *extra), body)
+    return Answer(status, (("content-type", "application/problem+json"), *extra), body,
+                  tracing.outcome_of_problem(kind).value, kind)
 
 
 def _default_scope(request: Request) -> str:
@@ -138,6 +145,7 @@ class Idempotency:
         max_json_depth: int = MAX_JSON_DEPTH,
         release_statuses: Collection[int] = RELEASE_STATUSES,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         self.store = store
         self.scope_resolver = scope_resolver
@@ -165,6 +173,9 @@ class Idempotency:
                         "reconcile probe is off; pass the destination's whsec_ secret(s) as secrets= to turn "
                         "both on")
         self.clock = clock
+        #: Where the middlewares' spans go (None: the global provider; none are made until an SDK is set).
+        self.tracer_provider = tracer_provider
+        self.tracer = tracing.tracer(tracer_provider)
         self._opening: asyncio.Lock | None = None
         self._purger: asyncio.Task[None] | None = None
 
@@ -194,16 +205,26 @@ class Idempotency:
         return problem(413, Problem.PAYLOAD_TOO_LARGE, "Payload too large",
                        f"the body is {declared} bytes or more; the limit is {self.max_body_bytes}")
 
-    async def begin(self, request: Request, body: bytes) -> Answer | Run | None:
+    async def begin(self, request: Request, body: bytes, span: Span = INVALID_SPAN) -> Answer | Run | None:
         """Decide before the handler: an answer to send, a claim to run under, or None when the
-        contract does not apply (pass through).
+        contract does not apply (pass through). ``span``, the request's, is told the key, the fence
+        and the outcome."""
+        decision = await self._decide(request, body, span)
+        if decision is None:
+            tracing.decided(span, tracing.Outcome.PASSED.value)
+        elif isinstance(decision, Run):
+            tracing.decided(span, tracing.Outcome.CLAIMED.value, epoch=decision.context.epoch)
+        else:
+            tracing.decided(span, decision.outcome, problem=decision.problem)
+        return decision
 
-        Only a failing record store answers 503 (retry later). Everything decided from the request
+    async def _decide(self, request: Request, body: bytes, span: Span) -> Answer | Run | None:
+        """Only a failing record store answers 503 (retry later). Everything decided from the request
         alone (key, fence, size, signature, a JSON body that cannot be fingerprinted) is a 4xx
         answered before anything is claimed, and never stored.
         """
         if request.values(RECONCILE):  # a probe never reaches the app, whatever else it carries
-            return await self._probe(request, body)
+            return await self._probe(request, body, span)
         try:
             key = parse_key(request.values(IDEMPOTENCY_KEY))
         except MalformedKey as exc:
@@ -211,6 +232,7 @@ class Idempotency:
         fence = _fence(request)
         if isinstance(fence, Answer):
             return fence
+        tracing.identify(span, key, fence)
         if key is None:
             if not self.required:
                 return None
@@ -244,7 +266,7 @@ class Idempotency:
             headers = (*stored.headers, (REPLAYED.lower(), "true"))
             if stored.body is None:
                 headers = (*headers, (BODY_OMITTED.lower(), "true"))
-            return Answer(stored.status, headers, stored.body or b"")
+            return Answer(stored.status, headers, stored.body or b"", tracing.Outcome.REPLAYED.value)
         if isinstance(found, Mismatch):
             return problem(422, Problem.KEY_REUSED, "Idempotency-Key reused",
                            "this Idempotency-Key was used for a different request (method, route, "
@@ -258,7 +280,7 @@ class Idempotency:
                        f"Outbox-Fence {fence} is lower than {found.min_fence}, already seen for this key; "
                        "a newer attempt superseded this one")
 
-    async def _probe(self, request: Request, body: bytes) -> Answer:
+    async def _probe(self, request: Request, body: bytes, span: Span) -> Answer:
         """Answer a reconcile probe: a signed ``POST`` whose body ``{"key": K, "fence": F}`` names
         the key it asks about (``webhook-id`` and ``Idempotency-Key`` K, ``Outbox-Fence`` F).
 
@@ -289,6 +311,7 @@ class Idempotency:
         fence = _fence(request)
         if isinstance(fence, Answer):
             return fence
+        tracing.identify(span, key, fence)
         if fence is None:
             return problem(400, Problem.MISSING_FENCE, "Missing Outbox-Fence",
                            "a reconcile probe must carry the sender's new Outbox-Fence")
@@ -309,6 +332,7 @@ class Idempotency:
         except Exception as exc:
             log.error("idempotency store unavailable: %r", exc)
             return _unavailable()
+        span.set_attribute(tracing.RECONCILE_STATE, result.state.value)
         return _probe_answer(key, result)
 
     def _check_signature(self, request: Request, body: bytes) -> Answer | None:
@@ -413,4 +437,5 @@ def _probe_answer(key: str, result: ProbeResult) -> Answer:
             "headers": [list(pair) for pair in result.response.headers],
             "body": None if result.response.body is None else base64.b64encode(result.response.body).decode(),
         }
-    return Answer(200, (("content-type", "application/json"),), json.dumps(payload).encode())
+    return Answer(200, (("content-type", "application/json"),), json.dumps(payload).encode(),
+                  tracing.Outcome.PROBE.value)

@@ -16,7 +16,8 @@ a batch's completions are stored together with the next batch's claims (the stor
 ``complete_and_claim``), and its offsets committed once that transaction is durable; when no
 records are waiting the completions are stored on their own at once. Handlers run one at a time,
 in each partition's order; a record that must be retried holds its partition (seek back, pause,
-resume after a backoff) while the others go on.
+resume after a backoff) while the others go on. Each record settled is a CONSUMER span
+(``receivers.tracing``) in the trace its headers carry, current while its handler runs.
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ from datetime import UTC, datetime, timedelta
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
+from opentelemetry import trace
+from opentelemetry.trace import TracerProvider
 
+from . import tracing
 from .engine import IdempotencyContext, purge_forever
 from .kafka_records import (
     FetchedRecord,
@@ -86,6 +90,7 @@ class IdempotentConsumer:
         max_retry_seconds: float = 30,
         purge_seconds: float = 300,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         # aiokafka has no public accessors for these two settings.
         group: str | None = getattr(consumer, "_group_id", None)
@@ -114,6 +119,8 @@ class IdempotentConsumer:
         self.max_retry_seconds = max_retry_seconds
         self.purge_seconds = purge_seconds
         self.clock = clock
+        self.tracer_provider = tracer_provider  # None: the global provider
+        self.tracer = tracing.tracer(tracer_provider)
         self._stopping = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
         self._purger: asyncio.Task[None] | None = None
@@ -279,10 +286,9 @@ class IdempotentConsumer:
                 left = [later for later in items[n:] if later.partition not in held]
                 releasing += [(later, later.answer.epoch) for later in left if isinstance(later.answer, Claimed)]
                 break
-            if claim is None:
-                settled = await self._settle(item)
-            else:
-                settled = await self._run(item, claim.epoch)
+            with tracing.consumer_span(self.tracer, self.tracer_provider, self.group, item):
+                settled = await (self._settle(item) if claim is None else self._run(item, claim.epoch))
+            if claim is not None:
                 (handled if settled else releasing).append((item, claim.epoch))
             if settled:
                 self._offsets[item.partition] = item.record.offset + 1
@@ -300,9 +306,10 @@ class IdempotentConsumer:
         assert item.key is not None
         try:
             await self.handler(item.record, IdempotencyContext(self.group, item.key, epoch))
-        except Exception:
+        except Exception as exc:
             log.exception("handler failed on %s/%d/%d (key %r); it will be retried", item.record.topic,
                           item.record.partition, item.record.offset, item.key)
+            tracing.failed(trace.get_current_span(), exc)
             return False
         return True
 

@@ -3,7 +3,9 @@
     app.wsgi_app = IdempotencyMiddleware(app.wsgi_app, store=SqliteRecordStore("idempotency.db"), secrets="whsec_...")
 
 The record store is async; it runs on one background event loop owned by the middleware. The
-handler reads ``environ["idempotency"]``, an ``IdempotencyContext(scope, key, epoch)``.
+handler reads ``environ["idempotency"]``, an ``IdempotencyContext(scope, key, epoch)``. Each
+request the contract covers is a SERVER span (``receivers.tracing``), current while the app is
+called (a pass-through app's lazy body is produced after it ended).
 WSGI servers merge repeated headers into one, so a repeated Idempotency-Key is seen as one value.
 """
 
@@ -16,6 +18,10 @@ from collections.abc import Callable, Coroutine, Iterable
 from http import HTTPStatus
 from typing import Any, TypeVar
 
+from opentelemetry import trace
+from opentelemetry.trace import INVALID_SPAN, Span
+
+from . import tracing
 from .engine import Answer, Idempotency, Request, Run, problem
 from .records import RecordStore
 from .wire import Problem
@@ -59,6 +65,15 @@ class IdempotencyMiddleware:
                           environ.get("QUERY_STRING", ""), headers)
         if not self.idempotency.applies(request):
             return self.app(environ, start_response)
+        if not tracing.recording(self.idempotency.tracer_provider):
+            return self._handle(request, environ, start_response, INVALID_SPAN)
+        span = tracing.server_span(self.idempotency.tracer, request.method, request.path,
+                                   environ.get("wsgi.url_scheme", "http"), headers)
+        with trace.use_span(span, end_on_exit=True):
+            return self._handle(request, environ, _reporting(span, start_response), span)
+
+    def _handle(self, request: Request, environ: dict[str, Any], start_response: StartResponse,
+                span: Span) -> Iterable[bytes]:
         declared = (environ.get("CONTENT_LENGTH") or "0").strip()
         if not (declared.isascii() and declared.isdigit()):
             return _answer(start_response, problem(400, Problem.MALFORMED_CONTENT_LENGTH, "Malformed Content-Length",
@@ -67,7 +82,7 @@ class IdempotencyMiddleware:
         if length > self.idempotency.max_body_bytes:
             return _answer(start_response, self.idempotency.too_large(length))
         body = environ["wsgi.input"].read(length) if length else b""
-        decision = self._call(self.idempotency.begin(request, body))
+        decision = self._call(self.idempotency.begin(request, body, span))
         environ["wsgi.input"] = io.BytesIO(body)
         if decision is None:
             return self.app(environ, start_response)
@@ -100,6 +115,16 @@ class IdempotencyMiddleware:
         stored = body if len(body) <= self.idempotency.max_stored_bytes else None
         self._call(self.idempotency.finish(run, seen.get("status"), seen.get("headers", []), stored))
         return chunks
+
+
+def _reporting(span: Span, start_response: StartResponse) -> StartResponse:
+    """A ``start_response`` that tells the request's span the status it answers."""
+
+    def report(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        tracing.responded(span, int(status.split(" ", 1)[0]))
+        return start_response(status, headers, exc_info)
+
+    return report
 
 
 def _answer(start_response: StartResponse, answer: Answer) -> list[bytes]:
