@@ -195,9 +195,9 @@ def snapshot(path: Path) -> dict[str, list[tuple[object, ...]]]:
 
 
 @pytest.fixture
-def spans() -> Any:
-    """Every span this process finishes from now on (the SDK's in-memory exporter; ``tests.traces``,
-    imported only by the tests that ask)."""
+def spans() -> Iterator[Any]:
+    """Every span this process finishes during the test (the SDK's in-memory exporter;
+    ``tests.traces``, imported only by the tests that ask)."""
     from . import traces
 
-    return traces.memory()
+    yield from traces.recording()
