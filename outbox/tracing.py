@@ -54,6 +54,11 @@ def restored(stored: str | None) -> Context | None:
     return parsed(json.loads(stored)) if stored else None
 
 
+def traceparent(intent: Any) -> str | None:
+    """The ``traceparent`` an intent keeps (its create span's), as the console shows it, or None."""
+    return str(json.loads(intent.trace_context)["traceparent"]) if intent.trace_context else None
+
+
 def link_to(stored: str | None) -> list[Link]:
     """A link to the span an intent keeps, for work done on it outside its trace (an operator's)."""
     context = restored(stored)
