@@ -35,7 +35,7 @@ from urllib.parse import quote
 import httpx
 import tenacity
 
-from . import errors, timestamps
+from . import errors, timestamps, tracing
 from .ids import uuid7
 from .shapes import MAX_BATCH, PROBLEM_TYPE_PREFIX, SETTLED_STATUSES
 
@@ -393,8 +393,13 @@ def _approval(payload_digest: str, reason: str, valid_seconds: float | None) -> 
     return _encoded(body)
 
 
-def _headers(body: bytes | None) -> dict[str, str] | None:
-    return {"Content-Type": "application/json"} if body is not None else None
+def _headers(body: bytes | None) -> dict[str, str]:
+    """A request's headers: its media type, and the caller's current trace context (W3C
+    ``traceparent``), which an enqueue keeps as its intent's parent."""
+    headers = tracing.carrier()
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    return headers
 
 
 def _encoded(body: Mapping[str, Any]) -> bytes:

@@ -37,6 +37,7 @@ class NewEvent:
     created_at: datetime
     ordering_key: str | None
     actor: str
+    trace_context: str | None = None  # its create span's W3C context, which each of its intents keeps
 
     @property
     def key(self) -> str:
@@ -49,7 +50,8 @@ class NewEvent:
             action_id=action_id_for(self.event_id, destination), scope=self.scope, destination=destination,
             payload_json=self.payload_json, payload_digest=self.payload_digest, max_attempts=self.max_attempts,
             next_attempt_at=self.next_attempt_at, not_before=self.not_before, expires_at=self.expires_at,
-            created_at=self.created_at, ordering_key=self.ordering_key, event_id=self.event_id)
+            created_at=self.created_at, ordering_key=self.ordering_key, event_id=self.event_id,
+            trace_context=self.trace_context)
         return new, Event(kind=EventKind.ENQUEUED, at=self.created_at, actor=self.actor,
                           reason=f"event {self.event_id} ({self.topic})", data={"event_id": self.event_id})
 

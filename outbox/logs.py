@@ -14,6 +14,8 @@ from typing import Literal
 from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.json import JsonFormatter
 
+from . import tracing
+
 #: The fields a record about an intent may carry, in the order text lines show them.
 FIELDS = ("action_id", "attempt_id", "fence", "worker", "destination")
 
@@ -42,10 +44,20 @@ def json_formatter() -> JsonFormatter:
                          reserved_attrs=[*RESERVED_ATTRS, "color_message"])
 
 
+def traced(record: logging.LogRecord) -> bool:
+    """Give ``record`` the ``trace_id`` and ``span_id`` of the span recording where it was
+    logged, if one is (a log filter: it keeps every record)."""
+    record.__dict__.update(tracing.span_ids())
+    return True
+
+
 def configure(level: str, fmt: Literal["text", "json"]) -> None:
-    """Send every logger's records (the web server's too) to stderr in ``fmt``."""
+    """Send every logger's records (the web server's too) to stderr in ``fmt`` (JSON lines with
+    the trace's ids while a span records: ``traced``)."""
     handler = logging.StreamHandler()
     handler.setFormatter(json_formatter() if fmt == "json" else TextFormatter())
+    if fmt == "json":
+        handler.addFilter(traced)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

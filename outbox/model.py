@@ -113,6 +113,8 @@ class Intent:
     unreadable: str | None = None
     #: The published event this intent delivers (``outbox.events``; its scope is the intent's), or None.
     event_id: str | None = None
+    #: The W3C trace context of its create span, as JSON (``outbox.tracing``), or None.
+    trace_context: str | None = None
 
     @property
     def payload(self) -> Any:
@@ -141,6 +143,7 @@ class NewIntent:
     created_at: datetime
     ordering_key: str | None = None
     event_id: str | None = None  # the event it delivers, if any
+    trace_context: str | None = None  # its create span's W3C context, as JSON (``outbox.tracing``)
 
     @property
     def key(self) -> str:

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
+from . import tracing
 from .destinations import deadline
 from .errors import AuthorityDenied, DuplicateRisk, IllegalTransition, InvalidInput, OutboxError
 from .model import (
@@ -99,7 +100,7 @@ async def replay(
     if authorize is not None and (denied := await authorize(intent)) is not None:
         raise AuthorityDenied(f"authority does not allow {action_id!r} now: {denied}")
     now = box.clock.now()
-    replayed = await _made(box, Replay(
+    replayed = await _made(box, intent, actor, Replay(
         intent.key, intent.status, now, intent.attempts + box.settings.default_max_attempts,
         (Event(EventKind.REPLAYED, now, actor.name, actor.reason,
                {"from": intent.status.value, "accept_duplicate_risk": accept_duplicate_risk}),)))
@@ -119,7 +120,7 @@ async def resolve(
     status = {Resolution.DELIVERED: Status.DELIVERED, Resolution.RETRY: Status.PENDING,
               Resolution.DEAD: Status.DEAD}[resolution]
     retry = status is Status.PENDING  # a fresh budget, as for a replay
-    resolved = await _made(box, Resolve(
+    resolved = await _made(box, intent, actor, Resolve(
         intent.key, status,
         (Event(EventKind.RESOLVED, now, actor.name, actor.reason,
                {"resolution": resolution.value, "external_id": external_id}),),
@@ -134,7 +135,7 @@ async def cancel(box: Outbox, action_id: str, actor: Actor, *, scope: str | None
     intent = await box.get(action_id, scope=scope)
     if intent.status is Status.LEASED:
         raise IllegalTransition(f"{action_id!r} is being sent right now; cancel it after this attempt")
-    cancelled = await _made(box, Cancel(intent.key, intent.status, (
+    cancelled = await _made(box, intent, actor, Cancel(intent.key, intent.status, (
         Event(EventKind.CANCELLED, box.clock.now(), actor.name, actor.reason, {"from": intent.status.value}),)))
     box.settled.notify()
     return cancelled
@@ -156,7 +157,7 @@ async def approve(
         raise InvalidInput("an approval lasts between 1 second and 30 days")
     now = box.clock.now()
     until = now + timedelta(seconds=valid_seconds)
-    approved = await _made(box, Approve(
+    approved = await _made(box, intent, actor, Approve(
         intent.key, payload_digest, until, actor.name, now,
         (Event(EventKind.APPROVED, now, actor.name, actor.reason,
                {"payload_digest": payload_digest, "expires_at": until.isoformat()}),)))
@@ -169,16 +170,18 @@ async def reject(box: Outbox, action_id: str, actor: Actor, *, scope: str | None
     intent = await box.get(action_id, scope=scope)
     if intent.status is not Status.HELD:
         raise IllegalTransition(f"only held intents can be rejected; {action_id!r} is {intent.status.value}")
-    rejected = await _made(box, Reject(intent.key, (Event(EventKind.REJECTED, box.clock.now(), actor.name,
-                                                           actor.reason),)))
+    rejected = await _made(box, intent, actor, Reject(
+        intent.key, (Event(EventKind.REJECTED, box.clock.now(), actor.name, actor.reason),)))
     box.settled.notify()
     return rejected
 
 
-async def _made(box: Outbox, change: OperatorChange) -> Intent:
-    """Make an operator's ``change`` alone; returns the intent as it became, or raises the store's
-    refusal (NotFound, StaleWrite: it changed since it was read)."""
-    [result] = (await box.store.apply([change])).results
+async def _made(box: Outbox, intent: Intent, actor: Actor, change: OperatorChange) -> Intent:
+    """Make an operator's ``change`` to ``intent`` alone, as a span linked to the intent's trace;
+    returns the intent as it became, or raises the store's refusal (NotFound, StaleWrite: it
+    changed since it was read)."""
+    with tracing.operator_span(type(change).__name__.lower(), intent.action_id, intent.trace_context, actor.name):
+        [result] = (await box.store.apply([change])).results
     if isinstance(result, OutboxError):
         raise result
     assert isinstance(result, Intent)

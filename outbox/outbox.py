@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Required, TypedDict, Unpack
 
-from . import channels, keyring, timestamps
+from . import channels, keyring, timestamps, tracing
 from .clock import Clock, OffsetClock, SystemClock
 from .cursor import MAX_PAGE
 from .destinations import Destination, DestinationSpec
@@ -74,6 +74,8 @@ class IntentFields(TypedDict, total=False):
     max_attempts: int | None  # the settings' default_max_attempts when None
     ordering_key: str | None
     actor: str  # who the enqueued event names: "library" unless said
+    #: The producer's W3C headers (``traceparent``, ``tracestate``); None: the current context.
+    trace_context: Mapping[str, str] | None
 
 
 class Outbox(Publishing):
@@ -170,8 +172,14 @@ class Outbox(Publishing):
         max_attempts: int | None = None,
         ordering_key: str | None = None,
         actor: str = "library",
+        trace_context: Mapping[str, str] | None = None,
+        traced: bool = True,
     ) -> tuple[NewIntent, Event]:
-        """Validate and digest an intent without writing it. Raises InvalidInput."""
+        """Validate and digest an intent without writing it. Raises InvalidInput.
+
+        Once valid, its ``create`` span is recorded, child of ``trace_context`` (the producer's
+        headers; None: the current context), and the intent keeps that span's context (not
+        ``traced``: none, for a caller that makes the span itself)."""
         check(DESTINATION_ID, destination, "destination")
         check(SCOPE, scope, "scope")
         if ordering_key is not None:
@@ -208,6 +216,7 @@ class Outbox(Publishing):
             expires_at=expires_at,
             created_at=now,
             ordering_key=ordering_key,
+            trace_context=tracing.created(destination, action_id, trace_context) if traced else None,
         )
         return new, Event(kind=EventKind.ENQUEUED, at=now, actor=actor)
 

@@ -16,6 +16,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any, Required, TypedDict, Unpack
 
+from . import tracing
 from .cursor import MAX_PAGE
 from .errors import AmbiguousActionId, InvalidInput, NotFound, OutboxError
 from .events import EventPage, EventQuery, NewEvent, Published, StoredEvent
@@ -46,6 +47,8 @@ class EventFields(TypedDict, total=False):
     max_attempts: int | None
     ordering_key: str | None
     actor: str  # who the intents' first events name: "library" unless said
+    #: The producer's W3C headers (``traceparent``, ``tracestate``); None: the current context.
+    trace_context: Mapping[str, str] | None
 
 
 class Publishing:
@@ -69,9 +72,10 @@ class Publishing:
     def prepare_event(self, *, scope: str, topic: str, payload: Any, event_id: str | None = None,
                       not_before: datetime | None = None, expires_at: datetime | None = None,
                       max_attempts: int | None = None, ordering_key: str | None = None,
-                      actor: str = "library") -> NewEvent:
+                      actor: str = "library", trace_context: Mapping[str, str] | None = None) -> NewEvent:
         """Validate and digest an event without writing it (its intents' fields are checked as an
-        enqueue checks them). Raises InvalidInput."""
+        enqueue checks them). Raises InvalidInput. Its ``create`` span (``tracing.created``, on
+        the topic) is the parent of every intent's attempts."""
         check(SCOPE, scope, "scope")
         checked_topic(topic)
         event_id = check(EVENT_ID, event_id, "event_id") if event_id is not None else uuid7()
@@ -84,11 +88,13 @@ class Publishing:
         # longest destination id: what passes here passes for every subscriber
         new, _ = self.prepare(destination=LONGEST_DESTINATION, scope=scope, payload=payload,
                               action_id=action_id_for(event_id, LONGEST_DESTINATION), not_before=not_before,
-                              expires_at=expires_at, max_attempts=max_attempts, ordering_key=ordering_key)
+                              expires_at=expires_at, max_attempts=max_attempts, ordering_key=ordering_key,
+                              traced=False)
         return NewEvent(event_id=event_id, scope=scope, topic=topic, payload_json=new.payload_json,
                         payload_digest=new.payload_digest, max_attempts=new.max_attempts,
                         next_attempt_at=new.next_attempt_at, not_before=new.not_before, expires_at=new.expires_at,
-                        created_at=new.created_at, ordering_key=ordering_key, actor=actor)
+                        created_at=new.created_at, ordering_key=ordering_key, actor=actor,
+                        trace_context=tracing.created(topic, event_id, trace_context))
 
     async def publish(self, **event: Unpack[EventFields]) -> Published:
         """Record an event and, in the same commit, one intent per destination subscribed to its

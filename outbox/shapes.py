@@ -140,6 +140,11 @@ class IntentIn(BaseModel):
     ordering_key: OrderingKey | None = Field(
         default=None, description="intents of a destination with ordering 'key' and the same ordering_key are "
                                   "delivered one at a time, in enqueue order (a Kafka record's key)")
+    # (no rule: a malformed traceparent is ignored, never refused)
+    traceparent: str | None = Field(default=None, description=(
+        "the producer's W3C trace context for this intent (a batch item's own); otherwise the request's "
+        "traceparent header is taken; a malformed one is ignored"))
+    tracestate: str | None = Field(default=None, description="the W3C tracestate that goes with traceparent")
 
 
 class BatchIn(BaseModel):
@@ -263,6 +268,13 @@ class BulkReplayIn(ReplayIn):
 # -- what the API answers ------------------------------------------------------------------
 
 
+class TraceContext(BaseModel):
+    """The W3C Trace Context an intent keeps (``outbox.tracing``)."""
+
+    traceparent: str
+    tracestate: str | None = None
+
+
 class Intent(BaseModel):
     """An intent as the API shows it."""
 
@@ -290,6 +302,9 @@ class Intent(BaseModel):
         "null, unless some of its stored times are beyond what can be read (years 1 to 9999 UTC; a row written "
         "by hand): which, each shown as the nearest time that can be read; the sender sets it aside, dead"))
     event_id: str | None = Field(default=None, description="the event (in its scope) this intent delivers, if any")
+    trace: TraceContext | None = Field(default=None, description=(
+        "the W3C trace context of the intent's create span (a child of the producer's), the parent of every "
+        "attempt's span; null when there is none"))
 
 
 class BatchIntent(Intent):
@@ -583,6 +598,7 @@ def intent_json(intent: IntentRecord, *, payload: bool = True) -> dict[str, Any]
         "lease_owner": intent.lease_owner, "lease_expires_at": iso(intent.lease_expires_at), "fence": intent.fence,
         "created_at": iso(intent.created_at), "updated_at": iso(intent.updated_at),
         "last_error": intent.last_error, "unreadable": intent.unreadable, "event_id": intent.event_id,
+        "trace": json_loads(intent.trace_context) if intent.trace_context else None,
     }
 
 

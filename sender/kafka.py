@@ -57,7 +57,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import TopicPartition
 from pydantic import ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator, model_validator
 
-from outbox import Destination, DestinationSpec, Intent, OnUnknown, Outcome, Submission, hosts
+from outbox import Destination, DestinationSpec, Intent, OnUnknown, Outcome, Submission, hosts, tracing
 from outbox.clock import Clock, SystemClock
 from outbox.crash import crash_point
 from outbox.destinations import rotate_secrets
@@ -223,7 +223,8 @@ class KafkaChannel:
         headers = [(wire.KAFKA_IDEMPOTENCY_KEY, intent.key.encode()),
                    (wire.KAFKA_PAYLOAD_DIGEST, intent.payload_digest.encode()),
                    (wire.KAFKA_ATTEMPT_ID, attempt_id.encode()),
-                   (wire.KAFKA_FENCE, str(fence).encode())]
+                   (wire.KAFKA_FENCE, str(fence).encode()),
+                   *((name, value.encode()) for name, value in tracing.carrier().items())]  # the attempt's span
         if entry.signing[0] != destination.secrets:
             entry.signing = (destination.secrets, _split(destination.secrets)[0])
         signing = entry.signing[1]

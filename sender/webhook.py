@@ -22,7 +22,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 from yarl import URL
 
-from outbox import Destination, DestinationSpec, Intent, Outcome, Submission, crash, hosts
+from outbox import Destination, DestinationSpec, Intent, Outcome, Submission, crash, hosts, tracing
 from outbox.clock import Clock, SystemClock
 from outbox.crash import crash_point
 from receivers import wire
@@ -223,6 +223,7 @@ class WebhookChannel:
         headers[wire.CONTENT_DIGEST] = wire.content_digest(body)
         headers[wire.ATTEMPT_ID] = attempt_id
         headers[wire.FENCE] = str(fence)
+        headers |= tracing.carrier()  # the attempt's span (not signed: Standard Webhooks signs id.timestamp.body)
         if unsendable := _unsendable(headers):
             return SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, error=unsendable)
         session = self._session(destination.allow_private_network)

@@ -24,6 +24,7 @@ from outbox import Attempt, Destination, Outbox, SecretsKeyError, StoreUnavailab
 from outbox.crash import arm, crash_point
 from outbox.ids import uuid7
 
+from . import spans
 from .authority import Authority, CachedAuthority, authority_from_setting
 from .backoff import Backoff
 from .channel import Channel, ChannelModule, SendResult
@@ -204,7 +205,9 @@ class Worker(Pipeline):
             channel = self._channel(intent.channel)
             started = time.perf_counter()
             sent = True
-            result = await channel.send(intent, destination, attempt_id=attempt.attempt_id, fence=intent.fence)
+            with spans.sending(intent, destination, attempt) as span:
+                result = await channel.send(intent, destination, attempt_id=attempt.attempt_id, fence=intent.fence)
+                spans.finished(span, intent, destination, result)
             crash_point("after_answer")
             seconds = time.perf_counter() - started
             if changed := self.circuits.record(destination, result, self.clock.now()):

@@ -192,3 +192,12 @@ def snapshot(path: Path) -> dict[str, list[tuple[object, ...]]]:
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
         )]
         return {t: sorted(conn.execute(f"SELECT * FROM {t}").fetchall(), key=repr) for t in tables}
+
+
+@pytest.fixture
+def spans() -> Iterator[Any]:
+    """Every span this process finishes during the test (the SDK's in-memory exporter;
+    ``tests.traces``, imported only by the tests that ask)."""
+    from . import traces
+
+    yield from traces.recording()

@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from .. import keyring, logs
+from .. import keyring, logs, tracing
 from ..errors import OutboxError
 from ..model import Role
 from ..outbox import Outbox
@@ -58,7 +60,20 @@ def serve(ctx: Context, host: str | None, port: int | None, log_level: str | Non
             "Keep it secret; create more with `outbox tokens create`.\n",
             err=True,
         )
-    _serve(create_service(settings), settings, settings.port, proxy_headers=False)
+    with _traced():
+        _serve(create_service(settings), settings, settings.port, proxy_headers=False)
+
+
+@contextmanager
+def _traced() -> Iterator[None]:
+    """Export traces while the process runs, if the ``OTEL_*`` variables ask (``tracing.configure``),
+    and flush the last spans when it ends."""
+    stop = tracing.configure()
+    try:
+        yield
+    finally:
+        if stop is not None:
+            stop()
 
 
 def _serve(app: FastAPI, settings: Settings, port: int, **options: Any) -> None:
@@ -103,8 +118,9 @@ def worker(ctx: Context, concurrency: int | None, log_level: str | None, log_for
         from ..service import create_service
 
         # the server owns SIGTERM here: it stops the sender, which drains as below
-        _serve(create_service(settings.model_copy(update={"worker": True}), probes_only=True), settings,
-               settings.metrics_port, access_log=False)
+        with _traced():
+            _serve(create_service(settings.model_copy(update={"worker": True}), probes_only=True), settings,
+                   settings.metrics_port, access_log=False)
         return
 
     async def run() -> None:
@@ -116,7 +132,8 @@ def worker(ctx: Context, concurrency: int | None, log_level: str | None, log_for
             await sender.run()
 
     try:
-        asyncio.run(run())
+        with _traced():
+            asyncio.run(run())
     except OutboxError as exc:
         raise click.ClickException(exc.message) from None
 

@@ -20,7 +20,7 @@ from urllib.parse import parse_qs, quote
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
-from .. import operations, problems
+from .. import operations, problems, tracing
 from ..destinations import Destination
 from ..errors import InvalidInput, NotFound, OutboxError
 from ..ids import KEY_SEPARATOR
@@ -287,7 +287,8 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
                else "") + "</p>"
             f"{waiting}{last_error}"
             f"<p>payload <code>{escape(intent.payload_digest)}</code></p>{pretty(intent.payload_json[:4000])}"
-            f"<h2>Actions</h2>{''.join(actions) or '<p>none for this status</p>'}"
+            + (f"<p>trace <code>{escape(parent)}</code></p>" if (parent := tracing.traceparent(intent)) else "")
+            + f"<h2>Actions</h2>{''.join(actions) or '<p>none for this status</p>'}"
             "<h2>Attempts</h2>" + history_view.attempts(history.attempts, history.events, destination, now)
             + "<h2>Timeline</h2>" + history_view.timeline(history.events, now)), status=status)
 

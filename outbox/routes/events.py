@@ -32,7 +32,7 @@ from ..shapes import (
 from ..timestamps import Timestamp
 from .auth import Operator, Producer, Reader, box, in_scope, readable
 from .bodies import validated
-from .intents import before_seq
+from .intents import before_seq, trace_headers
 
 log = logging.getLogger("outbox.api")
 router = APIRouter(tags=["events"])
@@ -62,7 +62,7 @@ def _answer(result: Published) -> Response:
 async def publish(spec: EventIn, request: Request, token: Producer) -> Response:
     in_scope(token, spec.scope)
     sent = {name: getattr(spec, name) for name in spec.model_fields_set}
-    return _answer(await box(request).publish(actor=token.actor, **sent))
+    return _answer(await box(request).publish(actor=token.actor, trace_context=trace_headers(request), **sent))
 
 
 @router.post(
@@ -82,7 +82,8 @@ async def publish_batch(batch: EventBatchIn, request: Request, token: Producer) 
             results[place] = _refused(problem)
             continue
         places.append(place)
-        accepted.append({"actor": token.actor, **{name: getattr(spec, name) for name in spec.model_fields_set}})
+        accepted.append({"actor": token.actor, "trace_context": trace_headers(request),
+                         **{name: getattr(spec, name) for name in spec.model_fields_set}})
     for place, outcome in zip(places, await box(request).publish_each(accepted), strict=True):
         if isinstance(outcome, OutboxError):
             results[place] = _refused(from_error(outcome))

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic_core import to_json
 
-from .. import openapi
+from .. import openapi, tracing
 from ..cursor import decode_cursor, encode_cursor
 from ..errors import OutboxError
 from ..model import SETTLED, Enqueued, Intent, Status
@@ -66,8 +66,7 @@ def before_seq(cursor: str | None) -> int | None:
 )
 async def enqueue(spec: IntentIn, request: Request, token: Producer) -> Response:
     in_scope(token, spec.scope)
-    sent = {name: getattr(spec, name) for name in spec.model_fields_set}  # null included; no copy of the payload
-    result = await box(request).enqueue(actor=token.actor, **sent)
+    result = await box(request).enqueue(actor=token.actor, **traced(spec, request))
     return JSONResponse(
         intent_json(result.intent),
         status_code=201 if result.created else 200,
@@ -92,12 +91,29 @@ async def enqueue_batch(batch: BatchIn, request: Request, token: Producer) -> Re
             results[place] = _item(refused)
             continue
         places.append(place)
-        accepted.append({"actor": token.actor, **{name: getattr(spec, name) for name in spec.model_fields_set}})
+        accepted.append({"actor": token.actor, **traced(spec, request)})
     for place, outcome in zip(places, await box(request).enqueue_each(accepted), strict=True):
         results[place] = _item(from_error(outcome) if isinstance(outcome, OutboxError) else outcome)
     # JSON-ready already, so neither FastAPI's encoder nor the json module is needed: pydantic's
     # serializer writes the same JSON (compact UTF-8) several times faster
     return Response(to_json({"results": results}), media_type="application/json")
+
+
+def traced(spec: IntentIn, request: Request) -> dict[str, Any]:
+    """The fields the producer sent (null included; no copy of the payload), with the trace
+    context it goes with: the item's own ``traceparent`` and ``tracestate``, else the request's
+    headers (as read; ``tracing.created`` ignores a malformed one)."""
+    sent = {name: getattr(spec, name) for name in spec.model_fields_set if name not in tracing.FIELDS}
+    if spec.traceparent is None:
+        sent["trace_context"] = trace_headers(request)
+    else:
+        sent["trace_context"] = {name: value for name in tracing.FIELDS if (value := getattr(spec, name)) is not None}
+    return sent
+
+
+def trace_headers(request: Request) -> dict[str, str]:
+    """The request's W3C ``traceparent`` and ``tracestate`` headers, as sent."""
+    return {name: value for name in tracing.FIELDS if (value := request.headers.get(name)) is not None}
 
 
 def _item(outcome: Enqueued | Problem) -> dict[str, Any]:

@@ -101,7 +101,7 @@ def intent(row: Row, time: Time) -> Intent:
     return Intent(
         **_as_is(row, "seq", "action_id", "scope", "destination", "channel", "payload_digest", "attempts",
                  "max_attempts", "lease_owner", "fence", "last_error", "approved_digest", "approved_by",
-                 "ordering_key", "replayed_after", "event_id"),
+                 "ordering_key", "replayed_after", "event_id", "trace_context"),
         payload_json=row["payload"],
         status=Status(row["status"]),
         next_attempt_at=at("next_attempt_at"),

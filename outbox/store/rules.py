@@ -61,6 +61,7 @@ def inserted_intent(seq: int, new: NewIntent, channel: str, status: Status) -> I
         next_attempt_at=new.next_attempt_at, not_before=new.not_before, expires_at=new.expires_at,
         lease_owner=None, lease_expires_at=None, fence=0, created_at=new.created_at,
         updated_at=new.created_at, last_error=None, ordering_key=new.ordering_key, event_id=new.event_id,
+        trace_context=new.trace_context,
     )
 
 

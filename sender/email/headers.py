@@ -15,7 +15,7 @@ HEADER_VALUE = re.compile(r"[^\x00-\x08\x0a-\x1f\x7f]{0,900}")  # with its name,
 OURS = frozenset(name.lower() for name in (
     "From", "Sender", "To", "Cc", "Bcc", "Subject", "Reply-To", "Message-ID", "Date", "MIME-Version",
     "Content-Type", "Content-Transfer-Encoding", "Return-Path", "Received",
-    wire.IDEMPOTENCY_KEY, wire.ATTEMPT_ID, wire.FENCE, wire.PAYLOAD_DIGEST,
+    wire.IDEMPOTENCY_KEY, wire.ATTEMPT_ID, wire.FENCE, wire.PAYLOAD_DIGEST, "traceparent", "tracestate",
     # what mail systems read as who sent a message or what checked it: never a tenant's to say
     "Authentication-Results", "Received-SPF", "Delivered-To", "Return-Receipt-To"))
 #: Families of headers that are likewise the message's or a mail system's own.

@@ -13,7 +13,7 @@ from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
 from email.utils import format_datetime
 
-from outbox import Intent
+from outbox import Intent, tracing
 from receivers import wire
 
 from .address import mailbox, written
@@ -49,7 +49,8 @@ def compose(intent: Intent, spec: EmailSpec, payload: EmailPayload, *, attempt_i
     fields += [("Subject", payload.subject), ("Date", format_datetime(date)),
                ("Message-ID", message_id(intent.key, spec.from_)), (wire.IDEMPOTENCY_KEY, intent.key),
                (wire.PAYLOAD_DIGEST, intent.payload_digest), (wire.ATTEMPT_ID, attempt_id),
-               (wire.FENCE, str(fence)), *{**spec.headers, **payload.headers}.items()]
+               (wire.FENCE, str(fence)), *tracing.carrier().items(),  # the attempt's span
+               *{**spec.headers, **payload.headers}.items()]
     body = _single(payload)
     whole = b"".join(_field(name, value) for name, value in fields) + (
         _body(payload).as_bytes(policy=WIRE) if body is None else body)

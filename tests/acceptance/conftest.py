@@ -15,9 +15,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import uvicorn
 
 from .. import pg
+from ..otlp import Collector
 
 OUTBOX = str(Path(sys.executable).parent / "outbox")
 
@@ -72,3 +74,12 @@ def served_in_thread(app: Any, name: str) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+@pytest.fixture
+def collector() -> Iterator[tuple[Collector, str]]:
+    """An OTLP/HTTP collector on loopback (``tests.otlp``) and its base URL (an exporter's
+    ``OTEL_EXPORTER_OTLP_ENDPOINT``; it posts to ``/v1/traces`` under it)."""
+    app = Collector()
+    with served_in_thread(app, "collector") as url:
+        yield app, url

@@ -128,7 +128,7 @@ def signed(secret: str, key: str, body: bytes) -> dict[str, str]:
 def test_the_readme_has_its_examples():
     assert set(python_blocks()) == {"main", "fastapi-receiver", "flask-receiver", "channel-declaration", "email",
                                     "kafka", "kafka-consumer", "postgres-transaction", "client",
-                                    "harness-pydantic-ai", "receiver-tracing"}
+                                    "harness-pydantic-ai", "receiver-tracing", "tracing"}
 
 
 def test_the_producer_example_runs_and_is_safe_to_run_again(tmp_path: Path):

@@ -51,6 +51,7 @@ from outbox.grants import GrantSpec
 from outbox.keyring import generate_key, key_id
 from outbox.model import Approve, Cancel, Change, NewIntent, OnDead, Ordering, Release, Replay, Resolve, Settle, Start
 from outbox.store import Store
+from outbox.store.protocol import Claim
 from outbox.store.records import FIRST, LAST
 from outbox.tokens import TokenInfo
 
@@ -164,6 +165,24 @@ async def test_insert_creates_a_pending_intent_with_its_first_event(store):
     history = await store.history("acme/a1")
     assert [(e.kind, e.actor) for e in history.events] == [("enqueued", "test")]
     assert history.attempts == []
+
+
+async def test_an_intents_trace_context_is_kept_whichever_way_it_was_enqueued_and_claimed(store):
+    """The create span's W3C context (``outbox.tracing``) goes in with the intent, alone or in a
+    batch, and comes back on every read, a claim's included; none stays none."""
+    kept = '{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","tracestate":"k=v"}'
+
+    def traced(action_id: str, context: str | None = kept) -> tuple[NewIntent, Event]:
+        intent, event = new(action_id)
+        return replace(intent, trace_context=context), event
+
+    assert (await store.insert_intent(*traced("t1"))).intent.trace_context == kept
+    batch = await store.insert_intents([traced("t2"), traced("t3", None)])
+    each = await store.insert_each([traced("t4")])
+    assert [r.intent.trace_context for r in [*batch, *each] if isinstance(r, Enqueued)] == [kept, None, kept]
+    assert [(await store.get_intent(f"acme/t{n}")).trace_context for n in (1, 2, 3, 4)] == [kept, kept, None, kept]
+    claimed = (await store.apply([], claim=Claim("w", T0, T0 + timedelta(seconds=30), 10))).claimed  # a worker's
+    assert {i.action_id: i.trace_context for i in claimed} == {"t1": kept, "t2": kept, "t3": None, "t4": kept}
 
 
 async def test_the_same_operation_again_returns_the_existing_intent(store):

@@ -164,3 +164,15 @@ async def test_the_intent_page_pretty_prints_replies_and_hides_a_resolved_error(
     assert '&quot;body&quot;: {\n    &quot;ok&quot;: true,\n    &quot;note&quot;: &quot;&lt;i&gt;fine&lt;/i&gt;&quot;' \
         in page.replace("&#x27;", "'")
     assert "\\&quot;" not in page and "&amp;quot;" not in page
+
+
+async def test_the_intent_page_shows_the_trace_context_it_keeps(ops: Ops):
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    await ops.destination("hook", "/hook")
+    await ops.enqueue("t1", trace_context={"traceparent": parent})
+    await ops.enqueue("t2", trace_context={"traceparent": "garbage"})
+    async with console(ops) as http:
+        kept = (await http.get("/console/intents/t1")).text
+        none = (await http.get("/console/intents/t2")).text
+    assert f"<p>trace <code>{parent}</code></p>" in kept  # (no SDK here: the create span carries its parent's)
+    assert "<p>trace " not in none

@@ -58,3 +58,17 @@ def test_configure_sends_every_logger_to_one_handler_in_the_format(restore_root,
     lines = capsys.readouterr().err.splitlines()
     assert [json.loads(line)["message"] for line in lines] == ["listening"]
     assert len(logging.getLogger().handlers) == 1
+
+
+def test_json_lines_carry_the_trace_and_span_id_while_a_span_records(restore_root, capsys, spans):
+    from opentelemetry import trace
+
+    logs.configure("info", "json")
+    logging.getLogger("outbox").info("outside any span")
+    with trace.get_tracer("test").start_as_current_span("work") as span:
+        logging.getLogger("outbox.sender").info("delivered", extra=FIELDS)
+    outside, inside = (json.loads(line) for line in capsys.readouterr().err.splitlines())
+    assert "trace_id" not in outside and "span_id" not in outside
+    context = span.get_span_context()
+    assert inside["trace_id"] == f"{context.trace_id:032x}" and inside["span_id"] == f"{context.span_id:016x}"
+    assert inside["action_id"] == "order-1"

@@ -50,8 +50,8 @@ SELECT count(pg_advisory_xact_lock(held.destination, held.bucket)) FROM (
 WITH created AS (
     INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
                          max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at, ordering_key,
-                         event_id)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $19, $20)
+                         event_id, trace_context)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $19, $20, $21)
     ON CONFLICT (intent_key) DO NOTHING
     RETURNING seq, status
 ), logged AS (
@@ -61,22 +61,22 @@ WITH created AS (
 SELECT seq, CASE WHEN status = 'pending' THEN pg_notify('outbox_due', '') END AS notified FROM created;
 
 -- name: insert_intents
--- Create the intents of a batch (one row per key, as arrays $1-$20), each with its first event, skipping keys that
+-- Create the intents of a batch (one row per key, as arrays $1-$21), each with its first event, skipping keys that
 -- exist; returns each new intent's key and seq. Inserted in the batch's order, so seq order is that order.
 WITH batch AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
                          $8::text[], $9::integer[], $10::timestamptz[], $11::timestamptz[], $12::timestamptz[],
                          $13::timestamptz[], $14::text[], $15::timestamptz[], $16::text[], $17::text[], $18::text[],
-                         $19::text[], $20::text[])
+                         $19::text[], $20::text[], $21::text[])
         WITH ORDINALITY AS u (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
                               max_attempts, next_attempt_at, not_before, expires_at, created_at, kind, at, actor, reason,
-                              data, ordering_key, event_id, n)
+                              data, ordering_key, event_id, trace_context, n)
 ), created AS (
     INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
                          max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at, ordering_key,
-                         event_id)
+                         event_id, trace_context)
     SELECT intent_key, action_id, scope, destination, channel, payload, payload_digest, status, max_attempts,
-           next_attempt_at, not_before, expires_at, created_at, created_at, ordering_key, event_id
+           next_attempt_at, not_before, expires_at, created_at, created_at, ordering_key, event_id, trace_context
     FROM batch ORDER BY n
     ON CONFLICT (intent_key) DO NOTHING
     RETURNING seq, intent_key, status

@@ -33,21 +33,22 @@ SELECT channel, requires_approval FROM destinations WHERE id = ?;
 -- Create an intent unless its key (scope/action_id) exists; returns the new seq, or nothing.
 INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
                      max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at, ordering_key,
-                     event_id)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                     event_id, trace_context)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (intent_key) DO NOTHING
 RETURNING seq;
 
 -- name: insert_intents_set
 -- Create the intents of a JSON array of [key, action_id, scope, destination, channel, payload,
 -- payload_digest, status, max_attempts, next_attempt_at, not_before, expires_at, created_at,
--- ordering_key, event_id] rows, in order, each unless its key exists (an earlier row's included);
+-- ordering_key, event_id, trace_context] rows, in order, each unless its key exists (an earlier row's included);
 -- returns the key and new seq of each one created.
 INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
                      max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at, ordering_key,
-                     event_id)
+                     event_id, trace_context)
 SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6, value ->> 7,
-       value ->> 8, value ->> 9, value ->> 10, value ->> 11, value ->> 12, value ->> 12, value ->> 13, value ->> 14
+       value ->> 8, value ->> 9, value ->> 10, value ->> 11, value ->> 12, value ->> 12, value ->> 13, value ->> 14,
+       value ->> 15
 FROM json_each(?) WHERE true  -- (WHERE: so that ON CONFLICT is not read as a join's ON)
 ON CONFLICT (intent_key) DO NOTHING
 RETURNING intent_key, seq;
@@ -164,7 +165,7 @@ SELECT json_group_array(json_object(
     'lease_expires_at', lease_expires_at, 'fence', fence, 'created_at', created_at,
     'updated_at', updated_at, 'last_error', last_error, 'approved_digest', approved_digest,
     'approval_expires_at', approval_expires_at, 'approved_by', approved_by, 'ordering_key', ordering_key,
-    'replayed_after', replayed_after, 'event_id', event_id))
+    'replayed_after', replayed_after, 'event_id', event_id, 'trace_context', trace_context))
 FROM intents WHERE seq IN (SELECT value FROM json_each(?));
 
 -- name: renew_lease

@@ -1,0 +1,81 @@
+"""The span of one attempt: a ``send`` span, child of the intent's create span, following
+OpenTelemetry's messaging and HTTP client conventions. While it is current, a channel puts its
+context on the wire (``outbox.tracing.carrier``), so the receiver continues the same trace."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from outbox import Attempt, Destination, Intent, Outcome
+from outbox.tracing import TRACER, restored
+
+from .channel import SendResult
+
+#: What each channel is as a messaging system (``messaging.system``).
+SYSTEMS = {"kafka": "kafka", "email": "smtp", "webhook": "webhook"}
+
+
+@contextmanager
+def sending(intent: Intent, destination: Destination, attempt: Attempt) -> Iterator[Span]:
+    """The attempt's span, current while the channel sends (a root when the intent keeps no
+    context: the worker's own context is not the producer's). Its attributes are made only
+    when it records: without an SDK an attempt pays for no more than the no-op span."""
+    with TRACER.start_as_current_span(
+        f"send {destination.id}", context=restored(intent.trace_context) or Context(),
+        kind=SpanKind.PRODUCER if intent.channel == "kafka" else SpanKind.CLIENT,
+        record_exception=True, set_status_on_exception=True,
+    ) as span:
+        if span.is_recording():
+            span.set_attributes(_started(intent, destination, attempt))
+        yield span
+
+
+def finished(span: Span, intent: Intent, destination: Destination, result: SendResult) -> None:
+    """Record what the attempt established on its span (an error status unless delivered)."""
+    if not span.is_recording():
+        return
+    attributes: dict[str, Any] = {"outbox.submission": result.submission.value, "outbox.outcome": result.outcome.value}
+    if result.stage is not None:
+        attributes["outbox.stage"] = result.stage
+    if result.external_id is not None:
+        attributes["outbox.external_id"] = result.external_id
+    if intent.channel == "webhook" and result.status_code is not None:
+        attributes["http.response.status_code"] = result.status_code
+    if intent.channel == "kafka" and result.external_id:
+        _, partition, offset = result.external_id.rsplit("/", 2)
+        attributes["messaging.destination.partition.id"] = partition
+        attributes["messaging.kafka.offset"] = int(offset)
+    span.set_attributes(attributes)
+    if result.outcome is not Outcome.DELIVERED:
+        span.set_status(Status(StatusCode.ERROR, result.error or result.outcome.value))
+
+
+def _started(intent: Intent, destination: Destination, attempt: Attempt) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        "messaging.operation.type": "send", "messaging.operation.name": "send",
+        "messaging.system": SYSTEMS.get(intent.channel, intent.channel),
+        "messaging.destination.name": destination.id, "messaging.message.id": intent.action_id,
+        "messaging.message.resend_count": attempt.number - 1, "outbox.attempt.number": attempt.number,
+        "outbox.attempt_id": attempt.attempt_id, "outbox.fence": attempt.fence, "outbox.scope": intent.scope,
+    }
+    settings = destination.settings
+    if intent.channel == "webhook":
+        attributes |= {"url.full": public_url(str(settings["url"])), "http.request.method": "POST"}
+    elif intent.channel == "kafka":
+        attributes["messaging.destination.name"] = settings["topic"]
+        attributes["outbox.destination"] = destination.id
+    return attributes
+
+
+def public_url(url: str) -> str:
+    """``url`` without what may be a secret: its user and password, its query and fragment."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
