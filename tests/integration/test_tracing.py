@@ -1,7 +1,8 @@
 """One trace from the producer to the receiver: the producer's span (made here with the SDK) sent
 as traceparent through the client to a served outbox (uvicorn on loopback, a real SQLite file),
 the intent's create span, one send span per attempt, and the receiver's requests carrying the
-attempt's traceparent; on Kafka records and email header fields too; an operator's replay
+attempt's traceparent; on Kafka records (and on through the idempotent consumer to its handler)
+and email header fields too; an operator's replay
 linked to the trace; a malformed traceparent ignored. The spans are read from the SDK's
 in-memory exporter (the ``spans`` fixture): every part runs in this process."""
 
@@ -13,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaConsumer
 from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
 from outbox import DestinationSpec, Outbox, Role, Settings, Status, operations
 from outbox.client import AsyncClient
+from receivers import IdempotencyContext, IdempotentConsumer, MemoryRecordStore
 from sender.email import EmailChannel
 from sender.kafka import KafkaChannel
 
@@ -33,6 +36,7 @@ from .test_kafka import TOPIC, records
 from .test_kafka import register as register_kafka
 
 PRODUCER = trace.get_tracer("a producer")
+CONSUMER_APP = trace.get_tracer("a consumer")
 MALFORMED = "00-not-a-trace-context-01"
 
 
@@ -154,6 +158,30 @@ async def test_a_kafka_record_carries_the_attempts_traceparent(spans, env: Sende
     assert attributes["messaging.system"] == "kafka" and attributes["messaging.destination.name"] == TOPIC
     assert attributes["messaging.destination.partition.id"] == str(record.partition)
     assert attributes["messaging.kafka.offset"] == record.offset
+
+    # the idempotent consumer continues that trace: its span under the send, the handler's under it
+    async def handle(record: Any, context: IdempotencyContext) -> None:
+        with CONSUMER_APP.start_as_current_span("post the order"):
+            handled.append(context.key)
+
+    handled: list[str] = []
+    consumer = IdempotentConsumer(AIOKafkaConsumer(TOPIC, bootstrap_servers=kafka.bootstrap, group_id="fulfilment",
+                                                   enable_auto_commit=False, auto_offset_reset="earliest"),
+                                  MemoryRecordStore(), handle)
+    async with consumer:
+        assert await eventually(lambda: handled == ["acme/k-1"], timeout=20), handled
+        [consumed] = await _ended(spans, f"process {TOPIC}")
+    [handler] = named(spans, "post the order")
+    assert consumed.parent is not None and consumed.parent.span_id == send.context.span_id
+    assert consumed.context.trace_id == producer.get_span_context().trace_id
+    assert handler.parent is not None and handler.parent.span_id == consumed.context.span_id
+    assert dict(consumed.attributes or {})["outbox.idempotency.outcome"] == "claimed"
+
+
+async def _ended(spans: Any, name: str) -> list[Any]:
+    """The spans called ``name`` once one has ended (a consumer's span ends after its record is settled)."""
+    assert await eventually(lambda: named(spans, name), timeout=10), [s.name for s in spans.get_finished_spans()]
+    return named(spans, name)
 
 
 async def test_an_email_carries_the_attempts_traceparent_header(spans, env: SenderEnv):
