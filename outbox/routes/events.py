@@ -9,13 +9,10 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic_core import to_json
 
 from .. import openapi
 from ..cursor import MAX_PAGE, encode_cursor
-from ..errors import OutboxError
 from ..events import EventQuery, Published, StoredEvent
-from ..problems import Problem, from_error
 from ..shapes import (
     MAX_BATCH,
     DeliverIn,
@@ -31,7 +28,7 @@ from ..shapes import (
 )
 from ..timestamps import Timestamp
 from .auth import Operator, Producer, Reader, box, in_scope, readable
-from .bodies import validated
+from .batches import answer_each
 from .intents import before_seq, trace_headers
 
 log = logging.getLogger("outbox.api")
@@ -61,8 +58,12 @@ def _answer(result: Published) -> Response:
 )
 async def publish(spec: EventIn, request: Request, token: Producer) -> Response:
     in_scope(token, spec.scope)
-    sent = {name: getattr(spec, name) for name in spec.model_fields_set}
-    return _answer(await box(request).publish(actor=token.actor, trace_context=trace_headers(request), **sent))
+    return _answer(await box(request).publish(actor=token.actor, **_sent(spec, request)))
+
+
+def _sent(spec: EventIn, request: Request) -> dict[str, Any]:
+    """The fields the producer sent (null included), with the request's trace context."""
+    return {"trace_context": trace_headers(request), **{name: getattr(spec, name) for name in spec.model_fields_set}}
 
 
 @router.post(
@@ -71,31 +72,14 @@ async def publish(spec: EventIn, request: Request, token: Producer) -> Response:
     **openapi.doc({200: EventBatchResult}, example="EventBatchIn", errors=[*openapi.BODY_ERRORS]),
 )
 async def publish_batch(batch: EventBatchIn, request: Request, token: Producer) -> Response:
-    results: list[dict[str, Any] | None] = [None] * len(batch.events)
-    places: list[int] = []
-    accepted: list[dict[str, Any]] = []
-    for place, item in enumerate(batch.events):
-        try:
-            spec = validated(EventIn, item)
-            in_scope(token, spec.scope)
-        except Problem as problem:
-            results[place] = _refused(problem)
-            continue
-        places.append(place)
-        accepted.append({"actor": token.actor, "trace_context": trace_headers(request),
-                         **{name: getattr(spec, name) for name in spec.model_fields_set}})
-    for place, outcome in zip(places, await box(request).publish_each(accepted), strict=True):
-        if isinstance(outcome, OutboxError):
-            results[place] = _refused(from_error(outcome))
-        else:
-            results[place] = {"status": 201 if outcome.created else 200,
-                              "event": event_json(outcome.event, payload=False)}
-    return Response(to_json({"results": results}), media_type="application/json")
+    return await answer_each(batch.events, EventIn, token, lambda spec: _sent(spec, request),
+                             box(request).publish_each, _published)
 
 
-def _refused(problem: Problem) -> dict[str, Any]:
-    """A batch item's answer for a refused event: the status and problem it alone would get."""
-    return {"status": problem.status, "problem": problem.json()}
+def _published(outcome: Published) -> dict[str, Any]:
+    """One published item's answer in a batch: the status publishing it alone would have
+    answered, with the event (less the payload the caller sent)."""
+    return {"status": 201 if outcome.created else 200, "event": event_json(outcome.event, payload=False)}
 
 
 @router.get("/v1/events/{event_id}", summary="An event with its fan-out: each destination's intent and status",

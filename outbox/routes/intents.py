@@ -8,14 +8,12 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic_core import to_json
 
 from .. import openapi, tracing
 from ..cursor import decode_cursor, encode_cursor
-from ..errors import OutboxError
 from ..model import SETTLED, Enqueued, Intent, Status
 from ..outbox import MAX_PAGE
-from ..problems import Problem, from_error
+from ..problems import Problem
 from ..shapes import (
     MAX_BATCH,
     ActionId,
@@ -33,7 +31,7 @@ from ..shapes import Intent as IntentAnswer
 from ..store import IntentQuery
 from ..timestamps import Timestamp
 from .auth import Producer, Reader, box, in_scope, readable
-from .bodies import validated
+from .batches import answer_each
 
 router = APIRouter(tags=["intents"])
 
@@ -80,23 +78,8 @@ async def enqueue(spec: IntentIn, request: Request, token: Producer) -> Response
     **openapi.doc({200: BatchResult}, example="BatchIn", errors=[*openapi.BODY_ERRORS]),
 )
 async def enqueue_batch(batch: BatchIn, request: Request, token: Producer) -> Response:
-    results: list[dict[str, Any] | None] = [None] * len(batch.intents)
-    places: list[int] = []
-    accepted: list[dict[str, Any]] = []
-    for place, item in enumerate(batch.intents):
-        try:
-            spec = validated(IntentIn, item)
-            in_scope(token, spec.scope)
-        except Problem as refused:
-            results[place] = _item(refused)
-            continue
-        places.append(place)
-        accepted.append({"actor": token.actor, **traced(spec, request)})
-    for place, outcome in zip(places, await box(request).enqueue_each(accepted), strict=True):
-        results[place] = _item(from_error(outcome) if isinstance(outcome, OutboxError) else outcome)
-    # JSON-ready already, so neither FastAPI's encoder nor the json module is needed: pydantic's
-    # serializer writes the same JSON (compact UTF-8) several times faster
-    return Response(to_json({"results": results}), media_type="application/json")
+    return await answer_each(batch.intents, IntentIn, token, lambda spec: traced(spec, request),
+                             box(request).enqueue_each, _enqueued)
 
 
 def traced(spec: IntentIn, request: Request) -> dict[str, Any]:
@@ -116,11 +99,9 @@ def trace_headers(request: Request) -> dict[str, str]:
     return {name: value for name in tracing.FIELDS if (value := request.headers.get(name)) is not None}
 
 
-def _item(outcome: Enqueued | Problem) -> dict[str, Any]:
-    """One item's answer in a batch: the status the single enqueue would have answered, with
-    the intent (less the payload the caller sent: its digest is there) or the problem."""
-    if isinstance(outcome, Problem):
-        return {"status": outcome.status, "problem": outcome.json()}
+def _enqueued(outcome: Enqueued) -> dict[str, Any]:
+    """One enqueued item's answer in a batch: the status the single enqueue would have answered,
+    with the intent (less the payload the caller sent: its digest is there)."""
     return {"status": 201 if outcome.created else 200, "intent": intent_json(outcome.intent, payload=False)}
 
 
