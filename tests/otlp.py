@@ -10,6 +10,8 @@ from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from receivers.asgi import read_body
+
 
 @dataclass(frozen=True)
 class Exported:
@@ -32,12 +34,7 @@ class Collector:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         assert scope["type"] == "http"
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive, 64 << 20) or b""
         status = 404
         if scope["method"] == "POST" and scope["path"] == "/v1/traces":
             self._keep(ExportTraceServiceRequest.FromString(body))

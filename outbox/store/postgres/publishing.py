@@ -19,7 +19,7 @@ from ..records import new_event_values
 from ..rules import decide_existing_event, fanout_of
 from .connection import READ, SNAPSHOT
 from .intake import insert_batch
-from .sql import SQL
+from .sql import SQL, where
 
 T = TypeVar("T")
 
@@ -151,13 +151,7 @@ class PostgresEvents:
 
     async def list_events(self, query: EventQuery) -> EventPage:
         params: list[Any] = [query.limit + 1]
-        where: list[str] = []
-        for column, operator, value in query.filters():
-            params.append(value)
-            where.append(f"{column} = ANY(${len(params)}::text[])" if operator == "in"
-                         else f"starts_with({column}, ${len(params)})" if operator == "prefix"
-                         else f"{column} {operator} ${len(params)}")
-        sql = SQL["list_events"].format(where=" AND ".join(where) or "true")
+        sql = SQL["list_events"].format(where=where(query.filters(), params))
 
         async def work(conn: asyncpg.Connection) -> EventPage:
             return query.page(await _with_fanout(conn, await conn.fetch(sql, *params)))

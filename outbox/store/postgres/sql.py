@@ -3,6 +3,9 @@ them are built from filled in."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from ...model import MOVES
 from ..plumbing import queries
 
@@ -16,3 +19,16 @@ CYCLE = ("settle", "start")
 #: Each other move's block appends its events the same way (``logged``).
 SQL = {**SQL, **{name: SQL[name].format(logged=SQL["logged"]) for name in MOVES
                  if name not in ("claim", "recover", *CYCLE)}}
+
+
+def where(filters: Iterable[tuple[str, str, Any]], params: list[Any]) -> str:
+    """A listing's condition from its query's ``filters()`` (intents' and events' alike): each
+    value appended to ``params`` as the next numbered parameter."""
+    clauses = []
+    for column, operator, value in filters:
+        params.append(value)
+        n = len(params)
+        clauses.append(f"{column} = ANY(${n}::text[])" if operator == "in"
+                       else f"starts_with({column}, ${n})" if operator == "prefix"
+                       else f"{column} {operator} ${n}")
+    return " AND ".join(clauses) or "true"

@@ -53,7 +53,7 @@ from .connection import (
 from .intake import insert_batch, insert_intent
 from .listener import listen
 from .publishing import PostgresEvents, publish, replace_subscriptions
-from .sql import SQL
+from .sql import SQL, where
 
 log = logging.getLogger("outbox.store")
 T = TypeVar("T")
@@ -238,13 +238,8 @@ class PostgresStore(PostgresEvents, Lookups):
 
     async def list_intents(self, query: IntentQuery) -> Page:
         params: list[Any] = [query.limit + 1]
-        where: list[str] = []
-        for column, operator, value in query.filters():
-            params.append(value)
-            where.append(f"{column} = ANY(${len(params)}::text[])" if operator == "in"
-                         else f"{column} {operator} ${len(params)}")
-        rows = await self._run(lambda conn: conn.fetch(
-            SQL["list_intents"].format(where=" AND ".join(where) or "true"), *params))
+        sql = SQL["list_intents"].format(where=where(query.filters(), params))
+        rows = await self._run(lambda conn: conn.fetch(sql, *params))
         return query.page([READ.intent(row) for row in rows])
 
     # -- the sender's work -----------------------------------------------------------------

@@ -16,7 +16,7 @@ from ...topics import subscription_rows
 from ..records import new_event_values
 from ..rules import decide_existing_event, fanout_of
 from .intake import insert_each
-from .sql import READ, SQL, stored
+from .sql import READ, SQL, stored, where
 
 T = TypeVar("T")
 
@@ -120,19 +120,8 @@ class SqliteEvents:
         return result
 
     async def list_events(self, query: EventQuery) -> EventPage:
-        where: list[str] = []
         params: list[Any] = []
-        for column, operator, value in query.filters():
-            if operator == "in":
-                where.append(f"{column} IN ({', '.join('?' * len(value))})" if value else "0")
-                params.extend(value)
-            elif operator == "prefix":
-                where.append(f"substr({column}, 1, length(?)) = ?")
-                params.extend((value, value))
-            else:
-                where.append(f"{column} {operator} ?")
-                params.append(stored(value))
-        sql = SQL["list_events"].format(where=" AND ".join(where) or "1")
+        sql = SQL["list_events"].format(where=where(query.filters(), params))
         params.append(query.limit + 1)
         result: EventPage = await self._read(_snapshot(
             lambda conn: query.page(_with_fanout(conn, list(conn.execute(sql, params))))))

@@ -3,7 +3,7 @@ them: times as integer microseconds (``to_us``, ``from_us``), JSON as text."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -22,6 +22,23 @@ def stored(value: Any) -> Any:
     if isinstance(value, datetime):
         return to_us(value)
     return value.value if isinstance(value, Status) else value
+
+
+def where(filters: Iterable[tuple[str, str, Any]], params: list[Any]) -> str:
+    """A listing's condition from its query's ``filters()`` (intents' and events' alike): each
+    value appended to ``params`` as SQLite stores it."""
+    clauses = []
+    for column, operator, value in filters:
+        if operator == "in":
+            clauses.append(f"{column} IN ({', '.join('?' * len(value))})" if value else "0")
+            params.extend(value)
+        elif operator == "prefix":
+            clauses.append(f"substr({column}, 1, length(?)) = ?")
+            params.extend((value, value))
+        else:
+            clauses.append(f"{column} {operator} ?")
+            params.append(stored(value))
+    return " AND ".join(clauses) or "1"
 
 
 #: Rows as records: times are integer microseconds (``from_us``), JSON is text.

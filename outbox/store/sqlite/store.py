@@ -43,7 +43,7 @@ from .changes import Apply, Recover, make_claim
 from .intake import insert_each, insert_intent
 from .migration import SqliteMigration, begin_migration
 from .publishing import SqliteEvents, publish, replace_subscriptions
-from .sql import READ, SQL, stored
+from .sql import READ, SQL, stored, where
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -241,16 +241,8 @@ class SqliteStore(SqliteEvents, Lookups):
         return await self._read(run)
 
     async def list_intents(self, query: IntentQuery) -> Page:
-        where: list[str] = []
         params: list[Any] = []
-        for column, operator, value in query.filters():
-            if operator != "in":
-                where.append(f"{column} {operator} ?")
-                params.append(stored(value))
-            else:
-                where.append(f"{column} IN ({', '.join('?' * len(value))})" if value else "0")
-                params.extend(value)
-        sql = SQL["list_intents"].format(where=" AND ".join(where) or "1")
+        sql = SQL["list_intents"].format(where=where(query.filters(), params))
         params.append(query.limit + 1)
         return await self._read(lambda conn: query.page([READ.intent(row) for row in conn.execute(sql, params)]))
 
