@@ -57,6 +57,10 @@ RETURNING intent_key, seq;
 -- One intent by its key (scope/action_id).
 SELECT * FROM intents WHERE intent_key = ?;
 
+-- name: intents_by_keys
+-- The intents holding any of the keys of a JSON array.
+SELECT * FROM intents WHERE intent_key IN (SELECT value FROM json_each(?));
+
 -- name: intents_by_action
 -- The intents of every scope that use an action id (at most one per scope).
 SELECT * FROM intents WHERE action_id = ? ORDER BY scope;

@@ -1,0 +1,145 @@
+"""The PostgreSQL drivers the intake's steps (``store.intake``) run on: asyncpg (the store's own
+connections, and an application's), psycopg 3 (sync and async) and psycopg2. Each is an
+``execute`` for one statement on a connection inside its caller's transaction; none begins,
+commits or ends one.
+
+Rows come back read by column name, JSON columns as their text and times as UTC datetimes,
+whatever the application set on its connection: psycopg's loaders are set on the outbox's own
+cursor, never on the connection. A stored time no datetime can hold (``infinity``) is read as
+the records read it (``records.nearest``), not raised from the driver.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC
+from functools import lru_cache
+from typing import Any
+
+from ..intake import Returns, Statement
+from ..records import Reader
+
+
+def read_time(value: Any) -> Any:
+    """A time as these drivers give it: a datetime, or for one no datetime can hold, a signed
+    int (negative: before year 1), which raises OverflowError as ``connection.read_time`` does."""
+    if isinstance(value, int):
+        raise OverflowError(f"a stored time {'before year 1' if value < 0 else 'after year 9999'}")
+    return value if value is None or value.tzinfo is UTC else value.astimezone(UTC)
+
+
+#: Rows as records, as the application's drivers read them.
+READ = Reader(read_time)
+
+
+class Asyncpg:
+    """An asyncpg connection (asyncpg gives JSON as text already)."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    async def execute(self, s: Statement) -> Any:
+        if s.returns is Returns.ROWS:
+            return await self.conn.fetch(s.sql, *s.args)
+        if s.returns is Returns.ROW:
+            return await self.conn.fetchrow(s.sql, *s.args)
+        if s.returns is Returns.VALUE:
+            return await self.conn.fetchval(s.sql, *s.args)
+        await self.conn.execute(s.sql, *s.args)
+        return None
+
+
+def _psycopg_cursor(cursor: Any) -> Any:
+    """``cursor`` (a psycopg 3 raw cursor: ``$n`` parameters, as the dialect's SQL numbers them)
+    reading JSON as text and times as ``read_time`` takes them."""
+    from psycopg.types.datetime import TimestamptzLoader
+    from psycopg.types.string import TextLoader
+
+    class Timestamptz(TimestamptzLoader):
+        def load(self, data: Any) -> Any:
+            try:
+                return super().load(data)
+            except Exception:  # (psycopg's DataError for infinity, before year 1, after 9999)
+                return -1 if bytes(data).startswith(b"-") or bytes(data).endswith(b" BC") else 1
+
+    for name in ("json", "jsonb"):
+        cursor.adapters.register_loader(name, TextLoader)
+    cursor.adapters.register_loader("timestamptz", Timestamptz)
+    return cursor
+
+
+def _answer(s: Statement, cursor: Any) -> Any:
+    """What ``s`` returns, from a DB-API cursor that has run it (rows as dicts)."""
+    if s.returns is Returns.ROWS:
+        return cursor.fetchall()
+    if s.returns is Returns.NOTHING:
+        return None
+    row = cursor.fetchone()
+    if s.returns is Returns.ROW or row is None:
+        return row
+    return next(iter(row.values()))
+
+
+class Psycopg:
+    """A psycopg 3 ``Connection``."""
+
+    def __init__(self, conn: Any) -> None:
+        import psycopg
+        from psycopg.rows import dict_row
+
+        self.cursor = _psycopg_cursor(psycopg.RawCursor(conn, row_factory=dict_row))
+
+    def execute(self, s: Statement) -> Any:
+        self.cursor.execute(s.sql, s.args)
+        return _answer(s, self.cursor)
+
+
+class AsyncPsycopg:
+    """A psycopg 3 ``AsyncConnection``."""
+
+    def __init__(self, conn: Any) -> None:
+        import psycopg
+        from psycopg.rows import dict_row
+
+        self.cursor = _psycopg_cursor(psycopg.AsyncRawCursor(conn, row_factory=dict_row))
+
+    async def execute(self, s: Statement) -> Any:
+        await self.cursor.execute(s.sql, s.args)
+        if s.returns is Returns.ROWS:
+            return await self.cursor.fetchall()
+        if s.returns is Returns.NOTHING:
+            return None
+        row = await self.cursor.fetchone()
+        if s.returns is Returns.ROW or row is None:
+            return row
+        return next(iter(row.values()))
+
+
+#: ``$n`` where the dialect's SQL numbers a parameter (never inside a quoted string: it has none).
+_NUMBERED = re.compile(r"\$(\d+)")
+
+
+@lru_cache(maxsize=64)
+def _pyformat(sql: str) -> str:
+    """The dialect's ``$n`` parameters as psycopg2's ``%(pn)s`` (a literal ``%`` doubled)."""
+    return _NUMBERED.sub(r"%(p\1)s", sql.replace("%", "%%"))
+
+
+class Psycopg2:
+    """A psycopg2 connection."""
+
+    def __init__(self, conn: Any) -> None:
+        import psycopg2.extensions
+        import psycopg2.extras
+
+        self.cursor = conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor)
+        for oid, name in ((114, "JSON"), (3802, "JSONB")):  # (psycopg2 reads infinity as datetime.max itself)
+            psycopg2.extensions.register_type(psycopg2.extensions.new_type((oid,), name, _text), self.cursor)
+
+    def execute(self, s: Statement) -> Any:
+        self.cursor.execute(_pyformat(s.sql), {f"p{n}": value for n, value in enumerate(s.args, 1)})
+        return _answer(s, self.cursor)
+
+
+def _text(value: str | None, _cursor: Any) -> str | None:
+    return value

@@ -1,0 +1,59 @@
+"""The SQLite drivers the intake's steps (``store.intake``) run on: the standard library's
+``sqlite3`` (the store's writer thread, and an application's connection) and aiosqlite (an
+application's asyncio connection, as SQLAlchemy's async engine holds it). Each is an ``execute``
+for one statement on a connection inside its caller's transaction; none begins, commits or
+ends one. Rows are read by column name on the outbox's own cursor, whatever ``row_factory`` the
+application set on its connection."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from ..intake import Returns, Statement
+
+
+def _answer(s: Statement, cursor: sqlite3.Cursor) -> Any:
+    """What ``s`` returns, from a cursor that has run it."""
+    if s.returns is Returns.ROWS:
+        return cursor.fetchall()
+    if s.returns is Returns.NOTHING:
+        return None
+    row = cursor.fetchone()
+    return row if s.returns is Returns.ROW or row is None else row[0]
+
+
+class Sqlite3:
+    """A ``sqlite3.Connection``."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def execute(self, s: Statement) -> Any:
+        cursor = self.conn.cursor()
+        cursor.row_factory = sqlite3.Row
+        try:
+            return _answer(s, cursor.execute(s.sql, s.args))
+        finally:
+            cursor.close()
+
+
+class Aiosqlite:
+    """An ``aiosqlite.Connection``: each statement runs on its thread as ``Sqlite3`` runs it."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    async def execute(self, s: Statement) -> Any:
+        cursor = await self.conn.cursor()
+        cursor.row_factory = sqlite3.Row
+        try:
+            await cursor.execute(s.sql, s.args)
+            if s.returns is Returns.ROWS:
+                return await cursor.fetchall()
+            if s.returns is Returns.NOTHING:
+                return None
+            row = await cursor.fetchone()
+            return row if s.returns is Returns.ROW or row is None else row[0]
+        finally:
+            await cursor.close()
