@@ -1,0 +1,158 @@
+"""An application's own connection, whatever it writes with, as a driver of the enqueue's steps
+(``store.intake``), inside the application's own transaction.
+
+Taken, sync: the standard library's ``sqlite3.Connection``, psycopg 3's ``Connection``, a
+psycopg2 connection, SQLAlchemy's ``Connection`` and ``Session`` (over any of those), and
+Django's connection (``django.db.connection`` or ``connections[alias]``). Async: asyncpg's
+``Connection``, psycopg 3's ``AsyncConnection``, aiosqlite's ``Connection``, and SQLAlchemy's
+``AsyncConnection`` and ``AsyncSession``. A framework's object is unwrapped to the driver
+connection it holds, and the statements run on that, in the transaction the framework began.
+
+The outbox never commits, rolls back or ends the caller's transaction. A connection that would
+commit each statement alone (autocommit with no transaction open) is refused (NoTransaction):
+the intent would not commit with the caller's writes. A connection in implicit-transaction mode
+(psycopg's and psycopg2's default, sqlite3's default, SQLAlchemy's autobegin) has its
+transaction begun as its own first write would begin it; on SQLite the outbox begins it
+``IMMEDIATE``, taking the write lock before its first read, so a writer that commits meanwhile
+cannot make it fail (see ``Bound``).
+
+Nothing here imports a driver or framework the application has not imported itself.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import NoTransaction
+from .store.intake import Intake
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """A driver bound to a connection inside its caller's transaction: the dialect's statements
+    and the function that runs one (``execute``, sync or async as the connection is)."""
+
+    dialect: Intake
+    execute: Callable[..., Any]
+    #: The SQLite connection's errors are its driver's: "database is locked" becomes
+    #: StoreUnavailable, saying why (``producer``); None on PostgreSQL.
+    sqlite: bool = False
+
+
+def _loaded(module: str) -> Any:
+    """``module`` if the application has imported it, else None (never imported here)."""
+    return sys.modules.get(module)
+
+
+def _postgres() -> Intake:
+    from .store.postgres.drivers import READ
+    from .store.postgres.intake import PostgresIntake
+
+    return PostgresIntake(READ)
+
+
+def _sqlite() -> Intake:
+    from .store.sqlite.intake import INTAKE
+
+    return INTAKE
+
+
+_AUTOCOMMIT = ("the connection is in autocommit mode with no transaction open, so the intent would commit at once "
+               "and alone; enqueue inside your transaction ({how}), so it commits with your writes or not at all")
+
+
+def _sqlite3_begin(conn: sqlite3.Connection) -> None:
+    """Make sure ``conn`` is in a transaction (see the module's docstring)."""
+    if conn.in_transaction:
+        return
+    if conn.isolation_level is None or getattr(conn, "autocommit", -1) is True:
+        raise NoTransaction(_AUTOCOMMIT.format(how='conn.execute("BEGIN IMMEDIATE") ... conn.commit()'))
+    conn.execute("BEGIN IMMEDIATE")  # (where the connection's first write would have begun one)
+
+
+def bind(connection: Any) -> Bound:
+    """The synchronous driver of ``connection`` (see the module's docstring). Raises
+    NoTransaction, or TypeError for a connection of no kind taken here."""
+    if isinstance(connection, sqlite3.Connection):
+        from .store.sqlite.drivers import Sqlite3
+
+        _sqlite3_begin(connection)
+        return Bound(_sqlite(), Sqlite3(connection).execute, sqlite=True)
+    if (psycopg := _loaded("psycopg")) is not None and isinstance(connection, psycopg.Connection):
+        from .store.postgres.drivers import Psycopg
+
+        if connection.autocommit and connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            raise NoTransaction(_AUTOCOMMIT.format(how="with conn.transaction(): ..."))
+        return Bound(_postgres(), Psycopg(connection).execute)
+    if (psycopg2 := _loaded("psycopg2.extensions")) is not None and isinstance(connection, psycopg2.connection):
+        from .store.postgres.drivers import Psycopg2
+
+        if connection.autocommit and connection.get_transaction_status() == psycopg2.TRANSACTION_STATUS_IDLE:
+            raise NoTransaction(_AUTOCOMMIT.format(how="conn.autocommit = False, or BEGIN ... COMMIT"))
+        return Bound(_postgres(), Psycopg2(connection).execute)
+    if (orm := _loaded("sqlalchemy.orm")) is not None and isinstance(connection, orm.Session):
+        return bind(connection.connection())  # (the session's transaction begins, as a query of its own would)
+    if (engine := _loaded("sqlalchemy.engine")) is not None and isinstance(connection, engine.Connection):
+        if not connection.in_transaction():
+            connection.begin()  # (as its own first statement would: autobegin)
+        return bind(connection.connection.driver_connection)
+    if (django := _loaded("django.db.backends.base.base")) is not None and isinstance(
+            connection, django.BaseDatabaseWrapper):
+        if connection.get_autocommit() and not connection.in_atomic_block:
+            raise NoTransaction(_AUTOCOMMIT.format(how="with transaction.atomic(): ..., or ATOMIC_REQUESTS"))
+        connection.ensure_connection()
+        return bind(connection.connection)
+    raise TypeError(_unknown(connection, "sqlite3, psycopg, psycopg2, a SQLAlchemy Connection or Session, "
+                                         "a Django connection"))
+
+
+async def bind_async(connection: Any) -> Bound:
+    """The asynchronous driver of ``connection`` (see the module's docstring). Raises
+    NoTransaction, or TypeError for a connection of no kind taken here."""
+    if (asyncpg := _loaded("asyncpg")) is not None and isinstance(connection, asyncpg.Connection):
+        from .store.postgres.drivers import Asyncpg
+
+        if not connection.is_in_transaction():
+            raise NoTransaction(_AUTOCOMMIT.format(how="async with conn.transaction(): ..."))
+        return Bound(_postgres(), Asyncpg(connection).execute)
+    if (psycopg := _loaded("psycopg")) is not None and isinstance(connection, psycopg.AsyncConnection):
+        from .store.postgres.drivers import AsyncPsycopg
+
+        if connection.autocommit and connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            raise NoTransaction(_AUTOCOMMIT.format(how="async with conn.transaction(): ..."))
+        return Bound(_postgres(), AsyncPsycopg(connection).execute)
+    if (aiosqlite := _loaded("aiosqlite")) is not None and isinstance(connection, aiosqlite.Connection):
+        from .store.sqlite.drivers import Aiosqlite
+
+        if not connection.in_transaction:
+            if connection.isolation_level is None:
+                raise NoTransaction(_AUTOCOMMIT.format(how='await conn.execute("BEGIN IMMEDIATE") ... commit()'))
+            await connection.execute("BEGIN IMMEDIATE")
+        return Bound(_sqlite(), Aiosqlite(connection).execute, sqlite=True)
+    if (orm := _loaded("sqlalchemy.ext.asyncio")) is not None:
+        if isinstance(connection, orm.AsyncSession):
+            return await bind_async(await connection.connection())
+        if isinstance(connection, orm.AsyncConnection):
+            return await _sqlalchemy_async(connection)
+    raise TypeError(_unknown(connection, "asyncpg, psycopg's AsyncConnection, aiosqlite, a SQLAlchemy "
+                                         "AsyncConnection or AsyncSession"))
+
+
+async def _sqlalchemy_async(connection: Any) -> Bound:
+    """A SQLAlchemy ``AsyncConnection``'s driver connection, in the transaction SQLAlchemy began."""
+    if not connection.in_transaction():
+        await connection.begin()  # (as its own first statement would: autobegin)
+    driver = (await connection.get_raw_connection()).driver_connection
+    asyncpg = _loaded("asyncpg")
+    if asyncpg is not None and isinstance(driver, asyncpg.Connection) and not driver.is_in_transaction():
+        await connection.exec_driver_sql("SELECT 1")  # (SQLAlchemy begins asyncpg's transaction at a first statement)
+    return await bind_async(driver)
+
+
+def _unknown(connection: Any, taken: str) -> str:
+    kind = type(connection)
+    return f"cannot enqueue on a {kind.__module__}.{kind.__qualname__}: give {taken}"
