@@ -23,24 +23,45 @@ from __future__ import annotations
 
 import sqlite3
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import NoTransaction
-from .store.intake import Intake
+from .errors import NoTransaction, StoreUnavailable
+from .events import NewEvent, Published
+from .model import Enqueued, Event, NewIntent
+from .store import intake as steps
+from .store.intake import Intake, Returns, Statement
 
 
 @dataclass(frozen=True, slots=True)
 class Bound:
-    """A driver bound to a connection inside its caller's transaction: the dialect's statements
-    and the function that runs one (``execute``, sync or async as the connection is)."""
+    """A driver bound to a connection inside its caller's transaction: the dialect's statements,
+    the function that runs one (``execute``, sync or async as the connection is), and the block
+    that raises the driver's "not now" (a lock timeout, the connection lost, SQLite's "database
+    is locked") as StoreUnavailable, as the store's own connections do; other errors go through."""
 
     dialect: Intake
     execute: Callable[..., Any]
-    #: The SQLite connection's errors are its driver's: "database is locked" becomes
-    #: StoreUnavailable, saying why (``producer``); None on PostgreSQL.
-    sqlite: bool = False
+    unavailable: Callable[[], AbstractContextManager[None]]
+
+
+@contextmanager
+def _sqlite_unavailable() -> Iterator[None]:
+    from .store.plumbing import unavailable
+
+    try:
+        yield
+    except sqlite3.Error as exc:
+        mapped = unavailable(exc)
+        if mapped is None:
+            raise
+        raise StoreUnavailable(
+            f"{mapped}: another writer (the outbox's service, or another thread of yours) held the database's "
+            "write lock longer than this connection's busy timeout; nothing of this transaction is committed: "
+            "roll it back and try again, or give the connection a longer one (sqlite3.connect(path, timeout=30))"
+        ) from exc
 
 
 def _loaded(module: str) -> Any:
@@ -81,19 +102,19 @@ def bind(connection: Any) -> Bound:
         from .store.sqlite.drivers import Sqlite3
 
         _sqlite3_begin(connection)
-        return Bound(_sqlite(), Sqlite3(connection).execute, sqlite=True)
+        return Bound(_sqlite(), Sqlite3(connection).execute, _sqlite_unavailable)
     if (psycopg := _loaded("psycopg")) is not None and isinstance(connection, psycopg.Connection):
-        from .store.postgres.drivers import Psycopg
+        from .store.postgres.drivers import Psycopg, psycopg_unavailable
 
         if connection.autocommit and connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
             raise NoTransaction(_AUTOCOMMIT.format(how="with conn.transaction(): ..."))
-        return Bound(_postgres(), Psycopg(connection).execute)
+        return Bound(_postgres(), Psycopg(connection).execute, psycopg_unavailable)
     if (psycopg2 := _loaded("psycopg2.extensions")) is not None and isinstance(connection, psycopg2.connection):
-        from .store.postgres.drivers import Psycopg2
+        from .store.postgres.drivers import Psycopg2, psycopg2_unavailable
 
         if connection.autocommit and connection.get_transaction_status() == psycopg2.TRANSACTION_STATUS_IDLE:
             raise NoTransaction(_AUTOCOMMIT.format(how="conn.autocommit = False, or BEGIN ... COMMIT"))
-        return Bound(_postgres(), Psycopg2(connection).execute)
+        return Bound(_postgres(), Psycopg2(connection).execute, psycopg2_unavailable)
     if (orm := _loaded("sqlalchemy.orm")) is not None and isinstance(connection, orm.Session):
         return bind(connection.connection())  # (the session's transaction begins, as a query of its own would)
     if (engine := _loaded("sqlalchemy.engine")) is not None and isinstance(connection, engine.Connection):
@@ -114,17 +135,18 @@ async def bind_async(connection: Any) -> Bound:
     """The asynchronous driver of ``connection`` (see the module's docstring). Raises
     NoTransaction, or TypeError for a connection of no kind taken here."""
     if (asyncpg := _loaded("asyncpg")) is not None and isinstance(connection, asyncpg.Connection):
+        from .store.postgres.connection import unavailable
         from .store.postgres.drivers import Asyncpg
 
         if not connection.is_in_transaction():
             raise NoTransaction(_AUTOCOMMIT.format(how="async with conn.transaction(): ..."))
-        return Bound(_postgres(), Asyncpg(connection).execute)
+        return Bound(_postgres(), Asyncpg(connection).execute, lambda: unavailable(connection))
     if (psycopg := _loaded("psycopg")) is not None and isinstance(connection, psycopg.AsyncConnection):
-        from .store.postgres.drivers import AsyncPsycopg
+        from .store.postgres.drivers import AsyncPsycopg, psycopg_unavailable
 
         if connection.autocommit and connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
             raise NoTransaction(_AUTOCOMMIT.format(how="async with conn.transaction(): ..."))
-        return Bound(_postgres(), AsyncPsycopg(connection).execute)
+        return Bound(_postgres(), AsyncPsycopg(connection).execute, psycopg_unavailable)
     if (aiosqlite := _loaded("aiosqlite")) is not None and isinstance(connection, aiosqlite.Connection):
         from .store.sqlite.drivers import Aiosqlite
 
@@ -132,7 +154,7 @@ async def bind_async(connection: Any) -> Bound:
             if connection.isolation_level is None:
                 raise NoTransaction(_AUTOCOMMIT.format(how='await conn.execute("BEGIN IMMEDIATE") ... commit()'))
             await connection.execute("BEGIN IMMEDIATE")
-        return Bound(_sqlite(), Aiosqlite(connection).execute, sqlite=True)
+        return Bound(_sqlite(), Aiosqlite(connection).execute, _sqlite_unavailable)
     if (orm := _loaded("sqlalchemy.ext.asyncio")) is not None:
         if isinstance(connection, orm.AsyncSession):
             return await bind_async(await connection.connection())
@@ -156,3 +178,24 @@ async def _sqlalchemy_async(connection: Any) -> Bound:
 def _unknown(connection: Any, taken: str) -> str:
     kind = type(connection)
     return f"cannot enqueue on a {kind.__module__}.{kind.__qualname__}: give {taken}"
+
+
+class CallerTransaction:
+    """The store's ``Transaction`` on the caller's own asyncio connection (``Outbox.transaction``):
+    its enqueues are written there and commit or roll back with the caller's transaction."""
+
+    def __init__(self, bound: Bound) -> None:
+        self.bound = bound
+
+    async def execute(self, sql: str, parameters: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self.bound.unavailable():
+            rows = await self.bound.execute(Statement(sql, tuple(parameters), Returns.ROWS))
+        return [tuple(row.values()) if isinstance(row, Mapping) else tuple(row) for row in rows]
+
+    async def insert_intent(self, new: NewIntent, event: Event) -> Enqueued:
+        with self.bound.unavailable():
+            return await steps.run_async(steps.insert_intent(self.bound.dialect, new, event), self.bound.execute)
+
+    async def publish(self, new: NewEvent, *, granted_only: bool) -> Published:
+        with self.bound.unavailable():
+            return await steps.run_async(steps.publish(self.bound.dialect, new, granted_only), self.bound.execute)

@@ -23,6 +23,7 @@ from typing import Any, Unpack
 
 from . import channels, keyring, timestamps
 from .clock import Clock, OffsetClock, SystemClock
+from .connections import CallerTransaction, bind_async
 from .cursor import MAX_PAGE
 from .destinations import Destination, DestinationSpec
 from .errors import (
@@ -185,9 +186,16 @@ class Outbox(Publishing):
     @asynccontextmanager
     async def transaction(self, *, connection: Any = None) -> AsyncIterator[OutboxTransaction]:
         """A transaction carrying the caller's own SQL and enqueues: both commit, or neither.
-        ``connection``: the caller's own asyncpg connection, inside the caller's transaction, to
-        enqueue on instead; they commit with it (PostgreSQL only; see ``Store.transaction``)."""
-        async with self.store.transaction(connection=connection) as tx:
+
+        ``connection``: the caller's own asyncio connection or session, inside the caller's
+        transaction (asyncpg, psycopg's AsyncConnection, aiosqlite, SQLAlchemy's AsyncConnection
+        or AsyncSession: ``outbox.connections``), to enqueue on instead; they commit or roll back
+        with it, and the outbox never commits, rolls back or ends it. Raises NoTransaction for a
+        connection with no transaction open."""
+        if connection is not None:
+            yield OutboxTransaction(self, CallerTransaction(await bind_async(connection)))
+            return
+        async with self.store.transaction() as tx:
             yield OutboxTransaction(self, tx)
         self.enqueued.notify()
 

@@ -19,15 +19,14 @@ let it propagate (everything rolls back) or catch it and commit the rest. The ou
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
 from typing import Any, Unpack
 
 from .clock import Clock, SystemClock
-from .connections import Bound, bind, bind_async
-from .errors import OutboxError, StoreUnavailable
-from .intake import Intake, IntentFields
+from .connections import bind, bind_async
+from .errors import OutboxError
+from .events import Published
+from .intake import EventFields, Intake, IntentFields
 from .model import Enqueued, Event, NewIntent
 from .settings import Settings
 from .store import intake as steps
@@ -57,7 +56,7 @@ class Producer(_Base):
         are ``Outbox.enqueue``'s."""
         new, event = self.intake.intent(**intent)
         bound = bind(connection)
-        with _translated(bound):
+        with bound.unavailable():
             return steps.run(steps.insert_intent(bound.dialect, new, event), bound.execute)
 
     def enqueue_many(self, connection: Any, intents: Iterable[Mapping[str, Any]], /) -> list[Enqueued]:
@@ -67,13 +66,21 @@ class Producer(_Base):
         if not prepared:
             return []
         bound = bind(connection)
-        with _translated(bound):
+        with bound.unavailable():
             bound.execute(_MARK)
             results = steps.run(steps.insert_batch(bound.dialect, prepared), bound.execute)
             if not _accepted(results):
                 bound.execute(_UNDO)
             bound.execute(_KEEP)
             return whole_or_refused(results)
+
+    def publish(self, connection: Any, /, **event: Unpack[EventFields]) -> Published:
+        """Record an event in ``connection``'s transaction, with one intent per destination
+        subscribed to its topic (durable when it commits); the fields are ``Outbox.publish``'s."""
+        new = self.intake.event(**event)
+        bound = bind(connection)
+        with bound.unavailable():
+            return steps.run(steps.publish(bound.dialect, new, self.intake.granted_only), bound.execute)
 
 
 class AsyncProducer(_Base):
@@ -83,7 +90,7 @@ class AsyncProducer(_Base):
         """As ``Producer.enqueue``."""
         new, event = self.intake.intent(**intent)
         bound = await bind_async(connection)
-        with _translated(bound):
+        with bound.unavailable():
             return await steps.run_async(steps.insert_intent(bound.dialect, new, event), bound.execute)
 
     async def enqueue_many(self, connection: Any, intents: Iterable[Mapping[str, Any]], /) -> list[Enqueued]:
@@ -92,7 +99,7 @@ class AsyncProducer(_Base):
         if not prepared:
             return []
         bound = await bind_async(connection)
-        with _translated(bound):
+        with bound.unavailable():
             await bound.execute(_MARK)
             results = await steps.run_async(steps.insert_batch(bound.dialect, prepared), bound.execute)
             if not _accepted(results):
@@ -100,21 +107,14 @@ class AsyncProducer(_Base):
             await bound.execute(_KEEP)
             return whole_or_refused(results)
 
+    async def publish(self, connection: Any, /, **event: Unpack[EventFields]) -> Published:
+        """As ``Producer.publish``."""
+        new = self.intake.event(**event)
+        bound = await bind_async(connection)
+        with bound.unavailable():
+            return await steps.run_async(steps.publish(bound.dialect, new, self.intake.granted_only), bound.execute)
+
 
 def _accepted(results: list[Enqueued | OutboxError]) -> bool:
     return not any(isinstance(result, OutboxError) for result in results)
 
-
-@contextmanager
-def _translated(bound: Bound) -> Iterator[None]:
-    """SQLite's "database is locked" as StoreUnavailable, saying what it means for the caller."""
-    try:
-        yield
-    except sqlite3.OperationalError as exc:
-        if not bound.sqlite or not any(word in str(exc) for word in ("locked", "busy")):
-            raise
-        raise StoreUnavailable(
-            f"SQLite: {exc}: another writer (the outbox's service, or another thread of yours) held the "
-            "database's write lock longer than this connection's busy timeout; nothing of this transaction is "
-            "committed: roll it back and try again, or give the connection a longer timeout "
-            "(sqlite3.connect(path, timeout=30))") from exc

@@ -20,10 +20,18 @@ from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, cast
 
-from ..errors import OutboxError
+from ..errors import NotFound, OutboxError
+from ..events import NewEvent, Published, StoredEvent, event_key
 from ..model import Enqueued, Event, NewIntent, Status
 from .records import Reader, Row
-from .rules import check_payload, decide_existing, decide_initial_status, inserted_intent
+from .rules import (
+    check_payload,
+    decide_existing,
+    decide_existing_event,
+    decide_initial_status,
+    fanout_of,
+    inserted_intent,
+)
 
 T = TypeVar("T")
 
@@ -89,6 +97,39 @@ class Intake(Protocol):
 
     def intents_by_keys(self, keys: Sequence[str]) -> Statement:
         """The intents holding any of ``keys`` (ROWS)."""
+        ...
+
+    # -- events -------------------------------------------------------------------------------
+
+    def insert_topic_event(self, new: NewEvent) -> Statement:
+        """Record an event unless its key exists (VALUE: its seq, or None)."""
+        ...
+
+    def insert_topic_events(self, items: Sequence[NewEvent]) -> Statement:
+        """Record several events, in order, each unless its key exists, an earlier item's included
+        (ROWS: ``event_key`` and ``seq`` of each recorded)."""
+        ...
+
+    def event_subscribers(self, new: NewEvent, granted_only: bool) -> Statement:
+        """The destinations subscribed to ``new``'s topic for its scope (with ``granted_only``,
+        that the scope holds a live grant for), by id (ROWS: ``id`` and ``judge``'s columns)."""
+        ...
+
+    def events_subscribers(self, items: Sequence[tuple[int, NewEvent]], granted_only: bool) -> Statement:
+        """``event_subscribers`` for several events at once, each named by its number (ROWS:
+        ``n``, ``id`` and ``judge``'s columns, by n then id)."""
+        ...
+
+    def set_event_skipped(self, seq: int, skipped: Sequence[tuple[str, str]]) -> Statement:
+        """Record the subscribers an event made no intent for (NOTHING)."""
+        ...
+
+    def event_by_key(self, key: str) -> Statement:
+        """The event recorded under ``key`` (ROWS: none or one)."""
+        ...
+
+    def intents_of_events(self, events: Sequence[tuple[str, str]]) -> Statement:
+        """The intents of the events named ``(scope, event_id)`` (ROWS)."""
         ...
 
 
@@ -198,3 +239,86 @@ def insert_batch(dialect: Intake, items: Sequence[tuple[NewIntent, Event]],
                 results[i] = exc
     return cast(list[Enqueued | OutboxError], results)  # every place filled above
 
+
+# -- events -----------------------------------------------------------------------------------
+
+
+def publish(dialect: Intake, new: NewEvent, granted_only: bool) -> Steps[Published]:
+    """Record ``new`` and make its intents, inside a transaction: one for each destination
+    subscribed to its topic for its scope (with ``granted_only``, that the scope holds a live grant
+    for), as one batch (``insert_batch``); a subscriber whose intent is refused is recorded as
+    skipped. An event already recorded under its key is compared (``rules.decide_existing_event``:
+    the same event answers as recorded; another raises IntentConflict, before anything is written)."""
+    seq = yield dialect.insert_topic_event(new)
+    if seq is None:  # (on PostgreSQL, a concurrent publish of the key has committed: ON CONFLICT waited)
+        return decide_existing_event((yield from event(dialect, new.key)), new)
+    seen = {row["id"]: row for row in (yield dialect.event_subscribers(new, granted_only))}
+    items = [new.intent_for(destination) for destination in seen]
+    results = (yield from insert_batch(dialect, items, seen)) if items else []
+    intents, skipped = fanout_of(items, results)
+    if skipped:
+        yield dialect.set_event_skipped(seq, skipped)
+    return Published(StoredEvent.recorded(seq, new).with_fanout(intents, skipped), created=True)
+
+
+def publish_each(dialect: Intake, items: Sequence[NewEvent],
+                 granted_only: bool) -> Steps[list[Published | OutboxError]]:
+    """``publish`` for each of ``items``, inside a transaction, in a few statements however many
+    events: the new keys are recorded at once, their subscribers read at once and every intent made
+    by one ``insert_batch``; the rest (keys recorded already, or earlier in the batch) are compared
+    afterwards with the event holding the key. A refusal stands as its error in its place (decided
+    before any write of that event: it undoes nothing)."""
+    recorded = {row["event_key"]: row["seq"] for row in (yield dialect.insert_topic_events(items))} if items else {}
+    fresh = {i: recorded.pop(new.key) for i, new in enumerate(items) if new.key in recorded}
+    seen: dict[str, Any] = {}
+    subscribers: dict[int, list[str]] = {i: [] for i in fresh}
+    if fresh:
+        for row in (yield dialect.events_subscribers([(i, items[i]) for i in fresh], granted_only)):
+            seen.setdefault(row["id"], row)
+            subscribers[row["n"]].append(row["id"])
+    made = [(i, items[i].intent_for(d)) for i in fresh for d in subscribers[i]]
+    stored = (yield from insert_batch(dialect, [item for _, item in made], seen)) if made else []
+    results: list[Published | OutboxError | None] = [None] * len(items)
+    for i, seq in fresh.items():
+        mine = [(item, result) for (n, item), result in zip(made, stored, strict=True) if n == i]
+        intents, skipped = fanout_of([item for item, _ in mine], [result for _, result in mine])
+        if skipped:
+            yield dialect.set_event_skipped(seq, skipped)
+        results[i] = Published(StoredEvent.recorded(seq, items[i]).with_fanout(intents, skipped), created=True)
+    for i, new in enumerate(items):
+        if results[i] is None:
+            try:
+                results[i] = decide_existing_event((yield from event(dialect, new.key)), new)
+            except OutboxError as exc:
+                results[i] = exc
+    return cast(list[Published | OutboxError], results)  # every place filled above
+
+
+def deliver(dialect: Intake, new: NewIntent, first: Event) -> Steps[tuple[Enqueued, StoredEvent]]:
+    """Make ``new``, an event's intent for one more destination, unless it exists (an operator's
+    delivery); returns it and the event as it then stands. Raises NotFound (no such event, before
+    any write), UnknownDestination, InvalidInput (its channel refuses the payload), IntentConflict."""
+    yield from event(dialect, event_key(new))
+    (result,) = yield from insert_batch(dialect, [(new, first)])
+    if isinstance(result, OutboxError):
+        raise result
+    return result, (yield from event(dialect, event_key(new)))
+
+
+def event(dialect: Intake, key: str) -> Steps[StoredEvent]:
+    """The event recorded under ``key``, with its fan-out; raises NotFound."""
+    found = yield from with_fanout(dialect, (yield dialect.event_by_key(key)))
+    if not found:
+        scope, _, event_id = key.rpartition("/")
+        raise NotFound(f"event {event_id!r} does not exist in scope {scope!r}")
+    return found[0]
+
+
+def with_fanout(dialect: Intake, rows: Sequence[Row]) -> Steps[list[StoredEvent]]:
+    """Events from their rows, each with its fan-out (one read for every row's intents)."""
+    if not rows:
+        return []
+    intents: dict[tuple[str, str], list[Any]] = {}
+    for row in (yield dialect.intents_of_events([(row["scope"], row["event_id"]) for row in rows])):
+        intents.setdefault((row["scope"], row["event_id"]), []).append(dialect.read.intent(row))
+    return [dialect.read.event_of(row, intents.get((row["scope"], row["event_id"]), [])) for row in rows]

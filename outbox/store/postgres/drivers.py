@@ -12,12 +12,52 @@ the records read it (``records.nearest``), not raised from the driver.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC
 from functools import lru_cache
 from typing import Any
 
+from ...errors import StoreUnavailable
 from ..intake import Returns, Statement
 from ..records import Reader
+
+#: The SQLSTATEs (or their classes) that mean "not now", as ``connection.UNAVAILABLE`` says them
+#: for asyncpg: the connection (08), operator intervention (57), resources (53), a rollback a
+#: retry resolves (40), a lock not available (55P03), no such database (3D000), read-only (25006).
+_NOT_NOW = ("08", "57", "53", "40", "55P03", "3D000", "25006")
+
+
+def _not_now(sqlstate: str | None, lost: bool) -> bool:
+    """Whether an error with ``sqlstate`` (None: the driver's own, ``lost`` when it lost the
+    connection) means "not now"."""
+    return lost if sqlstate is None else any(sqlstate.startswith(state) for state in _NOT_NOW)
+
+
+@contextmanager
+def psycopg_unavailable() -> Iterator[None]:
+    """psycopg 3's "not now" as StoreUnavailable."""
+    import psycopg
+
+    try:
+        yield
+    except psycopg.Error as exc:
+        if not _not_now(exc.sqlstate, isinstance(exc, psycopg.OperationalError)):
+            raise
+        raise StoreUnavailable(f"the PostgreSQL database is unavailable: {exc}") from exc
+
+
+@contextmanager
+def psycopg2_unavailable() -> Iterator[None]:
+    """psycopg2's "not now" as StoreUnavailable."""
+    import psycopg2
+
+    try:
+        yield
+    except psycopg2.Error as exc:
+        if not _not_now(exc.pgcode, isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError)):
+            raise
+        raise StoreUnavailable(f"the PostgreSQL database is unavailable: {exc}") from exc
 
 
 def read_time(value: Any) -> Any:
@@ -69,11 +109,14 @@ def _psycopg_cursor(cursor: Any) -> Any:
 
 
 def _answer(s: Statement, cursor: Any) -> Any:
-    """What ``s`` returns, from a DB-API cursor that has run it (rows as dicts)."""
-    if s.returns is Returns.ROWS:
-        return cursor.fetchall()
+    """What ``s`` returns, from a DB-API cursor that has run it (rows as dicts; a statement that
+    returns no rows, such as a caller's INSERT, answers as an empty result)."""
     if s.returns is Returns.NOTHING:
         return None
+    if cursor.description is None:
+        return [] if s.returns is Returns.ROWS else None
+    if s.returns is Returns.ROWS:
+        return cursor.fetchall()
     row = cursor.fetchone()
     if s.returns is Returns.ROW or row is None:
         return row
@@ -105,10 +148,12 @@ class AsyncPsycopg:
 
     async def execute(self, s: Statement) -> Any:
         await self.cursor.execute(s.sql, s.args)
-        if s.returns is Returns.ROWS:
-            return await self.cursor.fetchall()
         if s.returns is Returns.NOTHING:
             return None
+        if self.cursor.description is None:
+            return [] if s.returns is Returns.ROWS else None
+        if s.returns is Returns.ROWS:
+            return await self.cursor.fetchall()
         row = await self.cursor.fetchone()
         if s.returns is Returns.ROW or row is None:
             return row

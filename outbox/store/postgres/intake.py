@@ -3,16 +3,18 @@ as arrays in one statement however many, each intent's first event appended by i
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
 
 from ...errors import OutboxError
+from ...events import NewEvent
 from ...model import Enqueued, Event, NewIntent
 from .. import intake
 from ..intake import Judged, Returns, Statement
-from ..records import Reader, event_data, new_intent_values
+from ..records import Reader, event_data, new_event_values, new_intent_values
 from .connection import READ
 from .drivers import Asyncpg
 from .sql import SQL
@@ -49,6 +51,31 @@ class PostgresIntake:
 
     def intents_by_keys(self, keys: Sequence[str]) -> Statement:
         return Statement(SQL["intents_by_keys"], (list(keys),), Returns.ROWS)
+
+    def insert_topic_event(self, new: NewEvent) -> Statement:
+        return Statement(SQL["insert_topic_event"], new_event_values(new), Returns.VALUE)
+
+    def insert_topic_events(self, items: Sequence[NewEvent]) -> Statement:
+        return Statement(SQL["insert_topic_events"], tuple(map(list, zip(*map(new_event_values, items), strict=True))),
+                         Returns.ROWS)
+
+    def event_subscribers(self, new: NewEvent, granted_only: bool) -> Statement:
+        return Statement(SQL["event_subscribers"], (new.scope, new.topic, new.created_at, granted_only), Returns.ROWS)
+
+    def events_subscribers(self, items: Sequence[tuple[int, NewEvent]], granted_only: bool) -> Statement:
+        return Statement(SQL["events_subscribers"], ([n for n, _ in items], [e.scope for _, e in items],
+                                                     [e.topic for _, e in items], [e.created_at for _, e in items],
+                                                     granted_only), Returns.ROWS)
+
+    def set_event_skipped(self, seq: int, skipped: Sequence[tuple[str, str]]) -> Statement:
+        return Statement(SQL["set_event_skipped"], (json.dumps(skipped), seq), Returns.NOTHING)
+
+    def event_by_key(self, key: str) -> Statement:
+        return Statement(SQL["event_by_key"], (key,), Returns.ROWS)
+
+    def intents_of_events(self, events: Sequence[tuple[str, str]]) -> Statement:
+        return Statement(SQL["intents_of_events"], ([scope for scope, _ in events], [e for _, e in events]),
+                         Returns.ROWS)
 
 
 def _values(item: Judged) -> tuple[Any, ...]:

@@ -516,6 +516,16 @@ DELETE FROM subscriptions WHERE destination = ?;
 INSERT INTO subscriptions (destination, prefix, exact, scope)
 SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3 FROM json_each(?);
 
+-- name: insert_topic_events
+-- Record the events of a JSON array of rows (as insert_topic_event takes one), in order, each unless its key exists
+-- (an earlier row's included); returns the key and seq of each one recorded.
+INSERT INTO topic_events (event_key, event_id, scope, topic, payload, payload_digest, ordering_key, actor, created_at)
+SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6, value ->> 7,
+       value ->> 8
+FROM json_each(?) WHERE true  -- (WHERE: so that ON CONFLICT is not read as a join's ON)
+ON CONFLICT (event_key) DO NOTHING
+RETURNING event_key, seq;
+
 -- name: event_subscribers
 -- The destinations subscribed to topic ?2 for scope ?1 (with ?4, only those the scope holds a grant for that is live
 -- at ?3, as matching_grant judges), by id, with what an enqueue needs to know of each.
@@ -527,6 +537,20 @@ WHERE EXISTS (SELECT 1 FROM subscriptions s
                          WHERE g.scope = ?1 AND g.destination IN (d.id, '*')
                            AND (g.expires_at IS NULL OR g.expires_at > ?3)))
 ORDER BY d.id;
+
+-- name: events_subscribers
+-- event_subscribers for a JSON array of [n, scope, topic, time] events at once, with ?2 as its ?4: the destinations
+-- subscribed, as (n, id, channel, requires_approval), by n then id.
+SELECT e.value ->> 0 AS n, d.id, d.channel, d.requires_approval
+FROM json_each(?1) AS e JOIN destinations d ON EXISTS (
+    SELECT 1 FROM subscriptions s
+    WHERE s.destination = d.id AND (s.scope IS NULL OR s.scope = e.value ->> 1)
+      AND CASE WHEN s.exact THEN s.prefix = e.value ->> 2
+               ELSE substr(e.value ->> 2, 1, length(s.prefix)) = s.prefix END)
+WHERE NOT ?2 OR EXISTS (SELECT 1 FROM grants g
+                        WHERE g.scope = e.value ->> 1 AND g.destination IN (d.id, '*')
+                          AND (g.expires_at IS NULL OR g.expires_at > e.value ->> 3))
+ORDER BY 1, d.id;
 
 -- name: insert_topic_event
 -- Record an event unless its key (scope/event_id) exists; returns the new seq, or nothing.

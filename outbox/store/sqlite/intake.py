@@ -9,10 +9,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...errors import OutboxError
+from ...events import NewEvent
 from ...model import Enqueued, Event, NewIntent
 from .. import intake
 from ..intake import Judged, Returns, Statement
-from ..records import Reader, event_data, new_intent_values
+from ..records import Reader, event_data, new_event_values, new_intent_values
 from .drivers import Sqlite3
 from .sql import READ, SQL, event_row, stored
 
@@ -49,6 +50,30 @@ class SqliteIntake:
 
     def intents_by_keys(self, keys: Sequence[str]) -> Statement:
         return Statement(SQL["intents_by_keys"], (json.dumps(list(keys)),), Returns.ROWS)
+
+    def insert_topic_event(self, new: NewEvent) -> Statement:
+        return Statement(SQL["insert_topic_event"], tuple(map(stored, new_event_values(new))), Returns.VALUE)
+
+    def insert_topic_events(self, items: Sequence[NewEvent]) -> Statement:
+        rows = [list(map(stored, new_event_values(new))) for new in items]
+        return Statement(SQL["insert_topic_events"], (json.dumps(rows),), Returns.ROWS)
+
+    def event_subscribers(self, new: NewEvent, granted_only: bool) -> Statement:
+        return Statement(SQL["event_subscribers"], (new.scope, new.topic, stored(new.created_at), granted_only),
+                         Returns.ROWS)
+
+    def events_subscribers(self, items: Sequence[tuple[int, NewEvent]], granted_only: bool) -> Statement:
+        rows = [[n, e.scope, e.topic, stored(e.created_at)] for n, e in items]
+        return Statement(SQL["events_subscribers"], (json.dumps(rows), granted_only), Returns.ROWS)
+
+    def set_event_skipped(self, seq: int, skipped: Sequence[tuple[str, str]]) -> Statement:
+        return Statement(SQL["set_event_skipped"], (json.dumps(skipped), seq), Returns.NOTHING)
+
+    def event_by_key(self, key: str) -> Statement:
+        return Statement(SQL["event_by_key"], (key,), Returns.ROWS)
+
+    def intents_of_events(self, events: Sequence[tuple[str, str]]) -> Statement:
+        return Statement(SQL["intents_of_events"], (json.dumps([list(e) for e in events]),), Returns.ROWS)
 
 
 def _values(item: Judged) -> list[Any]:
