@@ -21,6 +21,11 @@ SELECT version FROM schema_migrations ORDER BY version;
 -- Mark a migration applied, in the same transaction as its statements.
 INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?);
 
+-- name: take_write_lock
+-- Take the database's write lock for the transaction this runs in, waiting for it as the connection's busy timeout
+-- says (a first read would not: SQLite refuses a reading transaction the lock at once), and change nothing.
+DELETE FROM schema_migrations WHERE false;
+
 -- name: ping
 -- Prove the database answers.
 SELECT 1;
