@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 from ...errors import StoreUnavailable
@@ -89,9 +89,11 @@ class Asyncpg:
         return None
 
 
-def _psycopg_cursor(cursor: Any) -> Any:
-    """``cursor`` (a psycopg 3 raw cursor: ``$n`` parameters, as the dialect's SQL numbers them)
-    reading JSON as text and times as ``read_time`` takes them."""
+@cache
+def _psycopg_loaders() -> tuple[tuple[int, type], ...]:
+    """The loaders an outbox cursor reads with, by type oid: JSON (json, jsonb) as its text, and
+    times as ``read_time`` takes them. Made once: psycopg remembers every loader class it is
+    given, so one made per cursor would be kept for good, a few KiB per enqueue."""
     from psycopg.types.datetime import TimestamptzLoader
     from psycopg.types.string import TextLoader
 
@@ -102,9 +104,14 @@ def _psycopg_cursor(cursor: Any) -> Any:
             except Exception:  # (psycopg's DataError for infinity, before year 1, after 9999)
                 return -1 if bytes(data).startswith(b"-") or bytes(data).endswith(b" BC") else 1
 
-    for name in ("json", "jsonb"):
-        cursor.adapters.register_loader(name, TextLoader)
-    cursor.adapters.register_loader("timestamptz", Timestamptz)
+    return (114, TextLoader), (3802, TextLoader), (1184, Timestamptz)  # json, jsonb, timestamptz
+
+
+def _psycopg_cursor(cursor: Any) -> Any:
+    """``cursor`` (a psycopg 3 raw cursor: ``$n`` parameters, as the dialect's SQL numbers them)
+    reading with ``_psycopg_loaders``."""
+    for oid, loader in _psycopg_loaders():
+        cursor.adapters.register_loader(oid, loader)
     return cursor
 
 
