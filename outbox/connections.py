@@ -33,13 +33,16 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from functools import cache
+from typing import Any, TypeVar, cast
 
 from .errors import NoTransaction, StoreUnavailable
 from .events import NewEvent, Published
 from .model import Enqueued, Event, NewIntent
 from .store import intake as steps
-from .store.intake import Intake, Returns, Statement
+from .store.intake import Intake, Returns, Statement, Steps
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +55,19 @@ class Bound:
     dialect: Intake
     execute: Callable[..., Any]
     unavailable: Callable[[], AbstractContextManager[None]]
+    #: Runs steps to their end in one go, where the driver can do better than a statement at a
+    #: time (aiosqlite: one hop to its thread, not one per statement); None: ``execute`` each.
+    drive: Callable[[Steps[Any]], Any] | None = None
+
+    def run(self, work: Steps[T]) -> T:
+        """``work`` driven to its end on a synchronous connection; its result."""
+        return steps.run(work, self.execute)
+
+    async def run_async(self, work: Steps[T]) -> T:
+        """``work`` driven to its end on an asyncio connection; its result."""
+        if self.drive is not None:
+            return cast(T, await self.drive(work))
+        return await steps.run_async(work, self.execute)
 
 
 @contextmanager
@@ -95,6 +111,7 @@ def _loaded(module: str) -> Any:
     return sys.modules.get(module)
 
 
+@cache
 def _postgres() -> Intake:
     from .store.postgres.drivers import READ
     from .store.postgres.intake import PostgresIntake
@@ -102,31 +119,29 @@ def _postgres() -> Intake:
     return PostgresIntake(READ)
 
 
-def _sqlite() -> Intake:
+@cache
+def _sqlite() -> tuple[Intake, Any, str]:
+    """The SQLite dialect's statements, its sqlite3 driver, and the statement that takes the
+    write lock in a transaction already open (imported once: a bind is on every enqueue)."""
+    from .store.sqlite.drivers import Sqlite3
     from .store.sqlite.intake import INTAKE
+    from .store.sqlite.sql import SQL
 
-    return INTAKE
+    return INTAKE, Sqlite3, SQL["take_write_lock"]
 
 
 _AUTOCOMMIT = ("the connection is in autocommit mode with no transaction open, so the intent would commit at once "
                "and alone; enqueue inside your transaction ({how}), so it commits with your writes or not at all")
 
 
-def _sqlite_lock(in_transaction: bool, autocommit: bool) -> str:
-    """The statement that takes SQLite's write lock for the enqueue (see the module's docstring)."""
-    if in_transaction:
-        from .store.sqlite.sql import SQL
-
-        return SQL["take_write_lock"]
-    if autocommit:
-        raise NoTransaction(_AUTOCOMMIT.format(how='conn.execute("BEGIN IMMEDIATE") ... conn.commit()'))
-    return "BEGIN IMMEDIATE"  # (where the connection's first write would have begun one)
-
-
 def _sqlite3_begin(conn: sqlite3.Connection) -> None:
     """Make sure ``conn`` is in a transaction holding the write lock (see the module's docstring)."""
-    statement = _sqlite_lock(conn.in_transaction,
-                             conn.isolation_level is None or getattr(conn, "autocommit", -1) is True)
+    if conn.in_transaction:
+        statement = _sqlite()[2]
+    elif conn.isolation_level is None or getattr(conn, "autocommit", -1) is True:
+        raise NoTransaction(_AUTOCOMMIT.format(how='conn.execute("BEGIN IMMEDIATE") ... conn.commit()'))
+    else:
+        statement = "BEGIN IMMEDIATE"  # (where the connection's first write would have begun one)
     began = time.monotonic()
     try:
         conn.execute(statement)
@@ -135,27 +150,13 @@ def _sqlite3_begin(conn: sqlite3.Connection) -> None:
         raise _no_write_lock(exc, waited, conn.execute("PRAGMA busy_timeout").fetchone()[0]) from exc
 
 
-async def _aiosqlite_begin(conn: Any) -> None:
-    """``_sqlite3_begin`` for an aiosqlite connection."""
-    statement = _sqlite_lock(conn.in_transaction, conn.isolation_level is None)
-    began = time.monotonic()
-    try:
-        await conn.execute(statement)
-    except sqlite3.Error as exc:
-        waited = time.monotonic() - began
-        async with conn.execute("PRAGMA busy_timeout") as cursor:
-            busy_timeout_ms = (await cursor.fetchone())[0]
-        raise _no_write_lock(exc, waited, busy_timeout_ms) from exc
-
-
 def bind(connection: Any) -> Bound:
     """The synchronous driver of ``connection`` (see the module's docstring). Raises
     NoTransaction, or TypeError for a connection of no kind taken here."""
     if isinstance(connection, sqlite3.Connection):
-        from .store.sqlite.drivers import Sqlite3
-
         _sqlite3_begin(connection)
-        return Bound(_sqlite(), Sqlite3(connection).execute, _sqlite_unavailable)
+        dialect, driver, _ = _sqlite()
+        return Bound(dialect, driver(connection).execute, _sqlite_unavailable)
     if (psycopg := _loaded("psycopg")) is not None and isinstance(connection, psycopg.Connection):
         from .store.postgres.drivers import Psycopg, psycopg_unavailable
 
@@ -201,10 +202,12 @@ async def bind_async(connection: Any) -> Bound:
             raise NoTransaction(_AUTOCOMMIT.format(how="async with conn.transaction(): ..."))
         return Bound(_postgres(), AsyncPsycopg(connection).execute, psycopg_unavailable)
     if (aiosqlite := _loaded("aiosqlite")) is not None and isinstance(connection, aiosqlite.Connection):
+        from .store.plumbing import on_thread
         from .store.sqlite.drivers import Aiosqlite
 
-        await _aiosqlite_begin(connection)
-        return Bound(_sqlite(), Aiosqlite(connection).execute, _sqlite_unavailable)
+        await on_thread(connection, _sqlite3_begin)  # (on its thread: the one the connection's statements run on)
+        driver = Aiosqlite(connection)
+        return Bound(_sqlite()[0], driver.execute, _sqlite_unavailable, driver.run)
     if (orm := _loaded("sqlalchemy.ext.asyncio")) is not None:
         if isinstance(connection, orm.AsyncSession):
             return await bind_async(await connection.connection())
@@ -244,8 +247,8 @@ class CallerTransaction:
 
     async def insert_intent(self, new: NewIntent, event: Event) -> Enqueued:
         with self.bound.unavailable():
-            return await steps.run_async(steps.insert_intent(self.bound.dialect, new, event), self.bound.execute)
+            return await self.bound.run_async(steps.insert_intent(self.bound.dialect, new, event))
 
     async def publish(self, new: NewEvent, *, granted_only: bool) -> Published:
         with self.bound.unavailable():
-            return await steps.run_async(steps.publish(self.bound.dialect, new, granted_only), self.bound.execute)
+            return await self.bound.run_async(steps.publish(self.bound.dialect, new, granted_only))

@@ -8,9 +8,12 @@ application set on its connection."""
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
+from typing import Any, TypeVar
 
-from ..intake import Returns, Statement
+from ..intake import Returns, Statement, Steps, run
+from ..plumbing import on_thread
+
+T = TypeVar("T")
 
 
 def _answer(s: Statement, cursor: sqlite3.Cursor) -> Any:
@@ -39,21 +42,16 @@ class Sqlite3:
 
 
 class Aiosqlite:
-    """An ``aiosqlite.Connection``: each statement runs on its thread as ``Sqlite3`` runs it."""
+    """An ``aiosqlite.Connection``: each statement, or a whole run of steps, runs on its thread
+    as ``Sqlite3`` runs it, in one hop there (aiosqlite's own calls would take one a call: a
+    cursor, its execute, its fetch and its close)."""
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
 
     async def execute(self, s: Statement) -> Any:
-        cursor = await self.conn.cursor()
-        cursor.row_factory = sqlite3.Row
-        try:
-            await cursor.execute(s.sql, s.args)
-            if s.returns is Returns.ROWS:
-                return await cursor.fetchall()
-            if s.returns is Returns.NOTHING:
-                return None
-            row = await cursor.fetchone()
-            return row if s.returns is Returns.ROW or row is None else row[0]
-        finally:
-            await cursor.close()
+        return await on_thread(self.conn, lambda conn: Sqlite3(conn).execute(s))
+
+    async def run(self, steps: Steps[T]) -> T:
+        """``steps`` driven to their end on the connection's thread."""
+        return await on_thread(self.conn, lambda conn: run(steps, Sqlite3(conn).execute))
