@@ -121,10 +121,14 @@ def bind(connection: Any) -> Bound:
         if not connection.in_transaction():
             connection.begin()  # (as its own first statement would: autobegin)
         return bind(connection.connection.driver_connection)
+    if (proxy := _loaded("django.utils.connection")) is not None and isinstance(connection, proxy.ConnectionProxy):
+        # django.db.connection: a proxy (no BaseDatabaseWrapper) for this thread's default connection
+        return bind(connection._connections[connection._alias])
     if (django := _loaded("django.db.backends.base.base")) is not None and isinstance(
             connection, django.BaseDatabaseWrapper):
         if connection.get_autocommit() and not connection.in_atomic_block:
             raise NoTransaction(_AUTOCOMMIT.format(how="with transaction.atomic(): ..., or ATOMIC_REQUESTS"))
+        connection.validate_no_broken_transaction()  # (Django's own refusal, as its cursors give it)
         connection.ensure_connection()
         return bind(connection.connection)
     raise TypeError(_unknown(connection, "sqlite3, psycopg, psycopg2, a SQLAlchemy Connection or Session, "
