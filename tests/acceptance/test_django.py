@@ -2,10 +2,13 @@
 PostgreSQL, with the outbox's app installed: its views write an order and enqueue its invoice
 in one transaction, and a separate ``outbox worker`` delivers to a real receiver exactly what
 committed, once each. The project's tables come from Django's ``migrate`` and the outbox's from
-``manage.py outbox_migrate``, on the URL it derives from ``DATABASES``."""
+Django's ``migrate`` through the outbox's app, on the URL it derives from ``DATABASES``; under
+Django's own test runner, each test database has them too."""
 
 from __future__ import annotations
 
+import re
+import sqlite3
 import subprocess
 import sys
 import time
@@ -20,7 +23,9 @@ import pytest
 
 from outbox import DestinationSpec, Outbox
 from outbox.grants import GrantSpec
+from outbox.store.migrator import scripts_for
 
+from .. import pg
 from ..conftest import SECRET, eventually, free_port, rows
 from ..receiver import Receiver, Reply
 from .conftest import clean_env, outbox_worker
@@ -36,9 +41,9 @@ def django_env(url: str, **extra: str) -> dict[str, str]:
     return clean_env(DJANGO_SETTINGS_MODULE="shop.settings", PYTHONPATH=str(PROJECT), SHOP_DATABASE_URL=url, **extra)
 
 
-def manage(url: str, *command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def manage(url: str, *command: str, check: bool = True, **env: str) -> subprocess.CompletedProcess[str]:
     """``manage.py COMMAND`` for the project on ``url``."""
-    done = subprocess.run([sys.executable, "-m", "django", *command], env=django_env(url), cwd=PROJECT,
+    done = subprocess.run([sys.executable, "-m", "django", *command], env=django_env(url, **env), cwd=PROJECT,
                           capture_output=True, text=True, timeout=120)
     assert not check or done.returncode == 0, f"{command}: {done.stdout}\n{done.stderr}"
     return done
@@ -87,11 +92,11 @@ async def test_views_deliver_what_their_transactions_commit_and_nothing_else(sho
     within the test's few seconds was woken by the commit (PostgreSQL's NOTIFY, SQLite's file
     watch)."""
     receiver.script("/billing", Reply(200, headers={"External-Id": "inv"}))
-    manage(shop_url, "migrate")
-    migrated = manage(shop_url, "outbox_migrate").stdout
-    assert migrated.startswith("applied ") and "0001_initial" in migrated
-    assert "(Django's database 'default')" in migrated
-    assert "up to date" in manage(shop_url, "outbox_migrate").stdout
+    migrated = manage(shop_url, "migrate").stdout
+    assert "Applying shop.0001_initial... OK" in migrated
+    assert re.search(r"Applied the outbox's migrations to (sqlite|postgresql):.*: 0001_initial, ", migrated), migrated
+    assert "are up to date" in manage(shop_url, "migrate").stdout  # (again: nothing to do, for either)
+    assert manage(shop_url, "outbox_migrate").stdout.startswith("the outbox's tables in ")  # (up to date too)
     async with await Outbox.open(shop_url) as box:  # (migrated already: opening applies nothing)
         await box.put_destination("billing", DestinationSpec(url=f"{receiver.url}/billing", secret=SECRET,
                                                              allow_private_network=True,
@@ -137,3 +142,29 @@ async def test_views_deliver_what_their_transactions_commit_and_nothing_else(sho
 async def settled(url: str, count: int) -> bool:
     """Whether ``count`` intents are delivered (and no more are anything else)."""
     return await rows(url, "SELECT count(*) FROM intents WHERE status = 'delivered'") == [(count,)]
+
+
+def test_the_projects_own_tests_enqueue_in_each_test_database_django_makes(shop_url: str, tmp_path: Path):
+    """``manage.py test --parallel 2`` (tests/djangoshop/shop/tests.py): the test database Django
+    migrates gets the outbox's tables from the same ``migrate``, so both clones have them and a
+    view enqueues in each."""
+    key = {"OUTBOX_SECRETS_KEY_FILE": str(pg.key_file())} if shop_url.startswith("postgres") else {}
+    done = manage(shop_url, "test", "shop", "--parallel", "2", "--noinput", "-v", "2", check=False, **key)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Applied the outbox's migrations to " in done.stdout + done.stderr
+    assert "Ran 2 tests" in done.stderr and "Cloning test database" in done.stderr
+
+
+def test_with_migrate_false_django_leaves_the_outboxs_tables_to_outbox_migrate(tmp_path: Path):
+    """``OUTBOX["MIGRATE"] = False``: Django's ``migrate`` makes only Django's tables, and
+    ``manage.py outbox_migrate`` then applies the outbox's, at the URL it derives, once."""
+    url = f"sqlite:///{tmp_path / 'shop.sqlite3'}"
+    migrated = manage(url, "migrate", SHOP_OUTBOX_MIGRATE="0").stdout
+    assert "Applying shop.0001_initial... OK" in migrated and "outbox" not in migrated
+    tables = {name for name, in sqlite3.connect(tmp_path / "shop.sqlite3").execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert "shop_order" in tables and "intents" not in tables
+    applied = manage(url, "outbox_migrate", SHOP_OUTBOX_MIGRATE="0").stdout
+    assert applied.startswith(f"applied {len(scripts_for('sqlite'))} outbox migrations to {url} "
+                              "(Django's database 'default'): 0001_initial, "), applied
+    assert "are up to date" in manage(url, "outbox_migrate", SHOP_OUTBOX_MIGRATE="0").stdout

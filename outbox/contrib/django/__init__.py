@@ -1,6 +1,7 @@
 """The outbox as a Django app: enqueue on a Django database's connection inside the current
 ``transaction.atomic()`` block (``ATOMIC_REQUESTS`` included), so the intent commits with the
-view's rows or not at all, and ``manage.py outbox_migrate`` for the outbox's own tables.
+view's rows or not at all; the outbox's own tables come with Django's ``migrate`` (or
+``manage.py outbox_migrate``: ``schema``).
 
     INSTALLED_APPS = [..., "outbox.contrib.django"]
     OUTBOX = {"DATABASE": "default"}        # optional: the alias, and any outbox setting by name
@@ -14,8 +15,8 @@ view's rows or not at all, and ``manage.py outbox_migrate`` for the outbox's own
 The results and errors are ``outbox.Producer``'s: ``Enqueued``, and a refusal (IntentConflict,
 UnknownDestination, InvalidInput) raised before anything is written, leaving the atomic block
 usable; outside any atomic block, in Django's autocommit, NoTransaction. The app registers no
-models and nothing in the admin: the outbox's tables are its own (``outbox_migrate``), and the
-outbox's service (``outbox worker``) delivers what the transaction commits.
+models and nothing in the admin: the outbox's tables are its own, and the outbox's service
+(``outbox worker``) delivers what the transaction commits.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The app's configuration: it registers no models and nothing in the admin (the outbox's tables
-are its own, made by ``manage.py outbox_migrate``), and checks the settings it reads when the
-project's checks run (``manage.py check``, ``runserver``, ``migrate``)."""
+are its own: ``schema``), applies the outbox's migrations after Django's ``migrate``, and checks
+the settings it reads when the project's checks run (``manage.py check``, ``runserver``,
+``migrate``)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,14 @@ class OutboxConfig(AppConfig):
     verbose_name = "Outbox"
 
     def ready(self) -> None:
+        from django.db.models.signals import post_migrate
         from django.test.signals import setting_changed
 
         from .conf import forget
+        from .schema import after_migrate
 
         setting_changed.connect(forget, dispatch_uid="outbox.contrib.django.forget")
+        post_migrate.connect(after_migrate, sender=self, dispatch_uid="outbox.contrib.django.after_migrate")
         checks.register(check_settings)
 
 

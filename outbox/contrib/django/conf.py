@@ -1,5 +1,6 @@
 """The Django app's settings: ``OUTBOX`` in the project's settings, a dict that names the
-database alias the outbox's tables live in (``DATABASE``, default ``"default"``) and any of the
+database alias the outbox's tables live in (``DATABASE``, default ``"default"``), whether Django's
+``migrate`` applies the outbox's migrations too (``MIGRATE``, default True), and any of the
 outbox's own settings by name (``MAX_PAYLOAD_BYTES``, ``DEFAULT_MAX_ATTEMPTS``, ``DATABASE_URL``,
 ...: ``outbox.Settings``), over the ``OUTBOX_*`` environment variables and ``outbox.toml`` as the
 outbox reads them.
@@ -58,7 +59,7 @@ def outbox_settings() -> Settings:
 
     from ...settings import Settings
 
-    given = {str(name).lower(): value for name, value in options().items() if name != "DATABASE"}
+    given = {str(name).lower(): value for name, value in options().items() if name not in APP_OPTIONS}
     try:
         return Settings(**given)
     except ValidationError as exc:
@@ -81,18 +82,34 @@ def forget(*, setting: str, **_: Any) -> None:
         producer.cache_clear()
 
 
-def database_url(alias: str) -> str:
-    """The outbox's URL for the database of ``alias`` (``outbox_migrate``'s, and the one to give
-    ``outbox worker`` as ``OUTBOX_DATABASE_URL``): ``OUTBOX["DATABASE_URL"]`` or
-    ``OUTBOX_DATABASE_URL`` when given, else made from the alias's settings as they are now (under
-    Django's test runner: the test database's)."""
+#: ``OUTBOX``'s entries that are the app's own, not the outbox's settings.
+APP_OPTIONS = ("DATABASE", "MIGRATE")
+
+
+def migrates_with_django() -> bool:
+    """Whether Django's ``migrate`` applies the outbox's migrations too (``OUTBOX["MIGRATE"]``,
+    default True)."""
+    return options().get("MIGRATE", True) is not False
+
+
+def database_url(alias: str, *, derived: bool = False) -> str:
+    """The outbox's URL for the database of ``alias`` (the one to give ``outbox worker`` as
+    ``OUTBOX_DATABASE_URL``): ``OUTBOX["DATABASE_URL"]`` or ``OUTBOX_DATABASE_URL`` when given
+    (unless ``derived``), else made from the alias's settings as they are now (under Django's
+    test runner: the test database's)."""
     configured = outbox_settings()
-    if "database_url" in configured.model_fields_set:
+    if not derived and "database_url" in configured.model_fields_set:
         return configured.database_url
     from django.db import connections
 
     connection = connections[alias]
     return url_for(alias, connection.vendor, connection.settings_dict)
+
+
+def in_memory(settings_dict: Mapping[str, Any]) -> bool:
+    """Whether a SQLite database's settings name one in memory (Django's test database by default)."""
+    name = str(settings_dict["NAME"])
+    return name == ":memory:" or name.startswith("file:") or "mode=memory" in name
 
 
 def url_for(alias: str, vendor: str, settings_dict: Mapping[str, Any]) -> str:
@@ -108,7 +125,7 @@ def url_for(alias: str, vendor: str, settings_dict: Mapping[str, Any]) -> str:
 
 def _sqlite_url(alias: str, settings_dict: Mapping[str, Any]) -> str:
     name = str(settings_dict["NAME"])
-    if name == ":memory:" or name.startswith("file:") or "mode=memory" in name:
+    if in_memory(settings_dict):
         raise ImproperlyConfigured(
             f"the database {alias!r} is in memory ({name}), which no other process can open; the outbox's "
             "service needs a file (under Django's test runner, set DATABASES[alias]['TEST']['NAME'] to a path)")

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -13,9 +11,10 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 class Command(BaseCommand):
     help = (
         "Apply the outbox's own migrations (its tables: intents, events, destinations, grants, ...) to the "
-        "database of OUTBOX['DATABASE'], the one enqueue() writes to. Django's migrate neither makes nor touches "
-        "these tables and this command touches none of Django's: run both, in either order, on every deploy. "
-        "Safe to run again, and from several hosts at once, as `outbox migrate` is."
+        "database of OUTBOX['DATABASE'], the one enqueue() writes to, at OUTBOX['DATABASE_URL'] or "
+        "OUTBOX_DATABASE_URL if given, else at the URL made from DATABASES. Django's migrate applies them too "
+        "(unless OUTBOX['MIGRATE'] is False), never touching them otherwise, and this command touches none of "
+        "Django's tables. Safe to run again, and from several hosts at once, as `outbox migrate` is."
     )
     requires_system_checks = ()  # (a wrong OUTBOX is reported below, as a CommandError)
 
@@ -23,39 +22,19 @@ class Command(BaseCommand):
         parser.add_argument("--database", help="The alias to migrate [default: OUTBOX['DATABASE'], or 'default'].")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from outbox.contrib.django.conf import database_alias, database_url, outbox_settings
+        from outbox.contrib.django.conf import database_alias, database_url
+        from outbox.contrib.django.schema import migrate, shown
         from outbox.errors import OutboxError
 
         try:
             alias = database_alias(options["database"])
             url = database_url(alias)
-            applied = asyncio.run(_migrate(url, outbox_settings().sqlite_busy_timeout_ms))
+            applied = migrate(url)
         except (ImproperlyConfigured, OutboxError) as exc:
             raise CommandError(str(exc)) from None
-        where = f"{_shown(url)} (Django's database {alias!r})"
+        where = f"{shown(url)} (Django's database {alias!r})"
         if applied:
             self.stdout.write(f"applied {len(applied)} outbox migration{'' if len(applied) == 1 else 's'} to {where}: "
                               f"{', '.join(applied)}")
         else:
             self.stdout.write(f"the outbox's tables in {where} are up to date: no migration to apply")
-
-
-async def _migrate(url: str, busy_timeout_ms: int) -> list[str]:
-    """The migrations ``outbox migrate`` applies, applied to ``url``; the names of those applied.
-    The secrets key is the service's business: its first start records it."""
-    from outbox.store import store_for_url
-
-    store = store_for_url(url, busy_timeout_ms=busy_timeout_ms)
-    await store.open()
-    try:
-        return await store.migrate()
-    finally:
-        await store.close()
-
-
-def _shown(url: str) -> str:
-    """``url`` without its password."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.replace(":" + parts.password + "@", ":***@", 1)))
