@@ -2,11 +2,12 @@
 (``store.intake``), inside the application's own transaction.
 
 Taken, sync: the standard library's ``sqlite3.Connection``, psycopg 3's ``Connection``, a
-psycopg2 connection, SQLAlchemy's ``Connection`` and ``Session`` (over any of those), and
-Django's connection (``django.db.connection`` or ``connections[alias]``). Async: asyncpg's
-``Connection``, psycopg 3's ``AsyncConnection``, aiosqlite's ``Connection``, and SQLAlchemy's
-``AsyncConnection`` and ``AsyncSession``. A framework's object is unwrapped to the driver
-connection it holds, and the statements run on that, in the transaction the framework began.
+psycopg2 connection, SQLAlchemy's ``Connection``, ``Session`` and ``scoped_session`` (over any of
+those), and Django's connection (``django.db.connection`` or ``connections[alias]``). Async:
+asyncpg's ``Connection``, psycopg 3's ``AsyncConnection``, aiosqlite's ``Connection``, and
+SQLAlchemy's ``AsyncConnection``, ``AsyncSession`` and ``async_scoped_session``. A framework's
+object is unwrapped to the driver connection it holds, and the statements run on that, in the
+transaction the framework began.
 
 The outbox never commits, rolls back or ends the caller's transaction. A connection that would
 commit each statement alone (autocommit with no transaction open) is refused (NoTransaction):
@@ -169,16 +170,23 @@ def bind(connection: Any) -> Bound:
         if connection.autocommit and connection.get_transaction_status() == psycopg2.TRANSACTION_STATUS_IDLE:
             raise NoTransaction(_AUTOCOMMIT.format(how="conn.autocommit = False, or BEGIN ... COMMIT"))
         return Bound(_postgres(), Psycopg2(connection).execute, psycopg2_unavailable)
-    if (orm := _loaded("sqlalchemy.orm")) is not None and isinstance(connection, orm.Session):
-        return bind(connection.connection())  # (the session's transaction begins, as a query of its own would)
+    if (orm := _loaded("sqlalchemy.orm")) is not None:
+        if isinstance(connection, orm.scoped_session):  # (Flask-SQLAlchemy's db.session is one)
+            return bind(connection())  # this scope's Session
+        if isinstance(connection, orm.Session):
+            return bind(connection.connection())  # (the session's transaction begins, as a query of its own would)
     if (engine := _loaded("sqlalchemy.engine")) is not None and isinstance(connection, engine.Connection):
         if not connection.in_transaction():
             connection.begin()  # (as its own first statement would: autobegin)
         return bind(connection.connection.driver_connection)
+    if (proxy := _loaded("django.utils.connection")) is not None and isinstance(connection, proxy.ConnectionProxy):
+        # django.db.connection: a proxy (no BaseDatabaseWrapper) for this thread's default connection
+        return bind(connection._connections[connection._alias])
     if (django := _loaded("django.db.backends.base.base")) is not None and isinstance(
             connection, django.BaseDatabaseWrapper):
         if connection.get_autocommit() and not connection.in_atomic_block:
             raise NoTransaction(_AUTOCOMMIT.format(how="with transaction.atomic(): ..., or ATOMIC_REQUESTS"))
+        connection.validate_no_broken_transaction()  # (Django's own refusal, as its cursors give it)
         connection.ensure_connection()
         return bind(connection.connection)
     raise TypeError(_unknown(connection, "sqlite3, psycopg, psycopg2, a SQLAlchemy Connection or Session, "
@@ -209,6 +217,8 @@ async def bind_async(connection: Any) -> Bound:
         driver = Aiosqlite(connection)
         return Bound(_sqlite()[0], driver.execute, _sqlite_unavailable, driver.run)
     if (orm := _loaded("sqlalchemy.ext.asyncio")) is not None:
+        if isinstance(connection, orm.async_scoped_session):
+            return await bind_async(connection())  # this scope's AsyncSession
         if isinstance(connection, orm.AsyncSession):
             return await bind_async(await connection.connection())
         if isinstance(connection, orm.AsyncConnection):
