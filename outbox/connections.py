@@ -135,14 +135,20 @@ _AUTOCOMMIT = ("the connection is in autocommit mode with no transaction open, s
                "and alone; enqueue inside your transaction ({how}), so it commits with your writes or not at all")
 
 
+def _sqlite_lock(in_transaction: bool, autocommit: bool) -> str:
+    """The statement that takes SQLite's write lock for the enqueue (see the module's docstring),
+    on a connection ``in_transaction`` or not, in ``autocommit`` mode or not; raises NoTransaction."""
+    if in_transaction:
+        return _sqlite()[2]
+    if autocommit:
+        raise NoTransaction(_AUTOCOMMIT.format(how='conn.execute("BEGIN IMMEDIATE") ... conn.commit()'))
+    return "BEGIN IMMEDIATE"  # (where the connection's first write would have begun one)
+
+
 def _sqlite3_begin(conn: sqlite3.Connection) -> None:
     """Make sure ``conn`` is in a transaction holding the write lock (see the module's docstring)."""
-    if conn.in_transaction:
-        statement = _sqlite()[2]
-    elif conn.isolation_level is None or getattr(conn, "autocommit", -1) is True:
-        raise NoTransaction(_AUTOCOMMIT.format(how='conn.execute("BEGIN IMMEDIATE") ... conn.commit()'))
-    else:
-        statement = "BEGIN IMMEDIATE"  # (where the connection's first write would have begun one)
+    statement = _sqlite_lock(conn.in_transaction,
+                             conn.isolation_level is None or getattr(conn, "autocommit", -1) is True)
     began = time.monotonic()
     try:
         conn.execute(statement)
@@ -210,11 +216,10 @@ async def bind_async(connection: Any) -> Bound:
             raise NoTransaction(_AUTOCOMMIT.format(how="async with conn.transaction(): ..."))
         return Bound(_postgres(), AsyncPsycopg(connection).execute, psycopg_unavailable)
     if (aiosqlite := _loaded("aiosqlite")) is not None and isinstance(connection, aiosqlite.Connection):
-        from .store.plumbing import on_thread
         from .store.sqlite.drivers import Aiosqlite
 
-        await on_thread(connection, _sqlite3_begin)  # (on its thread: the one the connection's statements run on)
-        driver = Aiosqlite(connection)
+        _sqlite_lock(connection.in_transaction, connection.isolation_level is None)  # (NoTransaction now)
+        driver = Aiosqlite(connection, first=_sqlite3_begin)  # (the lock: in the first hop to its thread)
         return Bound(_sqlite()[0], driver.execute, _sqlite_unavailable, driver.run)
     if (orm := _loaded("sqlalchemy.ext.asyncio")) is not None:
         if isinstance(connection, orm.async_scoped_session):

@@ -8,6 +8,7 @@ application set on its connection."""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..intake import Returns, Statement, Steps, run
@@ -44,14 +45,22 @@ class Sqlite3:
 class Aiosqlite:
     """An ``aiosqlite.Connection``: each statement, or a whole run of steps, runs on its thread
     as ``Sqlite3`` runs it, in one hop there (aiosqlite's own calls would take one a call: a
-    cursor, its execute, its fetch and its close)."""
+    cursor, its execute, its fetch and its close). ``first``, if given, runs there before the
+    first statement (the binding's taking of the write lock), in the same hop."""
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Any, *, first: Callable[[sqlite3.Connection], None] | None = None) -> None:
         self.conn = conn
+        self._first = first
+
+    def _begun(self, conn: sqlite3.Connection) -> Sqlite3:
+        if self._first is not None:
+            first, self._first = self._first, None
+            first(conn)
+        return Sqlite3(conn)
 
     async def execute(self, s: Statement) -> Any:
-        return await on_thread(self.conn, lambda conn: Sqlite3(conn).execute(s))
+        return await on_thread(self.conn, lambda conn: self._begun(conn).execute(s))
 
     async def run(self, steps: Steps[T]) -> T:
         """``steps`` driven to their end on the connection's thread."""
-        return await on_thread(self.conn, lambda conn: run(steps, Sqlite3(conn).execute))
+        return await on_thread(self.conn, lambda conn: run(steps, self._begun(conn).execute))
