@@ -12,7 +12,10 @@ that alternates between rounds, and the ratio is the median of the per-round rat
    ``BEGIN IMMEDIATE`` ... ``COMMIT`` of CHUNK operations (only the operations are timed);
 2. psycopg 3 (synchronous) on PostgreSQL, the same inside ``with conn.transaction()``;
 3. asynchronous: aiosqlite, psycopg's ``AsyncConnection`` and asyncpg with ``AsyncProducer``;
-4. a transaction each, commit included (sqlite3 and psycopg): the application's insert and
+4. the enqueue's SQL alone (sqlite3 and psycopg): its statements, built beforehand, run on the
+   connection without the library around them, against the same app insert: what the database
+   and the driver spend, the floor under the enqueue's ratio;
+5. a transaction each, commit included (sqlite3 and psycopg): the application's insert and
    commit, against its insert, the enqueue and the commit; what an application's request sees.
 
 The target (at most 2x the application's own insert, synchronous) is printed beside the figures;
@@ -261,6 +264,79 @@ async def asyncpg_side(url: str, run: str, n: int, enqueue: bool, producer: Asyn
     return side
 
 
+def prepared_statements(dialect: str, run: str, n: int, producer: Producer) -> list[tuple[Any, Any]]:
+    """Each operation's insert and first-event statements as the enqueue runs them (the intent
+    validated and the statements built here, untimed), warm-up first."""
+    from outbox import Status
+    from outbox.store.intake import Intake
+    from outbox.store.postgres.drivers import READ
+    from outbox.store.postgres.intake import PostgresIntake
+    from outbox.store.sqlite.intake import INTAKE
+
+    statements: Intake = INTAKE if dialect == "sqlite" else PostgresIntake(READ)
+    found = {"channel": "webhook", "requires_approval": False}
+    made = []
+    for i in range(-WARMUP, n):
+        new, event = producer.intake.intent(**intent(run, i))
+        made.append((statements.insert_intent((new, event, "webhook", Status.PENDING), found),
+                     statements.first_events([(0, event)])))
+    return made
+
+
+def sqlite3_sql_side(path: Path, run: str, n: int, enqueue: bool, producer: Producer) -> Side:
+    """``sqlite3_side`` with, for the enqueue, only its statements (the write lock's, the
+    intent's insert, its first event's) run on the connection: what SQLite itself spends."""
+    if not enqueue:
+        return sqlite3_side(path, run, n, enqueue, producer)
+    from outbox.store.sqlite.sql import SQL
+
+    statements = prepared_statements("sqlite", run, n, producer)
+    lock = SQL["take_write_lock"]
+    conn = sqlite3.connect(path, timeout=30)
+    side = Side()
+    try:
+        for lo, hi in chunks(n):
+            conn.execute("BEGIN IMMEDIATE")
+            began = time.perf_counter()
+            for i in range(lo, hi):
+                insert, logged = statements[i + WARMUP]
+                conn.execute(lock)
+                seq = conn.execute(insert.sql, insert.args).fetchone()[0]
+                conn.execute(logged.sql, (seq, *logged.args[1:]))
+            took = time.perf_counter() - began
+            conn.commit()
+            if lo >= 0:
+                side.seconds += took
+                side.n += hi - lo
+    finally:
+        conn.close()
+    return side
+
+
+def psycopg_sql_side(url: str, run: str, n: int, enqueue: bool, producer: Producer) -> Side:
+    """``psycopg_side`` with, for the enqueue, only its statement (the intent's insert with its
+    first event) run on the connection: what the round trip and PostgreSQL spend."""
+    if not enqueue:
+        return psycopg_side(url, run, n, enqueue, producer)
+    import psycopg
+
+    statements = prepared_statements("postgres", run, n, producer)
+    side = Side()
+    with psycopg.connect(url) as conn:
+        cursor = psycopg.RawCursor(conn)
+        for lo, hi in chunks(n):
+            with conn.transaction():
+                began = time.perf_counter()
+                for i in range(lo, hi):
+                    insert, _ = statements[i + WARMUP]
+                    cursor.execute(insert.sql, insert.args).fetchone()
+                took = time.perf_counter() - began
+            if lo >= 0:
+                side.seconds += took
+                side.n += hi - lo
+    return side
+
+
 def sqlite3_committed(path: Path, run: str, n: int, enqueue: bool, producer: Producer) -> Side:
     """``n`` transactions of the application's insert (and, with ``enqueue``, an enqueue), each
     committed: the commit (an fsync in WAL mode with synchronous=FULL) timed too."""
@@ -325,6 +401,10 @@ def pairs(sync: Producer, aio: AsyncProducer) -> list[Pair]:
         Pair("aiosqlite", "sqlite", lambda where, r, n, e: aiosqlite_side(where, r, n, e, aio)),
         Pair("psycopg async", "postgres", lambda where, r, n, e: psycopg_async_side(where, r, n, e, aio)),
         Pair("asyncpg", "postgres", lambda where, r, n, e: asyncpg_side(where, r, n, e, aio)),
+        Pair("sqlite3, its SQL alone", "sqlite",
+             lambda where, r, n, e: on_thread(sqlite3_sql_side, where, r, n, e, sync)),
+        Pair("psycopg, its SQL alone", "postgres",
+             lambda where, r, n, e: on_thread(psycopg_sql_side, where, r, n, e, sync)),
         Pair("sqlite3, commit each", "sqlite",
              lambda where, r, n, e: on_thread(sqlite3_committed, where, r, n, e, sync),
              share=0.1, committed=True),
@@ -375,7 +455,7 @@ async def main() -> int:
     parser.add_argument("--rounds", type=int, default=5, help="rounds (5)")
     parser.add_argument("--quick", action="store_true", help="--n 300 --rounds 2")
     parser.add_argument("--no-postgres", action="store_true", help="SQLite only")
-    parser.add_argument("--only", help="run only the pairs whose name contains this")
+    parser.add_argument("--cases", help="the cases to run, by name, comma-separated (default: all)")
     parser.add_argument("--pg", default=ADMIN_DSN, help=f"the server's administrative DSN ({ADMIN_DSN})")
     args = parser.parse_args()
     harness.require_positive(parser, args, ["n", "rounds"])
@@ -383,7 +463,8 @@ async def main() -> int:
     began = time.perf_counter()
     problems: list[str] = []
     chosen = [p for p in pairs(Producer(), AsyncProducer())
-              if not (args.no_postgres and p.dialect == "postgres") and (args.only is None or args.only in p.name)]
+              if not (args.no_postgres and p.dialect == "postgres")
+              and (args.cases is None or p.name in args.cases.split(","))]
     print(f"bench_producer: {n} operations a side a round, {rounds} rounds, CHUNK {CHUNK} a transaction")
     print(harness.machine_summary())
     results = {p.name: Result([], [], []) for p in chosen}
