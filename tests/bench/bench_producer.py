@@ -401,14 +401,14 @@ def pairs(sync: Producer, aio: AsyncProducer) -> list[Pair]:
         Pair("aiosqlite", "sqlite", lambda where, r, n, e: aiosqlite_side(where, r, n, e, aio)),
         Pair("psycopg async", "postgres", lambda where, r, n, e: psycopg_async_side(where, r, n, e, aio)),
         Pair("asyncpg", "postgres", lambda where, r, n, e: asyncpg_side(where, r, n, e, aio)),
-        Pair("sqlite3, its SQL alone", "sqlite",
+        Pair("sqlite3 SQL alone", "sqlite",
              lambda where, r, n, e: on_thread(sqlite3_sql_side, where, r, n, e, sync)),
-        Pair("psycopg, its SQL alone", "postgres",
+        Pair("psycopg SQL alone", "postgres",
              lambda where, r, n, e: on_thread(psycopg_sql_side, where, r, n, e, sync)),
-        Pair("sqlite3, commit each", "sqlite",
+        Pair("sqlite3 commit each", "sqlite",
              lambda where, r, n, e: on_thread(sqlite3_committed, where, r, n, e, sync),
              share=0.1, committed=True),
-        Pair("psycopg, commit each", "postgres",
+        Pair("psycopg commit each", "postgres",
              lambda where, r, n, e: on_thread(psycopg_committed, where, r, n, e, sync), share=0.25, committed=True),
     ]
 
