@@ -35,7 +35,7 @@ from .conftest import clean_env, outbox_worker
 pytestmark = pytest.mark.acceptance
 
 #: Transactions each thread commits.
-PER_THREAD = 40
+PER_THREAD = 100
 #: The README's busy timeout for an application's connections to the service's file, and a short one.
 PATIENT, SHORT = 30.0, 0.05
 
