@@ -54,6 +54,10 @@ class App:
     async def close(self) -> None:
         raise NotImplementedError
 
+    async def customize(self) -> None:
+        """Set on the connection what applications of this stack commonly set (row factories,
+        JSON codecs, a session time zone), none of which may change what the outbox stores."""
+
     def transaction(self) -> Any:
         """An async context manager: a transaction, committed on leaving, rolled back (and the
         exception raised on) when one leaves it."""
@@ -156,6 +160,9 @@ class Sqlite3(SyncApp):
     async def close(self) -> None:
         self.handle.close()
 
+    async def customize(self) -> None:
+        self.handle.row_factory = lambda cursor, row: dict(zip([c[0] for c in cursor.description], row, strict=True))
+
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
         with self.handle:
@@ -184,6 +191,11 @@ class _Aiosqlite:
         import aiosqlite
 
         self.handle = await aiosqlite.connect(sqlite_path(self.url), isolation_level=None if autocommit else "")
+
+    async def customize(self) -> None:
+        import aiosqlite
+
+        self.handle.row_factory = aiosqlite.Row
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
@@ -248,6 +260,15 @@ class Psycopg(SyncApp):
 
         self.handle = psycopg.connect(self.url, autocommit=autocommit)
 
+    async def customize(self) -> None:
+        from psycopg.rows import namedtuple_row
+        from psycopg.types.json import set_json_loads
+
+        self.handle.row_factory = namedtuple_row
+        set_json_loads(lambda data: ("app's own loads", data), self.handle)
+        self.handle.execute("SET TIME ZONE 'Pacific/Chatham'")
+        self.handle.commit()
+
     async def close(self) -> None:
         self.handle.close()
 
@@ -272,6 +293,15 @@ class AsyncPsycopg(AsyncApp):
         import psycopg
 
         self.handle = await psycopg.AsyncConnection.connect(self.url, autocommit=autocommit)
+
+    async def customize(self) -> None:
+        from psycopg.rows import dict_row
+        from psycopg.types.json import set_json_loads
+
+        self.handle.row_factory = dict_row
+        set_json_loads(lambda data: ("app's own loads", data), self.handle)
+        await self.handle.execute("SET TIME ZONE 'Asia/Kathmandu'")
+        await self.handle.commit()
 
     async def close(self) -> None:
         await self.handle.close()
@@ -298,6 +328,15 @@ class Psycopg2(SyncApp):
 
         self.handle = psycopg2.connect(self.url)
         self.handle.autocommit = autocommit
+
+    async def customize(self) -> None:
+        import psycopg2.extras
+
+        self.handle.cursor_factory = psycopg2.extras.NamedTupleCursor
+        psycopg2.extras.register_default_json(self.handle, loads=lambda data: ("app's own loads", data))
+        psycopg2.extras.register_default_jsonb(self.handle, loads=lambda data: ("app's own loads", data))
+        with self.handle, self.handle.cursor() as cursor:
+            cursor.execute("SET TIME ZONE 'America/St_Johns'")
 
     async def close(self) -> None:
         self.handle.close()
@@ -332,6 +371,13 @@ class _Asyncpg:
         import asyncpg
 
         self.handle = await asyncpg.connect(self.url)  # (asyncpg has no transaction until one is begun)
+
+    async def customize(self) -> None:
+        import json
+
+        for name in ("json", "jsonb"):  # (as asyncpg's documentation shows, and many pools' init do)
+            await self.handle.set_type_codec(name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+        await self.handle.execute("SET TIME ZONE 'Australia/Eucla'")
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:

@@ -19,7 +19,8 @@ import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ import pytest
 from outbox import (
     DestinationSpec,
     EventKind,
+    Intent,
     IntentConflict,
     InvalidInput,
     NoTransaction,
@@ -80,6 +82,7 @@ async def stored(url: str) -> Stored:
 
 
 NOTHING = Stored([], {}, [], {})
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def order(n: int, **fields: Any) -> dict[str, Any]:
@@ -175,6 +178,42 @@ async def test_a_committed_intent_is_delivered_once_by_a_worker_process_and_a_ro
     now = await stored(service.url)
     assert now.orders == [2] and now.intents == {"order-2": {"order": 2}}
     assert latency < 5, f"delivered {latency:.2f} s after the commit: the worker polled, nothing woke it"
+
+
+# -- the same results as the library's ----------------------------------------------------------------
+
+
+def as_twin(intent: Intent) -> Intent:
+    """``intent`` without what tells two enqueues of the same fields apart."""
+    return replace(intent, seq=0, action_id="-", created_at=EPOCH, updated_at=EPOCH, next_attempt_at=EPOCH)
+
+
+async def test_what_the_app_enqueues_is_what_the_library_would_have_stored_whatever_its_connection_is_set_to(
+        app: App, service: Service) -> None:
+    """The stack's common settings on the connection (``App.customize``: row factories, JSON codecs
+    and loaders, a session time zone) change nothing the outbox writes or answers."""
+    await app.customize()
+    later = datetime.now(UTC).replace(microsecond=123456) + timedelta(hours=1)
+    fields: dict[str, Any] = {
+        "destination": "hook", "scope": "acme", "payload": {"order": 1, "note": "ünïcödé ☃", "big": 2 ** 53 - 1,
+                                                            "lines": [{"sku": "a", "qty": 1.5}, None]},
+        "ordering_key": "customer-7", "not_before": later, "expires_at": later + timedelta(days=1),
+        "max_attempts": 5, "trace_context": {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}
+    async with app.transaction():
+        await app.insert(1)
+        made = await app.enqueue(action_id="app-1", **fields)
+        again = await app.enqueue(action_id="app-1", **fields)
+        many = await app.enqueue_many([{**fields, "action_id": "app-2"}]) if app.many else []
+    box = service.box
+    library = await box.enqueue(action_id="lib-1", **fields)
+    read = await box.history("app-1", scope="acme")
+    assert read.intent == made.intent and made.created and not again.created
+    assert again.intent == made.intent
+    assert as_twin(made.intent) == as_twin(library.intent)
+    assert [(e.kind, e.actor, e.reason, e.data) for e in read.events] == \
+           [(e.kind, e.actor, e.reason, e.data) for e in (await box.history("lib-1", scope="acme")).events]
+    for result in many:
+        assert as_twin(result.intent) == as_twin(library.intent) and result.intent == await box.get("app-2")
 
 
 # -- (b) rollback ------------------------------------------------------------------------------------
