@@ -199,13 +199,21 @@ async def test_what_the_app_enqueues_is_what_the_library_would_have_stored_whate
                                                             "lines": [{"sku": "a", "qty": 1.5}, None]},
         "ordering_key": "customer-7", "not_before": later, "expires_at": later + timedelta(days=1),
         "max_attempts": 5, "trace_context": {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}
+    event = {key: fields[key] for key in ("scope", "payload", "ordering_key", "not_before", "max_attempts")}
     async with app.transaction():
         await app.insert(1)
         made = await app.enqueue(action_id="app-1", **fields)
         again = await app.enqueue(action_id="app-1", **fields)
         many = await app.enqueue_many([{**fields, "action_id": "app-2"}]) if app.many else []
+        published = await app.publish(topic="order.placed", event_id="e-app", **event)
     box = service.box
     library = await box.enqueue(action_id="lib-1", **fields)
+    library_published = await box.publish(topic="order.placed", event_id="e-lib", **event)
+    assert published.event == await box.get_event("e-app", scope="acme")
+    assert replace(published.event, seq=0, event_id="-", created_at=EPOCH, fanout=()) == \
+           replace(library_published.event, seq=0, event_id="-", created_at=EPOCH, fanout=())
+    assert [(d.destination, d.status) for d in published.event.fanout] == \
+           [(d.destination, d.status) for d in library_published.event.fanout]
     read = await box.history("app-1", scope="acme")
     assert read.intent == made.intent and made.created and not again.created
     assert again.intent == made.intent
