@@ -42,6 +42,8 @@ class App:
     store: ClassVar[str]
     #: Whether the kind has ``enqueue_many`` (``Outbox.transaction``'s has not).
     many: ClassVar[bool] = True
+    #: What NoTransaction tells this stack's user to do (a regular expression).
+    advice: ClassVar[str]
 
     def __init__(self, url: str, settings: Settings | None = None) -> None:
         self.url = url
@@ -153,6 +155,7 @@ class Sqlite3(SyncApp):
 
     name = "sqlite3"
     store = "sqlite"
+    advice = "BEGIN IMMEDIATE"
 
     async def connect(self, *, autocommit: bool = False) -> None:
         self.handle = sqlite3.connect(sqlite_path(self.url), isolation_level=None if autocommit else "")
@@ -226,6 +229,7 @@ class Aiosqlite(_Aiosqlite, AsyncApp):
 
     name = "aiosqlite"
     store = "sqlite"
+    advice = "BEGIN IMMEDIATE"
 
     async def close(self) -> None:
         await self.handle.close()
@@ -236,6 +240,7 @@ class AiosqliteOutboxTransaction(_Aiosqlite, OutboxTransactionApp):
 
     name = "aiosqlite-outbox-transaction"
     store = "sqlite"
+    advice = "BEGIN IMMEDIATE"
 
     async def connect(self, *, autocommit: bool = False) -> None:
         await super().connect(autocommit=autocommit)
@@ -254,6 +259,7 @@ class Psycopg(SyncApp):
 
     name = "psycopg"
     store = "postgres"
+    advice = r"with conn\.transaction\(\)"
 
     async def connect(self, *, autocommit: bool = False) -> None:
         import psycopg
@@ -288,6 +294,7 @@ class AsyncPsycopg(AsyncApp):
 
     name = "psycopg-async"
     store = "postgres"
+    advice = r"async with conn\.transaction\(\)"
 
     async def connect(self, *, autocommit: bool = False) -> None:
         import psycopg
@@ -322,6 +329,7 @@ class Psycopg2(SyncApp):
 
     name = "psycopg2"
     store = "postgres"
+    advice = r"conn\.autocommit = False"
 
     async def connect(self, *, autocommit: bool = False) -> None:
         import psycopg2
@@ -395,6 +403,7 @@ class Asyncpg(_Asyncpg, AsyncApp):
 
     name = "asyncpg"
     store = "postgres"
+    advice = r"async with conn\.transaction\(\)"
 
     async def close(self) -> None:
         await self.handle.close()
@@ -405,6 +414,7 @@ class AsyncpgOutboxTransaction(_Asyncpg, OutboxTransactionApp):
 
     name = "asyncpg-outbox-transaction"
     store = "postgres"
+    advice = r"async with conn\.transaction\(\)"
 
     async def connect(self, *, autocommit: bool = False) -> None:
         await super().connect(autocommit=autocommit)
@@ -456,6 +466,7 @@ class _SqlAlchemy:
     url: str
     store: ClassVar[str]
     asynchronous: ClassVar[bool]
+    advice = "without isolation_level='AUTOCOMMIT'"
     engine: Any
 
     def make_engine(self, autocommit: bool) -> Any:
