@@ -427,9 +427,8 @@ class AsyncpgOutboxTransaction(_Asyncpg, OutboxTransactionApp):
 
 # -- SQLAlchemy, on either store ---------------------------------------------------------------
 
-#: The driver SQLAlchemy's engine uses, by store, sync and async.
-SA_DRIVERS = {("sqlite", False): "sqlite+pysqlite", ("sqlite", True): "sqlite+aiosqlite",
-              ("postgres", False): "postgresql+psycopg", ("postgres", True): "postgresql+asyncpg"}
+#: Each store's name in a SQLAlchemy URL.
+SA_DIALECTS = {"sqlite": "sqlite", "postgres": "postgresql"}
 
 
 def sqlalchemy_url(url: str, driver: str) -> str:
@@ -465,13 +464,14 @@ class _SqlAlchemy:
 
     url: str
     store: ClassVar[str]
+    driver: ClassVar[str]  # the DBAPI SQLAlchemy's engine uses (``sqlite+pysqlite``: pysqlite)
     asynchronous: ClassVar[bool]
     advice = "without isolation_level='AUTOCOMMIT'"
     engine: Any
 
     def make_engine(self, autocommit: bool) -> Any:
         options = {"isolation_level": "AUTOCOMMIT"} if autocommit else {}
-        url = sqlalchemy_url(self.url, SA_DRIVERS[self.store, self.asynchronous])
+        url = sqlalchemy_url(self.url, f"{SA_DIALECTS[self.store]}+{self.driver}")
         if self.asynchronous:
             from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -598,18 +598,21 @@ class _SqlAlchemyAsyncSession(_SqlAlchemy, AsyncApp):
 
 
 def _kind(base: type[App], store: str, driver: str) -> type[App]:
-    """``base`` on ``store``, its engine over ``driver`` (``SA_DRIVERS``), named for both."""
+    """``base`` on ``store``, its engine over ``driver``, named for both."""
     name = base.__name__.strip("_").replace("SqlAlchemy", "sqlalchemy-").replace("Async", "async-").lower()
     return type(f"{base.__name__.strip('_')}On{driver.title()}", (base,),
-                {"name": f"{name}-{driver}", "store": store, "__doc__": f"{base.__doc__} Over {driver}."})
+                {"name": f"{name}-{driver}", "store": store, "driver": driver,
+                 "__doc__": f"{base.__doc__} Over {driver}."})
 
 
-_SQLALCHEMY = [_kind(base, store, driver)
-               for store, sync, asynchronous in (("sqlite", "pysqlite", "aiosqlite"),
-                                                 ("postgres", "psycopg", "asyncpg"))
-               for base, driver in ((_SqlAlchemyConnection, sync), (_SqlAlchemySession, sync),
-                                    (_SqlAlchemyAsyncConnection, asynchronous),
-                                    (_SqlAlchemyAsyncSession, asynchronous))]
+_SQLALCHEMY = [
+    *(_kind(base, store, driver)
+      for store, sync, asynchronous in (("sqlite", "pysqlite", "aiosqlite"), ("postgres", "psycopg", "asyncpg"))
+      for base, driver in ((_SqlAlchemyConnection, sync), (_SqlAlchemySession, sync),
+                           (_SqlAlchemyAsyncConnection, asynchronous), (_SqlAlchemyAsyncSession, asynchronous))),
+    # and the engine's other PostgreSQL drivers the outbox takes, once each
+    _kind(_SqlAlchemySession, "postgres", "psycopg2"), _kind(_SqlAlchemyAsyncConnection, "postgres", "psycopg"),
+]
 
 #: Every kind, by name.
 KINDS: dict[str, type[App]] = {

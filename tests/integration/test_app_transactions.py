@@ -240,6 +240,32 @@ async def test_a_rolled_back_transaction_stores_nothing(app: App, service: Servi
     assert await stored(service.url) == NOTHING
 
 
+async def test_an_enqueue_that_opens_the_transaction_commits_and_rolls_back_with_it(app: App, service: Service) -> None:
+    """The outbox's statements are the transaction's first: where the stack begins a transaction at
+    its first statement (sqlite3, psycopg2, SQLAlchemy's autobegin), the outbox begins it (on
+    SQLite IMMEDIATE), and the application's writes after it share it."""
+    with pytest.raises(Boom):
+        async with app.transaction():
+            await app.enqueue(**order(1))
+            await app.insert(1)
+            raise Boom
+    async with app.transaction():
+        await app.enqueue(**order(2))
+        await app.insert(2)
+    async with app.transaction():
+        await app.publish(scope="acme", topic="order.placed", event_id="e-3", payload={"order": 3})
+        await app.insert(3)
+    if app.many:
+        with pytest.raises(Boom):
+            async with app.transaction():
+                await app.enqueue_many([order(4)])
+                await app.insert(4)
+                raise Boom
+    now = await stored(service.url)
+    assert now.orders == [2, 3] and now.topic_events == ["e-3"]
+    assert now.intents.pop("order-2") == {"order": 2} and list(now.intents.values()) == [{"order": 3}] * 2
+
+
 # -- (c) a refusal inside the transaction ------------------------------------------------------------
 
 
