@@ -3,28 +3,32 @@
 Connection, Session, AsyncConnection and AsyncSession over each store's drivers, and
 ``Outbox.transaction(connection=...)`` on asyncpg and aiosqlite), on the store each applies to.
 
-Each behaviour is written once and runs on every kind, in a fresh database holding the
-application's own table (``orders``) beside the outbox's: a commit makes exactly one intent, which
-a separate ``outbox worker`` process delivers once to a real receiver; a rollback stores and sends
-nothing; a refused enqueue raises and, caught, spoils nothing of the rest; a savepoint rolled back
-takes its intent with it; ``enqueue_many`` is all or none; a publish's fan-out commits and rolls
-back with the transaction; and a connection with no transaction open is refused before anything
-is written.
+Each behaviour is written once and runs on every kind, in an empty database (a SQLite file of its
+own; on PostgreSQL the module's one database, emptied before each test) holding the application's
+own table (``orders``) beside the outbox's: a commit makes exactly one intent, which a separate
+``outbox worker`` process delivers once to a real receiver; a rollback stores and sends nothing; a
+refused enqueue raises and, caught, spoils nothing of the rest; a savepoint rolled back takes its
+intent with it; ``enqueue_many`` is all or none; a publish's fan-out commits and rolls back with
+the transaction; a connection with no transaction open is refused before anything is written;
+and what is stored is what the library would have stored.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 
 from outbox import (
@@ -35,11 +39,13 @@ from outbox import (
     InvalidInput,
     NoTransaction,
     Outbox,
+    Settings,
     Status,
     UnknownDestination,
 )
 from outbox.grants import GrantSpec
 
+from .. import pg
 from ..acceptance.conftest import clean_env, outbox_worker
 from ..apps import KINDS, ORDERS, App
 from ..conftest import SECRET, rows
@@ -104,10 +110,47 @@ def kind(request: pytest.FixtureRequest) -> type[App]:
     return KINDS[request.param]
 
 
+@pytest.fixture(scope="module")
+def pg_database() -> Iterator[str]:
+    """One PostgreSQL database for the module's tests, migrated once (made and dropped per test,
+    they took as long as the rest of the module)."""
+
+    async def migrated() -> str:
+        url = await pg.create_database()
+        await (await Outbox.open(url, settings=Settings(secrets_key_file=pg.key_file()))).close()
+        return url
+
+    with ThreadPoolExecutor(1) as thread:  # (asked for while a test's event loop runs)
+        url = thread.submit(asyncio.run, migrated()).result()
+        try:
+            yield url
+        finally:
+            thread.submit(asyncio.run, pg.drop_database(url)).result()
+
+
+async def emptied(url: str) -> None:
+    """Every row of the outbox's tables gone but its schema's and key's, and the app's table."""
+    conn = await asyncpg.connect(url)
+    try:
+        tables = [t for (t,) in await conn.fetch(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public' "
+            "AND table_name NOT IN ('schema_migrations', 'secrets_key', 'orders')")]
+        await conn.execute("SET lock_timeout = '10s'")  # (a connection a test left open fails the next, not hangs)
+        await conn.execute(f"DROP TABLE IF EXISTS orders; TRUNCATE {', '.join(tables)} RESTART IDENTITY")
+    finally:
+        await conn.close()
+
+
 @pytest.fixture
-def url(kind: type[App], db_url: str, request: pytest.FixtureRequest) -> str:
-    """The store the kind applies to: a SQLite file, or a fresh PostgreSQL database."""
-    return db_url if kind.store == "sqlite" else str(request.getfixturevalue("pg_url"))
+async def url(kind: type[App], db_url: str, request: pytest.FixtureRequest,
+              monkeypatch: pytest.MonkeyPatch) -> str:
+    """The store the kind applies to, empty: a SQLite file, or the module's PostgreSQL database."""
+    if kind.store == "sqlite":
+        return db_url
+    url = str(request.getfixturevalue("pg_database"))
+    monkeypatch.setenv(*pg.key_env().popitem())
+    await emptied(url)
+    return url
 
 
 @pytest.fixture
