@@ -196,6 +196,7 @@ def wait_for_line(log: Path, text: str, timeout: float = 20) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.acceptance
 async def test_a_committed_intent_is_delivered_once_by_a_worker_process_and_a_rolled_back_one_never(
         app: App, service: Service, shared_receiver: Receiver, tmp_path: Path) -> None:
     """The worker is another process, already waiting (polling only every 5 s), when the
