@@ -44,6 +44,9 @@ class App:
     many: ClassVar[bool] = True
     #: What NoTransaction tells this stack's user to do (a regular expression).
     advice: ClassVar[str]
+    #: Whether ``transaction()`` begins one on a connection in autocommit mode (psycopg's, psycopg2's
+    #: and asyncpg's blocks do; sqlite3's ``with conn:`` and SQLAlchemy's under AUTOCOMMIT do not).
+    begins_in_autocommit: ClassVar[bool] = False
 
     def __init__(self, url: str, settings: Settings | None = None) -> None:
         self.url = url
@@ -260,6 +263,7 @@ class Psycopg(SyncApp):
     name = "psycopg"
     store = "postgres"
     advice = r"with conn\.transaction\(\)"
+    begins_in_autocommit = True
 
     async def connect(self, *, autocommit: bool = False) -> None:
         import psycopg
@@ -295,6 +299,7 @@ class AsyncPsycopg(AsyncApp):
     name = "psycopg-async"
     store = "postgres"
     advice = r"async with conn\.transaction\(\)"
+    begins_in_autocommit = True
 
     async def connect(self, *, autocommit: bool = False) -> None:
         import psycopg
@@ -330,6 +335,7 @@ class Psycopg2(SyncApp):
     name = "psycopg2"
     store = "postgres"
     advice = r"conn\.autocommit = False"
+    begins_in_autocommit = True  # (since psycopg2 2.9)
 
     async def connect(self, *, autocommit: bool = False) -> None:
         import psycopg2
@@ -374,6 +380,7 @@ class Psycopg2(SyncApp):
 class _Asyncpg:
     handle: Any
     url: str
+    begins_in_autocommit = True
 
     async def connect(self, *, autocommit: bool = False) -> None:
         import asyncpg

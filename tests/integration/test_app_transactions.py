@@ -445,3 +445,36 @@ async def test_a_connection_with_no_transaction_open_is_refused_and_nothing_is_w
     finally:
         await app.close()
     assert await stored(service.url) == NOTHING
+
+
+async def test_in_autocommit_mode_the_enqueue_joins_a_transaction_the_stack_begins_and_else_is_refused(
+        kind: type[App], service: Service) -> None:
+    """The remedy NoTransaction advises: where the stack's transaction block begins one on a
+    connection in autocommit mode, the enqueue commits and rolls back with it; where the block
+    begins none (the application's rows commit one by one), the enqueue is refused."""
+    app = kind(service.url)
+    await app.connect(autocommit=True)
+
+    async def enqueue(n: int) -> None:
+        if app.begins_in_autocommit:
+            await app.enqueue(**order(n))
+        else:
+            with pytest.raises(NoTransaction):
+                await app.enqueue(**order(n))
+
+    try:
+        async with app.transaction():
+            await app.insert(1)
+            await enqueue(1)
+        with pytest.raises(Boom):
+            async with app.transaction():
+                await app.insert(2)
+                await enqueue(2)
+                raise Boom
+    finally:
+        await app.close()
+    now = await stored(service.url)
+    if app.begins_in_autocommit:
+        assert now.orders == [1] and list(now.intents) == ["order-1"]
+    else:
+        assert now.orders[0] == 1 and now.intents == {}  # each row committed alone (a session's 2 never flushed)
