@@ -47,6 +47,8 @@ SELECT count(pg_advisory_xact_lock(held.destination, held.bucket)) FROM (
 
 -- name: insert_intent
 -- Create an intent with its first event unless its key (scope/action_id) exists; returns the new seq, or nothing.
+-- The event's data is bound as text, then cast: on an application's connection a JSON codec (asyncpg's
+-- set_type_codec with json.dumps) would encode a jsonb parameter's text once more, storing a JSON string.
 WITH created AS (
     INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
                          max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at, ordering_key,
@@ -56,7 +58,7 @@ WITH created AS (
     RETURNING seq, status
 ), logged AS (
     INSERT INTO events (intent_seq, kind, at, actor, reason, data)
-    SELECT seq, $14::text, $15::timestamptz, $16::text, $17::text, $18::jsonb FROM created
+    SELECT seq, $14::text, $15::timestamptz, $16::text, $17::text, $18::text::jsonb FROM created
 )
 SELECT seq, CASE WHEN status = 'pending' THEN pg_notify('outbox_due', '') END AS notified FROM created;
 
