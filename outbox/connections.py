@@ -184,7 +184,8 @@ def bind(connection: Any) -> Bound:
     if (engine := _loaded("sqlalchemy.engine")) is not None and isinstance(connection, engine.Connection):
         if not connection.in_transaction():
             connection.begin()  # (as its own first statement would: autobegin)
-        return bind(connection.connection.driver_connection)
+        with _sqlalchemy_autocommit():
+            return bind(connection.connection.driver_connection)
     if (proxy := _loaded("django.utils.connection")) is not None and isinstance(connection, proxy.ConnectionProxy):
         # django.db.connection: a proxy (no BaseDatabaseWrapper) for this thread's default connection
         return bind(connection._connections[connection._alias])
@@ -240,7 +241,21 @@ async def _sqlalchemy_async(connection: Any) -> Bound:
     asyncpg = _loaded("asyncpg")
     if asyncpg is not None and isinstance(driver, asyncpg.Connection) and not driver.is_in_transaction():
         await connection.exec_driver_sql("SELECT 1")  # (SQLAlchemy begins asyncpg's transaction at a first statement)
-    return await bind_async(driver)
+    with _sqlalchemy_autocommit():
+        return await bind_async(driver)
+
+
+@contextmanager
+def _sqlalchemy_autocommit() -> Iterator[None]:
+    """NoTransaction from the driver under a SQLAlchemy connection, saying what helps there: its
+    begin() begins nothing on a connection whose isolation level is AUTOCOMMIT (not the driver's
+    own idiom, which SQLAlchemy's connection does not have)."""
+    try:
+        yield
+    except NoTransaction:
+        raise NoTransaction(_AUTOCOMMIT.format(
+            how="on an engine or connection without isolation_level='AUTOCOMMIT', in with conn.begin(): ... or "
+                "with session.begin(): ...")) from None
 
 
 def _unknown(connection: Any, taken: str) -> str:
