@@ -13,9 +13,15 @@ The outbox never commits, rolls back or ends the caller's transaction. A connect
 commit each statement alone (autocommit with no transaction open) is refused (NoTransaction):
 the intent would not commit with the caller's writes. A connection in implicit-transaction mode
 (psycopg's and psycopg2's default, sqlite3's default, SQLAlchemy's autobegin) has its
-transaction begun as its own first write would begin it; on SQLite the outbox begins it
-``IMMEDIATE``, taking the write lock before its first read, so a writer that commits meanwhile
-cannot make it fail (see ``Bound``).
+transaction begun as its own first write would begin it.
+
+On SQLite the enqueue takes the database's write lock before anything else, waiting for it as
+the connection's busy timeout says: it begins the transaction ``IMMEDIATE`` where none is open,
+and in one already open (``BEGIN``, Django's ``atomic()``) it runs a write that changes nothing
+(``take_write_lock``) before its first read: SQLite lets no transaction that has read wait for
+the lock, so the enqueue's insert after its read would be refused at once whenever another
+connection writes. Not getting the lock is StoreUnavailable saying why and what to configure
+(``_no_write_lock``); nothing of the transaction is committed then.
 
 Nothing here imports a driver or framework the application has not imported itself.
 """
@@ -24,16 +30,20 @@ from __future__ import annotations
 
 import sqlite3
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from functools import cache
+from typing import Any, TypeVar, cast
 
 from .errors import NoTransaction, StoreUnavailable
 from .events import NewEvent, Published
 from .model import Enqueued, Event, NewIntent
 from .store import intake as steps
-from .store.intake import Intake, Returns, Statement
+from .store.intake import Intake, Returns, Statement, Steps
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +56,19 @@ class Bound:
     dialect: Intake
     execute: Callable[..., Any]
     unavailable: Callable[[], AbstractContextManager[None]]
+    #: Runs steps to their end in one go, where the driver can do better than a statement at a
+    #: time (aiosqlite: one hop to its thread, not one per statement); None: ``execute`` each.
+    drive: Callable[[Steps[Any]], Any] | None = None
+
+    def run(self, work: Steps[T]) -> T:
+        """``work`` driven to its end on a synchronous connection; its result."""
+        return steps.run(work, self.execute)
+
+    async def run_async(self, work: Steps[T]) -> T:
+        """``work`` driven to its end on an asyncio connection; its result."""
+        if self.drive is not None:
+            return cast(T, await self.drive(work))
+        return await steps.run_async(work, self.execute)
 
 
 @contextmanager
@@ -58,11 +81,30 @@ def _sqlite_unavailable() -> Iterator[None]:
         mapped = unavailable(exc)
         if mapped is None:
             raise
-        raise StoreUnavailable(
-            f"{mapped}: another writer (the outbox's service, or another thread of yours) held the database's "
-            "write lock longer than this connection's busy timeout; nothing of this transaction is committed: "
-            "roll it back and try again, or give the connection a longer one (sqlite3.connect(path, timeout=30))"
-        ) from exc
+        raise mapped from exc
+
+
+def _no_write_lock(exc: sqlite3.Error, waited: float, busy_timeout_ms: int) -> Exception:
+    """What the application is told when the enqueue could not take SQLite's write lock
+    (``exc``, after ``waited`` seconds, on a connection whose busy timeout is ``busy_timeout_ms``):
+    StoreUnavailable saying why and what to do, or ``exc`` itself when it is not "not now"."""
+    from .store.plumbing import unavailable
+
+    mapped = unavailable(exc)
+    if mapped is None:
+        return exc
+    undone = "nothing of this transaction is committed: roll it back and run it again"
+    if waited * 1000 < busy_timeout_ms / 2:  # refused without waiting: SQLite would not let it wait
+        return StoreUnavailable(
+            f"{mapped}: this transaction had read the database before its first write (or a query of this "
+            f"connection was still open), and SQLite does not let a transaction that has read wait for the write "
+            f"lock while another connection holds it or has written since; {undone}, and begin it with BEGIN "
+            f'IMMEDIATE (sqlite3.connect(path, isolation_level="IMMEDIATE"); Django: "transaction_mode": '
+            f'"IMMEDIATE"), or enqueue before reading, so that it takes the lock first and waits for it')
+    return StoreUnavailable(
+        f"{mapped}: another writer (the outbox's service, or another connection of yours) held the database's "
+        f"write lock longer than this connection's busy timeout ({busy_timeout_ms} ms) while the enqueue waited "
+        f"for it; {undone}, or give the connection a longer one (sqlite3.connect(path, timeout=30))")
 
 
 def _loaded(module: str) -> Any:
@@ -70,6 +112,7 @@ def _loaded(module: str) -> Any:
     return sys.modules.get(module)
 
 
+@cache
 def _postgres() -> Intake:
     from .store.postgres.drivers import READ
     from .store.postgres.intake import PostgresIntake
@@ -77,33 +120,50 @@ def _postgres() -> Intake:
     return PostgresIntake(READ)
 
 
-def _sqlite() -> Intake:
+@cache
+def _sqlite() -> tuple[Intake, Any, str]:
+    """The SQLite dialect's statements, its sqlite3 driver, and the statement that takes the
+    write lock in a transaction already open (imported once: a bind is on every enqueue)."""
+    from .store.sqlite.drivers import Sqlite3
     from .store.sqlite.intake import INTAKE
+    from .store.sqlite.sql import SQL
 
-    return INTAKE
+    return INTAKE, Sqlite3, SQL["take_write_lock"]
 
 
 _AUTOCOMMIT = ("the connection is in autocommit mode with no transaction open, so the intent would commit at once "
                "and alone; enqueue inside your transaction ({how}), so it commits with your writes or not at all")
 
 
-def _sqlite3_begin(conn: sqlite3.Connection) -> None:
-    """Make sure ``conn`` is in a transaction (see the module's docstring)."""
-    if conn.in_transaction:
-        return
-    if conn.isolation_level is None or getattr(conn, "autocommit", -1) is True:
+def _sqlite_lock(in_transaction: bool, autocommit: bool) -> str:
+    """The statement that takes SQLite's write lock for the enqueue (see the module's docstring),
+    on a connection ``in_transaction`` or not, in ``autocommit`` mode or not; raises NoTransaction."""
+    if in_transaction:
+        return _sqlite()[2]
+    if autocommit:
         raise NoTransaction(_AUTOCOMMIT.format(how='conn.execute("BEGIN IMMEDIATE") ... conn.commit()'))
-    conn.execute("BEGIN IMMEDIATE")  # (where the connection's first write would have begun one)
+    return "BEGIN IMMEDIATE"  # (where the connection's first write would have begun one)
+
+
+def _sqlite3_begin(conn: sqlite3.Connection) -> None:
+    """Make sure ``conn`` is in a transaction holding the write lock (see the module's docstring)."""
+    statement = _sqlite_lock(conn.in_transaction,
+                             conn.isolation_level is None or getattr(conn, "autocommit", -1) is True)
+    began = time.monotonic()
+    try:
+        conn.execute(statement)
+    except sqlite3.Error as exc:
+        waited = time.monotonic() - began
+        raise _no_write_lock(exc, waited, conn.execute("PRAGMA busy_timeout").fetchone()[0]) from exc
 
 
 def bind(connection: Any) -> Bound:
     """The synchronous driver of ``connection`` (see the module's docstring). Raises
     NoTransaction, or TypeError for a connection of no kind taken here."""
     if isinstance(connection, sqlite3.Connection):
-        from .store.sqlite.drivers import Sqlite3
-
         _sqlite3_begin(connection)
-        return Bound(_sqlite(), Sqlite3(connection).execute, _sqlite_unavailable)
+        dialect, driver, _ = _sqlite()
+        return Bound(dialect, driver(connection).execute, _sqlite_unavailable)
     if (psycopg := _loaded("psycopg")) is not None and isinstance(connection, psycopg.Connection):
         from .store.postgres.drivers import Psycopg, psycopg_unavailable
 
@@ -159,11 +219,9 @@ async def bind_async(connection: Any) -> Bound:
     if (aiosqlite := _loaded("aiosqlite")) is not None and isinstance(connection, aiosqlite.Connection):
         from .store.sqlite.drivers import Aiosqlite
 
-        if not connection.in_transaction:
-            if connection.isolation_level is None:
-                raise NoTransaction(_AUTOCOMMIT.format(how='await conn.execute("BEGIN IMMEDIATE") ... commit()'))
-            await connection.execute("BEGIN IMMEDIATE")
-        return Bound(_sqlite(), Aiosqlite(connection).execute, _sqlite_unavailable)
+        _sqlite_lock(connection.in_transaction, connection.isolation_level is None)  # (NoTransaction now)
+        driver = Aiosqlite(connection, first=_sqlite3_begin)  # (the lock: in the first hop to its thread)
+        return Bound(_sqlite()[0], driver.execute, _sqlite_unavailable, driver.run)
     if (orm := _loaded("sqlalchemy.ext.asyncio")) is not None:
         if isinstance(connection, orm.async_scoped_session):
             return await bind_async(connection())  # this scope's AsyncSession
@@ -219,8 +277,8 @@ class CallerTransaction:
 
     async def insert_intent(self, new: NewIntent, event: Event) -> Enqueued:
         with self.bound.unavailable():
-            return await steps.run_async(steps.insert_intent(self.bound.dialect, new, event), self.bound.execute)
+            return await self.bound.run_async(steps.insert_intent(self.bound.dialect, new, event))
 
     async def publish(self, new: NewEvent, *, granted_only: bool) -> Published:
         with self.bound.unavailable():
-            return await steps.run_async(steps.publish(self.bound.dialect, new, granted_only), self.bound.execute)
+            return await self.bound.run_async(steps.publish(self.bound.dialect, new, granted_only))

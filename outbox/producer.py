@@ -43,6 +43,10 @@ class _Base:
     def __init__(self, settings: Settings | None = None, *, clock: Clock | None = None) -> None:
         #: The checks every intent passes before it is written, with these settings' limits.
         self.intake = Intake(settings or Settings(), (clock or SystemClock()).now)
+        #: Destinations' rows as this producer's enqueues last read them: an enqueue judges its
+        #: intent on its destination's and inserts it in one statement that holds only while the
+        #: destination still says so (``store.intake.insert_intent``), reading it only when not.
+        self._destinations: dict[str, Any] = {}
 
     def _prepared(self, intents: Iterable[Mapping[str, Any]]) -> list[tuple[NewIntent, Event]]:
         return [self.intake.intent(**intent) for intent in intents]
@@ -57,7 +61,7 @@ class Producer(_Base):
         new, event = self.intake.intent(**intent)
         bound = bind(connection)
         with bound.unavailable():
-            return steps.run(steps.insert_intent(bound.dialect, new, event), bound.execute)
+            return bound.run(steps.insert_intent(bound.dialect, new, event, known=self._destinations))
 
     def enqueue_many(self, connection: Any, intents: Iterable[Mapping[str, Any]], /) -> list[Enqueued]:
         """Record several intents in ``connection``'s transaction, all or none: the first refusal
@@ -68,7 +72,7 @@ class Producer(_Base):
         bound = bind(connection)
         with bound.unavailable():
             bound.execute(_MARK)
-            results = steps.run(steps.insert_batch(bound.dialect, prepared), bound.execute)
+            results = bound.run(steps.insert_batch(bound.dialect, prepared))
             if not _accepted(results):
                 bound.execute(_UNDO)
             bound.execute(_KEEP)
@@ -80,7 +84,7 @@ class Producer(_Base):
         new = self.intake.event(**event)
         bound = bind(connection)
         with bound.unavailable():
-            return steps.run(steps.publish(bound.dialect, new, self.intake.granted_only), bound.execute)
+            return bound.run(steps.publish(bound.dialect, new, self.intake.granted_only))
 
 
 class AsyncProducer(_Base):
@@ -91,7 +95,7 @@ class AsyncProducer(_Base):
         new, event = self.intake.intent(**intent)
         bound = await bind_async(connection)
         with bound.unavailable():
-            return await steps.run_async(steps.insert_intent(bound.dialect, new, event), bound.execute)
+            return await bound.run_async(steps.insert_intent(bound.dialect, new, event, known=self._destinations))
 
     async def enqueue_many(self, connection: Any, intents: Iterable[Mapping[str, Any]], /) -> list[Enqueued]:
         """As ``Producer.enqueue_many``."""
@@ -101,7 +105,7 @@ class AsyncProducer(_Base):
         bound = await bind_async(connection)
         with bound.unavailable():
             await bound.execute(_MARK)
-            results = await steps.run_async(steps.insert_batch(bound.dialect, prepared), bound.execute)
+            results = await bound.run_async(steps.insert_batch(bound.dialect, prepared))
             if not _accepted(results):
                 await bound.execute(_UNDO)
             await bound.execute(_KEEP)
@@ -112,7 +116,7 @@ class AsyncProducer(_Base):
         new = self.intake.event(**event)
         bound = await bind_async(connection)
         with bound.unavailable():
-            return await steps.run_async(steps.publish(bound.dialect, new, self.intake.granted_only), bound.execute)
+            return await bound.run_async(steps.publish(bound.dialect, new, self.intake.granted_only))
 
 
 def _accepted(results: list[Enqueued | OutboxError]) -> bool:

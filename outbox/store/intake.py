@@ -77,8 +77,10 @@ class Intake(Protocol):
         ends; None where the dialect needs no lock (one writer at a time)."""
         ...
 
-    def insert_intent(self, item: Judged) -> Statement:
-        """Create one intent unless its key exists (VALUE: its seq, or None)."""
+    def insert_intent(self, item: Judged, judged_on: Row) -> Statement:
+        """Create one intent unless its key exists, while its destination still says what
+        ``judged_on`` (a ``destination`` row, perhaps of an earlier transaction) says: the channel
+        and ``requires_approval`` the intent was judged on (VALUE: its seq, or None)."""
         ...
 
     def insert_intents(self, items: Sequence[Judged]) -> Statement:
@@ -158,40 +160,75 @@ async def run_async(steps: Steps[T], execute: Callable[[Statement], Awaitable[An
         steps.close()
 
 
-def judge(dialect: Intake, new: NewIntent, seen: dict[str, Any]) -> Steps[tuple[str, Status]]:
-    """The channel ``new`` goes through and the status it starts in (``rules.decide_initial_status``,
-    ``rules.check_payload``); raises the refusal of an unknown destination or a payload its
-    channel cannot carry, before anything is written. ``seen`` remembers destinations' rows (their
-    ``channel`` and ``requires_approval``) across the intents of one batch."""
+def judge(dialect: Intake, new: NewIntent, seen: dict[str, Any],
+          known: dict[str, Any] | None = None) -> Steps[tuple[str, Status, Row]]:
+    """The channel ``new`` goes through, the status it starts in and the destination's row they
+    were judged on (``judged``), read in this transaction; raises the refusal of an unknown
+    destination or a payload its channel cannot carry, before anything is written. ``seen``
+    remembers destinations' rows (their ``channel`` and ``requires_approval``) across the intents
+    of one batch; ``known``, if given, is told of each row read (or of a destination not found)."""
     found = seen.get(new.destination)
     if found is None:
         found = yield dialect.destination(new.destination)
         if found is not None:
             seen[new.destination] = found
+        if known is not None:
+            if found is None:
+                known.pop(new.destination, None)
+            else:
+                known[new.destination] = found
+    return (*judged(new, found), found)
+
+
+def judged(new: NewIntent, found: Any) -> tuple[str, Status]:
+    """The channel and first status of ``new`` by its destination's row ``found`` (None: not
+    registered), as ``rules.decide_initial_status`` and ``rules.check_payload`` decide them."""
     status = decide_initial_status(new, None if found is None else bool(found["requires_approval"]))
     check_payload(new, found["channel"])
     return found["channel"], status
 
 
-def insert_intent(dialect: Intake, new: NewIntent, event: Event,
-                  seen: dict[str, Any] | None = None) -> Steps[Enqueued]:
+def insert_intent(dialect: Intake, new: NewIntent, event: Event, seen: dict[str, Any] | None = None,
+                  known: dict[str, Any] | None = None) -> Steps[Enqueued]:
     """The enqueue of one intent, inside a transaction: destination check, then insert or compare
     (``rules.decide_existing``). A refusal is raised before anything is written and without an
     SQL error, so it leaves the caller's transaction usable. ``seen``: as ``judge``'s, for an
-    intent of a batch, whose ordering keys were locked already (alone, the intent's is locked here)."""
-    channel, status = yield from judge(dialect, new, {} if seen is None else seen)
-    if seen is None and (lock := dialect.lock_ordering_keys([new])) is not None:
-        yield lock
+    intent of a batch, whose ordering keys were locked already (alone, the intent's is locked here).
+
+    ``known``: destinations' rows as earlier enqueues read them, perhaps in other transactions (a
+    producer's, across its calls), kept up to date here. With one for ``new``'s destination the
+    intent is judged on it and inserted in one statement that holds only while the destination
+    still says so; the destination is read only when the insert did not hold or the row would
+    refuse the intent, and the intent is judged again on what was read, so the outcome is the
+    one reading it first would have had."""
+    lock = dialect.lock_ordering_keys([new]) if seen is None else None
+    row: Any = known.get(new.destination) if known is not None and seen is None else None
     while True:
-        seq = yield dialect.insert_intent((new, event, channel, status))
+        read_now = row is None
+        if read_now:
+            channel, status, row = yield from judge(dialect, new, {} if seen is None else seen, known)
+        else:
+            try:
+                channel, status = judged(new, row)
+            except OutboxError:  # refused on a row that may be out of date: read it
+                row = None
+                continue
+        if lock is not None:
+            yield lock
+            lock = None
+        seq = yield dialect.insert_intent((new, event, channel, status), row)
         if seq is not None:
             if (logged := dialect.first_events([(seq, event)])) is not None:
                 yield logged
             return Enqueued(inserted_intent(seq, new, channel, status), created=True)
+        row = None  # the key is held, or the destination says otherwise than the row now
+        if not read_now:
+            continue  # (a row of an earlier transaction: read the destination and judge again first)
         existing = yield dialect.intent_by_key(new.key)
         if existing is not None:
             return decide_existing(dialect.read.intent(existing), new)
-        # the intent holding the key was pruned between the two statements: the key is free again
+        # the intent holding the key was pruned between the two statements (the key is free
+        # again), or the destination changed since it was read: read it and judge again
 
 
 def insert_batch(dialect: Intake, items: Sequence[tuple[NewIntent, Event]],
@@ -208,7 +245,7 @@ def insert_batch(dialect: Intake, items: Sequence[tuple[NewIntent, Event]],
     fresh: dict[str, tuple[int, str, Status]] = {}  # key -> (its first item, channel, status)
     for i, (new, _) in enumerate(items):
         try:
-            channel, status = yield from judge(dialect, new, seen)
+            channel, status, _ = yield from judge(dialect, new, seen)
         except OutboxError as exc:
             results[i] = exc
             continue

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 from ...errors import StoreUnavailable
@@ -89,9 +89,11 @@ class Asyncpg:
         return None
 
 
-def _psycopg_cursor(cursor: Any) -> Any:
-    """``cursor`` (a psycopg 3 raw cursor: ``$n`` parameters, as the dialect's SQL numbers them)
-    reading JSON as text and times as ``read_time`` takes them."""
+@cache
+def _psycopg_loaders() -> tuple[tuple[int, type], ...]:
+    """The loaders an outbox cursor reads with, by type oid: JSON (json, jsonb) as its text, and
+    times as ``read_time`` takes them. Made once: psycopg remembers every loader class it is
+    given, so one made per cursor would be kept for good, a few KiB per enqueue."""
     from psycopg.types.datetime import TimestamptzLoader
     from psycopg.types.string import TextLoader
 
@@ -102,10 +104,38 @@ def _psycopg_cursor(cursor: Any) -> Any:
             except Exception:  # (psycopg's DataError for infinity, before year 1, after 9999)
                 return -1 if bytes(data).startswith(b"-") or bytes(data).endswith(b" BC") else 1
 
-    for name in ("json", "jsonb"):
-        cursor.adapters.register_loader(name, TextLoader)
-    cursor.adapters.register_loader("timestamptz", Timestamptz)
-    return cursor
+    return (114, TextLoader), (3802, TextLoader), (1184, Timestamptz)  # json, jsonb, timestamptz
+
+
+@cache
+def _psycopg_rows() -> tuple[Any, Any]:
+    """psycopg's row factories for rows by column name and for plain tuples."""
+    from psycopg.rows import dict_row, tuple_row
+
+    return dict_row, tuple_row
+
+
+class _PsycopgReader:
+    """How an outbox cursor on psycopg 3 (a raw cursor: ``$n`` parameters, as the dialect's SQL
+    numbers them) reads a statement's answer: rows by column name with ``_psycopg_loaders``,
+    registered on the cursor the first time it reads rows (an enqueue that only inserts reads a
+    value, for which a tuple does), whatever the connection's own row factory."""
+
+    def __init__(self, cursor: Any) -> None:
+        self.cursor = cursor
+        self._loaders = False
+
+    def prepare(self, s: Statement) -> None:
+        """Set the cursor to read ``s``'s answer."""
+        by_name, plain = _psycopg_rows()
+        if s.returns is Returns.ROW or s.returns is Returns.ROWS:
+            if not self._loaders:
+                for oid, loader in _psycopg_loaders():
+                    self.cursor.adapters.register_loader(oid, loader)
+                self._loaders = True
+            self.cursor.row_factory = by_name
+        else:
+            self.cursor.row_factory = plain
 
 
 def _answer(s: Statement, cursor: Any) -> Any:
@@ -120,7 +150,12 @@ def _answer(s: Statement, cursor: Any) -> Any:
     row = cursor.fetchone()
     if s.returns is Returns.ROW or row is None:
         return row
-    return next(iter(row.values()))
+    return _first(row)
+
+
+def _first(row: Any) -> Any:
+    """A row's first column (a tuple's, or a dict's by column order)."""
+    return row[0] if isinstance(row, tuple) else next(iter(row.values()))
 
 
 class Psycopg:
@@ -128,13 +163,14 @@ class Psycopg:
 
     def __init__(self, conn: Any) -> None:
         import psycopg
-        from psycopg.rows import dict_row
 
-        self.cursor = _psycopg_cursor(psycopg.RawCursor(conn, row_factory=dict_row))
+        self.reader = _PsycopgReader(psycopg.RawCursor(conn))
 
     def execute(self, s: Statement) -> Any:
-        self.cursor.execute(s.sql, s.args)
-        return _answer(s, self.cursor)
+        self.reader.prepare(s)
+        cursor = self.reader.cursor
+        cursor.execute(s.sql, s.args)
+        return _answer(s, cursor)
 
 
 class AsyncPsycopg:
@@ -142,22 +178,23 @@ class AsyncPsycopg:
 
     def __init__(self, conn: Any) -> None:
         import psycopg
-        from psycopg.rows import dict_row
 
-        self.cursor = _psycopg_cursor(psycopg.AsyncRawCursor(conn, row_factory=dict_row))
+        self.reader = _PsycopgReader(psycopg.AsyncRawCursor(conn))
 
     async def execute(self, s: Statement) -> Any:
-        await self.cursor.execute(s.sql, s.args)
+        self.reader.prepare(s)
+        cursor = self.reader.cursor
+        await cursor.execute(s.sql, s.args)
         if s.returns is Returns.NOTHING:
             return None
-        if self.cursor.description is None:
+        if cursor.description is None:
             return [] if s.returns is Returns.ROWS else None
         if s.returns is Returns.ROWS:
-            return await self.cursor.fetchall()
-        row = await self.cursor.fetchone()
+            return await cursor.fetchall()
+        row = await cursor.fetchone()
         if s.returns is Returns.ROW or row is None:
             return row
-        return next(iter(row.values()))
+        return _first(row)
 
 
 #: ``$n`` where the dialect's SQL numbers a parameter (never inside a quoted string: it has none).

@@ -14,7 +14,7 @@ from ...events import NewEvent
 from ...model import Enqueued, Event, NewIntent
 from .. import intake
 from ..intake import Judged, Returns, Statement
-from ..records import Reader, event_data, new_event_values, new_intent_values
+from ..records import Reader, Row, event_data, new_event_values, new_intent_values
 from .connection import READ
 from .drivers import Asyncpg
 from .sql import SQL
@@ -36,8 +36,8 @@ class PostgresIntake:
             return None
         return Statement(SQL["lock_ordering_keys"], ([d for d, _ in keyed], [k for _, k in keyed]), Returns.VALUE)
 
-    def insert_intent(self, item: Judged) -> Statement:
-        return Statement(SQL["insert_intent"], _values(item), Returns.VALUE)
+    def insert_intent(self, item: Judged, judged_on: Row) -> Statement:
+        return Statement(SQL["insert_intent"], (*_values(item), bool(judged_on["requires_approval"])), Returns.VALUE)
 
     def insert_intents(self, items: Sequence[Judged]) -> Statement:
         columns = tuple(map(list, zip(*map(_values, items), strict=True)))

@@ -21,6 +21,11 @@ SELECT version FROM schema_migrations ORDER BY version;
 -- Mark a migration applied, in the same transaction as its statements.
 INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?);
 
+-- name: take_write_lock
+-- Take the database's write lock for the transaction this runs in, waiting for it as the connection's busy timeout
+-- says (a first read would not: SQLite refuses a reading transaction the lock at once), and change nothing.
+DELETE FROM schema_migrations WHERE false;
+
 -- name: ping
 -- Prove the database answers.
 SELECT 1;
@@ -30,11 +35,14 @@ SELECT 1;
 SELECT channel, requires_approval FROM destinations WHERE id = ?;
 
 -- name: insert_intent
--- Create an intent unless its key (scope/action_id) exists; returns the new seq, or nothing.
+-- Create an intent unless its key (scope/action_id) exists, while its destination ?4 still says what the intent was
+-- judged on (a destination_for_enqueue row, read in this transaction or an earlier one): its channel ?5 and
+-- requires_approval ?17; returns the new seq, or nothing (the key exists, or the destination says otherwise now).
 INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
                      max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at, ordering_key,
                      event_id, trace_context)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13, ?14, ?15, ?16
+FROM destinations WHERE id = ?4 AND channel = ?5 AND requires_approval = ?17
 ON CONFLICT (intent_key) DO NOTHING
 RETURNING seq;
 

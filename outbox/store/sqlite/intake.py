@@ -13,7 +13,7 @@ from ...events import NewEvent
 from ...model import Enqueued, Event, NewIntent
 from .. import intake
 from ..intake import Judged, Returns, Statement
-from ..records import Reader, event_data, new_event_values, new_intent_values
+from ..records import Reader, Row, event_data, new_event_values, new_intent_values
 from .drivers import Sqlite3
 from .sql import READ, SQL, event_row, stored
 
@@ -31,9 +31,8 @@ class SqliteIntake:
     def lock_ordering_keys(self, intents: Sequence[NewIntent]) -> None:
         return None  # (SQLite has one writer at a time: a key's seq order is its commit order)
 
-    def insert_intent(self, item: Judged) -> Statement:
-        values = _values(item)
-        return Statement(SQL["insert_intent"], (*values[:13], values[12], *values[13:]), Returns.VALUE)
+    def insert_intent(self, item: Judged, judged_on: Row) -> Statement:
+        return Statement(SQL["insert_intent"], (*_values(item), bool(judged_on["requires_approval"])), Returns.VALUE)
 
     def insert_intents(self, items: Sequence[Judged]) -> Statement:
         return Statement(SQL["insert_intents_set"], (json.dumps([_values(item) for item in items]),), Returns.ROWS)
