@@ -64,15 +64,20 @@ class Producer(_Base):
             return bound.run(steps.insert_intent(bound.dialect, new, event, known=self._destinations))
 
     def enqueue_many(self, connection: Any, intents: Iterable[Mapping[str, Any]], /) -> list[Enqueued]:
-        """Record several intents in ``connection``'s transaction, all or none: the first refusal
-        is raised with none of them written (the caller's own writes untouched)."""
+        """Record several intents in ``connection``'s transaction, all or none: the first refusal,
+        or an error of the database part way, is raised with none of them written (the caller's
+        own writes untouched, and on PostgreSQL the transaction usable again)."""
         prepared = self._prepared(intents)
         if not prepared:
             return []
         bound = bind(connection)
         with bound.unavailable():
             bound.execute(_MARK)
-            results = bound.run(steps.insert_batch(bound.dialect, prepared))
+            try:
+                results = bound.run(steps.insert_batch(bound.dialect, prepared))
+            except BaseException:  # (the database failed part way: none of the batch stays)
+                bound.execute(_UNDO)
+                raise
             if not _accepted(results):
                 bound.execute(_UNDO)
             bound.execute(_KEEP)
@@ -105,7 +110,11 @@ class AsyncProducer(_Base):
         bound = await bind_async(connection)
         with bound.unavailable():
             await bound.execute(_MARK)
-            results = await bound.run_async(steps.insert_batch(bound.dialect, prepared))
+            try:
+                results = await bound.run_async(steps.insert_batch(bound.dialect, prepared))
+            except BaseException:  # (the database failed part way: none of the batch stays)
+                await bound.execute(_UNDO)
+                raise
             if not _accepted(results):
                 await bound.execute(_UNDO)
             await bound.execute(_KEEP)

@@ -399,6 +399,46 @@ async def test_enqueue_many_is_all_or_none_inside_the_transaction(app: App, serv
     assert all(kinds == [EventKind.ENQUEUED.value] for kinds in now.history.values())
 
 
+#: A fault of the database itself, part way through an enqueue_many: the first event of order
+#: "boom"'s intent cannot be written (after the intents' insert, on SQLite a statement of its own).
+BOOM = {
+    "sqlite": ["""CREATE TRIGGER boom BEFORE INSERT ON events
+                 WHEN (SELECT action_id FROM intents WHERE seq = NEW.intent_seq) = 'order-boom'
+                 BEGIN SELECT RAISE(ABORT, 'injected: the disk is full'); END"""],
+    "postgres": ["""CREATE FUNCTION boom() RETURNS trigger LANGUAGE plpgsql AS $$
+                   BEGIN
+                       IF (SELECT action_id FROM intents WHERE seq = NEW.intent_seq) = 'order-boom' THEN
+                           RAISE EXCEPTION 'injected: the disk is full';
+                       END IF;
+                       RETURN NEW;
+                   END $$""",
+                 "CREATE TRIGGER boom BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION boom()"],
+}
+#: What takes the fault away again.
+UNBOOM = {"sqlite": ["DROP TRIGGER boom"], "postgres": ["DROP TRIGGER boom ON events", "DROP FUNCTION boom()"]}
+
+
+async def test_enqueue_many_leaves_nothing_of_itself_when_the_database_fails_part_way(
+        app: App, service: Service) -> None:
+    """Undone to its savepoint, whatever the error: no intent without its first event on SQLite,
+    and on PostgreSQL a transaction the application can go on with."""
+    if not app.many:
+        pytest.skip(f"{app.name} has no enqueue_many")
+    for statement in BOOM[app.store]:
+        await rows(service.url, statement)
+    try:
+        async with app.transaction():
+            await app.insert(1)
+            with pytest.raises(Exception, match="injected"):
+                await app.enqueue_many([order(2), order("boom")])
+            await app.insert(2)
+        now = await stored(service.url)
+        assert now.orders == [1, 2] and now.intents == {} and now.history == {}
+    finally:
+        for statement in UNBOOM[app.store]:
+            await rows(service.url, statement)
+
+
 # -- (f) publish -------------------------------------------------------------------------------------
 
 
