@@ -387,7 +387,9 @@ class Destination(BaseModel):
 
     id: str
     channel: str
-    signing_secrets: int = Field(description="how many signing secrets it has (never the secrets)")
+    signing_secrets: int = Field(description=(
+        "how many signing secrets it has (whsec_, for a rotation several; an SMTP or SASL password is not one), "
+        "never the secrets"))
     idempotent: bool
     retention_seconds: int
     on_unknown: OnUnknown
@@ -618,11 +620,12 @@ def history_json(history: HasHistory) -> dict[str, Any]:
     }
 
 
-def destination_json(destination: DestinationRecord) -> dict[str, Any]:
-    """A destination as the API and CLI show it: everything but the secrets."""
+def destination_json(destination: DestinationRecord, *, signing_secrets: int) -> dict[str, Any]:
+    """A destination as the API and CLI show it: everything but the secrets, of which it has
+    ``signing_secrets`` that sign (an SMTP or SASL password is a secret that does not)."""
     d = destination
     return Destination.model_construct(
-        id=d.id, channel=d.channel, signing_secrets=len(d.secrets), idempotent=d.idempotent,
+        id=d.id, channel=d.channel, signing_secrets=signing_secrets, idempotent=d.idempotent,
         retention_seconds=d.retention_seconds, on_unknown=d.on_unknown, timeout_seconds=d.timeout_seconds,
         requires_approval=d.requires_approval, allow_private_network=d.allow_private_network, disabled=d.disabled,
         reconcile=d.reconcile, ordering=d.ordering, ordering_on_dead=d.ordering_on_dead,
