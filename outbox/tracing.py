@@ -54,9 +54,11 @@ def restored(stored: str | None) -> Context | None:
     return parsed(json.loads(stored)) if stored else None
 
 
-def traceparent(intent: Any) -> str | None:
-    """The ``traceparent`` an intent keeps (its create span's), as the console shows it, or None."""
-    return str(json.loads(intent.trace_context)["traceparent"]) if intent.trace_context else None
+def kept(intent: Any) -> dict[str, str]:
+    """The trace context an intent keeps (its create span's ``traceparent``, and ``tracestate``
+    when there is one), as the console shows it; empty when it keeps none."""
+    return {name: str(value) for name, value in json.loads(intent.trace_context).items()
+            if name in FIELDS} if intent.trace_context else {}
 
 
 def link_to(stored: str | None) -> list[Link]:
