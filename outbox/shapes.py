@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from .model import Intent as IntentRecord
     from .tokens import TokenInfo
 
-#: The most intents one batch may carry.
+#: The most items (intents, events) one batch may carry.
 MAX_BATCH = 500
 #: Where an intent's status is settled: a long poll need not ask again.
 SETTLED_STATUSES = frozenset(status.value for status in SETTLED)
@@ -147,10 +147,16 @@ class IntentIn(BaseModel):
     tracestate: str | None = Field(default=None, description="the W3C tracestate that goes with traceparent")
 
 
-class BatchIn(BaseModel):
-    """Intents to enqueue together: each is decided on its own, all in one durable commit."""
+class Batch(BaseModel):
+    """A batch route's body: 1 to MAX_BATCH items, each read and decided alone as the single route
+    reads one. Every route whose body is a Batch has the same limits (``routes.bodies``: up to
+    ``max_batch_bytes`` as a whole, each item's payload held to the single route's limits)."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+class BatchIn(Batch):
+    """Intents to enqueue together: each is decided on its own, all in one durable commit."""
 
     # each item is checked as IntentIn on its own, so that one bad item is its own answer
     intents: Annotated[list[Any], WithJsonSchema({
@@ -188,10 +194,8 @@ class EventIn(BaseModel):
     ordering_key: OrderingKey | None = Field(default=None, description="each intent's ordering_key")
 
 
-class EventBatchIn(BaseModel):
+class EventBatchIn(Batch):
     """Events to publish together: each is decided on its own, all in one durable commit."""
-
-    model_config = ConfigDict(extra="forbid")
 
     # each item is checked as EventIn on its own, so that one bad item is its own answer
     events: Annotated[list[Any], WithJsonSchema({
