@@ -144,7 +144,8 @@ class IntentIn(BaseModel):
     traceparent: str | None = Field(default=None, description=(
         "the producer's W3C trace context for this intent (a batch item's own); otherwise the request's "
         "traceparent header is taken; a malformed one is ignored"))
-    tracestate: str | None = Field(default=None, description="the W3C tracestate that goes with traceparent")
+    tracestate: str | None = Field(default=None, description=(
+        "the W3C tracestate that goes with traceparent; a malformed one is dropped (the traceparent still counts)"))
 
 
 class Batch(BaseModel):
