@@ -54,8 +54,11 @@ class Destination:
     paused_until: datetime | None = None
 
     def public(self) -> dict[str, Any]:
-        """The destination as the API and CLI show it (``shapes.Destination``)."""
-        return destination_json(self)
+        """The destination as the API and CLI show it (``shapes.Destination``), with the number
+        of its secrets that sign (its channel's ``signing``), never the secrets."""
+        from .channels import signing_secrets  # (the registry is built on this module)
+
+        return destination_json(self, signing_secrets=len(signing_secrets(self)))
 
     def __repr__(self) -> str:  # keep secrets out of logs and tracebacks
         return f"Destination(id={self.id!r}, channel={self.channel!r}, settings={dict(self.settings)!r})"

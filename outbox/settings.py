@@ -40,7 +40,8 @@ class Settings(BaseSettings):
     )
     max_batch_bytes: int = Field(
         default=64 * 1024 * 1024, ge=1,
-        description="largest accepted body of POST /v1/intents:batch (each payload is held to max_payload_bytes too)",
+        description="largest accepted body of a batch, POST /v1/intents:batch or /v1/events:batch (each payload "
+                    "is held to max_payload_bytes too, in its item's place)",
     )
     default_max_attempts: int = Field(
         default=24, ge=1, le=1000, description="attempts before a dead letter, unless the intent says"

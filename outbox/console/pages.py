@@ -287,7 +287,7 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
                else "") + "</p>"
             f"{waiting}{last_error}"
             f"<p>payload <code>{escape(intent.payload_digest)}</code></p>{pretty(intent.payload_json[:4000])}"
-            + (f"<p>trace <code>{escape(parent)}</code></p>" if (parent := tracing.traceparent(intent)) else "")
+            + _trace(tracing.kept(intent))
             + f"<h2>Actions</h2>{''.join(actions) or '<p>none for this status</p>'}"
             "<h2>Attempts</h2>" + history_view.attempts(history.attempts, history.events, destination, now)
             + "<h2>Timeline</h2>" + history_view.timeline(history.events, now)), status=status)
@@ -443,6 +443,15 @@ def _intents(intents: list[Intent], now: datetime) -> str:
          destination_link(i.destination), escape(i.scope), str(i.attempts), when(i.created_at, now),
          when(i.updated_at, now), "" if i.status is Status.DELIVERED else escape((i.last_error or "")[:200])]
         for i in intents], numeric=("attempts",))
+
+
+def _trace(kept: dict[str, str]) -> str:
+    """The trace context an intent keeps, its ``tracestate`` too (both escaped, as a producer sent
+    the state); nothing when it keeps none."""
+    if "traceparent" not in kept:
+        return ""
+    state = f" · tracestate <code>{escape(kept['tracestate'])}</code>" if kept.get("tracestate") else ""
+    return f"<p>trace <code>{escape(kept['traceparent'])}</code>{state}</p>"
 
 
 def _behind_link(behind: Behind, intent: Intent) -> str:

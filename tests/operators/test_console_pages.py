@@ -171,8 +171,13 @@ async def test_the_intent_page_shows_the_trace_context_it_keeps(ops: Ops):
     await ops.destination("hook", "/hook")
     await ops.enqueue("t1", trace_context={"traceparent": parent})
     await ops.enqueue("t2", trace_context={"traceparent": "garbage"})
+    await ops.enqueue("t3", trace_context={"traceparent": parent, "tracestate": "congo=t61rcWkgMzE,rojo=00f0<b>"})
     async with console(ops) as http:
         kept = (await http.get("/console/intents/t1")).text
         none = (await http.get("/console/intents/t2")).text
+        stated = (await http.get("/console/intents/t3")).text
     assert f"<p>trace <code>{parent}</code></p>" in kept  # (no SDK here: the create span carries its parent's)
     assert "<p>trace " not in none
+    # the tracestate it keeps beside it, escaped (a tracestate value may hold < and >)
+    assert (f"<p>trace <code>{parent}</code> · tracestate <code>congo=t61rcWkgMzE,rojo=00f0&lt;b&gt;</code></p>"
+            in stated)
