@@ -496,11 +496,12 @@ class Outbox(Publishing):
         log.info("token %s (%s) created by %s", info.id, role.value, actor)
         return token, info
 
-    async def authenticate(self, token: str) -> TokenInfo | None:
+    async def authenticate(self, token: str, *, cached: bool = True) -> TokenInfo | None:
         """The active token this bearer string is, or None.
 
         A valid token is remembered for ``token_cache_seconds``, so a revocation made elsewhere
-        takes effect within that time (at once with 0); unknown tokens are never remembered.
+        takes effect within that time (at once with 0, or when not ``cached``: the console's
+        sign-in, which opens a session for hours, asks the store); unknown tokens are never remembered.
         The cache is a dict of (time read, token), emptied whole at 10,000 entries or on any
         revocation here: no installed library offers a TTL cache (cachetools is not a
         dependency), and this one needs no eviction order, since a token is cheap to read again.
@@ -508,9 +509,9 @@ class Outbox(Publishing):
         token_hash = hash_token(token)
         ttl = self.settings.token_cache_seconds
         now = time.monotonic()
-        cached = self._tokens.get(token_hash)
-        if cached is not None and now - cached[0] < ttl:
-            return cached[1]
+        known = self._tokens.get(token_hash) if cached else None
+        if known is not None and now - known[0] < ttl:
+            return known[1]
         info = await self.store.token_by_hash(token_hash)
         if info is None:
             self._tokens.pop(token_hash, None)
