@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -35,6 +36,29 @@ class Settings(BaseSettings):
     )
     host: str = Field(default="127.0.0.1", description="address `outbox serve` listens on")
     port: int = Field(default=8080, ge=0, le=65535, description="port `outbox serve` listens on")
+    tls_certfile: Path | None = Field(
+        default=None,
+        description="`outbox serve` speaks HTTPS itself with this PEM certificate chain (and the key, unless "
+                    "tls_keyfile names it); unset: plain HTTP, for a TLS proxy in front",
+    )
+    tls_keyfile: Path | None = Field(
+        default=None, description="the PEM private key (unencrypted) of tls_certfile, when that file does not hold it",
+    )
+    proxy_headers: bool = Field(
+        default=False,
+        description="`outbox serve` takes X-Forwarded-Proto and X-Forwarded-For from the peers forwarded_allow_ips "
+                    "names (a TLS proxy in front); off: from nobody",
+    )
+    forwarded_allow_ips: str = Field(
+        default="127.0.0.1,::1",
+        description="with proxy_headers, the proxies trusted: addresses and networks, comma-separated "
+                    "(10.0.0.0/8), or * for any peer",
+    )
+    console_session_seconds: float = Field(
+        default=8 * 3600, ge=60, le=7 * 86_400,
+        description="how long a console sign-in lasts (at most 7 days); signing out, or revoking its token, "
+                    "ends it sooner",
+    )
     max_payload_bytes: int = Field(
         default=1024 * 1024, ge=1, description="largest accepted payload (canonical JSON bytes)"
     )
@@ -108,6 +132,29 @@ class Settings(BaseSettings):
             raise ValueError("the metrics token must be 16 to 256 visible ASCII characters, such as the output "
                              "of `openssl rand -hex 32`")
         return value
+
+    @field_validator("tls_keyfile")
+    @classmethod
+    def _key_of_a_certificate(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is not None and info.data.get("tls_certfile") is None:
+            raise ValueError("a TLS key needs its certificate: set tls_certfile too")
+        return value
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _addresses(cls, value: str) -> str:
+        """Each entry an address or a network, as uvicorn reads them; uvicorn would take a typo
+        for a name no peer has, silently trusting nobody."""
+        entries = [entry.strip() for entry in value.split(",")]
+        if entries == ["*"]:
+            return "*"
+        for entry in entries:
+            try:
+                ipaddress.ip_network(entry) if "/" in entry else ipaddress.ip_address(entry)
+            except ValueError:
+                raise ValueError(f"{entry!r} is not an IP address or network (name each proxy by its address, "
+                                 "a network as 10.0.0.0/8, comma-separated; or * for any peer)") from None
+        return ",".join(entries)
 
     @field_validator("log_level", "log_format", mode="before")
     @classmethod

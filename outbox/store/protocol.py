@@ -28,7 +28,7 @@ from ..flow import Held
 from ..grants import Grant, GrantSpec
 from ..keyring import Keyring
 from ..model import Attempt, Change, Enqueued, Event, Intent, NewIntent, Status
-from ..tokens import TokenInfo
+from ..tokens import ConsoleSession, TokenInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -458,6 +458,21 @@ class Store(Protocol):
 
     async def count_active_tokens(self, role: str) -> int:
         """How many unrevoked tokens of ``role`` exist."""
+        ...
+
+    async def open_console_session(self, session: ConsoleSession, *, keep: int) -> None:
+        """Store a new console session, in one transaction with dropping every session expired
+        at its ``created_at`` or opened with a revoked token, and the oldest of its token's
+        beyond the newest ``keep``."""
+        ...
+
+    async def console_session(self, id_hash: str, now: datetime) -> TokenInfo | None:
+        """The token of the session with this hash, if the session is unexpired at ``now`` and
+        the token is not revoked; otherwise None."""
+        ...
+
+    async def close_console_session(self, id_hash: str) -> None:
+        """Remove a console session (none with this hash: nothing happens)."""
         ...
 
 

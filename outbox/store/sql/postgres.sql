@@ -577,6 +577,29 @@ SELECT * FROM tokens WHERE id = $1;
 -- Active tokens of a role.
 SELECT count(*) FROM tokens WHERE role = $1 AND revoked_at IS NULL;
 
+-- name: prune_console_sessions
+-- Drop the console sessions expired at $1, and those opened with a token since revoked.
+DELETE FROM console_sessions
+WHERE expires_at <= $1 OR token_id IN (SELECT id FROM tokens WHERE revoked_at IS NOT NULL);
+
+-- name: insert_console_session
+-- Store a new console session (the hash of its id).
+INSERT INTO console_sessions (id_hash, token_id, created_at, expires_at) VALUES ($1, $2, $3, $4);
+
+-- name: trim_console_sessions
+-- Keep token $1's newest $2 console sessions, dropping the older ones.
+DELETE FROM console_sessions WHERE token_id = $1 AND id_hash NOT IN (
+  SELECT id_hash FROM console_sessions WHERE token_id = $1 ORDER BY created_at DESC, id_hash DESC LIMIT $2);
+
+-- name: console_session
+-- The token of console session $1, if the session is unexpired at $2 and the token not revoked.
+SELECT t.* FROM console_sessions s JOIN tokens t ON t.id = s.token_id
+WHERE s.id_hash = $1 AND s.expires_at > $2 AND t.revoked_at IS NULL;
+
+-- name: close_console_session
+-- Remove a console session (signing out).
+DELETE FROM console_sessions WHERE id_hash = $1;
+
 -- name: activity_minutes
 -- Attempts started since $1 and finished, per destination, minute of their finish and outcome:
 -- count, summed duration, last end.
