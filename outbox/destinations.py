@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from .flow import RateLimit
 from .model import Intent, OnDead, OnUnknown, Ordering
 from .shapes import Subscriptions, destination_json
+from .timestamps import later
 from .topics import Subscription
 
 
@@ -167,7 +168,7 @@ def deadline(intent: Intent, destination: Destination) -> Deadline | None:
     if intent.expires_at is not None:
         found.append(Deadline(intent.expires_at, f"its expires_at ({intent.expires_at.isoformat()})"))
     if destination.max_age_seconds is not None:
-        at = intent.created_at + timedelta(seconds=destination.max_age_seconds)
+        at = later(intent.created_at, destination.max_age_seconds)
         found.append(Deadline(at, f"the destination's max age of {destination.max_age_seconds}s ({at.isoformat()})"))
     return min(found, key=lambda d: d.at, default=None)
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from outbox import Destination, Event, EventKind, Intent, Outbox, SecretsKeyError, Status, StoreUnavailable
 from outbox.destinations import deadline
 from outbox.model import Hold
+from outbox.timestamps import later
 
 from .authority import AuthorityRequest, CachedAuthority, Decision, Verdict
 from .circuit import Circuits
@@ -94,7 +95,7 @@ class Checks:
             # parked, looking again less often the longer it stays so
             wait = max(PARKED_SECONDS, self.policy.backoff.delay(_claims(intent)))
             return self.outcomes.release(intent, f"destination {intent.destination!r} {why}",
-                                         now + timedelta(seconds=wait), applied=functools.partial(
+                                         later(now, wait), applied=functools.partial(
                                              log.info, "not sent: destination %s; parked for %.0fs", why, wait,
                                              extra=log_fields(intent, None, self.worker)))
         if (ends := deadline(intent, destination)) is not None and now >= ends.at:
@@ -124,7 +125,7 @@ class Checks:
         if decision.verdict is Verdict.UNAVAILABLE:
             wait = self.policy.backoff.delay(_claims(intent))  # backs off over repeated outages
             return self.outcomes.release(
-                intent, decision.reason, self.clock.now() + timedelta(seconds=wait), extra=[checked],
+                intent, decision.reason, later(self.clock.now(), wait), extra=[checked],
                 applied=functools.partial(log.warning, "not sent: authority unavailable (%s); again in %.0fs",
                                           decision.reason, wait, extra=log_fields(intent, None, self.worker)))
         self.outbox.metrics.authority_denials.inc()
@@ -152,7 +153,7 @@ class Checks:
                 log.warning("delivery interrupted: %s", exc, extra=log_fields(intent, None, self.worker))
             else:
                 log.exception("delivery failed unexpectedly", extra=log_fields(intent, None, self.worker))
-            retry = self.clock.now() + timedelta(seconds=self.policy.backoff.delay(_claims(intent)))
+            retry = later(self.clock.now(), self.policy.backoff.delay(_claims(intent)))
             return self.outcomes.release(intent, f"{type(exc).__name__}: {exc} before an attempt started", retry)
         return None
 

@@ -28,6 +28,7 @@ from outbox.crash import crash_point
 from outbox.flow import Held, Limit
 from outbox.model import Change, Settle, Start
 from outbox.store.protocol import Claim
+from outbox.timestamps import later
 
 from .leases import Lease, log_fields
 from .outcomes import Entry, Outcomes, follow_up
@@ -199,7 +200,8 @@ class Pipeline(abc.ABC):
         changes: list[Change] = [entry.change for entry in flush]
         changes += [item.start for item in ready]
         limit = self._claim_size() if claim is None else claim
-        asked = Claim(self.id, now, now + self.lease, limit) if limit > 0 else None
+        lease_until = later(now, self.lease.total_seconds())
+        asked = Claim(self.id, now, lease_until, limit) if limit > 0 else None
         if not changes and asked is None:
             return 0
         if any(isinstance(entry.change, Settle) and entry.attempt is not None for entry in flush):
@@ -229,7 +231,7 @@ class Pipeline(abc.ABC):
             self._started(item, result)
         for intent in applied.claimed:
             crash_point("after_claim")
-            lease = self._held[intent.key] = Lease(intent, now + self.lease)
+            lease = self._held[intent.key] = Lease(intent, lease_until)
             self._waiting.append(lease)
         if asked is not None:
             self._count_held(applied.held)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Protocol
 
 from ..clock import iso
@@ -32,6 +32,7 @@ from ..flow import RateLimit
 from ..grants import Grant, GrantSpec
 from ..keyring import Keyring, required
 from ..model import Attempt, Event, Intent, NewIntent, OnDead, OnUnknown, Ordering, Outcome, Role, Status, Submission
+from ..timestamps import FIRST, LAST
 from ..tokens import TokenInfo
 from ..topics import Subscription
 
@@ -39,9 +40,6 @@ from ..topics import Subscription
 #: type); raises OverflowError for one no datetime can hold, which the driver then gives as
 #: integer microseconds from an epoch inside the range (negative: before it).
 Time = Callable[[Any], Any]
-#: The first and the last time a datetime can hold: what a stored time beyond them is read as.
-FIRST = datetime.min.replace(tzinfo=UTC)
-LAST = datetime.max.replace(tzinfo=UTC)
 
 
 def nearest(time: Time, stored: Any) -> Any:

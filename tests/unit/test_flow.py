@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from outbox import Outcome, Submission
 from outbox.flow import Allowance, RateLimit, allowance, refilled
+from outbox.timestamps import LAST
 from sender.backoff import Backoff
 from sender.channel import SendResult
 from sender.decision import Policy, pause_until
@@ -50,3 +51,15 @@ def test_a_429_or_503_with_retry_after_pauses_the_destination_capped_at_the_back
     assert answered(429, 5) == T0 + timedelta(seconds=5)
     assert answered(503, 7200) == T0 + timedelta(seconds=60)
     assert answered(429, None) is None and answered(500, 5) is None and answered(503, None) is None
+
+
+def test_a_retry_after_that_is_not_a_number_pauses_nothing_and_an_endless_one_pauses_up_to_the_cap():
+    policy = Policy(backoff=Backoff(cap_seconds=60))
+
+    def answered(retry_after: float) -> datetime | None:
+        result = SendResult(Submission.SUBMITTED, Outcome.RETRYABLE, status_code=429, retry_after=retry_after)
+        return pause_until(result, T0, policy)
+
+    assert answered(float("nan")) is None and answered(float("inf")) == T0 + timedelta(seconds=60)
+    assert answered(-5) == T0 and pause_until(SendResult(Submission.SUBMITTED, Outcome.RETRYABLE, status_code=503,
+                                                         retry_after=1e300), LAST, policy) == LAST

@@ -10,6 +10,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from outbox import Destination, Intent, OnUnknown, Outcome, Status, Submission
+from outbox.destinations import deadline
+from outbox.timestamps import LAST
 from receivers.wire import content_digest, sign
 from sender import Backoff, Policy, SendResult, decide
 from sender.webhook import classify_status, retry_after_seconds
@@ -128,3 +130,17 @@ def test_the_claim_backoff_doubles_to_its_cap_however_long_the_database_stays_aw
     assert [claim_pause(0.5, n) for n in (1, 2, 3, 4)] == [0.5, 1.0, 2.0, 4.0]
     assert claim_pause(0.5, 7) == MAX_CLAIM_BACKOFF_SECONDS
     assert claim_pause(0.5, 100_000) == MAX_CLAIM_BACKOFF_SECONDS  # days of failures: no OverflowError
+
+
+def test_a_retry_or_a_deadline_past_the_last_time_a_datetime_holds_is_that_time_never_an_overflow():
+    """A receiver's retention or a destination's max age added to a stored time read as the last
+    one (a row written by hand), a backoff added to a clock at it: each is the last time, and the
+    decision is made."""
+    late = replace(INTENT, created_at=LAST)
+    dest = replace(DEST, max_age_seconds=86_400, on_unknown=OnUnknown.DECLARED)
+    assert deadline(late, dest).at == LAST
+    unknown = SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, error="timeout")
+    made = decide(late, dest, unknown, attempts_made=1, first_submission_at=LAST,
+                  now=LAST - timedelta(milliseconds=100), policy=POLICY)
+    assert made.status is Status.UNKNOWN  # the retry would fall at the last time, its deadline
+
