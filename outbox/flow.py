@@ -9,6 +9,11 @@ event: being held back is not an attempt.
 
 The bucket's arithmetic is here once; SQLite's claim runs it in Python, PostgreSQL's in the
 claim function of its migration 0013 (the same formula, in SQL).
+
+A stored limit the API would refuse (written by hand) is read as the nearest value it takes:
+``per_second`` from ``MIN_PER_SECOND`` to ``MAX_PER_SECOND``, a ``burst`` and ``max_in_flight``
+of 1 to ``MAX_COUNT`` (``usable_rate``, ``usable_cap``; the destination says so,
+``Destination.unusable``, and the sender sends it nothing).
 """
 
 from __future__ import annotations
@@ -19,6 +24,12 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+
+#: The slowest rate a destination may have: a send every 100,000 s (about 28 hours).
+MIN_PER_SECOND = 0.00001
+#: The fastest rate, and the most a burst or max_in_flight may be.
+MAX_PER_SECOND = 100_000
+MAX_COUNT = 100_000
 
 
 class RateLimit(BaseModel):
@@ -50,6 +61,34 @@ class Held:
     limit: Limit
     count: int
     retry_at: datetime | None = None
+
+
+def _number(value: object) -> float:
+    """A stored number as a float; anything else (text in a SQLite column) as NaN."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
+
+
+def _within(value: float, low: float, high: float, *, nan: float) -> float:
+    return nan if math.isnan(value) else min(max(value, low), high)
+
+
+def usable_rate(per_second: object, burst: object) -> RateLimit:
+    """A stored rate limit as the claim computes with it: ``per_second`` kept within its bounds
+    (one that is not a number: the slowest) and ``burst`` within 1 to MAX_COUNT (none: 1). Equal
+    to the stored one when that is one the API takes."""
+    rate = _within(_number(per_second), MIN_PER_SECOND, MAX_PER_SECOND, nan=MIN_PER_SECOND)
+    stored = _number(1 if burst is None else burst)
+    kept = int(_within(math.floor(stored) if math.isfinite(stored) else stored, 1, MAX_COUNT, nan=1))
+    return RateLimit.model_construct(per_second=per_second if rate == per_second else rate, burst=kept)
+
+
+def usable_cap(max_in_flight: object) -> int | None:
+    """A stored ``max_in_flight`` as the claim computes with it: None stays None (unlimited), any
+    other within 1 to MAX_COUNT (one that is not a number: 1)."""
+    if max_in_flight is None:
+        return None
+    stored = _number(max_in_flight)
+    return int(_within(math.floor(stored) if math.isfinite(stored) else stored, 1, MAX_COUNT, nan=1))
 
 
 def refilled(tokens: float, refilled_at: datetime, now: datetime, rate: RateLimit) -> float:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime, timedelta
 
-from outbox import Event, Status
+from outbox import Event, OnUnknown, Status
 from outbox.flow import Held, Limit, RateLimit
 from outbox.model import Ordering, Settle
 from outbox.store import Store
@@ -99,3 +99,37 @@ async def test_a_limited_destination_still_delivers_each_ordering_key_one_at_a_t
                                 new("b1", dest="ordered", key="k2"), new("n1", dest="ordered")])
     assert ids(await claimed(store)) == ["a1", "b1", "n1"]  # the key's rule holds beside the limits
     assert ids(await claimed(store)) == []
+
+
+# -- a destination's values the API refuses, written by hand ----------------------------------
+
+
+async def written_by_hand(store: Store, *statements: str) -> None:
+    async with store.transaction() as tx:
+        for statement in statements:
+            await tx.execute(statement, ())
+
+
+BAD_VALUES = ("UPDATE destinations SET max_in_flight = -2147483648, rate_burst = NULL, on_unknown = 'sideways', "
+              "retention_seconds = -5, timeout_seconds = 0, max_age_seconds = 2147483647, "
+              """retry_schedule = '["soon", 5]' WHERE id = 'edge'""")
+
+
+async def test_a_destinations_values_written_by_hand_are_read_as_the_nearest_the_api_takes_and_named(store):
+    """Each value the API refuses, in one row: it fails no read (a listing, the sender's; an
+    unknown on_unknown raised ValueError, and a rate limit RateLimit's validation), it reads as the
+    nearest value the API takes (where there is none, its default), and the record says which
+    values are not as stored; the others read as ever."""
+    await store.put_destination(destination("edge", rate_limit=RateLimit(per_second=1, burst=2), max_in_flight=5))
+    await written_by_hand(store, BAD_VALUES)
+    listed = {d.id: d for d in await store.list_destinations()}
+    edge = listed["edge"]
+    assert (edge.max_in_flight, edge.rate_limit, edge.on_unknown, edge.retention_seconds, edge.timeout_seconds,
+            edge.max_age_seconds, edge.retry_schedule) == (1, RateLimit(per_second=1, burst=1), OnUnknown.DECLARED,
+                                                           60, 10.0, 90 * 86_400, None)
+    for said in ("max_in_flight -2147483648", "'burst': None", "on_unknown 'sideways'", "retention_seconds -5",
+                 "timeout_seconds 0", "max_age_seconds 2147483647", "retry_schedule ['soon', 5]"):
+        assert said in (edge.unusable or ""), (said, edge.unusable)
+    assert await store.get_destination("edge") == edge
+    assert listed["billing"].unusable is None and listed["approvals"].unusable is None
+
