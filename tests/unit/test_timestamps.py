@@ -8,6 +8,7 @@ import pytest
 
 from outbox import InvalidInput, Settings, operations, timestamps
 from outbox.destinations import DestinationSpec
+from outbox.flow import MIN_PER_SECOND, RateLimit
 from outbox.timestamps import EARLIEST, FIRST, HEADROOM, LAST, LATEST
 
 
@@ -50,6 +51,22 @@ def test_what_the_sender_adds_to_a_time_fits_in_the_headroom():
 
 def _le(field) -> float:
     return next(m.le for m in field.metadata if getattr(m, "le", None) is not None)
+
+
+def test_every_duration_a_setting_or_a_destination_gives_is_bounded_within_the_headroom():
+    """Each setting and destination field the sender adds to a time has an upper bound, and the
+    rate limit a lower one (the next token is 1 / per_second away), all within the headroom: so
+    no value the API or a settings file takes makes a time that cannot be held."""
+    durations = [name for name in Settings.model_fields if name.endswith("_seconds")]
+    assert {"lease_seconds", "poll_seconds", "backoff_initial_seconds", "backoff_cap_seconds",
+            "circuit_pause_seconds", "retention_margin_seconds", "drain_seconds"} <= set(durations)
+    for name in set(durations) - {"token_cache_seconds", "authority_seconds", "delivered_retention_seconds"}:
+        assert timedelta(seconds=_le(Settings.model_fields[name])) <= HEADROOM, name  # (monotonic caches aside)
+    assert _le(Settings.model_fields["delivered_retention_seconds"]) <= 100 * 366 * 86_400  # (subtracted from now)
+    for name in ("retention_seconds", "timeout_seconds", "max_age_seconds"):
+        assert timedelta(seconds=_le(DestinationSpec.model_fields[name])) <= HEADROOM, name
+    slowest = next(m.ge for m in RateLimit.model_fields["per_second"].metadata if getattr(m, "ge", None))
+    assert timedelta(seconds=1 / slowest) <= HEADROOM and slowest == MIN_PER_SECOND
 
 
 @pytest.mark.parametrize(("seconds", "expected"), [
