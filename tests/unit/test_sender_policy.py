@@ -111,6 +111,14 @@ def test_retry_after_accepts_seconds_and_http_dates():
     assert retry_after_seconds("soon", now) is None
 
 
+@pytest.mark.parametrize("value", ["\u00b2", "\u0663", "1\u00b9", "\uff11\uff12"])
+def test_a_retry_after_of_digits_other_than_ascii_is_no_retry_after(value):
+    """RFC 9110's delay-seconds is ASCII digits. str.isdigit took "²" (a byte 0xB2 a receiver can
+    send), then float() raised on it, and the answered 503 was recorded as a send that may or may
+    not have happened (maybe_submitted)."""
+    assert retry_after_seconds(value, datetime(2030, 1, 1, tzinfo=UTC).timestamp()) is None
+
+
 def test_signature_is_standard_webhooks_hmac_over_id_timestamp_body():
     import hmac
 
