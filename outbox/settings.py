@@ -91,27 +91,31 @@ class Settings(BaseSettings):
         default=5, ge=0, description="sends in a row without an answer that pause a destination (0: never)"
     )
     circuit_pause_seconds: float = Field(
-        default=5.0, gt=0, description="a paused destination's first pause; each next one twice as long, up to 300 s"
+        default=5.0, gt=0, le=300,
+        description="a paused destination's first pause (at most 300 s); each next one twice as long, up to 300 s"
     )
     lease_seconds: float = Field(default=30.0, gt=0, le=86_400, description="how long a claim lasts unless renewed")
     poll_seconds: float = Field(
-        default=1.0, gt=0, description="longest a worker waits before looking for work again"
+        default=1.0, gt=0, le=3600, description="longest a worker waits before looking for work again (at most an hour)"
     )
     drain_seconds: float = Field(
-        default=10.0, ge=0, description="on SIGTERM, how long in-flight sends may finish"
+        default=10.0, ge=0, le=3600, description="on SIGTERM, how long in-flight sends may finish (at most an hour)"
     )
     authority: str = Field(
         default="grants",
         description="grants, allow-all, an http(s) policy URL, or python:module:function",
     )
     authority_seconds: float = Field(default=2.0, ge=0, description="longest a decision is cached")
-    backoff_initial_seconds: float = Field(default=1.0, gt=0, description="first retry delay")
+    backoff_initial_seconds: float = Field(
+        default=1.0, ge=0.001, le=30 * 86_400, description="first retry delay (1 ms to 30 days)")
     backoff_cap_seconds: float = Field(default=3600.0, gt=0, le=30 * 86_400, description="longest retry delay")
     retention_margin_seconds: float = Field(
-        default=300.0, ge=0, description="stop blind retries this long before a receiver forgets"
+        default=300.0, ge=0, le=90 * 86_400,
+        description="stop blind retries this long before a receiver forgets (at most 90 days, the longest retention)"
     )
     delivered_retention_seconds: float = Field(
-        default=7 * 86_400, gt=0, description="delivered and cancelled intents are pruned after this"
+        default=7 * 86_400, gt=0, le=100 * 365 * 86_400,
+        description="delivered and cancelled intents are pruned after this (at most 100 years)"
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info", description="debug, info, warning or error"

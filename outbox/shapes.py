@@ -416,6 +416,10 @@ class Destination(BaseModel):
     max_in_flight: int | None
     paused_until: AwareDatetime | None = Field(
         description="until when a receiver's 429 or 503 with Retry-After paused sending to it (null: not paused)")
+    unusable: str | None = Field(default=None, description=(
+        "null, unless some of its stored settings are ones the API refuses (a row written by hand, or kept from a "
+        "release that took them): which, each shown as the nearest value it takes; the sender sends it nothing "
+        "(its intents wait, pending) until it is put again"))
 
 
 class DestinationList(BaseModel):
@@ -636,7 +640,7 @@ def destination_json(destination: DestinationRecord, *, signing_secrets: int) ->
         reconcile=d.reconcile, ordering=d.ordering, ordering_on_dead=d.ordering_on_dead,
         retry_schedule=None if d.retry_schedule is None else list(d.retry_schedule), max_age_seconds=d.max_age_seconds,
         created_at=d.created_at, updated_at=d.updated_at, rate_limit=d.rate_limit, max_in_flight=d.max_in_flight,
-        paused_until=d.paused_until,
+        paused_until=d.paused_until, unusable=d.unusable,
         subscriptions=[Subscription.model_construct(**s.json()) for s in d.subscriptions], **d.settings,
     ).model_dump(mode="json")
 

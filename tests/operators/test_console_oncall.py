@@ -41,7 +41,8 @@ async def test_the_headline_counts_what_needs_attention_each_linking_to_its_list
             "held for approval": "1 /console/intents?status=held", "revoked": "0 /console/intents?status=revoked",
             # no sender runs in this process: its circuits are not known here, and it says so
             "circuits: not known here (no sender in this process)": " /console/destinations",
-            "paused": "0 /console/destinations?state=paused", "disabled": "1 /console/destinations?state=disabled"}
+            "paused": "0 /console/destinations?state=paused", "disabled": "1 /console/destinations?state=disabled",
+            "settings unusable": "0 /console/destinations?state=unusable"}
         assert "Nothing counted here" not in page
         disabled = (await http.get("/console/destinations", params={"state": "disabled"})).text
         assert [r.split()[0] for r in rows(disabled, "Last hour")] == ["retired"]

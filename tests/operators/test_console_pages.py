@@ -63,7 +63,7 @@ async def test_the_overview_charts_the_last_hour_and_each_destinations_health(op
 
 
 async def test_a_destination_paused_by_the_embedded_sender_says_until_when(open_ops: OpenOps):
-    ops = await open_ops(worker=True, circuit_failures=1, circuit_pause_seconds=600)
+    ops = await open_ops(worker=True, circuit_failures=1, circuit_pause_seconds=300)
     with socket.socket() as s:  # a port nobody listens on: sends get no answer at all
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
