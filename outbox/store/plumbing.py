@@ -5,6 +5,8 @@ receivers' SQLite pieces (the group committer, its set jobs, the microsecond tim
 
 from __future__ import annotations
 
+import re
+
 from receivers import sqlite_writer as _sqlite
 from receivers.queries import Queries
 from receivers.sqlite_writer import SetJob, from_us, to_us
@@ -14,7 +16,19 @@ from ..errors import StoreUnavailable
 SQLITE = _sqlite.Sqlite(StoreUnavailable)
 connect, on_thread, unavailable = SQLITE.connect, SQLITE.on_thread, SQLITE.unavailable
 queries = Queries(__package__)
-__all__ = ["SQLITE", "GroupCommitter", "SetJob", "connect", "from_us", "on_thread", "queries", "to_us", "unavailable"]
+__all__ = ["SQLITE", "GroupCommitter", "SetJob", "connect", "from_us", "on_thread", "queries", "statements", "to_us",
+           "unavailable"]
+#: Where a statement reads what an intent sends: ``{payload_json[row]}``, ``row`` naming its intents row.
+_PAYLOAD_JSON = re.compile(r"\{payload_json\[(\w+)\]\}")
+
+
+def statements(dialect: str) -> dict[str, str]:
+    """A dialect's named statements (``sql/<dialect>.sql``), each ``{payload_json[row]}`` filled
+    from its block ``payload_json`` for that row: one rule for what an intent sends, however many
+    statements read intents."""
+    sql = queries.load(dialect)
+    return {name: _PAYLOAD_JSON.sub(lambda found: sql["payload_json"].format(of=found[1]), text)
+            for name, text in sql.items()}
 
 
 class GroupCommitter(_sqlite.GroupCommitter):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import cast
 
 from .. import channels
@@ -111,6 +112,13 @@ def decide_existing_event(existing: StoredEvent, new: NewEvent) -> Published:
             f"event_id {new.event_id!r} already exists in scope {new.scope!r} with " + ", ".join(differences)
             + "; an event_id names one event and is never reused for another")
     return Published(existing, created=False)
+
+
+def sending_event_payload(new: NewIntent, event: StoredEvent) -> NewIntent:
+    """``new``, an intent of the recorded ``event`` (an operator's delivery of it), made to send
+    the payload the event stores rather than a copy: when its digest is the event's, which it is
+    for the event's own payload (canonical JSON, so prepared again it is the same); else as it is."""
+    return replace(new, payload_event=event.seq) if new.payload_digest == event.payload_digest else new
 
 
 def fanout_of(items: Sequence[tuple[NewIntent, Event]],

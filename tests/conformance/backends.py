@@ -37,6 +37,10 @@ class CallerSql:
     after_year_9999: str
     latest: str
     grant_earliest: str
+    #: The bytes of payload stored, in intents and in events; and the deletion of event ``acme/e1``.
+    payload_bytes: str = ("SELECT (SELECT coalesce(sum(length(payload)), 0) FROM intents)"
+                          " + (SELECT coalesce(sum(length(payload)), 0) FROM topic_events)")
+    delete_event: str = "DELETE FROM topic_events WHERE event_key = 'acme/e1'"
 
 
 def keyring(directory: Path) -> Keyring:

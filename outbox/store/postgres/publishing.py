@@ -16,7 +16,7 @@ from ...events import EventPage, EventQuery, NewEvent, Published, StoredEvent, e
 from ...model import Enqueued, Event, NewIntent
 from ...topics import subscription_rows
 from ..records import new_event_values
-from ..rules import decide_existing_event, fanout_of
+from ..rules import decide_existing_event, fanout_of, sending_event_payload
 from .connection import READ, SNAPSHOT
 from .intake import insert_batch
 from .sql import SQL, where
@@ -43,7 +43,7 @@ async def publish(conn: asyncpg.Connection, new: NewEvent, granted_only: bool) -
         return decide_existing_event(await _event(conn, new.key), new)
     seen = {r["id"]: r for r in await conn.fetch(
         SQL["event_subscribers"], new.scope, new.topic, new.created_at, granted_only)}
-    items = [new.intent_for(destination) for destination in seen]
+    items = [new.intent_for(destination, seq) for destination in seen]
     intents, skipped = fanout_of(items, await insert_batch(conn, items, seen) if items else [])
     if skipped:
         await conn.execute(SQL["set_event_skipped"], json.dumps(skipped), seq)
@@ -68,7 +68,7 @@ async def publish_each(conn: asyncpg.Connection, items: Sequence[NewEvent],
                                 granted_only) if wanted else []:
         seen.setdefault(row["id"], row)
         subscribers[row["n"]].append(row["id"])
-    made = [(i, items[i].intent_for(d)) for i in wanted for d in subscribers[i]]
+    made = [(i, items[i].intent_for(d, fresh[i])) for i in wanted for d in subscribers[i]]
     stored = await insert_batch(conn, [item for _, item in made], seen) if made else []
     results: list[Published | OutboxError | None] = [None] * len(items)
     for i, seq in fresh.items():
@@ -90,8 +90,8 @@ async def deliver(conn: asyncpg.Connection, new: NewIntent, event: Event) -> tup
     """Make ``new``, an event's intent for one more destination, unless it exists (an operator's
     delivery); returns it and the event as it then stands. Raises UnknownDestination,
     InvalidInput (its channel refuses the payload), IntentConflict."""
-    await _event(conn, event_key(new))  # (raises NotFound before any write)
-    (result,) = await insert_batch(conn, [(new, event)])
+    found = await _event(conn, event_key(new))  # (raises NotFound before any write)
+    (result,) = await insert_batch(conn, [(sending_event_payload(new, found), event)])
     if isinstance(result, OutboxError):
         raise result
     return result, await _event(conn, event_key(new))

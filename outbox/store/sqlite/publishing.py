@@ -14,7 +14,7 @@ from ...events import EventPage, EventQuery, NewEvent, Published, StoredEvent, e
 from ...model import Enqueued, Event, NewIntent
 from ...topics import subscription_rows
 from ..records import new_event_values
-from ..rules import decide_existing_event, fanout_of
+from ..rules import decide_existing_event, fanout_of, sending_event_payload
 from .intake import insert_each
 from .sql import READ, SQL, stored, where
 
@@ -38,7 +38,7 @@ def publish(conn: sqlite3.Connection, new: NewEvent, granted_only: bool) -> Publ
         return decide_existing_event(_event(conn, new.key), new)
     seen = {r["id"]: r for r in conn.execute(
         SQL["event_subscribers"], (new.scope, new.topic, stored(new.created_at), granted_only))}
-    items = [new.intent_for(destination) for destination in seen]
+    items = [new.intent_for(destination, row[0]) for destination in seen]
     intents, skipped = fanout_of(items, insert_each(conn, items, seen) if items else [])
     if skipped:
         conn.execute(SQL["set_event_skipped"], (json.dumps(skipped), row[0]))
@@ -62,8 +62,8 @@ def deliver(conn: sqlite3.Connection, new: NewIntent, event: Event) -> tuple[Enq
     """Make ``new``, an event's intent for one more destination, unless it exists (an operator's
     delivery); returns it and the event as it then stands. Raises UnknownDestination,
     InvalidInput (its channel refuses the payload), IntentConflict."""
-    _event(conn, event_key(new))  # (raises NotFound before any write)
-    (result,) = insert_each(conn, [(new, event)])
+    found = _event(conn, event_key(new))  # (raises NotFound before any write)
+    (result,) = insert_each(conn, [(sending_event_payload(new, found), event)])
     if isinstance(result, OutboxError):
         raise result
     return result, _event(conn, event_key(new))
