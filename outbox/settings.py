@@ -42,6 +42,12 @@ class Settings(BaseSettings):
         default=64 * 1024 * 1024, ge=1,
         description="largest accepted body of POST /v1/intents:batch (each payload is held to max_payload_bytes too)",
     )
+    max_fanout: int = Field(
+        default=100, ge=1, le=10_000,
+        description="most intents one event may make: the destinations subscribed to its topic that its scope may "
+                    "reach (one a channel would skip counts); an event past it is refused (422 fanout-too-large), "
+                    "nothing recorded",
+    )
     default_max_attempts: int = Field(
         default=24, ge=1, le=1000, description="attempts before a dead letter, unless the intent says"
     )

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from outbox import IntentConflict, IntentQuery, NotFound, Status, UnknownDestination
+from outbox import FanoutTooLarge, IntentConflict, IntentQuery, NotFound, Status, UnknownDestination
 from outbox.events import EventQuery, NewEvent
 from outbox.grants import GrantSpec
 from outbox.model import Approve, Cancel, Event, NewIntent, Ordering, Replay, Settle
@@ -351,3 +351,32 @@ async def test_pruning_some_of_an_events_intents_keeps_its_payload_for_the_rest(
     assert (await store.get_event("acme/e1")).payload_json == BIG  # events are kept: pruning removes intents
     await delete_the_event()  # with no intent left to send it, the event (and its payload) may go
     assert await store.get_event("acme/e1") is None
+
+
+async def test_an_event_past_max_fanout_is_refused_writing_nothing_and_one_recorded_is_answered(store):
+    for n in range(3):
+        await subscribe(store, f"d{n}", "*")
+    await subscribe(store, "invoices", "invoice.*")  # invoice.paid reaches 4, user.created 3
+    with pytest.raises(FanoutTooLarge, match="max_fanout") as refused:
+        await store.publish(event("e1"), granted_only=True, max_fanout=3)
+    assert (refused.value.fanout, refused.value.max_fanout) == (4, 3)
+    assert await store.get_event("acme/e1") is None
+    assert (await store.list_intents(IntentQuery())).intents == []
+    with pytest.raises(FanoutTooLarge):
+        async with store.transaction() as tx:
+            await tx.publish(event("e1"), granted_only=True, max_fanout=3)
+    assert await store.get_event("acme/e1") is None
+    first = await store.publish(event("e1"), granted_only=True, max_fanout=4)  # at the limit: made
+    assert first.created and len(first.event.fanout) == 4
+    again = await store.publish(event("e1"), granted_only=True, max_fanout=1)  # recorded already: as it stands
+    assert not again.created and again.event == first.event
+    with pytest.raises(IntentConflict):
+        await store.publish(event("e1", digest="sha256:bb"), granted_only=True, max_fanout=1)
+    results = await store.publish_each([event("e2"), event("e3", "user.created"), event("e1"), event("e2")],
+                                       granted_only=True, max_fanout=3)
+    assert [type(r).__name__ for r in results] == ["FanoutTooLarge", "Published", "Published", "FanoutTooLarge"]
+    assert results[0].details() == {"fanout": 4, "max_fanout": 3}
+    assert results[1].created and len(results[1].event.fanout) == 3
+    assert not results[2].created and results[2].event == first.event
+    assert await store.get_event("acme/e2") is None
+    assert len((await store.list_intents(IntentQuery())).intents) == 7
