@@ -18,16 +18,17 @@ connect, on_thread, unavailable = SQLITE.connect, SQLITE.on_thread, SQLITE.unava
 queries = Queries(__package__)
 __all__ = ["SQLITE", "GroupCommitter", "SetJob", "connect", "from_us", "on_thread", "queries", "statements", "to_us",
            "unavailable"]
-#: Where a statement reads what an intent sends: ``{payload_json[row]}``, ``row`` naming its intents row.
-_PAYLOAD_JSON = re.compile(r"\{payload_json\[(\w+)\]\}")
+#: Where a statement reads the payload an intent of an event sends: ``{event_payload[row]}``,
+#: ``row`` naming its intents row.
+_EVENT_PAYLOAD = re.compile(r"\{event_payload\[(\w+)\]\}")
 
 
 def statements(dialect: str) -> dict[str, str]:
-    """A dialect's named statements (``sql/<dialect>.sql``), each ``{payload_json[row]}`` filled
-    from its block ``payload_json`` for that row: one rule for what an intent sends, however many
-    statements read intents."""
+    """A dialect's named statements (``sql/<dialect>.sql``), each ``{event_payload[row]}`` filled
+    from its block ``event_payload`` for that row: one rule for where an intent's payload is
+    stored, however many statements read intents."""
     sql = queries.load(dialect)
-    return {name: _PAYLOAD_JSON.sub(lambda found: sql["payload_json"].format(of=found[1]), text)
+    return {name: _EVENT_PAYLOAD.sub(lambda found: sql["event_payload"].format(of=found[1]), text)
             for name, text in sql.items()}
 
 

@@ -102,7 +102,9 @@ def intent(row: Row, time: Time) -> Intent:
         **_as_is(row, "seq", "action_id", "scope", "destination", "channel", "payload_digest", "attempts",
                  "max_attempts", "lease_owner", "fence", "last_error", "approved_digest", "approved_by",
                  "ordering_key", "replayed_after", "event_id", "trace_context"),
-        payload_json=row["payload_json"],  # what it sends (its own payload, or its event's: sql ``payload_json``)
+        # an intent of an event sends the payload stored once in the event's row (``event_payload``
+        # beside its columns) and keeps none of its own; any other intent sends its own
+        payload_json=row["payload"] if row["event_payload"] is None else row["event_payload"],
         status=Status(row["status"]),
         next_attempt_at=at("next_attempt_at"),
         not_before=at("not_before"),

@@ -2,7 +2,7 @@
 -- each of its intents: an intent of an event names the event whose payload it sends
 -- (payload_event, that row's seq) and keeps '' in its own payload column, which is no JSON; NULL:
 -- the intent carries its own payload (a direct intent's, as before). Every statement that reads
--- an intent reads its payload through the payload_json block of sql/postgres.sql. The intents of
+-- an intent reads its payload through the event_payload block of sql/postgres.sql. The intents of
 -- events recorded before are converted here. No foreign key: its check would run a lookup for
 -- every intent a fan-out inserts; the trigger below keeps what one would on the deleting side.
 ALTER TABLE intents ADD COLUMN payload_event bigint;

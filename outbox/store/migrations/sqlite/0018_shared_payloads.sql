@@ -2,7 +2,7 @@
 -- each of its intents: an intent of an event names the event whose payload it sends
 -- (payload_event, that row's seq) and keeps '' in its own payload column, which is no JSON; NULL:
 -- the intent carries its own payload (a direct intent's, as before). Every statement that reads
--- an intent reads its payload through the payload_json block of sql/sqlite.sql. The intents
+-- an intent reads its payload through the event_payload block of sql/sqlite.sql. The intents
 -- of events recorded before are converted here (the pages they free are reused as the file grows).
 -- No foreign key, as on PostgreSQL (whose check would cost a lookup per intent a fan-out makes):
 -- the trigger below keeps what one would on the deleting side.
