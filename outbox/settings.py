@@ -67,6 +67,12 @@ class Settings(BaseSettings):
         description="largest accepted body of a batch, POST /v1/intents:batch or /v1/events:batch (each payload "
                     "is held to max_payload_bytes too, in its item's place)",
     )
+    max_fanout: int = Field(
+        default=100, ge=1, le=10_000,
+        description="most intents one event may make: the destinations subscribed to its topic that its scope may "
+                    "reach (one a channel would skip counts); an event past it is refused (422 fanout-too-large), "
+                    "nothing recorded",
+    )
     default_max_attempts: int = Field(
         default=24, ge=1, le=1000, description="attempts before a dead letter, unless the intent says"
     )

@@ -108,7 +108,9 @@ def intent(row: Row, time: Time) -> Intent:
         **_as_is(row, "seq", "action_id", "scope", "destination", "channel", "payload_digest", "attempts",
                  "max_attempts", "lease_owner", "fence", "last_error", "approved_digest", "approved_by",
                  "ordering_key", "replayed_after", "event_id", "trace_context"),
-        payload_json=row["payload"],
+        # an intent of an event sends the payload stored once in the event's row (``event_payload``
+        # beside its columns) and keeps none of its own; any other intent sends its own
+        payload_json=row["payload"] if row["event_payload"] is None else row["event_payload"],
         status=Status(row["status"]),
         next_attempt_at=at("next_attempt_at"),
         not_before=at("not_before"),
@@ -241,8 +243,11 @@ class Reader:
 
 
 def new_intent_values(new: NewIntent, channel: str, status: Status) -> tuple[Any, ...]:
-    """A new intent's columns, from its key to ``created_at``, as ``insert_intent`` takes them."""
-    return (new.key, new.action_id, new.scope, new.destination, channel, new.payload_json, new.payload_digest,
+    """A new intent's columns, from its key to ``created_at``, as ``insert_intent`` takes them. An
+    intent that sends its event's stored payload (``payload_event``, written beside) stores none of
+    its own: ``''``, which no payload is (a payload is JSON)."""
+    payload = "" if new.payload_event is not None else new.payload_json
+    return (new.key, new.action_id, new.scope, new.destination, channel, payload, new.payload_digest,
             status.value, new.max_attempts, new.next_attempt_at, new.not_before, new.expires_at, new.created_at)
 
 

@@ -41,6 +41,10 @@ class CallerSql:
     #: pause as late as the store can hold, and its bucket's count at minus infinity.
     edge_paused_latest: str
     edge_bucket_minus_infinity: str
+    #: The payload stored, in intents and in events together (its length: the suite's payloads are
+    #: ASCII, a byte a character); and the deletion of event ``acme/e1``.
+    payload_bytes: str
+    delete_event: str
 
 
 def keyring(directory: Path) -> Keyring:
@@ -84,6 +88,9 @@ CALLER_SQL: dict[str, CallerSql] = {
         grant_earliest="UPDATE grants SET expires_at = -9223372036854775808 WHERE id = 'g1'",
         edge_paused_latest="UPDATE destinations SET paused_until = 9223372036854775807 WHERE id = 'edge'",
         edge_bucket_minus_infinity="UPDATE destination_buckets SET tokens = -1e999 WHERE destination = 'edge'",
+        payload_bytes="SELECT (SELECT coalesce(sum(length(payload)), 0) FROM intents)"
+                      " + (SELECT coalesce(sum(length(payload)), 0) FROM topic_events)",
+        delete_event="DELETE FROM topic_events WHERE event_key = 'acme/e1'",
     ),
     "postgres": CallerSql(
         create="CREATE TABLE orders (id integer PRIMARY KEY, total integer NOT NULL)",
@@ -96,6 +103,9 @@ CALLER_SQL: dict[str, CallerSql] = {
         grant_earliest="UPDATE grants SET expires_at = '-infinity' WHERE id = 'g1'",
         edge_paused_latest="UPDATE destinations SET paused_until = 'infinity' WHERE id = 'edge'",
         edge_bucket_minus_infinity="UPDATE destination_buckets SET tokens = '-Infinity' WHERE destination = 'edge'",
+        payload_bytes="SELECT (SELECT coalesce(sum(length(payload)), 0) FROM intents)"
+                      " + (SELECT coalesce(sum(length(payload)), 0) FROM topic_events)",
+        delete_event="DELETE FROM topic_events WHERE event_key = 'acme/e1'",
     ),
 }
 

@@ -20,6 +20,17 @@ def test_environment_beats_toml_file(tmp_path, monkeypatch):
     assert (settings.port, settings.max_payload_bytes) == (9002, 2048)
 
 
+def test_the_fanout_limit_has_a_safe_default_and_bounds(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert Settings().max_fanout == 100
+    monkeypatch.setenv("OUTBOX_MAX_FANOUT", "21")
+    assert Settings().max_fanout == 21
+    for bad in ("0", "10001", "-1"):
+        monkeypatch.setenv("OUTBOX_MAX_FANOUT", bad)
+        with pytest.raises(ValidationError, match="max_fanout"):
+            Settings()
+
+
 def test_unknown_toml_keys_are_errors(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "outbox.toml").write_text('prot = 9001\n')

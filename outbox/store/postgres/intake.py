@@ -101,4 +101,4 @@ def _values(new: NewIntent, event: Event, channel: str, status: Status) -> tuple
     their arrays) take them."""
     return (*new_intent_values(new, channel, status),
             event.kind.value, event.at, event.actor, event.reason, event_data(event), new.ordering_key,
-            new.event_id, new.trace_context)
+            new.event_id, new.trace_context, new.payload_event)

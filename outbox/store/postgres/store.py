@@ -74,9 +74,9 @@ class _PostgresTransaction:
         with unavailable(self._conn):
             return await insert_intent(self._conn, new, event)
 
-    async def publish(self, new: NewEvent, *, granted_only: bool) -> Published:
+    async def publish(self, new: NewEvent, *, granted_only: bool, max_fanout: int | None = None) -> Published:
         with unavailable(self._conn):
-            return await publish(self._conn, new, granted_only)
+            return await publish(self._conn, new, granted_only, max_fanout)
 
 
 class _PostgresMigration:

@@ -42,7 +42,7 @@ def insert_intent(conn: sqlite3.Connection, new: NewIntent, event: Event) -> Enq
     values = _values(new, channel, status)
     # updated_at is created_at (the last of ``values``)
     row = conn.execute(SQL["insert_intent"], (*values, values[-1], new.ordering_key, new.event_id,
-                                                   new.trace_context)).fetchone()
+                                                   new.trace_context, new.payload_event)).fetchone()
     if row is not None:
         _append_event(conn, row[0], event)
         return Enqueued(inserted_intent(row[0], new, channel, status), created=True)
@@ -70,7 +70,7 @@ def insert_each(conn: sqlite3.Connection, items: Sequence[tuple[NewIntent, Event
         except OutboxError as exc:
             results[i] = exc
     rows = [[*_values(items[i][0], channel, status), items[i][0].ordering_key, items[i][0].event_id,
-             items[i][0].trace_context]
+             items[i][0].trace_context, items[i][0].payload_event]
             for i, channel, status in accepted]
     inserted = dict(conn.execute(SQL["insert_intents_set"], (json.dumps(rows),)).fetchall()) if rows else {}
     events: list[list[Any]] = []

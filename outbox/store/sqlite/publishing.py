@@ -14,7 +14,7 @@ from ...events import EventPage, EventQuery, NewEvent, Published, StoredEvent, e
 from ...model import Enqueued, Event, NewIntent
 from ...topics import subscription_rows
 from ..records import new_event_values
-from ..rules import decide_existing_event, fanout_of
+from ..rules import decide_existing_event, fanout_of, fanout_refusal, sending_event_payload
 from .intake import insert_each
 from .sql import READ, SQL, stored, where
 
@@ -28,31 +28,37 @@ def replace_subscriptions(conn: sqlite3.Connection, d: Destination) -> None:
         conn.execute(SQL["insert_subscriptions"], (json.dumps(subscription_rows(d.id, d.subscriptions)),))
 
 
-def publish(conn: sqlite3.Connection, new: NewEvent, granted_only: bool) -> Published:
+def publish(conn: sqlite3.Connection, new: NewEvent, granted_only: bool, max_fanout: int | None) -> Published:
     """Record ``new`` and make its intents, inside a write transaction: one for each destination
     subscribed to its topic for its scope (with ``granted_only``, that the scope holds a live grant
     for), as a set (``intake.insert_each``); a subscriber whose intent is refused is recorded as
-    skipped. An event already recorded under its key is compared (``rules.decide_existing_event``)."""
+    skipped. An event already recorded under its key is compared (``rules.decide_existing_event``);
+    one that would make more than ``max_fanout`` intents is refused before any write
+    (``rules.fanout_refusal``)."""
+    seen = {r["id"]: r for r in conn.execute(
+        SQL["event_subscribers"], (new.scope, new.topic, stored(new.created_at), granted_only))}
+    if (refused := fanout_refusal(new, len(seen), max_fanout)) is not None:
+        if not conn.execute(SQL["event_by_key"], (new.key,)).fetchone():
+            raise refused
+        return decide_existing_event(_event(conn, new.key), new)
     row = conn.execute(SQL["insert_topic_event"], tuple(map(stored, new_event_values(new)))).fetchone()
     if row is None:
         return decide_existing_event(_event(conn, new.key), new)
-    seen = {r["id"]: r for r in conn.execute(
-        SQL["event_subscribers"], (new.scope, new.topic, stored(new.created_at), granted_only))}
-    items = [new.intent_for(destination) for destination in seen]
+    items = [new.intent_for(destination, row[0]) for destination in seen]
     intents, skipped = fanout_of(items, insert_each(conn, items, seen) if items else [])
     if skipped:
         conn.execute(SQL["set_event_skipped"], (json.dumps(skipped), row[0]))
     return Published(StoredEvent.recorded(row[0], new).with_fanout(intents, skipped), created=True)
 
 
-def publish_each(conn: sqlite3.Connection, items: Sequence[NewEvent],
-                 granted_only: bool) -> list[Published | OutboxError]:
+def publish_each(conn: sqlite3.Connection, items: Sequence[NewEvent], granted_only: bool,
+                 max_fanout: int | None) -> list[Published | OutboxError]:
     """``publish`` for each of ``items`` in the one write transaction, each on its own (a
     refusal, decided before that event's writes, stands as its error in its place)."""
     results: list[Published | OutboxError] = []
     for new in items:
         try:
-            results.append(publish(conn, new, granted_only))
+            results.append(publish(conn, new, granted_only, max_fanout))
         except OutboxError as exc:
             results.append(exc)
     return results
@@ -62,8 +68,8 @@ def deliver(conn: sqlite3.Connection, new: NewIntent, event: Event) -> tuple[Enq
     """Make ``new``, an event's intent for one more destination, unless it exists (an operator's
     delivery); returns it and the event as it then stands. Raises UnknownDestination,
     InvalidInput (its channel refuses the payload), IntentConflict."""
-    _event(conn, event_key(new))  # (raises NotFound before any write)
-    (result,) = insert_each(conn, [(new, event)])
+    found = _event(conn, event_key(new))  # (raises NotFound before any write)
+    (result,) = insert_each(conn, [(sending_event_payload(new, found), event)])
     if isinstance(result, OutboxError):
         raise result
     return result, _event(conn, event_key(new))
@@ -94,12 +100,14 @@ class SqliteEvents:
     _write: Callable[..., Any]
     _read: Callable[..., Any]
 
-    async def publish(self, new: NewEvent, *, granted_only: bool) -> Published:
-        result: Published = await self._write(lambda conn: publish(conn, new, granted_only))
+    async def publish(self, new: NewEvent, *, granted_only: bool, max_fanout: int | None = None) -> Published:
+        result: Published = await self._write(lambda conn: publish(conn, new, granted_only, max_fanout))
         return result
 
-    async def publish_each(self, items: Sequence[NewEvent], *, granted_only: bool) -> list[Published | OutboxError]:
-        results: list[Published | OutboxError] = await self._write(lambda conn: publish_each(conn, items, granted_only))
+    async def publish_each(self, items: Sequence[NewEvent], *, granted_only: bool,
+                           max_fanout: int | None = None) -> list[Published | OutboxError]:
+        results: list[Published | OutboxError] = await self._write(
+            lambda conn: publish_each(conn, items, granted_only, max_fanout))
         return results
 
     async def deliver_event(self, new: NewIntent, event: Event) -> tuple[Enqueued, StoredEvent]:

@@ -64,8 +64,8 @@ class _SqliteTransaction:
     async def insert_intent(self, new: NewIntent, event: Event) -> Enqueued:
         return await on_thread(self._db, insert_intent, new, event)
 
-    async def publish(self, new: NewEvent, *, granted_only: bool) -> Published:
-        return await on_thread(self._db, publish, new, granted_only)
+    async def publish(self, new: NewEvent, *, granted_only: bool, max_fanout: int | None = None) -> Published:
+        return await on_thread(self._db, publish, new, granted_only, max_fanout)
 
 
 class SqliteStore(SqliteEvents, Lookups):
