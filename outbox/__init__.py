@@ -11,6 +11,7 @@ from .digest import canonical_json, payload_digest
 from .errors import (
     AmbiguousActionId,
     DestinationInUse,
+    FanoutTooLarge,
     IllegalTransition,
     IntentConflict,
     InvalidInput,
@@ -75,6 +76,7 @@ __all__ = [
     "Event",
     "EventKind",
     "EventQuery",
+    "FanoutTooLarge",
     "IllegalTransition",
     "Intent",
     "IntentConflict",

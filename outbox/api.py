@@ -105,6 +105,7 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
     app.include_router(events.router)
     app.include_router(operators.router)
     app.include_router(console.router(box, operators.authorize))
+    app.add_middleware(console.Guard)  # outermost: it sees every answer under /console, a 500 too
     app.include_router(registry.destinations)
     app.include_router(registry.grants)
     app.include_router(tokens.router)

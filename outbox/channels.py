@@ -32,7 +32,9 @@ class ChannelKind:
     whether a new destination must be given a secret (``secret_form`` names it for an error
     message) and how to make one if the channel can
     (a signing key), ``keep_secrets``, which says what a destination holds once a spec replaces
-    it (a channel with secrets of two kinds keeps each apart), and ``check_payload``, which raises
+    it (a channel with secrets of two kinds keeps each apart), ``signing``, which of the secrets
+    a destination holds sign what it is sent (the others are the channel's credentials: an SMTP
+    or SASL password), and ``check_payload``, which raises
     ValueError for a payload the channel could never deliver, so it is refused at enqueue
     rather than dead-lettered later, and ``target``, which says in words where a destination of it
     delivers (a webhook's URL), from its settings: each attempt records it as it starts. The
@@ -44,6 +46,7 @@ class ChannelKind:
     secret_form: str = "a secret"
     new_secret: Callable[[], str] | None = None
     keep_secrets: Callable[[tuple[str, ...], Any], tuple[str, ...]] = rotate_secrets
+    signing: Callable[[tuple[str, ...]], tuple[str, ...]] = lambda secrets: secrets  # default: every one signs
     check_payload: Callable[[Any], None] | None = None  # None: every JSON payload is deliverable
     target: Callable[[Mapping[str, Any]], str] | None = None  # None: the channel's name says it all
 
@@ -93,6 +96,16 @@ def target(destination: Destination) -> str:
     except UnknownChannel:
         return destination.channel
     return destination.channel if kind.target is None else kind.target(destination.settings)
+
+
+def signing_secrets(destination: Destination) -> tuple[str, ...]:
+    """The secrets of ``destination`` that sign what it is sent, as its channel tells them from its
+    credentials (every one, for a channel that is not installed: it has no credentials to say)."""
+    try:
+        kind = get(destination.channel)
+    except UnknownChannel:
+        return destination.secrets
+    return kind.signing(destination.secrets)
 
 
 def register(kind: ChannelKind) -> None:

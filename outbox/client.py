@@ -142,6 +142,16 @@ class PayloadTooLarge(InvalidInput, errors.PayloadTooLarge):
     """413: the payload or the body is over the server's limit."""
 
 
+class FanoutTooLarge(InvalidInput, errors.FanoutTooLarge):
+    """422 ``fanout-too-large``: the event would fan out to more destinations (``fanout``) than the
+    server's ``max_fanout`` allows."""
+
+    def __init__(self, problem: Mapping[str, Any]) -> None:
+        super().__init__(problem)
+        self.fanout = int(problem.get("fanout", 0))
+        self.max_fanout = int(problem.get("max_fanout", 0))
+
+
 class UnknownDestination(OutboxError, errors.UnknownDestination):
     """422: the destination named is not registered."""
 
@@ -188,6 +198,7 @@ class WaitTimeout(OutboxError, TimeoutError):
 
 _BY_TYPE: dict[str, type[OutboxError]] = {
     "payload-too-large": PayloadTooLarge,
+    "fanout-too-large": FanoutTooLarge,
     "unknown-destination": UnknownDestination,
     "intent-conflict": IntentConflict,
     "ambiguous-action-id": AmbiguousActionId,

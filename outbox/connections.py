@@ -279,6 +279,6 @@ class CallerTransaction:
         with self.bound.unavailable():
             return await self.bound.run_async(steps.insert_intent(self.bound.dialect, new, event))
 
-    async def publish(self, new: NewEvent, *, granted_only: bool) -> Published:
+    async def publish(self, new: NewEvent, *, granted_only: bool, max_fanout: int | None = None) -> Published:
         with self.bound.unavailable():
-            return await self.bound.run_async(steps.publish(self.bound.dialect, new, granted_only))
+            return await self.bound.run_async(steps.publish(self.bound.dialect, new, granted_only, max_fanout))

@@ -8,16 +8,20 @@ spec's (``outbox.channels``), kept with the record as ``settings``.
 
 from __future__ import annotations
 
+import enum
+import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Annotated, Any
+from datetime import datetime
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
-from .flow import RateLimit
+from .flow import MAX_COUNT, MAX_PER_SECOND, MIN_PER_SECOND, RateLimit, usable_cap, usable_rate
 from .model import Intent, OnDead, OnUnknown, Ordering
 from .shapes import Subscriptions, destination_json
+from .timestamps import later
 from .topics import Subscription
 
 
@@ -52,15 +56,29 @@ class Destination:
     max_in_flight: int | None = None
     #: Until when a receiver asked for a pause (429/503 with Retry-After): no claim sends to it.
     paused_until: datetime | None = None
+    #: Which stored settings are not ones the API takes (a row written by hand, or kept from a
+    #: release that took them), each read as the nearest it takes (``Stored``); None for every
+    #: other destination. The sender sends nothing to it while this is set.
+    unusable: str | None = None
 
     def public(self) -> dict[str, Any]:
-        """The destination as the API and CLI show it (``shapes.Destination``)."""
-        return destination_json(self)
+        """The destination as the API and CLI show it (``shapes.Destination``), with the number
+        of its secrets that sign (its channel's ``signing``), never the secrets."""
+        from .channels import signing_secrets  # (the registry is built on this module)
+
+        return destination_json(self, signing_secrets=len(signing_secrets(self)))
 
     def __repr__(self) -> str:  # keep secrets out of logs and tracebacks
         return f"Destination(id={self.id!r}, channel={self.channel!r}, settings={dict(self.settings)!r})"
 
 
+#: A receiver's retention of keys: at least a minute, at most 90 days.
+MIN_RETENTION_SECONDS = 60
+MAX_RETENTION_SECONDS = 90 * 86_400
+DEFAULT_RETENTION_SECONDS = 86_400
+#: A request's timeout: above 0, at most five minutes.
+MAX_TIMEOUT_SECONDS = 300.0
+DEFAULT_TIMEOUT_SECONDS = 10.0
 #: A retry schedule's longest delay: the default backoff cap, an hour.
 MAX_RETRY_DELAY_SECONDS = 3600
 #: A retry schedule's most delays.
@@ -92,10 +110,11 @@ class DestinationSpec(BaseModel):
         default=False, description="the receiver deduplicates on Idempotency-Key"
     )
     retention_seconds: StrictInt = Field(
-        default=86_400, ge=60, le=90 * 86_400, description="how long the receiver keeps keys"
+        default=DEFAULT_RETENTION_SECONDS, ge=MIN_RETENTION_SECONDS, le=MAX_RETENTION_SECONDS,
+        description="how long the receiver keeps keys"
     )
     on_unknown: OnUnknown = OnUnknown.DECLARED
-    timeout_seconds: StrictFloat = Field(default=10.0, gt=0, le=300)
+    timeout_seconds: StrictFloat = Field(default=DEFAULT_TIMEOUT_SECONDS, gt=0, le=MAX_TIMEOUT_SECONDS)
     requires_approval: StrictBool = False
     allow_private_network: StrictBool = Field(
         default=False, description="allow loopback and private addresses (off: SSRF guard)"
@@ -135,7 +154,7 @@ class DestinationSpec(BaseModel):
         description="sends per second, with a burst (a token bucket), across every worker; null: unlimited",
     )
     max_in_flight: StrictInt | None = Field(
-        default=None, ge=1, le=100_000,
+        default=None, ge=1, le=MAX_COUNT,
         description="intents leased at once (from the claim to the outcome), across every worker; null: unlimited",
     )
 
@@ -167,9 +186,113 @@ def deadline(intent: Intent, destination: Destination) -> Deadline | None:
     if intent.expires_at is not None:
         found.append(Deadline(intent.expires_at, f"its expires_at ({intent.expires_at.isoformat()})"))
     if destination.max_age_seconds is not None:
-        at = intent.created_at + timedelta(seconds=destination.max_age_seconds)
+        at = later(intent.created_at, destination.max_age_seconds)
         found.append(Deadline(at, f"the destination's max age of {destination.max_age_seconds}s ({at.isoformat()})"))
     return min(found, key=lambda d: d.at, default=None)
+
+
+E = TypeVar("E", bound=enum.Enum)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _number(value: object) -> float:
+    return float(value) if _is_number(value) else math.nan  # type: ignore[arg-type]
+
+
+def _shown(value: Any) -> str:
+    """A value as a note shows it: an enum's by its value, anything else as Python writes it, at
+    most 80 characters (a stored number can have hundreds of digits)."""
+    text = repr(value.value if isinstance(value, enum.Enum) else value)
+    return text if len(text) <= 80 else text[:79] + "…"
+
+
+class Stored:
+    """Reads a destination's stored settings as the sender can use them. A value the API would
+    refuse (written into the database by hand, or kept from a release that took it: a rate of
+    1e-12) is read as the nearest one it takes, or as its default where there is none, and noted
+    (``unusable``), so the sender holds that destination's intents and says why, instead of
+    failing a computation for every destination."""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def _noted(self, field: str, stored: Any, takes: str, read: Any) -> Any:
+        self.notes.append(f"{field} {_shown(stored)} (it takes {takes}; read as {_shown(read)})")
+        return read
+
+    def whole(self, field: str, stored: Any, low: int, high: int, default: int | None) -> Any:
+        """A whole number from ``low`` to ``high``; None stays None where ``default`` is None."""
+        if stored is None and default is None:
+            return None
+        if isinstance(stored, int) and not isinstance(stored, bool) and low <= stored <= high:
+            return stored
+        number = _number(stored)
+        read = default if math.isnan(number) else int(min(max(number, low), high))
+        return self._noted(field, stored, f"a whole number from {low} to {high}", read)
+
+    def seconds(self, field: str, stored: Any, high: float, default: float) -> float:
+        """A number above 0, at most ``high``."""
+        if _is_number(stored) and 0 < stored <= high:
+            return float(stored)
+        return self._noted(field, stored, f"a number above 0, at most {high:g}",
+                           high if _number(stored) > high else default)
+
+    def choice(self, field: str, stored: Any, kind: type[E], default: E) -> E:
+        """One of ``kind``'s values."""
+        try:
+            return kind(stored)
+        except ValueError:
+            return self._noted(field, stored, "one of " + ", ".join(str(k.value) for k in kind), default)
+
+    def schedule(self, stored: str | None) -> tuple[float, ...] | None:
+        """A retry schedule (stored as JSON text): 1 to MAX_RETRY_SCHEDULE delays, each above 0
+        and at most MAX_RETRY_DELAY_SECONDS; anything else is read as none (the backoff)."""
+        if stored is None:
+            return None
+        try:
+            delays = json.loads(stored)
+        except ValueError:
+            delays = stored
+        if (isinstance(delays, list) and 1 <= len(delays) <= MAX_RETRY_SCHEDULE
+                and all(_is_number(d) and 0 < d <= MAX_RETRY_DELAY_SECONDS for d in delays)):
+            return tuple(delays)
+        return self._noted("retry_schedule", delays, f"1 to {MAX_RETRY_SCHEDULE} delays, each above 0 and "
+                           f"at most {MAX_RETRY_DELAY_SECONDS}", None)
+
+    def rate(self, per_second: Any, burst: Any) -> RateLimit | None:
+        """A rate limit (None: unlimited), as the claim computes with it (``flow.usable_rate``)."""
+        if per_second is None:
+            return None
+        read = usable_rate(per_second, burst)
+        if read.per_second != per_second or read.burst != burst:  # (NaN is never equal)
+            slowest = f"{MIN_PER_SECOND:f}".rstrip("0")  # (0.00001, as the API's refusal writes it)
+            self._noted("rate_limit", {"per_second": per_second, "burst": burst},
+                        f"per_second from {slowest} to {MAX_PER_SECOND}, burst from 1 to {MAX_COUNT}",
+                        {"per_second": read.per_second, "burst": read.burst})
+        return read
+
+    def cap(self, stored: Any) -> int | None:
+        """A ``max_in_flight`` (None: unlimited), as the claim computes with it (``flow.usable_cap``)."""
+        read = usable_cap(stored)
+        return read if read == stored else self._noted("max_in_flight", stored, f"1 to {MAX_COUNT}", read)
+
+    def settings(self, stored: str) -> dict[str, Any]:
+        """The channel's own settings: a JSON object."""
+        try:
+            settings = json.loads(stored)
+        except ValueError:
+            settings = stored
+        return settings if isinstance(settings, dict) else self._noted("settings", settings, "a JSON object", {})
+
+    def unusable(self) -> str | None:
+        """What ``Destination.unusable`` says, or None when every setting was read as stored."""
+        if not self.notes:
+            return None
+        return (f"stored settings the outbox does not take: {'; '.join(self.notes)}; nothing is sent to it "
+                "until it is put again with settings it takes")
 
 
 #: The most secrets a destination keeps of one kind: the newest and two older ones, for a rotation.

@@ -2,7 +2,8 @@
 
     OutboxError
     ├── InvalidInput            the caller's data is malformed (bad id, payload not I-JSON, ...)
-    │   └── PayloadTooLarge     the canonical payload exceeds the configured limit
+    │   ├── PayloadTooLarge     the canonical payload exceeds the configured limit
+    │   └── FanoutTooLarge      an event would make more intents than the configured limit
     ├── NotFound                no such intent, destination or token
     ├── UnknownDestination      enqueue named a destination that is not registered
     ├── IntentConflict          same scope and action_id, another destination or payload digest
@@ -20,10 +21,13 @@
     └── SecretsKeyError         the key sealing destination secrets is missing, wrong or unreadable
 
 Each subclass's docstring is its default message; raise with a specific one when it helps the
-user act (``UnknownDestination("destination 'billing' is not registered")``).
+user act (``UnknownDestination("destination 'billing' is not registered")``). An error that
+carries figures the caller may act on gives them in ``details`` too (an API problem's fields).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class OutboxError(Exception):
@@ -36,6 +40,10 @@ class OutboxError(Exception):
     def message(self) -> str:
         return str(self.args[0])
 
+    def details(self) -> dict[str, Any]:
+        """What the error says beside its message, by name (none unless a subclass says)."""
+        return {}
+
 
 class InvalidInput(OutboxError):
     """The input is not valid."""
@@ -43,6 +51,18 @@ class InvalidInput(OutboxError):
 
 class PayloadTooLarge(InvalidInput):
     """The payload is larger than the configured limit."""
+
+
+class FanoutTooLarge(InvalidInput):
+    """The event would fan out to more destinations than the configured limit allows."""
+
+    def __init__(self, message: str | None = None, *, fanout: int = 0, max_fanout: int = 0) -> None:
+        super().__init__(message)
+        self.fanout = fanout  # the destinations it would have made an intent for
+        self.max_fanout = max_fanout
+
+    def details(self) -> dict[str, Any]:
+        return {"fanout": self.fanout, "max_fanout": self.max_fanout}
 
 
 class NotFound(OutboxError):

@@ -44,14 +44,15 @@ class NewEvent:
         """``scope/event_id``."""
         return intent_key(self.scope, self.event_id)
 
-    def intent_for(self, destination: str) -> tuple[NewIntent, Event]:
-        """The intent this event makes for ``destination``, and its first history entry."""
+    def intent_for(self, destination: str, seq: int | None = None) -> tuple[NewIntent, Event]:
+        """The intent this event makes for ``destination``, and its first history entry; ``seq``:
+        the event as recorded, whose stored payload the intent then sends (``payload_event``)."""
         new = NewIntent(
             action_id=action_id_for(self.event_id, destination), scope=self.scope, destination=destination,
             payload_json=self.payload_json, payload_digest=self.payload_digest, max_attempts=self.max_attempts,
             next_attempt_at=self.next_attempt_at, not_before=self.not_before, expires_at=self.expires_at,
             created_at=self.created_at, ordering_key=self.ordering_key, event_id=self.event_id,
-            trace_context=self.trace_context)
+            trace_context=self.trace_context, payload_event=seq)
         return new, Event(kind=EventKind.ENQUEUED, at=self.created_at, actor=self.actor,
                           reason=f"event {self.event_id} ({self.topic})", data={"event_id": self.event_id})
 

@@ -45,13 +45,19 @@ class Metrics:
         self.intents_fanned_out = Counter("outbox_intents_fanned_out_total",
                                           "Intents made by events' fan-outs and operators' deliveries of events.",
                                           registry=r)
+        self.fanout_refused = Counter("outbox_fanout_refused_total",
+                                      "Events refused, nothing recorded, because they would fan out to more "
+                                      "destinations than max_fanout (OUTBOX_MAX_FANOUT) allows.", registry=r)
 
-    def published(self, created: int, intents: int) -> None:
-        """Count ``created`` events recorded and ``intents`` intents they (or a delivery) made."""
+    def published(self, created: int, intents: int, refused: int = 0) -> None:
+        """Count ``created`` events recorded, ``intents`` intents they (or a delivery) made, and
+        ``refused`` events refused for their fan-out."""
         if created:
             self.events_published.inc(created)
         if intents:
             self.intents_fanned_out.inc(intents)
+        if refused:
+            self.fanout_refused.inc(refused)
 
     async def render(self, store: Store, now: datetime) -> bytes:
         """Refresh the backlog gauges from the store, then the exposition text."""

@@ -144,6 +144,9 @@ class NewIntent:
     ordering_key: str | None = None
     event_id: str | None = None  # the event it delivers, if any
     trace_context: str | None = None  # its create span's W3C context, as JSON (``outbox.tracing``)
+    #: The recorded event (its seq) whose stored payload this intent sends, rather than a copy of
+    #: its own: set by a store as it makes an event's intents (``NewEvent.intent_for``).
+    payload_event: int | None = None
 
     @property
     def key(self) -> str:

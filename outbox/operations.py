@@ -29,6 +29,7 @@ from .model import (
 from .outbox import Outbox
 from .shapes import MAX_APPROVAL_SECONDS, Resolution
 from .store import IntentQuery
+from .timestamps import later
 
 #: Asks the authority provider about an intent now; returns why it is denied, or None.
 Authorize = Callable[[Intent], Awaitable[str | None]]
@@ -156,7 +157,7 @@ async def approve(
     if not 0 < valid_seconds <= MAX_APPROVAL_SECONDS:
         raise InvalidInput("an approval lasts between 1 second and 30 days")
     now = box.clock.now()
-    until = now + timedelta(seconds=valid_seconds)
+    until = later(now, valid_seconds)
     approved = await _made(box, intent, actor, Approve(
         intent.key, payload_digest, until, actor.name, now,
         (Event(EventKind.APPROVED, now, actor.name, actor.reason,
@@ -244,7 +245,7 @@ async def prune(box: Outbox, *, older_than: timedelta, dry_run: bool) -> list[st
     """Delete delivered and cancelled intents finished more than ``older_than`` ago (dead and
     unknown intents stay until an operator acts on them); returns their action_ids. Deletes
     ``PRUNE_BATCH`` at a time, each batch its own transaction, until none is left."""
-    before = box.clock.now() - older_than
+    before = later(box.clock.now(), -older_than.total_seconds())
     if dry_run:
         return await box.store.prune(before, dry_run=True, limit=None)
     gone: list[str] = []

@@ -19,6 +19,7 @@ import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Unpack
 
 from . import channels, keyring, timestamps
@@ -52,7 +53,7 @@ from .settings import Settings
 from .shapes import WaitingBehind
 from .signals import Signal
 from .store import History, IntentQuery, Page, SharesClock, Store, SupportsListener, Transaction, store_for_url
-from .tokens import TokenInfo, hash_token, new_token
+from .tokens import SESSIONS_PER_TOKEN, ConsoleSession, TokenInfo, hash_token, new_session_id, new_token
 
 log = logging.getLogger("outbox")
 
@@ -428,11 +429,12 @@ class Outbox(Publishing):
         log.info("token %s (%s) created by %s", info.id, role.value, actor)
         return token, info
 
-    async def authenticate(self, token: str) -> TokenInfo | None:
+    async def authenticate(self, token: str, *, cached: bool = True) -> TokenInfo | None:
         """The active token this bearer string is, or None.
 
         A valid token is remembered for ``token_cache_seconds``, so a revocation made elsewhere
-        takes effect within that time (at once with 0); unknown tokens are never remembered.
+        takes effect within that time (at once with 0, or when not ``cached``: the console's
+        sign-in, which opens a session for hours, asks the store); unknown tokens are never remembered.
         The cache is a dict of (time read, token), emptied whole at 10,000 entries or on any
         revocation here: no installed library offers a TTL cache (cachetools is not a
         dependency), and this one needs no eviction order, since a token is cheap to read again.
@@ -440,9 +442,9 @@ class Outbox(Publishing):
         token_hash = hash_token(token)
         ttl = self.settings.token_cache_seconds
         now = time.monotonic()
-        cached = self._tokens.get(token_hash)
-        if cached is not None and now - cached[0] < ttl:
-            return cached[1]
+        known = self._tokens.get(token_hash) if cached else None
+        if known is not None and now - known[0] < ttl:
+            return known[1]
         info = await self.store.token_by_hash(token_hash)
         if info is None:
             self._tokens.pop(token_hash, None)
@@ -465,6 +467,28 @@ class Outbox(Publishing):
         self._tokens.clear()
         log.info("token %s (%s) revoked by %s", info.id, info.role.value, actor)
         return info
+
+    async def open_console_session(self, token: TokenInfo) -> str:
+        """A new console sign-in with the active ``token``: its session id, returned here only
+        (the store keeps its hash). It lasts ``console_session_seconds`` at most, ends sooner
+        when closed or when the token is revoked, and the token's oldest session ends once it
+        holds more than ``SESSIONS_PER_TOKEN``."""
+        now = self.clock.now()
+        session_id = new_session_id()
+        session = ConsoleSession(hash_token(session_id), token.id, now,
+                                 now + timedelta(seconds=self.settings.console_session_seconds))
+        await self.store.open_console_session(session, keep=SESSIONS_PER_TOKEN)
+        log.info("console session opened with token %s (%s)", token.id, token.role.value)
+        return session_id
+
+    async def console_session(self, session_id: str) -> TokenInfo | None:
+        """The token a console session was opened with, while the session is open and the
+        token active (read from the store every time: a revocation elsewhere ends it at once)."""
+        return await self.store.console_session(hash_token(session_id), self.clock.now())
+
+    async def close_console_session(self, session_id: str) -> None:
+        """End a console session (signing out); an unknown one is already ended."""
+        await self.store.close_console_session(hash_token(session_id))
 
 
 class OutboxTransaction(PublishingTransaction):

@@ -58,6 +58,7 @@ class Problem(Exception):
 #: How the outbox's own errors are answered: status, type, title.
 _ANSWERS: list[tuple[type[errors.OutboxError], int, str, str]] = [
     (errors.PayloadTooLarge, 413, "payload-too-large", "Payload too large"),
+    (errors.FanoutTooLarge, 422, "fanout-too-large", "Fan-out over the limit"),
     (errors.InvalidInput, 422, "invalid-input", "Invalid input"),
     (errors.NotFound, 404, "not-found", "Not found"),
     (errors.UnknownDestination, 422, "unknown-destination", "Unknown destination"),
@@ -76,9 +77,9 @@ _ANSWERS: list[tuple[type[errors.OutboxError], int, str, str]] = [
 
 
 def from_error(exc: errors.OutboxError) -> Problem:
-    """The problem an outbox error is answered with."""
+    """The problem an outbox error is answered with (its ``details`` as the problem's fields)."""
     for cls, status, kind, title in _ANSWERS:
         if isinstance(exc, cls):
             headers = {"Retry-After": "1"} if status == 503 else None
-            return Problem(status, kind, title, exc.message, headers=headers)
+            return Problem(status, kind, title, exc.message, headers=headers, **exc.details())
     return Problem(500, "internal", "Internal error", exc.message)

@@ -85,11 +85,13 @@ class Producer(_Base):
 
     def publish(self, connection: Any, /, **event: Unpack[EventFields]) -> Published:
         """Record an event in ``connection``'s transaction, with one intent per destination
-        subscribed to its topic (durable when it commits); the fields are ``Outbox.publish``'s."""
+        subscribed to its topic (durable when it commits); the fields are ``Outbox.publish``'s. An
+        event that would make more intents than ``max_fanout`` raises FanoutTooLarge."""
         new = self.intake.event(**event)
         bound = bind(connection)
         with bound.unavailable():
-            return bound.run(steps.publish(bound.dialect, new, self.intake.granted_only))
+            return bound.run(steps.publish(bound.dialect, new, self.intake.granted_only,
+                                           self.intake.settings.max_fanout))
 
 
 class AsyncProducer(_Base):
@@ -125,7 +127,8 @@ class AsyncProducer(_Base):
         new = self.intake.event(**event)
         bound = await bind_async(connection)
         with bound.unavailable():
-            return await bound.run_async(steps.publish(bound.dialect, new, self.intake.granted_only))
+            return await bound.run_async(steps.publish(bound.dialect, new, self.intake.granted_only,
+                                           self.intake.settings.max_fanout))
 
 
 def _accepted(results: list[Enqueued | OutboxError]) -> bool:

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any, Unpack
 
 from .cursor import MAX_PAGE
-from .errors import AmbiguousActionId, InvalidInput, NotFound, OutboxError
+from .errors import AmbiguousActionId, FanoutTooLarge, InvalidInput, NotFound, OutboxError
 from .events import EventPage, EventQuery, NewEvent, Published, StoredEvent
 from .ids import SCOPE, check, intent_key
 from .intake import EventFields, Intake
@@ -53,14 +53,21 @@ class Publishing:
         """Record an event and, in the same commit, one intent per destination subscribed to its
         topic for its scope (``Store.publish``); returns once it survives power loss. The same
         scope, event_id, topic, payload and ordering_key again returns the event as recorded
-        (``created=False``); anything else under that scope and event_id raises IntentConflict."""
-        result = await self.store.publish(self.prepare_event(**event), granted_only=self.granted_only)
+        (``created=False``); anything else under that scope and event_id raises IntentConflict. A new
+        event that would make more intents than ``settings.max_fanout`` raises FanoutTooLarge."""
+        try:
+            result = await self.store.publish(self.prepare_event(**event), granted_only=self.granted_only,
+                                              max_fanout=self.settings.max_fanout)
+        except FanoutTooLarge:
+            self._published([], refused=1)
+            raise
         self._published([result])
         return result
 
     async def publish_each(self, events: Iterable[Mapping[str, Any]]) -> list[Published | OutboxError]:
         """Publish several events in one transaction (one fsync), each on its own: an event refused
-        (invalid, conflicting) stands as its error in its place and the others are recorded."""
+        (invalid, conflicting, past ``settings.max_fanout``) stands as its error in its place and the
+        others are recorded."""
         results: list[Published | OutboxError | None] = []
         prepared: list[NewEvent] = []
         for event in events:
@@ -69,9 +76,11 @@ class Publishing:
                 results.append(None)
             except InvalidInput as exc:
                 results.append(exc)
-        stored = iter(await self.store.publish_each(prepared, granted_only=self.granted_only) if prepared else [])
+        stored = iter(await self.store.publish_each(prepared, granted_only=self.granted_only,
+                                                    max_fanout=self.settings.max_fanout) if prepared else [])
         done = [next(stored) if result is None else result for result in results]
-        self._published([r for r in done if isinstance(r, Published)])
+        self._published([r for r in done if isinstance(r, Published)],
+                        refused=sum(isinstance(r, FanoutTooLarge) for r in done))
         return done
 
     async def get_event(self, event_id: str, *, scope: str | None = None,
@@ -123,11 +132,12 @@ class Publishing:
         self._published([], intents=int(result[0].created))
         return result
 
-    def _published(self, results: Sequence[Published], intents: int = 0) -> None:
-        """Count what publishing recorded, and wake an embedded worker if it made intents."""
+    def _published(self, results: Sequence[Published], intents: int = 0, refused: int = 0) -> None:
+        """Count what publishing recorded (and ``refused`` events past ``max_fanout``), and wake an
+        embedded worker if it made intents."""
         created = [r for r in results if r.created]
         intents += sum(1 for r in created for d in r.event.fanout if d.status is not None)
-        self.metrics.published(len(created), intents)
+        self.metrics.published(len(created), intents, refused)
         if intents:
             self.enqueued.notify()
 
@@ -141,4 +151,9 @@ class PublishingTransaction:
     async def publish(self, **event: Unpack[EventFields]) -> Published:
         """As ``Outbox.publish``; durable when the transaction commits."""
         outbox = self._outbox
-        return await self._tx.publish(outbox.prepare_event(**event), granted_only=outbox.granted_only)
+        try:
+            return await self._tx.publish(outbox.prepare_event(**event), granted_only=outbox.granted_only,
+                                          max_fanout=outbox.settings.max_fanout)
+        except FanoutTooLarge:
+            outbox.metrics.published(0, 0, refused=1)
+            raise

@@ -4,7 +4,9 @@ sender, which builds on the outbox. Operators' replays ask the configured author
 process and event loop as the API, on its outbox.
 
 Serve it under your own ASGI server as ``outbox.service:create_service`` (a factory); call
-``outbox.api.begin_shutdown(app)`` from the server's exit handler, as ``outbox serve`` does.
+``outbox.api.begin_shutdown(app)`` from the server's exit handler, as ``outbox serve`` does, and
+give the server what ``listening`` gives uvicorn: whether it speaks TLS and which proxies it
+believes about the scheme, since the console's cookies are ``Secure`` by the scheme it reports.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -35,6 +38,19 @@ def create_service(settings: Settings | None = None, *, outbox: Outbox | None = 
     settings = settings or (outbox.settings if outbox else Settings())
     return create_app(settings, outbox=outbox, probes_only=probes_only, authorizer=authorizer,
                       companions=[embedded_sender] if settings.worker else [])
+
+
+def listening(settings: Settings) -> dict[str, Any]:
+    """uvicorn's options for how ``outbox serve`` takes connections: HTTPS with the certificate
+    and key files when ``tls_certfile`` is set, and the ``X-Forwarded-Proto``/``-For`` of the
+    peers ``forwarded_allow_ips`` names, only with ``proxy_headers`` (uvicorn's own default would
+    trust loopback, or ``$FORWARDED_ALLOW_IPS``, whatever the settings say)."""
+    options: dict[str, Any] = {"proxy_headers": settings.proxy_headers,
+                               "forwarded_allow_ips": settings.forwarded_allow_ips}
+    if settings.tls_certfile is not None:
+        options |= {"ssl_certfile": str(settings.tls_certfile),
+                    "ssl_keyfile": None if settings.tls_keyfile is None else str(settings.tls_keyfile)}
+    return options
 
 
 @asynccontextmanager

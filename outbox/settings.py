@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -35,12 +36,42 @@ class Settings(BaseSettings):
     )
     host: str = Field(default="127.0.0.1", description="address `outbox serve` listens on")
     port: int = Field(default=8080, ge=0, le=65535, description="port `outbox serve` listens on")
+    tls_certfile: Path | None = Field(
+        default=None,
+        description="`outbox serve` speaks HTTPS itself with this PEM certificate chain (and the key, unless "
+                    "tls_keyfile names it); unset: plain HTTP, for a TLS proxy in front",
+    )
+    tls_keyfile: Path | None = Field(
+        default=None, description="the PEM private key (unencrypted) of tls_certfile, when that file does not hold it",
+    )
+    proxy_headers: bool = Field(
+        default=False,
+        description="`outbox serve` takes X-Forwarded-Proto and X-Forwarded-For from the peers forwarded_allow_ips "
+                    "names (a TLS proxy in front); off: from nobody",
+    )
+    forwarded_allow_ips: str = Field(
+        default="127.0.0.1,::1",
+        description="with proxy_headers, the proxies trusted: addresses and networks, comma-separated "
+                    "(10.0.0.0/8), or * for any peer",
+    )
+    console_session_seconds: float = Field(
+        default=8 * 3600, ge=60, le=7 * 86_400,
+        description="how long a console sign-in lasts (at most 7 days); signing out, or revoking its token, "
+                    "ends it sooner",
+    )
     max_payload_bytes: int = Field(
         default=1024 * 1024, ge=1, description="largest accepted payload (canonical JSON bytes)"
     )
     max_batch_bytes: int = Field(
         default=64 * 1024 * 1024, ge=1,
-        description="largest accepted body of POST /v1/intents:batch (each payload is held to max_payload_bytes too)",
+        description="largest accepted body of a batch, POST /v1/intents:batch or /v1/events:batch (each payload "
+                    "is held to max_payload_bytes too, in its item's place)",
+    )
+    max_fanout: int = Field(
+        default=100, ge=1, le=10_000,
+        description="most intents one event may make: the destinations subscribed to its topic that its scope may "
+                    "reach (one a channel would skip counts); an event past it is refused (422 fanout-too-large), "
+                    "nothing recorded",
     )
     default_max_attempts: int = Field(
         default=24, ge=1, le=1000, description="attempts before a dead letter, unless the intent says"
@@ -66,27 +97,31 @@ class Settings(BaseSettings):
         default=5, ge=0, description="sends in a row without an answer that pause a destination (0: never)"
     )
     circuit_pause_seconds: float = Field(
-        default=5.0, gt=0, description="a paused destination's first pause; each next one twice as long, up to 300 s"
+        default=5.0, gt=0, le=300,
+        description="a paused destination's first pause (at most 300 s); each next one twice as long, up to 300 s"
     )
     lease_seconds: float = Field(default=30.0, gt=0, le=86_400, description="how long a claim lasts unless renewed")
     poll_seconds: float = Field(
-        default=1.0, gt=0, description="longest a worker waits before looking for work again"
+        default=1.0, gt=0, le=3600, description="longest a worker waits before looking for work again (at most an hour)"
     )
     drain_seconds: float = Field(
-        default=10.0, ge=0, description="on SIGTERM, how long in-flight sends may finish"
+        default=10.0, ge=0, le=3600, description="on SIGTERM, how long in-flight sends may finish (at most an hour)"
     )
     authority: str = Field(
         default="grants",
         description="grants, allow-all, an http(s) policy URL, or python:module:function",
     )
     authority_seconds: float = Field(default=2.0, ge=0, description="longest a decision is cached")
-    backoff_initial_seconds: float = Field(default=1.0, gt=0, description="first retry delay")
+    backoff_initial_seconds: float = Field(
+        default=1.0, ge=0.001, le=30 * 86_400, description="first retry delay (1 ms to 30 days)")
     backoff_cap_seconds: float = Field(default=3600.0, gt=0, le=30 * 86_400, description="longest retry delay")
     retention_margin_seconds: float = Field(
-        default=300.0, ge=0, description="stop blind retries this long before a receiver forgets"
+        default=300.0, ge=0, le=90 * 86_400,
+        description="stop blind retries this long before a receiver forgets (at most 90 days, the longest retention)"
     )
     delivered_retention_seconds: float = Field(
-        default=7 * 86_400, gt=0, description="delivered and cancelled intents are pruned after this"
+        default=7 * 86_400, gt=0, le=100 * 365 * 86_400,
+        description="delivered and cancelled intents are pruned after this (at most 100 years)"
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info", description="debug, info, warning or error"
@@ -107,6 +142,29 @@ class Settings(BaseSettings):
             raise ValueError("the metrics token must be 16 to 256 visible ASCII characters, such as the output "
                              "of `openssl rand -hex 32`")
         return value
+
+    @field_validator("tls_keyfile")
+    @classmethod
+    def _key_of_a_certificate(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is not None and info.data.get("tls_certfile") is None:
+            raise ValueError("a TLS key needs its certificate: set tls_certfile too")
+        return value
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _addresses(cls, value: str) -> str:
+        """Each entry an address or a network, as uvicorn reads them; uvicorn would take a typo
+        for a name no peer has, silently trusting nobody."""
+        entries = [entry.strip() for entry in value.split(",")]
+        if entries == ["*"]:
+            return "*"
+        for entry in entries:
+            try:
+                ipaddress.ip_network(entry) if "/" in entry else ipaddress.ip_address(entry)
+            except ValueError:
+                raise ValueError(f"{entry!r} is not an IP address or network (name each proxy by its address, "
+                                 "a network as 10.0.0.0/8, comma-separated; or * for any peer)") from None
+        return ",".join(entries)
 
     @field_validator("log_level", "log_format", mode="before")
     @classmethod

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from .model import Intent as IntentRecord
     from .tokens import TokenInfo
 
-#: The most intents one batch may carry.
+#: The most items (intents, events) one batch may carry.
 MAX_BATCH = 500
 #: Where an intent's status is settled: a long poll need not ask again.
 SETTLED_STATUSES = frozenset(status.value for status in SETTLED)
@@ -144,13 +144,20 @@ class IntentIn(BaseModel):
     traceparent: str | None = Field(default=None, description=(
         "the producer's W3C trace context for this intent (a batch item's own); otherwise the request's "
         "traceparent header is taken; a malformed one is ignored"))
-    tracestate: str | None = Field(default=None, description="the W3C tracestate that goes with traceparent")
+    tracestate: str | None = Field(default=None, description=(
+        "the W3C tracestate that goes with traceparent; a malformed one is dropped (the traceparent still counts)"))
 
 
-class BatchIn(BaseModel):
-    """Intents to enqueue together: each is decided on its own, all in one durable commit."""
+class Batch(BaseModel):
+    """A batch route's body: 1 to MAX_BATCH items, each read and decided alone as the single route
+    reads one. Every route whose body is a Batch has the same limits (``routes.bodies``: up to
+    ``max_batch_bytes`` as a whole, each item's payload held to the single route's limits)."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+class BatchIn(Batch):
+    """Intents to enqueue together: each is decided on its own, all in one durable commit."""
 
     # each item is checked as IntentIn on its own, so that one bad item is its own answer
     intents: Annotated[list[Any], WithJsonSchema({
@@ -188,10 +195,8 @@ class EventIn(BaseModel):
     ordering_key: OrderingKey | None = Field(default=None, description="each intent's ordering_key")
 
 
-class EventBatchIn(BaseModel):
+class EventBatchIn(Batch):
     """Events to publish together: each is decided on its own, all in one durable commit."""
-
-    model_config = ConfigDict(extra="forbid")
 
     # each item is checked as EventIn on its own, so that one bad item is its own answer
     events: Annotated[list[Any], WithJsonSchema({
@@ -387,7 +392,9 @@ class Destination(BaseModel):
 
     id: str
     channel: str
-    signing_secrets: int = Field(description="how many signing secrets it has (never the secrets)")
+    signing_secrets: int = Field(description=(
+        "how many signing secrets it has (whsec_, for a rotation several; an SMTP or SASL password is not one), "
+        "never the secrets"))
     idempotent: bool
     retention_seconds: int
     on_unknown: OnUnknown
@@ -409,6 +416,10 @@ class Destination(BaseModel):
     max_in_flight: int | None
     paused_until: AwareDatetime | None = Field(
         description="until when a receiver's 429 or 503 with Retry-After paused sending to it (null: not paused)")
+    unusable: str | None = Field(default=None, description=(
+        "null, unless some of its stored settings are ones the API refuses (a row written by hand, or kept from a "
+        "release that took them): which, each shown as the nearest value it takes; the sender sends it nothing "
+        "(its intents wait, pending) until it is put again"))
 
 
 class DestinationList(BaseModel):
@@ -618,17 +629,18 @@ def history_json(history: HasHistory) -> dict[str, Any]:
     }
 
 
-def destination_json(destination: DestinationRecord) -> dict[str, Any]:
-    """A destination as the API and CLI show it: everything but the secrets."""
+def destination_json(destination: DestinationRecord, *, signing_secrets: int) -> dict[str, Any]:
+    """A destination as the API and CLI show it: everything but the secrets, of which it has
+    ``signing_secrets`` that sign (an SMTP or SASL password is a secret that does not)."""
     d = destination
     return Destination.model_construct(
-        id=d.id, channel=d.channel, signing_secrets=len(d.secrets), idempotent=d.idempotent,
+        id=d.id, channel=d.channel, signing_secrets=signing_secrets, idempotent=d.idempotent,
         retention_seconds=d.retention_seconds, on_unknown=d.on_unknown, timeout_seconds=d.timeout_seconds,
         requires_approval=d.requires_approval, allow_private_network=d.allow_private_network, disabled=d.disabled,
         reconcile=d.reconcile, ordering=d.ordering, ordering_on_dead=d.ordering_on_dead,
         retry_schedule=None if d.retry_schedule is None else list(d.retry_schedule), max_age_seconds=d.max_age_seconds,
         created_at=d.created_at, updated_at=d.updated_at, rate_limit=d.rate_limit, max_in_flight=d.max_in_flight,
-        paused_until=d.paused_until,
+        paused_until=d.paused_until, unusable=d.unusable,
         subscriptions=[Subscription.model_construct(**s.json()) for s in d.subscriptions], **d.settings,
     ).model_dump(mode="json")
 

@@ -8,6 +8,12 @@ what is read back must be a datetime), and the sender adds up to ``HEADROOM`` to
 reached (a lease, a backoff up to its cap, an approval's validity, a receiver's retention). An
 intent's ``not_before`` at ``LATEST`` is still claimed, leased, retried and expired without
 overflowing; one later would have been stored, then failed every read of it.
+
+A time the outbox computes (a retry's, a lease's expiry, a pause's end, a deadline, when a rate
+limit lets the next send go) is made by ``later``, the one place such a sum is made: past the
+first or the last time a datetime can hold it is that time (``FIRST``, ``LAST``), never an
+OverflowError, so a setting or a stored value that would take it further costs its own intent or
+destination a wait, never the cycle that computes it for every destination.
 """
 
 from __future__ import annotations
@@ -25,14 +31,37 @@ from .errors import InvalidInput
 #: RFC 3339's date-time (section 5.6): ``T`` or a space between date and time, an optional
 #: fraction, and an offset that is ``Z`` or ``+HH:MM``/``-HH:MM``. Applied with ``fullmatch``.
 FORM = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})", re.ASCII)
+#: The first and the last time a datetime can hold (UTC): what a stored time beyond them is read as,
+#: and what ``later`` keeps a computed time between.
+FIRST = datetime.min.replace(tzinfo=UTC)
+LAST = datetime.max.replace(tzinfo=UTC)
+#: Where epoch seconds count from.
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: The earliest time a client may give (UTC).
 EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
 #: The latest time a client may give (UTC): a year before the last a datetime can hold.
 LATEST = datetime(9998, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC)
 #: What the sender may add to a time it has reached; the settings and fields it adds are
 #: bounded to fit (lease 1 day, backoff cap 30 days, approval 30 days, retention 90 days).
-HEADROOM: timedelta = datetime.max.replace(tzinfo=UTC) - LATEST
+HEADROOM: timedelta = LAST - LATEST
 EXAMPLE = "such as 2030-01-01T09:00:00Z or 2030-01-01T10:00:00.5+01:00"
+
+
+def later(at: datetime, seconds: float) -> datetime:
+    """``at`` plus ``seconds`` (negative: earlier), kept between ``FIRST`` and ``LAST``: a sum past
+    either is that time, and ``seconds`` that is not a number adds nothing."""
+    if seconds != seconds:  # NaN
+        return at
+    try:
+        return at + timedelta(seconds=seconds)
+    except OverflowError:  # (timedelta's own range, or the datetime's)
+        return LAST if seconds > 0 else FIRST
+
+
+def from_epoch(seconds: float) -> datetime:
+    """Epoch seconds (a database's answer) as a UTC datetime, kept between ``FIRST`` and ``LAST``
+    as ``later`` keeps it (``datetime.fromtimestamp`` raises past year 9999)."""
+    return later(EPOCH, seconds)
 
 
 def read(value: object) -> datetime:

@@ -1,4 +1,5 @@
-"""API tokens: roles, scopes, and hashing (only a token's hash is ever stored)."""
+"""API tokens: roles, scopes, and hashing (only a token's hash is ever stored), and the console
+sessions opened with them (only a session id's hash is stored too)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,27 @@ def new_token() -> tuple[str, str]:
 def hash_token(token: str) -> str:
     """The stored form of a token. Tokens carry 256 random bits, so a fast hash suffices."""
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+#: The most console sessions one token holds at once: its next sign-in ends the oldest.
+SESSIONS_PER_TOKEN = 20
+
+
+def new_session_id() -> str:
+    """A fresh console session id (256 random bits): the cookie's value, stored only hashed
+    (``hash_token``), never an API credential."""
+    return secrets.token_urlsafe(32)
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleSession:
+    """A console sign-in as stored: the hash of its id, the token it was opened with, and when it
+    ends. It is good only while unexpired and while that token is not revoked."""
+
+    id_hash: str
+    token_id: str
+    created_at: datetime
+    expires_at: datetime
 
 
 class TokenSpec(BaseModel):

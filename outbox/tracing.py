@@ -6,7 +6,10 @@ still carries its parent's context: a producer's ``traceparent`` reaches the rec
 same. An intent keeps the context of its ``create`` span (``traceparent`` and ``tracestate``,
 as JSON), so each attempt's ``send`` span, made later by whichever worker, is its child.
 Propagation is the API's W3C propagator, never hand parsing: a malformed ``traceparent`` is
-dropped (stored as none), never an error.
+dropped (stored as none), never an error. What a producer sent is first checked whole against
+the W3C grammar (``TRACEPARENT``, ``TRACESTATE_MEMBER``), so the propagator only ever reads a
+well-formed value: a malformed ``tracestate`` is dropped with no word said (the propagator would
+log a warning quoting it, and it came from outside), and the ``traceparent`` still counts.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -31,13 +35,41 @@ TRACER = trace.get_tracer("outbox")
 FIELDS = ("traceparent", "tracestate")
 _W3C = TraceContextTextMapPropagator()
 
+#: A ``traceparent`` (W3C Trace Context, section 3.2): version 00 exactly, a later one (not ff)
+#: with what it may add after a dash.
+TRACEPARENT = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}"
+                         r"|(?!ff)[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(?:-[\x21-\x7e]*)?")
+#: One ``tracestate`` list member (section 3.3.1): a simple or multi-tenant key, ``=``, a value.
+TRACESTATE_MEMBER = re.compile(r"(?:[a-z][a-z0-9_\-*/]{0,255}|[a-z0-9][a-z0-9_\-*/]{0,240}@[a-z][a-z0-9_\-*/]{0,13})"
+                               r"=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]")
+#: The most list members a ``tracestate`` has (section 3.3.1.1).
+TRACESTATE_MEMBERS = 32
+#: The longest ``tracestate`` read (the propagator's own bound, past which it drops one).
+TRACESTATE_LENGTH = 8192
+
+
+def well_formed_state(value: str) -> bool:
+    """Whether ``value`` is a W3C ``tracestate``: at most 32 list members, each one by the grammar
+    (empty ones allowed, as optional whitespace around the commas), no key twice."""
+    if len(value) > TRACESTATE_LENGTH:
+        return False
+    members = [member for part in value.split(",") if (member := part.strip(" \t"))]
+    keys = {member.partition("=")[0] for member in members}
+    return (len(members) <= TRACESTATE_MEMBERS and len(keys) == len(members)
+            and all(TRACESTATE_MEMBER.fullmatch(member) for member in members))
+
 
 def parsed(carrier: Mapping[str, str] | None) -> Context | None:
-    """The context of a valid W3C ``traceparent`` (with its ``tracestate``) in ``carrier``, or
-    None when it is absent or malformed."""
-    if not carrier:
+    """The context of a valid W3C ``traceparent`` (with its ``tracestate``, when that is
+    well formed) in ``carrier``, or None when it is absent or malformed."""
+    if not carrier or (parent := carrier.get("traceparent")) is None:
         return None
-    context = _W3C.extract(carrier)
+    if not TRACEPARENT.fullmatch(parent := parent.strip(" \t")):
+        return None
+    checked = {"traceparent": parent}
+    if (state := carrier.get("tracestate")) is not None and well_formed_state(state):
+        checked["tracestate"] = state
+    context = _W3C.extract(checked)
     return context if trace.get_current_span(context).get_span_context().is_valid else None
 
 
@@ -54,9 +86,11 @@ def restored(stored: str | None) -> Context | None:
     return parsed(json.loads(stored)) if stored else None
 
 
-def traceparent(intent: Any) -> str | None:
-    """The ``traceparent`` an intent keeps (its create span's), as the console shows it, or None."""
-    return str(json.loads(intent.trace_context)["traceparent"]) if intent.trace_context else None
+def kept(intent: Any) -> dict[str, str]:
+    """The trace context an intent keeps (its create span's ``traceparent``, and ``tracestate``
+    when there is one), as the console shows it; empty when it keeps none."""
+    return {name: str(value) for name, value in json.loads(intent.trace_context).items()
+            if name in FIELDS} if intent.trace_context else {}
 
 
 def link_to(stored: str | None) -> list[Link]:

@@ -1,16 +1,14 @@
 """HTTP details the API and the console share: the methods a path allows, ``HEAD`` wherever
 ``GET`` works, and the headers that keep the console's pages from being framed, leaking their
-URLs or running injected code."""
+URLs or running injected code (``console.Guard`` sends them with every answer under ``/console``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import fastapi.routing
 from fastapi import Request
-from fastapi.routing import APIRoute
-from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -75,23 +73,3 @@ class Head:
             await send(message)
 
         await self.app(as_get, receive, headers_only)
-
-
-class ConsoleRoute(APIRoute):
-    """A console route: its answers carry ``CONSOLE_HEADERS``."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handle = super().get_route_handler()
-
-        async def hardened(request: Request) -> Response:
-            response = await handle(request)
-            response.headers.update(CONSOLE_HEADERS)
-            return response
-
-        return hardened
-
-
-def secure_cookie(request: Request) -> bool:
-    """Whether a cookie set in answer to ``request`` must be ``Secure``: it came over TLS (as
-    the server saw it, including a proxy's ``X-Forwarded-Proto`` that uvicorn trusts)."""
-    return request.url.scheme == "https"

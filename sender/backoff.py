@@ -3,6 +3,7 @@ capped at an hour, Retry-After honoured."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,9 +40,17 @@ class Backoff:
             state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
             state.attempt_number = max(1, tries)
             computed = min(self._strategy(state), self.cap_seconds)  # type: ignore[attr-defined]
-        if retry_after is not None:
-            computed = max(computed, min(retry_after, self.cap_seconds))
+        if (asked := honoured(retry_after, self.cap_seconds)) is not None:
+            computed = max(computed, asked)
         return computed
+
+
+def honoured(retry_after: float | None, cap_seconds: float) -> float | None:
+    """The part of a receiver's Retry-After that is honoured: from 0 to the cap (None: there was
+    none, or it is not a number)."""
+    if retry_after is None or math.isnan(retry_after):
+        return None
+    return min(max(retry_after, 0.0), cap_seconds)
 
 
 def exhausted(schedule: Sequence[float] | None, attempts_made: int) -> bool:

@@ -13,11 +13,12 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from outbox import Destination, Event, EventKind, Intent, Outbox, SecretsKeyError, Status, StoreUnavailable
 from outbox.destinations import deadline
 from outbox.model import Hold
+from outbox.timestamps import later
 
 from .authority import AuthorityRequest, CachedAuthority, Decision, Verdict
 from .circuit import Circuits
@@ -29,7 +30,8 @@ log = logging.getLogger("outbox.sender")
 
 #: How long a destination record is reused before it is read again.
 DESTINATION_CACHE_SECONDS = 2.0
-#: A disabled or missing destination's intents are looked at again after this long.
+#: The intents of a destination disabled, missing or holding settings the outbox does not take
+#: (``Destination.unusable``) are looked at again after this long, or longer.
 PARKED_SECONDS = 60.0
 
 
@@ -89,12 +91,13 @@ class Checks:
             destination = self.destinations.cached(intent.destination)
             if isinstance(destination, Unread):
                 return None
-        if destination is None or destination.disabled:
-            why = "is not registered" if destination is None else "is disabled"
+        if destination is None or destination.disabled or destination.unusable:
+            why = ("is not registered" if destination is None else "is disabled" if destination.disabled
+                   else f"holds {destination.unusable}")
             # parked, looking again less often the longer it stays so
             wait = max(PARKED_SECONDS, self.policy.backoff.delay(_claims(intent)))
             return self.outcomes.release(intent, f"destination {intent.destination!r} {why}",
-                                         now + timedelta(seconds=wait), applied=functools.partial(
+                                         later(now, wait), applied=functools.partial(
                                              log.info, "not sent: destination %s; parked for %.0fs", why, wait,
                                              extra=log_fields(intent, None, self.worker)))
         if (ends := deadline(intent, destination)) is not None and now >= ends.at:
@@ -124,7 +127,7 @@ class Checks:
         if decision.verdict is Verdict.UNAVAILABLE:
             wait = self.policy.backoff.delay(_claims(intent))  # backs off over repeated outages
             return self.outcomes.release(
-                intent, decision.reason, self.clock.now() + timedelta(seconds=wait), extra=[checked],
+                intent, decision.reason, later(self.clock.now(), wait), extra=[checked],
                 applied=functools.partial(log.warning, "not sent: authority unavailable (%s); again in %.0fs",
                                           decision.reason, wait, extra=log_fields(intent, None, self.worker)))
         self.outbox.metrics.authority_denials.inc()
@@ -139,7 +142,7 @@ class Checks:
             if isinstance(lease.destination, Unread):
                 lease.destination = await self.destinations.get(intent.destination)
             destination, now = lease.destination, self.clock.now()
-            if (destination is not None and not destination.disabled
+            if (destination is not None and not destination.disabled and not destination.unusable
                     and ((ends := deadline(intent, destination)) is None or now < ends.at)
                     and not (destination.requires_approval and approval_refusal(intent, now))):
                 lease.decision = await self.authority.check(_request(intent))
@@ -148,13 +151,18 @@ class Checks:
             lease.not_before = time.monotonic() + self.outbox.settings.poll_seconds
             log.warning("checks before the attempt wait: %s", exc, extra=log_fields(intent, None, self.worker))
         except Exception as exc:
-            if isinstance(exc, SecretsKeyError):  # "not this key": a line
-                log.warning("delivery interrupted: %s", exc, extra=log_fields(intent, None, self.worker))
-            else:
-                log.exception("delivery failed unexpectedly", extra=log_fields(intent, None, self.worker))
-            retry = self.clock.now() + timedelta(seconds=self.policy.backoff.delay(_claims(intent)))
-            return self.outcomes.release(intent, f"{type(exc).__name__}: {exc} before an attempt started", retry)
+            return self.failed(intent, exc)
         return None
+
+    def failed(self, intent: Intent, exc: Exception) -> Entry:
+        """The entry that gives back a lease whose checks failed with ``exc`` (nothing sent), due
+        again after a backoff: one intent's fault, never its cycle's."""
+        if isinstance(exc, SecretsKeyError):  # "not this key": a line
+            log.warning("delivery interrupted: %s", exc, extra=log_fields(intent, None, self.worker))
+        else:
+            log.exception("delivery failed unexpectedly", extra=log_fields(intent, None, self.worker))
+        retry = later(self.clock.now(), self.policy.backoff.delay(_claims(intent)))
+        return self.outcomes.release(intent, f"{type(exc).__name__}: {exc} before an attempt started", retry)
 
     def _set_aside(self, intent: Intent) -> Entry:
         """Dead-letter an intent whose stored times cannot be read (``Intent.unreadable``), before

@@ -16,10 +16,11 @@ import logging
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from outbox import Destination, Outcome
+from outbox.timestamps import later
 
 from .channel import SendResult
 
@@ -35,7 +36,8 @@ class Circuit:
     probe_at: datetime | None = None  # when the pause was over and one send went to find out
 
     def pause_seconds(self, first: float, longest: float) -> float:
-        return min(longest, first * 2 ** max(0, self.pauses - 1))
+        # (the doublings capped: after a thousand pauses in a row 2 ** pauses is too large for a float)
+        return min(longest, first * 2 ** min(max(0, self.pauses - 1), 64))
 
 
 class Circuits:
@@ -61,12 +63,12 @@ class Circuits:
         if circuit is None or circuit.until is None:
             return None
         pause = circuit.pause_seconds(self.pause_seconds, self.max_pause_seconds)
-        probing = circuit.probe_at is not None and now < circuit.probe_at + timedelta(seconds=pause)
+        probing = circuit.probe_at is not None and now < later(circuit.probe_at, pause)
         if now >= circuit.until and not probing:  # (a probe that never sent expires with a pause)
             circuit.probe_at = now  # this send finds out whether it answers again
             return None
         resume = max(circuit.until, now)
-        due = resume + timedelta(seconds=random.uniform(0, pause))
+        due = later(resume, random.uniform(0, pause))
         return due, (f"destination {destination.id!r} is not answering ({circuit.failures} sends in a row "
                      f"got no answer); its sends are paused until {resume.isoformat()}")
 
@@ -102,6 +104,6 @@ class Circuits:
             return None
         circuit.pauses += 1
         pause = circuit.pause_seconds(self.pause_seconds, self.max_pause_seconds)
-        circuit.until = now + timedelta(seconds=pause)
+        circuit.until = later(now, pause)
         return logging.WARNING, (f"destination {destination.id!r} stopped answering ({circuit.failures} sends "
                                  f"in a row got no answer: {result.error}); its sends are paused for {pause:.0f}s")

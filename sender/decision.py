@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from outbox import Destination, EventKind, Intent, OnUnknown, Outcome, Status
 from outbox.destinations import deadline
+from outbox.timestamps import later
 
-from .backoff import Backoff, exhausted
+from .backoff import Backoff, exhausted, honoured
 from .channel import SendResult
 
 
@@ -39,9 +40,10 @@ def pause_until(result: SendResult, now: datetime, policy: Policy) -> datetime |
     """Until when a destination is paused for every worker: a receiver's 429 or 503 with
     Retry-After, the wait it asked for capped at the backoff cap. Without Retry-After (and on
     channels that have none: Kafka, email) only the intent backs off."""
-    if result.status_code not in SLOW_DOWN or result.retry_after is None:
+    if result.status_code not in SLOW_DOWN:
         return None
-    return now + timedelta(seconds=min(max(result.retry_after, 0.0), policy.backoff.cap_seconds))
+    asked = honoured(result.retry_after, policy.backoff.cap_seconds)
+    return None if asked is None else later(now, asked)
 
 
 def decide(
@@ -68,7 +70,7 @@ def decide(
     schedule, tries = destination.retry_schedule, attempts_made
     if schedule is not None:  # counted since the last replay, which starts it over
         tries = attempts_made - intent.replayed_after
-    due = now + timedelta(seconds=policy.backoff.delay(tries, result.retry_after, schedule))
+    due = later(now, policy.backoff.delay(tries, result.retry_after, schedule))
     why_not = _why_not_again(intent, destination, attempts_made, tries, due)
     if why_not and result.outcome is Outcome.UNKNOWN:
         # The last attempt may have taken effect: that is not a dead letter's "not delivered".
@@ -100,7 +102,7 @@ def _why_not_again(intent: Intent, destination: Destination, attempts_made: int,
 
 
 def _retention_end(destination: Destination, first: datetime, policy: Policy) -> datetime:
-    return first + timedelta(seconds=destination.retention_seconds - policy.retention_margin_seconds)
+    return later(first, destination.retention_seconds - policy.retention_margin_seconds)
 
 
 def _unknown_blocks_retry(

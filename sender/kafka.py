@@ -421,6 +421,6 @@ def _describe(exc: BaseException) -> str:
 
 CHANNEL = ChannelModule(
     name="kafka", spec=KafkaSpec, secret_form="a whsec_ secret to sign its records", new_secret=wire.new_secret,
-    keep_secrets=keep_secrets, open=lambda concurrency: KafkaChannel(),
+    keep_secrets=keep_secrets, signing=lambda secrets: _split(secrets)[0], open=lambda concurrency: KafkaChannel(),
     target=lambda settings: f"topic {settings['topic']} on {', '.join(settings['bootstrap_servers'])}",
 )

@@ -16,6 +16,7 @@ from outbox import Attempt, Destination, Intent, StoreUnavailable
 from outbox.clock import Clock
 from outbox.ids import KEY_SEPARATOR
 from outbox.store.protocol import Store
+from outbox.timestamps import later
 
 from .authority import Decision
 
@@ -78,7 +79,7 @@ class Heartbeat:
             await asyncio.sleep(interval)
             held = [(key, lease.intent.fence) for key, lease in self.held.items() if key not in self.flushing]
             if held:
-                until = self.clock.now() + self.length
+                until = later(self.clock.now(), self.length.total_seconds())
                 try:
                     lost = await self.store.renew_leases(held, until)
                 except Exception as exc:  # the next beat tries again; sends wait for a confirmed lease

@@ -13,12 +13,13 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from outbox import Attempt, Destination, Event, EventKind, Intent, Outbox, Outcome, Status, Submission, channels
 from outbox.ids import uuid7
 from outbox.model import SETTLED, Hold, Release, Settle, Start
+from outbox.timestamps import later
 
 from .authority import Decision
 from .channel import Channel, SendResult
@@ -146,7 +147,7 @@ class Outcomes:
                         "retrying is safe", now)
         elif answer.state == "in_progress":
             fate = Fate(Status.PENDING, EventKind.SCHEDULED_RETRY, "reconciled: still in progress at the receiver",
-                        now + timedelta(seconds=self.policy.backoff.delay(1)))
+                        later(now, self.policy.backoff.delay(1)))
         else:
             fate = Fate(Status.UNKNOWN, EventKind.UNKNOWN, f"{fate.reason}; {answer.error}")
         return fate, [event], probe_fence

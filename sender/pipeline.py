@@ -21,13 +21,14 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from outbox import Attempt, Destination, Outbox, StoreUnavailable
 from outbox.crash import crash_point
 from outbox.flow import Held, Limit
 from outbox.model import Change, Settle, Start
 from outbox.store.protocol import Claim
+from outbox.timestamps import later
 
 from .leases import Lease, log_fields
 from .outcomes import Entry, Outcomes, follow_up
@@ -49,6 +50,14 @@ FLUSH_SECONDS = 0.05
 #: some sends run, the next intents are being claimed and started and finished ones' outcomes
 #: committed, and recording never leaves a slot idle.
 LEASES_PER_SLOT = 4
+
+
+class Trouble(NamedTuple):
+    """Why a worker's cycles have been failing, and since when (``/healthz`` says it)."""
+
+    what: str  # the error, named: "StoreUnavailable: ..."
+    since: datetime
+    unreachable: bool  # the database did not answer (StoreUnavailable); else an error of another kind
 
 
 @dataclass(slots=True)
@@ -95,8 +104,8 @@ class Pipeline(abc.ABC):
         self._held_counts: dict[tuple[str, Limit], Any] = {}  # the held sends counter's children
         self._full: set[str] = set()  # destinations the last claim held back at max_in_flight
         self._retry_at = 0.0
-        #: Why and since when the store has been failing this worker, or None while it answers.
-        self.trouble: tuple[str, datetime] | None = None
+        #: Why and since when this worker's cycles have been failing, or None while they succeed.
+        self.trouble: Trouble | None = None
         self._stopping = asyncio.Event()
         self.stale_writes = 0  # fenced writes this worker had rejected (also logged)
 
@@ -199,7 +208,8 @@ class Pipeline(abc.ABC):
         changes: list[Change] = [entry.change for entry in flush]
         changes += [item.start for item in ready]
         limit = self._claim_size() if claim is None else claim
-        asked = Claim(self.id, now, now + self.lease, limit) if limit > 0 else None
+        lease_until = later(now, self.lease.total_seconds())
+        asked = Claim(self.id, now, lease_until, limit) if limit > 0 else None
         if not changes and asked is None:
             return 0
         if any(isinstance(entry.change, Settle) and entry.attempt is not None for entry in flush):
@@ -229,7 +239,7 @@ class Pipeline(abc.ABC):
             self._started(item, result)
         for intent in applied.claimed:
             crash_point("after_claim")
-            lease = self._held[intent.key] = Lease(intent, now + self.lease)
+            lease = self._held[intent.key] = Lease(intent, lease_until)
             self._waiting.append(lease)
         if asked is not None:
             self._count_held(applied.held)
@@ -265,21 +275,32 @@ class Pipeline(abc.ABC):
         self._claim_at = time.monotonic() + wait
 
     def _answered(self) -> None:
-        """The store answered a cycle: say so if it had been failing."""
+        """A cycle went through: say so if they had been failing."""
         if self.trouble is not None:
-            log.warning("the database answers again after %d failed cycle(s) since %s", self._failures,
-                        self.trouble[1].isoformat())
+            log.warning("%s after %d failed cycle(s) since %s",
+                        "the database answers again" if self.trouble.unreachable else "the cycles go through again",
+                        self._failures, self.trouble.since.isoformat())
             self.trouble = None
         self._failures = 0
 
     def _failed(self, exc: Exception) -> None:
+        """A cycle failed: back off, and say what failed. Only StoreUnavailable is the database
+        not answering; any other error is named as what it is (the log has its traceback), so an
+        operator is not sent to look at a database that answers."""
         self._failures += 1
         pause = claim_pause(self.outbox.settings.poll_seconds, self._failures)
         self._retry_at = time.monotonic() + pause
-        if self.trouble is None:
-            self.trouble = (f"{type(exc).__name__}: {exc}", self.clock.now())
-        log.error("a store cycle failed %d time(s) in a row (%s); trying again in %.1fs (%d changes kept to record)",
-                  self._failures, exc, pause, len(self._buffer), exc_info=not isinstance(exc, StoreUnavailable))
+        unreachable = isinstance(exc, StoreUnavailable)
+        what = f"{type(exc).__name__}: {exc}"
+        if self.trouble is None or self.trouble.unreachable != unreachable:
+            self.trouble = Trouble(what, self.clock.now(), unreachable)
+        if unreachable:
+            log.error("a store cycle failed %d time(s) in a row (%s); trying again in %.1fs (%d changes kept to "
+                      "record)", self._failures, exc, pause, len(self._buffer))
+        else:
+            log.error("a cycle failed %d time(s) in a row on an error of the sender's, not the database's answer "
+                      "(%s); trying again in %.1fs (%d changes kept to record)", self._failures, what, pause,
+                      len(self._buffer), exc_info=True)
 
     def _keep(self, lease: Lease, entry: Entry) -> None:
         """Buffer the last change of ``lease`` for the next cycle."""

@@ -125,15 +125,16 @@ def classify_status(status: int) -> Outcome:
 
 
 def retry_after_seconds(value: str | None, now: float) -> float | None:
-    """A Retry-After header as seconds from now (delta-seconds or an HTTP date)."""
+    """A Retry-After header as seconds from now (delta-seconds, ASCII digits only, or an HTTP
+    date); None for anything else. How much of it is honoured is ``backoff.honoured``'s to say."""
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # (str.isdigit alone takes "²", which float() refuses)
         return float(value)
     try:
         return max(0.0, parsedate_to_datetime(value).timestamp() - now)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
 
 

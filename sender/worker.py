@@ -172,7 +172,10 @@ class Worker(Pipeline):
                     self._let_go(lease)
                     continue
                 lease.picked = True
-            judged = self.checks.judge(lease, now)
+            try:
+                judged = self.checks.judge(lease, now)
+            except Exception as exc:  # one lease's fault: it is given back, the cycle goes on
+                judged = self.checks.failed(lease.intent, exc)
             if isinstance(judged, Entry):
                 self._keep(lease, judged)
                 continue

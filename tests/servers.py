@@ -1,4 +1,5 @@
-"""Serve an ASGI app with a real uvicorn on 127.0.0.1 (a free port), in a background thread."""
+"""Serve an ASGI app with a real uvicorn on 127.0.0.1 (a free port), in a background thread: over
+HTTPS when its options name a certificate (``ssl_certfile``)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ class Served:
                 raise RuntimeError("uvicorn did not start")
             time.sleep(0.005)
         self.port: int = self.server.servers[0].sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if self.server.config.is_ssl else 'http'}://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
         self.server.should_exit = True

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -30,17 +32,34 @@ if TYPE_CHECKING:
 @click.option("--port", type=int, help="Listen port [default: 8080]", **env("port"))
 @log_options
 @click.option("--worker/--no-worker", default=None, help="Run an embedded sender [default: --worker]", **env("worker"))
+@click.option("--tls-certfile", type=click.Path(dir_okay=False, path_type=Path),
+              help="Serve HTTPS with this PEM certificate chain [default: none, plain HTTP]", **env("tls_certfile"))
+@click.option("--tls-keyfile", type=click.Path(dir_okay=False, path_type=Path),
+              help="The certificate's PEM private key, unencrypted [default: in --tls-certfile]", **env("tls_keyfile"))
+@click.option("--proxy-headers/--no-proxy-headers", default=None,
+              help="Believe X-Forwarded-Proto and X-Forwarded-For from the proxies --forwarded-allow-ips names "
+                   "[default: --no-proxy-headers]", **env("proxy_headers"))
+@click.option("--forwarded-allow-ips",
+              help="The trusted proxies: addresses or networks, comma-separated, or * [default: 127.0.0.1,::1]",
+              **env("forwarded_allow_ips"))
 @click.pass_obj
 def serve(ctx: Context, host: str | None, port: int | None, log_level: str | None, log_format: str | None,
-          worker: bool | None) -> None:
+          worker: bool | None, tls_certfile: Path | None, tls_keyfile: Path | None, proxy_headers: bool | None,
+          forwarded_allow_ips: str | None) -> None:
     """Run the HTTP API and an embedded sender (migrating the database first).
 
-    On first start, when no admin token exists, one is created and printed once.
+    On first start, when no admin token exists, one is created and printed once. Behind a
+    TLS proxy, name it (--proxy-headers --forwarded-allow-ips) so that the console's cookies
+    are Secure; or serve TLS here (--tls-certfile).
     """
-    from ..service import create_service
+    from ..service import create_service, listening
 
-    settings = ctx.settings(host=host, port=port, log_level=log_level, log_format=log_format, worker=worker)
+    settings = ctx.settings(host=host, port=port, log_level=log_level, log_format=log_format, worker=worker,
+                            tls_certfile=tls_certfile, tls_keyfile=tls_keyfile, proxy_headers=proxy_headers,
+                            forwarded_allow_ips=forwarded_allow_ips)
     logs.configure(settings.log_level, settings.log_format)
+    if settings.tls_certfile is not None:
+        _check_tls(settings.tls_certfile, settings.tls_keyfile)
 
     async def bootstrap() -> str | None:
         async with await Outbox.open(settings=settings) as box:
@@ -61,7 +80,20 @@ def serve(ctx: Context, host: str | None, port: int | None, log_level: str | Non
             err=True,
         )
     with _traced():
-        _serve(create_service(settings), settings, settings.port, proxy_headers=False)
+        _serve(create_service(settings), settings, settings.port, **listening(settings))
+
+
+def _check_tls(certfile: Path, keyfile: Path | None) -> None:
+    """Stop with one line, before anything starts, when the certificate or key cannot be used."""
+    names = f"{certfile}" + (f" and {keyfile}" if keyfile is not None else "")
+    try:  # an empty password: an encrypted key is refused, not asked for on a terminal
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(certfile, keyfile, password=b"")
+    except ssl.SSLError:
+        raise click.ClickException(f"cannot serve TLS with {names}: they are not a PEM certificate chain and its "
+                                   "private key (unencrypted; in the same file unless --tls-keyfile names it)"
+                                   ) from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot serve TLS with {names}: {exc.strerror or exc}") from None
 
 
 @contextmanager

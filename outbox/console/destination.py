@@ -37,17 +37,20 @@ def circuits_here(request: Request) -> Any:
 
 
 #: A circuit's states, as ``circuit_state`` names them and the destinations list filters on.
-STATES = ("disabled", "paused", "open", "probing", "closed", "not known")
+STATES = ("disabled", "unusable", "paused", "open", "probing", "closed", "not known")
 
 
 def circuit_state(request: Request, destination: Destination | str, now: datetime) -> tuple[str, datetime | None]:
-    """What is known here of a destination's circuit, and until when it holds: ``disabled`` and
-    ``paused`` come from its record; ``open`` (paused by the sender after sends got no answer),
+    """What is known here of a destination's circuit, and until when it holds: ``disabled``,
+    ``unusable`` (stored settings the outbox does not take: nothing is sent) and ``paused`` come
+    from its record; ``open`` (paused by the sender after sends got no answer),
     ``probing`` and ``closed`` only from a sender in this process, since those pauses are not
     stored; without one it is ``not known`` rather than a guess."""
     if isinstance(destination, Destination):
         if destination.disabled:
             return "disabled", None
+        if destination.unusable:
+            return "unusable", None
         if (paused := record_pause(destination, now)) is not None:
             return "paused", paused
     circuits = circuits_here(request)
@@ -63,6 +66,7 @@ def circuit(request: Request, destination: Destination | str, now: datetime) -> 
     """A destination's circuit in words."""
     state, until = circuit_state(request, destination, now)
     return {"disabled": pill("disabled") + " (answered 410 Gone, or an admin disabled it)",
+            "unusable": pill("unusable") + " (stored settings the outbox does not take: nothing is sent)",
             "paused": f"{pill('paused')} until {when(until, now)} (by its record)",
             "not known": "not known here (no sender in this process)",
             "closed": pill("closed"),
@@ -107,11 +111,22 @@ async def destination_page(request: Request, outbox: Outbox, destination: Destin
          escape(f.outcome), str(f.status_code or ""), escape(f.error or "")] for f in failures],
         empty="no failed attempts in the last hour", numeric=("#", "status"))
     return (f"<p>{escape(destination.channel)} to <b>{escape(channels.target(destination))}</b> · circuit: {state} · "
-            f"<a href='{filtered}'>its intents</a></p>" + flow(destination, now)
+            f"<a href='{filtered}'>its intents</a></p>" + unusable(destination) + flow(destination, now)
             + "<h2>Last hour</h2>" + table(HEALTH[2:], [health_row(h, state, now)[2:]], numeric=NUMERIC)
             + "<h2>Backlog by status</h2>" + backlog
             + f"<h2>Last errors</h2><p>The latest {LAST_ERRORS} attempts that did not deliver, of the last hour.</p>"
             + errors + "<h2>Policy</h2>" + fields(destination.public()))
+
+
+def unusable(destination: Destination) -> str:
+    """What an operator must fix first, for a destination whose stored settings the outbox does not
+    take (``Destination.unusable``): its intents wait, unsent, until it is put again."""
+    if not destination.unusable:
+        return ""
+    return (f"<p class='warning' id='unusable'><b>Nothing is sent to it</b>: it holds {escape(destination.unusable)}. "
+            "Its intents wait, pending and unattempted. Put it again (<code>PUT /v1/destinations/"
+            f"{escape(destination.id)}</code> or <code>outbox destinations put</code>) with settings in the bounds "
+            "the README's Destinations section states.</p>")
 
 
 def flow(destination: Destination, now: datetime) -> str:

@@ -14,7 +14,8 @@ from fastapi.responses import Response
 from ..errors import NotFound, OutboxError
 from ..events import EventQuery, StoredEvent
 from ..outbox import Outbox
-from .layout import destination_link, flashes, intent_link, page, pill, pretty, table, when
+from .layout import destination_link, flashes, intent_link, pill, pretty, table, when
+from .sessions import signed_page
 
 #: How many events a search shows.
 PAGE = 100
@@ -38,8 +39,8 @@ def register(pages: APIRouter, box: Callable[[Request], Outbox],
             found = await outbox.list_events(EventQuery(
                 topic=topic or None, scopes=[scope] if scope else None, event_id=event_id or None, limit=PAGE))
         except OutboxError as exc:
-            return page("Events", form + flashes(error=exc.message), status=400)
-        return page("Events", form + _events(found.events, outbox.clock.now()))
+            return signed_page(request, "Events", form + flashes(error=exc.message), status=400)
+        return signed_page(request, "Events", form + _events(found.events, outbox.clock.now()))
 
     @pages.get("/events/{event_id}")
     @signed_in
@@ -48,8 +49,9 @@ def register(pages: APIRouter, box: Callable[[Request], Outbox],
         try:
             event = await outbox.get_event(event_id, scope=scope)
         except OutboxError as exc:
-            return page("Event", flashes(error=exc.message), status=404 if isinstance(exc, NotFound) else 400)
-        return page(f"Event {event.event_id}", _event(event, outbox.clock.now()))
+            return signed_page(request, "Event", flashes(error=exc.message),
+                               status=404 if isinstance(exc, NotFound) else 400)
+        return signed_page(request, f"Event {event.event_id}", _event(event, outbox.clock.now()))
 
 
 def _form(topic: str, scope: str, event_id: str) -> str:

@@ -18,7 +18,8 @@ from .destination import circuit_state, circuits_here
 STATUSES = ((Status.DEAD, "dead"), (Status.UNKNOWN, "unknown outcome"), (Status.HELD, "held for approval"),
             (Status.REVOKED, "revoked"))
 #: The destination states it counts, by how the destinations list filters them.
-STATES = (("open", "circuit open"), ("paused", "paused"), ("disabled", "disabled"))
+STATES = (("open", "circuit open"), ("paused", "paused"), ("disabled", "disabled"),
+          ("unusable", "settings unusable"))
 
 
 def _item(count: int, label: str, href: str, bad: str = "bad") -> str:
@@ -36,7 +37,7 @@ def headline(request: Request, counts: Mapping[str, int], destinations: list[Des
                          "(no sender in this process)</a></li>")
             continue
         items.append(_item(states.count(state), label, f"/console/destinations?state={state}", "warn"))
-    attention = sum(counts.get(s.value, 0) for s, _ in STATUSES) + sum(s in ("open", "paused", "disabled")
+    attention = sum(counts.get(s.value, 0) for s, _ in STATUSES) + sum(s in {state for state, _ in STATES}
                                                                        for s in states)
     summary = "<p class='calm'>Nothing counted here needs an operator.</p>" if not attention else ""
     return f"<ul class='headline' aria-label='needs attention'>{''.join(items)}</ul>{summary}"

@@ -64,11 +64,15 @@ NAV = (("Overview", "/console"), ("Intents", "/console/intents"), ("Events", "/c
        ("Destinations", "/console/destinations"), ("Bulk replay", "/console/replay"))
 
 
-def page(title: str, body: str, *, signed_in: bool = True, status: int = 200,
+def page(title: str, body: str, *, csrf: str | None = None, status: int = 200,
          refresh: int | None = None) -> HTMLResponse:
-    """A console page; ``refresh`` reloads it every that many seconds (a progress view, no script)."""
+    """A console page; ``refresh`` reloads it every that many seconds (a progress view, no script).
+    A signed-in operator's (``csrf``: the session's CSRF value) has the sections and a sign-out
+    button in its header; anyone else's, neither."""
     nav = ("".join(f'<a href="{href}">{label}</a>' for label, href in NAV)
-           + '<form method="post" action="/console/logout"><button>Sign out</button></form>') if signed_in else ""
+           + '<form method="post" action="/console/logout">'
+           f'<input type="hidden" name="csrf" value="{escape(csrf)}"><button>Sign out</button></form>'
+           ) if csrf is not None else ""
     meta = f"<meta http-equiv='refresh' content='{refresh}'>" if refresh else ""
     return HTMLResponse(
         f"<!doctype html><html lang='en'><head><meta charset='utf-8'>"

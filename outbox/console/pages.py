@@ -1,15 +1,13 @@
 """The console's pages: the overview (charts, destination health, what needs attention), the
 intent search, an intent with its actions, and bulk replay (preview, reason, progress).
 
-Sign-in takes an operator or admin token and keeps it in an HttpOnly, SameSite=Strict cookie;
-every action form also carries a token-bound CSRF value. Actions go through the same
-``outbox.operations`` as the API and CLI, and are recorded with the token and the reason.
+Sign-in takes an operator or admin token and opens a server-side session, whose id (never the
+token) is the cookie; every form carries a CSRF value (``sessions`` says how). Actions go through
+the same ``outbox.operations`` as the API and CLI, and are recorded with the token and the reason.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from functools import wraps
@@ -18,7 +16,7 @@ from typing import Any, ParamSpec
 from urllib.parse import parse_qs, quote
 
 from fastapi import APIRouter, Request
-from fastapi.responses import RedirectResponse, Response
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from .. import operations, problems, tracing
 from ..destinations import Destination
@@ -26,10 +24,10 @@ from ..errors import InvalidInput, NotFound, OutboxError
 from ..ids import KEY_SEPARATOR
 from ..model import Intent, Role, Status
 from ..outbox import Behind, Outbox
+from ..problems import Problem
 from ..store import IntentQuery
 from ..tokens import TokenInfo
-from ..web import ConsoleRoute, secure_cookie
-from . import charts, events
+from . import charts, events, sessions
 from . import history as history_view
 from .destination import STATES, circuit_state, destination_page, destinations_table
 from .filters import Filter
@@ -37,8 +35,8 @@ from .headline import headline
 from .health import backlog, health, per_minute, window
 from .layout import STYLE, destination_link, flashes, intent_link, intent_url, page, pill, pretty, table, when
 from .replays import Replays
+from .sessions import csrf_for, session_id, signed_page
 
-COOKIE = "outbox_console"
 ATTENTION = ((Status.DEAD, "Dead letters"), (Status.UNKNOWN, "Unknown outcomes"),
              (Status.REVOKED, "Revoked"), (Status.HELD, "Held for approval"))
 #: What an intent's page says after an action succeeded, by the code its URL carries
@@ -47,40 +45,46 @@ ATTENTION = ((Status.DEAD, "Dead letters"), (Status.UNKNOWN, "Unknown outcomes")
 #: code shows nothing. A failed action's own message is drawn in the answer to its form instead.
 DONE = {name: f"{name} done" for name in ("replay", "resolve", "cancel", "approve", "reject")}
 SIGN_IN_REFUSED = {"refused": "that is not an operator or admin token"}
+#: The largest console form read (they hold a few short fields); a larger body is a 413, unread.
+FORM_BYTES = 64 * 1024
 
 P = ParamSpec("P")
 
 
-def csrf_for(token: str) -> str:
-    """The CSRF value bound to a console session's token."""
-    return hmac.new(token.encode(), b"outbox-console-csrf", hashlib.sha256).hexdigest()[:32]
-
-
 def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]) -> APIRouter:
     """The console's routes, reading the outbox and the replay authority from the app."""
-    pages = APIRouter(prefix="/console", include_in_schema=False, route_class=ConsoleRoute)
+    pages = APIRouter(prefix="/console", include_in_schema=False)
     replays = Replays()
 
     async def session(request: Request) -> TokenInfo | None:
-        token = request.cookies.get(COOKIE)
-        if not token:
+        """The operator's or admin's token of the request's open session, or None."""
+        opened = session_id(request)
+        if not opened:
             return None
-        info = await box(request).authenticate(token)
+        info = await box(request).console_session(opened)
         return info if info is not None and info.role in (Role.OPERATOR, Role.ADMIN) else None
 
     async def form(request: Request) -> dict[str, list[str]]:
-        raw = (await request.body()).decode("utf-8", "replace")
-        return parse_qs(raw, keep_blank_values=True)
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > FORM_BYTES:
+                raise Problem(413, "payload-too-large", "Form too large",
+                              f"a console form is at most {FORM_BYTES} bytes")
+        return parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+
+    def sent(fields: dict[str, list[str]], name: str) -> str:
+        return fields.get(name, [""])[-1]
 
     def csrf_field(request: Request) -> str:
-        return f"<input type='hidden' name='csrf' value='{csrf_for(request.cookies[COOKIE])}'>"
+        return f"<input type='hidden' name='csrf' value='{csrf_for(session_id(request))}'>"
 
     def forged(request: Request, fields: dict[str, list[str]]) -> Response | None:
         """A refusal unless the form carries this session's CSRF value."""
-        if hmac.compare_digest(fields.get("csrf", [""])[-1], csrf_for(request.cookies[COOKIE])):
+        if sessions.matches(sent(fields, "csrf"), csrf_for(session_id(request))):
             return None
-        return page("Refused", "<p>the form is stale or was not sent from this console; reload and retry</p>",
-                    status=403)
+        return signed_page(request, "Refused",
+                           "<p>the form is stale or was not sent from this console; reload and retry</p>", status=403)
 
     def to_login() -> Response:
         return RedirectResponse("/console/login", status_code=303)
@@ -120,9 +124,9 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             chosen = Filter.parse(request.query_params, now)
             drawn = await draw(outbox, now, chosen)
         except OutboxError as exc:
-            return page(title, chosen_form(chosen, destinations, action=action) + flashes(error=exc.message),
-                        status=400)
-        return page(title, chosen_form(chosen, destinations, action=action) + drawn)
+            return signed_page(request, title, chosen_form(chosen, destinations, action=action)
+                               + flashes(error=exc.message), status=400)
+        return signed_page(request, title, chosen_form(chosen, destinations, action=action) + drawn)
 
     events.register(pages, box, signed_in)
 
@@ -130,28 +134,50 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
     async def style() -> Response:
         return Response(STYLE, media_type="text/css; charset=utf-8", headers={"Cache-Control": "max-age=3600"})
 
+    def login_form(request: Request, error: str = "", status: int = 200) -> HTMLResponse:
+        """The sign-in page, its form bound to a new value of the sign-in form's cookie."""
+        value = sessions.new_login_value()
+        response = page("Sign in", flashes(error=error) + (
+            "<form method='post' action='/console/login'>"
+            f"<input type='hidden' name='csrf' value='{value}'><p><label>Operator or admin token<br>"
+            "<input name='token' type='password' size='40' autofocus></label></p>"
+            "<button type='submit'>Sign in</button></form>"), status=status)
+        sessions.login_form(response, request, value)
+        return response
+
     @pages.get("/login")
     async def login_page(request: Request, error: str = "") -> Response:
-        return page("Sign in", flashes(error=SIGN_IN_REFUSED.get(error, "")) + (
-            "<form method='post' action='/console/login'><p><label>Operator or admin token<br>"
-            "<input name='token' type='password' size='40' autofocus></label></p>"
-            "<button type='submit'>Sign in</button></form>"), signed_in=False)
+        return login_form(request, SIGN_IN_REFUSED.get(error, ""))
 
     @pages.post("/login")
     async def login(request: Request) -> Response:
-        token = (await form(request)).get("token", [""])[-1].strip()
-        info = await box(request).authenticate(token) if token else None
+        """Open a session for an operator's or admin's token, sent with the sign-in form this
+        browser was given (another site's form has not its value); the session it had ends."""
+        fields = await form(request)
+        if not sessions.matches(sent(fields, "csrf"), request.cookies.get(sessions.LOGIN_COOKIE, "")):
+            return login_form(request, "the sign-in form was stale or not sent from this console: sign in again",
+                              status=403)
+        outbox = box(request)
+        token = sent(fields, "token").strip()
+        info = await outbox.authenticate(token, cached=False) if token else None
         if info is None or info.role not in (Role.OPERATOR, Role.ADMIN):
             return RedirectResponse("/console/login?error=refused", status_code=303)
+        if previous := session_id(request):
+            await outbox.close_console_session(previous)
         response = RedirectResponse("/console", status_code=303)
-        response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/console",
-                            secure=secure_cookie(request))
+        sessions.open_session(response, request, await outbox.open_console_session(info),
+                              outbox.settings.console_session_seconds)
         return response
 
     @pages.post("/logout")
     async def logout(request: Request) -> Response:
+        """End the session, if the form is its own (another site cannot sign an operator out)."""
+        if await session(request) is not None:
+            if (refused := forged(request, await form(request))) is not None:
+                return refused
+            await box(request).close_console_session(session_id(request))
         response = to_login()
-        response.delete_cookie(COOKIE, path="/console", secure=secure_cookie(request))
+        sessions.end_session(response, request)
         return response
 
     @pages.get("")
@@ -183,10 +209,10 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             sections.append(f"<h2 id='{status.value}'>{title}</h2>" + _intents(found.intents, now) + more)
         search = ("<form class='filters' method='get' action='/console/intents'><label>action id"
                   "<input name='q' size='24'></label><button>Find</button></form>")
-        return page("Overview", headline(request, counts, destinations, now) + _set_aside(request, now) + search
-                    + "<h2>Last hour</h2>" + graphs
-                    + "<h2 id='destinations'>Destinations (last hour)</h2>" + destination_health
-                    + "<h2>Backlog by status</h2>" + statuses + "".join(sections))
+        return signed_page(request, "Overview", headline(request, counts, destinations, now)
+                           + _set_aside(request, now) + search + "<h2>Last hour</h2>" + graphs
+                           + "<h2 id='destinations'>Destinations (last hour)</h2>" + destination_health
+                           + "<h2>Backlog by status</h2>" + statuses + "".join(sections))
 
     @pages.get("/intents")
     @signed_in
@@ -211,15 +237,17 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
         outbox = box(request)
         now = outbox.clock.now()
         if state and state not in STATES:
-            return page("Destinations", flashes(error="state must be one of " + ", ".join(STATES)), status=400)
+            return signed_page(request, "Destinations", flashes(error="state must be one of " + ", ".join(STATES)),
+                               status=400)
         destinations = await outbox.list_destinations()
         shown = [d for d in destinations if not state or circuit_state(request, d, now)[0] == state]
         activity = await outbox.store.activity(window(now)[0], now)
         healths = [h for h in health(activity, [d.id for d in shown]) if h.destination in {d.id for d in shown}]
         choices = " · ".join(f"<a href='/console/destinations?state={quote(s)}'>{escape(s)}</a>" for s in STATES)
-        return page("Destinations", (f"<p>{'showing ' + pill(state) + ' · ' if state else ''}"
-                                     f"<a href='/console/destinations'>all</a> · {choices}</p>"
-                                     "<h2>Last hour</h2>" + destinations_table(request, shown, healths, now)))
+        return signed_page(request, "Destinations", (f"<p>{'showing ' + pill(state) + ' · ' if state else ''}"
+                                                     f"<a href='/console/destinations'>all</a> · {choices}</p>"
+                                                     "<h2>Last hour</h2>"
+                                                     + destinations_table(request, shown, healths, now)))
 
     @pages.get("/destinations/{destination_id}")
     @signed_in
@@ -228,8 +256,9 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
         try:
             destination = await outbox.get_destination(destination_id)
         except NotFound as exc:
-            return page("Not found", f"<p>{escape(exc.message)}</p>", status=404)
-        return page(f"Destination {destination_id}", await destination_page(request, outbox, destination))
+            return signed_page(request, "Not found", f"<p>{escape(exc.message)}</p>", status=404)
+        return signed_page(request, f"Destination {destination_id}",
+                           await destination_page(request, outbox, destination))
 
     @pages.get("/intents/{action_id}")
     @signed_in
@@ -244,7 +273,7 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             intent, history = await outbox.show(action_id, scope=scope)
             behind = await outbox.waiting_behind(intent)
         except (NotFound, OutboxError) as exc:
-            return page("Not found", f"<p>{escape(exc.message)}</p>", status=404)
+            return signed_page(request, "Not found", f"<p>{escape(exc.message)}</p>", status=404)
         now = outbox.clock.now()
         csrf = csrf_field(request)
 
@@ -279,7 +308,7 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
                         "cancel it, and enqueue it again with times the outbox takes</p>")
         last_error = ("" if intent.status is Status.DELIVERED or not intent.last_error
                       else f"<p>last error: {escape(intent.last_error)}</p>")
-        return page(f"Intent {action_id}", flashes(done, error) + (
+        return signed_page(request, f"Intent {action_id}", flashes(done, error) + (
             f"<p>{pill(intent.status.value)} to <b>{destination_link(intent.destination)}</b> for "
             f"<b>{escape(intent.scope)}</b> · attempts {intent.attempts}/{intent.max_attempts} · fence {intent.fence}"
             f" · enqueued {when(intent.created_at, now)} · changed {when(intent.updated_at, now)}"
@@ -287,7 +316,7 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
                else "") + "</p>"
             f"{waiting}{last_error}"
             f"<p>payload <code>{escape(intent.payload_digest)}</code></p>{pretty(intent.payload_json[:4000])}"
-            + (f"<p>trace <code>{escape(parent)}</code></p>" if (parent := tracing.traceparent(intent)) else "")
+            + _trace(tracing.kept(intent))
             + f"<h2>Actions</h2>{''.join(actions) or '<p>none for this status</p>'}"
             "<h2>Attempts</h2>" + history_view.attempts(history.attempts, history.events, destination, now)
             + "<h2>Timeline</h2>" + history_view.timeline(history.events, now)), status=status)
@@ -378,7 +407,7 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
             job = await replays.start(outbox, chosen.query(), actor, authorize=authorize(request),
                                       accept_duplicate_risk=raw.get("accept_duplicate_risk", [""])[-1] == "yes")
         except OutboxError as exc:
-            return page("Bulk replay", flashes(error=exc.message), status=400)
+            return signed_page(request, "Bulk replay", flashes(error=exc.message), status=400)
         return RedirectResponse(f"/console/replay/{job}", status_code=303)
 
     @pages.get("/replay/{job}")
@@ -386,13 +415,13 @@ def router(box: Callable[[Request], Outbox], authorize: Callable[[Request], Any]
     async def replay_progress(request: Request, job: str) -> Response:
         found = replays.get(job)
         if found is None:
-            return page("Not found", "<p>no such bulk replay in this process (it may have restarted)</p>",
-                        status=404)
+            return signed_page(request, "Not found",
+                               "<p>no such bulk replay in this process (it may have restarted)</p>", status=404)
         now = box(request).clock.now()
         refused = [[escape(a), escape(why)] for a, why in found.refused.items()]
         state = ("running (this page refreshes itself)" if not found.finished
                  else f"stopped: {escape(found.error)}" if found.error else "finished")
-        return page("Bulk replay", (
+        return signed_page(request, "Bulk replay", (
             f"<p>{state} · started {when(found.started_at, now)} by {escape(found.actor.name)}: "
             f"{escape(found.actor.reason)}</p>"
             f"<p><progress max='{max(found.total, 1)}' value='{found.done}'></progress> "
@@ -443,6 +472,15 @@ def _intents(intents: list[Intent], now: datetime) -> str:
          destination_link(i.destination), escape(i.scope), str(i.attempts), when(i.created_at, now),
          when(i.updated_at, now), "" if i.status is Status.DELIVERED else escape((i.last_error or "")[:200])]
         for i in intents], numeric=("attempts",))
+
+
+def _trace(kept: dict[str, str]) -> str:
+    """The trace context an intent keeps, its ``tracestate`` too (both escaped, as a producer sent
+    the state); nothing when it keeps none."""
+    if "traceparent" not in kept:
+        return ""
+    state = f" · tracestate <code>{escape(kept['tracestate'])}</code>" if kept.get("tracestate") else ""
+    return f"<p>trace <code>{escape(kept['traceparent'])}</code>{state}</p>"
 
 
 def _behind_link(behind: Behind, intent: Intent) -> str:

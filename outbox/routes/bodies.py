@@ -27,6 +27,7 @@ from receivers.asgi import ClientGone, read_body, replaying
 from ..digest import MAX_NESTING, nesting
 from ..problems import Problem
 from ..settings import Settings
+from ..shapes import Batch
 from ..web import routes
 from .handlers import validation_problem
 
@@ -37,6 +38,9 @@ ENVELOPE_BYTES = 64 * 1024
 JSON_TYPES = ("application/json",)
 #: A request body is the payload inside an envelope (and a filter object inside it).
 BODY_NESTING = MAX_NESTING + 2
+#: A batch is that envelope as an item of a list in an object: a payload one level too deep is
+#: still read, and refused in its item's place as the single route refuses it.
+BATCH_NESTING = BODY_NESTING + 2
 #: A ``\\u`` escape of a surrogate, which a lone surrogate needs (a pair is one character once
 #: parsed); its match may be an escaped backslash's false alarm, which the parsed body settles.
 SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -76,8 +80,6 @@ def _strings(value: Any) -> Iterator[str]:
 #: The methods whose bodies are read, under ``PREFIX``.
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 PREFIX = "/v1/"
-#: The one route that takes many payloads, each inside its own envelope.
-BATCH_PATH = "/v1/intents:batch"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,24 +92,33 @@ class Limit:
     says: str
 
 
-def limits(settings: Settings) -> dict[str, Any]:
-    """``BodyLimits``' options for ``settings``: a batch, one level deeper, up to
-    ``max_batch_bytes``; any other body, a payload and its envelope."""
+def limits(settings: Settings) -> dict[str, Limit]:
+    """``BodyLimits``' options for ``settings``: a batch (every route whose body is a
+    ``shapes.Batch``), up to ``max_batch_bytes``, its items' payloads as deep as one may be; any
+    other body, a payload and its envelope. Each item of a batch is then held to the single
+    route's limits in its own place (``routes.batches``)."""
     return {"default": Limit(settings.max_payload_bytes + ENVELOPE_BYTES, BODY_NESTING,
                              f"payload {settings.max_payload_bytes} + envelope"),
-            "by_path": {BATCH_PATH: Limit(settings.max_batch_bytes, BODY_NESTING + 1, "max_batch_bytes")}}
+            "batch": Limit(settings.max_batch_bytes, BATCH_NESTING, "max_batch_bytes")}
+
+
+def takes_batch(route: Any) -> bool:
+    """Whether ``route``'s body is a batch (a ``shapes.Batch``, as FastAPI reads its body)."""
+    field = getattr(getattr(route, "body_field", None), "field_info", None)
+    model = getattr(field, "annotation", None)
+    return isinstance(model, type) and issubclass(model, Batch)
 
 
 class BodyLimits:
-    """Reads a JSON body whole, within its ``Limit`` (``by_path``, else ``default``), and
-    answers the problem saying why it is refused (415, 413, 400, 422); a body it lets through
-    is handed on to the app as it came."""
+    """Reads a JSON body whole, within its ``Limit`` (``batch`` for a route that takes a batch,
+    else ``default``), and answers the problem saying why it is refused (415, 413, 400, 422); a
+    body it lets through is handed on to the app as it came."""
 
-    def __init__(self, app: ASGIApp, *, router: Any, default: Limit, by_path: Mapping[str, Limit]) -> None:
+    def __init__(self, app: ASGIApp, *, router: Any, default: Limit, batch: Limit) -> None:
         self.app = app
         self.router = router
         self.default = default
-        self.by_path = dict(by_path)
+        self.batch = batch
         self._bodied: list[tuple[re.Pattern[str], frozenset[str], Limit]] | None = None
 
     def _limit(self, scope: Scope) -> Limit | None:
@@ -115,7 +126,8 @@ class BodyLimits:
         looked at once (at the first request: all are in by then), and only those that take
         a body are matched, path first, which costs a few regular expressions a request."""
         if self._bodied is None:
-            self._bodied = [(route.path_regex, frozenset(route.methods), self.by_path.get(route.path, self.default))
+            self._bodied = [(route.path_regex, frozenset(route.methods),
+                             self.batch if takes_batch(route) else self.default)
                             for route in routes(self.router) if getattr(route, "methods", None)
                             and route.methods & BODY_METHODS and route.path.startswith(PREFIX)]
         return next((limit for pattern, methods, limit in self._bodied

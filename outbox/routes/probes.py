@@ -38,15 +38,28 @@ async def healthz(request: Request) -> dict[str, str]:
         raise Problem(503, "sender-stopped", "Sender stopped",
                       f"the embedded sender stopped: {ended_by(task)}; restart the process")
     # The sender keeps trying a database that stopped answering; a restart would not help, so
-    # the process stays live and says what it waits for (``/readyz`` fails meanwhile). Intents
-    # it set aside need an operator, not a restart.
+    # the process stays live and says what it waits for (``/readyz`` fails meanwhile). Cycles
+    # failing on another error say which, since the database is not what to look at. Intents it
+    # set aside need an operator, not a restart.
     worker = getattr(request.app.state, "worker", None)
-    trouble: tuple[str, datetime] | None = getattr(worker, "trouble", None)
-    details = [] if trouble is None else [
-        f"the sender cannot reach the database since {trouble[1].isoformat()}: {trouble[0]}; it keeps trying"]
+    details = [] if (trouble := failing(worker)) is None else [trouble]
     if (aside := set_aside(worker)) is not None:
         details.append(aside)
     return {"status": "degraded", "detail": "; ".join(details)} if details else {"status": "ok"}
+
+
+def failing(worker: object) -> str | None:
+    """What has been failing the sender's cycles in this process (its ``trouble``), in words: the
+    database not answering only when that is what it was (StoreUnavailable); any other error named
+    as itself. None while they go through."""
+    trouble: tuple[str, datetime, bool] | None = getattr(worker, "trouble", None)
+    if trouble is None:
+        return None
+    what, since, unreachable = trouble
+    if unreachable:
+        return f"the sender cannot reach the database since {since.isoformat()}: {what}; it keeps trying"
+    return (f"the sender's cycles fail since {since.isoformat()} on an error that is not the database's: {what} "
+            "(the log has its traceback); it keeps trying")
 
 
 def set_aside(worker: object) -> str | None:

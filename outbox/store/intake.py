@@ -30,7 +30,9 @@ from .rules import (
     decide_existing_event,
     decide_initial_status,
     fanout_of,
+    fanout_refusal,
     inserted_intent,
+    sending_event_payload,
 )
 
 T = TypeVar("T")
@@ -280,17 +282,22 @@ def insert_batch(dialect: Intake, items: Sequence[tuple[NewIntent, Event]],
 # -- events -----------------------------------------------------------------------------------
 
 
-def publish(dialect: Intake, new: NewEvent, granted_only: bool) -> Steps[Published]:
+def publish(dialect: Intake, new: NewEvent, granted_only: bool,
+            max_fanout: int | None = None) -> Steps[Published]:
     """Record ``new`` and make its intents, inside a transaction: one for each destination
     subscribed to its topic for its scope (with ``granted_only``, that the scope holds a live grant
-    for), as one batch (``insert_batch``); a subscriber whose intent is refused is recorded as
-    skipped. An event already recorded under its key is compared (``rules.decide_existing_event``:
-    the same event answers as recorded; another raises IntentConflict, before anything is written)."""
+    for), as one batch (``insert_batch``), each sending the payload stored once in the event's row;
+    a subscriber whose intent is refused is recorded as skipped. An event already recorded under
+    its key is compared (``rules.decide_existing_event``: the same event answers as recorded;
+    another raises IntentConflict); one that would make more than ``max_fanout`` intents raises
+    FanoutTooLarge (``rules.fanout_refusal``). A refusal is raised before anything is written."""
+    seen = {row["id"]: row for row in (yield dialect.event_subscribers(new, granted_only))}
+    if (refused := fanout_refusal(new, len(seen), max_fanout)) is not None:
+        return (yield from _recorded_or(dialect, new, refused))
     seq = yield dialect.insert_topic_event(new)
     if seq is None:  # (on PostgreSQL, a concurrent publish of the key has committed: ON CONFLICT waited)
         return decide_existing_event((yield from event(dialect, new.key)), new)
-    seen = {row["id"]: row for row in (yield dialect.event_subscribers(new, granted_only))}
-    items = [new.intent_for(destination) for destination in seen]
+    items = [new.intent_for(destination, seq) for destination in seen]
     results = (yield from insert_batch(dialect, items, seen)) if items else []
     intents, skipped = fanout_of(items, results)
     if skipped:
@@ -298,22 +305,26 @@ def publish(dialect: Intake, new: NewEvent, granted_only: bool) -> Steps[Publish
     return Published(StoredEvent.recorded(seq, new).with_fanout(intents, skipped), created=True)
 
 
-def publish_each(dialect: Intake, items: Sequence[NewEvent],
-                 granted_only: bool) -> Steps[list[Published | OutboxError]]:
+def publish_each(dialect: Intake, items: Sequence[NewEvent], granted_only: bool,
+                 max_fanout: int | None = None) -> Steps[list[Published | OutboxError]]:
     """``publish`` for each of ``items``, inside a transaction, in a few statements however many
-    events: the new keys are recorded at once, their subscribers read at once and every intent made
-    by one ``insert_batch``; the rest (keys recorded already, or earlier in the batch) are compared
-    afterwards with the event holding the key. A refusal stands as its error in its place (decided
-    before any write of that event: it undoes nothing)."""
-    recorded = {row["event_key"]: row["seq"] for row in (yield dialect.insert_topic_events(items))} if items else {}
-    fresh = {i: recorded.pop(new.key) for i, new in enumerate(items) if new.key in recorded}
+    events: their subscribers are read at once, the new keys of those within ``max_fanout`` recorded
+    at once and every intent made by one ``insert_batch``; the rest (keys recorded already, or
+    earlier in the batch, and the events past ``max_fanout``) are compared afterwards with the event
+    holding the key, or refused. A refusal stands as its error in its place (decided before any
+    write of that event: it undoes nothing)."""
     seen: dict[str, Any] = {}
-    subscribers: dict[int, list[str]] = {i: [] for i in fresh}
-    if fresh:
-        for row in (yield dialect.events_subscribers([(i, items[i]) for i in fresh], granted_only)):
+    subscribers: dict[int, list[str]] = {i: [] for i in range(len(items))}
+    if items:
+        for row in (yield dialect.events_subscribers(list(enumerate(items)), granted_only)):
             seen.setdefault(row["id"], row)
             subscribers[row["n"]].append(row["id"])
-    made = [(i, items[i].intent_for(d)) for i in fresh for d in subscribers[i]]
+    refused = {i: found for i, new in enumerate(items)
+               if (found := fanout_refusal(new, len(subscribers[i]), max_fanout)) is not None}
+    within = [new for i, new in enumerate(items) if i not in refused]
+    recorded = {row["event_key"]: row["seq"] for row in (yield dialect.insert_topic_events(within))} if within else {}
+    fresh = {i: recorded.pop(new.key) for i, new in enumerate(items) if i not in refused and new.key in recorded}
+    made = [(i, items[i].intent_for(d, fresh[i])) for i in fresh for d in subscribers[i]]
     stored = (yield from insert_batch(dialect, [item for _, item in made], seen)) if made else []
     results: list[Published | OutboxError | None] = [None] * len(items)
     for i, seq in fresh.items():
@@ -325,18 +336,30 @@ def publish_each(dialect: Intake, items: Sequence[NewEvent],
     for i, new in enumerate(items):
         if results[i] is None:
             try:
-                results[i] = decide_existing_event((yield from event(dialect, new.key)), new)
+                results[i] = ((yield from _recorded_or(dialect, new, refused[i])) if i in refused
+                              else decide_existing_event((yield from event(dialect, new.key)), new))
             except OutboxError as exc:
                 results[i] = exc
     return cast(list[Published | OutboxError], results)  # every place filled above
 
 
+def _recorded_or(dialect: Intake, new: NewEvent, refused: OutboxError) -> Steps[Published]:
+    """``new`` compared with the event recorded under its key (``rules.decide_existing_event``),
+    or, with none recorded, ``refused`` raised."""
+    try:
+        existing = yield from event(dialect, new.key)
+    except NotFound:
+        raise refused from None
+    return decide_existing_event(existing, new)
+
+
 def deliver(dialect: Intake, new: NewIntent, first: Event) -> Steps[tuple[Enqueued, StoredEvent]]:
     """Make ``new``, an event's intent for one more destination, unless it exists (an operator's
-    delivery); returns it and the event as it then stands. Raises NotFound (no such event, before
-    any write), UnknownDestination, InvalidInput (its channel refuses the payload), IntentConflict."""
-    yield from event(dialect, event_key(new))
-    (result,) = yield from insert_batch(dialect, [(new, first)])
+    delivery), sending the payload the event stores; returns it and the event as it then stands.
+    Raises NotFound (no such event, before any write), UnknownDestination, InvalidInput (its
+    channel refuses the payload), IntentConflict."""
+    found = yield from event(dialect, event_key(new))
+    (result,) = yield from insert_batch(dialect, [(sending_event_payload(new, found), first)])
     if isinstance(result, OutboxError):
         raise result
     return result, (yield from event(dialect, event_key(new)))

@@ -89,6 +89,9 @@ class Lookups(ABC):
     async def count_active_tokens(self, role: str) -> int:
         return int(await self._value("count_active_tokens", (role,)))
 
+    async def console_session(self, id_hash: str, now: datetime) -> TokenInfo | None:
+        return await self._one("console_session", (id_hash, now), self.read.token)
+
 
 def _count(row: Any) -> tuple[str, str, int]:
     """A ``count_by_status`` row: status, channel, count."""

@@ -5,6 +5,8 @@ receivers' SQLite pieces (the group committer, its set jobs, the microsecond tim
 
 from __future__ import annotations
 
+import re
+
 from receivers import sqlite_writer as _sqlite
 from receivers.queries import Queries
 from receivers.sqlite_writer import SetJob, from_us, to_us
@@ -14,7 +16,20 @@ from ..errors import StoreUnavailable
 SQLITE = _sqlite.Sqlite(StoreUnavailable)
 connect, on_thread, unavailable = SQLITE.connect, SQLITE.on_thread, SQLITE.unavailable
 queries = Queries(__package__)
-__all__ = ["SQLITE", "GroupCommitter", "SetJob", "connect", "from_us", "on_thread", "queries", "to_us", "unavailable"]
+__all__ = ["SQLITE", "GroupCommitter", "SetJob", "connect", "from_us", "on_thread", "queries", "statements", "to_us",
+           "unavailable"]
+#: Where a statement reads the payload an intent of an event sends: ``{event_payload[row]}``,
+#: ``row`` naming its intents row.
+_EVENT_PAYLOAD = re.compile(r"\{event_payload\[(\w+)\]\}")
+
+
+def statements(dialect: str) -> dict[str, str]:
+    """A dialect's named statements (``sql/<dialect>.sql``), each ``{event_payload[row]}`` filled
+    from its block ``event_payload`` for that row: one rule for where an intent's payload is
+    stored, however many statements read intents."""
+    sql = queries.load(dialect)
+    return {name: _EVENT_PAYLOAD.sub(lambda found: sql["event_payload"].format(of=found[1]), text)
+            for name, text in sql.items()}
 
 
 class GroupCommitter(_sqlite.GroupCommitter):

@@ -28,7 +28,7 @@ from ..flow import Held
 from ..grants import Grant, GrantSpec
 from ..keyring import Keyring
 from ..model import Attempt, Change, Enqueued, Event, Intent, NewIntent, Status
-from ..tokens import TokenInfo
+from ..tokens import ConsoleSession, TokenInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +192,7 @@ class Transaction(Protocol):
         """As ``Store.insert_intent``, inside this transaction."""
         ...
 
-    async def publish(self, new: NewEvent, *, granted_only: bool) -> Published:
+    async def publish(self, new: NewEvent, *, granted_only: bool, max_fanout: int | None = None) -> Published:
         """As ``Store.publish``, inside this transaction."""
         ...
 
@@ -245,17 +245,20 @@ class Store(Protocol):
         """One intent, or None."""
         ...
 
-    async def publish(self, new: NewEvent, *, granted_only: bool) -> Published:
+    async def publish(self, new: NewEvent, *, granted_only: bool, max_fanout: int | None = None) -> Published:
         """Record an event and, in the same transaction, one intent (``NewEvent.intent_for``) per
         destination with a subscription matching its topic (``topics.matches``) for its scope and,
         with ``granted_only``, a grant live at its ``created_at`` for that scope (``find_grant``'s
         rule); a subscriber whose intent is refused (its channel refuses the payload, its derived
         key is held by another operation) is skipped with the reason, recorded on the event. The
         same key (scope/event_id), topic, digest and ordering key again returns the event as it
-        stands (``created=False``, nothing written); else raises IntentConflict, writing nothing."""
+        stands (``created=False``, nothing written); else raises IntentConflict, writing nothing. Its
+        intents send the payload the event stores, not a copy each. A new event with more subscribers
+        so reached than ``max_fanout`` (None: no limit) raises FanoutTooLarge, writing nothing."""
         ...
 
-    async def publish_each(self, items: Sequence[NewEvent], *, granted_only: bool) -> list[Published | OutboxError]:
+    async def publish_each(self, items: Sequence[NewEvent], *, granted_only: bool,
+                           max_fanout: int | None = None) -> list[Published | OutboxError]:
         """``publish`` for many in one transaction, each on its own: an event refused is answered
         by its error in its place and writes nothing; the others commit together, or none does."""
         ...
@@ -456,6 +459,21 @@ class Store(Protocol):
 
     async def count_active_tokens(self, role: str) -> int:
         """How many unrevoked tokens of ``role`` exist."""
+        ...
+
+    async def open_console_session(self, session: ConsoleSession, *, keep: int) -> None:
+        """Store a new console session, in one transaction with dropping every session expired
+        at its ``created_at`` or opened with a revoked token, and the oldest of its token's
+        beyond the newest ``keep``."""
+        ...
+
+    async def console_session(self, id_hash: str, now: datetime) -> TokenInfo | None:
+        """The token of the session with this hash, if the session is unexpired at ``now`` and
+        the token is not revoked; otherwise None."""
+        ...
+
+    async def close_console_session(self, id_hash: str) -> None:
+        """Remove a console session (none with this hash: nothing happens)."""
         ...
 
 

@@ -22,16 +22,25 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Protocol
 
 from ..clock import iso
-from ..destinations import Destination
+from ..destinations import (
+    DEFAULT_RETENTION_SECONDS,
+    DEFAULT_TIMEOUT_SECONDS,
+    MAX_AGE_SECONDS,
+    MAX_RETENTION_SECONDS,
+    MAX_TIMEOUT_SECONDS,
+    MIN_RETENTION_SECONDS,
+    Destination,
+    Stored,
+)
 from ..events import NewEvent, StoredEvent
-from ..flow import RateLimit
 from ..grants import Grant, GrantSpec
 from ..keyring import Keyring, required
 from ..model import Attempt, Event, Intent, NewIntent, OnDead, OnUnknown, Ordering, Outcome, Role, Status, Submission
+from ..timestamps import FIRST, LAST
 from ..tokens import TokenInfo
 from ..topics import Subscription
 
@@ -39,9 +48,6 @@ from ..topics import Subscription
 #: type); raises OverflowError for one no datetime can hold, which the driver then gives as
 #: integer microseconds from an epoch inside the range (negative: before it).
 Time = Callable[[Any], Any]
-#: The first and the last time a datetime can hold: what a stored time beyond them is read as.
-FIRST = datetime.min.replace(tzinfo=UTC)
-LAST = datetime.max.replace(tzinfo=UTC)
 
 
 def nearest(time: Time, stored: Any) -> Any:
@@ -102,7 +108,9 @@ def intent(row: Row, time: Time) -> Intent:
         **_as_is(row, "seq", "action_id", "scope", "destination", "channel", "payload_digest", "attempts",
                  "max_attempts", "lease_owner", "fence", "last_error", "approved_digest", "approved_by",
                  "ordering_key", "replayed_after", "event_id", "trace_context"),
-        payload_json=row["payload"],
+        # an intent of an event sends the payload stored once in the event's row (``event_payload``
+        # beside its columns) and keeps none of its own; any other intent sends its own
+        payload_json=row["payload"] if row["event_payload"] is None else row["event_payload"],
         status=Status(row["status"]),
         next_attempt_at=at("next_attempt_at"),
         not_before=at("not_before"),
@@ -136,25 +144,34 @@ def event(row: Row, time: Time) -> Event:
 
 def destination(row: Row, time: Time, keyring: Keyring | None) -> Destination:
     """A destination from its row, its secrets opened with ``keyring``. Raises SecretsKeyError
-    when they do not open."""
+    when they do not open. A stored setting the API would refuse (a row written by hand) is read
+    as the nearest one it takes, and the destination says which (``Destination.unusable``), so
+    one such row fails no read of the others, nor a computation of the sender's."""
     at = _Times(row, time)
+    kept = Stored()
+    paused_until = at("paused_until")  # (the one time the sender computes with, read first: noted alone)
+    kept.notes += [f"{beyond} (read as the nearest time that can be read)" for beyond in at.beyond]
     return Destination(
-        **_as_is(row, "id", "channel", "retention_seconds", "timeout_seconds"),
+        **_as_is(row, "id", "channel"),
         **_flags(row, "idempotent", "requires_approval", "allow_private_network", "disabled", "reconcile"),
-        settings=json.loads(row["settings"]),
+        retention_seconds=kept.whole("retention_seconds", row["retention_seconds"], MIN_RETENTION_SECONDS,
+                                     MAX_RETENTION_SECONDS, DEFAULT_RETENTION_SECONDS),
+        timeout_seconds=kept.seconds("timeout_seconds", row["timeout_seconds"], MAX_TIMEOUT_SECONDS,
+                                     DEFAULT_TIMEOUT_SECONDS),
+        settings=kept.settings(row["settings"]),
         secrets=required(keyring).open(row["secrets"], destination_id=row["id"]),
-        on_unknown=OnUnknown(row["on_unknown"]),
+        on_unknown=kept.choice("on_unknown", row["on_unknown"], OnUnknown, OnUnknown.DECLARED),
         created_at=at("created_at"),
         updated_at=at("updated_at"),
-        ordering=Ordering(row["ordering"]),
-        ordering_on_dead=OnDead(row["ordering_on_dead"]),
-        retry_schedule=None if row["retry_schedule"] is None else tuple(json.loads(row["retry_schedule"])),
-        max_age_seconds=row["max_age_seconds"],
+        ordering=kept.choice("ordering", row["ordering"], Ordering, Ordering.NONE),
+        ordering_on_dead=kept.choice("ordering_on_dead", row["ordering_on_dead"], OnDead, OnDead.BLOCK),
+        retry_schedule=kept.schedule(row["retry_schedule"]),
+        max_age_seconds=kept.whole("max_age_seconds", row["max_age_seconds"], 1, MAX_AGE_SECONDS, None),
         subscriptions=subscriptions_from(row["subscriptions"]),
-        rate_limit=None if row["rate_per_second"] is None else RateLimit(per_second=row["rate_per_second"],
-                                                                         burst=row["rate_burst"]),
-        max_in_flight=row["max_in_flight"],
-        paused_until=at("paused_until"),
+        rate_limit=kept.rate(row["rate_per_second"], row["rate_burst"]),
+        max_in_flight=kept.cap(row["max_in_flight"]),
+        paused_until=paused_until,
+        unusable=kept.unusable(),
     )
 
 
@@ -226,8 +243,11 @@ class Reader:
 
 
 def new_intent_values(new: NewIntent, channel: str, status: Status) -> tuple[Any, ...]:
-    """A new intent's columns, from its key to ``created_at``, as ``insert_intent`` takes them."""
-    return (new.key, new.action_id, new.scope, new.destination, channel, new.payload_json, new.payload_digest,
+    """A new intent's columns, from its key to ``created_at``, as ``insert_intent`` takes them. An
+    intent that sends its event's stored payload (``payload_event``, written beside) stores none of
+    its own: ``''``, which no payload is (a payload is JSON)."""
+    payload = "" if new.payload_event is not None else new.payload_json
+    return (new.key, new.action_id, new.scope, new.destination, channel, payload, new.payload_digest,
             status.value, new.max_attempts, new.next_attempt_at, new.not_before, new.expires_at, new.created_at)
 
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import cast
 
 from .. import channels
 from ..errors import (
     DestinationInUse,
+    FanoutTooLarge,
     IntentConflict,
     InvalidInput,
     LastAdmin,
@@ -111,6 +113,27 @@ def decide_existing_event(existing: StoredEvent, new: NewEvent) -> Published:
             f"event_id {new.event_id!r} already exists in scope {new.scope!r} with " + ", ".join(differences)
             + "; an event_id names one event and is never reused for another")
     return Published(existing, created=False)
+
+
+def fanout_refusal(new: NewEvent, reached: int, max_fanout: int | None) -> FanoutTooLarge | None:
+    """Why ``new`` may not be recorded, or None: it would make an intent for each of ``reached``
+    destinations (subscribed to its topic, that its scope may reach; one its channel would skip
+    counts), more than ``max_fanout`` (None: no limit). Asked before anything of the event is
+    written; an event recorded already under its key is answered as recorded instead."""
+    if max_fanout is None or reached <= max_fanout:
+        return None
+    return FanoutTooLarge(
+        f"event {new.event_id!r} (topic {new.topic!r}) would fan out to {reached} destinations in scope "
+        f"{new.scope!r}, more than max_fanout allows ({max_fanout}, the setting OUTBOX_MAX_FANOUT); nothing was "
+        "recorded: raise the setting, or narrow the destinations' subscriptions or the scope's grants",
+        fanout=reached, max_fanout=max_fanout)
+
+
+def sending_event_payload(new: NewIntent, event: StoredEvent) -> NewIntent:
+    """``new``, an intent of the recorded ``event`` (an operator's delivery of it), made to send
+    the payload the event stores rather than a copy: when its digest is the event's, which it is
+    for the event's own payload (canonical JSON, so prepared again it is the same); else as it is."""
+    return replace(new, payload_event=event.seq) if new.payload_digest == event.payload_digest else new
 
 
 def fanout_of(items: Sequence[tuple[NewIntent, Event]],

@@ -26,5 +26,6 @@ __all__ = ["CHANNEL", "Attachment", "EmailChannel", "EmailPayload", "EmailSpec",
 
 CHANNEL = ChannelModule(
     name="email", spec=EmailSpec, needs_secret=False, check_payload=check_payload,
+    signing=lambda secrets: (),  # its one secret is the AUTH password: a message is not signed
     open=lambda concurrency: EmailChannel(), target=lambda settings: f"smtp {settings['host']}:{settings['port']}",
 )

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import getpass
 import json
+import re
 import signal
+import ssl
 import subprocess
 import threading
 import time
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import trustme
 
 from outbox.store.migrator import scripts_for
 
@@ -33,12 +36,18 @@ def cli(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProces
 
 
 class Service:
-    """``outbox serve`` in a subprocess, in a fresh directory with no configuration."""
+    """``outbox serve`` in a subprocess, in a fresh directory with no configuration; over HTTPS,
+    trusting ``ca``, when it is given one."""
 
-    def __init__(self, cwd: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, cwd: Path, *args: str, env: dict[str, str] | None = None,
+                 ca: trustme.CA | None = None) -> None:
         self.cwd = cwd
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if ca else 'http'}://127.0.0.1:{self.port}"
+        self.verify: ssl.SSLContext | bool = True
+        if ca is not None:
+            self.verify = ssl.create_default_context()
+            ca.configure_trust(self.verify)
         self.log = cwd / f"serve-{self.port}.log"
         with self.log.open("w") as out:
             self.proc = subprocess.Popen([OUTBOX, "serve", "--port", str(self.port), *args], cwd=cwd,
@@ -48,7 +57,7 @@ class Service:
         while True:
             assert self.proc.poll() is None, self.log.read_text()
             try:
-                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
+                if httpx.get(self.url + "/readyz", timeout=1, verify=self.verify).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
@@ -175,6 +184,57 @@ def test_sigterm_answers_long_polls_and_stops_the_sender_at_once(workdir: Path, 
     finally:
         if svc.proc.poll() is None:
             svc.proc.kill()
+
+
+def _console_cookie(svc: Service, token: str, **headers: str) -> str:
+    """The session's Set-Cookie of signing in to ``svc``'s console with ``token``."""
+    with httpx.Client(base_url=svc.url, verify=svc.verify, timeout=10, headers=headers) as http:
+        form = http.get("/console/login")
+        value = re.search(r"name='csrf' value='([^']+)'", form.text)
+        assert value is not None, form.text
+        signed = http.post("/console/login", data={"token": token, "csrf": value.group(1)},
+                           headers={"Cookie": f"outbox_console_login={form.cookies['outbox_console_login']}"})
+    assert signed.status_code == 303 and signed.headers["location"] == "/console", signed.text
+    return next(c for c in signed.headers.get_list("set-cookie") if c.startswith("outbox_console="))
+
+
+def test_serve_speaks_tls_with_the_certificate_it_is_given(workdir: Path):
+    ca = trustme.CA()
+    issued = ca.issue_cert("127.0.0.1")
+    issued.cert_chain_pems[0].write_to_path(workdir / "cert.pem")
+    issued.private_key_pem.write_to_path(workdir / "key.pem")
+    cli(workdir, "migrate")
+    admin = json.loads(cli(workdir, "--json", "tokens", "create", "--role", "admin").stdout)["token"]
+    svc = Service(workdir, "--no-worker", "--tls-certfile", "cert.pem", "--tls-keyfile", "key.pem", ca=ca)
+    try:
+        assert "secure" in [part.strip().lower() for part in _console_cookie(svc, admin).split(";")]
+        with pytest.raises(httpx.TransportError):  # nothing answers plain HTTP there
+            httpx.get(f"http://127.0.0.1:{svc.port}/healthz", timeout=5)
+    finally:
+        svc.stop()
+    unusable = subprocess.run([OUTBOX, "serve", "--port", str(free_port()), "--tls-certfile", "key.pem"],
+                              cwd=workdir, env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert unusable.returncode == 1
+    assert "cannot serve TLS with key.pem: they are not a PEM certificate chain and its private key" in unusable.stderr
+    alone = subprocess.run([OUTBOX, "serve", "--tls-keyfile", "key.pem"], cwd=workdir, env=clean_env(),
+                           capture_output=True, text=True, timeout=60)
+    assert alone.returncode == 2 and "a TLS key needs its certificate" in alone.stderr
+
+
+def test_serve_believes_x_forwarded_proto_from_the_proxies_it_is_told_of_only(workdir: Path):
+    cli(workdir, "migrate")
+    admin = json.loads(cli(workdir, "--json", "tokens", "create", "--role", "admin").stdout)["token"]
+    proxied = {"X-Forwarded-Proto": "https"}  # sent from 127.0.0.1, as a proxy on this host would
+    for args, env, secure in [((), {}, False),
+                              (("--proxy-headers", "--forwarded-allow-ips", "10.0.0.0/8"), {}, False),
+                              (("--proxy-headers", "--forwarded-allow-ips", "127.0.0.1"), {}, True),
+                              ((), {"OUTBOX_PROXY_HEADERS": "true"}, True)]:
+        svc = Service(workdir, "--no-worker", *args, env=env)
+        try:
+            flags = [part.strip().lower() for part in _console_cookie(svc, admin, **proxied).split(";")]
+        finally:
+            svc.stop()
+        assert ("secure" in flags) is secure, (args, env)
 
 
 def test_cli_errors_are_clear_and_exit_nonzero(workdir: Path):

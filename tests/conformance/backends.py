@@ -34,6 +34,14 @@ class CallerSql:
     after_year_9999: str
     latest: str
     grant_earliest: str
+    #: Values the API refuses, written by hand into destination ``edge``'s row and bucket: its
+    #: pause as late as the store can hold, and its bucket's count at minus infinity.
+    edge_paused_latest: str
+    edge_bucket_minus_infinity: str
+    #: The payload stored, in intents and in events together (its length: the suite's payloads are
+    #: ASCII, a byte a character); and the deletion of event ``acme/e1``.
+    payload_bytes: str
+    delete_event: str
 
 
 def keyring(directory: Path) -> Keyring:
@@ -75,6 +83,11 @@ CALLER_SQL: dict[str, CallerSql] = {
         after_year_9999="UPDATE intents SET next_attempt_at = 253402304399000000 WHERE action_id = ?",
         latest="UPDATE intents SET next_attempt_at = 9223372036854775807 WHERE action_id = ?",
         grant_earliest="UPDATE grants SET expires_at = -9223372036854775808 WHERE id = 'g1'",
+        edge_paused_latest="UPDATE destinations SET paused_until = 9223372036854775807 WHERE id = 'edge'",
+        edge_bucket_minus_infinity="UPDATE destination_buckets SET tokens = -1e999 WHERE destination = 'edge'",
+        payload_bytes="SELECT (SELECT coalesce(sum(length(payload)), 0) FROM intents)"
+                      " + (SELECT coalesce(sum(length(payload)), 0) FROM topic_events)",
+        delete_event="DELETE FROM topic_events WHERE event_key = 'acme/e1'",
     ),
     "postgres": CallerSql(
         create="CREATE TABLE orders (id integer PRIMARY KEY, total integer NOT NULL)",
@@ -85,5 +98,10 @@ CALLER_SQL: dict[str, CallerSql] = {
         after_year_9999="UPDATE intents SET next_attempt_at = '9999-12-31 23:59:59-01' WHERE action_id = $1",
         latest="UPDATE intents SET next_attempt_at = 'infinity' WHERE action_id = $1",
         grant_earliest="UPDATE grants SET expires_at = '-infinity' WHERE id = 'g1'",
+        edge_paused_latest="UPDATE destinations SET paused_until = 'infinity' WHERE id = 'edge'",
+        edge_bucket_minus_infinity="UPDATE destination_buckets SET tokens = '-Infinity' WHERE destination = 'edge'",
+        payload_bytes="SELECT (SELECT coalesce(sum(length(payload)), 0) FROM intents)"
+                      " + (SELECT coalesce(sum(length(payload)), 0) FROM topic_events)",
+        delete_event="DELETE FROM topic_events WHERE event_key = 'acme/e1'",
     ),
 }

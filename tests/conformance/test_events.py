@@ -12,15 +12,17 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from outbox import IntentConflict, NotFound, Status, UnknownDestination
+from outbox import FanoutTooLarge, IntentConflict, IntentQuery, NotFound, Status, UnknownDestination
 from outbox.events import EventQuery, NewEvent
 from outbox.grants import GrantSpec
-from outbox.model import Event, NewIntent
+from outbox.model import Approve, Cancel, Event, NewIntent, Ordering, Replay, Settle
 from outbox.store import Store
+from outbox.store.protocol import Claim
 from outbox.topics import Subscription, action_id_for, matches
 
 from .backends import CALLER_SQL
-from .test_store import T0, destination, open_store, store, store_factory  # noqa: F401 (fixtures)
+from .test_store import T0, destination, new, open_store, store, store_factory  # noqa: F401 (fixtures)
+from .test_store import made as made_change
 
 MAIL = {"host": "mail.example", "port": 25, "from_address": "outbox@example.com"}
 
@@ -237,3 +239,144 @@ async def test_concurrent_publishes_of_one_event_make_one_fan_out(store):
     assert len({r.event.fanout for r in results}) == 1
     page = await store.list_events(EventQuery())
     assert [e.event_id for e in page.events] == ["e1"]
+
+
+# -- an event's payload, stored once -----------------------------------------------------------
+
+#: A payload large enough that a copy of it per intent would show in what is stored.
+BIG = '{"note":"' + "x" * 20_000 + '"}'
+OTHER = '{"note":"' + "y" * 10_000 + '"}'
+
+
+async def stored_payload_bytes(store: Store) -> int:
+    """The bytes of payload the store holds, in its intents and its events together."""
+    async with store.transaction() as tx:
+        [(found,)] = await tx.execute(CALLER_SQL[store.dialect].payload_bytes)
+    return int(found)
+
+
+async def test_an_events_payload_is_stored_once_however_many_intents_it_makes(store):
+    for n in range(8):
+        await subscribe(store, f"d{n}", "*")
+    before = await stored_payload_bytes(store)
+    published = await store.publish(event("e1", payload=BIG), granted_only=True)
+    assert len(published.event.fanout) == 8
+    assert await stored_payload_bytes(store) - before == len(BIG)  # the event's copy only, not 1 + 8
+    await store.publish_each([event("e2", payload=BIG), event("e3", payload=OTHER)], granted_only=True)
+    async with store.transaction() as tx:
+        await tx.publish(event("e4", payload=BIG), granted_only=True)
+    await store.put_destination(destination("late"))
+    late = NewIntent(action_id=action_id_for("e1", "late"), scope="acme", destination="late", payload_json=BIG,
+                     payload_digest="sha256:aa", max_attempts=5, next_attempt_at=T0, not_before=None,
+                     expires_at=None, created_at=T0, event_id="e1")
+    made, shown = await store.deliver_event(late, Event(kind="enqueued", at=T0, actor="op", data={"event_id": "e1"}))
+    assert made.created and len(shown.fanout) == 9 and made.intent.payload_json == BIG
+    assert await stored_payload_bytes(store) - before == 3 * len(BIG) + len(OTHER)
+    for n in range(8):
+        for event_id, payload in (("e1", BIG), ("e2", BIG), ("e3", OTHER), ("e4", BIG)):
+            assert (await store.get_intent(f"acme/{action_id_for(event_id, f'd{n}')}")).payload_json == payload
+    assert (await store.get_intent(f"acme/{late.action_id}")).payload_json == BIG
+
+
+async def test_every_reader_of_an_events_intents_reads_the_events_own_payload(store):
+    await subscribe(store, "hook", "*")
+    await subscribe(store, "limited", "*", max_in_flight=10)  # claimed through the flow-control path
+    await subscribe(store, "ordered", "*", ordering=Ordering.KEY)
+    await subscribe(store, "approval", "*", requires_approval=True)
+    await store.insert_intent(*new("direct"))  # an intent's own payload, beside
+    before = await stored_payload_bytes(store)
+    await store.publish(replace(event("e1", payload=BIG), ordering_key="k"), granted_only=True)
+    await store.publish(replace(event("e2", payload=OTHER, digest="sha256:bb"), ordering_key="k"), granted_only=True)
+    assert await stored_payload_bytes(store) - before == len(BIG) + len(OTHER)
+    sent = {f"acme/{action_id_for(e, d)}": payload for e, payload in (("e1", BIG), ("e2", OTHER))
+            for d in ("hook", "limited", "ordered", "approval")}
+    sent["acme/direct"] = '{"n":1}'
+
+    def read(intents) -> dict[str, str]:
+        return {i.key: i.payload_json for i in intents}
+
+    assert read([await store.get_intent(key) for key in sent]) == sent
+    assert read([(await store.history(key)).intent for key in sent]) == sent
+    assert read((await store.list_intents(IntentQuery(limit=50))).intents) == sent
+    assert read([i for d in ("hook", "limited") for i in await store.intents_named(action_id_for("e1", d))]) == {
+        f"acme/{action_id_for('e1', d)}": BIG for d in ("hook", "limited")}
+    assert (await store.get_event("acme/e2")).payload_json == OTHER
+    assert (await store.waiting_behind(f"acme/{action_id_for('e2', 'ordered')}")).payload_json == BIG
+    claimed = (await store.apply([], claim=Claim("w1", T0, T0 + timedelta(seconds=30), 50))).claimed
+    assert read(claimed) == {key: payload for key, payload in sent.items()
+                             if "approval" not in key and key != f"acme/{action_id_for('e2', 'ordered')}"}
+    expired = await store.expired_leases(T0 + timedelta(seconds=31), 50)
+    assert read(i for i, _ in expired) == read(claimed)
+    hook = await store.get_intent(f"acme/{action_id_for('e1', 'hook')}")
+    ev = (Event(kind="dead_lettered", at=T0, actor="w1"),)
+    await made_change(store, Settle(hook.key, hook.fence, Status.DEAD, ev))
+    replayed = await made_change(store, Replay(hook.key, Status.DEAD, T0, 5, (Event(kind="replayed", at=T0,
+                                                                                      actor="op"),)))
+    assert replayed.payload_json == BIG
+    waiting = f"acme/{action_id_for('e2', 'ordered')}"
+    cancelled = await made_change(store, Cancel(waiting, Status.PENDING, (Event(kind="cancelled", at=T0, actor="op"),)))
+    assert cancelled.payload_json == OTHER
+    held = f"acme/{action_id_for('e2', 'approval')}"
+    approved = await made_change(store, Approve(held, "sha256:bb", T0 + timedelta(hours=1), "op", T0,
+                                                (Event(kind="approved", at=T0, actor="op"),)))
+    assert approved.payload_json == OTHER
+
+
+async def test_pruning_some_of_an_events_intents_keeps_its_payload_for_the_rest(store):
+    for n in range(3):
+        await subscribe(store, f"d{n}", "*")
+    await store.publish(event("e1", payload=BIG), granted_only=True)
+    keys = [f"acme/{action_id_for('e1', f'd{n}')}" for n in range(3)]
+
+    async def withdraw(key: str) -> None:
+        await made_change(store, Cancel(key, Status.PENDING, (Event(kind="cancelled", at=T0, actor="op"),)))
+
+    async def delete_the_event() -> None:
+        async with store.transaction() as tx:
+            await tx.execute(CALLER_SQL[store.dialect].delete_event)
+
+    for key in keys[:2]:
+        await withdraw(key)
+    assert await store.prune(T0 + timedelta(days=1), dry_run=False, limit=None) == [
+        action_id_for("e1", "d0"), action_id_for("e1", "d1")]
+    assert [await store.get_intent(key) for key in keys[:2]] == [None, None]
+    assert (await store.get_intent(keys[2])).payload_json == BIG
+    shown = await store.get_event("acme/e1")
+    assert shown.payload_json == BIG and [d.destination for d in shown.fanout] == ["d2"]
+    with pytest.raises(Exception, match="intents that remain"):  # the payload an intent sends stays with it
+        await delete_the_event()
+    assert (await store.get_intent(keys[2])).payload_json == BIG
+    await withdraw(keys[2])
+    assert await store.prune(T0 + timedelta(days=1), dry_run=False, limit=None) == [action_id_for("e1", "d2")]
+    assert (await store.get_event("acme/e1")).payload_json == BIG  # events are kept: pruning removes intents
+    await delete_the_event()  # with no intent left to send it, the event (and its payload) may go
+    assert await store.get_event("acme/e1") is None
+
+
+async def test_an_event_past_max_fanout_is_refused_writing_nothing_and_one_recorded_is_answered(store):
+    for n in range(3):
+        await subscribe(store, f"d{n}", "*")
+    await subscribe(store, "invoices", "invoice.*")  # invoice.paid reaches 4, user.created 3
+    with pytest.raises(FanoutTooLarge, match="max_fanout") as refused:
+        await store.publish(event("e1"), granted_only=True, max_fanout=3)
+    assert (refused.value.fanout, refused.value.max_fanout) == (4, 3)
+    assert await store.get_event("acme/e1") is None
+    assert (await store.list_intents(IntentQuery())).intents == []
+    with pytest.raises(FanoutTooLarge):
+        async with store.transaction() as tx:
+            await tx.publish(event("e1"), granted_only=True, max_fanout=3)
+    assert await store.get_event("acme/e1") is None
+    first = await store.publish(event("e1"), granted_only=True, max_fanout=4)  # at the limit: made
+    assert first.created and len(first.event.fanout) == 4
+    again = await store.publish(event("e1"), granted_only=True, max_fanout=1)  # recorded already: as it stands
+    assert not again.created and again.event == first.event
+    with pytest.raises(IntentConflict):
+        await store.publish(event("e1", digest="sha256:bb"), granted_only=True, max_fanout=1)
+    results = await store.publish_each([event("e2"), event("e3", "user.created"), event("e1"), event("e2")],
+                                       granted_only=True, max_fanout=3)
+    assert [type(r).__name__ for r in results] == ["FanoutTooLarge", "Published", "Published", "FanoutTooLarge"]
+    assert results[0].details() == {"fanout": 4, "max_fanout": 3}
+    assert results[1].created and len(results[1].event.fanout) == 3
+    assert not results[2].created and results[2].event == first.event
+    assert await store.get_event("acme/e2") is None
+    assert len((await store.list_intents(IntentQuery())).intents) == 7

@@ -52,7 +52,7 @@ from outbox.model import Approve, Cancel, Change, NewIntent, OnDead, Ordering, R
 from outbox.store import Store
 from outbox.store.protocol import Claim
 from outbox.store.records import FIRST, LAST
-from outbox.tokens import TokenInfo
+from outbox.tokens import ConsoleSession, TokenInfo
 
 from .backends import CALLER_SQL, STORE_FACTORIES, StoreFactory
 from .recording import REQUIRED, RecordingStore
@@ -522,6 +522,40 @@ async def test_two_revocations_at_once_never_leave_no_admin(store):
                                    return_exceptions=True)
     assert sorted(type(r).__name__ for r in results) == ["LastAdmin", "TokenInfo"], results
     assert await store.count_active_tokens("admin") == 1
+
+
+async def test_a_console_session_names_its_token_until_it_expires_is_closed_or_its_token_is_revoked(store):
+    operator = TokenInfo("o1", Role.OPERATOR, (), "on call", T0, None)
+    await store.insert_token(operator, "token-hash")
+    hour = timedelta(hours=1)
+    await store.open_console_session(ConsoleSession("s1", "o1", T0, T0 + hour), keep=5)
+    await store.open_console_session(ConsoleSession("s2", "o1", T0, T0 + hour), keep=5)
+    assert await store.console_session("s1", T0) == operator
+    assert await store.console_session("s1", T0 + hour - timedelta(microseconds=1)) == operator
+    assert await store.console_session("s1", T0 + hour) is None  # expired at its expires_at
+    assert await store.console_session("token-hash", T0) is None  # the token's hash is no session
+    assert await store.console_session("nothing", T0) is None
+    await store.close_console_session("s1")
+    await store.close_console_session("s1")  # closing again changes nothing
+    assert await store.console_session("s1", T0) is None
+    assert await store.console_session("s2", T0) == operator
+    await store.revoke_token("o1", T0)
+    assert await store.console_session("s2", T0) is None  # judged against the token's record
+
+
+async def test_opening_a_console_session_drops_expired_ones_and_keeps_a_tokens_newest(store):
+    for token_id in ("o1", "o2", "gone"):
+        await store.insert_token(TokenInfo(token_id, Role.OPERATOR, (), None, T0, None), f"hash-{token_id}")
+    await store.open_console_session(ConsoleSession("old", "o2", T0, T0 + timedelta(seconds=10)), keep=3)
+    await store.open_console_session(ConsoleSession("revoked", "gone", T0, T0 + timedelta(days=1)), keep=3)
+    await store.revoke_token("gone", T0)
+    for n in range(5):
+        at = T0 + timedelta(seconds=20 + n)
+        await store.open_console_session(ConsoleSession(f"o1-{n}", "o1", at, at + timedelta(hours=1)), keep=3)
+    async with store.transaction() as tx:
+        left = [row[0] for row in await tx.execute("SELECT id_hash FROM console_sessions ORDER BY id_hash")]
+    assert left == ["o1-2", "o1-3", "o1-4"]  # o2's expired, gone's revoked, o1's two oldest beyond 3
+    assert await store.console_session("o1-4", T0 + timedelta(seconds=30)) is not None
 
 
 async def test_callers_sql_and_enqueue_commit_together(store):

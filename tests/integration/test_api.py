@@ -196,6 +196,9 @@ async def test_a_destinations_limits_are_set_shown_and_refused_whole(api: Api):
         assert created.status_code == 201
         assert {k: created.json()[k] for k in (*limits, "paused_until")} == {**limits, "paused_until": None}
         for bad, words in (({"rate_limit": {"per_second": 0}}, "rate_limit.per_second"),
+                           ({"rate_limit": {"per_second": 1e-12}},  # (the next token 31,700 years away)
+                            "rate_limit.per_second: Input should be greater than or equal to 0.00001"),
+                           ({"rate_limit": {"per_second": 5e-324, "burst": 1}}, "greater than or equal to 0.00001"),
                            ({"rate_limit": {"per_second": 5, "every": 2}}, "rate_limit.every"),
                            ({"rate_limit": 5}, "rate_limit"), ({"max_in_flight": 0}, "max_in_flight")):
             assert_problem(await c.put("/v1/destinations/metered", json={"url": "https://m.example/", **bad}),

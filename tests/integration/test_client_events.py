@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from outbox import DestinationSpec, Outbox, Role, Settings
-from outbox.client import AsyncClient, Client, IntentConflict, InvalidInput, Published
+from outbox.client import AsyncClient, Client, Enqueued, IntentConflict, InvalidInput, Published
 
 from ..receiver import Receiver, Reply
 from .conftest import SECRET
@@ -67,3 +67,17 @@ async def test_publish_many_answers_each_event_in_order(served: tuple[str, str])
     assert [type(r) for r in results] == [Published, IntentConflict, InvalidInput, Published]
     assert results[0].created and results[0].event.fanout[0]["action_id"] == "evt~b1~hook"
     assert results[3].event.fanout == () and shown.event_id == "b1"
+
+
+async def test_publish_many_takes_what_enqueue_many_takes(served: tuple[str, str]):
+    """15 events of 100 KB in one request (under the client's 16 MiB) raised PayloadTooLarge: the
+    events' batch was held to one payload and its envelope, where the intents' batch took them."""
+    url, token = served
+    big = "x" * 100_000
+    with Client(url, token=token) as outbox:
+        published = outbox.publish_many([{"topic": "user.created", "payload": {"n": n, "big": big}, "scope": "acme",
+                                          "event_id": f"big-{n}"} for n in range(15)])
+        enqueued = outbox.enqueue_many([{"destination": "hook", "payload": {"n": n, "big": big}, "scope": "acme",
+                                         "action_id": f"big-{n}"} for n in range(15)])
+    assert [(type(r), r.created) for r in published] == [(Published, True)] * 15
+    assert [(type(r), r.created) for r in enqueued] == [(Enqueued, True)] * 15

@@ -235,7 +235,8 @@ async def test_the_api_registers_email_destinations_and_refuses_bad_mail_naming_
         shown = registered.json()
         assert (shown["channel"], shown["host"], shown["from"], shown["on_unknown"]) == (
             "email", "smtp.example.com", FROM, "never")
-        assert "hunter2" not in registered.text and shown["signing_secrets"] == 1
+        assert "hunter2" not in registered.text and shown["signing_secrets"] == 0  # a password signs nothing
+        assert (await admin.get("/v1/destinations/receipts")).json()["signing_secrets"] == 0
         insecure = await admin.put("/v1/destinations/plain", json={
             "channel": "email", "host": "smtp.example.com", "tls": "none", "from": FROM})
         assert_problem(insecure, 422, "invalid-input", "set allow_insecure")

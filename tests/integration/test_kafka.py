@@ -370,6 +370,9 @@ async def test_the_api_registers_kafka_destinations_and_refuses_what_cannot_be_p
             "kafka", "orders", "all", "always")
         assert "hunter2" not in registered.text and SECRET not in registered.text
         assert "sasl_password" not in shown
+        # one whsec_ secret signs; the SASL password held beside it is a credential, not counted
+        assert shown["signing_secrets"] == 1
+        assert (await admin.get("/v1/destinations/log")).json()["signing_secrets"] == 1
 
 
 async def test_a_broker_without_the_idempotent_producer_says_so(env: SenderEnv, channel, tansu: Broker):

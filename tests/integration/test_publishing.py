@@ -98,3 +98,39 @@ async def test_without_grants_as_the_authority_every_subscriber_gets_an_intent(s
         published = await box.publish(scope="globex", topic="invoice.paid", payload={})
         assert {d.destination for d in published.event.fanout} == {"ledger", "ungranted"}
 
+
+
+async def test_intents_of_events_published_before_migration_0018_send_their_events_stored_payload(
+        store_url: str, monkeypatch: pytest.MonkeyPatch):
+    """Rows written as releases before 0018 wrote them (each intent of an event with its own copy
+    of the payload) are converted: each then sends the event's, stored once, and a row whose copy is
+    not the event's (written by hand) keeps its own."""
+    from outbox.store import migrator
+    from outbox.store.postgres import store as postgres_dialect
+    from outbox.store.sqlite import store as sqlite_dialect
+
+    module = sqlite_dialect if store_url.startswith("sqlite:") else postgres_dialect
+    with monkeypatch.context() as patched:
+        patched.setattr(module, "scripts_for", lambda name: [m for m in migrator.scripts_for(name) if m.version < 18])
+        box = await open_box(store_url)
+        await box.close()
+    at = "1700000000000000" if store_url.startswith("sqlite:") else "now()"
+    payload, digest = '{"invoice":42}', "sha256:" + "a" * 64
+    await rows(store_url, f"""INSERT INTO topic_events (event_key, event_id, scope, topic, payload, payload_digest,
+                                                        actor, created_at)
+                              VALUES ('acme/e1', 'e1', 'acme', 'invoice.paid', '{payload}', '{digest}', 'api', {at})""")
+    for action_id, copy, copied_digest in (("evt~e1~billing", payload, digest),
+                                           ("evt~e1~hand", '{"by":"hand"}', "sha256:" + "b" * 64)):
+        await rows(store_url, f"""
+            INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
+                                 max_attempts, next_attempt_at, created_at, updated_at, event_id)
+            VALUES ('acme/{action_id}', '{action_id}', 'acme', 'billing', 'webhook', '{copy}', '{copied_digest}',
+                    'pending', 5, {at}, {at}, {at}, 'e1')""")
+    box = await Outbox.open(store_url)  # migrates 0018
+    try:
+        assert (await box.get("evt~e1~billing", scope="acme")).payload_json == payload
+        assert (await box.get("evt~e1~hand", scope="acme")).payload_json == '{"by":"hand"}'
+        assert sorted(await rows(store_url, "SELECT action_id, payload, payload_event FROM intents")) == [
+            ("evt~e1~billing", "", 1), ("evt~e1~hand", '{"by":"hand"}', None)]
+    finally:
+        await box.close()

@@ -126,6 +126,46 @@ async def test_healthz_is_ok_while_the_embedded_sender_runs(tmp_path: Path, serv
         assert (await c.get("/healthz")).json() == {"status": "ok"}
 
 
+async def test_healthz_names_a_failure_that_is_not_the_databases_as_what_it_is(
+        tmp_path: Path, serve_api, monkeypatch, caplog):
+    """A cycle that fails on an error of the sender's own (what a claim that overflowed raised) is
+    not the database being away: ``/healthz`` and the log name the error, never "cannot reach the
+    database", which sent an operator to look at a database that answered."""
+    from outbox.store import SqliteStore
+
+    apply = SqliteStore.apply
+    failing = True
+
+    async def overflowing(self: SqliteStore, *args: object, **kwargs: object) -> object:
+        if failing:
+            raise OverflowError("date value out of range")
+        return await apply(self, *args, **kwargs)
+
+    monkeypatch.setattr(SqliteStore, "apply", overflowing)  # the precise fault: the claim's arithmetic
+    url = serve_api(Settings(database_url=f"sqlite:///{tmp_path / 'api.db'}", worker=True, poll_seconds=0.05))
+    async with httpx.AsyncClient(base_url=url, timeout=10) as c:
+        async def degraded() -> bool:
+            return (await c.get("/healthz")).json()["status"] == "degraded"
+
+        assert await eventually(degraded, timeout=20)
+        health = await c.get("/healthz")
+        assert health.status_code == 200 and (await c.get("/readyz")).status_code == 200  # the database answers
+        detail = health.json()["detail"]
+        assert "cannot reach the database" not in detail
+        assert "the sender's cycles fail since" in detail and "on an error that is not the database's: " \
+            "OverflowError: date value out of range" in detail
+        assert await eventually(lambda: "on an error of the sender's, not the database's answer (OverflowError: "
+                                        "date value out of range)" in caplog.text, timeout=20)
+        assert "Traceback" in caplog.text or any(r.exc_info for r in caplog.records)  # the log has where
+        failing = False
+
+        async def ok() -> bool:
+            return (await c.get("/healthz")).json() == {"status": "ok"}
+
+        assert await eventually(ok, timeout=40)  # (the cycles back off up to 30 s)
+    assert "the cycles go through again after" in caplog.text
+
+
 async def test_healthz_says_while_the_sender_cannot_reach_the_database_and_recovers(
         tmp_path: Path, serve_api, monkeypatch, caplog):
     from outbox.store import SqliteStore

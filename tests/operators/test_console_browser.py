@@ -20,12 +20,14 @@ import httpx
 import pytest
 
 from outbox import DestinationSpec, Outbox, Role, Settings
+from outbox.console import LOGIN_COOKIE
 from outbox.service import create_service
 
 from ..conftest import SECRET
 from ..receiver import Receiver, Reply
 from ..servers import Served
 from .conftest import Switch
+from .signing import sign_in
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -168,7 +170,7 @@ def test_a_producer_token_cannot_sign_in(console: Console):
         page.get_by_role("button", name="Sign in").click()
         page.wait_for_url("**/console/login?error=refused")
         assert page.locator(".flash.error").inner_text() == "that is not an operator or admin token"
-        assert context.cookies() == []
+        assert [c["name"] for c in context.cookies()] == [LOGIN_COOKIE]  # the form's, no session
         page.goto(console.url + "/console")
         page.wait_for_url(console.url + "/console/login")
 
@@ -181,7 +183,7 @@ def test_a_producer_token_cannot_sign_in(console: Console):
 def test_a_console_action_without_the_form_csrf_value_is_refused(console: Console):
     dead = _dead_letter(console, "inv-43-send")
     with httpx.Client(base_url=console.url, timeout=10, follow_redirects=False) as http:
-        signed_in = http.post("/console/login", data={"token": console.operator})
+        signed_in = sign_in(http, console.operator)
         assert signed_in.status_code == 303 and signed_in.headers["location"] == "/console"
         forged = http.post("/console/intents/inv-43-send/replay", data={"reason": "forged", "csrf": "x" * 32})
         assert forged.status_code == 403 and "stale" in forged.text

@@ -9,12 +9,12 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from outbox import Attempt, Destination, DestinationSpec, Event, EventKind, OnUnknown, Outcome, Status, Submission
-from outbox.console import csrf_for
 from outbox.console.history import attempts
 from outbox.console.layout import fields
 
 from ..conftest import SECRET
 from .conftest import Ops
+from .signing import csrf
 from .test_console_pages import console, rows
 
 
@@ -41,7 +41,8 @@ async def test_the_headline_counts_what_needs_attention_each_linking_to_its_list
             "held for approval": "1 /console/intents?status=held", "revoked": "0 /console/intents?status=revoked",
             # no sender runs in this process: its circuits are not known here, and it says so
             "circuits: not known here (no sender in this process)": " /console/destinations",
-            "paused": "0 /console/destinations?state=paused", "disabled": "1 /console/destinations?state=disabled"}
+            "paused": "0 /console/destinations?state=paused", "disabled": "1 /console/destinations?state=disabled",
+            "settings unusable": "0 /console/destinations?state=unusable"}
         assert "Nothing counted here" not in page
         disabled = (await http.get("/console/destinations", params={"state": "disabled"})).text
         assert [r.split()[0] for r in rows(disabled, "Last hour")] == ["retired"]
@@ -127,13 +128,13 @@ async def test_resolve_chooses_no_outcome_and_refuses_a_form_without_one(ops: Op
             (" value='' selected", "choose the outcome…"), ("", "delivered"), ("", "retry"), ("", "dead")]
         for chosen in ({}, {"resolution": ""}, {"resolution": "maybe"}):
             refused = await http.post("/console/intents/u1/resolve?scope=acme",
-                                      data={"reason": "checked", "csrf": csrf_for(ops.operator), **chosen})
+                                      data={"reason": "checked", "csrf": csrf(http), **chosen})
             assert refused.status_code == 422, chosen
             assert "choose the outcome to resolve it as: delivered, retry or dead" in refused.text
         assert (await ops.box.get("u1")).status is Status.UNKNOWN
         assert [e.kind.value for e in await ops.events("u1")][-1] != "resolved"
         done = await http.post("/console/intents/u1/resolve?scope=acme", data={
-            "reason": "seen in their ledger", "resolution": "delivered", "csrf": csrf_for(ops.operator)})
+            "reason": "seen in their ledger", "resolution": "delivered", "csrf": csrf(http)})
         assert done.status_code == 303
     assert (await ops.box.get("u1")).status is Status.DELIVERED
 

@@ -12,6 +12,7 @@ from outbox.api import create_app
 
 from ..conftest import SECRET
 from ..servers import Served
+from .signing import sign_in
 
 
 def test_the_intent_page_says_behind_which_intent_it_waits_and_links_to_it(tmp_path: Path):
@@ -31,7 +32,7 @@ def test_the_intent_page_says_behind_which_intent_it_waits_and_links_to_it(tmp_p
     served = Served(create_app(Settings(database_url=db_url, worker=False)))
     try:
         with httpx.Client(base_url=served.url, timeout=10) as http:
-            http.post("/console/login", data={"token": operator})
+            sign_in(http, operator)
             waiting = http.get("/console/intents/inv-2").text
             first = http.get("/console/intents/inv-1").text
     finally:

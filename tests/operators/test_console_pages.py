@@ -14,19 +14,19 @@ from contextlib import asynccontextmanager
 import httpx
 
 from outbox import DestinationSpec, Status
-from outbox.console import csrf_for
 
 from ..conftest import SECRET
 from ..receiver import Reply
 from .conftest import OpenOps, Ops
+from .signing import csrf, signed_in
 
 
 @asynccontextmanager
 async def console(ops: Ops) -> AsyncIterator[httpx.AsyncClient]:
     """A client signed in to the console with the operator token (its cookie kept)."""
     async with httpx.AsyncClient(base_url=ops.url, timeout=30) as http:
-        signed_in = await http.post("/console/login", data={"token": ops.operator})
-        assert signed_in.status_code == 303 and signed_in.headers["location"] == "/console"
+        answer = await signed_in(http, ops.operator)
+        assert answer.status_code == 303 and answer.headers["location"] == "/console"
         yield http
 
 
@@ -63,7 +63,7 @@ async def test_the_overview_charts_the_last_hour_and_each_destinations_health(op
 
 
 async def test_a_destination_paused_by_the_embedded_sender_says_until_when(open_ops: OpenOps):
-    ops = await open_ops(worker=True, circuit_failures=1, circuit_pause_seconds=600)
+    ops = await open_ops(worker=True, circuit_failures=1, circuit_pause_seconds=300)
     with socket.socket() as s:  # a port nobody listens on: sends get no answer at all
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
@@ -127,11 +127,11 @@ async def test_bulk_replay_previews_then_replays_with_a_reason_and_shows_progres
         forged = await http.post("/console/replay", data={**form, "csrf": "x" * 32})
         assert forged.status_code == 403
         no_reason = await http.post("/console/replay", data={**form, "reason": " ",
-                                                             "csrf": csrf_for(ops.operator)})
+                                                             "csrf": csrf(http)})
         assert no_reason.status_code == 400 and "say why" in no_reason.text
         assert {(await ops.box.get(a)).status for a in ("b1", "b2", "b3")} == {Status.DEAD}
 
-        started = await http.post("/console/replay", data={**form, "csrf": csrf_for(ops.operator)})
+        started = await http.post("/console/replay", data={**form, "csrf": csrf(http)})
         assert started.status_code == 303 and started.headers["location"].startswith("/console/replay/")
         deadline = time.monotonic() + 20
         while "finished" not in (progress := await http.get(started.headers["location"])).text:
@@ -155,7 +155,7 @@ async def test_the_intent_page_pretty_prints_replies_and_hides_a_resolved_error(
         dead = (await http.get("/console/intents/r1")).text
         assert "last error: attempts exhausted" in dead
         await http.post("/console/intents/r1/replay?scope=acme",
-                        data={"reason": "retry", "csrf": csrf_for(ops.operator)})
+                        data={"reason": "retry", "csrf": csrf(http)})
         await ops.deliver(["r1"])
         page = (await http.get("/console/intents/r1")).text
     assert (await ops.box.get("r1")).status is Status.DELIVERED
@@ -171,8 +171,13 @@ async def test_the_intent_page_shows_the_trace_context_it_keeps(ops: Ops):
     await ops.destination("hook", "/hook")
     await ops.enqueue("t1", trace_context={"traceparent": parent})
     await ops.enqueue("t2", trace_context={"traceparent": "garbage"})
+    await ops.enqueue("t3", trace_context={"traceparent": parent, "tracestate": "congo=t61rcWkgMzE,rojo=00f0<b>"})
     async with console(ops) as http:
         kept = (await http.get("/console/intents/t1")).text
         none = (await http.get("/console/intents/t2")).text
+        stated = (await http.get("/console/intents/t3")).text
     assert f"<p>trace <code>{parent}</code></p>" in kept  # (no SDK here: the create span carries its parent's)
     assert "<p>trace " not in none
+    # the tracestate it keeps beside it, escaped (a tracestate value may hold < and >)
+    assert (f"<p>trace <code>{parent}</code> · tracestate <code>congo=t61rcWkgMzE,rojo=00f0&lt;b&gt;</code></p>"
+            in stated)

@@ -114,3 +114,16 @@ def test_a_destination_given_a_new_url_starts_afresh():
     moved = destination("d", "https://new-home.example/hook")
     assert circuits.hold(moved, at(1)) is None  # the operator fixed it: no waiting out the pause
     assert circuits.paused == 0
+
+
+def test_a_thousand_pauses_in_a_row_still_pause_for_the_longest():
+    """Each pause doubles the last, up to the longest: counted without limit, the thousand and
+    twenty-fifth made ``2 ** pauses`` too large for a float, and the send's outcome failed."""
+    circuits = Circuits(1, 5.0, max_pause_seconds=300.0)
+    now = at(0)
+    for _ in range(1100):
+        circuits.record(D, REFUSED, now)
+        now += timedelta(seconds=301)
+        assert circuits.hold(D, now) is None  # its pause is over: this send probes
+    _, message = circuits.record(D, REFUSED, now)
+    assert message.endswith("paused for 300s")

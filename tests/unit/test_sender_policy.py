@@ -10,6 +10,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from outbox import Destination, Intent, OnUnknown, Outcome, Status, Submission
+from outbox.destinations import deadline
+from outbox.timestamps import LAST
 from receivers.wire import content_digest, sign
 from sender import Backoff, Policy, SendResult, decide
 from sender.webhook import classify_status, retry_after_seconds
@@ -109,6 +111,14 @@ def test_retry_after_accepts_seconds_and_http_dates():
     assert retry_after_seconds("soon", now) is None
 
 
+@pytest.mark.parametrize("value", ["\u00b2", "\u0663", "1\u00b9", "\uff11\uff12"])
+def test_a_retry_after_of_digits_other_than_ascii_is_no_retry_after(value):
+    """RFC 9110's delay-seconds is ASCII digits. str.isdigit took "²" (a byte 0xB2 a receiver can
+    send), then float() raised on it, and the answered 503 was recorded as a send that may or may
+    not have happened (maybe_submitted)."""
+    assert retry_after_seconds(value, datetime(2030, 1, 1, tzinfo=UTC).timestamp()) is None
+
+
 def test_signature_is_standard_webhooks_hmac_over_id_timestamp_body():
     import hmac
 
@@ -128,3 +138,17 @@ def test_the_claim_backoff_doubles_to_its_cap_however_long_the_database_stays_aw
     assert [claim_pause(0.5, n) for n in (1, 2, 3, 4)] == [0.5, 1.0, 2.0, 4.0]
     assert claim_pause(0.5, 7) == MAX_CLAIM_BACKOFF_SECONDS
     assert claim_pause(0.5, 100_000) == MAX_CLAIM_BACKOFF_SECONDS  # days of failures: no OverflowError
+
+
+def test_a_retry_or_a_deadline_past_the_last_time_a_datetime_holds_is_that_time_never_an_overflow():
+    """A receiver's retention or a destination's max age added to a stored time read as the last
+    one (a row written by hand), a backoff added to a clock at it: each is the last time, and the
+    decision is made."""
+    late = replace(INTENT, created_at=LAST)
+    dest = replace(DEST, max_age_seconds=86_400, on_unknown=OnUnknown.DECLARED)
+    assert deadline(late, dest).at == LAST
+    unknown = SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, error="timeout")
+    made = decide(late, dest, unknown, attempts_made=1, first_submission_at=LAST,
+                  now=LAST - timedelta(milliseconds=100), policy=POLICY)
+    assert made.status is Status.UNKNOWN  # the retry would fall at the last time, its deadline
+

@@ -43,6 +43,46 @@ def test_an_absent_or_malformed_traceparent_is_none(carrier):
     assert tracing.restored(json.dumps(carrier) if carrier else None) is None
 
 
+@pytest.mark.parametrize("state", [
+    "congo=t61rcWkgMzE", "rojo=00f067aa0ba902b7, congo=t61rcWkgMzE", "a=1,,\t,b=2 ,",  # empty members, whitespace
+    "fw529a3039@dt=aaaa,rojo=00f0<b>", "k=" + "v" * 256, ",".join(f"k{n}=v" for n in range(32)),
+])
+def test_a_well_formed_tracestate_is_kept(state):
+    context = tracing.parsed({"traceparent": PARENT, "tracestate": state})
+    expected = ",".join(member.strip(" \t") for member in state.split(",") if member.strip(" \t"))
+    assert tracing.carrier(context) == {"traceparent": PARENT, "tracestate": expected}
+
+
+@pytest.mark.parametrize("state", [
+    "a=b,x\nCRITICAL outbox.sender: forged", "a=b\x1b[31m", "a=\x85", "a=b\u2028", "a=b\r",
+    "Upper=1", "a=1,a=2", "a=", "a=b=c", "a=b " + "x" * 9000, ",".join(f"k{n}=v" for n in range(33)),
+    "k=" + "v" * 257, "@x=1",
+])
+def test_a_malformed_tracestate_is_dropped_unread_and_the_traceparent_kept(state, caplog):
+    """The propagator's parser logged a warning quoting the member it refused, as it came."""
+    with caplog.at_level("DEBUG"):
+        context = tracing.parsed({"traceparent": PARENT, "tracestate": state})
+    assert tracing.carrier(context) == {"traceparent": PARENT}
+    assert caplog.records == []
+
+
+@pytest.mark.parametrize("parent", [
+    PARENT + "\n", PARENT + "\nCRITICAL outbox.sender: forged", PARENT + "-", "00-" + PARENT[3:].upper(),
+    PARENT + "x" * 600,  # the propagator warned of its length
+    "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-\x1b[31m",
+])
+def test_a_traceparent_is_matched_whole(parent, caplog):
+    with caplog.at_level("DEBUG"):
+        assert tracing.parsed({"traceparent": parent, "tracestate": "a=b"}) is None
+    assert caplog.records == []
+
+
+def test_a_later_version_may_add_fields_and_whitespace_around_is_ignored():
+    later = "cc-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-what-comes-next"
+    assert tracing.parsed({"traceparent": later}) is not None
+    assert tracing.carrier(tracing.parsed({"traceparent": f" {PARENT}\t"})) == {"traceparent": PARENT}
+
+
 def test_the_create_span_is_the_producers_child_and_its_context_is_kept(spans):
     kept = tracing.created("billing", "a1", {"traceparent": PARENT, "tracestate": "congo=t61rcWkgMzE"})
     [span] = named(spans, "create ")

@@ -4,8 +4,9 @@ the settles and starts with the claim in one (``cycle``), round by round."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -14,6 +15,7 @@ from ... import crash
 from ...errors import OutboxError, StaleWrite
 from ...flow import Held, Limit
 from ...model import Attempt, Cancel, Change, Intent, OperatorChange, Replay, Settle, Start, Status
+from ...timestamps import from_epoch
 from .. import moves
 from ..protocol import Applied, Claim
 from ..records import attempt_values, event_data
@@ -132,13 +134,27 @@ async def apply_rounds(conn: asyncpg.Connection, changes: Sequence[Change],
 
 def held_back(found: str | None) -> list[Held]:
     """The cycle's ``held`` column (JSON rows: destination, held paused, in_flight and rate, and
-    when to look again, as epoch seconds) as what the claim held back, by limit."""
+    when to look again, as epoch seconds) as what the claim held back, by limit. The time is
+    read as ``timestamps.from_epoch`` keeps it, whatever the function answered (its 0016 clamps
+    it; 0013 answered year 33715 for a rate of 1e-12, and the read failed every cycle); PostgreSQL
+    writes an infinite or NaN float in JSON as a string."""
     held: list[Held] = []
     for destination, *counts, retry_at in json.loads(found or "[]"):
-        at = None if retry_at is None else datetime.fromtimestamp(retry_at, UTC)
+        at = _epoch(retry_at)
         held += [Held(destination, limit, n, at if limit is not Limit.IN_FLIGHT else None)
                  for limit, n in zip((Limit.PAUSED, Limit.IN_FLIGHT, Limit.RATE), counts, strict=True) if n]
     return held
+
+
+def _epoch(value: object) -> datetime | None:
+    """A held row's time: a JSON number, or PostgreSQL's text for an infinite float ("Infinity"),
+    as epoch seconds read by ``from_epoch``; None (unknown: the poll bounds the wait) for none,
+    NaN or anything else."""
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(seconds) else from_epoch(seconds)
 
 
 def statements(rounds: Sequence[Mapping[str, Sequence[int]]], claim: Claim | None) -> int:

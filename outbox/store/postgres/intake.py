@@ -84,7 +84,7 @@ def _values(item: Judged) -> tuple[Any, ...]:
     new, event, channel, status = item
     return (*new_intent_values(new, channel, status),
             event.kind.value, event.at, event.actor, event.reason, event_data(event), new.ordering_key,
-            new.event_id, new.trace_context)
+            new.event_id, new.trace_context, new.payload_event)
 
 
 #: The statements as this store's connections read their rows (``connection.READ``).

@@ -31,9 +31,9 @@ async def replace_subscriptions(conn: asyncpg.Connection, d: Destination) -> Non
         await conn.execute(SQL["insert_subscriptions"], *map(list, zip(*rows, strict=True)))
 
 
-async def publish(conn: asyncpg.Connection, new: NewEvent, granted_only: bool) -> Published:
-    """``intake.publish`` on ``conn``, inside a transaction (the store's, or the caller's)."""
-    return await intake.run_async(intake.publish(INTAKE, new, granted_only), Asyncpg(conn).execute)
+async def publish(conn: asyncpg.Connection, new: NewEvent, granted_only: bool, max_fanout: int | None) -> Published:
+    """``intake.publish`` on ``conn``, inside the store's transaction."""
+    return await intake.run_async(intake.publish(INTAKE, new, granted_only, max_fanout), Asyncpg(conn).execute)
 
 
 async def _with_fanout(conn: asyncpg.Connection, rows: Sequence[Any]) -> list[StoredEvent]:
@@ -51,12 +51,13 @@ class PostgresEvents:
         result: T = await self._run(work, transaction=transaction)
         return result
 
-    async def publish(self, new: NewEvent, *, granted_only: bool) -> Published:
-        return await self._in_transaction(lambda conn: publish(conn, new, granted_only), {})
+    async def publish(self, new: NewEvent, *, granted_only: bool, max_fanout: int | None = None) -> Published:
+        return await self._in_transaction(lambda conn: publish(conn, new, granted_only, max_fanout), {})
 
-    async def publish_each(self, items: Sequence[NewEvent], *, granted_only: bool) -> list[Published | OutboxError]:
+    async def publish_each(self, items: Sequence[NewEvent], *, granted_only: bool,
+                           max_fanout: int | None = None) -> list[Published | OutboxError]:
         return await self._in_transaction(lambda conn: intake.run_async(
-            intake.publish_each(INTAKE, items, granted_only), Asyncpg(conn).execute), {})
+            intake.publish_each(INTAKE, items, granted_only, max_fanout), Asyncpg(conn).execute), {})
 
     async def deliver_event(self, new: NewIntent, event: Event) -> tuple[Enqueued, StoredEvent]:
         return await self._in_transaction(lambda conn: intake.run_async(

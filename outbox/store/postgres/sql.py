@@ -7,9 +7,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from ...model import MOVES
-from ..plumbing import queries
+from ..plumbing import statements
 
-SQL = queries.load("postgres")
+SQL = statements("postgres")
 #: The statements that pick due intents share one rule for ordered keys (``claimable``).
 SQL = {**SQL, **{name: SQL[name].format(claimable=SQL["claimable"], logged=SQL["logged"],
                                         limited=SQL["limited"].format(at=at))

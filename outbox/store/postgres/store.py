@@ -20,7 +20,7 @@ from ...events import NewEvent, Published
 from ...grants import Grant, GrantSpec
 from ...keyring import Keyring, required
 from ...model import Attempt, Change, Enqueued, Event, Intent, NewIntent, check_change
-from ...tokens import TokenInfo
+from ...tokens import ConsoleSession, TokenInfo
 from .. import moves
 from ..lookups import Lookups
 from ..migrator import Migration, run_migrations, scripts_for
@@ -74,9 +74,9 @@ class _PostgresTransaction:
         with unavailable(self._conn):
             return await insert_intent(self._conn, new, event)
 
-    async def publish(self, new: NewEvent, *, granted_only: bool) -> Published:
+    async def publish(self, new: NewEvent, *, granted_only: bool, max_fanout: int | None = None) -> Published:
         with unavailable(self._conn):
-            return await publish(self._conn, new, granted_only)
+            return await publish(self._conn, new, granted_only, max_fanout)
 
 
 class _PostgresMigration:
@@ -404,3 +404,15 @@ class PostgresStore(PostgresEvents, Lookups):
             return READ.token(row)
 
         return await self._run(work, transaction={})
+
+    async def open_console_session(self, session: ConsoleSession, *, keep: int) -> None:
+        async def work(conn: asyncpg.Connection) -> None:
+            await conn.execute(SQL["prune_console_sessions"], session.created_at)
+            await conn.execute(SQL["insert_console_session"], session.id_hash, session.token_id,
+                               session.created_at, session.expires_at)
+            await conn.execute(SQL["trim_console_sessions"], session.token_id, keep)
+
+        await self._run(work, transaction={})
+
+    async def close_console_session(self, id_hash: str) -> None:
+        await self._connections.execute("close_console_session", id_hash)

@@ -2,7 +2,15 @@
 -- {placeholders} in braces are filled from fixed fragments in Python, never from user input.
 -- A statement that makes an intent pending (an enqueue, a replay, a retry) calls
 -- pg_notify('outbox_due', ''): it reaches every listening process when its transaction commits,
--- and never if it rolls back.
+-- and never if it rolls back. Every statement that reads intents as records reads, beside each one's columns,
+-- {event_payload[row]} (filled from the block event_payload for the intents row it names): an intent of an event sends
+-- the payload stored once in the event's row (payload_event names it, migration 0018) and keeps none of its own; any
+-- other its own.
+
+-- name: event_payload
+-- The payload stored once for the event the intents row {of} sends it for (payload_event); NULL: it has its own.
+CASE WHEN {of}.payload_event IS NOT NULL
+     THEN (SELECT shared.payload FROM topic_events AS shared WHERE shared.seq = {of}.payload_event) END
 
 -- name: lock_migrations
 -- One migrator at a time, across processes and hosts, until the migration's transaction ends (the key is "outbox" in ASCII).
@@ -48,17 +56,17 @@ SELECT count(pg_advisory_xact_lock(held.destination, held.bucket)) FROM (
 -- name: insert_intent
 -- Create an intent with its first event unless its key (scope/action_id) exists, while its destination $4 still says
 -- what the intent was judged on (a destination_for_enqueue row, read in this transaction or an earlier one): its
--- channel $5 and requires_approval $22; returns the new seq, or nothing (the key exists, or the destination says
--- otherwise now). The event's data is bound as text, then cast: on an application's connection a JSON codec
+-- channel $5 and requires_approval $23 ($22: the event whose stored payload it sends, if any); returns the new seq,
+-- or nothing (the key exists, or the destination says otherwise now). The event's data is bound as text, then cast: on an application's connection a JSON codec
 -- (asyncpg's set_type_codec with json.dumps) would encode a jsonb parameter's text once more, storing a JSON string.
 WITH created AS (
     INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
                          max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at, ordering_key,
-                         event_id, trace_context)
+                         event_id, trace_context, payload_event)
     SELECT $1::text, $2::text, $3::text, $4::text, $5::text, $6::text, $7::text, $8::text, $9::integer,
            $10::timestamptz, $11::timestamptz, $12::timestamptz, $13::timestamptz, $13::timestamptz, $19::text,
-           $20::text, $21::text
-    FROM destinations WHERE id = $4 AND channel = $5 AND requires_approval = $22::boolean
+           $20::text, $21::text, $22::bigint
+    FROM destinations WHERE id = $4 AND channel = $5 AND requires_approval = $23::boolean
     ON CONFLICT (intent_key) DO NOTHING
     RETURNING seq, status
 ), logged AS (
@@ -68,22 +76,23 @@ WITH created AS (
 SELECT seq, CASE WHEN status = 'pending' THEN pg_notify('outbox_due', '') END AS notified FROM created;
 
 -- name: insert_intents
--- Create the intents of a batch (one row per key, as arrays $1-$21), each with its first event, skipping keys that
+-- Create the intents of a batch (one row per key, as arrays $1-$22), each with its first event, skipping keys that
 -- exist; returns each new intent's key and seq. Inserted in the batch's order, so seq order is that order.
 WITH batch AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
                          $8::text[], $9::integer[], $10::timestamptz[], $11::timestamptz[], $12::timestamptz[],
                          $13::timestamptz[], $14::text[], $15::timestamptz[], $16::text[], $17::text[], $18::text[],
-                         $19::text[], $20::text[], $21::text[])
+                         $19::text[], $20::text[], $21::text[], $22::bigint[])
         WITH ORDINALITY AS u (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
                               max_attempts, next_attempt_at, not_before, expires_at, created_at, kind, at, actor, reason,
-                              data, ordering_key, event_id, trace_context, n)
+                              data, ordering_key, event_id, trace_context, payload_event, n)
 ), created AS (
     INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
                          max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at, ordering_key,
-                         event_id, trace_context)
+                         event_id, trace_context, payload_event)
     SELECT intent_key, action_id, scope, destination, channel, payload, payload_digest, status, max_attempts,
-           next_attempt_at, not_before, expires_at, created_at, created_at, ordering_key, event_id, trace_context
+           next_attempt_at, not_before, expires_at, created_at, created_at, ordering_key, event_id, trace_context,
+           payload_event
     FROM batch ORDER BY n
     ON CONFLICT (intent_key) DO NOTHING
     RETURNING seq, intent_key, status
@@ -96,15 +105,15 @@ SELECT intent_key, seq, CASE WHEN status = 'pending' THEN pg_notify('outbox_due'
 
 -- name: intents_by_keys
 -- The intents holding any of the keys $1.
-SELECT * FROM intents WHERE intent_key = ANY($1::text[]);
+SELECT *, {event_payload[intents]} AS event_payload FROM intents WHERE intent_key = ANY($1::text[]);
 
 -- name: intent_by_key
 -- One intent by its key (scope/action_id).
-SELECT * FROM intents WHERE intent_key = $1;
+SELECT *, {event_payload[intents]} AS event_payload FROM intents WHERE intent_key = $1;
 
 -- name: intents_by_action
 -- The intents of every scope that use an action id (at most one per scope).
-SELECT * FROM intents WHERE action_id = $1 ORDER BY scope;
+SELECT *, {event_payload[intents]} AS event_payload FROM intents WHERE action_id = $1 ORDER BY scope;
 
 -- name: attempts_of
 -- An intent's attempts, first to last.
@@ -128,7 +137,7 @@ SELECT kind, at, actor, reason, data FROM events WHERE intent_seq = $1 ORDER BY 
 
 -- name: waiting_behind
 -- The earliest intent in the way of a pending intent (key $1) of an ordered destination, as the claim judges it.
-SELECT earlier.* FROM intents AS due
+SELECT earlier.*, {event_payload[earlier]} AS event_payload FROM intents AS due
 JOIN destinations AS d ON d.id = due.destination AND d.ordering = 'key'
 JOIN intents AS earlier
     ON earlier.destination = due.destination AND earlier.ordering_key = due.ordering_key AND earlier.seq < due.seq
@@ -146,7 +155,7 @@ RETURNING intents.intent_key, intents.fence;
 
 -- name: expired_leases
 -- Leases that ran out (the sweeper's work), each with the attempt started under its fence and not finished.
-SELECT intents.*,
+SELECT intents.*, {event_payload[intents]} AS event_payload,
        (SELECT started FROM attempts AS started  -- the whole row, as one value
         WHERE started.intent_seq = intents.seq AND started.fence = intents.fence AND started.finished_at IS NULL
         ORDER BY started.number DESC LIMIT 1) AS in_flight
@@ -233,7 +242,8 @@ logged AS (
 --   seconds); the rest of $39 goes to the others, whose claim touches no further row and takes no further lock.
 -- All parts see one snapshot, so the claim never picks what this statement's settles make due: a later cycle does.
 -- The parts touch disjoint rows (settled and started intents are leased, claimed ones pending). One row comes back
--- at least: the places settled and started (null: none) beside each claimed intent's columns (all null: none).
+-- at least: the places settled and started (null: none) beside each claimed intent's columns and its
+-- event_payload (all null: none).
 WITH settling AS (
     SELECT * FROM unnest($7::text[], $8::bigint[], $9::text[], $10::text[], $11::timestamptz[], $12::integer[],
                          $13::bigint[], $14::timestamptz[], $15::text[], $16::integer[], $17::bigint[], $18::text[],
@@ -301,7 +311,8 @@ WITH settling AS (
 SELECT (SELECT array_agg(n) FROM settled) AS settled_places, (SELECT array_agg(n) FROM started) AS started_places,
        (SELECT pg_notify('outbox_due', '') FROM settled WHERE status = 'pending' LIMIT 1) AS notified,
        (SELECT json_agg(json_build_array(flow_destination, held_paused, held_in_flight, held_rate, flow_retry_at))
-        FROM flow WHERE held_paused + held_in_flight + held_rate > 0) AS held, claimed.*
+        FROM flow WHERE held_paused + held_in_flight + held_rate > 0) AS held, claimed.*,
+       {event_payload[claimed]} AS event_payload
 FROM (VALUES (true)) AS one
 LEFT JOIN (SELECT * FROM leased UNION ALL SELECT took.* FROM flow, unnest(flow_leased) AS took) AS claimed ON true
 ORDER BY claimed.next_attempt_at;
@@ -342,7 +353,7 @@ WITH changed AS (
     FROM unnest($7::text[], $8::text[], $9::timestamptz[], $10::integer[], $11::timestamptz[])
         WITH ORDINALITY AS b (intent_key, expected, next_attempt_at, max_attempts, updated_at, n)
     WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = b.expected
-    RETURNING intents.*, b.n
+    RETURNING intents.*, {event_payload[intents]} AS event_payload, b.n
 ), {logged}
 SELECT *, pg_notify('outbox_due', '') AS notified FROM changed;
 
@@ -358,7 +369,7 @@ WITH changed AS (
     FROM unnest($7::text[], $8::text[], $9::timestamptz[], $10::integer[], $11::timestamptz[])
         WITH ORDINALITY AS b (intent_key, status, next_attempt_at, max_attempts, updated_at, n)
     WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'unknown'
-    RETURNING intents.*, b.n
+    RETURNING intents.*, {event_payload[intents]} AS event_payload, b.n
 ), {logged}
 SELECT *, CASE WHEN status = 'pending' THEN pg_notify('outbox_due', '') END AS notified FROM changed;
 
@@ -369,7 +380,7 @@ WITH changed AS (
     UPDATE intents SET status = 'cancelled', updated_at = b.updated_at
     FROM unnest($7::text[], $8::text[], $9::timestamptz[]) WITH ORDINALITY AS b (intent_key, expected, updated_at, n)
     WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = b.expected
-    RETURNING intents.*, b.n
+    RETURNING intents.*, {event_payload[intents]} AS event_payload, b.n
 ), {logged}
 SELECT * FROM changed;
 
@@ -384,7 +395,7 @@ WITH changed AS (
         WITH ORDINALITY AS b (intent_key, approved_digest, approval_expires_at, approved_by, next_attempt_at,
                               updated_at, n)
     WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'held'
-    RETURNING intents.*, b.n
+    RETURNING intents.*, {event_payload[intents]} AS event_payload, b.n
 ), {logged}
 SELECT *, pg_notify('outbox_due', '') AS notified FROM changed;
 
@@ -395,7 +406,7 @@ WITH changed AS (
     UPDATE intents SET status = 'cancelled', updated_at = b.updated_at
     FROM unnest($7::text[], $8::timestamptz[]) WITH ORDINALITY AS b (intent_key, updated_at, n)
     WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'held'
-    RETURNING intents.*, b.n
+    RETURNING intents.*, {event_payload[intents]} AS event_payload, b.n
 ), {logged}
 SELECT * FROM changed;
 
@@ -469,7 +480,7 @@ ORDER BY destination = '*', revision DESC LIMIT 1;
 
 -- name: list_intents
 -- A page of intents, newest first, after a cursor: $1 rows at most, {where} conditions on $2 onwards.
-SELECT * FROM intents WHERE {where} ORDER BY seq DESC LIMIT $1;
+SELECT *, {event_payload[intents]} AS event_payload FROM intents WHERE {where} ORDER BY seq DESC LIMIT $1;
 
 -- name: put_destination
 -- Register or replace a destination; returns whether it was new (not there when the statement began).
@@ -584,6 +595,29 @@ SELECT * FROM tokens WHERE id = $1;
 -- Active tokens of a role.
 SELECT count(*) FROM tokens WHERE role = $1 AND revoked_at IS NULL;
 
+-- name: prune_console_sessions
+-- Drop the console sessions expired at $1, and those opened with a token since revoked.
+DELETE FROM console_sessions
+WHERE expires_at <= $1 OR token_id IN (SELECT id FROM tokens WHERE revoked_at IS NOT NULL);
+
+-- name: insert_console_session
+-- Store a new console session (the hash of its id).
+INSERT INTO console_sessions (id_hash, token_id, created_at, expires_at) VALUES ($1, $2, $3, $4);
+
+-- name: trim_console_sessions
+-- Keep token $1's newest $2 console sessions, dropping the older ones.
+DELETE FROM console_sessions WHERE token_id = $1 AND id_hash NOT IN (
+  SELECT id_hash FROM console_sessions WHERE token_id = $1 ORDER BY created_at DESC, id_hash DESC LIMIT $2);
+
+-- name: console_session
+-- The token of console session $1, if the session is unexpired at $2 and the token not revoked.
+SELECT t.* FROM console_sessions s JOIN tokens t ON t.id = s.token_id
+WHERE s.id_hash = $1 AND s.expires_at > $2 AND t.revoked_at IS NULL;
+
+-- name: close_console_session
+-- Remove a console session (signing out).
+DELETE FROM console_sessions WHERE id_hash = $1;
+
 -- name: activity_minutes
 -- Attempts started since $1 and finished, per destination, minute of their finish and outcome:
 -- count, summed duration, last end.
@@ -694,7 +728,7 @@ SELECT * FROM topic_events WHERE event_id = $1 ORDER BY scope;
 
 -- name: intents_of_events
 -- The intents of the events (scope, event_id) given as arrays $1 and $2.
-SELECT i.* FROM intents i JOIN unnest($1::text[], $2::text[]) AS e (scope, event_id)
+SELECT i.*, {event_payload[i]} AS event_payload FROM intents i JOIN unnest($1::text[], $2::text[]) AS e (scope, event_id)
     ON i.scope = e.scope AND i.event_id = e.event_id
 WHERE i.event_id IS NOT NULL
 ORDER BY i.destination;

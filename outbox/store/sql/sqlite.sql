@@ -3,7 +3,14 @@
 -- Each move of outbox.model.MOVES that writes an intent row is the block named for it: one UPDATE over a JSON
 -- array of rows, the intent's seq then what moves.written gives for the move in its order (updated_at last), each
 -- judged by the store (rules.decide_target) in the same transaction; the operators' moves return the intents as
--- they became.
+-- they became. Every statement that reads intents as records reads, beside each one's columns, {event_payload[row]}
+-- (filled from the block event_payload for the intents row it names): an intent of an event sends the payload stored
+-- once in the event's row (payload_event names it, migration 0018) and keeps none of its own; any other its own.
+
+-- name: event_payload
+-- The payload stored once for the event the intents row {of} sends it for (payload_event); NULL: it has its own.
+CASE WHEN {of}.payload_event IS NOT NULL
+     THEN (SELECT shared.payload FROM topic_events AS shared WHERE shared.seq = {of}.payload_event) END
 
 -- name: create_migrations_table
 -- The record of applied migrations.
@@ -37,41 +44,42 @@ SELECT channel, requires_approval FROM destinations WHERE id = ?;
 -- name: insert_intent
 -- Create an intent unless its key (scope/action_id) exists, while its destination ?4 still says what the intent was
 -- judged on (a destination_for_enqueue row, read in this transaction or an earlier one): its channel ?5 and
--- requires_approval ?17; returns the new seq, or nothing (the key exists, or the destination says otherwise now).
+-- requires_approval ?18 (?17: the event whose stored payload it sends, if any); returns the new seq, or nothing (the
+-- key exists, or the destination says otherwise now).
 INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
                      max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at, ordering_key,
-                     event_id, trace_context)
-SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13, ?14, ?15, ?16
-FROM destinations WHERE id = ?4 AND channel = ?5 AND requires_approval = ?17
+                     event_id, trace_context, payload_event)
+SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13, ?14, ?15, ?16, ?17
+FROM destinations WHERE id = ?4 AND channel = ?5 AND requires_approval = ?18
 ON CONFLICT (intent_key) DO NOTHING
 RETURNING seq;
 
 -- name: insert_intents_set
 -- Create the intents of a JSON array of [key, action_id, scope, destination, channel, payload,
 -- payload_digest, status, max_attempts, next_attempt_at, not_before, expires_at, created_at,
--- ordering_key, event_id, trace_context] rows, in order, each unless its key exists (an earlier row's included);
--- returns the key and new seq of each one created.
+-- ordering_key, event_id, trace_context, payload_event] rows, in order, each unless its key exists (an earlier
+-- row's included); returns the key and new seq of each one created.
 INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
                      max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at, ordering_key,
-                     event_id, trace_context)
+                     event_id, trace_context, payload_event)
 SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6, value ->> 7,
        value ->> 8, value ->> 9, value ->> 10, value ->> 11, value ->> 12, value ->> 12, value ->> 13, value ->> 14,
-       value ->> 15
+       value ->> 15, value ->> 16
 FROM json_each(?) WHERE true  -- (WHERE: so that ON CONFLICT is not read as a join's ON)
 ON CONFLICT (intent_key) DO NOTHING
 RETURNING intent_key, seq;
 
 -- name: intent_by_key
 -- One intent by its key (scope/action_id).
-SELECT * FROM intents WHERE intent_key = ?;
+SELECT *, {event_payload[intents]} AS event_payload FROM intents WHERE intent_key = ?;
 
 -- name: intents_by_keys
 -- The intents holding any of the keys of a JSON array.
-SELECT * FROM intents WHERE intent_key IN (SELECT value FROM json_each(?));
+SELECT *, {event_payload[intents]} AS event_payload FROM intents WHERE intent_key IN (SELECT value FROM json_each(?));
 
 -- name: intents_by_action
 -- The intents of every scope that use an action id (at most one per scope).
-SELECT * FROM intents WHERE action_id = ? ORDER BY scope;
+SELECT *, {event_payload[intents]} AS event_payload FROM intents WHERE action_id = ? ORDER BY scope;
 
 -- name: insert_event
 -- Append to an intent's history.
@@ -146,7 +154,7 @@ ON CONFLICT (destination) DO UPDATE SET tokens = excluded.tokens, refilled_at = 
 
 -- name: waiting_behind
 -- The earliest intent in the way of a pending intent (its key) of an ordered destination, as due_seqs judges it.
-SELECT earlier.* FROM intents AS due
+SELECT earlier.*, {event_payload[earlier]} AS event_payload FROM intents AS due
 JOIN destinations AS d ON d.id = due.destination AND d.ordering = 'key'
 JOIN intents AS earlier INDEXED BY intents_ordering
     ON earlier.destination = due.destination AND earlier.ordering_key = due.ordering_key AND earlier.seq < due.seq
@@ -171,7 +179,8 @@ FROM intents WHERE seq IN (SELECT value FROM json_each(?)) ORDER BY seq;
 -- Intents (a JSON array of seqs) as one JSON array of objects: one step, however many rows.
 SELECT json_group_array(json_object(
     'seq', seq, 'action_id', action_id, 'scope', scope, 'destination', destination,
-    'channel', channel, 'payload', payload, 'payload_digest', payload_digest, 'status', status,
+    'channel', channel, 'payload', payload, 'event_payload', {event_payload[intents]},
+    'payload_digest', payload_digest, 'status', status,
     'attempts', attempts, 'max_attempts', max_attempts, 'next_attempt_at', next_attempt_at,
     'not_before', not_before, 'expires_at', expires_at, 'lease_owner', lease_owner,
     'lease_expires_at', lease_expires_at, 'fence', fence, 'created_at', created_at,
@@ -186,7 +195,7 @@ UPDATE intents SET lease_expires_at = ? WHERE intent_key = ? AND status = 'lease
 
 -- name: expired_leases
 -- Leases that ran out (the sweeper's work).
-SELECT * FROM intents INDEXED BY intents_lease
+SELECT *, {event_payload[intents]} AS event_payload FROM intents INDEXED BY intents_lease
 WHERE status = 'leased' AND lease_expires_at <= ? ORDER BY lease_expires_at LIMIT ?;
 
 -- name: in_flight_attempt
@@ -292,7 +301,7 @@ ORDER BY destination = '*', revision DESC LIMIT 1;
 
 -- name: list_intents
 -- A page of intents, newest first, after a cursor.
-SELECT * FROM intents WHERE {where} ORDER BY seq DESC LIMIT ?;
+SELECT *, {event_payload[intents]} AS event_payload FROM intents WHERE {where} ORDER BY seq DESC LIMIT ?;
 
 -- name: update_targets
 -- Where the intent of each of a set of changes (a JSON array of intent keys) stands:
@@ -327,7 +336,7 @@ FROM json_each(?) AS u WHERE intents.seq = u.value ->> 0;
 UPDATE intents SET status = 'pending', next_attempt_at = u.value ->> 1, max_attempts = u.value ->> 2,
                    last_error = NULL, updated_at = u.value ->> 3, replayed_after = attempts
 FROM json_each(?) AS u WHERE intents.seq = u.value ->> 0
-RETURNING *;
+RETURNING *, {event_payload[intents]} AS event_payload;
 
 -- name: resolve
 -- Move resolve: [seq, status, next_attempt_at, max_attempts, updated_at] rows (null next_attempt_at or
@@ -336,26 +345,26 @@ UPDATE intents SET status = u.value ->> 1, next_attempt_at = coalesce(u.value ->
                    max_attempts = coalesce(u.value ->> 3, max_attempts), updated_at = u.value ->> 4,
                    replayed_after = CASE WHEN u.value ->> 3 IS NULL THEN replayed_after ELSE attempts END
 FROM json_each(?) AS u WHERE intents.seq = u.value ->> 0
-RETURNING *;
+RETURNING *, {event_payload[intents]} AS event_payload;
 
 -- name: cancel
 -- Move cancel: [seq, updated_at] rows, withdrawn.
 UPDATE intents SET status = 'cancelled', updated_at = u.value ->> 1
 FROM json_each(?) AS u WHERE intents.seq = u.value ->> 0
-RETURNING *;
+RETURNING *, {event_payload[intents]} AS event_payload;
 
 -- name: approve
 -- Move approve: [seq, approved_digest, approval_expires_at, approved_by, next_attempt_at, updated_at] rows, pending.
 UPDATE intents SET status = 'pending', approved_digest = u.value ->> 1, approval_expires_at = u.value ->> 2,
                    approved_by = u.value ->> 3, next_attempt_at = u.value ->> 4, updated_at = u.value ->> 5
 FROM json_each(?) AS u WHERE intents.seq = u.value ->> 0
-RETURNING *;
+RETURNING *, {event_payload[intents]} AS event_payload;
 
 -- name: reject
 -- Move reject: [seq, updated_at] rows, cancelled unsent.
 UPDATE intents SET status = 'cancelled', updated_at = u.value ->> 1
 FROM json_each(?) AS u WHERE intents.seq = u.value ->> 0
-RETURNING *;
+RETURNING *, {event_payload[intents]} AS event_payload;
 
 -- name: recoverable
 -- Move recover's intents: up to ?2 leases that ran out by ?1 with no attempt in flight (started under the
@@ -376,7 +385,7 @@ WHERE seq IN (SELECT value ->> 0 FROM json_each(?2));
 
 -- name: intent_by_seq
 -- One intent by its seq.
-SELECT * FROM intents WHERE seq = ?;
+SELECT *, {event_payload[intents]} AS event_payload FROM intents WHERE seq = ?;
 
 -- name: put_destination
 -- Register or replace a destination.
@@ -470,6 +479,29 @@ SELECT * FROM tokens WHERE id = ?;
 -- name: count_active_tokens
 -- Active tokens of a role.
 SELECT count(*) FROM tokens WHERE role = ? AND revoked_at IS NULL;
+
+-- name: prune_console_sessions
+-- Drop the console sessions expired at ?1, and those opened with a token since revoked.
+DELETE FROM console_sessions
+WHERE expires_at <= ?1 OR token_id IN (SELECT id FROM tokens WHERE revoked_at IS NOT NULL);
+
+-- name: insert_console_session
+-- Store a new console session (the hash of its id).
+INSERT INTO console_sessions (id_hash, token_id, created_at, expires_at) VALUES (?1, ?2, ?3, ?4);
+
+-- name: trim_console_sessions
+-- Keep token ?1's newest ?2 console sessions, dropping the older ones.
+DELETE FROM console_sessions WHERE token_id = ?1 AND id_hash NOT IN (
+  SELECT id_hash FROM console_sessions WHERE token_id = ?1 ORDER BY created_at DESC, id_hash DESC LIMIT ?2);
+
+-- name: console_session
+-- The token of console session ?1, if the session is unexpired at ?2 and the token not revoked.
+SELECT t.* FROM console_sessions s JOIN tokens t ON t.id = s.token_id
+WHERE s.id_hash = ?1 AND s.expires_at > ?2 AND t.revoked_at IS NULL;
+
+-- name: close_console_session
+-- Remove a console session (signing out).
+DELETE FROM console_sessions WHERE id_hash = ?1;
 
 -- name: activity_minutes
 -- Attempts started since ?1 and finished, per destination, minute of their finish (microseconds)
@@ -581,7 +613,7 @@ SELECT * FROM topic_events WHERE event_id = ? ORDER BY scope;
 
 -- name: intents_of_events
 -- The intents of a JSON array of [scope, event_id] events.
-SELECT * FROM intents
+SELECT *, {event_payload[intents]} AS event_payload FROM intents
 WHERE event_id IS NOT NULL AND (scope, event_id) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?))
 ORDER BY destination;
 

@@ -8,12 +8,12 @@ import json
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from ...crash import crash_point
 from ...errors import OutboxError
-from ...flow import Held, Limit, RateLimit, allowance, refilled
+from ...flow import Held, Limit, allowance, next_token_at, refilled, usable_cap, usable_rate
 from ...model import Change, Intent, Start
 from .. import moves
 from ..plumbing import SetJob, to_us
@@ -61,13 +61,15 @@ def _flow(conn: sqlite3.Connection, claim: Claim, flows: Sequence[sqlite3.Row]) 
         if paused_until is not None and paused_until > claim.now:
             held.append(Held(d["id"], Limit.PAUSED, len(due), paused_until))
             continue
-        rate = None if d["rate_per_second"] is None else RateLimit(per_second=d["rate_per_second"],
-                                                                     burst=d["rate_burst"])
+        # (the stored limits as the nearest the API takes: a destination's value written by hand
+        # holds its own intents back, never fails the claim of the others)
+        rate = None if d["rate_per_second"] is None else usable_rate(d["rate_per_second"], d["rate_burst"])
+        cap = usable_cap(d["max_in_flight"])
         last = claim.now if d["refilled_at"] is None else READ.at(d["refilled_at"])  # (a new bucket is full)
         tokens = None if rate is None else refilled(float(rate.burst) if d["tokens"] is None else d["tokens"],
                                                     last, claim.now, rate)
-        in_flight = conn.execute(SQL["in_flight"], (d["id"],)).fetchone()[0] if d["max_in_flight"] else 0
-        allowed = allowance(len(due), in_flight=in_flight, max_in_flight=d["max_in_flight"], tokens=tokens)
+        in_flight = conn.execute(SQL["in_flight"], (d["id"],)).fetchone()[0] if cap else 0
+        allowed = allowance(len(due), in_flight=in_flight, max_in_flight=cap, tokens=tokens)
         picked += due[:allowed.allowed]
         if allowed.held_in_flight:
             held.append(Held(d["id"], Limit.IN_FLIGHT, allowed.held_in_flight))
@@ -75,8 +77,7 @@ def _flow(conn: sqlite3.Connection, claim: Claim, flows: Sequence[sqlite3.Row]) 
             tokens -= allowed.allowed
             conn.execute(SQL["put_bucket"], (d["id"], tokens, to_us(max(claim.now, last))))
             if allowed.held_rate:
-                held.append(Held(d["id"], Limit.RATE, allowed.held_rate,
-                                 claim.now + timedelta(seconds=(1 - tokens) / rate.per_second)))
+                held.append(Held(d["id"], Limit.RATE, allowed.held_rate, next_token_at(tokens, claim.now, rate)))
     return picked, held
 
 

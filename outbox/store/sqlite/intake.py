@@ -76,10 +76,11 @@ class SqliteIntake:
 
 
 def _values(item: Judged) -> list[Any]:
-    """A new intent's columns from its key to ``created_at``, then its ordering key, event id and
-    trace context, stored (as ``insert_intents_set``'s rows are)."""
+    """A new intent's columns from its key to ``created_at``, then its ordering key, event id, trace
+    context and the event whose stored payload it sends, stored (as ``insert_intents_set``'s rows are)."""
     new, _, channel, status = item
-    return [*map(stored, new_intent_values(new, channel, status)), new.ordering_key, new.event_id, new.trace_context]
+    return [*map(stored, new_intent_values(new, channel, status)), new.ordering_key, new.event_id, new.trace_context,
+            new.payload_event]
 
 
 #: The statements as this store reads their rows.

@@ -28,9 +28,9 @@ def replace_subscriptions(conn: sqlite3.Connection, d: Destination) -> None:
         conn.execute(SQL["insert_subscriptions"], (json.dumps(subscription_rows(d.id, d.subscriptions)),))
 
 
-def publish(conn: sqlite3.Connection, new: NewEvent, granted_only: bool) -> Published:
+def publish(conn: sqlite3.Connection, new: NewEvent, granted_only: bool, max_fanout: int | None) -> Published:
     """``intake.publish`` on the store's writer, inside its write transaction."""
-    return intake.run(intake.publish(INTAKE, new, granted_only), Sqlite3(conn).execute)
+    return intake.run(intake.publish(INTAKE, new, granted_only, max_fanout), Sqlite3(conn).execute)
 
 
 def _with_fanout(conn: sqlite3.Connection, rows: list[Any]) -> list[StoredEvent]:
@@ -44,13 +44,14 @@ class SqliteEvents:
     _write: Callable[..., Any]
     _read: Callable[..., Any]
 
-    async def publish(self, new: NewEvent, *, granted_only: bool) -> Published:
-        result: Published = await self._write(lambda conn: publish(conn, new, granted_only))
+    async def publish(self, new: NewEvent, *, granted_only: bool, max_fanout: int | None = None) -> Published:
+        result: Published = await self._write(lambda conn: publish(conn, new, granted_only, max_fanout))
         return result
 
-    async def publish_each(self, items: Sequence[NewEvent], *, granted_only: bool) -> list[Published | OutboxError]:
+    async def publish_each(self, items: Sequence[NewEvent], *, granted_only: bool,
+                           max_fanout: int | None = None) -> list[Published | OutboxError]:
         results: list[Published | OutboxError] = await self._write(lambda conn: intake.run(
-            intake.publish_each(INTAKE, items, granted_only), Sqlite3(conn).execute))
+            intake.publish_each(INTAKE, items, granted_only, max_fanout), Sqlite3(conn).execute))
         return results
 
     async def deliver_event(self, new: NewIntent, event: Event) -> tuple[Enqueued, StoredEvent]:

@@ -8,10 +8,10 @@ from datetime import datetime
 from typing import Any
 
 from ...model import Attempt, Event, Status
-from ..plumbing import from_us, queries, to_us
+from ..plumbing import from_us, statements, to_us
 from ..records import Reader, attempt_values
 
-SQL = queries.load("sqlite")
+SQL = statements("sqlite")
 #: The statements that pick due intents share one rule for ordered keys (``claimable``).
 SQL = {**SQL, **{name: SQL[name].format(claimable=SQL["claimable"], limited=SQL["limited"])
                   for name in ("due_seqs", "next_due_at", "flow_destinations", "flow_due_seqs", "unlimited_due_seqs")}}

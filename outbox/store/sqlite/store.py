@@ -21,7 +21,7 @@ from ...events import NewEvent, Published
 from ...grants import Grant, GrantSpec
 from ...keyring import Keyring, required
 from ...model import Attempt, Change, Enqueued, Event, Intent, NewIntent, check_change
-from ...tokens import TokenInfo
+from ...tokens import ConsoleSession, TokenInfo
 from ..lookups import Lookups
 from ..migrator import run_migrations, scripts_for
 from ..plumbing import GroupCommitter, connect, on_thread, to_us, unavailable
@@ -68,8 +68,8 @@ class _SqliteTransaction:
     async def insert_intent(self, new: NewIntent, event: Event) -> Enqueued:
         return await on_thread(self._db, insert_intent, new, event)
 
-    async def publish(self, new: NewEvent, *, granted_only: bool) -> Published:
-        return await on_thread(self._db, publish, new, granted_only)
+    async def publish(self, new: NewEvent, *, granted_only: bool, max_fanout: int | None = None) -> Published:
+        return await on_thread(self._db, publish, new, granted_only, max_fanout)
 
 
 class SqliteStore(SqliteEvents, Lookups):
@@ -471,6 +471,18 @@ class SqliteStore(SqliteEvents, Lookups):
             return READ.token(row)
 
         return await self._write(run)
+
+    async def open_console_session(self, session: ConsoleSession, *, keep: int) -> None:
+        def run(conn: sqlite3.Connection) -> None:
+            conn.execute(SQL["prune_console_sessions"], (to_us(session.created_at),))
+            conn.execute(SQL["insert_console_session"], (
+                session.id_hash, session.token_id, to_us(session.created_at), to_us(session.expires_at)))
+            conn.execute(SQL["trim_console_sessions"], (session.token_id, keep))
+
+        await self._write(run)
+
+    async def close_console_session(self, id_hash: str) -> None:
+        await self._execute("close_console_session", (id_hash,))
 
 
 def _data_version(conn: sqlite3.Connection) -> int:

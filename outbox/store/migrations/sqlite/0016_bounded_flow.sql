@@ -1,0 +1,3 @@
+-- Nothing to change on SQLite: its claim computes flow control in Python (outbox.flow), whose
+-- bounds and clamps came with this version; PostgreSQL's 0016 replaces its claim function.
+-- The version is kept in step with PostgreSQL's, as every version is.
