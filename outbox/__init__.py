@@ -17,6 +17,7 @@ from .errors import (
     InvalidInput,
     LastAdmin,
     NotFound,
+    NoTransaction,
     OutboxError,
     PayloadTooLarge,
     SchemaTooNew,
@@ -44,10 +45,12 @@ from .topics import Subscription
 
 if TYPE_CHECKING:
     from .outbox import Outbox, OutboxTransaction
+    from .producer import AsyncProducer, Producer
     from .store import IntentQuery, Page
 
 #: What is imported when first named, and from where.
-_LAZY = {"Outbox": "outbox", "OutboxTransaction": "outbox", "IntentQuery": "store", "Page": "store"}
+_LAZY = {"Outbox": "outbox", "OutboxTransaction": "outbox", "IntentQuery": "store", "Page": "store",
+         "Producer": "producer", "AsyncProducer": "producer"}
 
 
 def __getattr__(name: str) -> Any:
@@ -62,6 +65,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "TRANSITIONS",
     "AmbiguousActionId",
+    "AsyncProducer",
     "Attempt",
     "Clock",
     "Delivery",
@@ -80,6 +84,7 @@ __all__ = [
     "InvalidInput",
     "LastAdmin",
     "ManualClock",
+    "NoTransaction",
     "NotFound",
     "OnUnknown",
     "Outbox",
@@ -88,6 +93,7 @@ __all__ = [
     "Outcome",
     "Page",
     "PayloadTooLarge",
+    "Producer",
     "Published",
     "Role",
     "SchemaTooNew",

@@ -14,6 +14,7 @@
     ├── StaleWrite              the row changed under us (status or fence moved on)
     ├── DuplicateRisk           a replay could duplicate an effect the destination won't dedupe
     ├── AuthorityDenied         the authority provider still denies the intent
+    ├── NoTransaction           an enqueue on the caller's connection found no transaction to join
     ├── StoreUnavailable        the database is locked, full or unreachable; retry later
     │   └── NoDatabase          opened not to create one, and there is none at its URL
     ├── SchemaTooNew            the database was migrated by a newer release
@@ -102,6 +103,10 @@ class DuplicateRisk(OutboxError):
 
 class AuthorityDenied(OutboxError):
     """The authority provider still denies this intent."""
+
+
+class NoTransaction(OutboxError):
+    """The connection has no transaction open: the intent would commit alone; enqueue inside yours."""
 
 
 class StoreUnavailable(OutboxError):

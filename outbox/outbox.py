@@ -19,38 +19,35 @@ import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any, Required, TypedDict, Unpack
+from datetime import timedelta
+from typing import Any, Unpack
 
-from . import channels, keyring, timestamps, tracing
+from . import channels, keyring, timestamps
 from .clock import Clock, OffsetClock, SystemClock
+from .connections import CallerTransaction, bind_async
 from .cursor import MAX_PAGE
 from .destinations import Destination, DestinationSpec
-from .digest import canonical_json, digest_of
 from .errors import (
     AmbiguousActionId,
     InvalidInput,
     NoDatabase,
     NotFound,
     OutboxError,
-    PayloadTooLarge,
     UnknownDestination,
 )
 from .grants import Grant, GrantSpec
 from .ids import (
     ACTION_ID,
     DESTINATION_ID,
-    MAX_KEY_LENGTH,
-    ORDERING_KEY,
     SCOPE,
     TOKEN_ID,
     TOKEN_LABEL,
     check,
     intent_key,
-    uuid7,
 )
+from .intake import Intake, IntentFields
 from .metrics import Metrics
-from .model import SETTLED, Enqueued, Event, EventKind, Intent, NewIntent, Role, Status
+from .model import SETTLED, Enqueued, Event, Intent, NewIntent, Role, Status
 from .publishing import Publishing, PublishingTransaction
 from .settings import Settings
 from .shapes import WaitingBehind
@@ -61,23 +58,6 @@ from .tokens import SESSIONS_PER_TOKEN, ConsoleSession, TokenInfo, hash_token, n
 log = logging.getLogger("outbox")
 
 
-class IntentFields(TypedDict, total=False):
-    """``Outbox.enqueue``'s keywords, as ``Outbox.prepare`` takes them: where the intent goes,
-    on whose authority, and what; the rest is optional."""
-
-    destination: Required[str]
-    scope: Required[str]
-    payload: Required[Any]
-    action_id: str | None  # generated (UUIDv7) when None
-    not_before: datetime | None
-    expires_at: datetime | None
-    max_attempts: int | None  # the settings' default_max_attempts when None
-    ordering_key: str | None
-    actor: str  # who the enqueued event names: "library" unless said
-    #: The producer's W3C headers (``traceparent``, ``tracestate``); None: the current context.
-    trace_context: Mapping[str, str] | None
-
-
 class Outbox(Publishing):
     """Durable intents: enqueue, inspect, publish events (``outbox.publishing``), and the
     registries they depend on."""
@@ -86,6 +66,8 @@ class Outbox(Publishing):
         self.store = store
         self.settings = settings or Settings()
         self.clock: Clock = clock or SystemClock()
+        #: The producer's checks (``outbox.intake``), with this outbox's settings and clock.
+        self.intake = Intake(self.settings, lambda: self.clock.now())
         self._tokens: dict[str, tuple[float, TokenInfo]] = {}
         self.metrics = Metrics()
         #: Wakes an embedded worker when intents are enqueued here.
@@ -160,65 +142,9 @@ class Outbox(Publishing):
 
     # -- producing -----------------------------------------------------------------------
 
-    def prepare(
-        self,
-        *,
-        destination: str,
-        scope: str,
-        payload: Any,
-        action_id: str | None = None,
-        not_before: datetime | None = None,
-        expires_at: datetime | None = None,
-        max_attempts: int | None = None,
-        ordering_key: str | None = None,
-        actor: str = "library",
-        trace_context: Mapping[str, str] | None = None,
-        traced: bool = True,
-    ) -> tuple[NewIntent, Event]:
-        """Validate and digest an intent without writing it. Raises InvalidInput.
-
-        Once valid, its ``create`` span is recorded, child of ``trace_context`` (the producer's
-        headers; None: the current context), and the intent keeps that span's context (not
-        ``traced``: none, for a caller that makes the span itself)."""
-        check(DESTINATION_ID, destination, "destination")
-        check(SCOPE, scope, "scope")
-        if ordering_key is not None:
-            check(ORDERING_KEY, ordering_key, "ordering_key")
-        action_id = check(ACTION_ID, action_id, "action_id") if action_id is not None else uuid7()
-        if len(intent_key(scope, action_id)) > MAX_KEY_LENGTH:
-            raise InvalidInput(
-                f"scope and action_id together are {len(scope) + len(action_id)} characters; receivers get "
-                f"them as one key, scope/action_id, of at most {MAX_KEY_LENGTH}: shorten one of them")
-        canonical = canonical_json(payload)
-        if len(canonical) > self.settings.max_payload_bytes:
-            raise PayloadTooLarge(
-                f"payload is {len(canonical)} bytes of canonical JSON; "
-                f"the limit is {self.settings.max_payload_bytes}"
-            )
-        if not_before is not None:
-            not_before = timestamps.checked(not_before, "not_before")
-        if expires_at is not None:
-            expires_at = timestamps.checked(expires_at, "expires_at")
-        if not_before and expires_at and expires_at <= not_before:
-            raise InvalidInput("expires_at must be later than not_before")
-        if max_attempts is not None and (type(max_attempts) is not int or not 1 <= max_attempts <= 1000):
-            raise InvalidInput(f"max_attempts must be an integer between 1 and 1000, not {max_attempts!r}")
-        now = self.clock.now()
-        new = NewIntent(
-            action_id=action_id,
-            scope=scope,
-            destination=destination,
-            payload_json=canonical.decode(),
-            payload_digest=digest_of(canonical),
-            max_attempts=max_attempts or self.settings.default_max_attempts,
-            next_attempt_at=max(now, not_before) if not_before else now,
-            not_before=not_before,
-            expires_at=expires_at,
-            created_at=now,
-            ordering_key=ordering_key,
-            trace_context=tracing.created(destination, action_id, trace_context) if traced else None,
-        )
-        return new, Event(kind=EventKind.ENQUEUED, at=now, actor=actor)
+    def prepare(self, **intent: Any) -> tuple[NewIntent, Event]:
+        """Validate and digest an intent without writing it (``Intake.intent``). Raises InvalidInput."""
+        return self.intake.intent(**intent)
 
     async def enqueue(self, **intent: Unpack[IntentFields]) -> Enqueued:
         """Record an intent durably (its fields: ``IntentFields``); returns once it survives
@@ -261,9 +187,16 @@ class Outbox(Publishing):
     @asynccontextmanager
     async def transaction(self, *, connection: Any = None) -> AsyncIterator[OutboxTransaction]:
         """A transaction carrying the caller's own SQL and enqueues: both commit, or neither.
-        ``connection``: the caller's own asyncpg connection, inside the caller's transaction, to
-        enqueue on instead; they commit with it (PostgreSQL only; see ``Store.transaction``)."""
-        async with self.store.transaction(connection=connection) as tx:
+
+        ``connection``: the caller's own asyncio connection or session, inside the caller's
+        transaction (asyncpg, psycopg's AsyncConnection, aiosqlite, SQLAlchemy's AsyncConnection
+        or AsyncSession: ``outbox.connections``), to enqueue on instead; they commit or roll back
+        with it, and the outbox never commits, rolls back or ends it. Raises NoTransaction for a
+        connection with no transaction open."""
+        if connection is not None:
+            yield OutboxTransaction(self, CallerTransaction(await bind_async(connection)))
+            return
+        async with self.store.transaction() as tx:
             yield OutboxTransaction(self, tx)
         self.enqueued.notify()
 

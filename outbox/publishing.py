@@ -13,42 +13,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime
-from typing import Any, Required, TypedDict, Unpack
+from typing import Any, Unpack
 
-from . import tracing
 from .cursor import MAX_PAGE
 from .errors import AmbiguousActionId, FanoutTooLarge, InvalidInput, NotFound, OutboxError
 from .events import EventPage, EventQuery, NewEvent, Published, StoredEvent
-from .ids import MAX_KEY_LENGTH, SCOPE, check, intent_key, uuid7
+from .ids import SCOPE, check, intent_key
+from .intake import EventFields, Intake
 from .metrics import Metrics
 from .model import Enqueued, Event, EventKind, NewIntent
 from .settings import Settings
 from .signals import Signal
 from .store import Store, Transaction
-from .topics import EVENT_ID, action_id_for, checked_pattern, checked_topic
-
-#: The longest destination id (``ids.DESTINATION_ID``): every event's intents' keys must fit with it.
-LONGEST_DESTINATION = "d" * 64
-#: The longest ``scope`` and ``event_id`` may be together, so every derived key fits ``MAX_KEY_LENGTH``.
-MAX_EVENT_KEY = MAX_KEY_LENGTH - len(intent_key("", action_id_for("", LONGEST_DESTINATION)))
-
-
-class EventFields(TypedDict, total=False):
-    """``Outbox.publish``'s keywords: what happened, in which scope; the rest is optional and
-    given to each of the event's intents."""
-
-    scope: Required[str]
-    topic: Required[str]
-    payload: Required[Any]
-    event_id: str | None  # generated (UUIDv7) when None
-    not_before: datetime | None
-    expires_at: datetime | None
-    max_attempts: int | None
-    ordering_key: str | None
-    actor: str  # who the intents' first events name: "library" unless said
-    #: The producer's W3C headers (``traceparent``, ``tracestate``); None: the current context.
-    trace_context: Mapping[str, str] | None
+from .topics import EVENT_ID, action_id_for, checked_pattern
 
 
 class Publishing:
@@ -59,42 +36,18 @@ class Publishing:
     settings: Settings
     metrics: Metrics
     enqueued: Signal
+    intake: Intake
     prepare: Callable[..., tuple[NewIntent, Event]]  # (``Outbox.prepare``)
 
     @property
     def granted_only(self) -> bool:
-        """Whether a fan-out reaches only the destinations the scope holds a grant for: with the
-        built-in grants table as the authority. Other providers (an HTTP policy, a callable) cannot be
-        asked inside the commit, so every subscriber gets an intent and the send-time check decides
-        (a denied one becomes ``revoked``, nothing sent)."""
-        return self.settings.authority == "grants"
+        """Whether a fan-out reaches only the destinations the scope holds a grant for
+        (``Intake.granted_only``)."""
+        return self.intake.granted_only
 
-    def prepare_event(self, *, scope: str, topic: str, payload: Any, event_id: str | None = None,
-                      not_before: datetime | None = None, expires_at: datetime | None = None,
-                      max_attempts: int | None = None, ordering_key: str | None = None,
-                      actor: str = "library", trace_context: Mapping[str, str] | None = None) -> NewEvent:
-        """Validate and digest an event without writing it (its intents' fields are checked as an
-        enqueue checks them). Raises InvalidInput. Its ``create`` span (``tracing.created``, on
-        the topic) is the parent of every intent's attempts."""
-        check(SCOPE, scope, "scope")
-        checked_topic(topic)
-        event_id = check(EVENT_ID, event_id, "event_id") if event_id is not None else uuid7()
-        if len(scope) + len(event_id) > MAX_EVENT_KEY:
-            raise InvalidInput(
-                f"scope and event_id together are {len(scope) + len(event_id)} characters; each of the event's "
-                f"intents is known to receivers as scope/evt~event_id~destination, of at most {MAX_KEY_LENGTH}: "
-                f"keep them to {MAX_EVENT_KEY}")
-        # the intents' own checks (payload, times, attempts, ordering key), as for the intent of the
-        # longest destination id: what passes here passes for every subscriber
-        new, _ = self.prepare(destination=LONGEST_DESTINATION, scope=scope, payload=payload,
-                              action_id=action_id_for(event_id, LONGEST_DESTINATION), not_before=not_before,
-                              expires_at=expires_at, max_attempts=max_attempts, ordering_key=ordering_key,
-                              traced=False)
-        return NewEvent(event_id=event_id, scope=scope, topic=topic, payload_json=new.payload_json,
-                        payload_digest=new.payload_digest, max_attempts=new.max_attempts,
-                        next_attempt_at=new.next_attempt_at, not_before=new.not_before, expires_at=new.expires_at,
-                        created_at=new.created_at, ordering_key=ordering_key, actor=actor,
-                        trace_context=tracing.created(topic, event_id, trace_context))
+    def prepare_event(self, **event: Any) -> NewEvent:
+        """Validate and digest an event without writing it (``Intake.event``). Raises InvalidInput."""
+        return self.intake.event(**event)
 
     async def publish(self, **event: Unpack[EventFields]) -> Published:
         """Record an event and, in the same commit, one intent per destination subscribed to its

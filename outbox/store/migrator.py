@@ -19,6 +19,14 @@ from typing import Protocol
 
 from ..errors import SchemaTooNew
 
+#: Every table the migrations make, in either dialect, their own record (``schema_migrations``)
+#: included: what the outbox owns in a database it shares with an application, and what the
+#: application's own migrations must leave alone (``outbox.contrib.alembic``).
+TABLES = frozenset({
+    "schema_migrations", "intents", "attempts", "events", "destinations", "destination_buckets", "grants",
+    "tokens", "secrets_key", "topic_events", "subscriptions", "console_sessions",
+})
+
 
 @dataclass(frozen=True, slots=True)
 class Migration:

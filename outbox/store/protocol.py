@@ -220,11 +220,9 @@ class Store(Protocol):
         """Raise StoreUnavailable unless the database answers and is migrated."""
         ...
 
-    def transaction(self, *, connection: Any = None) -> AbstractAsyncContextManager[Transaction]:
+    def transaction(self) -> AbstractAsyncContextManager[Transaction]:
         """A transaction for the caller's own SQL together with enqueues; commits on success.
-        ``connection``: the caller's own driver connection, already inside the caller's
-        transaction, to enqueue on instead (the outbox never commits it); a store that cannot
-        take one raises ValueError."""
+        (An enqueue on the caller's own connection needs no store: ``outbox.connections``.)"""
         ...
 
     async def insert_intent(self, new: NewIntent, event: Event) -> Enqueued:

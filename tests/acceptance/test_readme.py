@@ -19,7 +19,6 @@ from contextlib import contextmanager
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
@@ -49,10 +48,12 @@ def python_blocks() -> dict[str, str]:
 
 
 def shell_block_after(heading: str, nth: int = 0) -> str:
-    """The ``nth`` ```sh block of the README's section under ``heading`` (up to the next heading)."""
+    """The ``nth`` ```sh block of the README's section under ``heading`` (up to the next heading
+    of its level or above: a ``###`` section's blocks include those of its ``####`` parts)."""
     text = README.read_text()
     section = text[text.index(heading + "\n"):]
-    following = re.search(r"\n#{2,3} ", section[len(heading):])
+    level = len(heading) - len(heading.lstrip("#"))
+    following = re.search(rf"\n#{{2,{level}}} ", section[len(heading):])
     blocks = re.findall(r"```sh\n(.*?)```", section[:len(heading) + following.start()] if following else section, re.S)
     assert len(blocks) > nth, f"the README's {heading!r} has {len(blocks)} shell blocks, not {nth + 1}"
     return blocks[nth]
@@ -128,7 +129,9 @@ def signed(secret: str, key: str, body: bytes) -> dict[str, str]:
 def test_the_readme_has_its_examples():
     assert set(python_blocks()) == {"main", "fastapi-receiver", "flask-receiver", "channel-declaration", "email",
                                     "kafka", "kafka-consumer", "postgres-transaction", "client",
-                                    "harness-pydantic-ai", "receiver-tracing", "tracing"}
+                                    "harness-pydantic-ai", "receiver-tracing", "tracing", "sqlite3-transaction",
+                                    "psycopg-transaction", "django-settings", "django-models", "django-view",
+                                    "django-urls", "flask-sqlalchemy", "alembic-env", "fastapi-sqlalchemy"}
 
 
 def test_the_producer_example_runs_and_is_safe_to_run_again(tmp_path: Path):
@@ -233,30 +236,6 @@ def test_the_kafka_example_runs_on_the_local_broker_the_readme_starts(tmp_path: 
     assert (key, value) == ("b'order-42'", """b'{"event":"paid","order":42}'""")
     assert "'idempotency-key': b'acme/order-42-paid'" in headers and "'outbox-fence': b'1'" in headers
     assert "'webhook-signature': b'v1," in headers
-
-
-async def test_the_postgres_transaction_example_runs_after_the_createdb_it_names(tmp_path: Path):
-    import asyncpg
-
-    from tests import pg
-
-    block = shell_block_after("### Enqueue in your own PostgreSQL transaction")
-    assert "createdb -h 127.0.0.1 -U postgres shop" in block and "python postgres_example.py" in block
-    (tmp_path / "postgres_example.py").write_text(python_blocks()["postgres-transaction"])
-    async with pg.database(create=False) as url:  # made by the README's createdb, dropped after
-        server = urlsplit(url)
-        ours = f"-h {server.hostname} -p {server.port or 5432} -U {server.username} {server.path.lstrip('/')}"
-        env = {"OUTBOX_DATABASE_URL": url, **pg.key_env(),  # as Running on PostgreSQL says
-               **({"PGPASSWORD": server.password} if server.password else {})}
-        first = bash(block.replace("-h 127.0.0.1 -U postgres shop", ours), tmp_path, **env)
-        again = bash("python postgres_example.py", tmp_path, **env)  # safe to run again: the same order and intent
-        assert (first.split(), again.split()) == (["True", "pending"], ["False", "pending"])
-        conn = await asyncpg.connect(url)
-        try:
-            assert await conn.fetchval("SELECT count(*) FROM orders") == 1
-            assert await conn.fetchval("SELECT count(*) FROM intents WHERE action_id = 'order-42-invoice'") == 1
-        finally:
-            await conn.close()
 
 
 def test_the_secrets_key_walkthrough_makes_a_key_file_postgresql_opens_with(tmp_path: Path):

@@ -1,17 +1,14 @@
 """The backends the store conformance suite (``test_store.py``) runs against.
 
-A new backend joins by appending an async factory to STORE_FACTORIES, its dialect's caller
-SQL to CALLER_SQL and, if it takes the caller's own connection, how a caller opens one to
-CALLER_CONNECTION; the suite's tests stay as they are.
+A new backend joins by appending an async factory to STORE_FACTORIES and its dialect's caller
+SQL to CALLER_SQL; the suite's tests stay as they are.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from outbox.keyring import Keyring, generate_key
 from outbox.store import SqliteStore, Store
@@ -108,28 +105,3 @@ CALLER_SQL: dict[str, CallerSql] = {
         delete_event="DELETE FROM topic_events WHERE event_key = 'acme/e1'",
     ),
 }
-
-
-#: Opens the caller's own driver connection to an (open) store's database, inside a transaction
-#: of the caller's that commits when the block ends and rolls back when it raises: what
-#: ``Store.transaction(connection=...)`` takes.
-CallerConnection = Callable[[Store], AbstractAsyncContextManager[Any]]
-
-
-@asynccontextmanager
-async def asyncpg_connection(store: Store) -> AsyncIterator[Any]:
-    """An application's own asyncpg connection to the PostgreSQL store's database, in its own
-    transaction."""
-    import asyncpg
-
-    conn = await asyncpg.connect(store.dsn)  # type: ignore[attr-defined]
-    try:
-        async with conn.transaction():
-            yield conn
-    finally:
-        await conn.close()
-
-
-#: For each ``Store.dialect`` in STORE_FACTORIES, how a caller opens its own connection, or None
-#: for a store that takes none (``transaction(connection=...)`` raises ValueError).
-CALLER_CONNECTION: dict[str, CallerConnection | None] = {"sqlite": None, "postgres": asyncpg_connection}

@@ -15,14 +15,9 @@ def protocol_methods(protocol: type) -> set[str]:
     return {name for name, value in vars(protocol).items() if callable(value) and not name.startswith("_")}
 
 
-#: The path of ``Store.transaction`` that takes the caller's own connection.
-ON_CALLERS_CONNECTION = "transaction(connection=...)"
-#: Every method the suite must call: the store's, the transaction's as ``transaction().NAME``, and
-#: ``transaction`` given the caller's own connection.
+#: Every method the suite must call: the store's, and the transaction's as ``transaction().NAME``.
 REQUIRED: frozenset[str] = frozenset(
-    protocol_methods(Store) | {f"transaction().{name}" for name in protocol_methods(Transaction)}
-    | {ON_CALLERS_CONNECTION}
-)
+    protocol_methods(Store) | {f"transaction().{name}" for name in protocol_methods(Transaction)})
 
 
 class Recording:
@@ -54,9 +49,7 @@ class RecordingStore(Recording):
         super().__init__(store, calls)
 
     @asynccontextmanager
-    async def transaction(self, *, connection: Any = None) -> AsyncIterator[Recording]:
+    async def transaction(self) -> AsyncIterator[Recording]:
         self._calls.add("transaction")
-        if connection is not None:
-            self._calls.add(ON_CALLERS_CONNECTION)
-        async with self._target.transaction(connection=connection) as tx:
+        async with self._target.transaction() as tx:
             yield Recording(tx, self._calls, "transaction().")

@@ -1,9 +1,8 @@
 """The store conformance suite: every backend must pass exactly these tests, and they prove it.
 
 The suite runs once per factory in ``backends.STORE_FACTORIES`` (SQLite and PostgreSQL); a new
-dialect joins there, with its caller SQL in ``backends.CALLER_SQL`` and its caller's connection
-in ``backends.CALLER_CONNECTION``, and needs no tests of its own for
-what the protocol promises. Another project can run the suite against its store by importing
+dialect joins there, with its caller SQL in ``backends.CALLER_SQL``, and needs no tests of its
+own for what the protocol promises. Another project can run the suite against its store by importing
 the tests of ``test_moves.py`` (every move of the lifecycle by name) and then this module's tests
 and fixtures (``from tests.conformance.test_store import *``) into a test module that defines its
 own ``store_factory`` fixture. The tests hold no backend-specific branches; the last one fails if
@@ -55,7 +54,7 @@ from outbox.store.protocol import Claim
 from outbox.store.records import FIRST, LAST
 from outbox.tokens import ConsoleSession, TokenInfo
 
-from .backends import CALLER_CONNECTION, CALLER_SQL, STORE_FACTORIES, StoreFactory
+from .backends import CALLER_SQL, STORE_FACTORIES, StoreFactory
 from .recording import REQUIRED, RecordingStore
 
 T0 = datetime(2030, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
@@ -596,30 +595,6 @@ async def test_a_conflicting_enqueue_inside_a_transaction_rolls_back_the_callers
             await tx.insert_intent(*new("order-1", digest="sha256:changed"))
     async with store.transaction() as tx:
         assert (await tx.execute(sql.count))[0][0] == 0
-
-
-async def test_enqueues_on_the_callers_own_connection_commit_and_roll_back_with_the_callers_transaction(store):
-    """``transaction(connection=...)``: a store that takes the caller's own connection writes its
-    enqueues there, unseen until the caller's transaction commits and gone when it rolls back
-    (the outbox never ends it); a store that takes none refuses one, writing nothing."""
-    connect = CALLER_CONNECTION[store.dialect]
-    if connect is None:
-        with pytest.raises(ValueError):
-            async with store.transaction(connection=object()) as tx:
-                await tx.insert_intent(*new("order-1"))
-        assert await store.get_intent("acme/order-1") is None
-        return
-    with pytest.raises(RuntimeError, match="card declined"):
-        async with connect(store) as conn:
-            async with store.transaction(connection=conn) as tx:
-                assert (await tx.insert_intent(*new("order-1"))).created
-            raise RuntimeError("card declined")
-    assert await store.get_intent("acme/order-1") is None
-    async with connect(store) as conn:
-        async with store.transaction(connection=conn) as tx:
-            assert (await tx.insert_intent(*new("order-1"))).created
-        assert await store.get_intent("acme/order-1") is None  # the outbox did not commit it
-    assert (await store.get_intent("acme/order-1")).status is Status.PENDING
 
 
 async def test_history_of_an_unknown_intent_is_empty(store):

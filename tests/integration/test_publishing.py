@@ -8,7 +8,7 @@ import pytest
 
 from outbox import DestinationSpec, IntentConflict, InvalidInput, NotFound, Outbox, Settings, Status
 from outbox.grants import GrantSpec
-from outbox.publishing import MAX_EVENT_KEY
+from outbox.intake import MAX_EVENT_KEY
 
 from ..conftest import SECRET, open_box, rows
 

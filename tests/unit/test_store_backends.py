@@ -21,22 +21,16 @@ def test_postgresql_urls_open_the_postgresql_store_without_connecting(url):
     assert isinstance(store, PostgresStore) and store.dialect == "postgres" and store.dsn == url
 
 
-def test_only_the_shared_store_declares_a_listener_and_a_clock(tmp_path):
+def test_both_stores_declare_a_listener_and_only_the_shared_one_a_clock(tmp_path):
     """``Outbox.open`` follows a store's clock and wake-ups by the capabilities it declares: the
-    PostgreSQL store has both, the embedded SQLite store (one process, one host) neither."""
+    PostgreSQL store has both; the embedded SQLite store (one host) tells of commits by other
+    connections to its file, and keeps the host's clock."""
     from outbox.store.postgres import PostgresStore
 
     shared = PostgresStore("postgresql://outbox@db/outbox")
     assert isinstance(shared, SupportsListener) and isinstance(shared, SharesClock)
     embedded = SqliteStore(tmp_path / "outbox.db")
-    assert not isinstance(embedded, SupportsListener) and not isinstance(embedded, SharesClock)
-
-
-async def test_the_sqlite_store_refuses_a_callers_connection(tmp_path):
-    store = SqliteStore(tmp_path / "outbox.db")
-    with pytest.raises(ValueError, match="its own connection only"):
-        async with store.transaction(connection=object()):
-            pass
+    assert isinstance(embedded, SupportsListener) and not isinstance(embedded, SharesClock)
 
 
 def test_a_sqlite_process_never_imports_asyncpg(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 
 from outbox.errors import InvalidInput
 from outbox.ids import ACTION_ID, DESTINATION_ID, MAX_KEY_LENGTH, intent_key
-from outbox.publishing import LONGEST_DESTINATION, MAX_EVENT_KEY
+from outbox.intake import LONGEST_DESTINATION, MAX_EVENT_KEY
 from outbox.topics import (
     EVENT_ID,
     Subscription,

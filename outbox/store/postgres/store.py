@@ -61,7 +61,7 @@ R = TypeVar("R")
 
 
 class _PostgresTransaction:
-    """A transaction on one connection: the store's own, or the caller's."""
+    """A transaction on one of the store's pooled connections."""
 
     def __init__(self, conn: asyncpg.Connection) -> None:
         self._conn = conn
@@ -131,28 +131,10 @@ class PostgresStore(PostgresEvents, Lookups):
         return await self._connections.fetchval(name, *args)
 
     @asynccontextmanager
-    async def transaction(self, *, connection: Any = None) -> AsyncIterator[_PostgresTransaction]:
-        """A transaction for the caller's SQL and enqueues: by default on a pooled connection,
-        committed when the block ends. With ``connection``, the caller's asyncpg connection
-        already inside the caller's transaction: enqueues are written on it and commit or roll
-        back with that transaction, which the outbox never commits, rolls back or ends.
-
-        An enqueue that is refused (IntentConflict, UnknownDestination, a payload its channel
-        cannot send) writes nothing and raises no SQL error, so the caller's transaction stays
-        usable: let the error end the ``async with conn.transaction()`` block (all rolls back) or
-        catch it and go on (the rest commits without that intent). An error of the database
-        itself (the connection lost, a constraint) aborts a PostgreSQL transaction, as it always
-        does; a caller that must go on after one wraps the enqueue in a savepoint (a nested
-        ``async with conn.transaction():``).
-        """
-        if connection is not None:
-            in_transaction = getattr(connection, "is_in_transaction", None)
-            if in_transaction is None or not in_transaction():
-                raise ValueError(
-                    "transaction(connection=...) takes an asyncpg connection inside the caller's own transaction "
-                    "(async with conn.transaction(): ...), so the outbox's writes commit with it and never alone")
-            yield _PostgresTransaction(connection)
-            return
+    async def transaction(self) -> AsyncIterator[_PostgresTransaction]:
+        """A transaction for the caller's SQL and enqueues on a pooled connection, committed when
+        the block ends. A refused enqueue writes nothing and raises no SQL error, so the block
+        may catch it and go on; an error of the database itself aborts the transaction."""
         async with self._connections.connection() as conn:
             try:
                 tx = conn.transaction()

@@ -54,17 +54,24 @@ SELECT count(pg_advisory_xact_lock(held.destination, held.bucket)) FROM (
 ) AS held;
 
 -- name: insert_intent
--- Create an intent with its first event unless its key (scope/action_id) exists; returns the new seq, or nothing.
+-- Create an intent with its first event unless its key (scope/action_id) exists, while its destination $4 still says
+-- what the intent was judged on (a destination_for_enqueue row, read in this transaction or an earlier one): its
+-- channel $5 and requires_approval $23 ($22: the event whose stored payload it sends, if any); returns the new seq,
+-- or nothing (the key exists, or the destination says otherwise now). The event's data is bound as text, then cast: on an application's connection a JSON codec
+-- (asyncpg's set_type_codec with json.dumps) would encode a jsonb parameter's text once more, storing a JSON string.
 WITH created AS (
     INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
                          max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at, ordering_key,
                          event_id, trace_context, payload_event)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $19, $20, $21, $22)
+    SELECT $1::text, $2::text, $3::text, $4::text, $5::text, $6::text, $7::text, $8::text, $9::integer,
+           $10::timestamptz, $11::timestamptz, $12::timestamptz, $13::timestamptz, $13::timestamptz, $19::text,
+           $20::text, $21::text, $22::bigint
+    FROM destinations WHERE id = $4 AND channel = $5 AND requires_approval = $23::boolean
     ON CONFLICT (intent_key) DO NOTHING
     RETURNING seq, status
 ), logged AS (
     INSERT INTO events (intent_seq, kind, at, actor, reason, data)
-    SELECT seq, $14::text, $15::timestamptz, $16::text, $17::text, $18::jsonb FROM created
+    SELECT seq, $14::text, $15::timestamptz, $16::text, $17::text, $18::text::jsonb FROM created
 )
 SELECT seq, CASE WHEN status = 'pending' THEN pg_notify('outbox_due', '') END AS notified FROM created;
 

@@ -28,6 +28,11 @@ SELECT version FROM schema_migrations ORDER BY version;
 -- Mark a migration applied, in the same transaction as its statements.
 INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?);
 
+-- name: take_write_lock
+-- Take the database's write lock for the transaction this runs in, waiting for it as the connection's busy timeout
+-- says (a first read would not: SQLite refuses a reading transaction the lock at once), and change nothing.
+DELETE FROM schema_migrations WHERE false;
+
 -- name: ping
 -- Prove the database answers.
 SELECT 1;
@@ -37,11 +42,15 @@ SELECT 1;
 SELECT channel, requires_approval FROM destinations WHERE id = ?;
 
 -- name: insert_intent
--- Create an intent unless its key (scope/action_id) exists; returns the new seq, or nothing.
+-- Create an intent unless its key (scope/action_id) exists, while its destination ?4 still says what the intent was
+-- judged on (a destination_for_enqueue row, read in this transaction or an earlier one): its channel ?5 and
+-- requires_approval ?18 (?17: the event whose stored payload it sends, if any); returns the new seq, or nothing (the
+-- key exists, or the destination says otherwise now).
 INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
                      max_attempts, next_attempt_at, not_before, expires_at, created_at, updated_at, ordering_key,
                      event_id, trace_context, payload_event)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13, ?14, ?15, ?16, ?17
+FROM destinations WHERE id = ?4 AND channel = ?5 AND requires_approval = ?18
 ON CONFLICT (intent_key) DO NOTHING
 RETURNING seq;
 
@@ -63,6 +72,10 @@ RETURNING intent_key, seq;
 -- name: intent_by_key
 -- One intent by its key (scope/action_id).
 SELECT *, {event_payload[intents]} AS event_payload FROM intents WHERE intent_key = ?;
+
+-- name: intents_by_keys
+-- The intents holding any of the keys of a JSON array.
+SELECT *, {event_payload[intents]} AS event_payload FROM intents WHERE intent_key IN (SELECT value FROM json_each(?));
 
 -- name: intents_by_action
 -- The intents of every scope that use an action id (at most one per scope).
@@ -543,6 +556,16 @@ DELETE FROM subscriptions WHERE destination = ?;
 INSERT INTO subscriptions (destination, prefix, exact, scope)
 SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3 FROM json_each(?);
 
+-- name: insert_topic_events
+-- Record the events of a JSON array of rows (as insert_topic_event takes one), in order, each unless its key exists
+-- (an earlier row's included); returns the key and seq of each one recorded.
+INSERT INTO topic_events (event_key, event_id, scope, topic, payload, payload_digest, ordering_key, actor, created_at)
+SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6, value ->> 7,
+       value ->> 8
+FROM json_each(?) WHERE true  -- (WHERE: so that ON CONFLICT is not read as a join's ON)
+ON CONFLICT (event_key) DO NOTHING
+RETURNING event_key, seq;
+
 -- name: event_subscribers
 -- The destinations subscribed to topic ?2 for scope ?1 (with ?4, only those the scope holds a grant for that is live
 -- at ?3, as matching_grant judges), by id, with what an enqueue needs to know of each.
@@ -554,6 +577,20 @@ WHERE EXISTS (SELECT 1 FROM subscriptions s
                          WHERE g.scope = ?1 AND g.destination IN (d.id, '*')
                            AND (g.expires_at IS NULL OR g.expires_at > ?3)))
 ORDER BY d.id;
+
+-- name: events_subscribers
+-- event_subscribers for a JSON array of [n, scope, topic, time] events at once, with ?2 as its ?4: the destinations
+-- subscribed, as (n, id, channel, requires_approval), by n then id.
+SELECT e.value ->> 0 AS n, d.id, d.channel, d.requires_approval
+FROM json_each(?1) AS e JOIN destinations d ON EXISTS (
+    SELECT 1 FROM subscriptions s
+    WHERE s.destination = d.id AND (s.scope IS NULL OR s.scope = e.value ->> 1)
+      AND CASE WHEN s.exact THEN s.prefix = e.value ->> 2
+               ELSE substr(e.value ->> 2, 1, length(s.prefix)) = s.prefix END)
+WHERE NOT ?2 OR EXISTS (SELECT 1 FROM grants g
+                        WHERE g.scope = e.value ->> 1 AND g.destination IN (d.id, '*')
+                          AND (g.expires_at IS NULL OR g.expires_at > e.value ->> 3))
+ORDER BY 1, d.id;
 
 -- name: insert_topic_event
 -- Record an event unless its key (scope/event_id) exists; returns the new seq, or nothing.

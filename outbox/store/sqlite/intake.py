@@ -1,95 +1,99 @@
-"""The SQLite store's enqueues, inside the group-committed write transaction: one intent, or
-many as sets."""
+"""The SQLite dialect's enqueue statements (``store.intake.Intake``): one intent, or a batch as a
+JSON set in one statement however many, their first events appended by one more."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 from ...errors import OutboxError
-from ...model import Enqueued, Event, NewIntent, Status
-from ..records import event_data, new_intent_values
-from ..rules import check_payload, decide_existing, decide_initial_status, inserted_intent
+from ...events import NewEvent
+from ...model import Enqueued, Event, NewIntent
+from .. import intake
+from ..intake import Judged, Returns, Statement
+from ..records import Reader, Row, event_data, new_event_values, new_intent_values
+from .drivers import Sqlite3
 from .sql import READ, SQL, event_row, stored
 
 
-def _append_event(conn: sqlite3.Connection, seq: int, event: Event) -> None:
-    conn.execute(SQL["insert_event"], (seq, event.kind, stored(event.at), event.actor, event.reason, event_data(event)))
+class SqliteIntake:
+    """The statements, with values as SQLite stores them (times as integer microseconds, JSON as
+    text, sets as JSON arrays), for any connection to the database: the store's or an app's."""
+
+    def __init__(self, read: Reader) -> None:
+        self.read = read
+
+    def destination(self, destination_id: str) -> Statement:
+        return Statement(SQL["destination_for_enqueue"], (destination_id,), Returns.ROW)
+
+    def lock_ordering_keys(self, intents: Sequence[NewIntent]) -> None:
+        return None  # (SQLite has one writer at a time: a key's seq order is its commit order)
+
+    def insert_intent(self, item: Judged, judged_on: Row) -> Statement:
+        return Statement(SQL["insert_intent"], (*_values(item), bool(judged_on["requires_approval"])), Returns.VALUE)
+
+    def insert_intents(self, items: Sequence[Judged]) -> Statement:
+        return Statement(SQL["insert_intents_set"], (json.dumps([_values(item) for item in items]),), Returns.ROWS)
+
+    def first_events(self, made: Sequence[tuple[int, Event]]) -> Statement:
+        if len(made) == 1:
+            seq, e = made[0]
+            return Statement(SQL["insert_event"], (seq, e.kind.value, stored(e.at), e.actor, e.reason, event_data(e)),
+                             Returns.NOTHING)
+        return Statement(SQL["insert_events"], (json.dumps([event_row(seq, e) for seq, e in made]),), Returns.NOTHING)
+
+    def intent_by_key(self, key: str) -> Statement:
+        return Statement(SQL["intent_by_key"], (key,), Returns.ROW)
+
+    def intents_by_keys(self, keys: Sequence[str]) -> Statement:
+        return Statement(SQL["intents_by_keys"], (json.dumps(list(keys)),), Returns.ROWS)
+
+    def insert_topic_event(self, new: NewEvent) -> Statement:
+        return Statement(SQL["insert_topic_event"], tuple(map(stored, new_event_values(new))), Returns.VALUE)
+
+    def insert_topic_events(self, items: Sequence[NewEvent]) -> Statement:
+        rows = [list(map(stored, new_event_values(new))) for new in items]
+        return Statement(SQL["insert_topic_events"], (json.dumps(rows),), Returns.ROWS)
+
+    def event_subscribers(self, new: NewEvent, granted_only: bool) -> Statement:
+        return Statement(SQL["event_subscribers"], (new.scope, new.topic, stored(new.created_at), granted_only),
+                         Returns.ROWS)
+
+    def events_subscribers(self, items: Sequence[tuple[int, NewEvent]], granted_only: bool) -> Statement:
+        rows = [[n, e.scope, e.topic, stored(e.created_at)] for n, e in items]
+        return Statement(SQL["events_subscribers"], (json.dumps(rows), granted_only), Returns.ROWS)
+
+    def set_event_skipped(self, seq: int, skipped: Sequence[tuple[str, str]]) -> Statement:
+        return Statement(SQL["set_event_skipped"], (json.dumps(skipped), seq), Returns.NOTHING)
+
+    def event_by_key(self, key: str) -> Statement:
+        return Statement(SQL["event_by_key"], (key,), Returns.ROWS)
+
+    def intents_of_events(self, events: Sequence[tuple[str, str]]) -> Statement:
+        return Statement(SQL["intents_of_events"], (json.dumps([list(e) for e in events]),), Returns.ROWS)
 
 
-def _enqueue_target(
-    conn: sqlite3.Connection, new: NewIntent, seen: dict[str, sqlite3.Row] | None
-) -> tuple[str, Status]:
-    """The channel an intent goes through and the status it starts in, checked as
-    ``rules.decide_initial_status`` and ``rules.check_payload`` say (raises before any write).
-    ``seen`` remembers destinations across the intents of one batch."""
-    found = seen.get(new.destination) if seen is not None else None
-    if found is None:
-        found = conn.execute(SQL["destination_for_enqueue"], (new.destination,)).fetchone()
-        if found is not None and seen is not None:
-            seen[new.destination] = found
-    status = decide_initial_status(new, None if found is None else bool(found["requires_approval"]))
-    check_payload(new, found["channel"])
-    return found["channel"], status
+def _values(item: Judged) -> list[Any]:
+    """A new intent's columns from its key to ``created_at``, then its ordering key, event id, trace
+    context and the event whose stored payload it sends, stored (as ``insert_intents_set``'s rows are)."""
+    new, _, channel, status = item
+    return [*map(stored, new_intent_values(new, channel, status)), new.ordering_key, new.event_id, new.trace_context,
+            new.payload_event]
+
+
+#: The statements as this store reads their rows.
+INTAKE = SqliteIntake(READ)
 
 
 def insert_intent(conn: sqlite3.Connection, new: NewIntent, event: Event) -> Enqueued:
-    """The enqueue, run inside a write transaction: destination check, insert or compare (the
-    rules are ``rules.decide_initial_status`` and ``rules.decide_existing``)."""
-    channel, status = _enqueue_target(conn, new, None)
-    values = _values(new, channel, status)
-    # updated_at is created_at (the last of ``values``)
-    row = conn.execute(SQL["insert_intent"], (*values, values[-1], new.ordering_key, new.event_id,
-                                                   new.trace_context, new.payload_event)).fetchone()
-    if row is not None:
-        _append_event(conn, row[0], event)
-        return Enqueued(inserted_intent(row[0], new, channel, status), created=True)
-    return _compared(conn, new)
-
-
-def _compared(conn: sqlite3.Connection, new: NewIntent) -> Enqueued:
-    """``new`` against the intent that holds its key already (``rules.decide_existing``)."""
-    return decide_existing(READ.intent(conn.execute(SQL["intent_by_key"], (new.key,)).fetchone()), new)
+    """``intake.insert_intent`` on the store's writer, inside its write transaction."""
+    return intake.run(intake.insert_intent(INTAKE, new, event), Sqlite3(conn).execute)
 
 
 def insert_each(conn: sqlite3.Connection, items: Sequence[tuple[NewIntent, Event]],
-                seen: dict[str, sqlite3.Row] | None = None) -> list[Enqueued | OutboxError]:
-    """``insert_intent`` for each of ``items`` in the one write transaction, as sets: one
-    statement inserts every intent whose key is free (the first of an intent named twice), one
-    appends their first events, and the rest are compared with what holds their key. An intent
-    refused stands as its error in its place (refused before any write: it undoes nothing).
-    ``seen``: destinations' rows read already (``destination_for_enqueue``'s columns), by id."""
-    seen = {} if seen is None else seen
-    results: list[Enqueued | OutboxError | None] = [None] * len(items)
-    accepted: list[tuple[int, str, Status]] = []
-    for i, (new, _) in enumerate(items):
-        try:
-            accepted.append((i, *_enqueue_target(conn, new, seen)))
-        except OutboxError as exc:
-            results[i] = exc
-    rows = [[*_values(items[i][0], channel, status), items[i][0].ordering_key, items[i][0].event_id,
-             items[i][0].trace_context, items[i][0].payload_event]
-            for i, channel, status in accepted]
-    inserted = dict(conn.execute(SQL["insert_intents_set"], (json.dumps(rows),)).fetchall()) if rows else {}
-    events: list[list[Any]] = []
-    for i, channel, status in accepted:
-        new, event = items[i]
-        seq = inserted.pop(new.key, None)  # popped: a second intent of the key compares with the first
-        if seq is None:
-            try:
-                results[i] = _compared(conn, new)
-            except OutboxError as exc:
-                results[i] = exc
-            continue
-        events.append(event_row(seq, event))
-        results[i] = Enqueued(inserted_intent(seq, new, channel, status), created=True)
-    if events:
-        conn.execute(SQL["insert_events"], (json.dumps(events),))
-    return cast(list[Enqueued | OutboxError], results)  # every place filled above
-
-
-def _values(new: NewIntent, channel: str, status: Status) -> list[Any]:
-    """A new intent's columns from its key to ``created_at``, stored."""
-    return [stored(value) for value in new_intent_values(new, channel, status)]
+                seen: dict[str, Any] | None = None) -> list[Enqueued | OutboxError]:
+    """``intake.insert_batch`` on the store's writer, inside its write transaction: an intent
+    refused stands as its error in its place."""
+    return intake.run(intake.insert_batch(INTAKE, items, seen), Sqlite3(conn).execute)

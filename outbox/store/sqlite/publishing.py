@@ -9,14 +9,14 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from ...destinations import Destination
-from ...errors import NotFound, OutboxError
-from ...events import EventPage, EventQuery, NewEvent, Published, StoredEvent, event_key
+from ...errors import OutboxError
+from ...events import EventPage, EventQuery, NewEvent, Published, StoredEvent
 from ...model import Enqueued, Event, NewIntent
 from ...topics import subscription_rows
-from ..records import new_event_values
-from ..rules import decide_existing_event, fanout_of, fanout_refusal, sending_event_payload
-from .intake import insert_each
-from .sql import READ, SQL, stored, where
+from .. import intake
+from .drivers import Sqlite3
+from .intake import INTAKE
+from .sql import SQL, where
 
 T = TypeVar("T")
 
@@ -29,69 +29,13 @@ def replace_subscriptions(conn: sqlite3.Connection, d: Destination) -> None:
 
 
 def publish(conn: sqlite3.Connection, new: NewEvent, granted_only: bool, max_fanout: int | None) -> Published:
-    """Record ``new`` and make its intents, inside a write transaction: one for each destination
-    subscribed to its topic for its scope (with ``granted_only``, that the scope holds a live grant
-    for), as a set (``intake.insert_each``); a subscriber whose intent is refused is recorded as
-    skipped. An event already recorded under its key is compared (``rules.decide_existing_event``);
-    one that would make more than ``max_fanout`` intents is refused before any write
-    (``rules.fanout_refusal``)."""
-    seen = {r["id"]: r for r in conn.execute(
-        SQL["event_subscribers"], (new.scope, new.topic, stored(new.created_at), granted_only))}
-    if (refused := fanout_refusal(new, len(seen), max_fanout)) is not None:
-        if not conn.execute(SQL["event_by_key"], (new.key,)).fetchone():
-            raise refused
-        return decide_existing_event(_event(conn, new.key), new)
-    row = conn.execute(SQL["insert_topic_event"], tuple(map(stored, new_event_values(new)))).fetchone()
-    if row is None:
-        return decide_existing_event(_event(conn, new.key), new)
-    items = [new.intent_for(destination, row[0]) for destination in seen]
-    intents, skipped = fanout_of(items, insert_each(conn, items, seen) if items else [])
-    if skipped:
-        conn.execute(SQL["set_event_skipped"], (json.dumps(skipped), row[0]))
-    return Published(StoredEvent.recorded(row[0], new).with_fanout(intents, skipped), created=True)
-
-
-def publish_each(conn: sqlite3.Connection, items: Sequence[NewEvent], granted_only: bool,
-                 max_fanout: int | None) -> list[Published | OutboxError]:
-    """``publish`` for each of ``items`` in the one write transaction, each on its own (a
-    refusal, decided before that event's writes, stands as its error in its place)."""
-    results: list[Published | OutboxError] = []
-    for new in items:
-        try:
-            results.append(publish(conn, new, granted_only, max_fanout))
-        except OutboxError as exc:
-            results.append(exc)
-    return results
-
-
-def deliver(conn: sqlite3.Connection, new: NewIntent, event: Event) -> tuple[Enqueued, StoredEvent]:
-    """Make ``new``, an event's intent for one more destination, unless it exists (an operator's
-    delivery); returns it and the event as it then stands. Raises UnknownDestination,
-    InvalidInput (its channel refuses the payload), IntentConflict."""
-    found = _event(conn, event_key(new))  # (raises NotFound before any write)
-    (result,) = insert_each(conn, [(sending_event_payload(new, found), event)])
-    if isinstance(result, OutboxError):
-        raise result
-    return result, _event(conn, event_key(new))
-
-
-def _event(conn: sqlite3.Connection, key: str) -> StoredEvent:
-    """The event recorded under ``key``, with its fan-out; raises NotFound."""
-    found = _with_fanout(conn, list(conn.execute(SQL["event_by_key"], (key,))))
-    if not found:
-        raise NotFound(f"event {key.rpartition('/')[2]!r} does not exist in scope {key.rpartition('/')[0]!r}")
-    return found[0]
+    """``intake.publish`` on the store's writer, inside its write transaction."""
+    return intake.run(intake.publish(INTAKE, new, granted_only, max_fanout), Sqlite3(conn).execute)
 
 
 def _with_fanout(conn: sqlite3.Connection, rows: list[Any]) -> list[StoredEvent]:
-    """Events from their rows, each with its fan-out (one read for every row's intents)."""
-    if not rows:
-        return []
-    wanted = json.dumps([[row["scope"], row["event_id"]] for row in rows])
-    intents: dict[tuple[str, str], list[Any]] = {}
-    for r in conn.execute(SQL["intents_of_events"], (wanted,)):
-        intents.setdefault((r["scope"], r["event_id"]), []).append(READ.intent(r))
-    return [READ.event_of(row, intents.get((row["scope"], row["event_id"]), [])) for row in rows]
+    """Events from their rows, each with its fan-out (``intake.with_fanout``)."""
+    return intake.run(intake.with_fanout(INTAKE, rows), Sqlite3(conn).execute)
 
 
 class SqliteEvents:
@@ -106,12 +50,13 @@ class SqliteEvents:
 
     async def publish_each(self, items: Sequence[NewEvent], *, granted_only: bool,
                            max_fanout: int | None = None) -> list[Published | OutboxError]:
-        results: list[Published | OutboxError] = await self._write(
-            lambda conn: publish_each(conn, items, granted_only, max_fanout))
+        results: list[Published | OutboxError] = await self._write(lambda conn: intake.run(
+            intake.publish_each(INTAKE, items, granted_only, max_fanout), Sqlite3(conn).execute))
         return results
 
     async def deliver_event(self, new: NewIntent, event: Event) -> tuple[Enqueued, StoredEvent]:
-        result: tuple[Enqueued, StoredEvent] = await self._write(lambda conn: deliver(conn, new, event))
+        result: tuple[Enqueued, StoredEvent] = await self._write(lambda conn: intake.run(
+            intake.deliver(INTAKE, new, event), Sqlite3(conn).execute))
         return result
 
     async def get_event(self, key: str) -> StoredEvent | None:

@@ -3,6 +3,7 @@ beside it, its SQL named in ``sql/sqlite.sql``."""
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
 import sqlite3
@@ -47,6 +48,9 @@ from .sql import READ, SQL, stored, where
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+#: How often ``listen`` looks whether another connection committed to the database file.
+WATCH_SECONDS = 0.05
 #: Set while this task holds a caller's transaction: a group-committed write would wait for it.
 _IN_TRANSACTION: contextvars.ContextVar[bool] = contextvars.ContextVar("in_tx", default=False)
 
@@ -133,11 +137,7 @@ class SqliteStore(SqliteEvents, Lookups):
         return await self._open_committer.write(job)
 
     @asynccontextmanager
-    async def transaction(self, *, connection: Any = None) -> AsyncIterator[_SqliteTransaction]:
-        if connection is not None:
-            raise ValueError(
-                "the SQLite store runs transactions on its own connection only (its writes are group-committed "
-                "there); use transaction() without a connection, and tx.execute for your own SQL")
+    async def transaction(self) -> AsyncIterator[_SqliteTransaction]:
         async with self._open_committer.lock:
             db = self._open_committer.db
             try:
@@ -200,6 +200,24 @@ class SqliteStore(SqliteEvents, Lookups):
                     await on_thread(db, lambda conn: conn.execute("ROLLBACK") and None)
                 raise
             return applied
+
+    async def listen(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` whenever another connection commits to the database file (an application
+        enqueuing on its own connection, another outbox process), until cancelled; and once at the
+        start. It asks the writer's ``PRAGMA data_version`` every WATCH_SECONDS: SQLite changes it
+        only when a connection other than that one commits, reading no table and writing nothing,
+        so this store's own commits wake nothing (its enqueues notify in the process already)."""
+        seen: int | None = None
+        wake()
+        while True:
+            try:
+                version: int | None = await on_thread(self._open_committer.db, _data_version)
+            except StoreUnavailable:
+                version = seen  # (the next look may answer; workers still poll meanwhile)
+            if seen is not None and version != seen:
+                wake()
+            seen = version
+            await asyncio.sleep(WATCH_SECONDS)
 
     async def ping(self) -> None:
         def run(conn: sqlite3.Connection) -> None:
@@ -465,3 +483,8 @@ class SqliteStore(SqliteEvents, Lookups):
 
     async def close_console_session(self, id_hash: str) -> None:
         await self._execute("close_console_session", (id_hash,))
+
+
+def _data_version(conn: sqlite3.Connection) -> int:
+    """What changes when a connection other than ``conn`` commits to its database."""
+    return int(conn.execute("PRAGMA data_version").fetchone()[0])
