@@ -42,7 +42,6 @@ from ..keyring import Keyring, required
 from ..model import Attempt, Event, Intent, NewIntent, OnDead, OnUnknown, Ordering, Outcome, Role, Status, Submission
 from ..timestamps import FIRST, LAST
 from ..tokens import TokenInfo
-from ..topics import Subscription
 
 #: A stored time as a datetime, None staying None (``Any``: each dialect's driver has its own
 #: type); raises OverflowError for one no datetime can hold, which the driver then gives as
@@ -167,18 +166,12 @@ def destination(row: Row, time: Time, keyring: Keyring | None) -> Destination:
         ordering_on_dead=kept.choice("ordering_on_dead", row["ordering_on_dead"], OnDead, OnDead.BLOCK),
         retry_schedule=kept.schedule(row["retry_schedule"]),
         max_age_seconds=kept.whole("max_age_seconds", row["max_age_seconds"], 1, MAX_AGE_SECONDS, None),
-        subscriptions=subscriptions_from(row["subscriptions"]),
+        subscriptions=kept.subscriptions(row["subscriptions"]),
         rate_limit=kept.rate(row["rate_per_second"], row["rate_burst"]),
         max_in_flight=kept.cap(row["max_in_flight"]),
         paused_until=paused_until,
         unusable=kept.unusable(),
     )
-
-
-def subscriptions_from(stored: str) -> tuple[Subscription, ...]:
-    """A destination's subscriptions from their stored JSON (``Subscription.json``'s)."""
-    return tuple(Subscription(s["topic"], None if s["scopes"] is None else tuple(s["scopes"]))
-                 for s in json.loads(stored))
 
 
 def stored_event(row: Row, time: Time) -> StoredEvent:
