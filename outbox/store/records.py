@@ -100,6 +100,21 @@ def _flags(row: Row, *columns: str) -> dict[str, Any]:
     return {column: bool(row[column]) for column in columns}
 
 
+#: The most attempts an intent's row may say were made for the sender to go on counting: one more
+#: attempt, and a replay's fresh budget (``default_max_attempts``, at most 1000) on top of it, still
+#: fit PostgreSQL's integer column. A count beyond it (written by hand) would fail the write of the
+#: next attempt, and with it the cycle that holds it, for every destination.
+MAX_COUNTED = 2**31 - 1 - 1 - 1000
+
+
+def _uncountable(row: Row) -> str | None:
+    """What ``Intent.unreadable`` says of a stored attempt count the sender cannot go on from."""
+    attempts = row["attempts"]
+    if isinstance(attempts, int) and attempts <= MAX_COUNTED:
+        return None
+    return f"a stored attempt count beyond what the sender counts: attempts {attempts} (at most {MAX_COUNTED})"
+
+
 def intent(row: Row, time: Time) -> Intent:
     """An intent from its row."""
     at = _Times(row, time)
@@ -118,7 +133,7 @@ def intent(row: Row, time: Time) -> Intent:
         created_at=at("created_at"),
         updated_at=at("updated_at"),
         approval_expires_at=at("approval_expires_at"),
-        unreadable=at.unreadable(),  # (last: once every time above is read)
+        unreadable="; ".join(note for note in (at.unreadable(), _uncountable(row)) if note) or None,  # (last)
     )
 
 
