@@ -90,12 +90,19 @@ def get(name: str) -> ChannelKind:
 
 
 def target(destination: Destination) -> str:
-    """Where ``destination`` delivers, in its channel's words, from its settings as they are."""
+    """Where ``destination`` delivers, in its channel's words, from its settings as they are; the
+    channel's name when they do not say (settings written into the database by hand, which the
+    channel then refuses to send to)."""
     try:
         kind = get(destination.channel)
     except UnknownChannel:
         return destination.channel
-    return destination.channel if kind.target is None else kind.target(destination.settings)
+    if kind.target is None:
+        return destination.channel
+    try:
+        return kind.target(destination.settings)
+    except (LookupError, TypeError, ValueError):
+        return destination.channel
 
 
 def signing_secrets(destination: Destination) -> tuple[str, ...]:

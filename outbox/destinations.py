@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, TypeAdapter, ValidationError
 
 from .flow import MAX_COUNT, MAX_PER_SECOND, MIN_PER_SECOND, RateLimit, usable_cap, usable_rate
 from .model import Intent, OnDead, OnUnknown, Ordering
 from .shapes import Subscriptions, destination_json
 from .timestamps import later
-from .topics import Subscription
+from .topics import MAX_SUBSCRIPTIONS, Subscription
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +262,20 @@ class Stored:
         return self._noted("retry_schedule", delays, f"1 to {MAX_RETRY_SCHEDULE} delays, each above 0 and "
                            f"at most {MAX_RETRY_DELAY_SECONDS}", None)
 
+    def subscriptions(self, stored: str) -> tuple[Subscription, ...]:
+        """The subscriptions (stored as JSON text), as the API takes them; anything else is read
+        as none."""
+        try:
+            found = json.loads(stored)
+        except ValueError:
+            found = stored
+        try:
+            taken = _SUBSCRIPTIONS.validate_python(found)
+        except ValidationError:
+            return tuple(self._noted("subscriptions", found, f"at most {MAX_SUBSCRIPTIONS} subscriptions, each a "
+                                     "topic pattern and its scopes", []))
+        return tuple(Subscription(s.topic, None if s.scopes is None else tuple(s.scopes)) for s in taken)
+
     def rate(self, per_second: Any, burst: Any) -> RateLimit | None:
         """A rate limit (None: unlimited), as the claim computes with it (``flow.usable_rate``)."""
         if per_second is None:
@@ -294,6 +308,8 @@ class Stored:
         return (f"stored settings the outbox does not take: {'; '.join(self.notes)}; nothing is sent to it "
                 "until it is put again with settings it takes")
 
+
+_SUBSCRIPTIONS: TypeAdapter[Subscriptions] = TypeAdapter(Subscriptions)
 
 #: The most secrets a destination keeps of one kind: the newest and two older ones, for a rotation.
 KEPT_SECRETS = 3

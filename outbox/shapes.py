@@ -37,6 +37,7 @@ from pydantic_core import PydanticCustomError
 
 from receivers.wire import PROBLEM_TYPE_PREFIX
 
+from . import tracing
 from .clock import iso
 from .errors import InvalidInput
 from .flow import RateLimit
@@ -609,7 +610,7 @@ def intent_json(intent: IntentRecord, *, payload: bool = True) -> dict[str, Any]
         "lease_owner": intent.lease_owner, "lease_expires_at": iso(intent.lease_expires_at), "fence": intent.fence,
         "created_at": iso(intent.created_at), "updated_at": iso(intent.updated_at),
         "last_error": intent.last_error, "unreadable": intent.unreadable, "event_id": intent.event_id,
-        "trace": json_loads(intent.trace_context) if intent.trace_context else None,
+        "trace": tracing.stored_fields(intent.trace_context) or None,
     }
 
 

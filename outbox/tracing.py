@@ -81,16 +81,29 @@ def carrier(context: Context | None = None) -> dict[str, str]:
     return headers
 
 
+def stored_fields(stored: str | None) -> dict[str, str]:
+    """The W3C fields an intent keeps (``stored``: JSON text, as ``created`` returned it), its
+    ``traceparent`` and ``tracestate`` when there is one; empty when it keeps none, or keeps
+    anything else (written into the database by hand), which then fails no read of the intent,
+    its listing, nor its send."""
+    try:
+        found = json.loads(stored) if stored else None
+    except ValueError:
+        return {}
+    if not isinstance(found, dict) or not isinstance(found.get("traceparent"), str):
+        return {}
+    return {name: value for name in FIELDS if isinstance(value := found.get(name), str)}
+
+
 def restored(stored: str | None) -> Context | None:
     """The context an intent keeps (``stored``, as ``created`` returned it), or None."""
-    return parsed(json.loads(stored)) if stored else None
+    return parsed(stored_fields(stored))
 
 
 def kept(intent: Any) -> dict[str, str]:
     """The trace context an intent keeps (its create span's ``traceparent``, and ``tracestate``
     when there is one), as the console shows it; empty when it keeps none."""
-    return {name: str(value) for name, value in json.loads(intent.trace_context).items()
-            if name in FIELDS} if intent.trace_context else {}
+    return stored_fields(intent.trace_context)
 
 
 def link_to(stored: str | None) -> list[Link]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import traceback
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -69,6 +70,27 @@ def create_private(path: Path) -> None:
         pass
 
 
+def _letting_go(fn: Callable[..., T]) -> Callable[..., T]:
+    """``fn``, which, when it fails, lets go of what the frames of its traceback hold. A cursor
+    stopped part way through its rows (a row its caller could not read) keeps its statement, and
+    with it the connection's read snapshot, for as long as those frames live: the error handling
+    around a request keeps an exception's traceback until a garbage collection, and meanwhile
+    every read on that connection saw nothing written since, and no checkpoint could pass it."""
+    def run(*args: Any) -> T:
+        try:
+            return fn(*args)
+        except BaseException as exc:
+            chained: list[BaseException] = []  # (a cause or context raised inside holds frames as well)
+            failed: BaseException | None = exc
+            while failed is not None and all(failed is not seen for seen in chained):
+                chained.append(failed)
+                traceback.clear_frames(failed.__traceback__)
+                failed = failed.__cause__ or failed.__context__
+            raise
+
+    return run
+
+
 class Sqlite:
     """The plumbing's entry points, raising ``error(message)`` when SQLite answers "not now"."""
 
@@ -90,7 +112,7 @@ class Sqlite:
         narrow version pin in pyproject.toml.
         """
         try:
-            return await db._execute(fn, db._conn, *args)
+            return await db._execute(_letting_go(fn), db._conn, *args)
         except sqlite3.Error as exc:
             mapped = self.unavailable(exc)
             if mapped is None:

@@ -300,7 +300,7 @@ class Pipeline(abc.ABC):
         else:
             log.error("a cycle failed %d time(s) in a row on an error of the sender's, not the database's answer "
                       "(%s); trying again in %.1fs (%d changes kept to record)", self._failures, what, pause,
-                      len(self._buffer), exc_info=True)
+                      len(self._buffer), exc_info=exc)  # (a done callback: no exception is being handled)
 
     def _keep(self, lease: Lease, entry: Entry) -> None:
         """Buffer the last change of ``lease`` for the next cycle."""

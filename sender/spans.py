@@ -64,11 +64,16 @@ def _started(intent: Intent, destination: Destination, attempt: Attempt) -> dict
         "messaging.message.resend_count": attempt.number - 1, "outbox.attempt.number": attempt.number,
         "outbox.attempt_id": attempt.attempt_id, "outbox.fence": attempt.fence, "outbox.scope": intent.scope,
     }
-    settings = destination.settings
+    settings = destination.settings  # (as stored: a row written by hand may lack what is read here)
     if intent.channel == "webhook":
-        attributes |= {"url.full": public_url(str(settings["url"])), "http.request.method": "POST"}
-    elif intent.channel == "kafka":
-        attributes["messaging.destination.name"] = settings["topic"]
+        attributes["http.request.method"] = "POST"
+        try:
+            if isinstance(url := settings.get("url"), str):
+                attributes["url.full"] = public_url(url)
+        except ValueError:  # a url the client cannot read either (it refuses to send there)
+            pass
+    elif intent.channel == "kafka" and isinstance(topic := settings.get("topic"), str):
+        attributes["messaging.destination.name"] = topic
         attributes["outbox.destination"] = destination.id
     return attributes
 

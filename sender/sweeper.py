@@ -13,7 +13,19 @@ import logging
 import time
 from datetime import timedelta
 
-from outbox import Attempt, Event, EventKind, Intent, Outbox, Outcome, Status, StoreUnavailable, Submission, operations
+from outbox import (
+    Attempt,
+    Event,
+    EventKind,
+    Intent,
+    Outbox,
+    Outcome,
+    SecretsKeyError,
+    Status,
+    StoreUnavailable,
+    Submission,
+    operations,
+)
 from outbox.crash import crash_point
 from outbox.model import Settle
 
@@ -53,10 +65,17 @@ class Sweeper:
                 given_back = await self.outbox.store.recover(now, self.batch, self.worker)
                 self._given_back(idle, given_back)
                 recovered += given_back
+            stuck = False
             for intent, attempt in expired:
                 if attempt is not None:
-                    recovered += await self._recover(intent, attempt)
-            if len(expired) < self.batch:
+                    try:
+                        recovered += await self._recover(intent, attempt)
+                    except StoreUnavailable:
+                        raise
+                    except Exception as exc:  # that intent's own: the others are recovered all the same
+                        stuck = True
+                        self._not_recovered(intent, attempt, exc)
+            if stuck or len(expired) < self.batch:  # (what is stuck is read again at the next round)
                 return recovered
 
     async def run(self) -> None:
@@ -109,6 +128,14 @@ class Sweeper:
             return 0
         self._recovered(intent, attempt)
         return 1
+
+    def _not_recovered(self, intent: Intent, attempt: Attempt, exc: Exception) -> None:
+        """Say why one expired lease was left for a later round (its destination's secrets do not
+        open with this process's key, say): one intent's fault, never the others' recovery."""
+        if isinstance(exc, SecretsKeyError):  # "not this key": a line
+            log.warning("expired lease left for a later sweep: %s", exc, extra=log_fields(intent, attempt, self.worker))
+        else:
+            log.exception("expired lease left for a later sweep", extra=log_fields(intent, attempt, self.worker))
 
     def _given_back(self, idle: list[Intent], given_back: int) -> None:
         """Count and log the leases ``recover`` gave back (each by name when they are the ones read)."""

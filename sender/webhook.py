@@ -202,7 +202,7 @@ class WebhookChannel:
         return session
 
     def _target(self, destination: Destination) -> _Target:
-        key = (destination.id, destination.settings["url"], destination.allow_private_network,
+        key = (destination.id, str(destination.settings.get("url")), destination.allow_private_network,
                destination.timeout_seconds)
         target = self._targets.get(key)
         if target is None:
@@ -328,9 +328,13 @@ def _judged(destination: Destination) -> tuple[URL, str | None]:
     Refused: a literal non-public address (after the client's normalisation, so full-width
     digits or ideographic full stops do not hide one) that the destination does not allow; a
     host that is neither an ordinary hostname nor a canonical IP address (rows stored before
-    registration checked hosts); or a URL the client cannot parse. Each is permanent.
+    registration checked hosts); a URL the client cannot parse, or none (settings written into
+    the database by hand). Each is permanent.
     """
-    written_url: str = destination.settings["url"]
+    written_url = destination.settings.get("url")
+    if not isinstance(written_url, str):
+        held = "none" if written_url is None else f"{type(written_url).__name__} {written_url!r}"[:80]
+        return URL(), f"refused: destination {destination.id!r} has no url to send to: its stored settings hold {held}"
     try:
         url = URL(written_url)
     except ValueError as exc:

@@ -172,9 +172,19 @@ class Worker(Pipeline):
                     self._let_go(lease)
                     continue
                 lease.picked = True
+            # One lease's fault, in its checks or in the start they allow (where the attempt goes,
+            # in its channel's words): that lease is given back and the cycle goes on. Raised out
+            # of this loop, it lost every lease taken off the queue so far, held and renewed but
+            # never started.
+            judged: Ready | Entry | None
             try:
-                judged = self.checks.judge(lease, now)
-            except Exception as exc:  # one lease's fault: it is given back, the cycle goes on
+                checked = self.checks.judge(lease, now)
+                if isinstance(checked, tuple):
+                    destination, decision = checked
+                    judged = Ready(lease, self.outcomes.start(lease.intent, destination, decision, now), destination)
+                else:
+                    judged = checked
+            except Exception as exc:
                 judged = self.checks.failed(lease.intent, exc)
             if isinstance(judged, Entry):
                 self._keep(lease, judged)
@@ -185,8 +195,7 @@ class Worker(Pipeline):
                 self._fetching.add(task)
                 task.add_done_callback(self._finished_task)
                 continue
-            destination, decision = judged
-            ready.append(Ready(lease, self.outcomes.start(lease.intent, destination, decision, now), destination))
+            ready.append(judged)
         self._waiting.extendleft(reversed(later))
         return ready
 

@@ -35,6 +35,12 @@ M = TypeVar("M", bound=BaseModel)
 
 #: Room for the envelope around the payload before a body is refused unread.
 ENVELOPE_BYTES = 64 * 1024
+#: How many bytes a payload's byte of canonical JSON may take in a body as sent: a character
+#: written as an escape (``\u00e9``, which Python's ``json.dumps`` writes for every character
+#: outside ASCII) takes up to six. The payload itself is held to ``max_payload_bytes`` of
+#: canonical JSON once read, so the body's bound, measured before it is parsed, must not refuse
+#: one that JSON merely spells longer.
+ESCAPED = 6
 JSON_TYPES = ("application/json",)
 #: A request body is the payload inside an envelope (and a filter object inside it).
 BODY_NESTING = MAX_NESTING + 2
@@ -95,10 +101,10 @@ class Limit:
 def limits(settings: Settings) -> dict[str, Limit]:
     """``BodyLimits``' options for ``settings``: a batch (every route whose body is a
     ``shapes.Batch``), up to ``max_batch_bytes``, its items' payloads as deep as one may be; any
-    other body, a payload and its envelope. Each item of a batch is then held to the single
-    route's limits in its own place (``routes.batches``)."""
-    return {"default": Limit(settings.max_payload_bytes + ENVELOPE_BYTES, BODY_NESTING,
-                             f"payload {settings.max_payload_bytes} + envelope"),
+    other body, a payload however its JSON is written (``ESCAPED``) and its envelope. Each item of
+    a batch is then held to the single route's limits in its own place (``routes.batches``)."""
+    return {"default": Limit(ESCAPED * settings.max_payload_bytes + ENVELOPE_BYTES, BODY_NESTING,
+                             f"payload {settings.max_payload_bytes}, each byte written as an escape, + envelope"),
             "batch": Limit(settings.max_batch_bytes, BATCH_NESTING, "max_batch_bytes")}
 
 

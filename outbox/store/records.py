@@ -42,7 +42,6 @@ from ..keyring import Keyring, required
 from ..model import Attempt, Event, Intent, NewIntent, OnDead, OnUnknown, Ordering, Outcome, Role, Status, Submission
 from ..timestamps import FIRST, LAST
 from ..tokens import TokenInfo
-from ..topics import Subscription
 
 #: A stored time as a datetime, None staying None (``Any``: each dialect's driver has its own
 #: type); raises OverflowError for one no datetime can hold, which the driver then gives as
@@ -101,6 +100,21 @@ def _flags(row: Row, *columns: str) -> dict[str, Any]:
     return {column: bool(row[column]) for column in columns}
 
 
+#: The most attempts an intent's row may say were made for the sender to go on counting: one more
+#: attempt, and a replay's fresh budget (``default_max_attempts``, at most 1000) on top of it, still
+#: fit PostgreSQL's integer column. A count beyond it (written by hand) would fail the write of the
+#: next attempt, and with it the cycle that holds it, for every destination.
+MAX_COUNTED = 2**31 - 1 - 1 - 1000
+
+
+def _uncountable(row: Row) -> str | None:
+    """What ``Intent.unreadable`` says of a stored attempt count the sender cannot go on from."""
+    attempts = row["attempts"]
+    if isinstance(attempts, int) and attempts <= MAX_COUNTED:
+        return None
+    return f"a stored attempt count beyond what the sender counts: attempts {attempts} (at most {MAX_COUNTED})"
+
+
 def intent(row: Row, time: Time) -> Intent:
     """An intent from its row."""
     at = _Times(row, time)
@@ -119,7 +133,7 @@ def intent(row: Row, time: Time) -> Intent:
         created_at=at("created_at"),
         updated_at=at("updated_at"),
         approval_expires_at=at("approval_expires_at"),
-        unreadable=at.unreadable(),  # (last: once every time above is read)
+        unreadable="; ".join(note for note in (at.unreadable(), _uncountable(row)) if note) or None,  # (last)
     )
 
 
@@ -167,18 +181,12 @@ def destination(row: Row, time: Time, keyring: Keyring | None) -> Destination:
         ordering_on_dead=kept.choice("ordering_on_dead", row["ordering_on_dead"], OnDead, OnDead.BLOCK),
         retry_schedule=kept.schedule(row["retry_schedule"]),
         max_age_seconds=kept.whole("max_age_seconds", row["max_age_seconds"], 1, MAX_AGE_SECONDS, None),
-        subscriptions=subscriptions_from(row["subscriptions"]),
+        subscriptions=kept.subscriptions(row["subscriptions"]),
         rate_limit=kept.rate(row["rate_per_second"], row["rate_burst"]),
         max_in_flight=kept.cap(row["max_in_flight"]),
         paused_until=paused_until,
         unusable=kept.unusable(),
     )
-
-
-def subscriptions_from(stored: str) -> tuple[Subscription, ...]:
-    """A destination's subscriptions from their stored JSON (``Subscription.json``'s)."""
-    return tuple(Subscription(s["topic"], None if s["scopes"] is None else tuple(s["scopes"]))
-                 for s in json.loads(stored))
 
 
 def stored_event(row: Row, time: Time) -> StoredEvent:

@@ -246,7 +246,7 @@ async def test_a_destination_whose_host_the_sender_would_refuse_is_refused_at_re
          422, "invalid-input", "I-JSON"),
         (b'{"scope": "acme", "destination": "billing", "payload": {"x": "' + b"y" * 5000 + b'"}}', {},
          413, "payload-too-large", "limit is 4096"),
-        (b"x" * 80_000, {}, 413, "payload-too-large", "limit"),
+        (b"x" * 100_000, {}, 413, "payload-too-large", "limit"),  # (over 6 x 4096 + 64 KiB: refused unread)
         (b'{"scope": "acme", "destination": "billing", "payload": {}}', {"content-type": "text/plain"},
          415, "unsupported-media-type", "application/json"),
         (b'[1, 2]', {}, 422, "invalid-input", ""),

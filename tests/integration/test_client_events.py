@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from outbox import DestinationSpec, Outbox, Role, Settings
-from outbox.client import AsyncClient, Client, Enqueued, IntentConflict, InvalidInput, Published
+from outbox.client import AsyncClient, Client, Enqueued, IntentConflict, InvalidInput, PayloadTooLarge, Published
 
 from ..receiver import Receiver, Reply
 from .conftest import SECRET
@@ -81,3 +81,25 @@ async def test_publish_many_takes_what_enqueue_many_takes(served: tuple[str, str
                                          "action_id": f"big-{n}"} for n in range(15)])
     assert [(type(r), r.created) for r in published] == [(Published, True)] * 15
     assert [(type(r), r.created) for r in enqueued] == [(Enqueued, True)] * 15
+
+
+async def test_a_payload_the_limit_takes_is_taken_alone_as_in_a_batch_however_its_json_is_written(
+        served: tuple[str, str]):
+    """The client writes JSON as ``json.dumps`` does, every character outside ASCII as an escape
+    (``\\u6f22``, six bytes for three of UTF-8). A payload of 900 KB (canonical JSON, under the
+    1 MiB limit) was 1.8 MB as sent, and the single routes refused the body unread (413, "the
+    limit is 1114112 (payload 1048576 + envelope)") where both batches took the same payload."""
+    url, token = served
+    text = "\u6f22" * 300_000  # 900,000 bytes of UTF-8
+    over = "\u6f22" * 350_000  # 1,050,000 bytes: over max_payload_bytes however written
+    with Client(url, token=token) as outbox:
+        enqueued = outbox.enqueue("hook", {"t": text}, scope="acme", action_id="wide-1")
+        published = outbox.publish("user.created", {"t": text}, scope="acme", event_id="wide-2")
+        [batched] = outbox.enqueue_many([{"destination": "hook", "payload": {"t": text}, "scope": "acme",
+                                          "action_id": "wide-3"}])
+        with pytest.raises(PayloadTooLarge, match="payload is 1050008 bytes of canonical JSON"):
+            outbox.enqueue("hook", {"t": over}, scope="acme", action_id="wide-4")
+        [refused] = outbox.enqueue_many([{"destination": "hook", "payload": {"t": over}, "scope": "acme",
+                                          "action_id": "wide-5"}])
+    assert enqueued.created and published.created and isinstance(batched, Enqueued) and batched.created
+    assert isinstance(refused, PayloadTooLarge)

@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import socket
+import sqlite3
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -502,6 +503,34 @@ async def test_a_stored_url_the_client_refuses_is_not_submitted(
 
     assert listener.connections == 0
     await assert_refused(env, "a1", "refused", words)
+
+
+@pytest.mark.parametrize(("settings", "words", "target"), [
+    ("{}", "has no url to send to: its stored settings hold none", "webhook"),
+    ('{"url": 5}', "has no url to send to: its stored settings hold int 5", "5"),
+])
+@pytest.mark.parametrize("traced", [False, True])
+async def test_stored_settings_without_a_url_are_refused_not_maybe_sent(
+        env: SenderEnv, listener: Listener, settings: str, words: str, target: str, traced: bool,
+        request: pytest.FixtureRequest):
+    """Settings written into the database by hand. Without a url, the start failed on it (and,
+    before, the whole cycle with it); a url that is not text raised in the send, and so did the
+    attempt's span (when traces are recorded) reading either, which was recorded as maybe sent
+    (unknown, for a destination that does not declare idempotency)."""
+    if traced:
+        request.getfixturevalue("spans")
+    await env.destination(f"http://127.0.0.1:{listener.port}/hook", idempotent=False)
+    assert env.path is not None
+    with sqlite3.connect(env.path, timeout=10) as conn:
+        conn.execute("UPDATE destinations SET settings = ? WHERE id = 'hook'", (settings,))
+    conn.close()
+    await env.enqueue("a1")
+    await env.worker().run_once()
+
+    assert listener.connections == 0
+    await assert_refused(env, "a1", "refused: destination 'hook'", words)
+    [started] = [e for e in (await env.box.history("a1")).events if e.kind.value == "attempt_started"]
+    assert started.data["target"] == target  # without a url, where is said in the channel's name
 
 
 async def test_a_name_resolving_to_loopback_is_refused_without_a_connection(env: SenderEnv, listener: Listener):

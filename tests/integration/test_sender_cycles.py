@@ -5,9 +5,15 @@ down, or work is enqueued while a cycle runs."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from pathlib import Path
+from typing import Any
 
-from outbox import Event, EventKind, Status, StoreUnavailable
+import pytest
+
+from outbox import Event, EventKind, Status, StoreUnavailable, channels
 from outbox.model import Release, Settle, Start
+from tests import file_channel
 
 from ..conftest import eventually
 from ..receiver import Receiver, Reply
@@ -40,6 +46,40 @@ async def test_a_refused_start_gives_its_slot_back_and_nothing_is_sent(env: Send
     refused = await env.box.history("a1")
     assert refused.intent.status is Status.PENDING and refused.attempts == []
     assert "attempt_started" not in kinds(refused)
+
+
+def _unnamed(settings: Any) -> str:
+    """A channel's ``target`` with a bug: it has no words for one destination's settings."""
+    if settings["path"].endswith("broken.jsonl"):
+        raise RuntimeError("no words for this one")
+    return f"file {settings['path']}"
+
+
+async def test_a_start_that_fails_for_one_lease_gives_that_one_back_and_the_cycle_goes_on(
+        env: SenderEnv, receiver: Receiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A start holds where its attempt goes, in its channel's words (``ChannelKind.target``, a
+    channel's own code). One that raised for one destination failed the whole cycle, and every
+    lease already taken off the queue for its starts was lost: held and renewed, never started
+    nor given back, so an intent to a healthy destination claimed beside it waited until the
+    worker restarted (a webhook destination's stored settings without a url did it too)."""
+    monkeypatch.setitem(channels._kinds, "file", dataclasses.replace(file_channel.CHANNEL, target=_unnamed))
+    receiver.script("/hook", Reply(200))
+    await env.destination(f"{receiver.url}/hook")
+    broken = tmp_path / "broken.jsonl"
+    await env.box.put_destination("broken", file_channel.FileSpec(channel="file", path=str(broken)))
+    await env.enqueue("a1")  # first in the queue: its start is made before the broken one's
+    env.clock.advance(0.001)
+    await env.enqueue("b1", {"line": "never"}, destination="broken")
+    worker = env.worker(worker_id="w1")
+    assert await asyncio.wait_for(worker.run_once(limit=2), 20) == 2
+
+    assert (await env.box.get("a1")).status is Status.DELIVERED
+    assert [r.headers["idempotency-key"] for r in receiver.requests("/hook")] == ["acme/a1"]
+    given_back = await env.box.history("b1")
+    assert given_back.intent.status is Status.PENDING and given_back.attempts == []
+    [released] = [e for e in given_back.events if e.kind is EventKind.RELEASED]
+    assert released.reason == "RuntimeError: no words for this one before an attempt started"
+    assert not broken.exists() and not worker._held  # nothing sent, nothing held
 
 
 async def test_a_lease_whose_destination_cannot_be_read_waits_for_a_later_cycle(open_env, receiver: Receiver):

@@ -6,9 +6,10 @@ The ManualClock decides when a lease has expired; the receiver's gate decides wh
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from datetime import timedelta
 
-from outbox import Outcome, Status, StoreUnavailable, Submission
+from outbox import Attempt, Event, EventKind, Outcome, Status, StoreUnavailable, Submission
 from outbox.model import Settle, Start
 from sender import CallableAuthority
 
@@ -343,6 +344,39 @@ async def test_one_sweep_recovers_every_expired_lease_batch_after_batch(env: Sen
     for n in range(5):
         intent = await env.box.get(f"a{n}")
         assert intent.status is Status.PENDING and intent.lease_owner is None and intent.fence == 2
+
+
+async def test_an_expired_lease_the_sweeper_cannot_settle_leaves_the_others_recovered(env: SenderEnv, caplog):
+    """Two workers' leases expired with their attempts in flight. The first one's destination
+    holds secrets sealed under a key this process's key file lacks (a row copied from another
+    database, say), so reading it raised SecretsKeyError: the whole sweep failed on it, at every
+    round, and no expired lease behind it was ever recovered, for any destination."""
+    await env.destination("http://127.0.0.1:9/locked", "locked")
+    await env.destination("http://127.0.0.1:9/hook", "hook")
+    await env.enqueue("l1", destination="locked")
+    await env.enqueue("h1", destination="hook")
+    now = env.clock.now()
+    for action_id, lease in (("l1", 30), ("h1", 31)):  # l1's runs out first: the sweep reads it first
+        [claimed] = await env.box.store.claim("vanished", now=now, lease_until=now + timedelta(seconds=lease), limit=1)
+        assert claimed.action_id == action_id
+        attempt = Attempt(f"att-{action_id}", 1, claimed.fence, "vanished", now, *[None] * 8)
+        started = Event(EventKind.ATTEMPT_STARTED, now, "vanished", None, {"attempt_id": attempt.attempt_id})
+        assert (await env.box.store.apply([Start(claimed.key, claimed.fence, attempt, started)])).results == [None]
+    assert env.path is not None
+    with sqlite3.connect(env.path, timeout=10) as conn:
+        conn.execute("""UPDATE destinations SET secrets = '{"alg": "A256GCM", "key": "0000", "sealed": "AAAA"}'
+                        WHERE id = 'locked'""")
+    conn.close()
+    env.clock.advance(32)
+
+    assert await env.worker(worker_id="w2").sweep() == 1
+    recovered = await env.box.history("h1")
+    assert recovered.intent.status is Status.PENDING and recovered.intent.fence == 2  # may have been sent: retried
+    assert [a.submission for a in recovered.attempts] == [Submission.MAYBE_SUBMITTED]
+    left = await env.box.get("l1")
+    assert left.status is Status.LEASED and left.fence == 1  # read again at the next round
+    assert "expired lease left for a later sweep: the secrets of destination 'locked' are sealed under key 0000" \
+        in caplog.text
 
 
 async def test_a_receiver_that_stops_answering_is_paused_and_the_others_go_on(

@@ -153,6 +153,27 @@ async def test_an_acknowledged_enqueue_is_there_after_reopening(db_url):
         assert (await again.get(result.intent.action_id)).payload == {"n": 1}
 
 
+async def test_a_read_that_fails_part_way_through_its_rows_keeps_no_snapshot(db_path, box: Outbox):
+    """A listing that fails on one row (here an intent written by hand with a status no release
+    has) stopped its cursor part way through its rows, and that statement kept the reader
+    connection's snapshot open for as long as the exception lived, which the error handling
+    around a request keeps until a garbage collection: every later read in the process saw
+    nothing written since (the intent just enqueued was not found, its delivery never seen) and
+    the WAL could not be checkpointed past it."""
+    for action_id in ("a1", "a2"):
+        await box.enqueue(destination="billing", scope="acme", action_id=action_id, payload={})
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("UPDATE intents SET status = 'sideways' WHERE action_id = 'a2'")  # (listed first)
+    conn.close()
+    with pytest.raises(ValueError, match="'sideways' is not a valid Status") as failed:
+        await box.list_intents(IntentQuery())
+    kept = failed.value  # (as the server's error handling keeps it, with its traceback)
+
+    await box.enqueue(destination="billing", scope="acme", action_id="a3", payload={})
+    assert (await box.get("a3")).action_id == "a3"
+    assert kept.__traceback__ is not None  # the traceback still says where it failed
+
+
 async def test_a_locked_database_is_unavailable_and_the_write_is_not_applied(db_path, db_url, box):
     other = await Outbox.open(db_url, settings=Settings(sqlite_busy_timeout_ms=50))
     before = snapshot(db_path)

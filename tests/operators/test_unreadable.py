@@ -106,3 +106,68 @@ async def test_a_row_the_store_cannot_read_is_set_aside_and_the_rest_delivered(o
     gone = cli(url, "cancel", "bad", "--reason", "written by hand")
     assert gone.returncode == 0, gone.stderr
     assert await ops.status("bad") is Status.CANCELLED
+
+
+async def test_a_stored_trace_context_that_is_not_one_fails_no_read_and_no_send(open_ops: OpenOps, store_url: str):
+    """An intent's trace context written into the database by hand as text that is not its JSON.
+    Before, every read that showed it failed (``GET /v1/intents/{id}``, each page of ``GET
+    /v1/intents`` holding it, the console's search and its page: ``500``), and its attempt's span
+    failed on it inside the send, which was recorded as maybe sent: ``unknown``, though nothing
+    left. Now it reads as keeping no trace context."""
+    ops = await open_ops(worker=True, database_url=store_url)
+    ops.receiver.script("/ok", Reply(200))
+    await ops.destination("hook", "/ok")
+    later = datetime.now(UTC) + timedelta(hours=1)  # not due until its row is written by hand
+    await ops.enqueue("t1", not_before=later)
+    await ops.enqueue("t2", not_before=later)
+    now = PLANTED[ops.box.store.dialect]["now"]()
+    await rows(ops.box.settings.database_url, "UPDATE intents SET trace_context = CASE action_id WHEN 't1' THEN "
+                                             "'not json' ELSE '{\"traceparent\": 5}' END, not_before = NULL, "
+                                             f"next_attempt_at = {now} WHERE action_id IN ('t1', 't2')")
+
+    async def delivered() -> bool:
+        return [await ops.status(a) for a in ("t1", "t2")] == [Status.DELIVERED, Status.DELIVERED]
+
+    assert await eventually(delivered, 30), [(a, await ops.status(a)) for a in ("t1", "t2")]
+    assert sorted(r.headers["idempotency-key"] for r in ops.receiver.requests("/ok")) == ["acme/t1", "acme/t2"]
+    async with ops.client(ops.operator) as operator:
+        for action_id in ("t1", "t2"):
+            shown = await operator.get(f"/v1/intents/{action_id}")
+            assert shown.status_code == 200 and shown.json()["trace"] is None, shown.text
+        listed = await operator.get("/v1/intents")
+        assert listed.status_code == 200 and {i["action_id"] for i in listed.json()["items"]} == {"t1", "t2"}
+    async with console(ops) as http:
+        for path in ("/console/intents", "/console/intents/t1", "/console/intents/t2"):
+            assert (await http.get(path)).status_code == 200, path
+
+
+async def test_a_stored_attempt_count_past_what_can_be_counted_is_set_aside_and_the_rest_delivered(
+        open_ops: OpenOps, store_url: str):
+    """An attempt count written by hand at the top of its column (PostgreSQL's integer; SQLite's
+    64 bits). The next attempt's number did not fit: the write of its start failed the cycle, and
+    every cycle after it, since the failed start was kept to be written again, so nothing was
+    delivered to any destination until the process restarted (``/healthz``: "the sender's cycles
+    fail ... out of range"). Now the intent is set aside unsent, as one whose times cannot be read."""
+    ops = await open_ops(worker=True, database_url=store_url)
+    ops.receiver.script("/ok", Reply(200))
+    await ops.destination("hook", "/ok")
+    later = datetime.now(UTC) + timedelta(hours=1)  # not due until its row is written by hand
+    await ops.enqueue("bad", not_before=later)
+    top = 2**31 - 1 if ops.box.store.dialect == "postgres" else 2**63 - 1
+    now = PLANTED[ops.box.store.dialect]["now"]()
+    await rows(ops.box.settings.database_url, f"UPDATE intents SET attempts = {top}, max_attempts = {top}, "
+                                             f"not_before = NULL, next_attempt_at = {now} WHERE action_id = 'bad'")
+    await ops.enqueue("good")
+
+    async def settled() -> bool:
+        return [await ops.status(a) for a in ("good", "bad")] == [Status.DELIVERED, Status.DEAD]
+
+    assert await eventually(settled, 30), [(a, await ops.status(a)) for a in ("good", "bad")]
+    assert [r.headers["idempotency-key"] for r in ops.receiver.requests("/ok")] == ["acme/good"]
+    bad = await ops.box.history("bad")
+    assert bad.attempts == [] and bad.intent.attempts == top
+    assert bad.intent.last_error.startswith("set aside unsent: a stored attempt count beyond what the sender "
+                                            f"counts: attempts {top} (at most 2147482646)")
+    async with ops.client(None) as anyone:
+        health = (await anyone.get("/healthz")).json()
+    assert "cycles fail" not in health.get("detail", "") and "set aside 1 intent" in health["detail"]

@@ -68,3 +68,37 @@ async def test_a_destinations_rate_no_time_can_follow_holds_its_intents_and_the_
                 "rate_limit.per_second: Input should be greater than or equal to 0.00001")
         fixed = await admin.put("/v1/destinations/edge", json={**spec, "rate_limit": {"per_second": 5, "burst": 1}})
         assert fixed.status_code == 200 and fixed.json()["unusable"] is None  # put again: usable
+
+
+async def test_a_destinations_stored_subscriptions_the_api_refuses_fail_no_listing(open_ops: OpenOps, store_url: str):
+    """Subscriptions written into the database by hand, not as the API keeps them. Before, reading
+    that destination raised, so every listing of destinations failed with it (``GET
+    /v1/destinations``, the console's overview, its destinations and its intents search: 500),
+    and the sender logged a traceback for each of its intents. Now it reads as subscribing to
+    nothing, says so in ``unusable``, and is held as any such destination is."""
+    ops = await open_ops(worker=True, database_url=store_url)
+    ops.receiver.script("/ok", Reply(200))
+    ops.receiver.script("/edge", Reply(200))
+    await ops.destination("hook", "/ok")
+    await ops.destination("edge", "/edge", subscriptions=[{"topic": "invoice.*"}])
+    await rows(ops.box.settings.database_url, "UPDATE destinations SET subscriptions = 'not json' WHERE id = 'edge'")
+    await ops.enqueue("e1", destination="edge")
+    await ops.enqueue("h1")
+
+    async def delivered_and_held() -> bool:
+        released = [e for e in await ops.events("e1") if e.kind.value == "released"]
+        return await ops.status("h1") is Status.DELIVERED and bool(released)
+
+    assert await eventually(delivered_and_held, 30), [(a, await ops.status(a)) for a in ("h1", "e1")]
+    assert ops.receiver.requests("/edge") == []
+    async with ops.client(ops.operator) as operator:
+        listed = await operator.get("/v1/destinations")
+        assert listed.status_code == 200, listed.text
+        [edge] = [d for d in listed.json()["items"] if d["id"] == "edge"]
+    assert edge["subscriptions"] == []
+    assert edge["unusable"].startswith("stored settings the outbox does not take: subscriptions 'not json' (it "
+                                       "takes at most 50 subscriptions, each a topic pattern and its scopes; "
+                                       "read as [])")
+    async with console(ops) as http:
+        for path in ("/console", "/console/destinations", "/console/destinations/edge", "/console/intents"):
+            assert (await http.get(path)).status_code == 200, path
