@@ -66,7 +66,8 @@ class Publishing:
 
     async def publish_each(self, events: Iterable[Mapping[str, Any]]) -> list[Published | OutboxError]:
         """Publish several events in one transaction (one fsync), each on its own: an event refused
-        (invalid, conflicting, past ``settings.max_fanout``) stands as its error in its place and the
+        (invalid, conflicting, past ``settings.max_fanout``, or taking the batch past
+        ``settings.max_batch_fanout`` intents in all) stands as its error in its place and the
         others are recorded."""
         results: list[Published | OutboxError | None] = []
         prepared: list[NewEvent] = []
@@ -77,7 +78,9 @@ class Publishing:
             except InvalidInput as exc:
                 results.append(exc)
         stored = iter(await self.store.publish_each(prepared, granted_only=self.granted_only,
-                                                    max_fanout=self.settings.max_fanout) if prepared else [])
+                                                    max_fanout=self.settings.max_fanout,
+                                                    max_batch_fanout=self.settings.max_batch_fanout)
+                      if prepared else [])
         done = [next(stored) if result is None else result for result in results]
         self._published([r for r in done if isinstance(r, Published)],
                         refused=sum(isinstance(r, FanoutTooLarge) for r in done))

@@ -73,6 +73,12 @@ class Settings(BaseSettings):
                     "reach (one a channel would skip counts); an event past it is refused (422 fanout-too-large), "
                     "nothing recorded",
     )
+    max_batch_fanout: int = Field(
+        default=10_000, ge=1, le=1_000_000,
+        description="most intents the events of one batch (POST /v1/events:batch, publish_each) may make together: "
+                    "an event that would take the batch past it is refused in its place (422 fanout-too-large), "
+                    "so one request holds the database for a bounded time",
+    )
     default_max_attempts: int = Field(
         default=24, ge=1, le=1000, description="attempts before a dead letter, unless the intent says"
     )

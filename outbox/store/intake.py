@@ -25,6 +25,7 @@ from ..events import NewEvent, Published, StoredEvent, event_key
 from ..model import Enqueued, Event, NewIntent, Status
 from .records import Reader, Row
 from .rules import (
+    batch_fanout_refusal,
     check_payload,
     decide_existing,
     decide_existing_event,
@@ -305,14 +306,15 @@ def publish(dialect: Intake, new: NewEvent, granted_only: bool,
     return Published(StoredEvent.recorded(seq, new).with_fanout(intents, skipped), created=True)
 
 
-def publish_each(dialect: Intake, items: Sequence[NewEvent], granted_only: bool,
-                 max_fanout: int | None = None) -> Steps[list[Published | OutboxError]]:
+def publish_each(dialect: Intake, items: Sequence[NewEvent], granted_only: bool, max_fanout: int | None = None,
+                 max_batch_fanout: int | None = None) -> Steps[list[Published | OutboxError]]:
     """``publish`` for each of ``items``, inside a transaction, in a few statements however many
     events: their subscribers are read at once, the new keys of those within ``max_fanout`` recorded
     at once and every intent made by one ``insert_batch``; the rest (keys recorded already, or
     earlier in the batch, and the events past ``max_fanout``) are compared afterwards with the event
-    holding the key, or refused. A refusal stands as its error in its place (decided before any
-    write of that event: it undoes nothing)."""
+    holding the key, or refused; so is each event that would take the batch past
+    ``max_batch_fanout`` intents in all (counted in order). A refusal stands as its error in its
+    place (decided before any write of that event: it undoes nothing)."""
     seen: dict[str, Any] = {}
     subscribers: dict[int, list[str]] = {i: [] for i in range(len(items))}
     if items:
@@ -321,6 +323,14 @@ def publish_each(dialect: Intake, items: Sequence[NewEvent], granted_only: bool,
             subscribers[row["n"]].append(row["id"])
     refused = {i: found for i, new in enumerate(items)
                if (found := fanout_refusal(new, len(subscribers[i]), max_fanout)) is not None}
+    if max_batch_fanout is not None:  # the batch's budget, spent in order by the events within max_fanout
+        spent = 0
+        for i, new in enumerate(items):
+            if i not in refused:
+                if spent + len(subscribers[i]) > max_batch_fanout:
+                    refused[i] = batch_fanout_refusal(new, len(subscribers[i]), spent, max_batch_fanout)
+                else:
+                    spent += len(subscribers[i])
     within = [new for i, new in enumerate(items) if i not in refused]
     recorded = {row["event_key"]: row["seq"] for row in (yield dialect.insert_topic_events(within))} if within else {}
     fresh = {i: recorded.pop(new.key) for i, new in enumerate(items) if i not in refused and new.key in recorded}

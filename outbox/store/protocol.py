@@ -257,10 +257,12 @@ class Store(Protocol):
         so reached than ``max_fanout`` (None: no limit) raises FanoutTooLarge, writing nothing."""
         ...
 
-    async def publish_each(self, items: Sequence[NewEvent], *, granted_only: bool,
-                           max_fanout: int | None = None) -> list[Published | OutboxError]:
+    async def publish_each(self, items: Sequence[NewEvent], *, granted_only: bool, max_fanout: int | None = None,
+                           max_batch_fanout: int | None = None) -> list[Published | OutboxError]:
         """``publish`` for many in one transaction, each on its own: an event refused is answered
-        by its error in its place and writes nothing; the others commit together, or none does."""
+        by its error in its place and writes nothing; the others commit together, or none does.
+        An event that would take the batch past ``max_batch_fanout`` intents in all (counted in
+        order; None: no limit) is refused with FanoutTooLarge."""
         ...
 
     async def deliver_event(self, new: NewIntent, event: Event) -> tuple[Enqueued, StoredEvent]:

@@ -129,6 +129,16 @@ def fanout_refusal(new: NewEvent, reached: int, max_fanout: int | None) -> Fanou
         fanout=reached, max_fanout=max_fanout)
 
 
+def batch_fanout_refusal(new: NewEvent, reached: int, before: int, max_batch_fanout: int) -> FanoutTooLarge:
+    """Why ``new``, an event of a batch, is refused: its ``reached`` intents after the ``before``
+    its batch's earlier events make would pass ``max_batch_fanout``."""
+    return FanoutTooLarge(
+        f"event {new.event_id!r} (topic {new.topic!r}) would fan out to {reached} destinations, and the events "
+        f"before it in this batch to {before}: more than max_batch_fanout allows one batch ({max_batch_fanout}, "
+        "the setting OUTBOX_MAX_BATCH_FANOUT); it was not recorded: publish it in another batch",
+        fanout=before + reached, max_fanout=max_batch_fanout)
+
+
 def sending_event_payload(new: NewIntent, event: StoredEvent) -> NewIntent:
     """``new``, an intent of the recorded ``event`` (an operator's delivery of it), made to send
     the payload the event stores rather than a copy: when its digest is the event's, which it is

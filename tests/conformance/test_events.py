@@ -380,3 +380,20 @@ async def test_an_event_past_max_fanout_is_refused_writing_nothing_and_one_recor
     assert not results[2].created and results[2].event == first.event
     assert await store.get_event("acme/e2") is None
     assert len((await store.list_intents(IntentQuery())).intents) == 7
+
+
+async def test_a_batch_past_max_batch_fanout_refuses_the_events_that_would_take_it_past(store):
+    """The batch's budget is spent in order: an event that would take it past is refused in its
+    place, writing nothing of it; an event recorded already is answered as it stands, whatever
+    the budget."""
+    for n in range(3):
+        await subscribe(store, f"d{n}", "*")  # every event reaches 3
+    first = await store.publish(event("e0"), granted_only=True)
+    results = await store.publish_each([event("e1"), event("e2"), event("e0"), event("e3")],
+                                       granted_only=True, max_batch_fanout=7)
+    assert [type(r).__name__ for r in results] == ["Published", "Published", "Published", "FanoutTooLarge"]
+    assert results[0].created and results[1].created
+    assert not results[2].created and results[2].event == first.event  # past the budget, but recorded already
+    assert "max_batch_fanout" in results[3].message and results[3].details() == {"fanout": 9, "max_fanout": 7}
+    assert await store.get_event("acme/e3") is None
+    assert len((await store.list_intents(IntentQuery())).intents) == 9

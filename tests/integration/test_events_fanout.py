@@ -102,3 +102,25 @@ async def test_an_event_past_max_fanout_is_422_naming_the_limit_and_the_count_an
         metrics = (await producer.get("/metrics")).text
         assert "outbox_fanout_refused_total 2.0" in metrics, metrics
         assert "outbox_intents_fanned_out_total 6.0" in metrics
+
+
+@pytest.mark.parametrize("api_settings", [{**SERVED, "max_batch_fanout": 2 * MAX_FANOUT}])
+async def test_a_batch_past_max_batch_fanout_is_refused_item_by_item_once_its_budget_is_spent(api: Api):
+    """One request's events may make ``max_batch_fanout`` intents together: the events past it
+    answer 422 in their places, nothing of them written, and a later batch takes them."""
+    async with api.client(api.admin) as admin, api.client(api.producer) as producer:
+        for n in range(MAX_FANOUT):
+            await register(admin, f"d{n}", "*", f"https://d{n}.example/hook")
+        assert (await admin.put("/v1/grants/acme-all", json={"scope": "acme", "destination": "*"})).is_success
+        events = [{"event_id": f"e{n}", "scope": "acme", "topic": "order.placed", "payload": {"n": n}}
+                  for n in range(3)]
+        batch = await producer.post("/v1/events:batch", json={"events": events})
+        assert batch.status_code == 200, batch.text
+        assert [r["status"] for r in batch.json()["results"]] == [201, 201, 422]
+        past = batch.json()["results"][2]["problem"]
+        assert past["type"].endswith("fanout-too-large") and "OUTBOX_MAX_BATCH_FANOUT" in past["detail"]
+        assert (past["fanout"], past["max_fanout"]) == (3 * MAX_FANOUT, 2 * MAX_FANOUT)
+        assert await rows(db(api), "SELECT event_id FROM topic_events ORDER BY seq") == [("e0",), ("e1",)]
+        again = await producer.post("/v1/events:batch", json={"events": events[2:]})
+        assert [r["status"] for r in again.json()["results"]] == [201]
+        assert await rows(db(api), "SELECT count(*) FROM intents") == [(3 * MAX_FANOUT,)]

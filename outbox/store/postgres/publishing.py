@@ -54,10 +54,11 @@ class PostgresEvents:
     async def publish(self, new: NewEvent, *, granted_only: bool, max_fanout: int | None = None) -> Published:
         return await self._in_transaction(lambda conn: publish(conn, new, granted_only, max_fanout), {})
 
-    async def publish_each(self, items: Sequence[NewEvent], *, granted_only: bool,
-                           max_fanout: int | None = None) -> list[Published | OutboxError]:
+    async def publish_each(self, items: Sequence[NewEvent], *, granted_only: bool, max_fanout: int | None = None,
+                           max_batch_fanout: int | None = None) -> list[Published | OutboxError]:
         return await self._in_transaction(lambda conn: intake.run_async(
-            intake.publish_each(INTAKE, items, granted_only, max_fanout), Asyncpg(conn).execute), {})
+            intake.publish_each(INTAKE, items, granted_only, max_fanout, max_batch_fanout),
+            Asyncpg(conn).execute), {})
 
     async def deliver_event(self, new: NewIntent, event: Event) -> tuple[Enqueued, StoredEvent]:
         return await self._in_transaction(lambda conn: intake.run_async(

@@ -48,10 +48,11 @@ class SqliteEvents:
         result: Published = await self._write(lambda conn: publish(conn, new, granted_only, max_fanout))
         return result
 
-    async def publish_each(self, items: Sequence[NewEvent], *, granted_only: bool,
-                           max_fanout: int | None = None) -> list[Published | OutboxError]:
+    async def publish_each(self, items: Sequence[NewEvent], *, granted_only: bool, max_fanout: int | None = None,
+                           max_batch_fanout: int | None = None) -> list[Published | OutboxError]:
         results: list[Published | OutboxError] = await self._write(lambda conn: intake.run(
-            intake.publish_each(INTAKE, items, granted_only, max_fanout), Sqlite3(conn).execute))
+            intake.publish_each(INTAKE, items, granted_only, max_fanout, max_batch_fanout),
+            Sqlite3(conn).execute))
         return results
 
     async def deliver_event(self, new: NewIntent, event: Event) -> tuple[Enqueued, StoredEvent]:
