@@ -14,7 +14,6 @@ wire in one place: split, a shape would again be spelled out where another one i
 
 from __future__ import annotations
 
-import enum
 import re
 from collections.abc import Callable, Sequence
 from json import loads as json_loads
@@ -42,7 +41,7 @@ from .clock import iso
 from .errors import InvalidInput
 from .flow import RateLimit
 from .ids import ACTION_ID, DESTINATION_ID, ORDERING_KEY, SCOPE, TOKEN_ID, TOKEN_LABEL, check
-from .model import SETTLED, OnDead, OnUnknown, Ordering, Outcome, Role, Status, Submission
+from .model import SETTLED, OnDead, OnUnknown, Ordering, Outcome, Resolution, Role, Status, Submission
 from .timestamps import Timestamp
 from .topics import EVENT_ID, MAX_SUBSCRIPTIONS, PATTERN, TOPIC, checked_pattern, checked_topic
 
@@ -224,14 +223,6 @@ class ReplayIn(ReasonIn):
     """A replay; duplicates must be accepted explicitly where the destination does not dedupe."""
 
     accept_duplicate_risk: StrictBool = False
-
-
-class Resolution(str, enum.Enum):
-    """How an operator settles an ``unknown`` intent."""
-
-    DELIVERED = "delivered"  # evidence says it took effect
-    RETRY = "retry"  # evidence says it did not: send again
-    DEAD = "dead"  # give up on it
 
 
 class ResolveIn(ReasonIn):

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .. import channels
-from ..destinations import DestinationSpec
 from ..errors import InvalidInput
 from ..model import OnUnknown
-from ..outbox import Outbox
 from .context import Context, fields, run, validated
+
+if TYPE_CHECKING:
+    from ..outbox import Outbox
 
 
 @click.group()
@@ -98,6 +99,8 @@ async def destinations_put(
 ) -> None:
     """Register or replace a destination: the shared options, and the channel's own settings
     (a webhook's --url) as --set NAME=VALUE."""
+    from ..destinations import DestinationSpec
+
     kind = channels.get(channel)
     own = dict(map(_setting, settings)) | ({"url": url} if url is not None else {})
     generated = None

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from ..model import Role
-from ..outbox import Outbox
 from .context import Context, cli_actor, run
+
+if TYPE_CHECKING:
+    from ..outbox import Outbox
 
 
 @click.group()
