@@ -69,6 +69,10 @@ class OnDead(str, enum.Enum):
     SKIP = "skip"  # they go on without it
 
 
+#: The longest an approval lasts (see ``timestamps.HEADROOM``).
+MAX_APPROVAL_SECONDS = 30 * 86_400
+
+
 class Resolution(str, enum.Enum):
     """How an operator settles an ``unknown`` intent."""
 

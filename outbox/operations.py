@@ -14,6 +14,7 @@ from . import tracing
 from .destinations import deadline
 from .errors import AuthorityDenied, DuplicateRisk, IllegalTransition, InvalidInput, OutboxError
 from .model import (
+    MAX_APPROVAL_SECONDS,
     REPLAYABLE,
     Approve,
     Cancel,
@@ -29,7 +30,6 @@ from .model import (
     Submission,
 )
 from .outbox import Outbox
-from .shapes import MAX_APPROVAL_SECONDS
 from .store import IntentQuery
 from .timestamps import later
 

@@ -31,10 +31,11 @@ async def grants_put(ctx: Context, box: Outbox, grant_id: str, scope: str, desti
                      expires_at: datetime | None, note: str | None) -> None:
     """Create or replace a grant (its revision goes up)."""
     from ..grants import GrantSpec
+    from ..shapes import grant_json
 
     spec = validated(GrantSpec, scope=scope, destination=destination, expires_at=expires_at, note=note)
     grant, created = await box.put_grant(grant_id, spec)
-    ctx.emit(grant.public(), f"{'granted' if created else 'replaced'} {grant.id}: "
+    ctx.emit(grant_json(grant), f"{'granted' if created else 'replaced'} {grant.id}: "
                              f"{grant.scope} -> {grant.destination} (revision {grant.revision})")
 
 
@@ -43,9 +44,10 @@ async def grants_put(ctx: Context, box: Outbox, grant_id: str, scope: str, desti
 async def grants_list(ctx: Context, box: Outbox) -> None:
     """List grants."""
     from ..clock import iso
+    from ..shapes import grant_json
 
     items = await box.list_grants()
-    ctx.emit([g.public() for g in items], lambda: "\n".join(
+    ctx.emit([grant_json(g) for g in items], lambda: "\n".join(
         f"{g.id:<20} {g.scope:<16} -> {g.destination:<16} r{g.revision}"
         f"{'  until ' + str(iso(g.expires_at)) if g.expires_at else ''}" for g in items) or "no grants")
 

@@ -91,11 +91,12 @@ SCOPE = click.option("--scope", help="The intent's scope; needed only when its a
 @run
 async def show(ctx: Context, box: Outbox, action_id: str, scope: str | None) -> None:
     """Show an intent with its attempts and events."""
-    from ..shapes import history_json, intent_json
+    from ..shapes import history_json, intent_json, waiting_behind_json
 
     intent, history = await box.show(action_id, scope=scope)
     behind = await box.waiting_behind(intent)
-    data = {**intent_json(intent), "waiting_behind": behind.json() if behind else None, **history_json(history)}
+    data = {**intent_json(intent), "waiting_behind": waiting_behind_json(behind) if behind else None,
+            **history_json(history)}
 
     def text() -> str:
         shown: dict[str, Any] = {}

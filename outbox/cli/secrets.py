@@ -34,9 +34,9 @@ async def secrets_rotate(ctx: Context, box: Outbox) -> None:
     dropped once everything is sealed under the new one. With OUTBOX_SECRETS_KEY_FILE, put the
     new key first in that file (`outbox secrets generate-key`) for every process, then rotate.
     """
-    from .. import keyring
+    from .. import secrets_key
 
-    done = await keyring.rotate(box.store)
+    done = await secrets_key.rotate(box.store)
     after = (f"; {done.key_file} now holds only the new key: back it up (older backups of the database open "
              "only with the key file of their time)" if box.store.keyring and box.store.keyring.managed else
              "; every process seals under it now: the old key can leave the key files")

@@ -196,10 +196,10 @@ def demo() -> None:
 @run_migrating
 async def migrate(ctx: Context, box: Outbox) -> None:
     """Apply pending schema migrations (serve also does this on start)."""
-    from .. import keyring
+    from .. import secrets_key
 
     applied = await box.store.migrate()
-    await keyring.unlock(box.store, box.settings)  # checks the key, makes it on first start, seals plain secrets
+    await secrets_key.unlock(box.store, box.settings)  # checks the key, makes it on first start, seals plain secrets
     ctx.emit({"database_url": box.settings.database_url, "status": "migrated", "applied": applied},
              f"applied {len(applied)} migration{'' if len(applied) == 1 else 's'}: {', '.join(applied)}" if applied
              else "database is up to date: no migration to apply")
