@@ -488,3 +488,29 @@ async def test_a_broker_dropped_mid_batch_leaves_what_may_have_gone_maybe_submit
     attempt = (await attempts_of(env, "big"))[-1]
     assert facts(attempt) == ("produce", Submission.NOT_SUBMITTED, Outcome.REJECTED), attempt.error
     assert b"big" not in [r.key for r in await records(kafka)]
+
+
+async def test_a_batch_to_two_destinations_is_produced_by_each_ones_producer(batch_env: SenderEnv, kafka: Broker):
+    env = batch_env
+    await kafka.create_topic(TOPIC)
+    await kafka.create_topic("refunds")
+    await register(env, kafka)
+    await register(env, kafka, "refund-log", topic="refunds")
+    channel = Batches()
+    worker = env.worker(channels={"kafka": channel}, concurrency=8)
+    await env.enqueue("warm", destination="log")
+    await env.enqueue("warm-refund", destination="refund-log")
+    assert await worker.run_once() == 2
+    for n in range(3):
+        await env.enqueue(f"order-{n}", destination="log")
+        await env.enqueue(f"refund-{n}", destination="refund-log")
+    assert await worker.run_once() == 6
+    await worker.aclose()
+    assert sorted(channel.batches[-1]) == sorted([f"order-{n}" for n in range(3)] + [f"refund-{n}" for n in range(3)])
+    for n in range(3):
+        for action_id, topic in ((f"order-{n}", TOPIC), (f"refund-{n}", "refunds")):
+            attempt = (await attempts_of(env, action_id))[-1]
+            assert facts(attempt) == ("done", Submission.SUBMITTED, Outcome.DELIVERED), attempt.error
+            assert attempt.external_id is not None and attempt.external_id.startswith(f"{topic}/")
+    assert sorted(r.key for r in await records(kafka, "refunds")) == [b"refund-0", b"refund-1", b"refund-2",
+                                                                     b"warm-refund"]
