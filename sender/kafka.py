@@ -19,7 +19,10 @@ secrets hold its signing secrets and, after them, its SASL password; one registe
 records were signed holds no signing secret (or only the password) and its records go unsigned.
 
 One producer per destination (as its settings read now), shared by every send to it, so
-concurrent sends are batched per partition. An idempotent producer can end while the process
+concurrent sends are batched per partition. A worker's cycle hands over its records at once
+(``send_many``): each is handed to the producer (a failure until then is that record's, and
+``not_submitted``), then the broker's answers to them all are awaited as one, each record's
+result its own. An idempotent producer can end while the process
 lives on: a broker that crashed and lost its producer state, or a newer producer that fenced
 it, refuses every later record of that producer id (``ENDED``). The Java client then starts
 afresh with a new id, and so does this channel: the producer is replaced, and the record it
@@ -37,9 +40,10 @@ from __future__ import annotations
 import asyncio
 import re
 import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Literal, NamedTuple, cast
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
@@ -54,7 +58,7 @@ from aiokafka.errors import (
     UnknownProducerId,
 )
 from aiokafka.partitioner import DefaultPartitioner
-from aiokafka.structs import TopicPartition
+from aiokafka.structs import RecordMetadata, TopicPartition
 from pydantic import ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator, model_validator
 
 from outbox import Destination, DestinationSpec, Intent, OnUnknown, Outcome, Submission, hosts, tracing
@@ -63,7 +67,7 @@ from outbox.crash import crash_point
 from outbox.destinations import rotate_secrets
 from receivers import wire
 
-from .channel import ChannelModule, ProbeAnswer, SendResult
+from .channel import ChannelModule, ProbeAnswer, Send, SendResult
 from .kafka_connections import GUARD, Guard
 
 #: A topic name as Kafka allows it (``.`` and ``..`` are refused by the broker too).
@@ -173,6 +177,17 @@ class _Refused(Exception):
         super().__init__(error)
         self.stage, self.outcome, self.error = stage, outcome, error
 
+    def result(self) -> SendResult:
+        return SendResult(Submission.NOT_SUBMITTED, self.outcome, error=self.error, stage=self.stage)
+
+
+class _Place(NamedTuple):
+    """Where a record goes: its topic, its partition (its leader takes connections) and its key."""
+
+    topic: str
+    partition: int
+    key: bytes
+
 
 @dataclass
 class _Producer:
@@ -200,63 +215,81 @@ class KafkaChannel:
         self._partitioner = DefaultPartitioner()
 
     async def send(self, intent: Intent, destination: Destination, *, attempt_id: str, fence: int) -> SendResult:
+        return (await self._produce(destination, [Send(intent, destination, attempt_id, fence)]))[0]
+
+    async def send_many(self, sends: Sequence[Send]) -> list[SendResult]:
+        """Hand every record to its destination's producer, then await the broker's answers to
+        them all as one (one timer, not one per record): the producer packs them into its
+        per-partition requests as it would concurrent sends."""
+        groups: dict[tuple[str, datetime], list[int]] = {}
+        for i, send in enumerate(sends):
+            groups.setdefault((send.destination.id, send.destination.updated_at), []).append(i)
+        if len(groups) == 1:
+            return await self._produce(sends[0].destination, sends)
+        produced = await asyncio.gather(*(self._produce(sends[places[0]].destination, [sends[i] for i in places])
+                                          for places in groups.values()))
+        results: list[SendResult | None] = [None] * len(sends)
+        for places, answers in zip(groups.values(), produced, strict=True):
+            for i, answer in zip(places, answers, strict=True):
+                results[i] = answer
+        return cast(list[SendResult], results)
+
+    async def _produce(self, destination: Destination, sends: Sequence[Send]) -> list[SendResult]:
+        """The results of one destination's records, each in its place."""
         try:
             entry = await self._entry(destination)
         except ValidationError as exc:  # registered before today's rules: it can never be produced
-            return SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="connect",
-                              error=f"refused: the destination's settings are not valid: {exc.errors()[0]['msg']}")
+            return [SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="connect",
+                               error=f"refused: the destination's settings are not valid: {exc.errors()[0]['msg']}")
+                    ] * len(sends)
         guarding = GUARD.set(entry.guard)
         try:
-            return await self._send(entry, intent, destination, attempt_id, fence)
+            return await self._produced(entry, destination, sends)
         finally:
             GUARD.reset(guarding)
 
-    async def _send(self, entry: _Producer, intent: Intent, destination: Destination, attempt_id: str,
-                    fence: int) -> SendResult:
+    async def _produced(self, entry: _Producer, destination: Destination, sends: Sequence[Send]) -> list[SendResult]:
         try:
             producer = await self._started(entry, destination)
-            key = _record_key(intent)
-            tp = await self._partition(producer, entry, key, destination)
+            places = await self._partitions(producer, entry, [_record_key(send.intent) for send in sends],
+                                            destination)
         except _Refused as stop:
-            return SendResult(Submission.NOT_SUBMITTED, stop.outcome, error=stop.error, stage=stop.stage)
-        value = intent.payload_json.encode()
-        headers = [(wire.KAFKA_IDEMPOTENCY_KEY, intent.key.encode()),
-                   (wire.KAFKA_PAYLOAD_DIGEST, intent.payload_digest.encode()),
-                   (wire.KAFKA_ATTEMPT_ID, attempt_id.encode()),
-                   (wire.KAFKA_FENCE, str(fence).encode()),
-                   *((name, value.encode()) for name, value in tracing.carrier().items())]  # the attempt's span
+            return [stop.result()] * len(sends)
         if entry.signing[0] != destination.secrets:
             entry.signing = (destination.secrets, _split(destination.secrets)[0])
         signing = entry.signing[1]
-        if signing:
-            timestamp = int(self._clock.now().timestamp())
-            headers += [(wire.KAFKA_TIMESTAMP, str(timestamp).encode()),
-                        (wire.KAFKA_SIGNATURE, wire.sign(signing, intent.key, timestamp, value).encode())]
-        try:
-            future = await producer.send(tp.topic, value, key=key, partition=tp.partition,
-                                         headers=headers)
-        except MessageSizeTooLargeError as exc:
-            return SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="produce",
-                              error=f"refused: the record is larger than max_request_size: {_describe(exc)}")
-        except KafkaError as exc:  # the producer failed for good, before taking the record
+        timestamp = int(self._clock.now().timestamp())
+        results: list[SendResult | None] = [None] * len(sends)
+        futures: dict[int, asyncio.Future[RecordMetadata]] = {}
+        failed: SendResult | None = None  # the producer failed for good: no later record is handed to it
+        for i, (send, place) in enumerate(zip(sends, places, strict=True)):
+            if isinstance(place, _Refused):
+                results[i] = place.result()
+                continue
+            if failed is not None:
+                results[i] = failed
+                continue
+            value, headers = _record(send, signing, timestamp)
+            try:
+                futures[i] = await producer.send(place.topic, value, key=place.key, partition=place.partition,
+                                                 headers=headers)
+            except MessageSizeTooLargeError as exc:
+                results[i] = SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="produce",
+                                        error=f"refused: the record is larger than max_request_size: {_describe(exc)}")
+            except KafkaError as exc:  # the producer failed for good, before taking the record
+                results[i] = failed = SendResult(Submission.NOT_SUBMITTED, Outcome.RETRYABLE, stage="produce",
+                                                 error=_describe(exc))
+        if futures:
+            # From here a produce request carrying the records may leave: only the broker can say one did not.
+            crash_point("after_request")
+            await asyncio.wait(futures.values(), timeout=destination.timeout_seconds)
+        ended = False
+        for i, future in futures.items():
+            results[i], lost = _answer(future, signing)
+            ended |= lost
+        if failed is not None or ended:
             await self._discard(entry, producer)
-            return SendResult(Submission.NOT_SUBMITTED, Outcome.RETRYABLE, stage="produce", error=_describe(exc))
-        # From here a produce request carrying the record may leave: only the broker can say it did not.
-        crash_point("after_request")
-        try:
-            sent = await asyncio.wait_for(future, destination.timeout_seconds)
-        except ENDED as exc:
-            await self._discard(entry, producer)
-            return _producer_ended(exc)
-        except BrokerResponseError as exc:
-            return _broker_refused(exc)
-        except (KafkaError, TimeoutError, OSError) as exc:
-            return SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, stage="produce",
-                              error=f"no answer to the produce request: {_describe(exc)}")
-        where = f"{sent.topic}/{sent.partition}/{sent.offset}"
-        return SendResult(Submission.SUBMITTED, Outcome.DELIVERED, stage="done", answered=True, external_id=where,
-                          reply=f"appended at {where}" + ("" if signing else ", unsigned: the destination holds no "
-                                                          "signing secret"))
+        return cast(list[SendResult], results)
 
     async def _entry(self, destination: Destination) -> _Producer:
         """The destination's producer entry; a change of the destination (its ``updated_at``)
@@ -311,10 +344,11 @@ class KafkaChannel:
             entry.producer = producer
             return producer
 
-    async def _partition(self, producer: AIOKafkaProducer, entry: _Producer, key: bytes,
-                         destination: Destination) -> TopicPartition:
-        """The record's partition, once the topic's metadata is known and the partition's leader
-        takes connections (so a failure here proves nothing left). Raises _Refused."""
+    async def _partitions(self, producer: AIOKafkaProducer, entry: _Producer, keys: list[bytes],
+                          destination: Destination) -> list[_Place | _Refused]:
+        """Each record's partition, once the topic's metadata is known, or a _Refused for a record
+        whose partition's leader does not take connections (so nothing of it can have left).
+        Raises _Refused for all when the metadata does not come or the guard refused a broker."""
         topic = entry.spec.topic
         cluster = producer.client.cluster
         partitions = cluster.partitions_for_topic(topic)  # known: no need to ask (and to make a timer)
@@ -328,13 +362,17 @@ class KafkaChannel:
         if entry.partitions[0] != partitions:  # the partitioner's inputs, kept until the metadata changes
             entry.partitions = (partitions, sorted(partitions), list(cluster.available_partitions_for_topic(topic)))
         _, every, available = entry.partitions
-        tp = TopicPartition(topic, self._partitioner(key, every, available))
-        leader = cluster.leader_for_partition(tp)
-        if leader is None or leader < 0 or not await producer.client.ready(leader):
+        chosen = [self._partitioner(key, every, available) for key in keys]
+        taking: dict[int, bool] = {}  # by partition: its leader takes connections
+        for partition in chosen:
+            if partition not in taking:
+                leader = cluster.leader_for_partition(TopicPartition(topic, partition))
+                taking[partition] = leader is not None and leader >= 0 and await producer.client.ready(leader)
+        if not all(taking.values()):
             await self._refused(entry)
-            raise _Refused("connect", Outcome.RETRYABLE,
-                           f"the leader of partition {tp.partition} of {topic} does not take connections")
-        return tp
+        return [_Place(topic, partition, key) if taking[partition] else _Refused(
+                    "connect", Outcome.RETRYABLE, f"the leader of partition {partition} of {topic} does not take "
+                    "connections") for key, partition in zip(keys, chosen, strict=True)]
 
     async def _refused(self, entry: _Producer) -> None:
         """Raise _Refused (rejected: the destination names a broker it may not reach) if the guard
@@ -386,6 +424,45 @@ def _record_key(intent: Intent) -> bytes:
     """The record's key: the ordering key when the intent has one (a key's records stay in one
     partition, in order), else its action id."""
     return (intent.ordering_key or intent.action_id).encode()
+
+
+def _record(send: Send, signing: tuple[str, ...], timestamp: int) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """A record's value and headers: its identity, its attempt's span, and its signature when
+    the destination holds a signing secret."""
+    intent = send.intent
+    value = intent.payload_json.encode()
+    headers = [(wire.KAFKA_IDEMPOTENCY_KEY, intent.key.encode()),
+               (wire.KAFKA_PAYLOAD_DIGEST, intent.payload_digest.encode()),
+               (wire.KAFKA_ATTEMPT_ID, send.attempt_id.encode()),
+               (wire.KAFKA_FENCE, str(send.fence).encode()),
+               *((name, value.encode()) for name, value in tracing.carrier(send.context).items())]
+    if signing:
+        headers += [(wire.KAFKA_TIMESTAMP, str(timestamp).encode()),
+                    (wire.KAFKA_SIGNATURE, wire.sign(signing, intent.key, timestamp, value).encode())]
+    return value, headers
+
+
+def _answer(future: asyncio.Future[RecordMetadata], signing: tuple[str, ...]) -> tuple[SendResult, bool]:
+    """What the broker answered for a record handed to the producer (no answer in time: the
+    future is still pending, and cancelled), and whether it says the producer ended."""
+    if not future.done() or future.cancelled():
+        future.cancel()
+        return SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, stage="produce",
+                          error="no answer to the produce request: TimeoutError: the destination's timeout passed"), \
+            False
+    exc = future.exception()
+    if isinstance(exc, ENDED):
+        return _producer_ended(exc), True
+    if isinstance(exc, BrokerResponseError):
+        return _broker_refused(exc), False
+    if exc is not None:  # a lost connection, or the producer stopped: the request may have gone
+        return SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, stage="produce",
+                          error=f"no answer to the produce request: {_describe(exc)}"), False
+    sent = future.result()
+    where = f"{sent.topic}/{sent.partition}/{sent.offset}"
+    return SendResult(Submission.SUBMITTED, Outcome.DELIVERED, stage="done", answered=True, external_id=where,
+                      reply=f"appended at {where}" + ("" if signing else ", unsigned: the destination holds no "
+                                                      "signing secret")), False
 
 
 def _broker_refused(exc: BrokerResponseError) -> SendResult:
