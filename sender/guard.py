@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from outbox import hosts
+from . import hosts
 
 
 class PrivateAddressRefused(OSError):

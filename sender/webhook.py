@@ -22,12 +22,13 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 from yarl import URL
 
-from outbox import Destination, DestinationSpec, Intent, Outcome, Submission, crash, hosts, tracing
+from outbox import Destination, DestinationSpec, Intent, Outcome, Submission, crash, tracing
 from outbox.clock import Clock, SystemClock
 from outbox.crash import crash_point
 from receivers import wire
 from receivers.wire import new_secret
 
+from . import hosts
 from .channel import REPLY_BYTES, ChannelModule, ProbeAnswer, SendResult
 from .guard import PrivateAddressRefused
 

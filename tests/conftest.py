@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from outbox import DestinationSpec, Outbox, Settings
-from outbox.service import create_service
+from outbox.app.service import create_service
 
 from . import pg
 from .receiver import Receiver

@@ -5,7 +5,7 @@ The parser reads what a mail client would; on top of its grammar the outbox refu
 cannot send or what could change the message: a line break or other control character (a
 header injection), more than one address or a group, an address written with comments or
 spaces inside it, a quoted local part, an address beyond ASCII (messages are sent without
-SMTPUTF8), and a domain that is not a host name of two labels or more as ``outbox.hosts``
+SMTPUTF8), and a domain that is not a host name of two labels or more as ``sender.hosts``
 judges one (no IP address, no domain literal). The name may be any text the parser reads
 without a defect, quoted (``"Doe, Jane"``) or not, beyond ASCII too (written in RFC 2047);
 obsolete forms RFC 5322 says must still be read (a period in a name: ``Dr. Who``) are read.
@@ -21,7 +21,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator
 
-from outbox import hosts
+from .. import hosts
 
 #: The longest address (RFC 5321's path, less its angle brackets) and display name.
 MAX_ADDRESS = 254

@@ -8,8 +8,9 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
-from outbox import DestinationSpec, OnUnknown, hosts
+from outbox import DestinationSpec, OnUnknown
 
+from .. import hosts
 from .address import Mailbox, mailbox, written
 from .headers import check_headers
 

@@ -8,9 +8,11 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
-from outbox import DestinationSpec, OnUnknown, hosts
+from outbox import DestinationSpec, OnUnknown
 from outbox.destinations import rotate_secrets
 from receivers import wire
+
+from .. import hosts
 
 #: A topic name as Kafka allows it (``.`` and ``..`` are refused by the broker too).
 TOPIC = re.compile(r"(?!\.{1,2}$)[A-Za-z0-9._-]{1,249}")

@@ -272,7 +272,7 @@ async def drive(
 def outbox_command(port: int) -> list[str]:
     """``outbox serve`` on ``port``, at log level warning: no access-log line per request."""
     script = Path(sys.executable).parent / "outbox"
-    prefix = [str(script)] if script.exists() else [sys.executable, "-m", "outbox.cli"]
+    prefix = [str(script)] if script.exists() else [sys.executable, "-m", "outbox.app.cli"]
     return [*prefix, "serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-worker"]
 
 

@@ -208,7 +208,7 @@ def vm_hwm_kib(pid: int) -> int | None:
 def worker_command() -> list[str]:
     """``outbox worker``, as installed beside this Python."""
     script = Path(sys.executable).parent / "outbox"
-    prefix = [str(script)] if script.exists() else [sys.executable, "-m", "outbox.cli"]
+    prefix = [str(script)] if script.exists() else [sys.executable, "-m", "outbox.app.cli"]
     return [*prefix, "worker"]
 
 

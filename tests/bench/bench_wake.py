@@ -201,7 +201,7 @@ def service(store: Store, workdir: Path, *args: str, watch: float | None = None)
         cmd = [sys.executable, "-c", (
             "import sys, outbox.store.sqlite.store as s\n"
             f"s.WATCH_SECONDS = {watch or 86400.0!r}\n"
-            "from outbox.cli import main\n"
+            "from outbox.app.cli import main\n"
             f"sys.argv = ['outbox', *{list(args)!r}]\n"
             "main()\n")]
     with harness.serving(cmd, cwd=workdir, log=log, env=store.env()) as proc:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from outbox import Outbox, Role, Settings
-from outbox.api import create_app
+from outbox.app.api import create_app
 
 from ..conftest import SECRET, snapshot
 from ..problems import assert_problem

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from outbox.api import create_app
+from outbox.app.api import create_app
+from outbox.app.web import routes
 from outbox.digest import MAX_NESTING
 from outbox.settings import Settings
-from outbox.web import routes
 
 from ..problems import assert_problem
 from .conftest import Api
@@ -101,7 +101,7 @@ async def test_each_item_is_held_to_the_single_routes_limits_in_its_place(api: A
 
 def test_every_route_that_takes_a_batch_has_the_batch_limits():
     """Told by the body it takes (a ``shapes.Batch``), not by a list of paths to keep up."""
-    from outbox.routes.bodies import takes_batch
+    from outbox.app.routes.bodies import takes_batch
 
     app = create_app(settings=Settings(database_url="sqlite:///:memory:"))
     batches = sorted(route.path for route in routes(app.router) if takes_batch(route))

@@ -364,8 +364,8 @@ def test_the_client_imports_neither_the_store_nor_the_server():
     code = ("import sys, outbox.client\n"
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('fastapi', 'starlette', 'aiosqlite',"
             " 'asyncpg', 'uvicorn', 'sender', 'aiokafka', 'aiosmtplib', 'pydantic_settings', 'psycopg',"
-            " 'prometheus_client', 'cryptography') or m.startswith(('outbox.store', 'outbox.outbox', 'outbox.api',"
-            " 'outbox.routes', 'outbox.settings', 'receivers.')) and m != 'receivers.wire')\n"
+            " 'prometheus_client', 'cryptography') or m.startswith(('outbox.store', 'outbox.outbox', 'outbox.app.api',"
+            " 'outbox.app.routes', 'outbox.settings', 'receivers.')) and m != 'receivers.wire')\n"
             "print(heavy)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

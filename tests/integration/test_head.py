@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 
 from outbox import Role, Settings
-from outbox.api import create_app
+from outbox.app.api import create_app
 
 from ..servers import Served
 

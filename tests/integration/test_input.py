@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from outbox import DestinationSpec, Outbox, Role, Settings
-from outbox.api import create_app
+from outbox.app.api import create_app
 from outbox.timestamps import LATEST
 
 from ..conftest import SECRET, snapshot

@@ -15,9 +15,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from outbox import Attempt, Intent, OnUnknown, Outcome, Status, Submission, hosts
+from outbox import Attempt, Intent, OnUnknown, Outcome, Status, Submission
 from receivers import IdempotentConsumer, MemoryRecordStore, wire
 from receivers.kafka import Refusal, Refused, digest_of
+from sender import hosts
 from sender.kafka import KafkaChannel, KafkaSpec
 from tests import smtp
 from tests.conftest import SECRET, eventually

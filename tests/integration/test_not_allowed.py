@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 
 from outbox import Settings
-from outbox.api import create_app
+from outbox.app.api import create_app
 
 PROBLEM = "application/problem+json"
 

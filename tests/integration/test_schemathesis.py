@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from outbox import DestinationSpec, Outbox, Role, Settings
-from outbox.api import begin_shutdown
+from outbox.app.api import begin_shutdown
+from outbox.app.service import create_service
 from outbox.grants import GrantSpec
-from outbox.service import create_service
 
 from ..conftest import SECRET
 from ..servers import Served

@@ -19,8 +19,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from outbox import DestinationSpec, Intent, ManualClock, Outbox, Role, Settings, Status
+from outbox.app.service import create_service
 from outbox.grants import GrantSpec
-from outbox.service import create_service
 from sender import Worker
 
 from ..conftest import SECRET

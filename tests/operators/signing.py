@@ -7,7 +7,7 @@ import re
 
 import httpx
 
-from outbox.console import COOKIE, csrf_for
+from outbox.app.console import COOKIE, csrf_for
 
 #: The hidden field of a console form.
 FIELD = re.compile(r"name='csrf' value='([^']+)'")

@@ -1,12 +1,12 @@
-"""``outbox.api.create_app`` is the API alone: what runs beside it and the authority check its
-replays ask are handed in by the composition root (``outbox.service.create_service``)."""
+"""``outbox.app.api.create_app`` is the API alone: what runs beside it and the authority check its
+replays ask are handed in by the composition root (``outbox.app.service.create_service``)."""
 
 from __future__ import annotations
 
 import httpx
 
 from outbox import Settings, Status
-from outbox.api import create_app
+from outbox.app.api import create_app
 
 from ..problems import assert_problem
 from .conftest import Ops, serve_in_loop

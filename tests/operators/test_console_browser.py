@@ -20,8 +20,8 @@ import httpx
 import pytest
 
 from outbox import DestinationSpec, Outbox, Role, Settings
-from outbox.console import LOGIN_COOKIE
-from outbox.service import create_service
+from outbox.app.console import LOGIN_COOKIE
+from outbox.app.service import create_service
 
 from ..conftest import SECRET
 from ..receiver import Receiver, Reply

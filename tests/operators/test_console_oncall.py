@@ -9,8 +9,8 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from outbox import Attempt, Destination, DestinationSpec, Event, EventKind, OnUnknown, Outcome, Status, Submission
-from outbox.console.history import attempts
-from outbox.console.layout import fields
+from outbox.app.console.history import attempts
+from outbox.app.console.layout import fields
 
 from ..conftest import SECRET
 from .conftest import Ops

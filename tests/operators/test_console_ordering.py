@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 
 from outbox import DestinationSpec, Outbox, Role, Settings
-from outbox.api import create_app
+from outbox.app.api import create_app
 
 from ..conftest import SECRET
 from ..servers import Served

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from outbox import DestinationSpec, Outbox, Role, Settings
-from outbox.api import create_app
-from outbox.service import listening
+from outbox.app.api import create_app
+from outbox.app.service import listening
 
 from ..conftest import SECRET
 from ..servers import Served

@@ -1,5 +1,5 @@
 """The console's sign-in, over a real uvicorn on loopback configured as ``outbox serve`` configures
-it (``outbox.service.listening``): the cookie holds a server-side session id, never the token,
+it (``outbox.app.service.listening``): the cookie holds a server-side session id, never the token,
 and the store only its hash; signing out, revoking the token and the session's end each close
 it; the cookie is ``Secure`` over TLS (uvicorn's own, or a trusted proxy's) and only then; and
 no other site's page can sign an operator in or out."""
@@ -23,9 +23,9 @@ import trustme
 from starlette.responses import HTMLResponse
 
 from outbox import ManualClock, Outbox, Role, Settings
-from outbox.api import create_app
-from outbox.console import COOKIE, LOGIN_COOKIE, csrf_for
-from outbox.service import listening
+from outbox.app.api import create_app
+from outbox.app.console import COOKIE, LOGIN_COOKIE, csrf_for
+from outbox.app.service import listening
 
 from ..servers import Served
 from .conftest import OpenOps

@@ -7,7 +7,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from outbox import Settings
-from outbox.api import create_app
+from outbox.app.api import create_app
 
 from ..servers import Served
 from .test_console_browser import chromium

@@ -16,9 +16,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from outbox import Attempt, DestinationSpec, Event, ManualClock, Outbox, Role, Settings, Status
+from outbox.app.service import create_service
 from outbox.grants import GrantSpec
 from outbox.model import Start
-from outbox.service import create_service
 from sender import Worker
 
 from ..conftest import SECRET

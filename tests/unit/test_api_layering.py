@@ -1,6 +1,6 @@
-"""The HTTP API builds on the outbox and knows nothing of the sender: neither ``outbox.api``,
+"""The HTTP API builds on the outbox and knows nothing of the sender: neither ``outbox.app.api``,
 its routers, nor any outbox module they import (at any depth) imports ``sender``. The sender
-is composed with the API only by ``outbox.service`` and the CLI."""
+is composed with the API only by ``outbox.app.service`` and the CLI."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .imports import OUTBOX, import_targets, module_file
 
-API = ["api.py", *sorted(str(p.relative_to(OUTBOX)) for p in (OUTBOX / "routes").glob("*.py"))]
+API = ["app/api.py", *sorted(str(p.relative_to(OUTBOX)) for p in (OUTBOX / "app" / "routes").glob("*.py"))]
 
 
 def imports(path: Path) -> tuple[set[str], set[Path]]:
@@ -24,7 +24,7 @@ def imports(path: Path) -> tuple[set[str], set[Path]]:
 
 
 def test_the_api_and_its_routers_import_nothing_from_the_sender():
-    assert "routes/intents.py" in API and "routes/operators.py" in API  # the walk sees the routers
+    assert "app/routes/intents.py" in API and "app/routes/operators.py" in API  # the walk sees the routers
     seen: dict[Path, set[str]] = {}
     todo = [OUTBOX / name for name in API]
     while todo:
@@ -33,12 +33,13 @@ def test_the_api_and_its_routers_import_nothing_from_the_sender():
             continue
         seen[path], inside = imports(path)
         todo.extend(inside - seen.keys())
-    assert OUTBOX / "console" / "pages.py" in seen and OUTBOX / "operations.py" in seen
+    assert OUTBOX / "app" / "console" / "pages.py" in seen and OUTBOX / "operations.py" in seen
     offenders = sorted(str(path.relative_to(OUTBOX)) for path, outside in seen.items() if "sender" in outside)
     assert offenders == []
-    assert OUTBOX / "service.py" not in seen and not any(path.is_relative_to(OUTBOX / "cli") for path in seen)
+    assert OUTBOX / "app" / "service.py" not in seen and not any(path.is_relative_to(OUTBOX / "app" / "cli")
+                                                                 for path in seen)
 
 
 def test_the_walk_finds_a_sender_import():
-    outside, _ = imports(OUTBOX / "service.py")  # the composition root does import it
+    outside, _ = imports(OUTBOX / "app" / "service.py")  # the composition root does import it
     assert "sender" in outside

@@ -15,12 +15,13 @@ import pytest
 HEAVY = ("fastapi", "starlette", "uvicorn", "pydantic", "pydantic_settings", "asyncpg", "aiosqlite", "psycopg",
          "psycopg2", "aiokafka", "aiosmtplib", "prometheus_client", "cryptography", "opentelemetry", "sender",
          "sqlalchemy", "httpx")
-HEAVY_OUTBOX = ("outbox.store", "outbox.outbox", "outbox.api", "outbox.routes", "outbox.settings", "outbox.shapes",
-                "outbox.service", "outbox.console", "outbox.destinations", "outbox.operations", "outbox.keyring")
+HEAVY_OUTBOX = ("outbox.store", "outbox.outbox", "outbox.app.api", "outbox.app.routes", "outbox.settings",
+                "outbox.shapes", "outbox.app.service", "outbox.app.console", "outbox.destinations",
+                "outbox.operations", "outbox.keyring", "outbox.api", "outbox.service")
 
 CHILD = """
 import json, sys
-from outbox.cli import main
+from outbox.app.cli import main
 try:
     main(sys.argv[1:], prog_name="outbox")
 except SystemExit:

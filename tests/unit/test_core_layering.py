@@ -11,8 +11,9 @@ from pathlib import Path
 
 from .imports import OUTBOX, import_targets
 
-#: The app layer, as paths below ``outbox/`` without ``.py`` (a folder stands for everything in it).
-APP_LAYER = {"api", "console", "cli", "openapi", "web", "routes", "service"}
+#: The app layer, as paths below ``outbox/`` without ``.py`` (a folder stands for everything in it):
+#: its package, and the documented import paths of the API and the service it keeps there.
+APP_LAYER = {"app", "api", "service"}
 SENDER = "sender"
 
 
@@ -36,7 +37,8 @@ def test_core_modules_import_neither_the_sender_nor_the_app_layer():
     # the walk sees the core it is about, and none of the app layer
     assert {"model.py", "outbox.py", "errors.py", "operations.py", "settings.py", "store/sqlite/store.py",
             "store/protocol.py", "store/__init__.py"} <= names
-    assert not names & {"api.py", "cli/__init__.py", "console.py", "openapi.py", "web.py"}
+    assert not names & {"api.py", "service.py", "app/api.py", "app/cli/__init__.py", "app/console/pages.py",
+                        "app/openapi.py", "app/web.py"}
     offenders = {str(p.relative_to(OUTBOX)): found for p in modules if (found := offending_imports(p))}
     assert offenders == {}
 
@@ -46,10 +48,11 @@ def test_the_walk_sees_lazy_and_relative_imports_of_the_app_layer_and_the_sender
     for source in ("def f():\n    from sender.worker import Worker\n",
                    "import sender\n",
                    "from ..api import create_app\n",
-                   "from .. import cli\n",
-                   "from outbox import console\n",
-                   "import outbox.web\n",
-                   "from outbox.routes.intents import router\n"):
+                   "from ..app import cli\n",
+                   "from outbox.app import console\n",
+                   "from outbox import app\n",
+                   "import outbox.app.web\n",
+                   "from outbox.app.routes.intents import router\n"):
         assert offending_imports(inside_store, source), source
     for source in ("from ..model import Intent\n", "from . import protocol\n", "from receivers import wire\n",
                    "import outbox.store\n"):

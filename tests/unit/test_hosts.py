@@ -1,4 +1,4 @@
-"""outbox.hosts: which hosts a destination may name, judged as the HTTP client reads them.
+"""sender.hosts: which hosts a destination may name, judged as the HTTP client reads them.
 
 Pure functions: every address here, 10.0.0.1 and 169.254.169.254 included, is only a string.
 """
@@ -11,8 +11,8 @@ import re
 import pytest
 from yarl import URL
 
-from outbox import hosts
-from outbox.hosts import HostRefused
+from sender import hosts
+from sender.hosts import HostRefused
 
 # Spellings the client (yarl's IDNA/UTS-46 mapping, or the C resolver) reads as an IP address.
 DISGUISED = {

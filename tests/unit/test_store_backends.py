@@ -39,7 +39,7 @@ def test_a_sqlite_process_never_imports_asyncpg(tmp_path):
     script = f"""
 import asyncio, sys
 from outbox import Outbox
-import outbox.api, outbox.cli, outbox.service, sender
+import outbox.app.api, outbox.app.cli, outbox.app.service, sender
 
 async def main():
     async with await Outbox.open("sqlite:///{tmp_path}/outbox.db") as box:

@@ -190,7 +190,7 @@ def test_tracing_is_asked_for_by_the_otel_variables(environ, asked):
 
 WITHOUT_SDK = """
 import json, sys
-import outbox, sender, outbox.api, outbox.cli, outbox.client
+import outbox, sender, outbox.app.api, outbox.app.cli, outbox.client
 from sender import spans
 from outbox import tracing
 assert tracing.configure() is None

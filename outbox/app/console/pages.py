@@ -1,0 +1,270 @@
+"""The console's pages: the overview (charts, destination health, what needs attention), the
+intent search, destinations, an intent with the forms of its actions (``actions`` answers them),
+and bulk replay's preview and progress. Who may see them is ``access``'s; signing in, ``signin``'s."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from html import escape
+from urllib.parse import quote
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from ... import operations, tracing
+from ...destinations import Destination
+from ...errors import NotFound, OutboxError
+from ...ids import KEY_SEPARATOR
+from ...model import REPLAYABLE, Intent, Resolution, Status
+from ...outbox import Behind, Outbox
+from ...store import IntentQuery
+from . import charts
+from . import history as history_view
+from .access import Access
+from .destination import STATES, circuit_state, destination_page, destinations_table
+from .filters import Filter
+from .headline import headline
+from .health import backlog, health, per_minute, window
+from .layout import STYLE, destination_link, flashes, intent_link, intent_url, pill, pretty, table, when
+from .replays import Replays
+from .sessions import signed_page
+
+ATTENTION = ((Status.DEAD, "Dead letters"), (Status.UNKNOWN, "Unknown outcomes"),
+             (Status.REVOKED, "Revoked"), (Status.HELD, "Held for approval"))
+#: What an intent's page says after an action succeeded, by the code its URL carries
+#: (``?done=replay``). Only these words are ever shown: a link anyone can make must not put text
+#: of its own on a console page, so an unknown code shows nothing. A failed action's own message
+#: is drawn in the answer to its form instead.
+DONE = {name: f"{name} done" for name in ("replay", "resolve", "cancel", "approve", "reject")}
+
+
+def register(pages: APIRouter, access: Access, replays: Replays) -> None:
+    """Add the console's pages to its router (``replays``: the bulk replays this process runs)."""
+
+    @pages.get("/style.css")
+    async def style() -> Response:
+        return Response(STYLE, media_type="text/css; charset=utf-8", headers={"Cache-Control": "max-age=3600"})
+
+    @pages.get("")
+    @access.signed_in
+    async def overview(request: Request) -> Response:
+        outbox = access.box(request)
+        now = outbox.clock.now()
+        minutes = window(now)
+        activity = await outbox.store.activity(minutes[0], now)
+        counts: dict[str, int] = {}
+        for status, _, n in await outbox.store.count_by_status():
+            counts[status] = counts.get(status, 0) + n
+        statuses = table(["status", "intents"], [
+            [f"<a href='/console/intents?status={s.value}'>{pill(s.value)}</a>", str(counts.get(s.value, 0))]
+            for s in Status], numeric=("intents",), compact=True)
+        delivered, failed = per_minute(activity, minutes)
+        graphs = ("<div class='charts'>"
+                  + charts.bars("Attempts per minute", minutes, delivered, failed, ("delivered", "failed"))
+                  + charts.line("Backlog (open intents)", minutes, backlog(activity, minutes), "open")
+                  + "</div>")
+        destinations = await outbox.list_destinations()
+        destination_health = destinations_table(request, destinations,
+                                                health(activity, [d.id for d in destinations]), now)
+        sections = []
+        for status, title in ATTENTION:
+            found = await outbox.list_intents(IntentQuery(statuses=[status], limit=10))
+            more = (f"<p><a href='/console/intents?status={status.value}'>all {counts.get(status.value, 0)}</a></p>"
+                    if found.next_seq else "")
+            sections.append(f"<h2 id='{status.value}'>{title}</h2>" + _intents(found.intents, now) + more)
+        search = ("<form class='filters' method='get' action='/console/intents'><label>action id"
+                  "<input name='q' size='24'></label><button>Find</button></form>")
+        return signed_page(request, "Overview", headline(request, counts, destinations, now)
+                           + _set_aside(request, now) + search + "<h2>Last hour</h2>" + graphs
+                           + "<h2 id='destinations'>Destinations (last hour)</h2>" + destination_health
+                           + "<h2>Backlog by status</h2>" + statuses + "".join(sections))
+
+    @pages.get("/intents")
+    @access.signed_in
+    async def search(request: Request) -> Response:
+        async def matched(outbox: Outbox, now: datetime, chosen: Filter) -> str:
+            if chosen.action_id:
+                intents, next_seq = await outbox.store.intents_named(chosen.action_id), None
+            else:
+                found = await outbox.list_intents(chosen.query(before=chosen.before))
+                intents, next_seq = found.intents, found.next_seq
+            older = (f"<p><a rel='next' href='/console/intents?{chosen.encode(before=next_seq)}'>older →</a></p>"
+                     if next_seq else "")
+            bulk = (f"<p><a href='/console/replay?{chosen.encode()}'>Replay what this filter matches…</a></p>"
+                    if chosen.replayable() else "")
+            return bulk + _intents(intents, now) + older
+
+        return await access.filtered(request, "Intents", "/console/intents", matched)
+
+    @pages.get("/destinations")
+    @access.signed_in
+    async def destinations_list(request: Request, state: str = "") -> Response:
+        outbox = access.box(request)
+        now = outbox.clock.now()
+        if state and state not in STATES:
+            return signed_page(request, "Destinations", flashes(error="state must be one of " + ", ".join(STATES)),
+                               status=400)
+        destinations = await outbox.list_destinations()
+        shown = [d for d in destinations if not state or circuit_state(request, d, now)[0] == state]
+        activity = await outbox.store.activity(window(now)[0], now)
+        healths = [h for h in health(activity, [d.id for d in shown]) if h.destination in {d.id for d in shown}]
+        choices = " · ".join(f"<a href='/console/destinations?state={quote(s)}'>{escape(s)}</a>" for s in STATES)
+        return signed_page(request, "Destinations", (f"<p>{'showing ' + pill(state) + ' · ' if state else ''}"
+                                                     f"<a href='/console/destinations'>all</a> · {choices}</p>"
+                                                     "<h2>Last hour</h2>"
+                                                     + destinations_table(request, shown, healths, now)))
+
+    @pages.get("/destinations/{destination_id}")
+    @access.signed_in
+    async def destination_view(request: Request, destination_id: str) -> Response:
+        outbox = access.box(request)
+        try:
+            destination = await outbox.get_destination(destination_id)
+        except NotFound as exc:
+            return signed_page(request, "Not found", f"<p>{escape(exc.message)}</p>", status=404)
+        return signed_page(request, f"Destination {destination_id}",
+                           await destination_page(request, outbox, destination))
+
+    @pages.get("/intents/{action_id}")
+    @access.signed_in
+    async def intent_page(request: Request, action_id: str, scope: str | None = None, done: str = "") -> Response:
+        return await intent_view(access, request, action_id, scope, done=DONE.get(done, ""))
+
+    @pages.get("/replay")
+    @access.signed_in
+    async def replay_preview(request: Request) -> Response:
+        async def dry_run(outbox: Outbox, now: datetime, chosen: Filter) -> str:
+            found = [i async for i in operations.matching(outbox, operations.replay_filter(chosen.query()))]
+            risky = await operations.duplicate_risks(outbox, found)
+            warning = (f"<p class='warning' id='duplicate-risk'><b>Duplicate risk: {len(risky)} of these "
+                       f"{len(found)} intents</b> may already have taken effect (an attempt whose outcome is "
+                       "unknown or may have been submitted) at a destination that does not declare idempotency ("
+                       + ", ".join(sorted({destination_link(i.destination) for i in risky}))
+                       + "). Replaying sends them again and the receiver may act twice. Without "
+                       "“accept duplicate risk” they are refused and listed; tick it only once you know "
+                       "the receiver can take them.</p>") if risky else ""
+            confirm = (
+                f"<form method='post' action='/console/replay'>{access.csrf_field(request)}{chosen.hidden()}"
+                f"<p><label>Reason (recorded on every replay)<br><input name='reason' required size='40'></label></p>"
+                f"<p><label><input type='checkbox' name='accept_duplicate_risk' value='yes'> accept duplicate risk"
+                + (f" (<b>{len(risky)} may have taken effect already</b>; unticked, they are refused)" if risky else "")
+                + f"</label></p><button type='submit'>Replay {len(found)} intents</button></form>") if found else ""
+            return (f"<h2>Dry run: {len(found)} intents match</h2>" + warning
+                    + (f"<p>The first {min(len(found), 20)} of them:</p>" if found else "")
+                    + _intents(found[:20], now) + confirm)
+
+        return await access.filtered(request, "Bulk replay", "/console/replay", dry_run)
+
+    @pages.get("/replay/{job}")
+    @access.signed_in
+    async def replay_progress(request: Request, job: str) -> Response:
+        found = replays.get(job)
+        if found is None:
+            return signed_page(request, "Not found",
+                               "<p>no such bulk replay in this process (it may have restarted)</p>", status=404)
+        now = access.box(request).clock.now()
+        refused = [[escape(a), escape(why)] for a, why in found.refused.items()]
+        state = ("running (this page refreshes itself)" if not found.finished
+                 else f"stopped: {escape(found.error)}" if found.error else "finished")
+        return signed_page(request, "Bulk replay", (
+            f"<p>{state} · started {when(found.started_at, now)} by {escape(found.actor.name)}: "
+            f"{escape(found.actor.reason)}</p>"
+            f"<p><progress max='{max(found.total, 1)}' value='{found.done}'></progress> "
+            f"{found.done} of {found.total} looked at · <b>{len(found.replayed)} replayed</b> · "
+            f"{len(found.refused)} refused</p>" + ("<h2>Refused</h2>" + table(["action_id", "why"], refused)
+                                                   if refused else "")),
+            refresh=None if found.finished else 2)
+
+
+async def intent_view(access: Access, request: Request, action_id: str, scope: str | None, *, done: str = "",
+                      error: str = "", status: int = 200) -> Response:
+    """An intent's page for a signed-in operator, with what an action did or why it failed."""
+    outbox = access.box(request)
+    try:
+        intent, history = await outbox.show(action_id, scope=scope)
+        behind = await outbox.waiting_behind(intent)
+    except (NotFound, OutboxError) as exc:
+        return signed_page(request, "Not found", f"<p>{escape(exc.message)}</p>", status=404)
+    now = outbox.clock.now()
+    csrf = access.csrf_field(request)
+
+    def action(name: str, label: str, extra: str = "") -> str:
+        target = escape(intent_url(action_id, intent.scope, name))
+        return (f"<form class='inline' method='post' action='{target}'>{csrf}{extra}"
+                f"<input name='reason' placeholder='reason' required size='24'> "
+                f"<button type='submit' name='action' value='{name}'>{label}</button></form>")
+
+    actions = []
+    if intent.status in REPLAYABLE:
+        actions.append(action("replay", "Replay", "<label><input type='checkbox' name='accept_duplicate_risk' "
+                                                  "value='yes'> accept duplicate risk</label> "))
+    if intent.status is Status.UNKNOWN:
+        actions.append(action("resolve", "Resolve", "<select name='resolution' required>"
+            "<option value='' selected>choose the outcome…</option>" + "".join(
+            f"<option>{r.value}</option>" for r in Resolution) + "</select> "
+            "<input name='external_id' placeholder='external id (evidence)' size='20'> "))
+    if intent.status is Status.HELD:
+        digest = f"<input type='hidden' name='payload_digest' value='{escape(intent.payload_digest)}'>"
+        actions.append(action("approve", "Approve", digest))
+        actions.append(action("reject", "Reject"))
+    if intent.status in (Status.PENDING, Status.HELD, Status.REVOKED, Status.DEAD):
+        actions.append(action("cancel", "Cancel"))
+    try:
+        destination: Destination | None = await outbox.get_destination(intent.destination)
+    except NotFound:
+        destination = None
+    waiting = f"<p class='flash error'>waiting {_behind_link(behind, intent)}</p>" if behind else ""
+    if intent.unreadable:
+        waiting += (f"<p class='flash error'>{escape(intent.unreadable)}: the sender sets it aside unsent; "
+                    "cancel it, and enqueue it again with times the outbox takes</p>")
+    last_error = ("" if intent.status is Status.DELIVERED or not intent.last_error
+                  else f"<p>last error: {escape(intent.last_error)}</p>")
+    return signed_page(request, f"Intent {action_id}", flashes(done, error) + (
+        f"<p>{pill(intent.status.value)} to <b>{destination_link(intent.destination)}</b> for "
+        f"<b>{escape(intent.scope)}</b> · attempts {intent.attempts}/{intent.max_attempts} · fence {intent.fence}"
+        f" · enqueued {when(intent.created_at, now)} · changed {when(intent.updated_at, now)}"
+        + (f" · next attempt {when(intent.next_attempt_at, now)}" if intent.status is Status.PENDING
+           else "") + "</p>"
+        f"{waiting}{last_error}"
+        f"<p>payload <code>{escape(intent.payload_digest)}</code></p>{pretty(intent.payload_json[:4000])}"
+        + _trace(tracing.kept(intent))
+        + f"<h2>Actions</h2>{''.join(actions) or '<p>none for this status</p>'}"
+        "<h2>Attempts</h2>" + history_view.attempts(history.attempts, history.events, destination, now)
+        + "<h2>Timeline</h2>" + history_view.timeline(history.events, now)), status=status)
+
+
+def _set_aside(request: Request, now: datetime) -> str:
+    """A warning naming what the sender in this process set aside since it started, if anything."""
+    worker = getattr(request.app.state, "worker", None)
+    last: tuple[str, datetime] | None = getattr(worker, "last_set_aside", None)
+    if last is None:
+        return ""
+    scope, _, action_id = last[0].rpartition(KEY_SEPARATOR)
+    return (f"<p class='flash error'>The sender set aside {getattr(worker, 'set_aside', 0)} intent(s) whose stored "
+            f"times cannot be read (dead, nothing sent), the last {intent_link(action_id, scope)} "
+            f"{when(last[1], now)}: cancel them, and have them enqueued again with times the outbox takes.</p>")
+
+
+def _intents(intents: list[Intent], now: datetime) -> str:
+    return table(["action_id", "status", "destination", "scope", "attempts", "enqueued", "changed", "last error"], [
+        [intent_link(i.action_id, i.scope), pill(i.status.value) + (" " + pill("unreadable") if i.unreadable else ""),
+         destination_link(i.destination), escape(i.scope), str(i.attempts), when(i.created_at, now),
+         when(i.updated_at, now), "" if i.status is Status.DELIVERED else escape((i.last_error or "")[:200])]
+        for i in intents], numeric=("attempts",))
+
+
+def _trace(kept: dict[str, str]) -> str:
+    """The trace context an intent keeps, its ``tracestate`` too (both escaped, as a producer sent
+    the state); nothing when it keeps none."""
+    if "traceparent" not in kept:
+        return ""
+    state = f" · tracestate <code>{escape(kept['tracestate'])}</code>" if kept.get("tracestate") else ""
+    return f"<p>trace <code>{escape(kept['traceparent'])}</code>{state}</p>"
+
+
+def _behind_link(behind: Behind, intent: Intent) -> str:
+    """"behind <action_id>", linking to the intent in the way."""
+    text = escape(behind.text(intent))
+    if behind.action_id is None:
+        return text
+    return f"<a href='{escape(intent_url(behind.action_id, behind.scope))}'>{text}</a>"
