@@ -113,7 +113,7 @@ class Checks:
             hold = Hold(intent.key, intent.fence, refusal, (Event(EventKind.HELD, now, self.worker, refusal),))
             return Entry(hold, intent, applied=functools.partial(
                 log.info, "held: %s", refusal, extra=log_fields(intent, None, self.worker)))
-        decision = lease.decision or self.authority.cached(_request(intent))
+        decision = lease.decision or self.authority.cached(intent.scope, intent.channel, intent.destination)
         lease.decision = None
         if decision is None:
             lease.destination = destination
