@@ -271,16 +271,24 @@ def new_intent_values(new: NewIntent, channel: str, status: Status) -> tuple[Any
             status.value, new.max_attempts, new.next_attempt_at, new.not_before, new.expires_at, new.created_at)
 
 
-def attempt_values(a: Attempt) -> tuple[Any, ...]:
-    """An attempt's columns, its id first, as the statements that write attempts take them."""
-    return (a.attempt_id, a.number, a.fence, a.worker, a.started_at, a.finished_at,
+def attempt_values(a: Attempt, time: Callable[[datetime | None], Any] | None = None) -> tuple[Any, ...]:
+    """An attempt's columns, its id first, as the statements that write attempts take them; its
+    times as ``time`` stores them (None: as datetimes), the rest as every dialect stores them."""
+    started_at, finished_at = (a.started_at, a.finished_at) if time is None else (time(a.started_at),
+                                                                                  time(a.finished_at))
+    return (a.attempt_id, a.number, a.fence, a.worker, started_at, finished_at,
             a.submission.value if a.submission else None, a.outcome.value if a.outcome else None,
             a.status_code, a.reply, a.external_id, a.error, a.duration_ms, a.stage)
 
 
+def plain_data(event: Event) -> dict[str, Any]:
+    """An event's data as the dict JSON encodes (itself when it is one: no copy per event)."""
+    return event.data if type(event.data) is dict else dict(event.data)
+
+
 def event_data(event: Event) -> str:
     """An event's data as the JSON text stored."""
-    return json.dumps(dict(event.data)) if event.data else "{}"
+    return json.dumps(plain_data(event)) if event.data else "{}"
 
 
 def destination_values(d: Destination, sealed: str) -> tuple[Any, ...]:
