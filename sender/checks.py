@@ -77,6 +77,11 @@ class Destinations:
         self._read.pop(destination_id, None)
         self._reading.pop(destination_id, None)
 
+    def cancel(self) -> None:
+        """Cut the reads under way (the worker is closing: no lease waits for them)."""
+        for task in self._reading.values():
+            task.cancel()
+
 
 def _retrieved(task: asyncio.Task[Destination | None]) -> None:
     """Each lease that asked has the read's failure raised; none left asking is no warning."""
