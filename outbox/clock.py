@@ -53,8 +53,17 @@ class OffsetClock:
     def __init__(self, offset: float = 0.0) -> None:
         self.offset = offset
 
+    @property
+    def offset(self) -> float:
+        """Seconds the database's clock is ahead of this host's."""
+        return self._ahead.total_seconds()
+
+    @offset.setter
+    def offset(self, seconds: float) -> None:
+        self._ahead = timedelta(seconds=seconds)  # made once, not at every ``now`` (several a delivery)
+
     def now(self) -> datetime:
-        return datetime.now(UTC) + timedelta(seconds=self.offset)
+        return datetime.now(UTC) + self._ahead
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)

@@ -73,6 +73,12 @@ def parsed(carrier: Mapping[str, str] | None) -> Context | None:
     return context if trace.get_current_span(context).get_span_context().is_valid else None
 
 
+def sdk_set() -> bool:
+    """Whether a tracer provider is set (an SDK, or an app's own): without one every span is a
+    no-op carrying its parent's context, which the outbox then carries itself without making it."""
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+
+
 def carrier(context: Context | None = None) -> dict[str, str]:
     """``traceparent`` (and ``tracestate`` when there is one) for ``context`` (None: the
     current one); empty when it holds no valid span."""
@@ -123,7 +129,7 @@ def created(destination: str, action_id: str, parent: Mapping[str, str] | None =
     context, so that context is kept as it is, and no span is made: a batch of 500 would
     otherwise pay a few milliseconds for nothing."""
     context = (parsed(parent) or Context()) if parent is not None else None
-    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+    if not sdk_set():
         kept = carrier(context)
         return json.dumps(kept, separators=(",", ":")) if kept else None
     with TRACER.start_as_current_span(

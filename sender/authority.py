@@ -192,10 +192,11 @@ class CachedAuthority:
         self._cache: dict[tuple[str, str, str], tuple[float, Decision]] = {}
         self._pending: dict[tuple[str, str, str], asyncio.Future[Decision]] = {}
 
-    def cached(self, request: AuthorityRequest) -> Decision | None:
-        """The decision still remembered for ``request``, or None: a worker checks a batch
-        without awaiting the ones the cache answers."""
-        cached = self._cache.get((request.scope, request.channel, request.destination))
+    def cached(self, scope: str, channel: str, destination: str) -> Decision | None:
+        """The decision still remembered for an effect of ``scope`` on ``channel`` at
+        ``destination``, or None: a worker checks a batch without awaiting the ones the cache
+        answers (and without making a request for each)."""
+        cached = self._cache.get((scope, channel, destination))
         if cached and self._clock() - cached[0] < self.seconds:
             return cached[1]
         return None

@@ -10,6 +10,7 @@ is an entry that settles the intent or gives its lease back: nothing is sent.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -36,11 +37,14 @@ PARKED_SECONDS = 60.0
 
 
 class Destinations:
-    """The destinations' records as last read, each reused for ``DESTINATION_CACHE_SECONDS``."""
+    """The destinations' records as last read, each reused for ``DESTINATION_CACHE_SECONDS``, and
+    read once however many leases ask while it is read (the cache runs out for all the leases of
+    a cycle at once: each reading it would cost a connection and an opening of its secrets)."""
 
     def __init__(self, outbox: Outbox) -> None:
         self.store = outbox.store
         self._read: dict[str, tuple[float, Destination | None]] = {}  # (monotonic) when, and what
+        self._reading: dict[str, asyncio.Task[Destination | None]] = {}
 
     def cached(self, destination_id: str) -> Destination | Unread | None:
         cached = self._read.get(destination_id)
@@ -50,14 +54,39 @@ class Destinations:
 
     async def get(self, destination_id: str) -> Destination | None:
         found = self.cached(destination_id)
-        if isinstance(found, Unread):
+        if not isinstance(found, Unread):
+            return found
+        reading = self._reading.get(destination_id)
+        if reading is None:
+            reading = self._reading[destination_id] = asyncio.create_task(self._get(destination_id))
+            reading.add_done_callback(_retrieved)
+        return await asyncio.shield(reading)  # one lease given up does not cut the others' read
+
+    async def _get(self, destination_id: str) -> Destination | None:
+        try:
             found = await self.store.get_destination(destination_id)
-            self._read[destination_id] = (time.monotonic(), found)
-        return found
+            if self._reading.get(destination_id) is asyncio.current_task():  # (not forgotten meanwhile)
+                self._read[destination_id] = (time.monotonic(), found)
+            return found
+        finally:
+            if self._reading.get(destination_id) is asyncio.current_task():
+                del self._reading[destination_id]
 
     def forget(self, destination_id: str) -> None:
-        """Read it again next time (it changed)."""
+        """Read it again next time (it changed): a read under way is not kept either."""
         self._read.pop(destination_id, None)
+        self._reading.pop(destination_id, None)
+
+    def cancel(self) -> None:
+        """Cut the reads under way (the worker is closing: no lease waits for them)."""
+        for task in self._reading.values():
+            task.cancel()
+
+
+def _retrieved(task: asyncio.Task[Destination | None]) -> None:
+    """Each lease that asked has the read's failure raised; none left asking is no warning."""
+    if not task.cancelled():
+        task.exception()
 
 
 class Checks:
@@ -113,7 +142,7 @@ class Checks:
             hold = Hold(intent.key, intent.fence, refusal, (Event(EventKind.HELD, now, self.worker, refusal),))
             return Entry(hold, intent, applied=functools.partial(
                 log.info, "held: %s", refusal, extra=log_fields(intent, None, self.worker)))
-        decision = lease.decision or self.authority.cached(_request(intent))
+        decision = lease.decision or self.authority.cached(intent.scope, intent.channel, intent.destination)
         lease.decision = None
         if decision is None:
             lease.destination = destination

@@ -56,6 +56,7 @@ class Outcomes:
         self._channel = channel  # the worker's, by name (a probe goes through the intent's channel)
         self._forget_destination = forget_destination  # a disabled destination is read again
         self._attempt_counts: dict[tuple[str, Outcome], Any] = {}  # the attempts counter's children
+        self._last_checked: tuple[Decision, Destination, dict[str, Any]] | None = None  # (``_checked``)
 
     def start(self, intent: Intent, destination: Destination, decision: Decision, now: datetime) -> Start:
         """The change that starts the next attempt on ``intent``, with the authority's ``decision``
@@ -65,9 +66,19 @@ class Outcomes:
         return Start(intent.key, intent.fence, attempt, Event(
             EventKind.ATTEMPT_STARTED, now, self.worker, None,
             {"attempt_id": attempt.attempt_id, "number": attempt.number, "fence": intent.fence,
-             "authority": decision.reason, "authority_revision": decision.revision,
-             "authority_checked_at": decision.checked_at and decision.checked_at.isoformat(),
-             "target": channels.target(destination)}))
+             **self._checked(decision, destination)}))
+
+    def _checked(self, decision: Decision, destination: Destination) -> dict[str, Any]:
+        """What an ``attempt_started`` event says of its authority and its target: the same for
+        every attempt on one decision to one destination record (both cached, so the same
+        objects), so made once for them, not per attempt."""
+        last = self._last_checked
+        if last is None or last[0] is not decision or last[1] is not destination:
+            last = self._last_checked = (decision, destination, {
+                "authority": decision.reason, "authority_revision": decision.revision,
+                "authority_checked_at": decision.checked_at and decision.checked_at.isoformat(),
+                "target": channels.target(destination)})
+        return last[2]
 
     async def finish(self, intent: Intent, destination: Destination, attempt: Attempt, result: SendResult,
                      seconds: float) -> Entry:

@@ -118,6 +118,7 @@ class Worker(Pipeline):
     async def aclose(self) -> None:
         """Release the channels' connections and the authority provider's (``run`` does this
         when it ends; call it after ``run_once``)."""
+        self.checks.destinations.cancel()
         for channel in self.channels.values():
             await channel.aclose()
         await self.authority.aclose()

@@ -115,25 +115,37 @@ def _uncountable(row: Row) -> str | None:
     return f"a stored attempt count beyond what the sender counts: attempts {attempts} (at most {MAX_COUNTED})"
 
 
+#: An intent's stored times, in the order ``intent`` reads them.
+INTENT_TIMES = ("next_attempt_at", "not_before", "expires_at", "lease_expires_at", "created_at", "updated_at",
+                "approval_expires_at")
+
+
 def intent(row: Row, time: Time) -> Intent:
-    """An intent from its row."""
-    at = _Times(row, time)
+    """An intent from its row (a claim reads one per delivery: its times are read at once, and
+    noted one by one only when one of them is beyond what a datetime holds)."""
+    try:
+        times = [time(row[column]) for column in INTENT_TIMES]
+        beyond = None
+    except OverflowError:
+        at = _Times(row, time)
+        times = [at(column) for column in INTENT_TIMES]
+        beyond = at.unreadable()
+    next_attempt_at, not_before, expires_at, lease_expires_at, created_at, updated_at, approval_expires_at = times
+    uncountable = _uncountable(row)
     return Intent(
-        **_as_is(row, "seq", "action_id", "scope", "destination", "channel", "payload_digest", "attempts",
-                 "max_attempts", "lease_owner", "fence", "last_error", "approved_digest", "approved_by",
-                 "ordering_key", "replayed_after", "event_id", "trace_context"),
+        seq=row["seq"], action_id=row["action_id"], scope=row["scope"], destination=row["destination"],
+        channel=row["channel"],
         # an intent of an event sends the payload stored once in the event's row (``event_payload``
         # beside its columns) and keeps none of its own; any other intent sends its own
         payload_json=row["payload"] if row["event_payload"] is None else row["event_payload"],
-        status=Status(row["status"]),
-        next_attempt_at=at("next_attempt_at"),
-        not_before=at("not_before"),
-        expires_at=at("expires_at"),
-        lease_expires_at=at("lease_expires_at"),
-        created_at=at("created_at"),
-        updated_at=at("updated_at"),
-        approval_expires_at=at("approval_expires_at"),
-        unreadable="; ".join(note for note in (at.unreadable(), _uncountable(row)) if note) or None,  # (last)
+        payload_digest=row["payload_digest"], status=Status(row["status"]), attempts=row["attempts"],
+        max_attempts=row["max_attempts"], next_attempt_at=next_attempt_at, not_before=not_before,
+        expires_at=expires_at, lease_owner=row["lease_owner"], lease_expires_at=lease_expires_at,
+        fence=row["fence"], created_at=created_at, updated_at=updated_at, last_error=row["last_error"],
+        approved_digest=row["approved_digest"], approval_expires_at=approval_expires_at,
+        approved_by=row["approved_by"], ordering_key=row["ordering_key"], replayed_after=row["replayed_after"],
+        unreadable=(beyond if uncountable is None else uncountable if beyond is None else f"{beyond}; {uncountable}"),
+        event_id=row["event_id"], trace_context=row["trace_context"],
     )
 
 
@@ -259,16 +271,24 @@ def new_intent_values(new: NewIntent, channel: str, status: Status) -> tuple[Any
             status.value, new.max_attempts, new.next_attempt_at, new.not_before, new.expires_at, new.created_at)
 
 
-def attempt_values(a: Attempt) -> tuple[Any, ...]:
-    """An attempt's columns, its id first, as the statements that write attempts take them."""
-    return (a.attempt_id, a.number, a.fence, a.worker, a.started_at, a.finished_at,
+def attempt_values(a: Attempt, time: Callable[[datetime | None], Any] | None = None) -> tuple[Any, ...]:
+    """An attempt's columns, its id first, as the statements that write attempts take them; its
+    times as ``time`` stores them (None: as datetimes), the rest as every dialect stores them."""
+    started_at, finished_at = (a.started_at, a.finished_at) if time is None else (time(a.started_at),
+                                                                                  time(a.finished_at))
+    return (a.attempt_id, a.number, a.fence, a.worker, started_at, finished_at,
             a.submission.value if a.submission else None, a.outcome.value if a.outcome else None,
             a.status_code, a.reply, a.external_id, a.error, a.duration_ms, a.stage)
 
 
+def plain_data(event: Event) -> dict[str, Any]:
+    """An event's data as the dict JSON encodes (itself when it is one: no copy per event)."""
+    return event.data if type(event.data) is dict else dict(event.data)
+
+
 def event_data(event: Event) -> str:
     """An event's data as the JSON text stored."""
-    return json.dumps(dict(event.data)) if event.data else "{}"
+    return json.dumps(plain_data(event)) if event.data else "{}"
 
 
 def destination_values(d: Destination, sealed: str) -> tuple[Any, ...]:

@@ -98,6 +98,20 @@ async def test_a_lease_whose_destination_cannot_be_read_waits_for_a_later_cycle(
     assert len(receiver.requests("/hook")) == 1
 
 
+async def test_a_destination_is_read_once_for_all_the_leases_that_wait_for_it(env: SenderEnv, receiver: Receiver):
+    """A worker's cache of destination records runs out for every lease of a cycle at once."""
+    receiver.script("/hook", Reply(200))
+    await env.destination(f"{receiver.url}/hook")
+    for n in range(20):
+        await env.enqueue(f"a{n}")
+    reads = fail_once(env, "get_destination", StoreUnavailable("database is locked"))
+    assert await env.worker(worker_id="w1").run_once(limit=20) == 20
+
+    assert len(reads) == 1  # the read that failed made every lease wait; the next one served them all
+    assert len(receiver.requests("/hook")) == 20
+    assert {(await env.box.get(f"a{n}")).status for n in range(20)} == {Status.DELIVERED}
+
+
 async def test_outcomes_buffered_while_the_store_is_down_are_all_recorded_once_it_is_back(
         open_env, receiver: Receiver):
     env: SenderEnv = await open_env(poll_seconds=0.05)

@@ -7,9 +7,12 @@ from outbox.ids import ACTION_ID, DESTINATION_ID, SCOPE, TOKEN_LABEL, check, int
 
 
 def test_uuid7_is_version_7_and_rfc_variant():
-    value = uuid.UUID(uuid7())
-    assert value.version == 7
-    assert value.variant == uuid.RFC_4122
+    for _ in range(1000):
+        text = uuid7()
+        value = uuid.UUID(text)
+        assert value.version == 7
+        assert value.variant == uuid.RFC_4122
+        assert str(value) == text  # the canonical form: lower-case hex, dashed 8-4-4-4-12
 
 
 def test_uuid7_sorts_by_creation_millisecond():

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from opentelemetry import trace
@@ -206,3 +207,30 @@ def test_without_the_sdk_nothing_of_it_is_imported_and_the_producers_context_sti
     found = json.loads(done.stdout)
     assert found["sdk"] == []
     assert json.loads(found["kept"]) == {"traceparent": PARENT}  # the no-op span carries its parent's context
+
+
+WITHOUT_SDK_SEND = """
+import json, sys
+from opentelemetry.context import attach, detach
+from outbox import tracing
+from tests.unit.test_tracing import ATTEMPT, _destination, _intent
+from sender import spans
+destination = _destination("webhook", {"url": "https://hooks.example/in"})
+token = attach(tracing.parsed({"traceparent": sys.argv[2]}))  # the worker's own context holds a span
+seen = []
+for kept in (json.dumps({"traceparent": sys.argv[1]}), None, '{"traceparent": "not one"}'):
+    with spans.sending(_intent("webhook", kept), destination, ATTEMPT) as span:
+        seen.append(tracing.carrier())
+    assert not span.is_recording()
+seen.append(tracing.carrier())
+detach(token)
+print(json.dumps({"seen": seen, "sdk": tracing.sdk_set()}))
+"""
+
+
+def test_without_the_sdk_an_attempt_carries_its_intents_context_and_never_the_workers():
+    own = "00-11111111111111111111111111111111-2222222222222222-01"
+    done = subprocess.run([sys.executable, "-c", WITHOUT_SDK_SEND, PARENT, own], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin"}, cwd=Path(__file__).parents[2], check=True, timeout=60)
+    found = json.loads(done.stdout)
+    assert found == {"seen": [{"traceparent": PARENT}, {}, {}, {"traceparent": own}], "sdk": False}

@@ -9,7 +9,7 @@ from typing import Any
 
 from ...model import Attempt, Event, Status
 from ..plumbing import from_us, statements, to_us
-from ..records import Reader, attempt_values
+from ..records import Reader, attempt_values, plain_data
 
 SQL = statements("sqlite")
 #: The statements that pick due intents share one rule for ordered keys (``claimable``).
@@ -47,13 +47,13 @@ READ = Reader(from_us)
 
 def attempt_row(seq: int, a: Attempt) -> list[Any]:
     """An attempt as a ``put_attempts`` row."""
-    attempt_id, *rest = attempt_values(a)
-    return [attempt_id, seq, *map(stored, rest)]
+    attempt_id, *rest = attempt_values(a, to_us)
+    return [attempt_id, seq, *rest]
 
 
 def event_row(seq: int, e: Event) -> list[Any]:
     """An event as an ``insert_events`` row."""
-    return [seq, e.kind, to_us(e.at), e.actor, e.reason, dict(e.data)]
+    return [seq, e.kind, to_us(e.at), e.actor, e.reason, plain_data(e)]
 
 
 def stored_row(seq: int, values: Sequence[Any]) -> list[Any]:
