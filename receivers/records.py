@@ -100,6 +100,14 @@ class StaleFence:
 
 ClaimResult = Claimed | Mismatch | Busy | Replay | StaleFence
 
+#: A fresh key's claim, by far the most common answer: made once, since it is immutable.
+_FIRST_CLAIM = Claimed(1)
+
+
+def claimed(epoch: int) -> Claimed:
+    """The claim of ``epoch`` (the first one shared, not made per record of a batch)."""
+    return _FIRST_CLAIM if epoch == 1 else Claimed(epoch)
+
 
 @dataclass(frozen=True, slots=True)
 class ProbeResult:
@@ -138,7 +146,7 @@ def decide_claim(
     if fence is not None and fence < min_fence:
         return StaleFence(min_fence), None
     epoch = (found.epoch if found else 0) + 1  # a takeover or a fresh claim: always a new epoch
-    return Claimed(epoch), Record(identity, fingerprint, State.IN_PROGRESS, epoch, max(min_fence, fence or 0),
+    return claimed(epoch), Record(identity, fingerprint, State.IN_PROGRESS, epoch, max(min_fence, fence or 0),
                                   lease_until, expires_at)
 
 

@@ -9,7 +9,6 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from ..records import (
-    Claimed,
     ClaimRequest,
     ClaimResult,
     ProbeResult,
@@ -17,6 +16,7 @@ from ..records import (
     State,
     StoredResponse,
     StoreUnavailable,
+    claimed,
     decide_claim,
     decide_complete,
     decide_probe,
@@ -177,7 +177,7 @@ class PostgresRecordStore:
             refused = [r.identity for r in batch if r.identity not in epochs]
             found = {} if not refused else {
                 row["identity"]: self._record(row) for row in await conn.fetch(self._sql["get_many"], refused)}
-            answers += [Claimed(epochs[r.identity]) if r.identity in epochs else
+            answers += [claimed(epochs[r.identity]) if r.identity in epochs else
                         refusal(found.get(r.identity), r, now=now, lease_until=lease_until, expires_at=expires_at)
                         for r in batch]
         return answers

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..records import (
-    Claimed,
     ClaimRequest,
     ClaimResult,
     ProbeResult,
@@ -18,6 +17,7 @@ from ..records import (
     State,
     StoredResponse,
     StoreUnavailable,
+    claimed,
     decide_claim,
     decide_complete,
     decide_probe,
@@ -194,7 +194,7 @@ class SqliteRecordStore:
             refused = json.dumps([r.identity for r in batch if r.identity not in epochs])
             found = {} if refused == "[]" else {
                 row["identity"]: self._record(row) for row in conn.execute(self._sql["get_many"], (refused,))}
-            answers += [Claimed(epochs[r.identity]) if r.identity in epochs else
+            answers += [claimed(epochs[r.identity]) if r.identity in epochs else
                         refusal(found.get(r.identity), r, now=now, lease_until=lease_until, expires_at=expires_at)
                         for r in batch]
         return answers
