@@ -203,11 +203,13 @@ class ClaimRequest(NamedTuple):
 def distinct_runs(items: Sequence[X], identity: Callable[[X], str]) -> list[Sequence[X]]:
     """``items`` cut, in order, into runs that name each identity once: a batch statement decides
     each row once, so a key named again goes to the next run and sees what the first one wrote."""
+    keys = list(map(identity, items))
+    if len(set(keys)) == len(keys):  # the usual batch (a consumer's round names each key once): one run
+        return [items] if items else []
     runs: list[Sequence[X]] = []
     seen: set[str] = set()
     start = 0
-    for n, item in enumerate(items):
-        key = identity(item)
+    for n, key in enumerate(keys):
         if key in seen:
             runs.append(items[start:n])
             seen.clear()
