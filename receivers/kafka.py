@@ -251,7 +251,8 @@ class IdempotentConsumer:
         the offsets that waited for those completions; run the round's handlers in order, leaving
         their completions to wait for the next round. Returns the records it did not start
         (stopping, or the claims' lease half gone), whose claims it released, to be claimed again."""
-        items = [item for item in items if item.partition not in held]
+        if held:
+            items = [item for item in items if item.partition not in held]
         claiming = [item for item in items if item.request is not None]
         done, offsets = self._done, self._offsets
         self._done, self._offsets = [], {}
@@ -414,6 +415,9 @@ class IdempotentConsumer:
 def _next_round(queue: list[FetchedRecord]) -> tuple[list[FetchedRecord], list[FetchedRecord]]:
     """The longest head of ``queue`` naming each key once (a repeat is claimed once the first
     settled, then replays rather than waiting on its own claim), and the rest."""
+    keys = [item.request.identity for item in queue if item.request is not None]
+    if len(set(keys)) == len(keys):  # the usual batch, each key once: one round, found at C speed
+        return queue, []
     seen: set[str] = set()
     for n, item in enumerate(queue):
         if item.request is not None:
