@@ -13,16 +13,26 @@ import functools
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from importlib.metadata import EntryPoint, entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .destinations import Destination, DestinationSpec, rotate_secrets
 from .errors import InvalidInput
+
+if TYPE_CHECKING:  # (imported when used: naming a channel needs no destination models, as the CLI's --help shows)
+    from importlib.metadata import EntryPoint
+
+    from .destinations import Destination, DestinationSpec
 
 #: The entry-point group a channel's module registers its ``ChannelKind`` under.
 ENTRY_POINTS = "outbox.channels"
 #: The channel of a destination registered without naming one.
 DEFAULT = "webhook"
+
+
+def _rotated(held: tuple[str, ...], spec: Any) -> tuple[str, ...]:
+    """``destinations.rotate_secrets``: what most channels keep of a destination's secrets."""
+    from .destinations import rotate_secrets
+
+    return rotate_secrets(held, spec)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,7 +55,7 @@ class ChannelKind:
     needs_secret: bool = True
     secret_form: str = "a secret"
     new_secret: Callable[[], str] | None = None
-    keep_secrets: Callable[[tuple[str, ...], Any], tuple[str, ...]] = rotate_secrets
+    keep_secrets: Callable[[tuple[str, ...], Any], tuple[str, ...]] = _rotated
     signing: Callable[[tuple[str, ...]], tuple[str, ...]] = lambda secrets: secrets  # default: every one signs
     check_payload: Callable[[Any], None] | None = None  # None: every JSON payload is deliverable
     target: Callable[[Mapping[str, Any]], str] | None = None  # None: the channel's name says it all
@@ -62,6 +72,8 @@ _lock = threading.Lock()
 @functools.cache
 def _declared() -> dict[str, EntryPoint]:
     """The channels installed distributions declare, read once per process."""
+    from importlib.metadata import entry_points
+
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINTS)}
 
 

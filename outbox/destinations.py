@@ -18,9 +18,9 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, TypeAdapter, ValidationError
 
+from .fields import Subscriptions
 from .flow import MAX_COUNT, MAX_PER_SECOND, MIN_PER_SECOND, RateLimit, usable_cap, usable_rate
 from .model import Intent, OnDead, OnUnknown, Ordering
-from .shapes import Subscriptions, destination_json
 from .timestamps import later
 from .topics import MAX_SUBSCRIPTIONS, Subscription
 
@@ -61,12 +61,6 @@ class Destination:
     #: other destination. The sender sends nothing to it while this is set.
     unusable: str | None = None
 
-    def public(self) -> dict[str, Any]:
-        """The destination as the API and CLI show it (``shapes.Destination``), with the number
-        of its secrets that sign (its channel's ``signing``), never the secrets."""
-        from .channels import signing_secrets  # (the registry is built on this module)
-
-        return destination_json(self, signing_secrets=len(signing_secrets(self)))
 
     def __repr__(self) -> str:  # keep secrets out of logs and tracebacks
         return f"Destination(id={self.id!r}, channel={self.channel!r}, settings={dict(self.settings)!r})"

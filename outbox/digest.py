@@ -5,6 +5,7 @@ conflict (the README's "Producers")."""
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 import rfc8785
@@ -31,8 +32,63 @@ def nesting(value: Any, limit: int = MAX_NESTING) -> int:
     return depth
 
 
+#: The I-JSON integers (RFC 8785 refuses the others).
+_SAFE_INTEGER = 2**53 - 1
+#: The standard library's encoder writes exactly RFC 8785 for the values ``_plain`` lets through:
+#: sorted keys, no whitespace, UTF-8 text, and JCS's escapes (the two-character ones and \u00xx).
+_PLAIN = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False)
+
+
+def _plain(value: Any, limit: int = MAX_NESTING) -> bool:
+    """Whether ``value`` is JSON the standard library's C encoder serializes exactly as RFC 8785
+    does, nested at most ``limit`` deep: dicts with ASCII string keys (whose code-point order is
+    JCS's UTF-16 order), lists, strings, booleans, None and I-JSON integers, of those exact types.
+    A float (whose shortest form differs from ECMAScript's), a subclass, a wider key or anything
+    else is for ``rfc8785``, as is a value too deep (which ``nesting`` then refuses). Walked a
+    level at a time, without recursion."""
+    level = [value]
+    for _ in range(limit):
+        deeper = []
+        for item in level:
+            kind = type(item)
+            if kind is dict:
+                for key in item:
+                    if type(key) is not str or not key.isascii():
+                        return False
+                children = item.values()
+            elif kind is list:
+                children = item
+            elif kind is str or kind is bool or item is None:
+                continue
+            elif kind is int:
+                if -_SAFE_INTEGER <= item <= _SAFE_INTEGER:
+                    continue
+                return False
+            else:
+                return False
+            for child in children:
+                kind = type(child)
+                if kind is dict or kind is list:
+                    deeper.append(child)
+                elif kind is str or kind is bool or child is None:
+                    continue
+                elif kind is not int or not -_SAFE_INTEGER <= child <= _SAFE_INTEGER:
+                    return False
+        if not deeper:
+            return True
+        level = deeper
+    return False
+
+
 def canonical_json(value: Any) -> bytes:
-    """Serialize ``value`` as RFC 8785 (JCS) canonical JSON, or raise InvalidInput."""
+    """Serialize ``value`` as RFC 8785 (JCS) canonical JSON, or raise InvalidInput. The usual
+    payload (no floats, ASCII keys) takes the standard library's C encoder, which writes the same
+    bytes at a fraction of ``rfc8785``'s cost; the rest, and every error, take ``rfc8785``."""
+    if _plain(value):
+        try:
+            return _PLAIN.encode(value).encode()
+        except UnicodeEncodeError:
+            pass  # a lone surrogate: rfc8785 says so below
     if nesting(value) > MAX_NESTING:
         raise InvalidInput(f"payload nests arrays and objects deeper than {MAX_NESTING} levels")
     try:

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .shapes import GrantTarget, Scope, grant_json
+from .fields import GrantTarget, Scope
 from .timestamps import Timestamp
 
 
@@ -29,9 +28,6 @@ class Grant:
     created_at: datetime
     updated_at: datetime
 
-    def public(self) -> dict[str, Any]:
-        """The grant as the API and CLI show it (``shapes.Grant``)."""
-        return grant_json(self)
 
 
 class GrantSpec(BaseModel):

@@ -111,6 +111,8 @@ SETTLED: frozenset[Status] = frozenset(
 )
 #: Statuses in which an intent still waits for something to happen to it.
 OPEN: frozenset[Status] = frozenset({Status.PENDING, Status.LEASED, Status.HELD, Status.UNKNOWN})
+#: Statuses an operator may replay from: nothing was delivered, or nothing is known to have been.
+REPLAYABLE: frozenset[Status] = frozenset({Status.DEAD, Status.REVOKED, Status.UNKNOWN})
 
 
 def lifecycle_table() -> str:

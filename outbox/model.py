@@ -20,6 +20,7 @@ from .lifecycle import INITIAL as INITIAL
 from .lifecycle import MEANING as MEANING
 from .lifecycle import MOVES, Status
 from .lifecycle import OPEN as OPEN
+from .lifecycle import REPLAYABLE as REPLAYABLE
 from .lifecycle import SETTLED as SETTLED
 from .lifecycle import TERMINAL as TERMINAL
 from .lifecycle import TRANSITIONS as TRANSITIONS
@@ -66,6 +67,18 @@ class OnDead(str, enum.Enum):
 
     BLOCK = "block"  # they wait until an operator replays or cancels it
     SKIP = "skip"  # they go on without it
+
+
+#: The longest an approval lasts (see ``timestamps.HEADROOM``).
+MAX_APPROVAL_SECONDS = 30 * 86_400
+
+
+class Resolution(str, enum.Enum):
+    """How an operator settles an ``unknown`` intent."""
+
+    DELIVERED = "delivered"  # evidence says it took effect
+    RETRY = "retry"  # evidence says it did not: send again
+    DEAD = "dead"  # give up on it
 
 
 class Role(str, enum.Enum):

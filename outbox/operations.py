@@ -14,6 +14,8 @@ from . import tracing
 from .destinations import deadline
 from .errors import AuthorityDenied, DuplicateRisk, IllegalTransition, InvalidInput, OutboxError
 from .model import (
+    MAX_APPROVAL_SECONDS,
+    REPLAYABLE,
     Approve,
     Cancel,
     Event,
@@ -22,19 +24,17 @@ from .model import (
     OperatorChange,
     Reject,
     Replay,
+    Resolution,
     Resolve,
     Status,
     Submission,
 )
 from .outbox import Outbox
-from .shapes import MAX_APPROVAL_SECONDS, Resolution
 from .store import IntentQuery
 from .timestamps import later
 
 #: Asks the authority provider about an intent now; returns why it is denied, or None.
 Authorize = Callable[[Intent], Awaitable[str | None]]
-
-REPLAYABLE = frozenset({Status.DEAD, Status.REVOKED, Status.UNKNOWN})
 
 #: Intents deleted per transaction when pruning, so other writers never wait long behind it.
 PRUNE_BATCH = 10_000

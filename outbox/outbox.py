@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Unpack
 
-from . import channels, keyring, timestamps
+from . import channels, secrets_key, timestamps
 from .clock import Clock, OffsetClock, SystemClock
 from .connections import CallerTransaction, bind_async
 from .cursor import MAX_PAGE
@@ -50,7 +50,6 @@ from .metrics import Metrics
 from .model import SETTLED, Enqueued, Event, Intent, NewIntent, Role, Status
 from .publishing import Publishing, PublishingTransaction
 from .settings import Settings
-from .shapes import WaitingBehind
 from .signals import Signal
 from .store import History, IntentQuery, Page, SharesClock, Store, SupportsListener, Transaction, store_for_url
 from .tokens import SESSIONS_PER_TOKEN, ConsoleSession, TokenInfo, hash_token, new_session_id, new_token
@@ -99,7 +98,7 @@ class Outbox(Publishing):
         processes wakes this outbox's workers (``enqueued``) when they are; polling remains the
         fallback.
 
-        The store gets this process's keyring (``outbox.keyring.unlock``: the settings' key file,
+        The store gets this process's keyring (``outbox.secrets_key.unlock``: the settings' key file,
         or on SQLite the one beside the database, made on first start); a key file that is
         missing, unreadable or does not hold the database's key raises SecretsKeyError."""
         settings = settings or Settings()
@@ -111,9 +110,9 @@ class Outbox(Publishing):
         except NoDatabase as exc:
             raise NoDatabase(f"there is no outbox database at {url} ({exc.message})") from None
         try:
-            if migrate:  # (a caller that migrates itself unlocks after it: ``keyring.unlock``)
+            if migrate:  # (a caller that migrates itself unlocks after it: ``secrets_key.unlock``)
                 await store.migrate()
-                await keyring.unlock(store, settings)
+                await secrets_key.unlock(store, settings)
             if measure is not None:
                 clock = OffsetClock(await measure())
         except BaseException:
@@ -524,8 +523,3 @@ class Behind:
             return "behind an earlier intent"
         where = f" in scope {self.scope}" if self.scope != intent.scope else ""
         return f"behind {self.action_id}{where}" + (f" ({self.status.value})" if self.status else "")
-
-    def json(self) -> dict[str, Any]:
-        """As the API shows it (``shapes.WaitingBehind``)."""
-        return WaitingBehind.model_construct(action_id=self.action_id, scope=self.scope,
-                                             status=self.status).model_dump(mode="json")

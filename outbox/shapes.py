@@ -5,8 +5,8 @@ them; the presenters at the end turn the outbox's records into answers (the API'
 JSON); ``outbox.client`` reads answers with them. So that a producer host can import it, this
 module imports no FastAPI, store or sender code.
 
-An id's rule is a type (``ActionId``, ``Scope``, ...): it checks the value whole, as
-``outbox.ids.check`` does, and documents the same rule as an anchored ECMA-262 ``pattern``.
+The ids' rules are types (``ActionId``, ``Scope``, ...) from ``outbox.fields``, which the
+records' specs are built from too.
 
 It is longer than most modules (about 660 lines: intents, events, destinations and their traces) because it is the whole
 wire in one place: split, a shape would again be spelled out where another one is read.
@@ -14,14 +14,12 @@ wire in one place: split, a shape would again be spelled out where another one i
 
 from __future__ import annotations
 
-import enum
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from json import loads as json_loads
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
 
 from pydantic import (
-    AfterValidator,
     AwareDatetime,
     BaseModel,
     ConfigDict,
@@ -33,18 +31,35 @@ from pydantic import (
     WithJsonSchema,
 )
 from pydantic.json_schema import SkipJsonSchema
-from pydantic_core import PydanticCustomError
 
 from receivers.wire import PROBLEM_TYPE_PREFIX
 
 from . import tracing
+from .channels import signing_secrets
 from .clock import iso
-from .errors import InvalidInput
+from .fields import (
+    ActionId,
+    DestinationName,
+    EventId,
+    OrderingKey,
+    Scope,
+    Subscription,
+    Topic,
+)
 from .flow import RateLimit
-from .ids import ACTION_ID, DESTINATION_ID, ORDERING_KEY, SCOPE, TOKEN_ID, TOKEN_LABEL, check
-from .model import SETTLED, OnDead, OnUnknown, Ordering, Outcome, Role, Status, Submission
+from .model import (
+    MAX_APPROVAL_SECONDS,
+    SETTLED,
+    OnDead,
+    OnUnknown,
+    Ordering,
+    Outcome,
+    Resolution,
+    Role,
+    Status,
+    Submission,
+)
 from .timestamps import Timestamp
-from .topics import EVENT_ID, MAX_SUBSCRIPTIONS, PATTERN, TOPIC, checked_pattern, checked_topic
 
 if TYPE_CHECKING:
     from .destinations import Destination as DestinationRecord
@@ -53,73 +68,13 @@ if TYPE_CHECKING:
     from .model import Attempt as AttemptRecord
     from .model import Event as EventRecord
     from .model import Intent as IntentRecord
+    from .outbox import Behind as BehindRecord
     from .tokens import TokenInfo
 
 #: The most items (intents, events) one batch may carry.
 MAX_BATCH = 500
 #: Where an intent's status is settled: a long poll need not ask again.
 SETTLED_STATUSES = frozenset(status.value for status in SETTLED)
-
-# -- ids' rules ----------------------------------------------------------------------------
-
-
-def ecma(*alternatives: re.Pattern[str] | str) -> str:
-    """Python patterns used with ``re.fullmatch`` (or literal strings) as one JSON Schema
-    ``pattern`` (ECMA-262, which searches): anchored at both ends, where ``$`` allows no
-    trailing newline."""
-    cores = [re.escape(a) if isinstance(a, str) else a.pattern.removeprefix("^").removesuffix("$")
-             for a in alternatives]
-    return f"^(?:{'|'.join(cores)})$"
-
-
-def _checked(pattern: re.Pattern[str], what: str, *literals: str) -> AfterValidator:
-    """A validator refusing a value ``pattern`` does not match whole (unless it is one of
-    ``literals``) with ``ids.check``'s words."""
-
-    def checked(value: str) -> str:
-        if value in literals:
-            return value
-        try:
-            return check(pattern, value, what)
-        except InvalidInput as exc:
-            raise PydanticCustomError("malformed", "{reason}", {"reason": exc.message}) from None
-
-    return AfterValidator(checked)
-
-
-def _ruled(rule: Callable[[str], str]) -> AfterValidator:
-    """A validator refusing what ``rule`` refuses (InvalidInput), in its words."""
-
-    def checked(value: str) -> str:
-        try:
-            return rule(value)
-        except InvalidInput as exc:
-            raise PydanticCustomError("malformed", "{reason}", {"reason": exc.message}) from None
-
-    return AfterValidator(checked)
-
-
-def _documented(pattern: re.Pattern[str], *literals: str) -> WithJsonSchema:
-    return WithJsonSchema({"type": "string", "pattern": ecma(*literals, pattern)})
-
-
-ActionId = Annotated[str, _checked(ACTION_ID, "action_id"), _documented(ACTION_ID)]
-Scope = Annotated[str, _checked(SCOPE, "scope"), _documented(SCOPE)]
-#: A field naming a destination; ``DestinationId`` is the one in a path.
-DestinationName = Annotated[str, _checked(DESTINATION_ID, "destination"), _documented(DESTINATION_ID)]
-DestinationId = Annotated[str, _checked(DESTINATION_ID, "destination id"), _documented(DESTINATION_ID)]
-GrantId = Annotated[str, _checked(DESTINATION_ID, "grant id"), _documented(DESTINATION_ID)]
-#: What a grant reaches: a destination, or ``*`` for every one.
-GrantTarget = Annotated[str, _checked(DESTINATION_ID, "destination", "*"), _documented(DESTINATION_ID, "*")]
-OrderingKey = Annotated[str, _checked(ORDERING_KEY, "ordering_key"), _documented(ORDERING_KEY)]
-TokenId = Annotated[str, _checked(TOKEN_ID, "token id"), _documented(TOKEN_ID)]
-#: A scope a producer token may act in, or ``*`` for all.
-TokenScope = Annotated[str, _checked(SCOPE, "scope", "*"), _documented(SCOPE, "*")]
-TokenLabel = Annotated[str, _checked(TOKEN_LABEL, "label"), _documented(TOKEN_LABEL)]
-#: An event's topic, and what a destination subscribes with (``outbox.topics``).
-Topic = Annotated[str, _ruled(checked_topic), _documented(TOPIC)]
-TopicPattern = Annotated[str, _ruled(checked_pattern), _documented(PATTERN)]
-EventId = Annotated[str, _checked(EVENT_ID, "event_id"), _documented(EVENT_ID)]
 
 # -- what the API takes --------------------------------------------------------------------
 
@@ -166,19 +121,6 @@ class BatchIn(Batch):
     })] = Field(min_length=1, max_length=MAX_BATCH)
 
 
-class Subscription(BaseModel):
-    """A destination's subscription: the events of the topics ``topic`` matches, in ``scopes``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    topic: TopicPattern = Field(description="a topic (invoice.paid), a prefix and .* (invoice.*: every topic under "
-                                            "it), or * (every topic)")
-    scopes: list[Scope] | None = Field(default=None, min_length=1, max_length=100, description=(
-        "only these scopes' events; null: every scope that holds a grant for the destination"))
-
-
-#: A destination's subscriptions, as registering it takes them.
-Subscriptions = Annotated[list[Subscription], Field(max_length=MAX_SUBSCRIPTIONS)]
 
 
 class EventIn(BaseModel):
@@ -226,14 +168,6 @@ class ReplayIn(ReasonIn):
     accept_duplicate_risk: StrictBool = False
 
 
-class Resolution(str, enum.Enum):
-    """How an operator settles an ``unknown`` intent."""
-
-    DELIVERED = "delivered"  # evidence says it took effect
-    RETRY = "retry"  # evidence says it did not: send again
-    DEAD = "dead"  # give up on it
-
-
 class ResolveIn(ReasonIn):
     """An unknown intent's resolution, with the operator's evidence."""
 
@@ -241,8 +175,6 @@ class ResolveIn(ReasonIn):
     external_id: str | None = Field(default=None, max_length=255)
 
 
-#: The longest an approval lasts (see ``timestamps.HEADROOM``).
-MAX_APPROVAL_SECONDS = 30 * 86_400
 
 
 class ApproveIn(ReasonIn):
@@ -630,12 +562,18 @@ def history_json(history: HasHistory) -> dict[str, Any]:
     }
 
 
-def destination_json(destination: DestinationRecord, *, signing_secrets: int) -> dict[str, Any]:
-    """A destination as the API and CLI show it: everything but the secrets, of which it has
-    ``signing_secrets`` that sign (an SMTP or SASL password is a secret that does not)."""
+def waiting_behind_json(behind: BehindRecord) -> dict[str, Any]:
+    """What a pending intent waits behind, as the API and CLI show it."""
+    return WaitingBehind.model_construct(action_id=behind.action_id, scope=behind.scope,
+                                         status=behind.status).model_dump(mode="json")
+
+
+def destination_json(destination: DestinationRecord) -> dict[str, Any]:
+    """A destination as the API and CLI show it: everything but the secrets, with the number of
+    them that sign, as its channel tells (an SMTP or SASL password is a secret that does not)."""
     d = destination
     return Destination.model_construct(
-        id=d.id, channel=d.channel, signing_secrets=signing_secrets, idempotent=d.idempotent,
+        id=d.id, channel=d.channel, signing_secrets=len(signing_secrets(d)), idempotent=d.idempotent,
         retention_seconds=d.retention_seconds, on_unknown=d.on_unknown, timeout_seconds=d.timeout_seconds,
         requires_approval=d.requires_approval, allow_private_network=d.allow_private_network, disabled=d.disabled,
         reconcile=d.reconcile, ordering=d.ordering, ordering_on_dead=d.ordering_on_dead,

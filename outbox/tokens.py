@@ -7,12 +7,11 @@ import hashlib
 import secrets
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .fields import TokenLabel, TokenScope
 from .model import Role
-from .shapes import TokenLabel, TokenScope, token_json
 
 PREFIX = "obx_"
 
@@ -33,9 +32,6 @@ class TokenInfo:
         """How events name whoever used this token."""
         return f"token:{self.id}"
 
-    def public(self) -> dict[str, Any]:
-        """The token as the API and CLI show it (``shapes.Token``): never its text."""
-        return token_json(self)
 
     def may_act_in(self, scope: str) -> bool:
         """Whether this token may enqueue or read intents of ``scope``."""

@@ -1,16 +1,19 @@
 """What receiving applications embed so at-least-once deliveries have at-most-once effects.
 
-``IdempotentConsumer`` (``receivers.kafka``) is loaded on first use, so that only applications
-consuming Kafka import aiokafka.
+Every public name is imported when first named, so that a part of the package (``receivers.wire``,
+which the outbox's client speaks; ``IdempotentConsumer``, whose ``receivers.kafka`` imports aiokafka)
+loads only what it uses.
 """
 
 from typing import TYPE_CHECKING, Any
 
-from .asgi import IdempotencyMiddleware
-from .engine import RELEASE_STATUSES, Idempotency, IdempotencyContext
-from .records import RecordStore, State, StoredResponse
-from .stores import MemoryRecordStore, PostgresRecordStore, SqliteRecordStore
-from .wire import InvalidSignature, verify_signature
+if TYPE_CHECKING:
+    from .asgi import IdempotencyMiddleware
+    from .engine import RELEASE_STATUSES, Idempotency, IdempotencyContext
+    from .kafka import IdempotentConsumer
+    from .records import RecordStore, State, StoredResponse
+    from .stores import MemoryRecordStore, PostgresRecordStore, SqliteRecordStore
+    from .wire import InvalidSignature, verify_signature
 
 __all__ = [
     "RELEASE_STATUSES",
@@ -28,13 +31,22 @@ __all__ = [
     "verify_signature",
 ]
 
-if TYPE_CHECKING:
-    from .kafka import IdempotentConsumer
+#: Each public name, and the module it is imported from when first named.
+_LAZY = {
+    "IdempotencyMiddleware": "asgi",
+    **dict.fromkeys(("RELEASE_STATUSES", "Idempotency", "IdempotencyContext"), "engine"),
+    "IdempotentConsumer": "kafka",
+    **dict.fromkeys(("RecordStore", "State", "StoredResponse"), "records"),
+    **dict.fromkeys(("MemoryRecordStore", "PostgresRecordStore", "SqliteRecordStore"), "stores"),
+    **dict.fromkeys(("InvalidSignature", "verify_signature"), "wire"),
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name == "IdempotentConsumer":
-        from .kafka import IdempotentConsumer
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-        return IdempotentConsumer
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value
+    return value

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
+
+from opentelemetry.context import Context
 
 from outbox import Destination, Intent, Outcome, Submission
 from outbox.channels import ChannelKind
@@ -58,6 +60,34 @@ class Channel(Protocol):
     async def aclose(self) -> None:
         """Release connections."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """One attempt of a batch handed to ``BatchChannel.send_many``: what ``Channel.send`` takes,
+    and the attempt's span context, whose trace the channel puts on the wire (``tracing.carrier``)."""
+
+    intent: Intent
+    destination: Destination
+    attempt_id: str
+    fence: int
+    context: Context | None = None
+
+
+class BatchChannel(Channel, Protocol):
+    """A channel that takes a cycle's attempts at once, for one request or one wait for them all."""
+
+    async def send_many(self, sends: Sequence[Send]) -> list[SendResult]:
+        """Make every attempt (each one's start is already recorded) and return one result per
+        send, in its place. Never raises for a delivery failure, and one failing attempt does not
+        decide the others' results: ``not_submitted`` only with proof for that attempt, and
+        ``maybe_submitted`` for every one that may have gone out when the answers are lost."""
+        ...
+
+
+def batching(channel: Channel) -> BatchChannel | None:
+    """``channel`` when it takes batches (has ``send_many``), else None: it is sent one by one."""
+    return cast(BatchChannel, channel) if callable(getattr(channel, "send_many", None)) else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

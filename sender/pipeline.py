@@ -73,7 +73,7 @@ class Pipeline(abc.ABC):
     """The cycles of one worker: each is one transaction holding the changes of the work that
     finished since the last one, the attempt starts of the leases ready to send now, and a
     claim for the lease slots free; the starts applied are then sent, each as a task. What is
-    ready and how it is sent is the worker's (``_ready``, ``_send``)."""
+    ready and how it is sent is the worker's (``_ready``, ``_send``, ``_launch``)."""
 
     def __init__(self, outbox: Outbox, worker: str, concurrency: int, lease: timedelta, outcomes: Outcomes) -> None:
         self.outbox = outbox
@@ -89,7 +89,8 @@ class Pipeline(abc.ABC):
         self._held: dict[str, Lease] = {}  # every lease held, by key, in claim order
         self._waiting: deque[Lease] = deque()  # leased, not yet started
         self._fetching: set[asyncio.Task[None]] = set()
-        self._sending: set[asyncio.Task[None]] = set()
+        self._sending: dict[asyncio.Task[None], int] = {}  # the send tasks, each with the attempts it sends
+        self._sends = 0  # the attempts being sent (a batch's each)
         self._buffer: list[Entry] = []  # at most one per lease held, so bounded by the leases
         self._buffered_at = 0.0  # (monotonic) when the oldest change in the buffer came
         self._flushing: set[str] = set()  # keys whose changes are in an apply under way
@@ -165,7 +166,7 @@ class Pipeline(abc.ABC):
         if len(self._buffer) >= self._flush_batch or (claiming and self._claim_size() > 0):
             return 0.0
         waits: list[float] = []
-        if self.concurrency > len(self._sending) + len(self._fetching) + self._starting and self._waiting:
+        if self.concurrency > self._sends + len(self._fetching) + self._starting and self._waiting:
             soonest = min(lease.not_before for lease in self._waiting)
             if soonest <= now:
                 return 0.0
@@ -235,8 +236,10 @@ class Pipeline(abc.ABC):
         results = applied.results
         for entry, result in zip(flush, results, strict=False):
             self._flushed(entry, result)
-        for item, result in zip(ready, results[len(flush):], strict=True):
-            self._started(item, result)
+        started = [item for item, result in zip(ready, results[len(flush):], strict=True)
+                   if self._started(item, result)]
+        if started:
+            self._launch(started)
         for intent in applied.claimed:
             crash_point("after_claim")
             lease = self._held[intent.key] = Lease(intent, lease_until)
@@ -339,20 +342,30 @@ class Pipeline(abc.ABC):
         self.stale_writes += 1
         log.warning("fenced write rejected: %s", result, extra=log_fields(entry.intent, entry.attempt, self.id))
 
-    def _started(self, item: Ready, result: object) -> None:
+    def _started(self, item: Ready, result: object) -> bool:
+        """Whether the attempt's start was applied, so it is to be sent."""
         if result is not None:  # the lease was lost meanwhile: nothing is sent, the slot is free
             self.stale_writes += 1
             log.warning("fenced write rejected: %s", result,
                         extra=log_fields(item.lease.intent, item.start.attempt, self.id))
             self._let_go(item.lease)
-            return
+            return False
         crash_point("after_attempt_start")
-        task = asyncio.create_task(self._send(item.lease, item.destination, item.start.attempt))
-        self._sending.add(task)
+        return True
+
+    def _launch(self, started: list[Ready]) -> None:
+        """Send the attempts a cycle started (their starts applied), each as a task of its own."""
+        for item in started:
+            self._sent_by(asyncio.create_task(self._send(item.lease, item.destination, item.start.attempt)), 1)
+
+    def _sent_by(self, task: asyncio.Task[None], attempts: int) -> None:
+        """Count ``task`` as sending ``attempts`` (each takes a send slot) until it is done."""
+        self._sending[task] = attempts
+        self._sends += attempts
         task.add_done_callback(self._finished_task)
 
     def _finished_task(self, task: asyncio.Task[None]) -> None:
-        self._sending.discard(task)
+        self._sends -= self._sending.pop(task, 0)
         self._fetching.discard(task)
         self._wake.set()
 

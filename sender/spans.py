@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
@@ -26,14 +27,33 @@ def sending(intent: Intent, destination: Destination, attempt: Attempt) -> Itera
     """The attempt's span, current while the channel sends (a root when the intent keeps no
     context: the worker's own context is not the producer's). Its attributes are made only
     when it records: without an SDK an attempt pays for no more than the no-op span."""
-    with TRACER.start_as_current_span(
-        f"send {destination.id}", context=restored(intent.trace_context) or Context(),
-        kind=SpanKind.PRODUCER if intent.channel == "kafka" else SpanKind.CLIENT,
-        record_exception=True, set_status_on_exception=True,
-    ) as span:
-        if span.is_recording():
-            span.set_attributes(_started(intent, destination, attempt))
+    with trace.use_span(_opened(intent, destination, attempt), end_on_exit=True, record_exception=True,
+                        set_status_on_exception=True) as span:
         yield span
+
+
+@contextmanager
+def apart(intent: Intent, destination: Destination, attempt: Attempt) -> Iterator[tuple[Span, Context]]:
+    """The span of one attempt of a batch (``sending``'s, not made current: the batch is one
+    send) and its context, which the channel puts on that attempt's wire (``Send.context``)."""
+    span = _opened(intent, destination, attempt)
+    try:
+        yield span, trace.set_span_in_context(span)
+    except BaseException as exc:
+        if span.is_recording():
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        raise
+    finally:
+        span.end()
+
+
+def _opened(intent: Intent, destination: Destination, attempt: Attempt) -> Span:
+    span = TRACER.start_span(f"send {destination.id}", context=restored(intent.trace_context) or Context(),
+                             kind=SpanKind.PRODUCER if intent.channel == "kafka" else SpanKind.CLIENT)
+    if span.is_recording():
+        span.set_attributes(_started(intent, destination, attempt))
+    return span
 
 
 def finished(span: Span, intent: Intent, destination: Destination, result: SendResult) -> None:

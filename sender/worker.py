@@ -18,6 +18,7 @@ import os
 import socket
 import time
 from collections.abc import Mapping
+from contextlib import ExitStack
 from datetime import datetime, timedelta
 
 from outbox import Attempt, Destination, Outbox, SecretsKeyError, StoreUnavailable, channels
@@ -27,7 +28,7 @@ from outbox.ids import uuid7
 from . import spans
 from .authority import Authority, CachedAuthority, authority_from_setting
 from .backoff import Backoff
-from .channel import Channel, ChannelModule, SendResult
+from .channel import BatchChannel, Channel, ChannelModule, Send, SendResult, batching
 from .checks import Checks, Destinations
 from .circuit import Circuits
 from .decision import Policy
@@ -91,7 +92,7 @@ class Worker(Pipeline):
             if not cycles.done():
                 drain = self.outbox.settings.drain_seconds
                 if self._sending:
-                    log.info("draining %d in-flight sends for up to %.0fs", len(self._sending), drain)
+                    log.info("draining %d in-flight sends for up to %.0fs", self._sends, drain)
                 await asyncio.wait({cycles}, timeout=drain)
         finally:
             self._stopping.set()
@@ -156,7 +157,7 @@ class Worker(Pipeline):
         now, authority last. A lease whose check must await the store or the provider is
         fetched meanwhile and judged again in a later cycle; one the checks refuse has its
         change buffered for this cycle."""
-        room = self.concurrency - len(self._sending) - len(self._fetching) - self._starting
+        room = self.concurrency - self._sends - len(self._fetching) - self._starting
         ready: list[Ready] = []
         later: list[Lease] = []
         mono = time.monotonic()
@@ -208,6 +209,29 @@ class Worker(Pipeline):
             if not lease.final:
                 self._waiting.appendleft(lease)
 
+    def _launch(self, started: list[Ready]) -> None:
+        """Send the attempts a cycle started: a channel that takes batches (``send_many``) gets
+        its own at once, as one task; the others' are sent one by one."""
+        by_channel: dict[str, list[Ready]] = {}
+        for item in started:
+            by_channel.setdefault(item.lease.intent.channel, []).append(item)
+        alone: list[Ready] = []
+        for name, items in by_channel.items():
+            many = self._batching(name) if len(items) > 1 else None
+            if many is None:
+                alone += items
+            else:
+                self._sent_by(asyncio.create_task(self._send_many(many, items)), len(items))
+        super()._launch(alone)
+
+    def _batching(self, name: str) -> BatchChannel | None:
+        """The channel called ``name`` if it takes batches; None when it does not, or cannot be
+        opened (each send then records why)."""
+        try:
+            return batching(self._channel(name))
+        except Exception:
+            return None
+
     async def _send(self, lease: Lease, destination: Destination, attempt: Attempt) -> None:
         """Send a started attempt and buffer its outcome for the next cycle."""
         intent = lease.intent
@@ -220,24 +244,72 @@ class Worker(Pipeline):
             with spans.sending(intent, destination, attempt) as span:
                 result = await channel.send(intent, destination, attempt_id=attempt.attempt_id, fence=intent.fence)
                 spans.finished(span, intent, destination, result)
-            crash_point("after_answer")
-            seconds = time.perf_counter() - started
-            if changed := self.circuits.record(destination, result, self.clock.now()):
-                log.log(*changed, extra={"destination": destination.id, "worker": self.id})
-            self._keep(lease, await self.outcomes.finish(intent, destination, attempt, result, seconds))
+            await self._answered_with(lease, destination, attempt, result, time.perf_counter() - started)
         except asyncio.CancelledError:
             await asyncio.shield(self._abandon(lease, destination, attempt, sent, result, "the worker stopped"))
             raise
         except Exception as exc:
-            if isinstance(exc, StoreUnavailable | SecretsKeyError):  # "not now" / "not this key": a line
-                log.warning("delivery interrupted: %s", exc, extra=log_fields(intent, attempt, self.id))
-            else:
-                log.exception("delivery failed unexpectedly", extra=log_fields(intent, attempt, self.id))
-            await asyncio.shield(self._abandon(lease, destination, attempt, sent, result,
-                                               f"{type(exc).__name__}: {exc}"))
+            await self._interrupted(lease, destination, attempt, sent, result, exc)
         finally:
             if not lease.final:  # nothing to record: the sweeper recovers it when its lease runs out
                 self._let_go(lease)
+
+    async def _send_many(self, channel: BatchChannel, items: list[Ready]) -> None:
+        """Send a cycle's started attempts through a channel at once and buffer each outcome
+        for the next cycle. Every one was handed over, so each result lost is ``maybe_submitted``;
+        one attempt's failure while it is recorded leaves the others' results standing."""
+        results: list[SendResult] = []  # none until the channel answered for every attempt
+        done = 0  # the attempts whose outcome is buffered
+        try:
+            with ExitStack() as stack:
+                opened = [stack.enter_context(spans.apart(item.lease.intent, item.destination, item.start.attempt))
+                          for item in items]
+                started = time.perf_counter()
+                answered = await channel.send_many([
+                    Send(item.lease.intent, item.destination, item.start.attempt.attempt_id, item.lease.intent.fence,
+                         context) for item, (_, context) in zip(items, opened, strict=True)])
+                if len(answered) != len(items):
+                    raise RuntimeError(f"send_many answered {len(answered)} results for {len(items)} attempts")
+                results = answered
+                for item, result, (span, _) in zip(items, results, opened, strict=True):
+                    spans.finished(span, item.lease.intent, item.destination, result)
+            seconds = time.perf_counter() - started
+            for item, result in zip(items, results, strict=True):
+                try:
+                    await self._answered_with(item.lease, item.destination, item.start.attempt, result, seconds)
+                except Exception as exc:
+                    await self._interrupted(item.lease, item.destination, item.start.attempt, True, result, exc)
+                done += 1
+        except asyncio.CancelledError:
+            for i, item in enumerate(items[done:], done):
+                await asyncio.shield(self._abandon(item.lease, item.destination, item.start.attempt, True,
+                                                   results[i] if results else None, "the worker stopped"))
+            raise
+        except Exception as exc:
+            for i, item in enumerate(items[done:], done):
+                await self._interrupted(item.lease, item.destination, item.start.attempt, True,
+                                        results[i] if results else None, exc)
+        finally:
+            for item in items:
+                if not item.lease.final:
+                    self._let_go(item.lease)
+
+    async def _answered_with(self, lease: Lease, destination: Destination, attempt: Attempt, result: SendResult,
+                             seconds: float) -> None:
+        """Buffer the outcome of an attempt the channel answered, counted by its destination's circuit."""
+        crash_point("after_answer")
+        if changed := self.circuits.record(destination, result, self.clock.now()):
+            log.log(*changed, extra={"destination": destination.id, "worker": self.id})
+        self._keep(lease, await self.outcomes.finish(lease.intent, destination, attempt, result, seconds))
+
+    async def _interrupted(self, lease: Lease, destination: Destination, attempt: Attempt, sent: bool,
+                           result: SendResult | None, exc: Exception) -> None:
+        """Log a send or its recording that failed on ``exc``, and buffer what is known of it."""
+        if isinstance(exc, StoreUnavailable | SecretsKeyError):  # "not now" / "not this key": a line
+            log.warning("delivery interrupted: %s", exc, extra=log_fields(lease.intent, attempt, self.id))
+        else:
+            log.exception("delivery failed unexpectedly", extra=log_fields(lease.intent, attempt, self.id))
+        await asyncio.shield(self._abandon(lease, destination, attempt, sent, result, f"{type(exc).__name__}: {exc}"))
 
     async def _abandon(self, lease: Lease, destination: Destination, attempt: Attempt, sent: bool,
                        result: SendResult | None, why: str) -> None:

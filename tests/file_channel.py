@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator
 
 from outbox import Destination, DestinationSpec, Intent, Outcome, Submission
-from sender.channel import ChannelModule, ProbeAnswer, SendResult
+from sender.channel import ChannelModule, ProbeAnswer, Send, SendResult
 
 
 class FileSpec(DestinationSpec):
@@ -42,19 +43,35 @@ def check_payload(payload: Any) -> None:
 
 
 class FileChannel:
-    """Appends one JSON line per attempt (key, line, fence) and syncs it before saying so."""
+    """Appends one JSON line per attempt (key, line, fence) and syncs it before saying so; a
+    worker's cycle of attempts (``send_many``) is one write and one sync per file."""
 
     async def send(self, intent: Intent, destination: Destination, *, attempt_id: str, fence: int) -> SendResult:
-        line = json.dumps({"key": intent.key, "line": json.loads(intent.payload_json)["line"], "fence": fence})
-        try:
-            with open(destination.settings["path"], "a", encoding="utf-8") as file:
-                offset = file.tell()
-                file.write(line + "\n")
-                file.flush()
-                os.fsync(file.fileno())
-        except OSError as exc:  # a write may have begun: not proof that nothing was written
-            return SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, error=str(exc))
-        return SendResult(Submission.SUBMITTED, Outcome.DELIVERED, external_id=f"offset {offset}", answered=True)
+        return (await self.send_many([Send(intent, destination, attempt_id, fence)]))[0]
+
+    async def send_many(self, sends: Sequence[Send]) -> list[SendResult]:
+        by_path: dict[str, list[int]] = {}
+        for i, send in enumerate(sends):
+            by_path.setdefault(send.destination.settings["path"], []).append(i)
+        results: dict[int, SendResult] = {}
+        for path, places in by_path.items():
+            lines = [json.dumps({"key": sends[i].intent.key, "line": json.loads(sends[i].intent.payload_json)["line"],
+                                 "fence": sends[i].fence}) + "\n" for i in places]
+            try:
+                with open(path, "a", encoding="utf-8") as file:
+                    offset = file.tell()
+                    file.write("".join(lines))
+                    file.flush()
+                    os.fsync(file.fileno())
+            except OSError as exc:  # a write may have begun: not proof that nothing was written
+                results.update((i, SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, error=str(exc)))
+                               for i in places)
+                continue
+            for i, line in zip(places, lines, strict=True):
+                results[i] = SendResult(Submission.SUBMITTED, Outcome.DELIVERED, external_id=f"offset {offset}",
+                                        answered=True)
+                offset += len(line.encode())
+        return [results[i] for i in range(len(sends))]
 
     async def probe(self, intent: Intent, destination: Destination, *, fence: int) -> ProbeAnswer:
         return ProbeAnswer(None, error="a file cannot be asked")

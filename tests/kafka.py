@@ -21,7 +21,9 @@ A broker that does not start FAILS the test under ``CI=true`` and skips it elsew
 
 ``MetadataProxy`` stands in front of a broker as a hostile one would: it forwards every request
 and answer, except that each Metadata answer names another address as every broker of the
-cluster. ``Listener`` is such an address: it counts the connections it accepts.
+cluster. With ``drop_at_produce`` set, it forwards the next Produce request and is then gone, as a
+broker dropped while a batch is in flight: every connection closed, none accepted any more.
+``Listener`` is such an address: it counts the connections it accepts.
 """
 
 from __future__ import annotations
@@ -142,6 +144,8 @@ class Broker:
             await admin.close()
 
 
+#: The API key of a Produce request.
+PRODUCE = 0
 #: The Metadata answers aiokafka asks for, by version (the API key of a Metadata request is 3).
 METADATA = 3
 _ANSWERS: dict[int, Any] = {answer.API_VERSION: answer for answer in (
@@ -164,6 +168,7 @@ class MetadataProxy:
                  tls: ssl.SSLContext | None = None) -> None:
         self.broker, self.host, self.named, self.tls = broker, host, named, tls
         self.rewritten = 0  # Metadata answers rewritten
+        self.drop_at_produce = False  # set: the next Produce request is forwarded, then the proxy is gone
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -206,8 +211,8 @@ class MetadataProxy:
                 writer.close()
             self._tasks.discard(task)
 
-    @staticmethod
-    async def _requests(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, asked: dict[int, int]) -> None:
+    async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                        asked: dict[int, int]) -> None:
         while True:
             request = await _frame(reader)
             api_key, version, correlation = struct.unpack(">hhi", request[:8])
@@ -215,6 +220,15 @@ class MetadataProxy:
                 asked[correlation] = version
             writer.write(struct.pack(">i", len(request)) + request)
             await writer.drain()
+            if api_key == PRODUCE and self.drop_at_produce:
+                self._gone()
+
+    def _gone(self) -> None:
+        """Close every connection and accept none: the broker is gone, as far as clients can tell."""
+        assert self._server is not None
+        self._server.close()
+        for task in self._tasks:
+            task.cancel()
 
     async def _answers(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, asked: dict[int, int]) -> None:
         while True:

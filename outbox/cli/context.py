@@ -1,25 +1,30 @@
 """What every command shares: the settings it runs with, how it prints, and the wrapper that
-runs an async command on an open ``Outbox`` and turns outbox errors into an exit status."""
+runs an async command on an open ``Outbox`` and turns outbox errors into an exit status.
+
+The command modules import only click and the core's light modules at their top; what a command
+needs to run (the store, pydantic, the settings, the web framework) is imported when it runs,
+so that ``outbox --help`` and shell completion start at once."""
 
 from __future__ import annotations
 
-import asyncio
 import getpass
 import json
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from functools import wraps
-from typing import Any, TypeVar, get_args
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-from pydantic import BaseModel, SecretStr, ValidationError
 
 from ..errors import InvalidInput, NoDatabase, OutboxError
-from ..outbox import Outbox
-from ..settings import Settings
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel, ValidationError
+
+    from ..settings import Settings
 
 T = TypeVar("T")
-M = TypeVar("M", bound=BaseModel)
+M = TypeVar("M", bound="BaseModel")
 
 
 class Context:
@@ -32,6 +37,10 @@ class Context:
     def settings(self, **options: Any) -> Settings:
         """The settings with this command's options (those given: not None); a bad value is a
         usage error naming the variable it came from, not a traceback."""
+        from pydantic import ValidationError
+
+        from ..settings import Settings
+
         given = {name: value for name, value in options.items() if value is not None}
         try:
             return Settings(**self.overrides, **given)
@@ -81,6 +90,10 @@ def run(fn: Callable[..., Awaitable[T]], *, create: bool = False, migrate: bool 
     @click.pass_obj
     @wraps(fn)
     def command(ctx: Context, *args: Any, **kwargs: Any) -> T:
+        import asyncio
+
+        from ..outbox import Outbox
+
         async def main() -> T:
             async with await Outbox.open(settings=ctx.settings(), create=create, migrate=migrate) as box:
                 return await fn(ctx, box, *args, **kwargs)
@@ -112,6 +125,8 @@ def cli_actor() -> str:
 def validated(model: type[M], **given: Any) -> M:
     """``model`` built from options, or InvalidInput with one line per problem (pydantic's own
     text carries input values and links that mean nothing on a command line)."""
+    from pydantic import ValidationError
+
     try:
         return model(**given)
     except ValidationError as exc:
@@ -123,6 +138,12 @@ def validated(model: type[M], **given: Any) -> M:
 def _invalid_settings(exc: ValidationError) -> str:
     """Each bad setting as ``OUTBOX_NAME`` (or ``name`` in outbox.toml), its value (unless it is a
     secret) and why."""
+    from typing import get_args
+
+    from pydantic import SecretStr
+
+    from ..settings import Settings
+
     lines = []
     for error in exc.errors():
         name = ".".join(str(part) for part in error["loc"])

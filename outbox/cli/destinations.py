@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .. import channels
-from ..destinations import DestinationSpec
 from ..errors import InvalidInput
 from ..model import OnUnknown
-from ..outbox import Outbox
 from .context import Context, fields, run, validated
+
+if TYPE_CHECKING:
+    from ..outbox import Outbox
 
 
 @click.group()
@@ -98,6 +99,9 @@ async def destinations_put(
 ) -> None:
     """Register or replace a destination: the shared options, and the channel's own settings
     (a webhook's --url) as --set NAME=VALUE."""
+    from ..destinations import DestinationSpec
+    from ..shapes import destination_json
+
     kind = channels.get(channel)
     own = dict(map(_setting, settings)) | ({"url": url} if url is not None else {})
     generated = None
@@ -109,7 +113,7 @@ async def destinations_put(
     parsed = validated(kind.spec, **own, **chosen, channel=channel, secret=secret,
                        subscriptions=[_subscription(text) for text in subscriptions])
     destination, created = await box.put_destination(destination_id, parsed)
-    data = {**destination.public(), "created": created}
+    data = {**destination_json(destination), "created": created}
     if generated:
         data["generated_secret"] = generated
     where = _settings_line(destination.settings)
@@ -125,7 +129,9 @@ async def destinations_put(
 @run
 async def destinations_show(ctx: Context, box: Outbox, destination_id: str) -> None:
     """Show a destination (never its secrets)."""
-    data = (await box.get_destination(destination_id)).public()
+    from ..shapes import destination_json
+
+    data = destination_json(await box.get_destination(destination_id))
     ctx.emit(data, "\n".join(fields(data, 22)))
 
 
@@ -133,9 +139,11 @@ async def destinations_show(ctx: Context, box: Outbox, destination_id: str) -> N
 @run
 async def destinations_list(ctx: Context, box: Outbox) -> None:
     """List destinations."""
+    from ..shapes import destination_json
+
     items = await box.list_destinations()
     ctx.emit(
-        [d.public() for d in items],
+        [destination_json(d) for d in items],
         lambda: "\n".join(
             f"{d.id:<20} {d.channel:<8} {_settings_line(d.settings)}"
             f"{'  (disabled)' if d.disabled else ''}" for d in items

@@ -3,17 +3,19 @@ operator's delivery of an existing event to one more destination)."""
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..events import EventQuery, StoredEvent
-from ..outbox import Outbox
-from ..shapes import event_json
 from .context import Context, cli_actor, fields, run
 from .intents import _payload
 from .options import TIMESTAMP
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from ..events import StoredEvent
+    from ..outbox import Outbox
 
 #: Event ids are unique per scope: the scope is needed only when one is used in several.
 SCOPE = click.option("--scope", help="The event's scope; needed only when its id is used in several scopes.")
@@ -21,6 +23,8 @@ SCOPE = click.option("--scope", help="The event's scope; needed only when its id
 
 def _text(event: StoredEvent) -> str:
     """An event and its fan-out, one destination a line."""
+    from ..shapes import event_json
+
     data = event_json(event)
     lines = fields({name: value for name, value in data.items() if name != "fanout"}, 16)
     lines.append("fan-out:" if event.fanout else "fan-out: none (no destination subscribed and granted)")
@@ -41,6 +45,8 @@ def _text(event: StoredEvent) -> str:
 @run
 async def publish(ctx: Context, box: Outbox, payload: str, **event: Any) -> None:
     """Publish an event: one intent per subscribed destination (idempotent on --event-id)."""
+    from ..shapes import event_json
+
     result = await box.publish(payload=_payload(payload), actor=cli_actor(), **event)
     ctx.emit({**event_json(result.event), "created": result.created},
              lambda: f"{'published' if result.created else 'already published'} {result.event.event_id}\n"
@@ -58,6 +64,8 @@ def events() -> None:
 @run
 async def events_show(ctx: Context, box: Outbox, event_id: str, scope: str | None) -> None:
     """Show an event and its fan-out: each destination's intent and status."""
+    from ..shapes import event_json
+
     event = await box.get_event(event_id, scope=scope)
     ctx.emit(event_json(event), lambda: _text(event))
 
@@ -73,6 +81,9 @@ async def events_show(ctx: Context, box: Outbox, event_id: str, scope: str | Non
 async def events_list(ctx: Context, box: Outbox, scopes: tuple[str, ...], topic: str | None, event_id: str | None,
                       created_after: datetime | None, created_before: datetime | None, limit: int) -> None:
     """List events, newest first, with how many intents each made."""
+    from ..events import EventQuery
+    from ..shapes import event_json
+
     page = await box.list_events(EventQuery(scopes=scopes or None, topic=topic, event_id=event_id,
                                             created_after=created_after, created_before=created_before, limit=limit))
     ctx.emit([event_json(e) for e in page.events], lambda: "\n".join(
@@ -92,6 +103,8 @@ async def events_deliver(ctx: Context, box: Outbox, event_id: str, destination: 
                          scope: str | None) -> None:
     """Deliver an existing event to one destination now (a subscription added after it was
     published): its intent, made unless it exists."""
+    from ..shapes import event_json
+
     made, event = await box.deliver_event(event_id, destination, scope=scope, actor=cli_actor(), reason=reason)
     ctx.emit({**event_json(event), "created": made.created},
              lambda: f"{'made' if made.created else 'already made'} {made.intent.action_id} "

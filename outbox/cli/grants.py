@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from typing import TYPE_CHECKING
 
 import click
 
-from ..clock import iso
-from ..grants import GrantSpec
-from ..outbox import Outbox
 from .context import Context, run, validated
 from .options import TIMESTAMP
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from ..outbox import Outbox
 
 
 @click.group()
@@ -28,9 +30,12 @@ def grants() -> None:
 async def grants_put(ctx: Context, box: Outbox, grant_id: str, scope: str, destination: str,
                      expires_at: datetime | None, note: str | None) -> None:
     """Create or replace a grant (its revision goes up)."""
+    from ..grants import GrantSpec
+    from ..shapes import grant_json
+
     spec = validated(GrantSpec, scope=scope, destination=destination, expires_at=expires_at, note=note)
     grant, created = await box.put_grant(grant_id, spec)
-    ctx.emit(grant.public(), f"{'granted' if created else 'replaced'} {grant.id}: "
+    ctx.emit(grant_json(grant), f"{'granted' if created else 'replaced'} {grant.id}: "
                              f"{grant.scope} -> {grant.destination} (revision {grant.revision})")
 
 
@@ -38,8 +43,11 @@ async def grants_put(ctx: Context, box: Outbox, grant_id: str, scope: str, desti
 @run
 async def grants_list(ctx: Context, box: Outbox) -> None:
     """List grants."""
+    from ..clock import iso
+    from ..shapes import grant_json
+
     items = await box.list_grants()
-    ctx.emit([g.public() for g in items], lambda: "\n".join(
+    ctx.emit([grant_json(g) for g in items], lambda: "\n".join(
         f"{g.id:<20} {g.scope:<16} -> {g.destination:<16} r{g.revision}"
         f"{'  until ' + str(iso(g.expires_at)) if g.expires_at else ''}" for g in items) or "no grants")
 

@@ -5,21 +5,20 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from .. import operations
-from ..clock import iso
 from ..errors import InvalidInput, OutboxError
-from ..model import Intent, Status
-from ..outbox import Outbox
-from ..shapes import history_json, intent_json
-from ..store import IntentQuery
+from ..model import REPLAYABLE, Resolution, Status
 from .context import Context, cli_actor, fields, run
 from .options import TIMESTAMP
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from .. import operations
+    from ..outbox import Outbox
 
 
 def _payload(text: str) -> Any:
@@ -62,6 +61,8 @@ async def enqueue(
     ordering_key: str | None,
 ) -> None:
     """Record an intent (idempotent on --action-id)."""
+    from ..shapes import intent_json
+
     result = await box.enqueue(
         destination=destination,
         scope=scope,
@@ -90,9 +91,12 @@ SCOPE = click.option("--scope", help="The intent's scope; needed only when its a
 @run
 async def show(ctx: Context, box: Outbox, action_id: str, scope: str | None) -> None:
     """Show an intent with its attempts and events."""
+    from ..shapes import history_json, intent_json, waiting_behind_json
+
     intent, history = await box.show(action_id, scope=scope)
     behind = await box.waiting_behind(intent)
-    data = {**intent_json(intent), "waiting_behind": behind.json() if behind else None, **history_json(history)}
+    data = {**intent_json(intent), "waiting_behind": waiting_behind_json(behind) if behind else None,
+            **history_json(history)}
 
     def text() -> str:
         shown: dict[str, Any] = {}
@@ -141,6 +145,8 @@ async def list_(
 ) -> None:
     """List intents, newest first."""
     from ..cursor import decode_cursor, encode_cursor
+    from ..shapes import intent_json
+    from ..store import IntentQuery
 
     if cursor is not None:
         try:
@@ -175,6 +181,8 @@ async def list_(
 
 
 def _operator(reason: str) -> operations.Actor:
+    from .. import operations
+
     try:
         return operations.Actor(cli_actor(), reason)
     except OutboxError as exc:
@@ -187,7 +195,7 @@ REASON = click.option("--reason", required=True, help="Why (recorded with the ac
 @click.command()
 @click.argument("action_id", required=False)
 @click.option("--status", "statuses", multiple=True,
-              type=click.Choice(sorted(s.value for s in operations.REPLAYABLE)),
+              type=click.Choice(sorted(s.value for s in REPLAYABLE)),
               help="Bulk: replay intents in this status (repeat; default dead, revoked and unknown).")
 @click.option("--destination", help="Bulk: only this destination.")
 @click.option("--scope", "scopes", multiple=True,
@@ -206,6 +214,10 @@ async def replay(ctx: Context, box: Outbox, action_id: str | None, statuses: tup
     A bulk replay can be interrupted and run again: what was replayed no longer matches.
     """
     from sender.authority import authorizer
+
+    from .. import operations
+    from ..shapes import intent_json
+    from ..store import IntentQuery
 
     who = _operator(reason)
     if action_id:
@@ -240,7 +252,7 @@ async def replay(ctx: Context, box: Outbox, action_id: str | None, statuses: tup
 
 @click.command()
 @click.argument("action_id")
-@click.option("--as", "resolution", required=True, type=click.Choice([r.value for r in operations.Resolution]),
+@click.option("--as", "resolution", required=True, type=click.Choice([r.value for r in Resolution]),
               help="delivered (it took effect), retry (it did not), dead (give up).")
 @click.option("--external-id", help="The receiver's id for the work, as evidence.")
 @SCOPE
@@ -249,13 +261,17 @@ async def replay(ctx: Context, box: Outbox, action_id: str | None, statuses: tup
 async def resolve(ctx: Context, box: Outbox, action_id: str, resolution: str, external_id: str | None,
                   scope: str | None, reason: str) -> None:
     """Settle an unknown intent with your evidence."""
-    intent = await operations.resolve(box, action_id, operations.Resolution(resolution), _operator(reason),
+    from .. import operations
+    from ..shapes import intent_json
+
+    intent = await operations.resolve(box, action_id, Resolution(resolution), _operator(reason),
                                       scope=scope, external_id=external_id)
     ctx.emit(intent_json(intent), f"resolved {action_id}: {intent.status.value}")
 
 
-def _with_reason(name: str, act: Callable[..., Awaitable[Intent]], done: str, about: str) -> click.Command:
-    """An operator's command that takes nothing but an intent and a reason (cancel, reject)."""
+def _with_reason(name: str, done: str, about: str) -> click.Command:
+    """An operator's command that takes nothing but an intent and a reason, and does what the
+    operation of the same ``name`` does (cancel, reject)."""
 
     @click.command(name, help=about)
     @click.argument("action_id")
@@ -263,13 +279,16 @@ def _with_reason(name: str, act: Callable[..., Awaitable[Intent]], done: str, ab
     @REASON
     @run
     async def command(ctx: Context, box: Outbox, action_id: str, scope: str | None, reason: str) -> None:
-        intent = await act(box, action_id, _operator(reason), scope=scope)
+        from .. import operations
+        from ..shapes import intent_json
+
+        intent = await getattr(operations, name)(box, action_id, _operator(reason), scope=scope)
         ctx.emit(intent_json(intent), f"{done} {action_id}")
 
     return command
 
 
-cancel = _with_reason("cancel", operations.cancel, "cancelled", "Withdraw an intent that is not being sent right now.")
+cancel = _with_reason("cancel", "cancelled", "Withdraw an intent that is not being sent right now.")
 
 
 @click.command()
@@ -282,12 +301,16 @@ cancel = _with_reason("cancel", operations.cancel, "cancelled", "Withdraw an int
 async def approve(ctx: Context, box: Outbox, action_id: str, digest: str, valid_seconds: float,
                   scope: str | None, reason: str) -> None:
     """Approve a held intent's exact payload, for a limited time."""
+    from .. import operations
+    from ..clock import iso
+    from ..shapes import intent_json
+
     intent = await operations.approve(box, action_id, _operator(reason), payload_digest=digest,
                                       valid_seconds=valid_seconds, scope=scope)
     ctx.emit(intent_json(intent), f"approved {action_id} until {iso(intent.approval_expires_at)}")
 
 
-reject = _with_reason("reject", operations.reject, "rejected", "Refuse a held intent; it is never sent.")
+reject = _with_reason("reject", "rejected", "Refuse a held intent; it is never sent.")
 
 
 @click.command()
@@ -296,6 +319,10 @@ reject = _with_reason("reject", operations.reject, "rejected", "Refuse a held in
 @run
 async def prune(ctx: Context, box: Outbox, older_than_days: float | None, dry_run: bool) -> None:
     """Delete delivered and cancelled intents past their retention (dead and unknown stay)."""
+    from datetime import timedelta
+
+    from .. import operations
+
     age = timedelta(days=older_than_days) if older_than_days is not None else \
         timedelta(seconds=box.settings.delivered_retention_seconds)
     gone = await operations.prune(box, older_than=age, dry_run=dry_run)

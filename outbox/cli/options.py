@@ -9,8 +9,6 @@ from typing import Any
 
 import click
 
-from .. import timestamps
-
 
 class Timestamp(click.ParamType):
     """A time as the API takes it (``outbox.timestamps``): RFC 3339 with an offset, fractions of
@@ -20,6 +18,8 @@ class Timestamp(click.ParamType):
     name = "timestamp"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> datetime:
+        from .. import timestamps
+
         try:
             return timestamps.read(value)
         except ValueError as exc:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
-from .. import keyring
-from ..outbox import Outbox
 from .context import Context, run
+
+if TYPE_CHECKING:
+    from ..outbox import Outbox
 
 
 @click.group("secrets")
@@ -17,6 +20,8 @@ def secrets_group() -> None:
 @secrets_group.command("generate-key")
 def secrets_generate_key() -> None:
     """Print a new random key, for a key file (OUTBOX_SECRETS_KEY_FILE): one key a line."""
+    from .. import keyring
+
     click.echo(keyring.generate_key())
 
 
@@ -29,7 +34,9 @@ async def secrets_rotate(ctx: Context, box: Outbox) -> None:
     dropped once everything is sealed under the new one. With OUTBOX_SECRETS_KEY_FILE, put the
     new key first in that file (`outbox secrets generate-key`) for every process, then rotate.
     """
-    done = await keyring.rotate(box.store)
+    from .. import secrets_key
+
+    done = await secrets_key.rotate(box.store)
     after = (f"; {done.key_file} now holds only the new key: back it up (older backups of the database open "
              "only with the key file of their time)" if box.store.keyring and box.store.keyring.managed else
              "; every process seals under it now: the old key can leave the key files")

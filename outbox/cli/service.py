@@ -3,28 +3,26 @@ alone), ``demo`` and ``migrate``."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import ssl
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from .. import keyring, logs, tracing
 from ..errors import OutboxError
 from ..model import Role
-from ..outbox import Outbox
-from ..settings import Settings
 from .context import Context, run_migrating
 from .options import env, log_options
 
 if TYPE_CHECKING:
+    from types import FrameType
+
     from fastapi import FastAPI
+
+    from ..outbox import Outbox
+    from ..settings import Settings
 
 
 @click.command()
@@ -52,6 +50,10 @@ def serve(ctx: Context, host: str | None, port: int | None, log_level: str | Non
     TLS proxy, name it (--proxy-headers --forwarded-allow-ips) so that the console's cookies
     are Secure; or serve TLS here (--tls-certfile).
     """
+    import asyncio
+
+    from .. import logs
+    from ..outbox import Outbox
     from ..service import create_service, listening
 
     settings = ctx.settings(host=host, port=port, log_level=log_level, log_format=log_format, worker=worker,
@@ -85,6 +87,8 @@ def serve(ctx: Context, host: str | None, port: int | None, log_level: str | Non
 
 def _check_tls(certfile: Path, keyfile: Path | None) -> None:
     """Stop with one line, before anything starts, when the certificate or key cannot be used."""
+    import ssl
+
     names = f"{certfile}" + (f" and {keyfile}" if keyfile is not None else "")
     try:  # an empty password: an encrypted key is refused, not asked for on a terminal
         ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(certfile, keyfile, password=b"")
@@ -100,6 +104,8 @@ def _check_tls(certfile: Path, keyfile: Path | None) -> None:
 def _traced() -> Iterator[None]:
     """Export traces while the process runs, if the ``OTEL_*`` variables ask (``tracing.configure``),
     and flush the last spans when it ends."""
+    from .. import tracing
+
     stop = tracing.configure()
     try:
         yield
@@ -139,9 +145,13 @@ def _serve(app: FastAPI, settings: Settings, port: int, **options: Any) -> None:
 def worker(ctx: Context, concurrency: int | None, log_level: str | None, log_format: str | None,
            metrics_port: int | None) -> None:
     """Run a sender without the API; SIGTERM drains in-flight sends and stops."""
+    import asyncio
     import signal
 
     from sender import Worker
+
+    from .. import logs
+    from ..outbox import Outbox
 
     settings = ctx.settings(worker_concurrency=concurrency, log_level=log_level, log_format=log_format,
                             metrics_port=metrics_port)
@@ -173,6 +183,9 @@ def worker(ctx: Context, concurrency: int | None, log_level: str | None, log_for
 @click.command()
 def demo() -> None:
     """Deliver a few intents to a local receiver and show what happened (no setup needed)."""
+    import asyncio
+    import logging
+
     from sender.demo import run_demo
 
     logging.basicConfig(level=logging.ERROR)  # the demo narrates what matters itself
@@ -183,8 +196,10 @@ def demo() -> None:
 @run_migrating
 async def migrate(ctx: Context, box: Outbox) -> None:
     """Apply pending schema migrations (serve also does this on start)."""
+    from .. import secrets_key
+
     applied = await box.store.migrate()
-    await keyring.unlock(box.store, box.settings)  # checks the key, makes it on first start, seals plain secrets
+    await secrets_key.unlock(box.store, box.settings)  # checks the key, makes it on first start, seals plain secrets
     ctx.emit({"database_url": box.settings.database_url, "status": "migrated", "applied": applied},
              f"applied {len(applied)} migration{'' if len(applied) == 1 else 's'}: {', '.join(applied)}" if applied
              else "database is up to date: no migration to apply")

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from ..model import Role
-from ..outbox import Outbox
 from .context import Context, cli_actor, run
+
+if TYPE_CHECKING:
+    from ..outbox import Outbox
 
 
 @click.group()
@@ -21,17 +25,21 @@ def tokens() -> None:
 @run
 async def tokens_create(ctx: Context, box: Outbox, role: str, scopes: tuple[str, ...], label: str | None) -> None:
     """Create a token and print it once (only its hash is stored)."""
+    from ..shapes import token_json
+
     token, info = await box.create_token(Role(role), scopes, label, actor=cli_actor())
-    ctx.emit({"token": token, **info.public()}, token)
+    ctx.emit({"token": token, **token_json(info)}, token)
 
 
 @tokens.command("list")
 @run
 async def tokens_list(ctx: Context, box: Outbox) -> None:
     """List tokens (never their text)."""
+    from ..shapes import token_json
+
     items = await box.list_tokens()
     ctx.emit(
-        [i.public() for i in items],
+        [token_json(i) for i in items],
         lambda: "\n".join(
             [f"{'ID':<8}  {'ROLE':<8}  {'SCOPES':<20}  {'STATE':<7}  LABEL"]
             + [f"{i.id:<8}  {i.role.value:<8}  {','.join(i.scopes) or '-':<20}  "
@@ -48,8 +56,10 @@ async def tokens_revoke(ctx: Context, box: Outbox, token_id: str) -> None:
 
     The last admin token too (the API refuses that): on the host another can always be made.
     """
+    from ..shapes import token_json
+
     info = await box.revoke_token(token_id, actor=cli_actor(), keep_an_admin=False)
-    ctx.emit(info.public(), f"revoked {info.id}")
+    ctx.emit(token_json(info), f"revoked {info.id}")
     if info.role is Role.ADMIN and not await box.store.count_active_tokens(Role.ADMIN.value):
         click.echo("warning: no active admin token is left, so no one can manage tokens over the API; "
                    "create one with `outbox tokens create --role admin` (`outbox serve` also makes one "

@@ -17,6 +17,7 @@ from .. import channels
 from ..destinations import Destination
 from ..model import Status
 from ..outbox import Outbox
+from ..shapes import destination_json
 from .health import Health, health, window
 from .layout import destination_link, fields, intent_link, pill, table, when
 
@@ -115,7 +116,7 @@ async def destination_page(request: Request, outbox: Outbox, destination: Destin
             + "<h2>Last hour</h2>" + table(HEALTH[2:], [health_row(h, state, now)[2:]], numeric=NUMERIC)
             + "<h2>Backlog by status</h2>" + backlog
             + f"<h2>Last errors</h2><p>The latest {LAST_ERRORS} attempts that did not deliver, of the last hour.</p>"
-            + errors + "<h2>Policy</h2>" + fields(destination.public()))
+            + errors + "<h2>Policy</h2>" + fields(destination_json(destination)))
 
 
 def unusable(destination: Destination) -> str:

@@ -13,17 +13,15 @@ from fastapi.responses import JSONResponse, Response
 from .. import openapi
 from ..cursor import MAX_PAGE, encode_cursor
 from ..events import EventQuery, Published, StoredEvent
+from ..fields import EventId, Scope, TopicPattern
 from ..shapes import (
     MAX_BATCH,
     DeliverIn,
     EventBatchIn,
     EventBatchResult,
-    EventId,
     EventIn,
     EventPage,
     PublishedEvent,
-    Scope,
-    TopicPattern,
     event_json,
 )
 from ..timestamps import Timestamp

@@ -26,6 +26,7 @@ from ..shapes import (
     Scope,
     history_json,
     intent_json,
+    waiting_behind_json,
 )
 from ..shapes import Intent as IntentAnswer
 from ..store import IntentQuery
@@ -123,7 +124,7 @@ async def get_intent(
     intent, history = await outbox_.show(action_id, scope=scope, scopes=readable(token))
     behind = await outbox_.waiting_behind(intent, scopes=readable(token))
     return {**intent_json(intent), "settled": intent.status in SETTLED,
-            "waiting_behind": behind.json() if behind else None, **history_json(history)}
+            "waiting_behind": waiting_behind_json(behind) if behind else None, **history_json(history)}
 
 
 @router.get("/v1/intents", summary="List intents, newest first",

@@ -10,8 +10,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from .. import channels, openapi
+from ..fields import DestinationId, GrantId
 from ..grants import GrantSpec
-from ..shapes import Destination, DestinationId, DestinationList, Grant, GrantId, GrantList
+from ..shapes import Destination, DestinationList, Grant, GrantList, destination_json, grant_json
 from .auth import Admin, Operator, box
 from .bodies import validated
 
@@ -37,19 +38,19 @@ async def put_destination(request: Request, destination_id: DestinationId, token
     spec = validated(channels.get(named if isinstance(named, str) else channels.DEFAULT).spec, raw)
     destination, created = await box(request).put_destination(destination_id, spec)
     log.info("destination %s %s by %s", destination_id, "created" if created else "replaced", token.actor)
-    return JSONResponse(destination.public(), status_code=201 if created else 200)
+    return JSONResponse(destination_json(destination), status_code=201 if created else 200)
 
 
 @destinations.get("/v1/destinations/{destination_id}", summary="A destination",
                   **openapi.doc({200: Destination}, errors=[403, 404, 422, 503]))
 async def get_destination(request: Request, destination_id: DestinationId, token: Operator) -> dict[str, Any]:
-    return (await box(request).get_destination(destination_id)).public()
+    return destination_json(await box(request).get_destination(destination_id))
 
 
 @destinations.get("/v1/destinations", summary="Every destination",
                   **openapi.doc({200: DestinationList}, errors=[403, 503]))
 async def list_destinations(request: Request, token: Operator) -> dict[str, Any]:
-    return {"items": [d.public() for d in await box(request).list_destinations()]}
+    return {"items": [destination_json(d) for d in await box(request).list_destinations()]}
 
 
 @destinations.delete(
@@ -76,19 +77,19 @@ async def delete_destination(request: Request, destination_id: DestinationId, to
 async def put_grant(spec: GrantSpec, request: Request, grant_id: GrantId, token: Admin) -> Response:
     grant, created = await box(request).put_grant(grant_id, spec)
     log.info("grant %s %s by %s", grant_id, "created" if created else "replaced", token.actor)
-    return JSONResponse(grant.public(), status_code=201 if created else 200)
+    return JSONResponse(grant_json(grant), status_code=201 if created else 200)
 
 
 @grants.get("/v1/grants/{grant_id}", summary="A grant",
             **openapi.doc({200: Grant}, errors=[403, 404, 422, 503]))
 async def get_grant(request: Request, grant_id: GrantId, token: Operator) -> dict[str, Any]:
-    return (await box(request).get_grant(grant_id)).public()
+    return grant_json(await box(request).get_grant(grant_id))
 
 
 @grants.get("/v1/grants", summary="Every grant",
             **openapi.doc({200: GrantList}, errors=[403, 503]))
 async def list_grants(request: Request, token: Operator) -> dict[str, Any]:
-    return {"items": [g.public() for g in await box(request).list_grants()]}
+    return {"items": [grant_json(g) for g in await box(request).list_grants()]}
 
 
 @grants.delete("/v1/grants/{grant_id}", status_code=204,

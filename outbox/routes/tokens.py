@@ -12,7 +12,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from .. import openapi
-from ..shapes import NewToken, Token, TokenId, TokenList
+from ..fields import TokenId
+from ..shapes import NewToken, Token, TokenList, token_json
 from ..tokens import TokenSpec
 from .auth import Admin, box
 
@@ -27,14 +28,14 @@ router = APIRouter(tags=["tokens"])
 )
 async def create_token(spec: TokenSpec, request: Request, token: Admin) -> Response:
     text, info = await box(request).create_token(spec.role, spec.scopes, spec.label, actor=token.actor)
-    return JSONResponse({"token": text, **info.public()}, status_code=201,
+    return JSONResponse({"token": text, **token_json(info)}, status_code=201,
                         headers={"Cache-Control": "no-store"})
 
 
 @router.get("/v1/tokens", summary="Every token, active and revoked, never their text (admin)",
             **openapi.doc({200: TokenList}, errors=[403, 503]))
 async def list_tokens(request: Request, token: Admin) -> dict[str, Any]:
-    return {"items": [i.public() for i in await box(request).list_tokens()]}
+    return {"items": [token_json(i) for i in await box(request).list_tokens()]}
 
 
 @router.delete(
@@ -46,4 +47,4 @@ async def list_tokens(request: Request, token: Admin) -> dict[str, Any]:
              "the API; create another admin token first"}),
 )
 async def revoke_token(request: Request, token_id: TokenId, token: Admin) -> dict[str, Any]:
-    return (await box(request).revoke_token(token_id, actor=token.actor)).public()
+    return token_json(await box(request).revoke_token(token_id, actor=token.actor))

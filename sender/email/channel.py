@@ -7,12 +7,20 @@ DATA may have reached the server. Until the message is written nothing can have 
 once it is written, only the server's reply to it says what happened, and without that reply
 the attempt is ``maybe_submitted``. The message is written here after aiosmtplib has had the
 DATA command accepted, so that boundary is ours to see rather than inside a library call.
+
+A worker's cycle hands over its messages at once (``send_many``); they go out on the pool's
+connections as lanes, one transaction at a time on each, as many at once as the destination
+allows connections. SMTP's PIPELINING would let one connection carry the next transaction's
+commands behind a message, but aiosmtplib reads one reply per command written (a second reply
+arriving with the first is lost), so one lane is one connection.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import ssl
+from collections.abc import Sequence
 
 import aiosmtplib
 from pydantic import ValidationError
@@ -21,7 +29,7 @@ from outbox import Destination, Intent, Outcome, Submission
 from outbox.clock import Clock, SystemClock
 from outbox.crash import crash_point
 
-from ..channel import REPLY_BYTES, ProbeAnswer, SendResult
+from ..channel import REPLY_BYTES, ProbeAnswer, Send, SendResult
 from .connection import Refused, by_code, connect, describe
 from .destination import EmailSpec
 from .message import compose
@@ -41,6 +49,16 @@ class EmailChannel:
         self._pools = Pools()
 
     async def send(self, intent: Intent, destination: Destination, *, attempt_id: str, fence: int) -> SendResult:
+        return await self._send(Send(intent, destination, attempt_id, fence))
+
+    async def send_many(self, sends: Sequence[Send]) -> list[SendResult]:
+        """Each message on a connection of its destination's pool, as many at once as it has
+        connections (its lanes); one message's failure, whatever it is, is its own result."""
+        results = await asyncio.gather(*map(self._send, sends), return_exceptions=True)
+        return [_lost(result) if isinstance(result, BaseException) else result for result in results]
+
+    async def _send(self, send: Send) -> SendResult:
+        intent, destination = send.intent, send.destination
         try:
             pool = self._pools.get(destination)
             payload = EmailPayload.model_validate_json(intent.payload_json)
@@ -48,7 +66,8 @@ class EmailChannel:
             return SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="build",
                               error=f"refused: the message cannot be built: {exc.errors()[0]['msg']}")
         spec = pool.spec
-        message = compose(intent, spec, payload, attempt_id=attempt_id, fence=fence, date=self._clock.now())
+        message = compose(intent, spec, payload, attempt_id=send.attempt_id, fence=send.fence,
+                          date=self._clock.now(), context=send.context)
         async with pool.slots:
             for reused in pool.reusable():
                 result = await self._transact(reused, spec, payload, message, pool, reused=True)
@@ -146,6 +165,14 @@ class EmailChannel:
 
     async def aclose(self) -> None:
         self._pools.close()
+
+
+def _lost(exc: BaseException) -> SendResult:
+    """A message whose send failed on an error of our own (not the server's answer): handed over,
+    it may have been written, so ``maybe_submitted``. Anything but an Exception is raised again."""
+    if not isinstance(exc, Exception):
+        raise exc
+    return SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, error=describe(exc))
 
 
 def _path(prefix: bytes, address: str) -> bytes:

@@ -13,6 +13,8 @@ from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
 from email.utils import format_datetime
 
+from opentelemetry.context import Context
+
 from outbox import Intent, tracing
 from receivers import wire
 
@@ -39,8 +41,9 @@ def message_id(key: str, sender: str) -> str:
 
 
 def compose(intent: Intent, spec: EmailSpec, payload: EmailPayload, *, attempt_id: str, fence: int,
-            date: datetime) -> bytes:
-    """The whole message, ending in a line break (the final ``.`` of DATA needs a line of its own)."""
+            date: datetime, context: Context | None = None) -> bytes:
+    """The whole message, ending in a line break (the final ``.`` of DATA needs a line of its own),
+    carrying the trace of ``context``, the attempt's span (None: the current one)."""
     fields = [("From", spec.from_header), ("To", ", ".join(map(written, payload.to)))]
     if payload.cc:
         fields.append(("Cc", ", ".join(map(written, payload.cc))))
@@ -49,7 +52,7 @@ def compose(intent: Intent, spec: EmailSpec, payload: EmailPayload, *, attempt_i
     fields += [("Subject", payload.subject), ("Date", format_datetime(date)),
                ("Message-ID", message_id(intent.key, spec.from_)), (wire.IDEMPOTENCY_KEY, intent.key),
                (wire.PAYLOAD_DIGEST, intent.payload_digest), (wire.ATTEMPT_ID, attempt_id),
-               (wire.FENCE, str(fence)), *tracing.carrier().items(),  # the attempt's span
+               (wire.FENCE, str(fence)), *tracing.carrier(context).items(),
                *{**spec.headers, **payload.headers}.items()]
     body = _single(payload)
     whole = b"".join(_field(name, value) for name, value in fields) + (

@@ -28,6 +28,7 @@ import pytest
 
 from outbox import DestinationSpec, Outbox, Settings
 from outbox.flow import RateLimit
+from outbox.shapes import destination_json
 
 from ..conftest import SECRET
 from .conftest import OUTBOX, clean_env, served_in_thread
@@ -236,7 +237,7 @@ async def test_a_429_with_retry_after_pauses_its_destination_for_every_worker(
     [first] = await enqueue(box, "paused", 1, "first")
     await wait_for(lambda: app.count("paused") == 1, "the 429", 30)
     answered = app.arrivals["paused"][0]
-    shown = (await box.get_destination("paused")).public()
+    shown = destination_json(await box.get_destination("paused"))
     assert shown["paused_until"] is not None  # the destination's answer says so
     await enqueue(box, "paused", 10)
     await enqueue(box, "free", 20)

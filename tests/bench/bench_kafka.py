@@ -28,7 +28,8 @@ so the broker's CPU per record would otherwise grow with every case before):
    round, so drift over a run does not favour either.
 
    Where the worker's time goes, measured in the same round: the kafka channel alone
-   (``KafkaChannel.send`` at the same concurrency, no store: the channel's own ceiling) and the
+   (``KafkaChannel.send`` at the same concurrency, no store: the channel's own ceiling; and its
+   ``send_many`` of CONCURRENCY records at a time, as a worker's cycle hands them over) and the
    worker with a no-op channel (claims, checks, attempt and outcome writes, no Kafka).
 
 Printed per round and as medians: records per second, ratios, and CPU time per record of this
@@ -218,6 +219,34 @@ async def timed_loop(peer: KafkaPeer, n: int, concurrency: int, one: Callable[[i
     return n / seconds, used
 
 
+async def batch_loop(peer: KafkaPeer, n: int, size: int, channel: Any, destination: Any, intents: list[Any],
+                     failures: Counter[str]) -> tuple[float, Cpu]:
+    """``channel.send_many`` of ``size`` intents at a time, one batch after another, for
+    WARMUP_PER_SLOT * size untimed records, then n timed ones: (records per second, CPU per
+    record). BenchError if any failed."""
+    from outbox.ids import uuid7
+    from sender.channel import Send
+
+    async def batch(start: int, end: int) -> int:
+        results = await channel.send_many([Send(intents[i], destination, uuid7(), 1) for i in range(start, end)])
+        for result in results:
+            if result.outcome.value != "delivered":
+                failures[result.error or result.outcome.value] += 1
+        return sum(result.outcome.value == "delivered" for result in results)
+
+    warmup = WARMUP_PER_SLOT * size
+    for start in range(0, warmup, size):
+        await batch(start, start + size)
+    cpu, began, ok = peer.cpu(), time.perf_counter(), 0
+    for start in range(warmup, warmup + n, size):
+        ok += await batch(start, min(start + size, warmup + n))
+    seconds = time.perf_counter() - began
+    used = Cpu.measure(cpu, peer.cpu(), n)
+    if ok != n:
+        raise BenchError(f"{n - ok} of {n} timed records failed")
+    return n / seconds, used
+
+
 async def baseline(peer: KafkaPeer, topic: str, n: int, concurrency: int) -> Run:
     """A bare aiokafka producer: ``concurrency`` tasks, each ``await (await producer.send(...))``."""
     from aiokafka import AIOKafkaProducer
@@ -264,9 +293,10 @@ def destination_spec(bootstrap: str, topic: str, ordered: bool) -> Any:
         "timeout_seconds": TIMEOUT_SECONDS, "secret": SECRET, **({"ordering": "key"} if ordered else {})})
 
 
-async def channel_alone(peer: KafkaPeer, topic: str, n: int, concurrency: int) -> Run:
+async def channel_alone(peer: KafkaPeer, topic: str, n: int, concurrency: int, *, batched: bool = False) -> Run:
     """``KafkaChannel.send`` with no store around it: ``concurrency`` sends in flight on one
-    channel (one producer), each a record like the worker's (the channel's own ceiling)."""
+    channel (one producer), each a record like the worker's (the channel's own ceiling); or,
+    ``batched``, ``send_many`` of ``concurrency`` records at a time, one batch after another."""
     from datetime import UTC, datetime
 
     from outbox import Destination, Intent, OnUnknown, Status
@@ -289,7 +319,8 @@ async def channel_alone(peer: KafkaPeer, topic: str, n: int, concurrency: int) -
     channel = KafkaChannel()
     one, failures = harness.channel_sends(channel, destination, intents)
     try:
-        rate, used = await timed_loop(peer, n, concurrency, one)
+        rate, used = await (batch_loop(peer, n, concurrency, channel, destination, intents, failures) if batched
+                            else timed_loop(peer, n, concurrency, one))
     except BenchError as exc:
         raise BenchError(f"channel alone: {exc}: {dict(failures)}") from None
     finally:
@@ -409,6 +440,7 @@ async def run(args: argparse.Namespace) -> int:
 
     base = Case(f"bare aiokafka producer -> noida ({concurrency} in flight)")
     alone = Case("  apart: the kafka channel alone, no store (x bare)")
+    batches = Case(f"  apart: the channel alone, send_many of {concurrency} (x bare)")
     plain = Case(f"outbox Worker, durable kafka ({concurrency} in flight; x bare)")
     keyed = Case(f"outbox Worker, ordering key, {KEYS:,} keys (x unordered)")
     keyed_base = Case("  the same, ordered (x bare)")
@@ -444,6 +476,11 @@ async def run(args: argparse.Namespace) -> int:
                     alone.ratios.append(a.rate / b.rate)
                     progress(stage, "kafka channel alone, no store",
                              f"{a.rate:>7,.0f} records/s ({a.rate / b.rate:.2f}x bare); {cpu_text(a.cpu)}")
+                    m = await channel_alone(peer, await topic("batches"), n, concurrency, batched=True)
+                    batches.runs.append(m)
+                    batches.ratios.append(m.rate / b.rate)
+                    progress(stage, f"kafka channel alone, send_many of {concurrency}",
+                             f"{m.rate:>7,.0f} records/s ({m.rate / b.rate:.2f}x bare); {cpu_text(m.cpu)}")
                     got: dict[bool, Run] = {}
                     for ordered in ((False, True) if round_ % 2 else (True, False)):
                         sub = harness.fresh_dir(workdir, "ordered" if ordered else "unordered")
@@ -499,6 +536,8 @@ async def run(args: argparse.Namespace) -> int:
         lines.append(keyed_base.line())
     if alone.runs:
         lines.append(alone.line())
+    if batches.runs:
+        lines.append(batches.line())
     if idle.runs:
         lines.append(idle.line())
     print(harness.render_table(lines, right={1, 2, 4, 5}))

@@ -359,10 +359,13 @@ async def test_a_time_the_api_refuses_is_refused_before_any_request(service: Ser
 
 
 def test_the_client_imports_neither_the_store_nor_the_server():
+    """Nor the receivers' engine and record stores, nor the service's settings: of ``receivers``
+    only the wire contract it speaks."""
     code = ("import sys, outbox.client\n"
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('fastapi', 'starlette', 'aiosqlite',"
-            " 'asyncpg', 'uvicorn', 'sender', 'aiokafka', 'aiosmtplib') or m.startswith(('outbox.store', "
-            "'outbox.outbox', 'outbox.api', 'outbox.routes')))\n"
+            " 'asyncpg', 'uvicorn', 'sender', 'aiokafka', 'aiosmtplib', 'pydantic_settings', 'psycopg',"
+            " 'prometheus_client', 'cryptography') or m.startswith(('outbox.store', 'outbox.outbox', 'outbox.api',"
+            " 'outbox.routes', 'outbox.settings', 'receivers.')) and m != 'receivers.wire')\n"
             "print(heavy)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

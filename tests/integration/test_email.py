@@ -365,3 +365,67 @@ async def test_the_reply_to_the_end_of_a_message_may_take_longer_than_the_other_
     await register(mail_env, smtp, timeout_seconds=0.5, data_timeout_seconds=10)
     intent, attempt = await deliver(mail_env, "m-1")
     assert intent.status is Status.DELIVERED and facts(attempt) == ("done", Submission.SUBMITTED, Outcome.DELIVERED)
+
+
+class Batches(EmailChannel):
+    """The email channel, noting the attempts of each batch a worker hands it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[list[str]] = []
+
+    async def send_many(self, sends):
+        self.batches.append(sorted(send.intent.action_id for send in sends))
+        return await super().send_many(sends)
+
+
+@pytest.fixture
+async def batch_env(open_env) -> SenderEnv:
+    """Authority allows all: a cycle starts its leases together, none waits on a read."""
+    return await open_env(authority="allow-all")
+
+
+async def batch(env: SenderEnv, payloads: dict[str, dict[str, Any]]) -> Batches:
+    """Deliver a warm-up message (the destination is read and cached), then ``payloads`` (by
+    action id) in one cycle of a worker."""
+    channel = Batches()
+    worker = env.worker(channels={"email": channel}, concurrency=8)
+    await env.enqueue("warm", MAIL, destination="mail")
+    assert await worker.run_once() == 1
+    for action_id, payload in payloads.items():
+        await env.enqueue(action_id, payload, destination="mail")
+    assert await worker.run_once() == len(payloads)
+    await worker.aclose()
+    return channel
+
+
+async def test_a_cycles_messages_go_out_at_once_on_the_pools_connections_each_answered_in_its_place(
+        batch_env: SenderEnv, smtp: SmtpServer):
+    smtp.rcpt["gone@example.org"] = "550 5.1.1 no such user"
+    await register(batch_env, smtp, connections=2)
+    channel = await batch(batch_env, {**{f"m-{n}": MAIL for n in range(4)},
+                                      "nobody": {**MAIL, "to": ["gone@example.org"]}})
+    assert channel.batches == [["m-0", "m-1", "m-2", "m-3", "nobody"]]
+    assert smtp.sessions == 2  # the warm-up's connection, and one more lane
+    for n in range(4):
+        intent, attempt = await batch_env.box.get(f"m-{n}"), (await batch_env.box.history(f"m-{n}")).attempts[-1]
+        assert facts(attempt) == ("done", Submission.SUBMITTED, Outcome.DELIVERED)
+        assert intent.status is Status.DELIVERED
+    attempt = (await batch_env.box.history("nobody")).attempts[-1]
+    assert facts(attempt) == ("rcpt", Submission.NOT_SUBMITTED, Outcome.REJECTED)
+    assert sorted(r.message["Message-ID"] for r in smtp.received) == [
+        f"<acme/{name}@example.com>" for name in ("m-0", "m-1", "m-2", "m-3", "warm")]
+
+
+async def test_a_cycles_messages_go_through_a_real_mta_each_with_its_queue_id(batch_env: SenderEnv,
+                                                                               smtp: SmtpServer):
+    require_postfix()
+    with Postfix("127.0.0.1", smtp.port) as mta:
+        await register(batch_env, smtp, port=mta.port, tls="none", allow_insecure=True, connections=2)
+        channel = await batch(batch_env, {f"m-{n}": MAIL for n in range(3)})
+        assert channel.batches == [["m-0", "m-1", "m-2"]]
+        attempts = [(await batch_env.box.history(f"m-{n}")).attempts[-1] for n in range(3)]
+        assert [facts(a) for a in attempts] == [("done", Submission.SUBMITTED, Outcome.DELIVERED)] * 3
+        assert len({a.external_id for a in attempts}) == 3
+        assert all(a.external_id and a.external_id in mta.maillog() for a in attempts)
+        assert await eventually(lambda: len(smtp.received) == 4, timeout=20), mta.maillog()

@@ -396,3 +396,121 @@ async def test_an_ordering_key_is_the_record_key_so_a_key_keeps_one_partition(en
             await settled(env, f"step-{n}")
     found = await records(kafka)
     assert {r.key for r in found} == {b"customer-7"} and len({r.partition for r in found}) == 1
+
+
+class Batches(KafkaChannel):
+    """The Kafka channel, noting the attempts of each batch a worker hands it, in their order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[list[str]] = []
+
+    async def send_many(self, sends):
+        self.batches.append([send.intent.action_id for send in sends])  # in the order handed over
+        return await super().send_many(sends)
+
+
+@pytest.fixture
+async def batch_env(open_env) -> SenderEnv:
+    """Authority allows all (a cycle starts its leases together, none waits on a read), and payloads
+    up to 2 MiB: one larger than the broker takes can be enqueued."""
+    return await open_env(authority="allow-all", max_payload_bytes=2 * 1024 * 1024)
+
+
+async def test_a_cycles_records_are_produced_as_one_batch_each_answered_in_its_place(
+        batch_env: SenderEnv, kafka: Broker):
+    """One record of the batch is larger than the broker takes (not than the destination's
+    max_request_size): the broker refuses it, and the records handed over before it are appended.
+    Those behind it in its partition are refused too, for a sequence the broker no longer expects
+    (the idempotent producer numbers each partition's records, and the refused one left a gap):
+    the producer is replaced and they are ``maybe_submitted``, then delivered by the retry."""
+    env = batch_env
+    await kafka.create_topic(TOPIC)
+    await register(env, kafka, max_request_size=4 * 1024 * 1024)
+    channel = Batches()
+    worker = env.worker(channels={"kafka": channel}, concurrency=8)
+    await env.enqueue("warm", destination="log")
+    assert await worker.run_once() == 1  # the destination is read and the producer started
+    for action_id in ("a", "b"):
+        await env.enqueue(action_id, destination="log")
+    await env.enqueue("huge", {"blob": "x" * 1_200_000}, destination="log")
+    for action_id in ("c", "d"):
+        await env.enqueue(action_id, destination="log")
+    assert await worker.run_once() == 5
+    [handed] = channel.batches  # (the warm-up, alone in its cycle, was a send)
+    assert sorted(handed) == ["a", "b", "c", "d", "huge"]
+    before, behind = handed[:handed.index("huge")], handed[handed.index("huge") + 1:]
+    assert before and behind, handed
+    for action_id in before:
+        attempt = (await attempts_of(env, action_id))[-1]
+        assert facts(attempt) == ("done", Submission.SUBMITTED, Outcome.DELIVERED), attempt.error
+        assert attempt.external_id is not None and attempt.external_id.startswith(f"{TOPIC}/0/")
+    attempt = (await attempts_of(env, "huge"))[-1]
+    assert facts(attempt) == ("produce", Submission.SUBMITTED, Outcome.REJECTED), attempt.error
+    assert "MessageSizeTooLargeError" in (attempt.error or "")
+    assert (await env.box.get("huge")).status is Status.DEAD
+    for action_id in behind:
+        attempt = (await attempts_of(env, action_id))[-1]
+        assert facts(attempt) == ("produce", Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN), attempt.error
+        assert "OutOfOrderSequenceNumber" in (attempt.error or "")
+        await env.advance_until_due(action_id)
+    assert await worker.run_once() == len(behind)
+    await worker.aclose()
+    for action_id in behind:
+        assert (await env.box.get(action_id)).status is Status.DELIVERED
+    assert sorted(r.key for r in await records(kafka)) == [b"a", b"b", b"c", b"d", b"warm"]
+
+
+async def test_a_broker_dropped_mid_batch_leaves_what_may_have_gone_maybe_submitted(
+        batch_env: SenderEnv, kafka: Broker):
+    """The broker (behind a proxy) is gone once the batch's produce request reached it: the records
+    handed to the producer may have been appended (``maybe_submitted``); the one refused before it
+    was handed over (larger than max_request_size) is ``not_submitted``."""
+    env = batch_env
+    await kafka.create_topic(TOPIC)
+    async with MetadataProxy(kafka, "127.0.0.1") as proxy:
+        await register(env, kafka, bootstrap_servers=[proxy.bootstrap], max_request_size=1024, timeout_seconds=1.0)
+        channel = Batches()
+        worker = env.worker(channels={"kafka": channel}, concurrency=8)
+        await env.enqueue("warm", destination="log")
+        assert await worker.run_once() == 1
+        proxy.drop_at_produce = True
+        await env.enqueue("a", destination="log")
+        await env.enqueue("big", {"blob": "x" * 4000}, destination="log")
+        await env.enqueue("b", destination="log")
+        assert await worker.run_once() == 3
+    await worker.aclose()
+    assert [sorted(batch) for batch in channel.batches] == [["a", "b", "big"]]
+    for action_id in ("a", "b"):
+        attempt = (await attempts_of(env, action_id))[-1]
+        assert facts(attempt) == ("produce", Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN), attempt.error
+        assert (await env.box.get(action_id)).status is Status.PENDING  # on_unknown: always
+    attempt = (await attempts_of(env, "big"))[-1]
+    assert facts(attempt) == ("produce", Submission.NOT_SUBMITTED, Outcome.REJECTED), attempt.error
+    assert b"big" not in [r.key for r in await records(kafka)]
+
+
+async def test_a_batch_to_two_destinations_is_produced_by_each_ones_producer(batch_env: SenderEnv, kafka: Broker):
+    env = batch_env
+    await kafka.create_topic(TOPIC)
+    await kafka.create_topic("refunds")
+    await register(env, kafka)
+    await register(env, kafka, "refund-log", topic="refunds")
+    channel = Batches()
+    worker = env.worker(channels={"kafka": channel}, concurrency=8)
+    await env.enqueue("warm", destination="log")
+    await env.enqueue("warm-refund", destination="refund-log")
+    assert await worker.run_once() == 2
+    for n in range(3):
+        await env.enqueue(f"order-{n}", destination="log")
+        await env.enqueue(f"refund-{n}", destination="refund-log")
+    assert await worker.run_once() == 6
+    await worker.aclose()
+    assert sorted(channel.batches[-1]) == sorted([f"order-{n}" for n in range(3)] + [f"refund-{n}" for n in range(3)])
+    for n in range(3):
+        for action_id, topic in ((f"order-{n}", TOPIC), (f"refund-{n}", "refunds")):
+            attempt = (await attempts_of(env, action_id))[-1]
+            assert facts(attempt) == ("done", Submission.SUBMITTED, Outcome.DELIVERED), attempt.error
+            assert attempt.external_id is not None and attempt.external_id.startswith(f"{topic}/")
+    assert sorted(r.key for r in await records(kafka, "refunds")) == [b"refund-0", b"refund-1", b"refund-2",
+                                                                     b"warm-refund"]

@@ -16,9 +16,9 @@ from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
 
 from outbox import DestinationSpec, Outbox, Role, Settings, channels
+from outbox.fields import ecma
 from outbox.grants import GrantSpec
 from outbox.ids import ACTION_ID, DESTINATION_ID, TOKEN_ID
-from outbox.shapes import ecma
 from outbox.topics import EVENT_ID
 
 from ..conftest import SECRET

@@ -32,7 +32,7 @@ from outbox import (
 from outbox.clock import OffsetClock
 from outbox.errors import InvalidInput, NotFound, NoTransaction, StaleWrite
 from outbox.grants import GrantSpec
-from outbox.keyring import generate_key, key_id, rotate, unlock
+from outbox.keyring import generate_key, key_id
 from outbox.model import (
     Attempt,
     Cancel,
@@ -47,6 +47,7 @@ from outbox.model import (
     Submission,
 )
 from outbox.operations import Actor, replay
+from outbox.secrets_key import rotate, unlock
 from outbox.store import migrator
 from outbox.store.postgres import LISTENER, SQL, PostgresStore, cycle_arguments
 from outbox.store.protocol import Claim

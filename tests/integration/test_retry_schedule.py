@@ -13,6 +13,7 @@ import pytest
 from outbox import IllegalTransition, ManualClock, Outbox, Settings, Status, operations
 from outbox.grants import GrantSpec
 from outbox.operations import Actor
+from outbox.shapes import destination_json
 
 from ..receiver import Receiver, Reply
 from .conftest import SenderEnv
@@ -47,7 +48,7 @@ async def attempt_until_settled(env: SenderEnv, action_id: str) -> list[float]:
 async def test_the_attempts_are_spaced_as_the_schedule_says(env: SenderEnv, receiver: Receiver):
     receiver.script("/hook", Reply(503), Reply(503), Reply(503), Reply(200))
     destination = await env.destination(f"{receiver.url}/hook", retry_schedule=SCHEDULE)
-    assert destination.public()["retry_schedule"] == SCHEDULE
+    assert destination_json(destination)["retry_schedule"] == SCHEDULE
     await env.enqueue("a1")
 
     assert await attempt_until_settled(env, "a1") == SCHEDULE

@@ -19,7 +19,8 @@ import httpx
 import pytest
 
 from outbox import DestinationSpec, Outbox, Role, SecretsKeyError, Settings, Status
-from outbox.keyring import generate_key, key_id, rotate
+from outbox.keyring import generate_key, key_id
+from outbox.secrets_key import rotate
 from receivers import IdempotencyMiddleware, SqliteRecordStore
 from sender import Worker
 

@@ -21,6 +21,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from outbox import DestinationSpec, IntentQuery, Outcome, Status, Submission, operations
+from outbox.shapes import destination_json
 from outbox.timestamps import LATEST
 from sender import Backoff, CallableAuthority, webhook
 
@@ -277,7 +278,7 @@ async def test_a_410_dead_letters_and_disables_the_destination(env: SenderEnv, r
     intent = await env.box.get("a1")
     assert intent.status is Status.DEAD and intent.last_error == "rejected: receiver answered 410"
     destination = await env.box.get_destination("hook")
-    assert destination.disabled and destination.public()["disabled"] is True
+    assert destination.disabled and destination_json(destination)["disabled"] is True
     assert len(receiver.requests()) == 1
 
     await env.enqueue("a2")

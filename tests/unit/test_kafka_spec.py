@@ -7,7 +7,8 @@ from aiokafka import errors
 from pydantic import ValidationError
 
 from outbox import OnUnknown, Outcome, Submission
-from sender.kafka import KafkaSpec, _broker_refused, keep_secrets
+from sender.kafka import KafkaSpec, keep_secrets
+from sender.kafka.answers import broker_refused
 from tests.conftest import SECRET
 
 SPEC = {"channel": "kafka", "bootstrap_servers": ["kafka.example.com:9092"], "topic": "orders"}
@@ -110,5 +111,5 @@ def test_a_loopback_broker_is_allowed_with_the_private_network():
     (errors.NotEnoughReplicasAfterAppendError, Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN),  # on the leader
 ])
 def test_a_brokers_error_says_whether_the_record_was_appended(error, submission, outcome):
-    result = _broker_refused(error())
+    result = broker_refused(error())
     assert (result.submission, result.outcome, result.answered, result.stage) == (submission, outcome, True, "produce")

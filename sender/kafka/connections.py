@@ -25,7 +25,7 @@ from typing import Any
 import aiokafka.client
 from aiokafka.conn import AIOKafkaConnection, create_conn
 
-from . import guard
+from .. import guard
 
 
 @dataclass

@@ -1,0 +1,139 @@
+"""The Kafka channel's sending: a cycle's records handed to their destinations' producers, then
+the broker's answers to them all awaited as one, each record's result its own (see the package's
+docstring for what decides an outcome)."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Sequence
+from datetime import datetime
+from typing import cast
+
+from aiokafka.errors import KafkaError, MessageSizeTooLargeError
+from aiokafka.structs import RecordMetadata
+from pydantic import ValidationError
+
+from outbox import Destination, Intent, Outcome, Submission, tracing
+from outbox.clock import Clock, SystemClock
+from outbox.crash import crash_point
+from receivers import wire
+
+from ..channel import ProbeAnswer, Send, SendResult
+from .answers import Refused, answer, describe
+from .connections import GUARD
+from .producers import Producer, Producers
+from .spec import split_secrets
+
+
+class KafkaChannel:
+    """Produces intents to Kafka destinations, one shared producer per destination."""
+
+    def __init__(self, *, tls_context: ssl.SSLContext | None = None, clock: Clock | None = None) -> None:
+        self._clock = clock or SystemClock()  # what a record's webhook-timestamp says
+        self._producers = Producers(tls_context=tls_context)
+
+    async def send(self, intent: Intent, destination: Destination, *, attempt_id: str, fence: int) -> SendResult:
+        return (await self._produce(destination, [Send(intent, destination, attempt_id, fence)]))[0]
+
+    async def send_many(self, sends: Sequence[Send]) -> list[SendResult]:
+        """Hand every record to its destination's producer, then await the broker's answers to
+        them all as one (one timer, not one per record): the producer packs them into its
+        per-partition requests as it would concurrent sends."""
+        groups: dict[tuple[str, datetime], list[int]] = {}
+        for i, send in enumerate(sends):
+            groups.setdefault((send.destination.id, send.destination.updated_at), []).append(i)
+        if len(groups) == 1:
+            return await self._produce(sends[0].destination, sends)
+        produced = await asyncio.gather(*(self._produce(sends[places[0]].destination, [sends[i] for i in places])
+                                          for places in groups.values()))
+        results: list[SendResult | None] = [None] * len(sends)
+        for places, answers in zip(groups.values(), produced, strict=True):
+            for i, result in zip(places, answers, strict=True):
+                results[i] = result
+        return cast(list[SendResult], results)
+
+    async def _produce(self, destination: Destination, sends: Sequence[Send]) -> list[SendResult]:
+        """The results of one destination's records, each in its place."""
+        try:
+            entry = await self._producers.entry(destination)
+        except ValidationError as exc:  # registered before today's rules: it can never be produced
+            return [SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="connect",
+                               error=f"refused: the destination's settings are not valid: {exc.errors()[0]['msg']}")
+                    ] * len(sends)
+        guarding = GUARD.set(entry.guard)
+        try:
+            return await self._produced(entry, destination, sends)
+        finally:
+            GUARD.reset(guarding)
+
+    async def _produced(self, entry: Producer, destination: Destination, sends: Sequence[Send]) -> list[SendResult]:
+        try:
+            producer = await self._producers.started(entry, destination)
+            places = await self._producers.partitions(producer, entry, [record_key(send.intent) for send in sends],
+                                            destination)
+        except Refused as stop:
+            return [stop.result()] * len(sends)
+        if entry.signing[0] != destination.secrets:
+            entry.signing = (destination.secrets, split_secrets(destination.secrets)[0])
+        signing = entry.signing[1]
+        timestamp = int(self._clock.now().timestamp())
+        results: list[SendResult | None] = [None] * len(sends)
+        futures: dict[int, asyncio.Future[RecordMetadata]] = {}
+        failed: SendResult | None = None  # the producer failed for good: no later record is handed to it
+        for i, (send, place) in enumerate(zip(sends, places, strict=True)):
+            if isinstance(place, Refused):
+                results[i] = place.result()
+                continue
+            if failed is not None:
+                results[i] = failed
+                continue
+            value, headers = record(send, signing, timestamp)
+            try:
+                futures[i] = await producer.send(place.topic, value, key=place.key, partition=place.partition,
+                                                 headers=headers)
+            except MessageSizeTooLargeError as exc:
+                results[i] = SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="produce",
+                                        error=f"refused: the record is larger than max_request_size: {describe(exc)}")
+            except KafkaError as exc:  # the producer failed for good, before taking the record
+                results[i] = failed = SendResult(Submission.NOT_SUBMITTED, Outcome.RETRYABLE, stage="produce",
+                                                 error=describe(exc))
+        if futures:
+            # From here a produce request carrying the records may leave: only the broker can say one did not.
+            crash_point("after_request")
+            await asyncio.wait(futures.values(), timeout=destination.timeout_seconds)
+        ended = False
+        for i, future in futures.items():
+            results[i], lost = answer(future, signing)
+            ended |= lost
+        if failed is not None or ended:
+            await self._producers.discard(entry, producer)
+        return cast(list[SendResult], results)
+
+    async def probe(self, intent: Intent, destination: Destination, *, fence: int) -> ProbeAnswer:
+        return ProbeAnswer(None, error="a Kafka broker cannot be asked whether a record was appended")
+
+    async def aclose(self) -> None:
+        await self._producers.aclose()
+
+
+def record_key(intent: Intent) -> bytes:
+    """The record's key: the ordering key when the intent has one (a key's records stay in one
+    partition, in order), else its action id."""
+    return (intent.ordering_key or intent.action_id).encode()
+
+
+def record(send: Send, signing: tuple[str, ...], timestamp: int) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """A record's value and headers: its identity, its attempt's span, and its signature when
+    the destination holds a signing secret."""
+    intent = send.intent
+    value = intent.payload_json.encode()
+    headers = [(wire.KAFKA_IDEMPOTENCY_KEY, intent.key.encode()),
+               (wire.KAFKA_PAYLOAD_DIGEST, intent.payload_digest.encode()),
+               (wire.KAFKA_ATTEMPT_ID, send.attempt_id.encode()),
+               (wire.KAFKA_FENCE, str(send.fence).encode()),
+               *((name, value.encode()) for name, value in tracing.carrier(send.context).items())]
+    if signing:
+        headers += [(wire.KAFKA_TIMESTAMP, str(timestamp).encode()),
+                    (wire.KAFKA_SIGNATURE, wire.sign(signing, intent.key, timestamp, value).encode())]
+    return value, headers
