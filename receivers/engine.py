@@ -16,6 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import NamedTuple
 
 from opentelemetry.trace import INVALID_SPAN, Span, TracerProvider
 
@@ -80,9 +81,9 @@ class Request:
         return found[0].split(";")[0].strip().lower() if found else ""
 
 
-@dataclass(frozen=True, slots=True)
-class IdempotencyContext:
-    """What a handler can read to fence its own downstream effects (``epoch`` rises on takeover)."""
+class IdempotencyContext(NamedTuple):
+    """What a handler can read to fence its own downstream effects (``epoch`` rises on takeover);
+    a named tuple, as the records are: the Kafka consumer hands one to every record's handler."""
 
     scope: str
     key: str

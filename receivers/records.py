@@ -100,6 +100,14 @@ class StaleFence:
 
 ClaimResult = Claimed | Mismatch | Busy | Replay | StaleFence
 
+#: A fresh key's claim, by far the most common answer: made once, since it is immutable.
+_FIRST_CLAIM = Claimed(1)
+
+
+def claimed(epoch: int) -> Claimed:
+    """The claim of ``epoch`` (the first one shared, not made per record of a batch)."""
+    return _FIRST_CLAIM if epoch == 1 else Claimed(epoch)
+
 
 @dataclass(frozen=True, slots=True)
 class ProbeResult:
@@ -138,7 +146,7 @@ def decide_claim(
     if fence is not None and fence < min_fence:
         return StaleFence(min_fence), None
     epoch = (found.epoch if found else 0) + 1  # a takeover or a fresh claim: always a new epoch
-    return Claimed(epoch), Record(identity, fingerprint, State.IN_PROGRESS, epoch, max(min_fence, fence or 0),
+    return claimed(epoch), Record(identity, fingerprint, State.IN_PROGRESS, epoch, max(min_fence, fence or 0),
                                   lease_until, expires_at)
 
 
@@ -195,11 +203,13 @@ class ClaimRequest(NamedTuple):
 def distinct_runs(items: Sequence[X], identity: Callable[[X], str]) -> list[Sequence[X]]:
     """``items`` cut, in order, into runs that name each identity once: a batch statement decides
     each row once, so a key named again goes to the next run and sees what the first one wrote."""
+    keys = list(map(identity, items))
+    if len(set(keys)) == len(keys):  # the usual batch (a consumer's round names each key once): one run
+        return [items] if items else []
     runs: list[Sequence[X]] = []
     seen: set[str] = set()
     start = 0
-    for n, item in enumerate(items):
-        key = identity(item)
+    for n, key in enumerate(keys):
         if key in seen:
             runs.append(items[start:n])
             seen.clear()

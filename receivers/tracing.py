@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import propagate, trace
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import (
-    INVALID_SPAN,
     NoOpTracerProvider,
     ProxyTracerProvider,
     Span,
@@ -88,7 +87,8 @@ def tracer(provider: TracerProvider | None) -> Tracer:
 
 def recording(provider: TracerProvider | None) -> bool:
     """Whether spans are made: ``provider`` or, None, the global one is an SDK's. Asked for each
-    request or record, since the application may set its provider after the receiver started."""
+    request or round of records, since the application may set its provider after the receiver
+    started."""
     found = trace.get_tracer_provider() if provider is None else provider
     return not isinstance(found, ProxyTracerProvider | NoOpTracerProvider)
 
@@ -148,12 +148,10 @@ def failed(span: Span, exc: Exception) -> None:
 
 
 @contextmanager
-def consumer_span(tracer: Tracer, provider: TracerProvider | None, group: str, item: FetchedRecord) -> Iterator[Span]:
+def consumer_span(tracer: Tracer, group: str, item: FetchedRecord) -> Iterator[Span]:
     """A CONSUMER span (messaging conventions, ``process``) for one Kafka record, the child of
-    the trace context in its headers, current while the record is settled (none without an SDK)."""
-    if not recording(provider):
-        yield INVALID_SPAN
-        return
+    the trace context in its headers, current while the record is settled (made only while
+    ``recording``: the consumer asks once per round of records, not per record)."""
     record = item.record
     parent = propagate.extract(record.headers or (), getter=_HEADERS)
     attributes: dict[str, Any] = {

@@ -66,11 +66,12 @@ WHERE (t.expires_at <= $4 OR t.state = 'absent'
 RETURNING t.identity, t.epoch;
 
 -- name: complete_many
--- Complete a batch of distinct identities still held by the given epochs ($1 identities, $2 epochs, $3 statuses, $4 headers, $5 bodies, null when not stored); returns the identities completed.
+-- Complete a batch of distinct identities still held by the given epochs ($1 identities, $2 epochs, $3 statuses, $4 one JSON array of each row's header pairs, encoded once per batch rather than per row, $5 bodies, null when not stored); returns the identities completed.
 UPDATE {table} AS t
-SET state = 'completed', lease_expires_at = NULL, expires_at = $6, status = d.status, headers = d.headers,
+SET state = 'completed', lease_expires_at = NULL, expires_at = $6, status = d.status, headers = h.pairs::text,
     body = d.body, body_stored = d.body IS NOT NULL
-FROM unnest($1::text[], $2::bigint[], $3::integer[], $4::text[], $5::bytea[]) AS d (identity, epoch, status, headers, body)
+FROM unnest($1::text[], $2::bigint[], $3::integer[], $5::bytea[]) WITH ORDINALITY AS d (identity, epoch, status, body, n)
+JOIN json_array_elements($4::json) WITH ORDINALITY AS h (pairs, n) USING (n)
 WHERE t.identity = d.identity AND t.state = 'in_progress' AND t.epoch = d.epoch
 RETURNING t.identity;
 

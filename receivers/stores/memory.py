@@ -109,20 +109,23 @@ class MemoryRecordStore:
     def _claim_all(self, requests: Sequence[ClaimRequest], now: datetime, lease_until: datetime,
                    expires_at: datetime) -> list[ClaimResult]:
         answers = []
-        for request in requests:
-            result, new = decide_claim(self._read(request.identity), request.identity, request.fingerprint,
-                                       fence=request.fence, now=now, lease_until=lease_until, expires_at=expires_at)
+        records, read, keep = self._records, self._read, self._keep
+        for identity, fingerprint, fence in requests:
+            # a fresh key (the usual case in a batch) has nothing to read
+            result, new = decide_claim(read(identity) if identity in records else None, identity, fingerprint,
+                                       fence=fence, now=now, lease_until=lease_until, expires_at=expires_at)
             if new is not None:
-                self._keep(new)
+                keep(new)
             answers.append(result)
         return answers
 
     def _complete_all(self, done: Sequence[tuple[str, int, StoredResponse]], expires_at: datetime) -> list[bool]:
         answers = []
+        read, keep = self._read, self._keep
         for identity, epoch, response in done:
-            new = decide_complete(self._read(identity), epoch, response, expires_at)
+            new = decide_complete(read(identity), epoch, response, expires_at)
             if new is not None:
-                self._keep(new)
+                keep(new)
             answers.append(new is not None)
         return answers
 

@@ -9,7 +9,6 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from ..records import (
-    Claimed,
     ClaimRequest,
     ClaimResult,
     ProbeResult,
@@ -17,6 +16,7 @@ from ..records import (
     State,
     StoredResponse,
     StoreUnavailable,
+    claimed,
     decide_claim,
     decide_complete,
     decide_probe,
@@ -24,7 +24,7 @@ from ..records import (
     distinct_runs,
     refusal,
 )
-from .rows import QUERIES, columns, first, request_identity, stored_response, table_name
+from .rows import QUERIES, columns, identity_of, stored_response, table_name
 
 T = TypeVar("T")
 
@@ -153,7 +153,7 @@ class PostgresRecordStore:
                             expires_at: datetime) -> list[bool]:
         if not done:
             return []
-        async with self._transaction(atomic=len(distinct_runs(done, first)) > 1) as conn:
+        async with self._transaction(atomic=len(distinct_runs(done, identity_of)) > 1) as conn:
             return await self._complete_rows(conn, done, expires_at)
 
     async def complete_and_claim(self, done: Sequence[tuple[str, int, StoredResponse]],
@@ -169,7 +169,7 @@ class PostgresRecordStore:
     async def _claim_rows(self, conn: Any, requests: Sequence[ClaimRequest], now: datetime, lease_until: datetime,
                           expires_at: datetime) -> list[ClaimResult]:
         answers: list[ClaimResult] = []
-        for batch in distinct_runs(requests, request_identity):
+        for batch in distinct_runs(requests, identity_of):
             rows = await conn.fetch(self._sql["claim_many"], [r.identity for r in batch],
                                     [r.fingerprint for r in batch], [r.fence for r in batch], now, lease_until,
                                     expires_at, [r.identity for r in batch if r.fence is None])
@@ -177,7 +177,7 @@ class PostgresRecordStore:
             refused = [r.identity for r in batch if r.identity not in epochs]
             found = {} if not refused else {
                 row["identity"]: self._record(row) for row in await conn.fetch(self._sql["get_many"], refused)}
-            answers += [Claimed(epochs[r.identity]) if r.identity in epochs else
+            answers += [claimed(epochs[r.identity]) if r.identity in epochs else
                         refusal(found.get(r.identity), r, now=now, lease_until=lease_until, expires_at=expires_at)
                         for r in batch]
         return answers
@@ -185,10 +185,10 @@ class PostgresRecordStore:
     async def _complete_rows(self, conn: Any, done: Sequence[tuple[str, int, StoredResponse]],
                              expires_at: datetime) -> list[bool]:
         answers: list[bool] = []
-        for batch in distinct_runs(done, first):
+        for batch in distinct_runs(done, identity_of):
             rows = await conn.fetch(self._sql["complete_many"], [ident for ident, _, _ in batch],
                                     [epoch for _, epoch, _ in batch], [r.status for _, _, r in batch],
-                                    [json.dumps(r.headers) for _, _, r in batch], [r.body for _, _, r in batch],
+                                    json.dumps([r.headers for _, _, r in batch]), [r.body for _, _, r in batch],
                                     expires_at)
             completed = {row[0] for row in rows}
             answers += [ident in completed for ident, _, _ in batch]
@@ -198,7 +198,7 @@ class PostgresRecordStore:
         answers: list[bool] = []
         if not held:
             return answers
-        runs = distinct_runs(held, first)
+        runs = distinct_runs(held, identity_of)
         async with self._transaction(atomic=len(runs) > 1) as conn:
             for batch in runs:
                 rows = await conn.fetch(self._sql["release_many"], [ident for ident, _ in batch],

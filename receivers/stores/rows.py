@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
+from operator import itemgetter
 from typing import Any
 
 from ..queries import Queries
-from ..records import ClaimRequest, Record, StoredResponse
+from ..records import Record, StoredResponse
 
 #: The SQL stores' named statements (``sqlite`` and ``postgres``), in the receivers package.
 QUERIES = Queries("receivers")
@@ -42,12 +44,6 @@ def columns(r: Record) -> tuple[Any, ...]:
     )
 
 
-def request_identity(request: ClaimRequest) -> str:
-    """A claim's identity, for ``distinct_runs``."""
-    return request.identity
-
-
-def first(item: tuple[Any, ...]) -> str:
-    """The identity that starts a completion or release tuple, for ``distinct_runs``."""
-    identity: str = item[0]
-    return identity
+#: The identity a claim request, a completion or a release tuple starts with, for ``distinct_runs``
+#: (an ``itemgetter``: called once per record of a batch).
+identity_of: Callable[[tuple[Any, ...]], str] = itemgetter(0)

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..records import (
-    Claimed,
     ClaimRequest,
     ClaimResult,
     ProbeResult,
@@ -18,6 +17,7 @@ from ..records import (
     State,
     StoredResponse,
     StoreUnavailable,
+    claimed,
     decide_claim,
     decide_complete,
     decide_probe,
@@ -26,7 +26,7 @@ from ..records import (
     refusal,
 )
 from ..sqlite_writer import SQLITE, GroupCommitter, from_us, to_us
-from .rows import QUERIES, columns, first, request_identity, stored_response, table_name
+from .rows import QUERIES, columns, identity_of, stored_response, table_name
 
 if TYPE_CHECKING:
     import sqlite3
@@ -131,10 +131,12 @@ class SqliteRecordStore:
             self._remember(identity)
         return result
 
-    def _remember(self, identity: str) -> None:
-        if len(self._completed) >= 100_000:
-            self._completed.pop(next(iter(self._completed)))
-        self._completed[identity] = None
+    def _remember(self, *identities: str) -> None:
+        """Keep ``identities`` as completed here (the last 100,000; a batch's at once, not one call each)."""
+        completed = self._completed
+        completed.update(dict.fromkeys(identities))
+        for _ in range(len(completed) - 100_000):
+            completed.pop(next(iter(completed)))
 
     async def complete(self, identity: str, epoch: int, response: StoredResponse, *,
                        expires_at: datetime) -> bool:
@@ -187,14 +189,14 @@ class SqliteRecordStore:
                     lease_until: datetime, expires_at: datetime) -> list[ClaimResult]:
         times = {"now": to_us(now), "lease_until": to_us(lease_until), "expires_at": to_us(expires_at)}
         answers: list[ClaimResult] = []
-        for batch in distinct_runs(requests, request_identity):
+        for batch in distinct_runs(requests, identity_of):
             params = {"requests": json.dumps(batch),  # each request a [identity, fingerprint, fence] array
                       "unfenced": json.dumps([r.identity for r in batch if r.fence is None]), **times}
             epochs = dict(conn.execute(self._sql["claim_many"], params).fetchall())
             refused = json.dumps([r.identity for r in batch if r.identity not in epochs])
             found = {} if refused == "[]" else {
                 row["identity"]: self._record(row) for row in conn.execute(self._sql["get_many"], (refused,))}
-            answers += [Claimed(epochs[r.identity]) if r.identity in epochs else
+            answers += [claimed(epochs[r.identity]) if r.identity in epochs else
                         refusal(found.get(r.identity), r, now=now, lease_until=lease_until, expires_at=expires_at)
                         for r in batch]
         return answers
@@ -202,7 +204,7 @@ class SqliteRecordStore:
     def _complete_rows(self, conn: sqlite3.Connection, done: Sequence[tuple[str, int, StoredResponse]],
                        expires_at: datetime) -> list[bool]:
         answers: list[bool] = []
-        for batch in distinct_runs(done, first):
+        for batch in distinct_runs(done, identity_of):
             rows = json.dumps([(ident, epoch, r.status, r.headers, None if r.body is None else r.body.hex())
                                for ident, epoch, r in batch])
             completed = {row[0] for row in conn.execute(self._sql["complete_many"],
@@ -211,19 +213,16 @@ class SqliteRecordStore:
         return answers
 
     def _remember_replays(self, requests: Sequence[ClaimRequest], answers: Sequence[ClaimResult]) -> None:
-        for request, answer in zip(requests, answers, strict=True):
-            if isinstance(answer, Replay):
-                self._remember(request.identity)
+        self._remember(*[request.identity for request, answer in zip(requests, answers, strict=True)
+                         if isinstance(answer, Replay)])
 
     def _remember_completed(self, done: Sequence[tuple[str, int, StoredResponse]], answers: Sequence[bool]) -> None:
-        for (identity, _, _), completed in zip(done, answers, strict=True):
-            if completed:
-                self._remember(identity)
+        self._remember(*[identity for (identity, _, _), completed in zip(done, answers, strict=True) if completed])
 
     async def release_many(self, held: Sequence[tuple[str, int]]) -> list[bool]:
         def run(conn: sqlite3.Connection) -> list[bool]:
             answers: list[bool] = []
-            for batch in distinct_runs(held, first):
+            for batch in distinct_runs(held, identity_of):
                 released = {row[0] for row in conn.execute(self._sql["release_many"], (json.dumps(batch),))}
                 answers += [ident in released for ident, _ in batch]
             return answers

@@ -13,9 +13,12 @@ interleaved rounds, each case reads them all as a new consumer group from the ea
 
 A case's time runs from the first fetch that returned records to the offset commit that covered
 the last one (the group join is left out), taken from the same two calls of the Kafka consumer in
-every case. Every case must hand each record to its handler exactly once. A ratio is the median
-of the per-round ratios to that round's bare figure. Targets are printed beside the figures;
-nothing here asserts on timing. The exit status is non-zero only when a measurement is invalid.
+every case, and so is the process's CPU time per record (the Kafka client's work, the consumer's
+and, on SQLite, the writer thread's; not the PostgreSQL server's): a case's CPU less the bare
+loop's is what deduplication costs in Python. Every case must hand each record to its handler
+exactly once. A ratio is the median of the per-round ratios to that round's bare figure. Targets
+are printed beside the figures; nothing here asserts on timing. The exit status is non-zero only
+when a measurement is invalid.
 
     python tests/bench/bench_consumer.py [--n N] [--rounds R] [--quick]
 """
@@ -56,12 +59,13 @@ NOTE = "x" * 60
 
 class Clocked:
     """Times a Kafka consumer's first fetch that returned records and the commit that covered
-    ``n`` records (it only observes the two calls)."""
+    ``n`` records, in wall and in process CPU time (it only observes the two calls)."""
 
     def __init__(self, consumer: AIOKafkaConsumer, n: int) -> None:
         self.n = n
         self.began: float | None = None
         self.ended: float | None = None
+        self.cpu_began = self.cpu_ended = 0.0
         self.committed: dict[Any, int] = {}
         self.done = asyncio.Event()
         getmany, commit = consumer.getmany, consumer.commit
@@ -69,14 +73,14 @@ class Clocked:
         async def timed_getmany(*args: Any, **kwargs: Any) -> Any:
             batch = await getmany(*args, **kwargs)
             if batch and self.began is None:
-                self.began = time.perf_counter()
+                self.began, self.cpu_began = time.perf_counter(), time.process_time()
             return batch
 
         async def timed_commit(offsets: dict[Any, int]) -> None:
             await commit(offsets)
             self.committed.update(offsets)
             if sum(self.committed.values()) >= self.n and self.ended is None:
-                self.ended = time.perf_counter()
+                self.ended, self.cpu_ended = time.perf_counter(), time.process_time()
                 self.done.set()
 
         consumer.getmany, consumer.commit = timed_getmany, timed_commit
@@ -85,6 +89,11 @@ class Clocked:
     def rate(self) -> float:
         assert self.began is not None and self.ended is not None
         return self.n / (self.ended - self.began)
+
+    @property
+    def cpu_us(self) -> float:
+        """Process CPU time per record, in microseconds."""
+        return (self.cpu_ended - self.cpu_began) / self.n * 1e6
 
 
 def new_consumer(bootstrap: str) -> AIOKafkaConsumer:
@@ -110,7 +119,7 @@ async def produce(bootstrap: str, n: int) -> None:
         await producer.stop()
 
 
-async def bare(bootstrap: str, n: int) -> float:
+async def bare(bootstrap: str, n: int) -> Clocked:
     """The baseline loop: what any at-least-once consumer does, without deduplication."""
     consumer = new_consumer(bootstrap)
     clock = Clocked(consumer, n)
@@ -128,10 +137,10 @@ async def bare(bootstrap: str, n: int) -> float:
         await consumer.stop()
     if handled != n:
         raise BenchError(f"the bare loop handled {handled} records, not {n}")
-    return clock.rate
+    return clock
 
 
-async def idempotent(bootstrap: str, n: int, store: Any) -> float:
+async def idempotent(bootstrap: str, n: int, store: Any) -> Clocked:
     consumer = new_consumer(bootstrap)
     clock = Clocked(consumer, n)
     calls: dict[str, int] = {}
@@ -143,7 +152,7 @@ async def idempotent(bootstrap: str, n: int, store: Any) -> float:
         await asyncio.wait_for(clock.done.wait(), 600)
     if len(calls) != n or any(count != 1 for count in calls.values()):
         raise BenchError(f"{len(calls)} keys handled, {sum(calls.values())} calls, for {n} records")
-    return clock.rate
+    return clock
 
 
 @dataclass(frozen=True)
@@ -175,7 +184,7 @@ CASES = [Case("bare consumer loop", None), Case("idempotent, memory", memory, 0.
          Case("idempotent, SQLite", sqlite, 0.10), Case("idempotent, PostgreSQL", postgres, 0.10)]
 
 
-async def one(case: Case, bootstrap: str, n: int, workdir: Path) -> float:
+async def one(case: Case, bootstrap: str, n: int, workdir: Path) -> Clocked:
     if case.store is None:
         return await bare(bootstrap, n)
     async with case.store(workdir) as store:
@@ -196,6 +205,7 @@ async def run(n: int, rounds: int) -> int:
     if len(cases) < len(CASES):
         print(f"PostgreSQL at {pg.ADMIN_DSN} does not answer: its case is left out")
     rates: dict[str, list[float]] = {case.label: [] for case in cases}
+    cpus: dict[str, list[float]] = {case.label: [] for case in cases}
     ratios: dict[str, list[float]] = {case.label: [] for case in cases}
     with tempfile.TemporaryDirectory(prefix="bench-consumer-") as tmp:
         workdir = Path(tmp)
@@ -207,25 +217,29 @@ async def run(n: int, rounds: int) -> int:
                 baseline = None
                 for case in cases:
                     try:
-                        rate = await one(case, broker.bootstrap, n, workdir)
+                        clock = await one(case, broker.bootstrap, n, workdir)
                     except (BenchError, TimeoutError) as exc:
                         problems.append(f"round {round_}, {case.label}: {exc!r}")
                         continue
+                    rate = clock.rate
+                    cpus[case.label].append(clock.cpu_us)
                     baseline = rate if case.store is None else baseline
                     rates[case.label].append(rate)
                     if baseline:
                         ratios[case.label].append(rate / baseline)
-                    print(f"round {round_}: {case.label:<24} {rate:>10,.0f} records/s", flush=True)
+                    print(f"round {round_}: {case.label:<24} {rate:>10,.0f} records/s  {clock.cpu_us:6.1f} us CPU "
+                          "per record", flush=True)
         finally:
             broker.stop()
-    lines = [["case", "records/s", "ratio", "spread", "target"]]
+    lines = [["case", "records/s", "CPU us/record", "ratio", "spread", "target"]]
     for case in cases:
         median, spread = harness.fmt_ratio(ratios[case.label])
         rate = f"{statistics.median(rates[case.label]):,.0f}" if rates[case.label] else "-"
-        lines.append([case.label, rate, median if case.store else "1.00x", spread if case.store else "",
+        cpu = f"{statistics.median(cpus[case.label]):.1f}" if cpus[case.label] else "-"
+        lines.append([case.label, rate, cpu, median if case.store else "1.00x", spread if case.store else "",
                       f">= {case.target:.2f}x" if case.store else "baseline"])
     print(f"\nidempotent consumer vs bare loop (N={n:,}; median of {rounds} round(s))")
-    print(harness.render_table(lines, right={1, 2}))
+    print(harness.render_table(lines, right={1, 2, 3}))
     return harness.finish(began, problems)
 
 

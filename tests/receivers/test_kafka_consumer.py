@@ -190,6 +190,22 @@ async def test_each_key_is_handled_once_across_duplicates_and_redelivery(topic: 
     assert effects.refused == []
 
 
+async def test_one_fetched_batch_with_repeats_refusals_and_a_record_without_headers(
+        topic: Broker, new_store: Any) -> None:
+    """The rounds of one batch: a key repeated (the repeats replay, in order, after the first is
+    handled), the key reused for another payload, a record with no headers at all, keys once."""
+    a, other = payload({"n": 1}), payload({"n": 2})
+    await produce(topic, ("k1", a), (None, a, []), ("k1", a), ("k1", other), ("k2", a, headers("k2", a, fence=5)),
+                  ("k1", a, headers("k1", a, fence=0)), ("k3", a))
+    effects = Effects()
+    consumer = consumer_for(topic, new_store(), effects)
+    async with consumer:
+        await until_committed(consumer, 7)
+    assert effects.done == [("k1", 0, 1), ("k2", 0, 1), ("k3", 0, 1)]
+    assert [(offset, refused.reason, refused.key) for _, offset, refused in effects.refused] == [
+        (1, Refusal.MISSING_KEY, None), (3, Refusal.KEY_REUSED, "k1")]
+
+
 async def test_a_crash_between_the_handler_and_the_offset_commit_runs_the_handler_once(
         tansu: Broker, tmp_path: Path, pg_dsn: str, pg_table: str) -> None:
     """A consumer process dies (SIGKILL) after its handlers' effects and their completions and

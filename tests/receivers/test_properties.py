@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from receivers import RELEASE_STATUSES, IdempotencyMiddleware, MemoryRecordStore, SqliteRecordStore
-from receivers.keys import MalformedKey, identity, json_depth_exceeds, parse_key
+from receivers.keys import MalformedFence, MalformedKey, identity, json_depth_exceeds, parse_fence, parse_key
 from receivers.wire import sign
 from receivers.wsgi import IdempotencyMiddleware as WsgiIdempotencyMiddleware
 
@@ -298,3 +299,41 @@ nested = st.recursive(st.none() | st.integers() | TRICKY, tricky_containers, max
 def test_the_nesting_count_matches_the_parsed_depth(value: Any, limit: int, indent: int | None) -> None:
     text = json.dumps(value, indent=indent).encode()
     assert json_depth_exceeds(text, limit) == (depth(value) > limit), text
+
+
+# -- the key's and the fence's grammar ---------------------------------------------------------
+
+#: The grammar as the README states it, spelled as regular expressions (the parsers use string
+#: methods, which must accept exactly the same texts).
+KEY_GRAMMAR = re.compile(r"[\x21-\x7e]{1,255}")
+FENCE_GRAMMAR = re.compile(r"[0-9]{1,18}")
+#: Texts near the edges: ASCII controls, space and DEL, Latin-1, digits of other scripts
+#: (Arabic-Indic, superscripts, fullwidth: str.isdigit says yes to them), long runs.
+EDGY = st.text(st.sampled_from("a9Z~!\x00\t \x7f\x80é٣²９\"\\"), max_size=20) | st.text(max_size=8) | \
+    st.integers(0, 300).map(lambda n: "k" * n) | st.integers(0, 10**20).map(str)
+
+
+@settings(BOUNDED, max_examples=400)
+@given(text=EDGY)
+def test_a_key_is_accepted_exactly_when_the_grammar_says(text: str) -> None:
+    unquoted = text.strip()
+    try:
+        parsed = parse_key([text])
+    except MalformedKey:
+        parsed = None
+    if not (unquoted.startswith('"') and len(unquoted) >= 2 and unquoted.endswith('"')):
+        assert (parsed is not None) == bool(KEY_GRAMMAR.fullmatch(unquoted)), repr(text)
+    if parsed is not None:
+        assert KEY_GRAMMAR.fullmatch(parsed), repr(text)
+
+
+@settings(BOUNDED, max_examples=400)
+@given(text=EDGY)
+def test_a_fence_is_accepted_exactly_when_the_grammar_says(text: str) -> None:
+    try:
+        parsed = parse_fence([text])
+    except MalformedFence:
+        parsed = None
+    assert (parsed is not None) == bool(FENCE_GRAMMAR.fullmatch(text.strip())), repr(text)
+    if parsed is not None:
+        assert parsed == int(text.strip()) < 10**18

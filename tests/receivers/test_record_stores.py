@@ -481,6 +481,22 @@ async def test_batches_of_completions_and_releases_refuse_stale_epochs(store: An
     assert (await store.get("k0")).expires_at == later + RETENTION
 
 
+async def test_a_batch_of_completions_stores_each_record_its_own_response(store: Any) -> None:
+    """A batch's responses travel together (on PostgreSQL their headers as one JSON array): each
+    row keeps its own status, headers (none, repeated, in order, not ASCII) and body, and a key
+    named twice in the batch is completed once, its repeat refused."""
+    responses = [StoredResponse(200, (), b""), StoredResponse(201, (("x-a", "1"), ("x-a", "2"), ("x-b", "é")), None),
+                 StoredResponse(409, (("external-id", "orders/0/7"),), bytes(range(256))),
+                 StoredResponse(204, (("x-q", '"[],{}\\'),), b"")]
+    idents = [f"r{i}" for i in range(len(responses))]
+    await store.claim_many([ClaimRequest(ident, FP_A, None) for ident in idents], now=T0, lease_until=T0 + LEASE,
+                           expires_at=T0 + RETENTION)
+    done = [(ident, 1, response) for ident, response in zip(idents, responses, strict=True)]
+    assert await store.complete_many([*done, ("r0", 1, OK)], expires_at=T0 + RETENTION) == [True] * 4 + [False]
+    for ident, response in zip(idents, responses, strict=True):
+        assert (await store.get(ident)).response == response, ident
+
+
 async def test_completions_and_claims_in_one_step_complete_first(backend: Backend) -> None:
     """The Kafka consumer stores one batch's completions with the next batch's claims: the
     completions land first (a key completed and claimed again replays), a stale epoch is refused,
@@ -518,7 +534,8 @@ async def test_postgresql_batches_find_their_rows_by_key_on_a_fresh_table(pg_dsn
                                    lease_until=T0 + LEASE, expires_at=T0 + RETENTION)
         keys = [f"3-{i}" for i in range(500)]
         async with store._pool.acquire() as conn:
-            for name, args in (("complete_many", (keys, [1] * 500, [200] * 500, ["[]"] * 500, [b""] * 500,
+            no_headers = "[" + ", ".join(["[]"] * 500) + "]"  # one JSON array, each row's pairs
+            for name, args in (("complete_many", (keys, [1] * 500, [200] * 500, no_headers, [b""] * 500,
                                                   T0 + RETENTION)),
                                ("release_many", (keys, [1] * 500))):
                 plan = "\n".join(row[0] for row in await conn.fetch("EXPLAIN " + store._sql[name], *args))
