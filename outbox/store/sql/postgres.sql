@@ -12,6 +12,12 @@
 CASE WHEN {of}.payload_event IS NOT NULL
      THEN (SELECT shared.payload FROM topic_events AS shared WHERE shared.seq = {of}.payload_event) END
 
+-- name: held_group
+-- One group of the events an attempt keeps (outbox/store/timeline.py): [after, entries], after being the id of the
+-- last events row of intent {seq} (0: none), entries the JSON text {entries}. Filled in where attempts are written.
+jsonb_build_array(jsonb_build_array(
+    coalesce((SELECT max(logged.id) FROM events AS logged WHERE logged.intent_seq = {seq}), 0), {entries}::jsonb))
+
 -- name: lock_migrations
 -- One migrator at a time, across processes and hosts, until the migration's transaction ends (the key is "outbox" in ASCII).
 SELECT pg_advisory_xact_lock(122511947133816);
@@ -120,8 +126,8 @@ SELECT *, {event_payload[intents]} AS event_payload FROM intents WHERE action_id
 SELECT * FROM attempts WHERE intent_seq = $1 ORDER BY number;
 
 -- name: events_of
--- An intent's history, oldest first.
-SELECT kind, at, actor, reason, data FROM events WHERE intent_seq = $1 ORDER BY id;
+-- The rows of an intent's history, oldest first (with what its attempts keep, its timeline: outbox/store/timeline.py).
+SELECT id, kind, at, actor, reason, data FROM events WHERE intent_seq = $1 ORDER BY id;
 
 -- name: claimable
 -- Not in the way of its key: an intent (as "due") of a destination with ordering 'key' waits while an earlier one
@@ -226,12 +232,13 @@ logged AS (
 -- events of both (as logged takes them: n is the change's place, the settles first, then the starts); $7-$28 the
 -- settles (key, fence, fate, last_error, next_attempt_at, attempts and new fence (null: kept), updated_at, then the
 -- attempt, none where its id is null); $29-$35 the starts (key, fence, then the attempt); $36-$39 the claim (now,
--- owner, lease until, limit: 0 claims nothing). Any of them may be empty.
+-- owner, lease until, limit: 0 claims nothing); $40 and $41 the events the settles' and the starts' attempts keep
+-- (timeline.group's JSON each, as held_group stores it). Any of them may be empty.
 -- - settle: each intent still leased at its fence takes its fate, its lease cleared, its attempt inserted or
---   finished, its events appended;
+--   finished with its events (those of a settle with no attempt appended to events);
 -- - start: each intent still leased at its fence, with its lease unexpired when the attempt starts, is locked FOR
 --   KEY SHARE (a sweeper's recover, FOR UPDATE, then skips it until the attempt is in) and gets its attempt row,
---   unfinished, and its event; the intent row is not written;
+--   unfinished, holding its event; the intent row is not written;
 -- - claim: up to $39 of the oldest due intents are leased to a worker, each fence bumped and a "leased" event
 --   appended with the fence it was leased at. Rows another claimer has locked are skipped, never waited for. An
 --   intent of an ordered destination waits while an earlier one of its key is in the way (one seek of
@@ -248,10 +255,10 @@ WITH settling AS (
     SELECT * FROM unnest($7::text[], $8::bigint[], $9::text[], $10::text[], $11::timestamptz[], $12::integer[],
                          $13::bigint[], $14::timestamptz[], $15::text[], $16::integer[], $17::bigint[], $18::text[],
                          $19::timestamptz[], $20::timestamptz[], $21::text[], $22::text[], $23::integer[], $24::text[],
-                         $25::text[], $26::text[], $27::float8[], $28::text[])
+                         $25::text[], $26::text[], $27::float8[], $28::text[], $40::text[])
         WITH ORDINALITY AS b (intent_key, fence, status, last_error, next_attempt_at, attempts, new_fence, updated_at,
                               attempt_id, number, attempt_fence, worker, started_at, finished_at, submission, outcome,
-                              status_code, reply, external_id, error, duration_ms, stage, n)
+                              status_code, reply, external_id, error, duration_ms, stage, held, n)
 ), settled AS (
     UPDATE intents SET status = b.status, last_error = b.last_error, lease_owner = NULL, lease_expires_at = NULL,
                        next_attempt_at = coalesce(b.next_attempt_at, intents.next_attempt_at),
@@ -263,28 +270,30 @@ WITH settling AS (
     RETURNING intents.seq, intents.status, b.n
 ), finished AS (
     INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at, finished_at,
-                          submission, outcome, status_code, reply, external_id, error, duration_ms, stage)
+                          submission, outcome, status_code, reply, external_id, error, duration_ms, stage, events)
     SELECT b.attempt_id, settled.seq, b.number, b.attempt_fence, b.worker, b.started_at, b.finished_at, b.submission,
-           b.outcome, b.status_code, b.reply, b.external_id, b.error, b.duration_ms, b.stage
+           b.outcome, b.status_code, b.reply, b.external_id, b.error, b.duration_ms, b.stage,
+           {held_group[settled.seq, b.held]}
     FROM settled JOIN settling AS b USING (n) WHERE b.attempt_id IS NOT NULL ORDER BY n
     ON CONFLICT (attempt_id) DO UPDATE SET
         finished_at = excluded.finished_at, submission = excluded.submission,
         outcome = excluded.outcome, status_code = excluded.status_code, reply = excluded.reply,
         external_id = excluded.external_id, error = excluded.error, duration_ms = excluded.duration_ms,
-        stage = excluded.stage
+        stage = excluded.stage, events = attempts.events || excluded.events
 ), starting AS (
-    SELECT intent_key, fence, attempt_id, number, attempt_fence, worker, started_at, i + cardinality($7::text[]) AS n
+    SELECT intent_key, fence, attempt_id, number, attempt_fence, worker, started_at, held,
+           i + cardinality($7::text[]) AS n
     FROM unnest($29::text[], $30::bigint[], $31::text[], $32::integer[], $33::bigint[], $34::text[],
-                $35::timestamptz[])
-        WITH ORDINALITY AS b (intent_key, fence, attempt_id, number, attempt_fence, worker, started_at, i)
+                $35::timestamptz[], $41::text[])
+        WITH ORDINALITY AS b (intent_key, fence, attempt_id, number, attempt_fence, worker, started_at, held, i)
 ), started AS (
     SELECT intents.seq, starting.* FROM intents JOIN starting USING (intent_key)
     WHERE intents.intent_key = ANY($29::text[]) AND intents.status = 'leased' AND intents.fence = starting.fence
       AND intents.lease_expires_at > starting.started_at
     FOR KEY SHARE OF intents
 ), attempted AS (
-    INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at)
-    SELECT attempt_id, seq, number, attempt_fence, worker, started_at FROM started ORDER BY n
+    INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at, events)
+    SELECT attempt_id, seq, number, attempt_fence, worker, started_at, {held_group[seq, held]} FROM started ORDER BY n
     ON CONFLICT (attempt_id) DO NOTHING
 ), changed AS (
     SELECT seq, n FROM settled UNION ALL SELECT seq, n FROM started

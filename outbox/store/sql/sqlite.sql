@@ -90,8 +90,8 @@ INSERT INTO events (intent_seq, kind, at, actor, reason, data) VALUES (?, ?, ?, 
 SELECT * FROM attempts WHERE intent_seq = ? ORDER BY number;
 
 -- name: events_of
--- An intent's history, oldest first.
-SELECT kind, at, actor, reason, data FROM events WHERE intent_seq = ? ORDER BY id;
+-- The rows of an intent's history, oldest first (with what its attempts keep, its timeline: outbox/store/timeline.py).
+SELECT id, kind, at, actor, reason, data FROM events WHERE intent_seq = ? ORDER BY id;
 
 -- name: claimable
 -- Not in the way of its key: an intent (as "due") of a destination with ordering 'key' waits while an earlier one
@@ -241,20 +241,25 @@ SELECT status, channel, count(*) FROM intents GROUP BY status, channel;
 SELECT min(next_attempt_at) FROM intents INDEXED BY intents_due WHERE status = 'pending' AND next_attempt_at <= ?;
 
 -- name: put_attempts
--- Record attempts, or their outcomes once known, from a JSON array of rows in column order.
+-- Record attempts, or their outcomes once known, from a JSON array of rows in column order, the last the events the
+-- write keeps in the attempt (outbox/store/timeline.py): appended as one group, after the intent's last events row.
 INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at, finished_at,
-                      submission, outcome, status_code, reply, external_id, error, duration_ms, stage)
+                      submission, outcome, status_code, reply, external_id, error, duration_ms, stage, events)
 SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'),
        json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]'),
        json_extract(value, '$[6]'), json_extract(value, '$[7]'), json_extract(value, '$[8]'),
        json_extract(value, '$[9]'), json_extract(value, '$[10]'), json_extract(value, '$[11]'),
-       json_extract(value, '$[12]'), json_extract(value, '$[13]'), json_extract(value, '$[14]')
+       json_extract(value, '$[12]'), json_extract(value, '$[13]'), json_extract(value, '$[14]'),
+       json_array(json_array(
+           coalesce((SELECT max(logged.id) FROM events AS logged
+                     WHERE logged.intent_seq = json_extract(value, '$[1]')), 0),
+           json(json_extract(value, '$[15]'))))
 FROM json_each(?) WHERE true
 ON CONFLICT (attempt_id) DO UPDATE SET
     finished_at = excluded.finished_at, submission = excluded.submission,
     outcome = excluded.outcome, status_code = excluded.status_code, reply = excluded.reply,
     external_id = excluded.external_id, error = excluded.error, duration_ms = excluded.duration_ms,
-    stage = excluded.stage;
+    stage = excluded.stage, events = json_insert(attempts.events, '$[#]', json(json_extract(excluded.events, '$[0]')));
 
 -- name: insert_events
 -- Append events from a JSON array of [intent_seq, kind, at, actor, reason, data] rows, in order.

@@ -15,7 +15,7 @@ from ...crash import crash_point
 from ...errors import OutboxError
 from ...flow import Held, Limit, allowance, next_token_at, refilled, usable_cap, usable_rate
 from ...model import Change, Intent, Start
-from .. import moves
+from .. import moves, timeline
 from ..plumbing import SetJob, to_us
 from ..protocol import Applied, Claim
 from .sql import READ, SQL, attempt_row, event_row, stored_row
@@ -113,9 +113,9 @@ def _make_round(conn: sqlite3.Connection, changes: list[tuple[int, Change]],
             rows.setdefault(change.move, []).append(stored_row(seq, moves.written(change)))
         attempt = moves.attempt(change)
         if attempt is not None:
-            attempts.append(attempt_row(seq, attempt))
+            attempts.append([*attempt_row(seq, attempt), timeline.group(timeline.held(change))])
             outcome = outcome or attempt.finished_at is not None
-        events += [event_row(seq, e) for e in moves.events(change)]
+        events += [event_row(seq, e) for e in timeline.logged(change)]
     for move, values in rows.items():
         for row in conn.execute(SQL[move], (json.dumps(values),)).fetchall():  # the operators' moves return rows
             results[answered[row["seq"]]] = READ.intent(row)

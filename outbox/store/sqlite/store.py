@@ -22,6 +22,7 @@ from ...grants import Grant, GrantSpec
 from ...keyring import Keyring, required
 from ...model import Attempt, Change, Enqueued, Event, Intent, NewIntent, check_change
 from ...tokens import ConsoleSession, TokenInfo
+from .. import timeline
 from ..lookups import Lookups
 from ..migrator import run_migrations, scripts_for
 from ..plumbing import GroupCommitter, connect, on_thread, to_us, unavailable
@@ -248,9 +249,11 @@ class SqliteStore(SqliteEvents, Lookups):
                 if row is None:
                     return History()
                 seq = row["seq"]
+                attempts = conn.execute(SQL["attempts_of"], (seq,)).fetchall()
                 return History(
-                    attempts=[READ.attempt(r) for r in conn.execute(SQL["attempts_of"], (seq,))],
-                    events=[READ.event(r) for r in conn.execute(SQL["events_of"], (seq,))],
+                    attempts=[READ.attempt(r) for r in attempts],
+                    events=timeline.merged(((r["id"], READ.event(r)) for r in conn.execute(SQL["events_of"], (seq,))),
+                                           ((r["number"], r["events"]) for r in attempts)),
                     intent=READ.intent(row),
                 )
             finally:
