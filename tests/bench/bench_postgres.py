@@ -390,6 +390,16 @@ ROW_UPDATES = ("SELECT relname, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_table
                "WHERE relname IN ('intents', 'attempts')")
 
 
+#: Whether the attempts keep their events (migration 0019), "leased" facts among them.
+ATTEMPTS_KEEP_EVENTS = ("SELECT EXISTS (SELECT 1 FROM information_schema.columns "
+                        "WHERE table_name = 'attempts' AND column_name = 'events')")
+#: The claims made (a claim's leases share its owner and time), from the "leased" facts wherever they are kept.
+CLAIMS_MADE = ("SELECT count(DISTINCT (actor, at)) FROM ("
+               "SELECT actor, at FROM events WHERE kind = 'leased' UNION ALL "
+               "SELECT e ->> 2, (e ->> 1)::timestamptz FROM attempts, jsonb_array_elements(attempts.events) AS g, "
+               "jsonb_array_elements(g -> 1) AS e WHERE e ->> 0 = 'leased') AS leases")
+
+
 async def row_updates(conn: asyncpg.Connection) -> tuple[tuple[int, int], tuple[int, int]]:
     """(updates, HOT updates) of intents rows, then of attempts rows, as the server counted them
     (a backend's counts are in once its transaction ends and it reports, or it has ended)."""
@@ -445,7 +455,8 @@ async def outbox_drain(admin_dsn: str, receiver: Receiver, n: int, concurrency: 
         try:
             statuses = dict(await conn.fetch("SELECT status, count(*) FROM intents GROUP BY status"))
             attempts = await conn.fetchval("SELECT count(*) FROM attempts")
-            got.claims = await conn.fetchval("SELECT count(DISTINCT (actor, at)) FROM events WHERE kind = 'leased'")
+            got.claims = await conn.fetchval(CLAIMS_MADE if await conn.fetchval(ATTEMPTS_KEEP_EVENTS) else
+                                             "SELECT count(DISTINCT (actor, at)) FROM events WHERE kind = 'leased'")
             got.updates, got.attempt_updates = await row_updates(conn)  # the workers' backends have ended
         finally:
             await conn.close()

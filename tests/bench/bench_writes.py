@@ -67,6 +67,8 @@ async def wal_records(conn: asyncpg.Connection, start: str, end: str) -> dict[st
         for (name,) in segments:
             Path(tmp, name).write_bytes(await conn.fetchval("SELECT pg_read_binary_file('pg_wal/' || $1)", name))
         dumped = subprocess.run([waldump(), "-p", tmp, "-s", start, "-e", end], capture_output=True, text=True)
+    if dumped.returncode != 0:  # (a segment recycled before it was copied, say)
+        raise BenchError(f"pg_waldump could not read {start}..{end}: {dumped.stderr.strip()[-500:]}")
     counts: dict[str, Counter[str]] = {}
     transactions: set[str] = set()
     for line in dumped.stdout.splitlines():
@@ -105,6 +107,7 @@ async def measure(admin_dsn: str, n: int, batch: int) -> dict[str, Any]:
             finally:
                 await box.close()
             filled = await wal_position(watch)
+            enqueued = await wal_records(watch, before, filled)  # (read at once: a checkpoint may recycle it)
             store = PostgresStore(dsn, pool_size=1)
             await store.open()
             try:
@@ -117,7 +120,7 @@ async def measure(admin_dsn: str, n: int, batch: int) -> dict[str, Any]:
             statuses = dict(await watch.fetch("SELECT status, count(*) FROM intents GROUP BY status"))
             if statuses != {"delivered": n}:
                 raise BenchError(f"intents by status after the run: {statuses}, expected {{'delivered': {n}}}")
-            return {"enqueue": await wal_records(watch, before, filled),
+            return {"enqueue": enqueued,
                     "delivery": await wal_records(watch, filled, done), "seconds": seconds,
                     "postgres_cpu": None if pg_before is None or pg_after is None else pg_after - pg_before}
         finally:

@@ -212,11 +212,14 @@ class PostgresStore(PostgresEvents, Lookups):
                 return History()
             attempts = await conn.fetch(SQL["attempts_of"], row["seq"])
             logged = await conn.fetch(SQL["events_of"], row["seq"])
+            intent = READ.intent(row)
             return History(
                 attempts=[READ.attempt(r) for r in attempts],
                 events=timeline.merged(((r["id"], READ.event(r)) for r in logged),
-                                       ((r["number"], r["events"]) for r in attempts)),
-                intent=READ.intent(row),
+                                       ((r["number"], r["events"]) for r in attempts),
+                                       timeline.current_lease(intent, await conn.fetchval(SQL["lease_unrecorded"],
+                                                                                          row["seq"]))),
+                intent=intent,
             )
 
         return await self._run(work, transaction=SNAPSHOT)

@@ -7,6 +7,14 @@
 -- (filled from the block event_payload for the intents row it names): an intent of an event sends the payload stored
 -- once in the event's row (payload_event names it, migration 0018) and keeps none of its own; any other its own.
 
+-- name: unrecorded_lease
+-- Whether intents row {of} is leased under a lease whose "leased" fact is recorded nowhere yet (PostgreSQL's block says
+-- why): neither in an attempt started under its fence nor as a "leased" row (one written before 0019).
+({of}.status = 'leased'
+ AND NOT EXISTS (SELECT 1 FROM attempts AS under WHERE under.intent_seq = {of}.seq AND under.fence = {of}.fence)
+ AND NOT EXISTS (SELECT 1 FROM events AS lease WHERE lease.intent_seq = {of}.seq AND lease.kind = 'leased'
+                                                 AND json_extract(lease.data, '$.fence') = {of}.fence))
+
 -- name: event_payload
 -- The payload stored once for the event the intents row {of} sends it for (payload_event); NULL: it has its own.
 CASE WHEN {of}.payload_event IS NOT NULL
@@ -89,6 +97,11 @@ INSERT INTO events (intent_seq, kind, at, actor, reason, data) VALUES (?, ?, ?, 
 -- An intent's attempts, first to last.
 SELECT * FROM attempts WHERE intent_seq = ? ORDER BY number;
 
+-- name: lease_unrecorded
+-- Whether intent ? is leased under a lease whose "leased" fact is recorded nowhere yet: its timeline reads it
+-- from the intent's row.
+SELECT {unrecorded_lease[intents]} FROM intents WHERE seq = ?;
+
 -- name: events_of
 -- The rows of an intent's history, oldest first (with what its attempts keep, its timeline: outbox/store/timeline.py).
 SELECT id, kind, at, actor, reason, data FROM events WHERE intent_seq = ? ORDER BY id;
@@ -168,12 +181,6 @@ ORDER BY earlier.seq LIMIT 1;
 UPDATE intents SET status = 'leased', lease_owner = ?, lease_expires_at = ?, fence = fence + 1,
                    updated_at = ?
 WHERE seq IN (SELECT value FROM json_each(?));
-
--- name: leased_events
--- The "leased" event of each intent just leased, with the fence it was leased at.
-INSERT INTO events (intent_seq, kind, at, actor, reason, data)
-SELECT seq, 'leased', ?, ?, NULL, json_object('fence', fence)
-FROM intents WHERE seq IN (SELECT value FROM json_each(?)) ORDER BY seq;
 
 -- name: intents_json
 -- Intents (a JSON array of seqs) as one JSON array of objects: one step, however many rows.
@@ -309,9 +316,10 @@ ORDER BY destination = '*', revision DESC LIMIT 1;
 SELECT *, {event_payload[intents]} AS event_payload FROM intents WHERE {where} ORDER BY seq DESC LIMIT ?;
 
 -- name: update_targets
--- Where the intent of each of a set of changes (a JSON array of intent keys) stands:
--- [position, seq, status, fence, lease_expires_at] per key, seq null for an intent that does not exist.
-SELECT json_group_array(json_array(u.key, i.seq, i.status, i.fence, i.lease_expires_at))
+-- Where the intent of each of a set of changes (a JSON array of intent keys) stands: [position, seq, status, fence,
+-- lease_expires_at, updated_at, lease_owner, unrecorded_lease] per key, seq null for an intent that does not exist.
+SELECT json_group_array(json_array(u.key, i.seq, i.status, i.fence, i.lease_expires_at, i.updated_at, i.lease_owner,
+                                   {unrecorded_lease[i]}))
 FROM json_each(?) AS u LEFT JOIN intents AS i ON i.intent_key = u.value;
 
 -- name: settle
@@ -373,9 +381,10 @@ RETURNING *, {event_payload[intents]} AS event_payload;
 
 -- name: recoverable
 -- Move recover's intents: up to ?2 leases that ran out by ?1 with no attempt in flight (started under the
--- current fence, unfinished), as one JSON array of [seq, lease_owner].
-SELECT json_group_array(json_array(seq, lease_owner)) FROM (
-    SELECT seq, lease_owner FROM intents AS i INDEXED BY intents_lease
+-- current fence, unfinished), as one JSON array of [seq, lease_owner, updated_at, fence, unrecorded_lease].
+SELECT json_group_array(json_array(seq, lease_owner, updated_at, fence, unrecorded)) FROM (
+    SELECT seq, lease_owner, updated_at, fence, {unrecorded_lease[i]} AS unrecorded
+    FROM intents AS i INDEXED BY intents_lease
     WHERE status = 'leased' AND lease_expires_at <= ?1
       AND NOT EXISTS (SELECT 1 FROM attempts AS a
                       WHERE a.intent_seq = i.seq AND a.fence = i.fence AND a.finished_at IS NULL)

@@ -250,11 +250,14 @@ class SqliteStore(SqliteEvents, Lookups):
                     return History()
                 seq = row["seq"]
                 attempts = conn.execute(SQL["attempts_of"], (seq,)).fetchall()
+                intent = READ.intent(row)
                 return History(
                     attempts=[READ.attempt(r) for r in attempts],
                     events=timeline.merged(((r["id"], READ.event(r)) for r in conn.execute(SQL["events_of"], (seq,))),
-                                           ((r["number"], r["events"]) for r in attempts)),
-                    intent=READ.intent(row),
+                                           ((r["number"], r["events"]) for r in attempts),
+                                           timeline.current_lease(intent, conn.execute(
+                                               SQL["lease_unrecorded"], (seq,)).fetchone()[0])),
+                    intent=intent,
                 )
             finally:
                 conn.execute("COMMIT")
