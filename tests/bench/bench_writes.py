@@ -94,7 +94,7 @@ def waldump() -> str:
 
 async def measure(admin_dsn: str, n: int, batch: int) -> dict[str, Any]:
     """One run of this checkout's store: the enqueue's and the bookkeeping's WAL records by
-    relation and kind, and the bookkeeping's PostgreSQL CPU and time."""
+    relation and kind, and the bookkeeping's PostgreSQL CPU (the server's, and its one backend's), and time."""
     from outbox.store.postgres import PostgresStore
 
     async with fresh_database(admin_dsn) as dsn:
@@ -111,9 +111,13 @@ async def measure(admin_dsn: str, n: int, batch: int) -> dict[str, Any]:
             store = PostgresStore(dsn, pool_size=1)
             await store.open()
             try:
+                async with store._connections.pool.acquire() as conn:  # the one backend the store's work runs in
+                    backend = conn.get_server_pid()
                 pg_before, began = postgres_cpu(), time.perf_counter()
+                backend_before = harness.process_cpu(backend)
                 await bookkeeping(store, await first_claim(store), n, batch)
                 seconds, pg_after = time.perf_counter() - began, postgres_cpu()
+                backend_after = harness.process_cpu(backend)
             finally:
                 await store.close()
             done = await wal_position(watch)
@@ -122,7 +126,9 @@ async def measure(admin_dsn: str, n: int, batch: int) -> dict[str, Any]:
                 raise BenchError(f"intents by status after the run: {statuses}, expected {{'delivered': {n}}}")
             return {"enqueue": enqueued,
                     "delivery": await wal_records(watch, filled, done), "seconds": seconds,
-                    "postgres_cpu": None if pg_before is None or pg_after is None else pg_after - pg_before}
+                    "postgres_cpu": None if pg_before is None or pg_after is None else pg_after - pg_before,
+                    "backend_cpu": None if backend_before is None or backend_after is None
+                    else backend_after - backend_before}
         finally:
             await watch.close()
 
@@ -154,6 +160,8 @@ def figures(run: dict[str, Any], n: int) -> dict[str, float]:
         got[f"{phase}: all WAL bytes"] = sum(v for k, v in total.items() if k.endswith(" bytes")) / n
     if run["postgres_cpu"] is not None:
         got["delivery: PostgreSQL CPU, us (machine-wide)"] = run["postgres_cpu"] / n * 1e6
+    if run.get("backend_cpu") is not None:
+        got["delivery: CPU of the store's backend, us"] = run["backend_cpu"] / n * 1e6
     got["delivery: bookkeeping seconds (all n)"] = run["seconds"]
     return got
 
