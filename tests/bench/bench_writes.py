@@ -9,8 +9,8 @@ and LOCK (a row lock is a WAL record and a page write too), btree INSERT_LEAF (o
 and the bytes of each. Enqueue and bookkeeping are counted apart; the write transactions are the
 distinct transaction ids of this database's records.
 
-``--against DIR`` measures a second checkout of the code as well (``git worktree add DIR main``
-or ``git archive main | tar -x -C DIR``), in the same run: each round measures both, in turns,
+``--against DIR`` measures a second checkout of the code as well (``git archive main | tar -x -C DIR``)
+in the same run: each round measures both, in turns,
 each in a subprocess whose ``PYTHONPATH`` is its checkout, and prints both columns and their
 ratio. Counts do not depend on the machine's load; the CPU and time columns do.
 
