@@ -72,11 +72,6 @@ def written(change: Change) -> tuple[Any, ...]:
     return (*values, change.events[-1].at)
 
 
-def events(change: Change) -> tuple[Event, ...]:
-    """The events ``change`` appends to its intent's history, in order."""
-    return (change.event,) if isinstance(change, Start) else change.events
-
-
 def attempt(change: Change) -> Attempt | None:
     """The attempt ``change`` records (a start's, unfinished; a settle's, finished), if any."""
     return change.attempt if isinstance(change, Start | Settle) else None

@@ -18,18 +18,18 @@ connect, on_thread, unavailable = SQLITE.connect, SQLITE.on_thread, SQLITE.unava
 queries = Queries(__package__)
 __all__ = ["SQLITE", "GroupCommitter", "SetJob", "connect", "from_us", "on_thread", "queries", "statements", "to_us",
            "unavailable"]
-#: Where a statement reads the payload an intent of an event sends: ``{event_payload[row]}``,
-#: ``row`` naming its intents row.
-_EVENT_PAYLOAD = re.compile(r"\{event_payload\[(\w+)\]\}")
+#: Where a statement uses a rule about one intents row, ``{rule[row]}``, ``row`` naming the row: the payload
+#: an intent of an event sends (``event_payload``), whether its lease's "leased" fact is recorded nowhere yet
+#: (``unrecorded_lease``) and that fact as an attempt keeps it (``lease_entry``).
+_ROW_RULE = re.compile(r"\{(event_payload|unrecorded_lease|lease_entry)\[(\w+)\]\}")
 
 
 def statements(dialect: str) -> dict[str, str]:
-    """A dialect's named statements (``sql/<dialect>.sql``), each ``{event_payload[row]}`` filled
-    from its block ``event_payload`` for that row: one rule for where an intent's payload is
-    stored, however many statements read intents."""
+    """A dialect's named statements (``sql/<dialect>.sql``), each ``{rule[row]}`` filled from its
+    block ``rule`` for that row: one rule (where an intent's payload is stored, when a lease's
+    fact is to be written) however many statements apply it."""
     sql = queries.load(dialect)
-    return {name: _EVENT_PAYLOAD.sub(lambda found: sql["event_payload"].format(of=found[1]), text)
-            for name, text in sql.items()}
+    return {name: _ROW_RULE.sub(lambda found: sql[found[1]].format(of=found[2]), text) for name, text in sql.items()}
 
 
 class GroupCommitter(_sqlite.GroupCommitter):

@@ -29,6 +29,7 @@ import pytest
 from outbox import DestinationSpec, Outbox, Settings
 from outbox.flow import RateLimit
 from outbox.shapes import destination_json
+from outbox.store.postgres import PostgresStore
 
 from ..conftest import SECRET
 from .conftest import OUTBOX, clean_env, served_in_thread
@@ -153,14 +154,18 @@ async def only_their_delivery(pg_url: str, destination: str) -> dict[str, tuple[
     """Each of the destination's intents that has anything but one attempt and its delivery's
     events: key -> (attempts counted, attempt rows, events)."""
     db = await asyncpg.connect(pg_url)
+    store = PostgresStore(pg_url)
+    await store.open()
     try:
-        rows = await db.fetch(
-            "SELECT i.intent_key, i.attempts, (SELECT count(*) FROM attempts a WHERE a.intent_seq = i.seq),"
-            " (SELECT array_agg(e.kind ORDER BY e.id) FROM events e WHERE e.intent_seq = i.seq)"
-            " FROM intents i WHERE i.destination = $1", destination)
+        found = {}
+        for key, attempts in await db.fetch("SELECT intent_key, attempts FROM intents WHERE destination = $1",
+                                            destination):
+            history = await store.history(key)  # (its timeline: the events rows and what its attempts keep)
+            found[key] = (attempts, len(history.attempts), [e.kind.value for e in history.events])
     finally:
         await db.close()
-    return {r[0]: (r[1], r[2], r[3]) for r in rows if (r[1], r[2], r[3]) != (1, 1, DELIVERY)}
+        await store.close()
+    return {key: got for key, got in found.items() if got != (1, 1, DELIVERY)}
 
 
 async def lease_times(pg_url: str, destination: str) -> list[float]:

@@ -390,6 +390,16 @@ ROW_UPDATES = ("SELECT relname, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_table
                "WHERE relname IN ('intents', 'attempts')")
 
 
+#: Whether the attempts keep their events (migration 0019), "leased" facts among them.
+ATTEMPTS_KEEP_EVENTS = ("SELECT EXISTS (SELECT 1 FROM information_schema.columns "
+                        "WHERE table_name = 'attempts' AND column_name = 'events')")
+#: The claims made (a claim's leases share its owner and time), from the "leased" facts wherever they are kept.
+CLAIMS_MADE = ("SELECT count(DISTINCT (actor, at)) FROM ("
+               "SELECT actor, at FROM events WHERE kind = 'leased' UNION ALL "
+               "SELECT e ->> 2, (e ->> 1)::timestamptz FROM attempts, jsonb_array_elements(attempts.events) AS g, "
+               "jsonb_array_elements(g -> 1) AS e WHERE e ->> 0 = 'leased') AS leases")
+
+
 async def row_updates(conn: asyncpg.Connection) -> tuple[tuple[int, int], tuple[int, int]]:
     """(updates, HOT updates) of intents rows, then of attempts rows, as the server counted them
     (a backend's counts are in once its transaction ends and it reports, or it has ended)."""
@@ -445,7 +455,8 @@ async def outbox_drain(admin_dsn: str, receiver: Receiver, n: int, concurrency: 
         try:
             statuses = dict(await conn.fetch("SELECT status, count(*) FROM intents GROUP BY status"))
             attempts = await conn.fetchval("SELECT count(*) FROM attempts")
-            got.claims = await conn.fetchval("SELECT count(DISTINCT (actor, at)) FROM events WHERE kind = 'leased'")
+            got.claims = await conn.fetchval(CLAIMS_MADE if await conn.fetchval(ATTEMPTS_KEEP_EVENTS) else
+                                             "SELECT count(DISTINCT (actor, at)) FROM events WHERE kind = 'leased'")
             got.updates, got.attempt_updates = await row_updates(conn)  # the workers' backends have ended
         finally:
             await conn.close()
@@ -684,16 +695,59 @@ class StoreRun:
         return value / self.n
 
 
+async def first_claim(store: Any) -> list[Any]:
+    """One intent claimed, the first of the store's cycles."""
+    from datetime import UTC, datetime
+
+    from outbox.store.protocol import Claim
+
+    now = datetime.now(UTC)
+    return list((await store.apply([], claim=Claim("bench", now, now + timedelta(minutes=5), 1))).claimed)
+
+
+async def bookkeeping(store: Any, claimed: list[Any], n: int, batch: int) -> None:
+    """N deliveries' bookkeeping, ``claimed`` the first cycle's claim, as a pipelined worker
+    makes it: each cycle one ``apply`` with the starts of the batch claimed the cycle before,
+    the outcomes (delivered) of the batch started the cycle before, and a claim of ``batch``."""
+    from datetime import UTC, datetime
+
+    from outbox.model import Attempt, Event, EventKind, Outcome, Settle, Start, Status, Submission
+    from outbox.store.protocol import Claim
+
+    started: list[tuple[str, Attempt]] = []  # (intent key, its attempt)
+    done, left = 0, n - len(claimed)
+    while done < n:
+        now = datetime.now(UTC)
+        attempts = [Attempt(f"{i.key}-1", 1, i.fence, "bench", now, None, None, None, None, None, None,
+                            None, None) for i in claimed]
+        changes: list[Any] = [Start(i.key, i.fence, a, Event(EventKind.ATTEMPT_STARTED, now, "bench", None, {
+            "attempt_id": a.attempt_id, "number": 1, "fence": a.fence, "authority": "allow-all",
+            "authority_revision": None, "authority_checked_at": None, "target": "http://127.0.0.1:9/hook"}))
+            for i, a in zip(claimed, attempts, strict=True)]  # the events' data as a worker's
+        for key, a in started:
+            finished = Attempt(a.attempt_id, 1, a.fence, "bench", a.started_at, now, Submission.SUBMITTED,
+                               Outcome.DELIVERED, 200, None, None, None, 1.0)
+            changes.append(Settle(key, a.fence, Status.DELIVERED, (
+                Event(EventKind.ATTEMPT_FINISHED, now, "bench", None, {
+                    "attempt_id": a.attempt_id, "submission": "submitted", "outcome": "delivered", "status_code": 200}),
+                Event(EventKind.DELIVERED, now, "bench", "receiver answered 200")),
+                attempts=1, attempt=finished))
+        take = min(batch, left)
+        applied = await store.apply(changes, claim=Claim("bench", now, now + timedelta(minutes=5), take)
+                                    if take else None)
+        if any(result is not None for result in applied.results):
+            raise BenchError(f"apply refused a change: {next(r for r in applied.results if r is not None)}")
+        done += len(started)
+        left -= len(applied.claimed)
+        started, claimed = [(i.key, a) for i, a in zip(claimed, attempts, strict=True)], applied.claimed
+
+
 async def store_alone(admin_dsn: str, n: int, batch: int) -> StoreRun:
     """N intents enqueued (untimed), then driven through their bookkeeping as a pipelined worker
     would: each cycle is one ``apply`` with the starts of the batch claimed the cycle before, the
     outcomes (delivered) of the batch started the cycle before, and a claim of ``batch`` more.
     The store has one pooled connection, whose statements are counted as asyncpg sends them."""
-    from datetime import UTC, datetime
-
-    from outbox.model import Attempt, Event, EventKind, Outcome, Settle, Start, Status, Submission
     from outbox.store.postgres import PostgresStore
-    from outbox.store.protocol import Claim
 
     async with fresh_database(admin_dsn) as dsn:
         box = await open_outbox(dsn, "http://127.0.0.1:9/hook", batch)
@@ -708,33 +762,11 @@ async def store_alone(admin_dsn: str, n: int, batch: int) -> StoreRun:
             conn._con.add_query_logger(lambda record: sent.append(record.query))
         watch = await asyncpg.connect(dsn)
         try:
-            now = datetime.now(UTC)  # warm-up: the statements prepared, the driver's types introspected
-            claimed = (await store.apply([], claim=Claim("bench", now, now + timedelta(minutes=5), 1))).claimed
-            started: list[tuple[str, Attempt]] = []  # (intent key, its attempt)
+            claimed = await first_claim(store)  # warm-up: the statements prepared, the driver's types introspected
             sent.clear()
             mark = await watch.fetchrow(SERVER_MARK)
             pg_before, cpu_before, began = postgres_cpu(), time.process_time(), time.perf_counter()
-            done, left = 0, n - len(claimed)
-            while done < n:
-                now = datetime.now(UTC)
-                attempts = [Attempt(f"{i.key}-1", 1, i.fence, "bench", now, None, None, None, None, None, None,
-                                    None, None) for i in claimed]
-                changes: list[Any] = [Start(i.key, i.fence, a, Event(EventKind.ATTEMPT_STARTED, now, "bench"))
-                                      for i, a in zip(claimed, attempts, strict=True)]
-                for key, a in started:
-                    finished = Attempt(a.attempt_id, 1, a.fence, "bench", a.started_at, now, Submission.SUBMITTED,
-                                       Outcome.DELIVERED, 200, None, None, None, 1.0)
-                    changes.append(Settle(key, a.fence, Status.DELIVERED, (
-                        Event(EventKind.ATTEMPT_FINISHED, now, "bench"), Event(EventKind.DELIVERED, now, "bench")),
-                        attempts=1, attempt=finished))
-                take = min(batch, left)
-                applied = await store.apply(changes, claim=Claim("bench", now, now + timedelta(minutes=5), take)
-                                            if take else None)
-                if any(result is not None for result in applied.results):
-                    raise BenchError(f"apply refused a change: {next(r for r in applied.results if r is not None)}")
-                done += len(started)
-                left -= len(applied.claimed)
-                started, claimed = [(i.key, a) for i, a in zip(claimed, attempts, strict=True)], applied.claimed
+            await bookkeeping(store, claimed, n, batch)
             seconds = time.perf_counter() - began
             client_cpu, pg_after = time.process_time() - cpu_before, postgres_cpu()
             statements = len(sent)

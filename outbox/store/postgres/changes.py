@@ -16,7 +16,7 @@ from ...errors import OutboxError, StaleWrite
 from ...flow import Held, Limit
 from ...model import Attempt, Cancel, Change, Intent, OperatorChange, Replay, Settle, Start, Status
 from ...timestamps import from_epoch
-from .. import moves
+from .. import moves, timeline
 from ..protocol import Applied, Claim
 from ..records import attempt_values, event_data
 from .connection import READ
@@ -45,10 +45,10 @@ def _row(change: Change) -> tuple[Any, ...]:
 
 
 def _events(batch: Sequence[Change]) -> list[tuple[Any, ...]]:
-    """The events of a batch of changes as rows of ``logged``'s arrays ($1-$6), each with its
-    change's place in the batch, from 1 (every change has one at least)."""
+    """The events a batch of changes appends as rows (``timeline.logged``), as rows of
+    ``logged``'s arrays ($1-$6), each with its change's place in the batch, from 1."""
     return [(n, e.kind.value, e.at, e.actor, e.reason, event_data(e))
-            for n, change in enumerate(batch, 1) for e in moves.events(change)]
+            for n, change in enumerate(batch, 1) for e in timeline.logged(change)]
 
 
 def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
@@ -62,11 +62,13 @@ def _move_arguments(batch: Sequence[Change]) -> list[list[Any]]:
 
 
 def cycle_arguments(settles: Sequence[Change], starts: Sequence[Change], claim: Claim | None) -> list[Any]:
-    """The ``cycle`` statement's parameters: the events of the settles then the starts, their
-    columns, and the claim's (a limit of 0 for none)."""
+    """The ``cycle`` statement's parameters: the events of the settles then the starts logged as
+    rows, their columns, the claim's (a limit of 0 for none), then the events the settles' and
+    the starts' attempts keep (``timeline.held``)."""
     claiming = (None, None, None, 0) if claim is None else (claim.now, claim.owner, claim.lease_until, claim.limit)
     return [*_columns(_events([*settles, *starts]), 6), *_columns([_row(c) for c in settles], 22),
-            *_columns([_row(c) for c in starts], 7), *claiming]
+            *_columns([_row(c) for c in starts], 7), *claiming,
+            [timeline.group(timeline.held(c)) for c in settles], [timeline.group(timeline.held(c)) for c in starts]]
 
 
 def rounds_by_move(changes: Sequence[Change]) -> list[dict[str, list[int]]]:

@@ -3,6 +3,7 @@ them are built from filled in."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -10,6 +11,9 @@ from ...model import MOVES
 from ..plumbing import statements
 
 SQL = statements("postgres")
+#: Where the cycle writes an attempt, the events it keeps (``{held_group[seq, entries]}``): one rule for both places.
+_HELD_GROUP = re.compile(r"\{held_group\[([\w.]+), ([\w.]+)\]\}")
+SQL["cycle"] = _HELD_GROUP.sub(lambda found: SQL["held_group"].format(seq=found[1], entries=found[2]), SQL["cycle"])
 #: The statements that pick due intents share one rule for ordered keys (``claimable``).
 SQL = {**SQL, **{name: SQL[name].format(claimable=SQL["claimable"], logged=SQL["logged"],
                                         limited=SQL["limited"].format(at=at))

@@ -21,7 +21,7 @@ from ...grants import Grant, GrantSpec
 from ...keyring import Keyring, required
 from ...model import Attempt, Change, Enqueued, Event, Intent, NewIntent, check_change
 from ...tokens import ConsoleSession, TokenInfo
-from .. import moves
+from .. import moves, timeline
 from ..lookups import Lookups
 from ..migrator import Migration, run_migrations, scripts_for
 from ..protocol import (
@@ -210,10 +210,16 @@ class PostgresStore(PostgresEvents, Lookups):
             row = await conn.fetchrow(SQL["intent_by_key"], key)
             if row is None:
                 return History()
+            attempts = await conn.fetch(SQL["attempts_of"], row["seq"])
+            logged = await conn.fetch(SQL["events_of"], row["seq"])
+            intent = READ.intent(row)
             return History(
-                attempts=[READ.attempt(r) for r in await conn.fetch(SQL["attempts_of"], row["seq"])],
-                events=[READ.event(r) for r in await conn.fetch(SQL["events_of"], row["seq"])],
-                intent=READ.intent(row),
+                attempts=[READ.attempt(r) for r in attempts],
+                events=timeline.merged(((r["id"], READ.event(r)) for r in logged),
+                                       ((r["number"], r["events"]) for r in attempts),
+                                       timeline.current_lease(intent, await conn.fetchval(SQL["lease_unrecorded"],
+                                                                                          row["seq"]))),
+                intent=intent,
             )
 
         return await self._run(work, transaction=SNAPSHOT)

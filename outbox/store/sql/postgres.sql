@@ -12,6 +12,28 @@
 CASE WHEN {of}.payload_event IS NOT NULL
      THEN (SELECT shared.payload FROM topic_events AS shared WHERE shared.seq = {of}.payload_event) END
 
+-- name: held_group
+-- One group of the events an attempt keeps (outbox/store/timeline.py): [after, entries], after being the id of the
+-- last events row of intent {seq} (0: none), entries the JSON text {entries}. Filled in where attempts are written.
+jsonb_build_array(jsonb_build_array(
+    coalesce((SELECT max(logged.id) FROM events AS logged WHERE logged.intent_seq = {seq}), 0), {entries}::jsonb))
+
+-- name: unrecorded_lease
+-- Whether intents row {of}, as the statement found it, is leased under a lease whose "leased" fact is recorded nowhere
+-- yet: neither in an attempt started under its fence (whose row keeps it) nor as a "leased" row (a flow-limited
+-- claim's, or one written before 0019). The claim writes none; the move that starts its attempt or ends the lease
+-- records it. Filled in where a statement names it with the row in brackets.
+({of}.status = 'leased'
+ AND NOT EXISTS (SELECT 1 FROM attempts AS under WHERE under.intent_seq = {of}.seq AND under.fence = {of}.fence)
+ AND NOT EXISTS (SELECT 1 FROM events AS lease WHERE lease.intent_seq = {of}.seq AND lease.kind = 'leased'
+                                                 AND lease.data @> jsonb_build_object('fence', {of}.fence)))
+
+-- name: lease_entry
+-- The "leased" fact of intents row {of} (leased: its claim set updated_at, lease_owner and fence) as an entry of a group
+-- an attempt keeps (outbox/store/timeline.py). Filled in where a statement names it with the row in brackets.
+jsonb_build_array('leased', to_char({of}.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
+                  {of}.lease_owner, NULL, jsonb_build_object('fence', {of}.fence))
+
 -- name: lock_migrations
 -- One migrator at a time, across processes and hosts, until the migration's transaction ends (the key is "outbox" in ASCII).
 SELECT pg_advisory_xact_lock(122511947133816);
@@ -119,9 +141,14 @@ SELECT *, {event_payload[intents]} AS event_payload FROM intents WHERE action_id
 -- An intent's attempts, first to last.
 SELECT * FROM attempts WHERE intent_seq = $1 ORDER BY number;
 
+-- name: lease_unrecorded
+-- Whether intent $1 is leased under a lease whose "leased" fact is recorded nowhere yet: its timeline reads it
+-- from the intent's row.
+SELECT {unrecorded_lease[intents]} FROM intents WHERE seq = $1;
+
 -- name: events_of
--- An intent's history, oldest first.
-SELECT kind, at, actor, reason, data FROM events WHERE intent_seq = $1 ORDER BY id;
+-- The rows of an intent's history, oldest first (with what its attempts keep, its timeline: outbox/store/timeline.py).
+SELECT id, kind, at, actor, reason, data FROM events WHERE intent_seq = $1 ORDER BY id;
 
 -- name: claimable
 -- Not in the way of its key: an intent (as "due") of a destination with ordering 'key' waits while an earlier one
@@ -210,15 +237,23 @@ SELECT min(next_attempt_at) FROM intents WHERE status = 'pending' AND next_attem
 
 -- name: logged
 -- The events of a move's batch (arrays $1-$6: the change's place in the batch, kind, time, actor, reason, data), each
--- appended to the intent its change moved ("changed": seq, n), in order. Filled into each move's block as {logged}.
+-- appended to the intent its change moved ("changed": seq, n), in order, after the "leased" fact of a lease the change
+-- ends if it is recorded nowhere yet (unrecorded_lease). Filled into each move's block as {logged}.
 -- Each block also names its keys as "= ANY($7)" beside its join on them: the batch's intents are then found by one
 -- scan of intents_intent_key_key, whatever the statistics say of the batch or the table.
 logged AS (
     INSERT INTO events (intent_seq, kind, at, actor, reason, data)
-    SELECT changed.seq, e.kind, e.at, e.actor, e.reason, e.data::jsonb
-    FROM changed JOIN unnest($1::bigint[], $2::text[], $3::timestamptz[], $4::text[], $5::text[], $6::text[])
-        WITH ORDINALITY AS e (n, kind, at, actor, reason, data, i) USING (n)
-    ORDER BY e.i
+    SELECT seq, kind, at, actor, reason, data FROM (
+        SELECT before.seq, changed.n, 0::bigint AS i, 'leased' AS kind, before.updated_at AS at,
+               before.lease_owner AS actor, NULL::text AS reason, jsonb_build_object('fence', before.fence) AS data
+        FROM changed JOIN intents AS before ON before.seq = changed.seq  -- (as it was: the snapshot is the statement's)
+        WHERE {unrecorded_lease[before]}
+        UNION ALL
+        SELECT changed.seq, changed.n, e.i, e.kind, e.at, e.actor, e.reason, e.data::jsonb
+        FROM changed JOIN unnest($1::bigint[], $2::text[], $3::timestamptz[], $4::text[], $5::text[], $6::text[])
+            WITH ORDINALITY AS e (n, kind, at, actor, reason, data, i) USING (n)
+    ) AS written
+    ORDER BY n, i
 )
 
 -- name: cycle
@@ -226,14 +261,16 @@ logged AS (
 -- events of both (as logged takes them: n is the change's place, the settles first, then the starts); $7-$28 the
 -- settles (key, fence, fate, last_error, next_attempt_at, attempts and new fence (null: kept), updated_at, then the
 -- attempt, none where its id is null); $29-$35 the starts (key, fence, then the attempt); $36-$39 the claim (now,
--- owner, lease until, limit: 0 claims nothing). Any of them may be empty.
+-- owner, lease until, limit: 0 claims nothing); $40 and $41 the events the settles' and the starts' attempts keep
+-- (timeline.group's JSON each, as held_group stores it). Any of them may be empty.
 -- - settle: each intent still leased at its fence takes its fate, its lease cleared, its attempt inserted or
---   finished, its events appended;
+--   finished with its events (those of a settle with no attempt appended to events);
 -- - start: each intent still leased at its fence, with its lease unexpired when the attempt starts, is locked FOR
 --   KEY SHARE (a sweeper's recover, FOR UPDATE, then skips it until the attempt is in) and gets its attempt row,
---   unfinished, and its event; the intent row is not written;
--- - claim: up to $39 of the oldest due intents are leased to a worker, each fence bumped and a "leased" event
---   appended with the fence it was leased at. Rows another claimer has locked are skipped, never waited for. An
+--   unfinished, holding its event; the intent row is not written;
+-- - claim: up to $39 of the oldest due intents are leased to a worker, each fence bumped; no event is written (the
+--   lease's "leased" fact is recorded by its attempt's start, or by the move that ends it: unrecorded_lease; a
+--   flow-limited claim still writes it as a row). Rows another claimer has locked are skipped, never waited for. An
 --   intent of an ordered destination waits while an earlier one of its key is in the way (one seek of
 --   intents_ordering); the earlier one a concurrent claimer has just locked is still pending in this snapshot.
 --   Intents of destinations with a limit or a pause (limited) are left to outbox_claim_limited (migration 0013),
@@ -248,10 +285,10 @@ WITH settling AS (
     SELECT * FROM unnest($7::text[], $8::bigint[], $9::text[], $10::text[], $11::timestamptz[], $12::integer[],
                          $13::bigint[], $14::timestamptz[], $15::text[], $16::integer[], $17::bigint[], $18::text[],
                          $19::timestamptz[], $20::timestamptz[], $21::text[], $22::text[], $23::integer[], $24::text[],
-                         $25::text[], $26::text[], $27::float8[], $28::text[])
+                         $25::text[], $26::text[], $27::float8[], $28::text[], $40::text[])
         WITH ORDINALITY AS b (intent_key, fence, status, last_error, next_attempt_at, attempts, new_fence, updated_at,
                               attempt_id, number, attempt_fence, worker, started_at, finished_at, submission, outcome,
-                              status_code, reply, external_id, error, duration_ms, stage, n)
+                              status_code, reply, external_id, error, duration_ms, stage, held, n)
 ), settled AS (
     UPDATE intents SET status = b.status, last_error = b.last_error, lease_owner = NULL, lease_expires_at = NULL,
                        next_attempt_at = coalesce(b.next_attempt_at, intents.next_attempt_at),
@@ -260,34 +297,45 @@ WITH settling AS (
     FROM settling AS b
     WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'leased'
       AND intents.fence = b.fence
-    RETURNING intents.seq, intents.status, b.n
+    RETURNING intents.seq, intents.status, b.n, b.attempt_id
+), settling_leases AS (
+    SELECT seq, {lease_entry[intents]} AS lease FROM intents
+    WHERE intents.intent_key = ANY($7::text[]) AND {unrecorded_lease[intents]}
 ), finished AS (
     INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at, finished_at,
-                          submission, outcome, status_code, reply, external_id, error, duration_ms, stage)
+                          submission, outcome, status_code, reply, external_id, error, duration_ms, stage, events)
     SELECT b.attempt_id, settled.seq, b.number, b.attempt_fence, b.worker, b.started_at, b.finished_at, b.submission,
-           b.outcome, b.status_code, b.reply, b.external_id, b.error, b.duration_ms, b.stage
-    FROM settled JOIN settling AS b USING (n) WHERE b.attempt_id IS NOT NULL ORDER BY n
+           b.outcome, b.status_code, b.reply, b.external_id, b.error, b.duration_ms, b.stage,
+           {held_group[settled.seq, kept]}
+    FROM settled JOIN settling AS b USING (n) LEFT JOIN settling_leases AS lease USING (seq)
+    CROSS JOIN LATERAL (SELECT CASE WHEN lease.seq IS NULL THEN '[]'::jsonb ELSE jsonb_build_array(lease.lease) END
+                               || b.held::jsonb AS kept) AS k
+    WHERE b.attempt_id IS NOT NULL ORDER BY n
     ON CONFLICT (attempt_id) DO UPDATE SET
         finished_at = excluded.finished_at, submission = excluded.submission,
         outcome = excluded.outcome, status_code = excluded.status_code, reply = excluded.reply,
         external_id = excluded.external_id, error = excluded.error, duration_ms = excluded.duration_ms,
-        stage = excluded.stage
+        stage = excluded.stage, events = attempts.events || excluded.events
 ), starting AS (
-    SELECT intent_key, fence, attempt_id, number, attempt_fence, worker, started_at, i + cardinality($7::text[]) AS n
+    SELECT intent_key, fence, attempt_id, number, attempt_fence, worker, started_at, held,
+           i + cardinality($7::text[]) AS n
     FROM unnest($29::text[], $30::bigint[], $31::text[], $32::integer[], $33::bigint[], $34::text[],
-                $35::timestamptz[])
-        WITH ORDINALITY AS b (intent_key, fence, attempt_id, number, attempt_fence, worker, started_at, i)
+                $35::timestamptz[], $41::text[])
+        WITH ORDINALITY AS b (intent_key, fence, attempt_id, number, attempt_fence, worker, started_at, held, i)
 ), started AS (
-    SELECT intents.seq, starting.* FROM intents JOIN starting USING (intent_key)
+    SELECT intents.seq, starting.*,
+           CASE WHEN {unrecorded_lease[intents]} THEN jsonb_build_array({lease_entry[intents]}) ELSE '[]'::jsonb END
+           || starting.held::jsonb AS kept
+    FROM intents JOIN starting USING (intent_key)
     WHERE intents.intent_key = ANY($29::text[]) AND intents.status = 'leased' AND intents.fence = starting.fence
       AND intents.lease_expires_at > starting.started_at
     FOR KEY SHARE OF intents
 ), attempted AS (
-    INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at)
-    SELECT attempt_id, seq, number, attempt_fence, worker, started_at FROM started ORDER BY n
+    INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at, events)
+    SELECT attempt_id, seq, number, attempt_fence, worker, started_at, {held_group[seq, kept]} FROM started ORDER BY n
     ON CONFLICT (attempt_id) DO NOTHING
-), changed AS (
-    SELECT seq, n FROM settled UNION ALL SELECT seq, n FROM started
+), changed AS (  -- (the settles that record no attempt: the others' attempts keep their events)
+    SELECT seq, n FROM settled WHERE attempt_id IS NULL
 ), {logged}, limited AS MATERIALIZED (
     SELECT id FROM destinations WHERE $39 > 0 AND {limited}
 ), flow AS MATERIALIZED (
@@ -304,9 +352,6 @@ WITH settling AS (
                        updated_at = $36
     WHERE intents.seq = ANY(ARRAY(SELECT seq FROM due))  -- (an index scan of the few picked, never a seq scan)
     RETURNING intents.*
-), leased_logged AS (
-    INSERT INTO events (intent_seq, kind, at, actor, reason, data)
-    SELECT seq, 'leased', $36, $37, NULL, jsonb_build_object('fence', fence) FROM leased ORDER BY seq
 )
 SELECT (SELECT array_agg(n) FROM settled) AS settled_places, (SELECT array_agg(n) FROM started) AS started_places,
        (SELECT pg_notify('outbox_due', '') FROM settled WHERE status = 'pending' LIMIT 1) AS notified,
@@ -436,9 +481,16 @@ WITH changed AS (
                       WHERE attempts.intent_seq = intents.seq AND attempts.fence = intents.fence
                         AND attempts.finished_at IS NULL)
     RETURNING intents.seq, held.reason
-), logged AS (
+), logged AS (  -- each after its lease's "leased" fact if recorded nowhere yet (unrecorded_lease)
     INSERT INTO events (intent_seq, kind, at, actor, reason, data)
-    SELECT seq, 'lease_expired', $3, $4, reason, $5::jsonb FROM changed ORDER BY seq
+    SELECT seq, kind, at, actor, reason, data FROM (
+        SELECT before.seq, 0 AS i, 'leased' AS kind, before.updated_at AS at, before.lease_owner AS actor,
+               NULL::text AS reason, jsonb_build_object('fence', before.fence) AS data
+        FROM changed JOIN intents AS before ON before.seq = changed.seq WHERE {unrecorded_lease[before]}
+        UNION ALL
+        SELECT seq, 1, 'lease_expired', $3, $4, reason, $5::jsonb FROM changed
+    ) AS written
+    ORDER BY seq, i
 )
 SELECT seq, pg_notify('outbox_due', '') AS notified FROM changed;
 

@@ -7,6 +7,14 @@
 -- (filled from the block event_payload for the intents row it names): an intent of an event sends the payload stored
 -- once in the event's row (payload_event names it, migration 0018) and keeps none of its own; any other its own.
 
+-- name: unrecorded_lease
+-- Whether intents row {of} is leased under a lease whose "leased" fact is recorded nowhere yet (PostgreSQL's block says
+-- why): neither in an attempt started under its fence nor as a "leased" row (one written before 0019).
+({of}.status = 'leased'
+ AND NOT EXISTS (SELECT 1 FROM attempts AS under WHERE under.intent_seq = {of}.seq AND under.fence = {of}.fence)
+ AND NOT EXISTS (SELECT 1 FROM events AS lease WHERE lease.intent_seq = {of}.seq AND lease.kind = 'leased'
+                                                 AND json_extract(lease.data, '$.fence') = {of}.fence))
+
 -- name: event_payload
 -- The payload stored once for the event the intents row {of} sends it for (payload_event); NULL: it has its own.
 CASE WHEN {of}.payload_event IS NOT NULL
@@ -89,9 +97,14 @@ INSERT INTO events (intent_seq, kind, at, actor, reason, data) VALUES (?, ?, ?, 
 -- An intent's attempts, first to last.
 SELECT * FROM attempts WHERE intent_seq = ? ORDER BY number;
 
+-- name: lease_unrecorded
+-- Whether intent ? is leased under a lease whose "leased" fact is recorded nowhere yet: its timeline reads it
+-- from the intent's row.
+SELECT {unrecorded_lease[intents]} FROM intents WHERE seq = ?;
+
 -- name: events_of
--- An intent's history, oldest first.
-SELECT kind, at, actor, reason, data FROM events WHERE intent_seq = ? ORDER BY id;
+-- The rows of an intent's history, oldest first (with what its attempts keep, its timeline: outbox/store/timeline.py).
+SELECT id, kind, at, actor, reason, data FROM events WHERE intent_seq = ? ORDER BY id;
 
 -- name: claimable
 -- Not in the way of its key: an intent (as "due") of a destination with ordering 'key' waits while an earlier one
@@ -169,12 +182,6 @@ UPDATE intents SET status = 'leased', lease_owner = ?, lease_expires_at = ?, fen
                    updated_at = ?
 WHERE seq IN (SELECT value FROM json_each(?));
 
--- name: leased_events
--- The "leased" event of each intent just leased, with the fence it was leased at.
-INSERT INTO events (intent_seq, kind, at, actor, reason, data)
-SELECT seq, 'leased', ?, ?, NULL, json_object('fence', fence)
-FROM intents WHERE seq IN (SELECT value FROM json_each(?)) ORDER BY seq;
-
 -- name: intents_json
 -- Intents (a JSON array of seqs) as one JSON array of objects: one step, however many rows.
 SELECT json_group_array(json_object(
@@ -241,20 +248,25 @@ SELECT status, channel, count(*) FROM intents GROUP BY status, channel;
 SELECT min(next_attempt_at) FROM intents INDEXED BY intents_due WHERE status = 'pending' AND next_attempt_at <= ?;
 
 -- name: put_attempts
--- Record attempts, or their outcomes once known, from a JSON array of rows in column order.
+-- Record attempts, or their outcomes once known, from a JSON array of rows in column order, the last the events the
+-- write keeps in the attempt (outbox/store/timeline.py): appended as one group, after the intent's last events row.
 INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at, finished_at,
-                      submission, outcome, status_code, reply, external_id, error, duration_ms, stage)
+                      submission, outcome, status_code, reply, external_id, error, duration_ms, stage, events)
 SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'),
        json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]'),
        json_extract(value, '$[6]'), json_extract(value, '$[7]'), json_extract(value, '$[8]'),
        json_extract(value, '$[9]'), json_extract(value, '$[10]'), json_extract(value, '$[11]'),
-       json_extract(value, '$[12]'), json_extract(value, '$[13]'), json_extract(value, '$[14]')
+       json_extract(value, '$[12]'), json_extract(value, '$[13]'), json_extract(value, '$[14]'),
+       json_array(json_array(
+           coalesce((SELECT max(logged.id) FROM events AS logged
+                     WHERE logged.intent_seq = json_extract(value, '$[1]')), 0),
+           json(json_extract(value, '$[15]'))))
 FROM json_each(?) WHERE true
 ON CONFLICT (attempt_id) DO UPDATE SET
     finished_at = excluded.finished_at, submission = excluded.submission,
     outcome = excluded.outcome, status_code = excluded.status_code, reply = excluded.reply,
     external_id = excluded.external_id, error = excluded.error, duration_ms = excluded.duration_ms,
-    stage = excluded.stage;
+    stage = excluded.stage, events = json_insert(attempts.events, '$[#]', json(json_extract(excluded.events, '$[0]')));
 
 -- name: insert_events
 -- Append events from a JSON array of [intent_seq, kind, at, actor, reason, data] rows, in order.
@@ -304,9 +316,10 @@ ORDER BY destination = '*', revision DESC LIMIT 1;
 SELECT *, {event_payload[intents]} AS event_payload FROM intents WHERE {where} ORDER BY seq DESC LIMIT ?;
 
 -- name: update_targets
--- Where the intent of each of a set of changes (a JSON array of intent keys) stands:
--- [position, seq, status, fence, lease_expires_at] per key, seq null for an intent that does not exist.
-SELECT json_group_array(json_array(u.key, i.seq, i.status, i.fence, i.lease_expires_at))
+-- Where the intent of each of a set of changes (a JSON array of intent keys) stands: [position, seq, status, fence,
+-- lease_expires_at, updated_at, lease_owner, unrecorded_lease] per key, seq null for an intent that does not exist.
+SELECT json_group_array(json_array(u.key, i.seq, i.status, i.fence, i.lease_expires_at, i.updated_at, i.lease_owner,
+                                   {unrecorded_lease[i]}))
 FROM json_each(?) AS u LEFT JOIN intents AS i ON i.intent_key = u.value;
 
 -- name: settle
@@ -368,9 +381,10 @@ RETURNING *, {event_payload[intents]} AS event_payload;
 
 -- name: recoverable
 -- Move recover's intents: up to ?2 leases that ran out by ?1 with no attempt in flight (started under the
--- current fence, unfinished), as one JSON array of [seq, lease_owner].
-SELECT json_group_array(json_array(seq, lease_owner)) FROM (
-    SELECT seq, lease_owner FROM intents AS i INDEXED BY intents_lease
+-- current fence, unfinished), as one JSON array of [seq, lease_owner, updated_at, fence, unrecorded_lease].
+SELECT json_group_array(json_array(seq, lease_owner, updated_at, fence, unrecorded)) FROM (
+    SELECT seq, lease_owner, updated_at, fence, {unrecorded_lease[i]} AS unrecorded
+    FROM intents AS i INDEXED BY intents_lease
     WHERE status = 'leased' AND lease_expires_at <= ?1
       AND NOT EXISTS (SELECT 1 FROM attempts AS a
                       WHERE a.intent_seq = i.seq AND a.fence = i.fence AND a.finished_at IS NULL)

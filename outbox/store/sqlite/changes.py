@@ -15,7 +15,7 @@ from ...crash import crash_point
 from ...errors import OutboxError
 from ...flow import Held, Limit, allowance, next_token_at, refilled, usable_cap, usable_rate
 from ...model import Change, Intent, Start
-from .. import moves
+from .. import moves, timeline
 from ..plumbing import SetJob, to_us
 from ..protocol import Applied, Claim
 from .sql import READ, SQL, attempt_row, event_row, stored_row
@@ -36,8 +36,7 @@ def make_claim(conn: sqlite3.Connection, claim: Claim) -> tuple[list[Intent], li
         seqs = json.dumps(picked + rest)
     if seqs == "[]":
         return [], held
-    conn.execute(SQL["lease"], (claim.owner, to_us(claim.lease_until), at, seqs))
-    conn.execute(SQL["leased_events"], (at, claim.owner, seqs))
+    conn.execute(SQL["lease"], (claim.owner, to_us(claim.lease_until), at, seqs))  # (its "leased" fact: timeline.py)
     rows = json.loads(conn.execute(SQL["intents_json"], (seqs,)).fetchone()[0])
     return sorted((READ.intent(r) for r in rows), key=lambda i: i.next_attempt_at), held
 
@@ -101,7 +100,7 @@ def _make_round(conn: sqlite3.Connection, changes: list[tuple[int, Change]],
     attempts: list[list[Any]] = []
     events: list[list[Any]] = []
     outcome = False  # whether an attempt's outcome is among the writes
-    for position, seq, status, fence, lease_expires_at in json.loads(found[0]):
+    for position, seq, status, fence, lease_expires_at, updated_at, lease_owner, unrecorded in json.loads(found[0]):
         i, change = changes[position]
         refused = moves.refusal(change, None if seq is None else (status, fence, READ.at(lease_expires_at)))
         if refused is not None:
@@ -111,11 +110,13 @@ def _make_round(conn: sqlite3.Connection, changes: list[tuple[int, Change]],
             answered[seq] = i
         if not isinstance(change, Start):
             rows.setdefault(change.move, []).append(stored_row(seq, moves.written(change)))
+        lease = (timeline.lease_fact(READ.at(updated_at), lease_owner, fence),) if unrecorded else ()
         attempt = moves.attempt(change)
         if attempt is not None:
-            attempts.append(attempt_row(seq, attempt))
+            attempts.append([*attempt_row(seq, attempt), timeline.group((*lease, *timeline.held(change)))])
             outcome = outcome or attempt.finished_at is not None
-        events += [event_row(seq, e) for e in moves.events(change)]
+        else:
+            events += [event_row(seq, e) for e in (*lease, *timeline.logged(change))]
     for move, values in rows.items():
         for row in conn.execute(SQL[move], (json.dumps(values),)).fetchall():  # the operators' moves return rows
             results[answered[row["seq"]]] = READ.intent(row)
@@ -158,6 +159,8 @@ class Recover:
         if not recovered:
             return 0
         conn.execute(SQL["recover"], (at, found))
-        events = [event_row(seq, moves.recovered_event(owner, self.now, self.actor)) for seq, owner in recovered]
+        events = [event_row(seq, e) for seq, owner, leased_at, fence, unrecorded in recovered for e in (
+            *((timeline.lease_fact(READ.at(leased_at), owner, fence),) if unrecorded else ()),
+            moves.recovered_event(owner, self.now, self.actor))]
         conn.execute(SQL["insert_events"], (json.dumps(events),))
         return len(recovered)

@@ -22,6 +22,7 @@ from ...grants import Grant, GrantSpec
 from ...keyring import Keyring, required
 from ...model import Attempt, Change, Enqueued, Event, Intent, NewIntent, check_change
 from ...tokens import ConsoleSession, TokenInfo
+from .. import timeline
 from ..lookups import Lookups
 from ..migrator import run_migrations, scripts_for
 from ..plumbing import GroupCommitter, connect, on_thread, to_us, unavailable
@@ -248,10 +249,15 @@ class SqliteStore(SqliteEvents, Lookups):
                 if row is None:
                     return History()
                 seq = row["seq"]
+                attempts = conn.execute(SQL["attempts_of"], (seq,)).fetchall()
+                intent = READ.intent(row)
                 return History(
-                    attempts=[READ.attempt(r) for r in conn.execute(SQL["attempts_of"], (seq,))],
-                    events=[READ.event(r) for r in conn.execute(SQL["events_of"], (seq,))],
-                    intent=READ.intent(row),
+                    attempts=[READ.attempt(r) for r in attempts],
+                    events=timeline.merged(((r["id"], READ.event(r)) for r in conn.execute(SQL["events_of"], (seq,))),
+                                           ((r["number"], r["events"]) for r in attempts),
+                                           timeline.current_lease(intent, conn.execute(
+                                               SQL["lease_unrecorded"], (seq,)).fetchone()[0])),
+                    intent=intent,
                 )
             finally:
                 conn.execute("COMMIT")

@@ -1,0 +1,82 @@
+"""An intent's history as one timeline read from two places, the same for every dialect.
+
+What an attempt's start and its settle record (``attempt_started``; ``attempt_finished``, a
+``reconciled`` answer and the fate, ``delivered`` or ``scheduled_retry`` ...) is kept in the
+attempt's own row (its ``events`` column, migration 0019), not as rows of ``events``, and so is
+the ``leased`` fact of the lease it started under: the claim writes no event (its lease's time,
+owner and fence are in the intent's row until the lease ends), and the start records it in the
+attempt's row. A lease that ends with no attempt started (released, held, recovered, settled
+unsent) gets its ``leased`` row from the move that ends it, and a lease's fact still only in the
+intent's row is read from there (``current_lease``). A delivery then inserts one attempt row and
+no event rows. Every other fact (``enqueued``, ``held``, authority denials, releases, recoveries,
+operators' moves, a settle with no attempt; a flow-limited claim's ``leased``) stays a row of
+``events``. Nothing is lost or rewritten; only where it is kept moved.
+
+An attempt's ``events`` is a JSON array of groups, one per write (its start, its settle), each
+``[after, [[kind, at, actor, reason, data], ...]]``: ``after`` is the id of the intent's last
+``events`` row when the group was written (0: none), ``at`` ISO 8601 text. The timeline is the
+rows by id, each group placed after the row it names, groups after the same row in the order of
+their attempts and writes: the order the events were written in, as when each was a row.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from ..model import Change, Event, EventKind, Intent, Settle, Start
+
+
+def held(change: Change) -> tuple[Event, ...]:
+    """The events ``change`` keeps in its attempt's row: all of a start's and of a settle's that
+    records an attempt; none of any other change's."""
+    if isinstance(change, Start):
+        return (change.event,)
+    if isinstance(change, Settle) and change.attempt is not None:
+        return change.events
+    return ()
+
+
+def logged(change: Change) -> tuple[Event, ...]:
+    """The events ``change`` appends as rows of ``events``: those its attempt does not keep."""
+    if isinstance(change, Start) or (isinstance(change, Settle) and change.attempt is not None):
+        return ()
+    return change.events
+
+
+def lease_fact(leased_at: datetime, owner: str, fence: int) -> Event:
+    """The "leased" fact of a lease its claim recorded only in the intent's row (its updated_at,
+    lease_owner and fence until the lease ends), as the move that starts its attempt or ends it
+    writes it (PostgreSQL's blocks unrecorded_lease and lease_entry say when, in its SQL)."""
+    return Event(EventKind.LEASED, leased_at, owner, None, {"fence": fence})
+
+
+def group(events: Sequence[Event]) -> str:
+    """Events as the JSON text of a group's entries (its ``after`` is the statement's to add)."""
+    return json.dumps([[e.kind.value, e.at.isoformat(), e.actor, e.reason, dict(e.data)] for e in events])
+
+
+def current_lease(intent: Intent, unrecorded: object) -> Event | None:
+    """The "leased" fact of ``intent``'s lease while it is recorded only in its row (the store's
+    ``unrecorded_lease`` says so): the last of its timeline, since nothing recorded came after."""
+    if not unrecorded or intent.lease_owner is None:
+        return None
+    return lease_fact(intent.updated_at, intent.lease_owner, intent.fence)
+
+
+def merged(rows: Iterable[tuple[int, Event]], attempts: Iterable[tuple[int, str | None]],
+           lease: Event | None = None) -> list[Event]:
+    """The timeline of an intent's ``(id, event)`` rows, its attempts' ``(number, events)`` and
+    the fact of its lease that only its row records (``current_lease``)."""
+    placed: list[tuple[tuple[int, ...], Event]] = [((id_, 0), event) for id_, event in rows]
+    for number, groups in attempts:
+        for written, (after, entries) in enumerate(json.loads(groups or "[]")):
+            placed += [((after, 1, number, written, i), _event(entry)) for i, entry in enumerate(entries)]
+    return [event for _, event in sorted(placed, key=lambda found: found[0])] + ([lease] if lease else [])
+
+
+def _event(entry: Sequence[Any]) -> Event:
+    kind, at, actor, reason, data = entry
+    return Event(kind, datetime.fromisoformat(at), actor, reason, data)
