@@ -19,11 +19,10 @@ from typing import Any
 from outbox import Attempt, Destination, Event, EventKind, Intent, Outbox, Outcome, Status, Submission, channels
 from outbox.ids import uuid7
 from outbox.model import SETTLED, Hold, Release, Settle, Start
-from outbox.timestamps import later
 
 from .authority import Decision
 from .channel import Channel, SendResult
-from .decision import Fate, Policy, decide, pause_until
+from .decision import Fate, Policy, decide, pause_until, reconciled
 from .leases import Lease, log_fields
 
 log = logging.getLogger("outbox.sender")
@@ -149,19 +148,7 @@ class Outcomes:
         event = Event(EventKind.RECONCILED, now, self.worker, answer.error,
                       {"state": answer.state, "fence": probe_fence, "status_code": answer.status_code,
                        "external_id": answer.external_id})
-        if answer.state == "completed":
-            fate = Fate(Status.DELIVERED, EventKind.DELIVERED,
-                        f"reconciled: the receiver completed it (answered {answer.status_code})")
-        elif answer.state == "absent":
-            fate = Fate(Status.PENDING, EventKind.SCHEDULED_RETRY,
-                        "reconciled: the receiver never ran it and now refuses the earlier attempt; "
-                        "retrying is safe", now)
-        elif answer.state == "in_progress":
-            fate = Fate(Status.PENDING, EventKind.SCHEDULED_RETRY, "reconciled: still in progress at the receiver",
-                        later(now, self.policy.backoff.delay(1)))
-        else:
-            fate = Fate(Status.UNKNOWN, EventKind.UNKNOWN, f"{fate.reason}; {answer.error}")
-        return fate, [event], probe_fence
+        return reconciled(fate, answer, now, self.policy), [event], probe_fence
 
     def settle(self, intent: Intent, fate: Fate, events: list[Event], *,
                attempt: Attempt | None = None, new_fence: int | None = None) -> Entry:
