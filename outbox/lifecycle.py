@@ -111,6 +111,9 @@ SETTLED: frozenset[Status] = frozenset(
 )
 #: Statuses in which an intent still waits for something to happen to it.
 OPEN: frozenset[Status] = frozenset({Status.PENDING, Status.LEASED, Status.HELD, Status.UNKNOWN})
+#: Statuses in which an intent stopped undelivered and stays until an operator acts: under ordering, the later
+#: intents of its key wait for it while its destination blocks on them (``ordering_on_dead``).
+STOPPED: frozenset[Status] = frozenset({Status.DEAD, Status.REVOKED})
 #: Statuses an operator may replay from: nothing was delivered, or nothing is known to have been.
 REPLAYABLE: frozenset[Status] = frozenset({Status.DEAD, Status.REVOKED, Status.UNKNOWN})
 

@@ -16,14 +16,14 @@ import logging
 import time
 from datetime import datetime
 
-from outbox import Destination, Event, EventKind, Intent, Outbox, SecretsKeyError, Status, StoreUnavailable
+from outbox import Destination, Event, EventKind, Intent, Outbox, SecretsKeyError, StoreUnavailable
 from outbox.destinations import deadline
 from outbox.model import Hold
 from outbox.timestamps import later
 
 from .authority import AuthorityRequest, CachedAuthority, Decision, Verdict
 from .circuit import Circuits
-from .decision import Fate, Policy
+from .decision import Policy, denied, expired, set_aside
 from .leases import UNREAD, Lease, Unread, log_fields
 from .outcomes import Entry, Outcomes
 
@@ -130,8 +130,7 @@ class Checks:
                                              log.info, "not sent: destination %s; parked for %.0fs", why, wait,
                                              extra=log_fields(intent, None, self.worker)))
         if (ends := deadline(intent, destination)) is not None and now >= ends.at:
-            expired = Fate(Status.DEAD, EventKind.DEAD_LETTERED, f"expired before it could be sent: past {ends.why}")
-            return self.outcomes.settle(intent, expired, [])
+            return self.outcomes.settle(intent, expired(ends.why), [])
         if (paused := self.circuits.hold(destination, now)) is not None:
             return self.outcomes.release(intent, paused[1], paused[0])  # nothing sent, no attempt made
         if destination.paused_until is not None and now < destination.paused_until:  # leased before the pause
@@ -160,7 +159,7 @@ class Checks:
                 applied=functools.partial(log.warning, "not sent: authority unavailable (%s); again in %.0fs",
                                           decision.reason, wait, extra=log_fields(intent, None, self.worker)))
         self.outbox.metrics.authority_denials.inc()
-        return self.outcomes.settle(intent, Fate(Status.REVOKED, EventKind.REVOKED, decision.reason), [checked])
+        return self.outcomes.settle(intent, denied(decision.reason), [checked])
 
     async def fetch(self, lease: Lease) -> Entry | None:
         """Read what a lease's checks need (its destination, then, where it would be sent, the
@@ -197,9 +196,7 @@ class Checks:
         """Dead-letter an intent whose stored times cannot be read (``Intent.unreadable``), before
         any attempt: nothing is sent, so nothing is claimed about its delivery, and the intents
         beside it go on. An operator shows it and cancels it (it cannot be replayed)."""
-        reason = (f"set aside unsent: {intent.unreadable}; cancel it, and enqueue it again with times "
-                  "the outbox takes")
-        entry = self.outcomes.settle(intent, Fate(Status.DEAD, EventKind.DEAD_LETTERED, reason), [])
+        entry = self.outcomes.settle(intent, set_aside(intent.unreadable or ""), [])
         settled = entry.applied
 
         def counted() -> None:

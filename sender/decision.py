@@ -1,4 +1,7 @@
-"""What an attempt's result means for its intent: the one place the delivery policy lives."""
+"""What happens to an intent: the one place the delivery policy lives. ``decide`` says what an
+attempt's result means for it; the checks before an attempt (``expired``, ``denied``,
+``set_aside``), a receiver's answer to the reconcile probe (``reconciled``) and the sweeper's
+recovery of a lease whose destination is gone (``orphaned``) take their fates from here too."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from outbox.destinations import deadline
 from outbox.timestamps import later
 
 from .backoff import Backoff, exhausted, honoured
-from .channel import SendResult
+from .channel import ProbeAnswer, SendResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +88,46 @@ def decide(
                     f"{result.error}; the next attempt would fall outside the receiver's "
                     f"declared retention of {destination.retention_seconds}s")
     return Fate(Status.PENDING, EventKind.SCHEDULED_RETRY, f"{result.outcome.value}: {result.error}", due)
+
+
+def expired(why: str) -> Fate:
+    """An intent whose time ran out (``why``: its expires_at or its destination's max age) before
+    an attempt: dead, nothing sent."""
+    return Fate(Status.DEAD, EventKind.DEAD_LETTERED, f"expired before it could be sent: past {why}")
+
+
+def denied(reason: str) -> Fate:
+    """An intent the authority refused just before its attempt: revoked, kept as a fact, nothing sent."""
+    return Fate(Status.REVOKED, EventKind.REVOKED, reason)
+
+
+def set_aside(unreadable: str) -> Fate:
+    """An intent whose stored times cannot be read (``Intent.unreadable``): dead before any
+    attempt, so nothing is claimed about its delivery; an operator cancels it."""
+    return Fate(Status.DEAD, EventKind.DEAD_LETTERED,
+                f"set aside unsent: {unreadable}; cancel it, and enqueue it again with times the outbox takes")
+
+
+def reconciled(fate: Fate, answer: ProbeAnswer, now: datetime, policy: Policy) -> Fate:
+    """What a receiver's answer to the reconcile probe makes of an ``unknown`` ``fate``:
+    ``completed`` is delivered, ``absent`` a retry that is safe now, ``in_progress`` a look again
+    later; anything else leaves it unknown, saying why."""
+    if answer.state == "completed":
+        return Fate(Status.DELIVERED, EventKind.DELIVERED,
+                    f"reconciled: the receiver completed it (answered {answer.status_code})")
+    if answer.state == "absent":
+        return Fate(Status.PENDING, EventKind.SCHEDULED_RETRY,
+                    "reconciled: the receiver never ran it and now refuses the earlier attempt; retrying is safe", now)
+    if answer.state == "in_progress":
+        return Fate(Status.PENDING, EventKind.SCHEDULED_RETRY, "reconciled: still in progress at the receiver",
+                    later(now, policy.backoff.delay(1)))
+    return Fate(Status.UNKNOWN, EventKind.UNKNOWN, f"{fate.reason}; {answer.error}")
+
+
+def orphaned(reason: str, now: datetime) -> Fate:
+    """An expired lease whose attempt may have been sent, to a destination that is gone: nothing
+    to judge it against, so due again now, and parked when it is next claimed."""
+    return Fate(Status.PENDING, EventKind.LEASE_EXPIRED, reason + " and its destination is gone", now)
 
 
 def _why_not_again(intent: Intent, destination: Destination, attempts_made: int, tries: int,

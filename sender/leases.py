@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from outbox import Attempt, Destination, Intent, StoreUnavailable
 from outbox.clock import Clock
 from outbox.ids import KEY_SEPARATOR
-from outbox.store.protocol import Store
+from outbox.store.protocol import Delivery
 from outbox.timestamps import later
 
 from .authority import Decision
@@ -53,7 +53,7 @@ class Heartbeat:
     """Renews the leases held every third of their length, and says whether one is confirmed
     far enough ahead to start a send on it."""
 
-    def __init__(self, store: Store, clock: Clock, length: timedelta, worker: str, held: dict[str, Lease],
+    def __init__(self, store: Delivery, clock: Clock, length: timedelta, worker: str, held: dict[str, Lease],
                  flushing: set[str]) -> None:
         self.store = store
         self.clock = clock

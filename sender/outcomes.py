@@ -19,11 +19,10 @@ from typing import Any
 from outbox import Attempt, Destination, Event, EventKind, Intent, Outbox, Outcome, Status, Submission, channels
 from outbox.ids import uuid7
 from outbox.model import SETTLED, Hold, Release, Settle, Start
-from outbox.timestamps import later
 
 from .authority import Decision
 from .channel import Channel, SendResult
-from .decision import Fate, Policy, decide, pause_until
+from .decision import Fate, Policy, decide, pause_until, reconciled
 from .leases import Lease, log_fields
 
 log = logging.getLogger("outbox.sender")
@@ -82,7 +81,14 @@ class Outcomes:
 
     async def finish(self, intent: Intent, destination: Destination, attempt: Attempt, result: SendResult,
                      seconds: float) -> Entry:
-        """The entry of an attempt that came back with ``result`` after ``seconds``."""
+        """The entry of an attempt that came back with ``result`` after ``seconds``.
+
+        A receiver's 410 (disable) or 429/503 with Retry-After (pause) is written at once, in a
+        write of its own, not in the cycle's commit with the outcome: every worker's next claim
+        must see it (the cycle's commit may wait for the next cycle, while the other leases to the
+        destination would still be sent), and whoever reads the outcome then sees the destination
+        as the receiver left it. A crash between the two leaves the pause or the disable, which the
+        receiver asked for, and the attempt to the sweeper, as any attempt in flight."""
         now = self.clock.now()
         finished = finished_attempt(attempt, result, now, round(seconds * 1000, 3))
         if result.disable_destination:  # before the outcome, so whoever sees the 410 sees it disabled
@@ -90,7 +96,7 @@ class Outcomes:
             self._forget_destination(destination.id)
             log.warning("destination %s disabled: it answered 410 Gone", destination.id,
                         extra=log_fields(intent, attempt, self.worker))
-        if (until := pause_until(result, now, self.policy)) is not None:  # before the outcome, as above
+        if (until := pause_until(result, now, self.policy)) is not None:  # at once too, as above
             await self.store.pause_destination(destination.id, until)
             self._forget_destination(destination.id)  # its leases not yet started are given back
             log.info("destination %s paused until %s: it answered %s with Retry-After", destination.id,
@@ -149,19 +155,7 @@ class Outcomes:
         event = Event(EventKind.RECONCILED, now, self.worker, answer.error,
                       {"state": answer.state, "fence": probe_fence, "status_code": answer.status_code,
                        "external_id": answer.external_id})
-        if answer.state == "completed":
-            fate = Fate(Status.DELIVERED, EventKind.DELIVERED,
-                        f"reconciled: the receiver completed it (answered {answer.status_code})")
-        elif answer.state == "absent":
-            fate = Fate(Status.PENDING, EventKind.SCHEDULED_RETRY,
-                        "reconciled: the receiver never ran it and now refuses the earlier attempt; "
-                        "retrying is safe", now)
-        elif answer.state == "in_progress":
-            fate = Fate(Status.PENDING, EventKind.SCHEDULED_RETRY, "reconciled: still in progress at the receiver",
-                        later(now, self.policy.backoff.delay(1)))
-        else:
-            fate = Fate(Status.UNKNOWN, EventKind.UNKNOWN, f"{fate.reason}; {answer.error}")
-        return fate, [event], probe_fence
+        return reconciled(fate, answer, now, self.policy), [event], probe_fence
 
     def settle(self, intent: Intent, fate: Fate, events: list[Event], *,
                attempt: Attempt | None = None, new_fence: int | None = None) -> Entry:

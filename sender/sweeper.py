@@ -21,7 +21,6 @@ from outbox import (
     Outbox,
     Outcome,
     SecretsKeyError,
-    Status,
     StoreUnavailable,
     Submission,
     operations,
@@ -30,7 +29,7 @@ from outbox.crash import crash_point
 from outbox.model import Settle
 
 from .channel import SendResult
-from .decision import Fate
+from .decision import orphaned
 from .leases import log_fields
 from .outcomes import Entry, Outcomes, finished_attempt, follow_up
 
@@ -117,9 +116,8 @@ class Sweeper:
                             error=reason + " while its attempt was in flight; it may have been sent")
         finished = finished_attempt(attempt, result, now)
         if destination is None:  # nowhere to judge it against: due again, parked when claimed
-            entry = self.outcomes.settle(intent, Fate(Status.PENDING, EventKind.LEASE_EXPIRED,
-                                                      reason + " and its destination is gone", now), [],
-                                         attempt=finished, new_fence=intent.fence + 1)
+            entry = self.outcomes.settle(intent, orphaned(reason, now), [], attempt=finished,
+                                         new_fence=intent.fence + 1)
         else:
             entry = await self.outcomes.conclude(
                 intent, destination, result, finished,

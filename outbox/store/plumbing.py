@@ -12,6 +12,7 @@ from receivers.queries import Queries
 from receivers.sqlite_writer import SetJob, from_us, to_us
 
 from ..errors import StoreUnavailable
+from ..lifecycle import OPEN, STOPPED, Status
 
 SQLITE = _sqlite.Sqlite(StoreUnavailable)
 connect, on_thread, unavailable = SQLITE.connect, SQLITE.on_thread, SQLITE.unavailable
@@ -22,6 +23,28 @@ __all__ = ["SQLITE", "GroupCommitter", "SetJob", "connect", "from_us", "on_threa
 #: an intent of an event sends (``event_payload``), whether its lease's "leased" fact is recorded nowhere yet
 #: (``unrecorded_lease``) and that fact as an attempt keeps it (``lease_entry``).
 _ROW_RULE = re.compile(r"\{(event_payload|unrecorded_lease|lease_entry)\[(\w+)\]\}")
+
+
+def _listed(statuses: list[Status]) -> str:
+    return ", ".join(f"'{status.value}'" for status in statuses)
+
+
+def with_ordering_rule(sql: dict[str, str], into: tuple[str, ...]) -> dict[str, str]:
+    """``sql`` with the ordering rule, ``in_the_way`` (its statuses lifecycle's OPEN and STOPPED),
+    filled into ``claimable`` and ``waiting_behind``, and ``claimable`` into the statements named
+    ``into``: what is in a key's way is written once per dialect, whoever asks."""
+    # (listed as the partial index intents_ordering's predicate lists them, which SQLite matches term by term:
+    # the open statuses in their lifecycle order, then the stopped by name)
+    rule = _bare(sql["in_the_way"]).format(open=_listed([s for s in Status if s in OPEN]),
+                                           stopped=_listed(sorted(STOPPED, key=lambda s: s.value)))
+    done = {**sql, "claimable": _bare(sql["claimable"]).format(in_the_way=rule),
+            "waiting_behind": sql["waiting_behind"].format(in_the_way=rule)}
+    return {**done, **{name: done[name].replace("{claimable}", done["claimable"]) for name in into}}
+
+
+def _bare(fragment: str) -> str:
+    """A fragment's SQL without its comment lines, to fill into a statement's line."""
+    return "\n".join(line for line in fragment.splitlines() if not line.lstrip().startswith("--"))
 
 
 def statements(dialect: str) -> dict[str, str]:

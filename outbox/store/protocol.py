@@ -197,12 +197,8 @@ class Transaction(Protocol):
         ...
 
 
-class Store(Protocol):
-    """An outbox database."""
-
-    dialect: str
-    #: Seals and opens destination secrets (``outbox.keyring``); ``Outbox.open`` gives it one.
-    keyring: Keyring | None
+class Schema(Protocol):
+    """The database itself: connecting, migrating, and the caller's own transaction."""
 
     async def open(self) -> None:
         """Connect; does not migrate."""
@@ -225,6 +221,10 @@ class Store(Protocol):
         (An enqueue on the caller's own connection needs no store: ``outbox.connections``.)"""
         ...
 
+
+class Producing(Protocol):
+    """What producers write: intents and events, each decided and recorded in one commit."""
+
     async def insert_intent(self, new: NewIntent, event: Event) -> Enqueued:
         """Create an intent (pending, or held if its destination requires approval) with its
         first event; the same key (scope/action_id), destination and digest returns the existing one.
@@ -239,10 +239,6 @@ class Store(Protocol):
         """``insert_intent`` for many in one transaction, each on its own: an intent refused
         (UnknownDestination, IntentConflict, InvalidInput) is answered by its error in its place
         and writes nothing; the others commit together, or (the commit failing) none does."""
-        ...
-
-    async def get_intent(self, key: str) -> Intent | None:
-        """One intent, or None."""
         ...
 
     async def publish(self, new: NewEvent, *, granted_only: bool, max_fanout: int | None = None) -> Published:
@@ -272,6 +268,14 @@ class Store(Protocol):
         NotFound when the event does not exist (writing nothing)."""
         ...
 
+
+class Reading(Protocol):
+    """What readers ask of intents and events (the API, the console, the CLI, harnesses)."""
+
+    async def get_intent(self, key: str) -> Intent | None:
+        """One intent, or None."""
+        ...
+
     async def get_event(self, key: str) -> StoredEvent | None:
         """One event (scope/event_id) with its fan-out, or None."""
         ...
@@ -295,6 +299,16 @@ class Store(Protocol):
     async def list_intents(self, query: IntentQuery) -> Page:
         """A page of intents matching ``query``, newest first."""
         ...
+
+    async def waiting_behind(self, key: str) -> Intent | None:
+        """The earliest intent that keeps this pending intent of an ordered destination from being
+        claimed (an earlier open intent of its key, or a dead or revoked one the destination blocks
+        on), as ``claim`` judges it; None when nothing does, or the intent is not pending."""
+        ...
+
+
+class Delivery(Protocol):
+    """What the sender's cycles and sweeper change: claims, leases and the moves of intents."""
 
     async def apply(self, changes: Sequence[Change], *, claim: Claim | None = None) -> Applied:
         """Make each change's move (``outbox.model.MOVES``) as one set per move, in one transaction
@@ -328,12 +342,6 @@ class Store(Protocol):
         is paused; what they hold back stays pending, with no attempt and no event."""
         ...
 
-    async def waiting_behind(self, key: str) -> Intent | None:
-        """The earliest intent that keeps this pending intent of an ordered destination from being
-        claimed (an earlier open intent of its key, or a dead or revoked one the destination blocks
-        on), as ``claim`` judges it; None when nothing does, or the intent is not pending."""
-        ...
-
     async def renew_leases(self, held: Sequence[tuple[str, int]], until: datetime) -> list[str]:
         """Extend the leases ``(key, fence)`` still held; returns the keys lost."""
         ...
@@ -352,6 +360,19 @@ class Store(Protocol):
         nor (given ``now``) one due by ``now`` of a destination with a limit or a pause, which a
         claim at ``now`` held back."""
         ...
+
+    async def disable_destination(self, destination_id: str, at: datetime) -> None:
+        """Mark a destination disabled (it answered 410 Gone)."""
+        ...
+
+    async def pause_destination(self, destination_id: str, until: datetime) -> None:
+        """Claim none of a destination's intents until ``until`` (its receiver asked, 429 or 503
+        with Retry-After), unless it is paused longer already."""
+        ...
+
+
+class Operations(Protocol):
+    """What operators and the metrics read of the whole: pruning, counts, activity, failures."""
 
     async def prune(self, before: datetime, *, dry_run: bool, limit: int | None) -> list[str]:
         """Delete up to ``limit`` (None: all) delivered or cancelled intents last changed before
@@ -382,14 +403,9 @@ class Store(Protocol):
         most ``limit`` (through the index on start times, as ``activity``)."""
         ...
 
-    async def disable_destination(self, destination_id: str, at: datetime) -> None:
-        """Mark a destination disabled (it answered 410 Gone)."""
-        ...
 
-    async def pause_destination(self, destination_id: str, until: datetime) -> None:
-        """Claim none of a destination's intents until ``until`` (its receiver asked, 429 or 503
-        with Retry-After), unless it is paused longer already."""
-        ...
+class Registry(Protocol):
+    """The registries intents depend on: destinations and their sealed secrets, grants, tokens and console sessions."""
 
     async def put_grant(self, grant_id: str, spec: GrantSpec, at: datetime) -> tuple[Grant, bool]:
         """Create or replace a grant (its revision goes up); True when it was new."""
@@ -477,6 +493,15 @@ class Store(Protocol):
     async def close_console_session(self, id_hash: str) -> None:
         """Remove a console session (none with this hash: nothing happens)."""
         ...
+
+
+class Store(Schema, Producing, Reading, Delivery, Operations, Registry, Protocol):
+    """An outbox database: every role above. A part of the outbox that needs one role asks for
+    that role's protocol, so a new store or a test double implements what it serves."""
+
+    dialect: str
+    #: Seals and opens destination secrets (``outbox.keyring``); ``Outbox.open`` gives it one.
+    keyring: Keyring | None
 
 
 @runtime_checkable

@@ -6,7 +6,7 @@ The target is ``outbox --help`` and a completion request under 150 ms on these m
 ratio against ``python -c pass`` is what to compare across machines and loads. Nothing here
 asserts on timing.
 
-    python tests/bench/bench_cli.py [--rounds R]
+    python tests/bench/bench_cli.py [--rounds R] [--quick]
 """
 
 from __future__ import annotations
@@ -40,8 +40,10 @@ def once(argv: list[str], env: dict[str, str]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (15; --quick 3)")
+    parser.add_argument("--quick", action="store_true", help="3 rounds: a check that it runs")
     args = parser.parse_args()
+    args.rounds = args.rounds or (3 if args.quick else 15)
     times: dict[str, list[float]] = {name: [] for name in CASES}
     for argv, env in CASES.values():  # warm the file cache and the bytecode
         once(argv, env)

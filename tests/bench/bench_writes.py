@@ -14,7 +14,7 @@ in the same run: each round measures both, in turns,
 each in a subprocess whose ``PYTHONPATH`` is its checkout, and prints both columns and their
 ratio. Counts do not depend on the machine's load; the CPU and time columns do.
 
-    python tests/bench/bench_writes.py [--n N] [--rounds R] [--batch B] [--against DIR]
+    python tests/bench/bench_writes.py [--n N] [--rounds R] [--batch B] [--against DIR] [--quick]
 """
 
 from __future__ import annotations
@@ -195,13 +195,17 @@ async def child(args: argparse.Namespace) -> int:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = harness.new_parser(__doc__)
     add = parser.add_argument
-    add("--n", type=int, default=2_000, help="intents enqueued and delivered per run (2,000)")
-    add("--rounds", type=int, default=3, help="runs of each checkout (3)")
+    add("--n", type=int, help="intents enqueued and delivered per run (2,000; --quick 200)")
+    add("--rounds", type=int, help="runs of each checkout (3; --quick 1)")
+    add("--quick", action="store_true", help="--n 200 --rounds 1: a check that it runs, not a measurement")
     add("--batch", type=int, default=32, help="starts, outcomes and claim per apply (32)")
     add("--against", help="a second checkout to measure beside this one (e.g. main's)")
     add("--pg", default=ADMIN_DSN, help=f"the server's administrative DSN ({ADMIN_DSN}; env OUTBOX_TEST_PG_DSN)")
     add("--child", action="store_true", help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.n = args.n or (200 if args.quick else 2_000)
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

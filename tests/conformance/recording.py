@@ -11,8 +11,10 @@ from outbox.store import Store, Transaction
 
 
 def protocol_methods(protocol: type) -> set[str]:
-    """The public methods a Protocol class declares."""
-    return {name for name, value in vars(protocol).items() if callable(value) and not name.startswith("_")}
+    """The public methods a Protocol class declares, with those of the protocols it joins (the
+    store's roles)."""
+    return {name for cls in protocol.__mro__ if cls.__module__ == protocol.__module__
+            for name, value in vars(cls).items() if callable(value) and not name.startswith("_")}
 
 
 #: Every method the suite must call: the store's, and the transaction's as ``transaction().NAME``.

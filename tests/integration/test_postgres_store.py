@@ -31,6 +31,7 @@ from outbox import (
 )
 from outbox.clock import OffsetClock
 from outbox.errors import InvalidInput, NotFound, NoTransaction, StaleWrite
+from outbox.flow import RateLimit
 from outbox.grants import GrantSpec
 from outbox.keyring import generate_key, key_id
 from outbox.model import (
@@ -474,6 +475,45 @@ async def test_recover_leaves_an_intent_whose_attempt_start_is_under_way(box, pg
 
 
 # -- the database's clock ----------------------------------------------------------------------
+
+
+async def test_a_flow_limited_claim_writes_no_event_row_and_reads_as_the_other_claims_leases(box, pg_url):
+    """The flow-limited claim (the function the store creates) records its lease as the other
+    claims do: nowhere but the intent row until its attempt starts or its lease ends, and the
+    timeline shows it the same."""
+    await box.put_destination("metered", DestinationSpec(url="https://metered.example/hook", secret=SECRET,
+                                                         rate_limit=RateLimit(per_second=100, burst=10)))
+    await box.enqueue_many([{"destination": d, "scope": "acme", "action_id": d, "payload": {}}
+                            for d in ("metered", "billing")])
+    claimed = await box.store.claim("w1", now=T0 + LEASE, lease_until=T0 + 2 * LEASE, limit=10)
+    assert sorted(i.destination for i in claimed) == ["billing", "metered"]
+    conn = await asyncpg.connect(pg_url)
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM events WHERE kind = 'leased'") == 0
+    finally:
+        await conn.close()
+    limited, unlimited = [await box.store.history(f"acme/{d}") for d in ("metered", "billing")]
+    assert [e.kind for e in limited.events] == [e.kind for e in unlimited.events] == ["enqueued", "leased"]
+
+
+async def test_migrate_creates_the_stores_functions_from_their_named_sql_and_replaces_an_older_body(box, pg_url):
+    """outbox_claim_limited is the store's named SQL (its ordering rule the claims' own), made at
+    migrate, not a migration's body: a database whose function another release made gets this
+    one's, and an unchanged one is left alone."""
+    signature = "outbox_claim_limited(text, timestamptz, timestamptz, integer)"
+    script = next(m.script for m in migrator.scripts_for("postgres") if m.name == "0016_bounded_flow")
+    conn = await asyncpg.connect(pg_url)
+    try:
+        made = await conn.fetchval(f"SELECT xmin FROM pg_proc WHERE oid = '{signature}'::regprocedure")
+        await box.store.migrate()
+        assert await conn.fetchval(f"SELECT xmin FROM pg_proc WHERE oid = '{signature}'::regprocedure") == made
+        await conn.execute(script)  # the body 0016 made, which writes a "leased" event row
+        assert "INSERT INTO events" in await conn.fetchval(f"SELECT pg_get_functiondef('{signature}'::regprocedure)")
+        await box.store.migrate()
+        assert "INSERT INTO events" not in await conn.fetchval(
+            f"SELECT pg_get_functiondef('{signature}'::regprocedure)")
+    finally:
+        await conn.close()
 
 
 async def test_an_outbox_on_postgresql_reads_the_databases_clock(box, pg_url):

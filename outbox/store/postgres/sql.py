@@ -8,15 +8,16 @@ from collections.abc import Iterable
 from typing import Any
 
 from ...model import MOVES
-from ..plumbing import statements
+from ..plumbing import statements, with_ordering_rule
 
 SQL = statements("postgres")
 #: Where the cycle writes an attempt, the events it keeps (``{held_group[seq, entries]}``): one rule for both places.
 _HELD_GROUP = re.compile(r"\{held_group\[([\w.]+), ([\w.]+)\]\}")
 SQL["cycle"] = _HELD_GROUP.sub(lambda found: SQL["held_group"].format(seq=found[1], entries=found[2]), SQL["cycle"])
-#: The statements that pick due intents share one rule for ordered keys (``claimable``).
-SQL = {**SQL, **{name: SQL[name].format(claimable=SQL["claimable"], logged=SQL["logged"],
-                                        limited=SQL["limited"].format(at=at))
+#: The statements that pick due intents, and the flow-limited claim's function, share one rule for ordered keys
+#: (``claimable``), and so does waiting_behind (``in_the_way``).
+SQL = with_ordering_rule(SQL, ("cycle", "next_due_at", "claim_limited_function"))
+SQL = {**SQL, **{name: SQL[name].format(logged=SQL["logged"], limited=SQL["limited"].format(at=at))
                   for name, at in (("cycle", "$36"), ("next_due_at", "$1"))}}
 #: The moves a worker's cycle applies in one statement (``cycle``), beside its claim.
 CYCLE = ("settle", "start")

@@ -161,7 +161,9 @@ class PostgresStore(PostgresEvents, Lookups):
         async def work(conn: asyncpg.Connection) -> list[str]:
             await conn.execute(SQL["lock_migrations"])
             await conn.execute(SQL["create_migrations_table"])
-            return await run_migrations(_PostgresMigration(conn), scripts_for(self.dialect))
+            applied = await run_migrations(_PostgresMigration(conn), scripts_for(self.dialect))
+            await _create_functions(conn)
+            return applied
 
         return await self._run(work, transaction={})
 
@@ -422,3 +424,17 @@ class PostgresStore(PostgresEvents, Lookups):
 
     async def close_console_session(self, id_hash: str) -> None:
         await self._connections.execute("close_console_session", id_hash)
+
+
+#: The functions the store creates from its named SQL (not from a migration's body), by signature: their bodies
+#: share the statements' rules (the flow-limited claim takes the ordering rule, ``claimable``).
+FUNCTIONS = {"outbox_claim_limited(text, timestamptz, timestamptz, integer)": "claim_limited_function"}
+
+
+async def _create_functions(conn: asyncpg.Connection) -> None:
+    """(Re)create each of FUNCTIONS whose body in the database is not this release's (the text
+    between its ``$$``), inside the migrations' transaction and lock: changing a function is a
+    change of its named SQL, not a new migration, and one another release made is replaced."""
+    for signature, name in FUNCTIONS.items():
+        if await conn.fetchval(SQL["function_body"], signature) != SQL[name].split("$$")[1]:
+            await conn.execute(SQL[name])

@@ -34,6 +34,10 @@ jsonb_build_array(jsonb_build_array(
 jsonb_build_array('leased', to_char({of}.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
                   {of}.lease_owner, NULL, jsonb_build_object('fence', {of}.fence))
 
+-- name: function_body
+-- The body of a function of the store's (by its signature) as the database holds it, or null: there is none.
+SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure($1);
+
 -- name: lock_migrations
 -- One migrator at a time, across processes and hosts, until the migration's transaction ends (the key is "outbox" in ASCII).
 SELECT pg_advisory_xact_lock(122511947133816);
@@ -150,27 +154,146 @@ SELECT {unrecorded_lease[intents]} FROM intents WHERE seq = $1;
 -- The rows of an intent's history, oldest first (with what its attempts keep, its timeline: outbox/store/timeline.py).
 SELECT id, kind, at, actor, reason, data FROM events WHERE intent_seq = $1 ORDER BY id;
 
+-- name: in_the_way
+-- An intent ("earlier") in the way of a later one ("due") of its destination ("ordered", whose ordering is 'key') and
+-- its key: open, or stopped (dead, revoked) while the destination blocks on them. The statuses are lifecycle's OPEN and
+-- STOPPED, filled in by outbox.store.plumbing.with_ordering_rule, which fills the rule into claimable, waiting_behind
+-- and the flow-limited claim's function.
+earlier.destination = due.destination AND earlier.ordering_key = due.ordering_key AND earlier.seq < due.seq
+  AND earlier.status IN ({open}, {stopped})
+  AND (earlier.status NOT IN ({stopped}) OR ordered.ordering_on_dead = 'block')
+
 -- name: claimable
 -- Not in the way of its key: an intent (as "due") of a destination with ordering 'key' waits while an earlier one
--- (smaller seq) of its destination and key is open, or dead or revoked when the destination blocks on them; one
--- seek of intents_ordering. Filled into the statements that pick due intents as {claimable}.
+-- is in the way (in_the_way); one seek of intents_ordering. Filled into the statements that pick due intents.
 (due.ordering_key IS NULL OR NOT EXISTS (
-    SELECT 1 FROM destinations AS d, intents AS earlier
-    WHERE d.id = due.destination AND d.ordering = 'key'
-      AND earlier.destination = due.destination AND earlier.ordering_key = due.ordering_key
-      AND earlier.seq < due.seq
-      AND earlier.status IN ('pending', 'leased', 'held', 'unknown', 'dead', 'revoked')
-      AND (earlier.status NOT IN ('dead', 'revoked') OR d.ordering_on_dead = 'block')))
+    SELECT 1 FROM destinations AS ordered, intents AS earlier
+    WHERE ordered.id = due.destination AND ordered.ordering = 'key' AND {in_the_way}))
+
+-- name: claim_limited_function
+-- The flow-limited claim, outbox_claim_limited(claimer, claimed_at, lease_until, cap), which the cycle calls when some
+-- destinations have a limit or a pause: for each, under a lock of its bucket row, it leases what its limits allow of
+-- its due intents (claimable: the ordering rule the other claims use) and says what it held back (destination, held
+-- paused, in flight and rate, the epoch second to look again). It computes with each stored limit as the nearest the
+-- API takes (outbox.flow), a bucket's count between 0 and its burst, and a time no later than 9999-12-31T23:59:59Z,
+-- so one destination's values never fail the claim. Like the other claims it writes no event: the lease is recorded
+-- by its attempt's start, or by the move that ends it (unrecorded_lease). The store creates it as migrations end
+-- (PostgresStore.migrate), replacing an older body: migrations 0013 and 0016 made the earlier ones.
+CREATE OR REPLACE FUNCTION outbox_claim_limited(claimer text, claimed_at timestamptz, lease_until timestamptz,
+                                                cap integer)
+RETURNS TABLE (flow_destination text, held_paused integer, held_in_flight integer, held_rate integer,
+               flow_retry_at double precision, flow_leased intents[])
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    d destinations;
+    bucket destination_buckets;
+    v_left integer := cap;
+    v_due integer;
+    v_in_flight integer;
+    v_tokens double precision;
+    v_room integer;
+    v_allowed integer;
+    v_rate double precision;  -- the limits as computed with (null: none)
+    v_burst integer;
+    v_cap integer;
+    v_elapsed double precision;
+    v_horizon constant double precision := 253402300799;
+BEGIN
+    FOR d IN SELECT * FROM destinations AS f
+             WHERE f.max_in_flight IS NOT NULL OR f.rate_per_second IS NOT NULL OR f.paused_until > claimed_at
+             ORDER BY f.id
+    LOOP
+        EXIT WHEN v_left <= 0;
+        CONTINUE WHEN NOT EXISTS (
+            SELECT 1 FROM intents AS due
+            WHERE due.destination = d.id AND due.status = 'pending' AND due.next_attempt_at <= claimed_at);
+        flow_destination := d.id; held_paused := 0; held_in_flight := 0; held_rate := 0;
+        flow_retry_at := NULL; flow_leased := ARRAY[]::intents[];
+        IF d.paused_until > claimed_at THEN
+            SELECT count(*) INTO v_due FROM (
+                SELECT 1 FROM intents AS due
+                WHERE due.destination = d.id AND due.status = 'pending' AND due.next_attempt_at <= claimed_at
+                LIMIT v_left) AS w;
+            held_paused := v_due;
+            flow_retry_at := least(extract(epoch FROM d.paused_until), v_horizon);  -- ('infinity': the horizon)
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        -- (greatest and least pass over a null: none stays none by the CASE)
+        v_rate := CASE WHEN d.rate_per_second IS NULL THEN NULL WHEN d.rate_per_second = 'NaN' THEN 0.00001
+                       ELSE least(greatest(d.rate_per_second, 0.00001), 100000) END;
+        v_burst := least(greatest(coalesce(d.rate_burst, 1), 1), 100000);
+        v_cap := CASE WHEN d.max_in_flight IS NULL THEN NULL ELSE least(greatest(d.max_in_flight, 1), 100000) END;
+        INSERT INTO destination_buckets (destination, tokens, refilled_at)
+        VALUES (d.id, CASE WHEN v_rate IS NULL THEN 0 ELSE v_burst END, claimed_at)
+        ON CONFLICT (destination) DO NOTHING;
+        SELECT * INTO bucket FROM destination_buckets AS k WHERE k.destination = d.id FOR UPDATE;
+        v_room := v_left;  -- what max_in_flight leaves room for
+        IF v_cap IS NOT NULL THEN
+            SELECT count(*) INTO v_in_flight FROM (  -- (enough once it reaches the limit)
+                SELECT 1 FROM intents AS i WHERE i.destination = d.id AND i.status = 'leased'
+                LIMIT v_cap) AS l;
+            v_room := greatest(0, least(v_left, v_cap - v_in_flight));
+        END IF;
+        v_allowed := v_room;  -- and of that, what the tokens allow
+        IF v_rate IS NOT NULL THEN
+            v_elapsed := CASE WHEN isfinite(bucket.refilled_at)
+                                  THEN greatest(0, extract(epoch FROM claimed_at - bucket.refilled_at))
+                              WHEN bucket.refilled_at > claimed_at THEN 0
+                              ELSE 'Infinity' END;
+            v_tokens := least(v_burst::double precision,
+                              CASE WHEN bucket.tokens = 'NaN' THEN 0
+                                   ELSE least(greatest(bucket.tokens, 0), v_burst) END + v_elapsed * v_rate);
+            v_allowed := greatest(0, least(v_room, floor(v_tokens)::integer));
+        END IF;
+        IF v_allowed > 0 THEN
+            WITH picked AS (
+                SELECT seq FROM intents AS due
+                WHERE due.destination = d.id AND due.status = 'pending' AND due.next_attempt_at <= claimed_at
+                  AND {claimable}
+                ORDER BY due.next_attempt_at LIMIT v_allowed
+                FOR UPDATE OF due SKIP LOCKED
+            ), took AS (
+                UPDATE intents SET status = 'leased', lease_owner = claimer, lease_expires_at = lease_until,
+                                   fence = intents.fence + 1, updated_at = claimed_at
+                WHERE intents.seq = ANY(ARRAY(SELECT seq FROM picked))
+                RETURNING intents
+            )
+            SELECT coalesce(array_agg(took.intents), ARRAY[]::intents[]) INTO flow_leased FROM took;
+        END IF;
+        v_due := cardinality(flow_leased);
+        IF v_due = v_allowed AND v_allowed < v_left THEN  -- a limit took less than the claim could: count the rest
+            SELECT v_due + count(*) INTO v_due FROM (
+                SELECT 1 FROM intents AS due
+                WHERE due.destination = d.id AND due.status = 'pending' AND due.next_attempt_at <= claimed_at
+                LIMIT v_left - v_due) AS w;
+        END IF;
+        held_in_flight := greatest(0, v_due - v_room);
+        held_rate := greatest(0, least(v_due, v_room) - cardinality(flow_leased));
+        IF v_rate IS NOT NULL THEN
+            v_tokens := v_tokens - cardinality(flow_leased);
+            IF cardinality(flow_leased) > 0 THEN
+                UPDATE destination_buckets SET tokens = v_tokens, refilled_at = greatest(refilled_at, claimed_at)
+                WHERE destination = d.id;
+            END IF;
+            IF held_rate > 0 THEN  -- (1 - v_tokens) / v_rate is at most 100,000 s: clamped all the same
+                flow_retry_at := least(extract(epoch FROM claimed_at) + (1 - v_tokens) / v_rate, v_horizon);
+            END IF;
+        END IF;
+        v_left := v_left - cardinality(flow_leased);
+        CONTINUE WHEN v_due = 0;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
 
 -- name: waiting_behind
 -- The earliest intent in the way of a pending intent (key $1) of an ordered destination, as the claim judges it.
 SELECT earlier.*, {event_payload[earlier]} AS event_payload FROM intents AS due
-JOIN destinations AS d ON d.id = due.destination AND d.ordering = 'key'
-JOIN intents AS earlier
-    ON earlier.destination = due.destination AND earlier.ordering_key = due.ordering_key AND earlier.seq < due.seq
+JOIN destinations AS ordered ON ordered.id = due.destination AND ordered.ordering = 'key'
+JOIN intents AS earlier ON {in_the_way}
 WHERE due.intent_key = $1 AND due.status = 'pending'
-  AND earlier.status IN ('pending', 'leased', 'held', 'unknown', 'dead', 'revoked')
-  AND (earlier.status NOT IN ('dead', 'revoked') OR d.ordering_on_dead = 'block')
 ORDER BY earlier.seq LIMIT 1;
 
 -- name: renew_leases

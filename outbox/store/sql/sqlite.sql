@@ -106,17 +106,21 @@ SELECT {unrecorded_lease[intents]} FROM intents WHERE seq = ?;
 -- The rows of an intent's history, oldest first (with what its attempts keep, its timeline: outbox/store/timeline.py).
 SELECT id, kind, at, actor, reason, data FROM events WHERE intent_seq = ? ORDER BY id;
 
+-- name: in_the_way
+-- An intent ("earlier") in the way of a later one ("due") of its destination ("ordered", whose ordering is 'key') and
+-- its key: open, or stopped (dead, revoked) while the destination blocks on them. The statuses are lifecycle's OPEN and
+-- STOPPED, filled in by outbox.store.plumbing.with_ordering_rule, which fills the rule into claimable and
+-- waiting_behind.
+earlier.destination = due.destination AND earlier.ordering_key = due.ordering_key AND earlier.seq < due.seq
+  AND earlier.status IN ({open}, {stopped})
+  AND (earlier.status NOT IN ({stopped}) OR ordered.ordering_on_dead = 'block')
+
 -- name: claimable
 -- Not in the way of its key: an intent (as "due") of a destination with ordering 'key' waits while an earlier one
--- (smaller seq) of its destination and key is open, or dead or revoked when the destination blocks on them; one
--- seek of intents_ordering. Filled into the statements that pick due intents as {claimable}.
+-- is in the way (in_the_way); one seek of intents_ordering. Filled into the statements that pick due intents.
 (due.ordering_key IS NULL OR NOT EXISTS (
-    SELECT 1 FROM destinations AS d, intents AS earlier INDEXED BY intents_ordering
-    WHERE d.id = due.destination AND d.ordering = 'key'
-      AND earlier.destination = due.destination AND earlier.ordering_key = due.ordering_key
-      AND earlier.seq < due.seq
-      AND earlier.status IN ('pending', 'leased', 'held', 'unknown', 'dead', 'revoked')
-      AND (earlier.status NOT IN ('dead', 'revoked') OR d.ordering_on_dead = 'block')))
+    SELECT 1 FROM destinations AS ordered, intents AS earlier INDEXED BY intents_ordering
+    WHERE ordered.id = due.destination AND ordered.ordering = 'key' AND {in_the_way}))
 
 -- name: due_seqs
 -- The oldest due intents' seqs, as one JSON array (the sender's claim picks these), leaving out an intent of an
@@ -168,12 +172,9 @@ ON CONFLICT (destination) DO UPDATE SET tokens = excluded.tokens, refilled_at = 
 -- name: waiting_behind
 -- The earliest intent in the way of a pending intent (its key) of an ordered destination, as due_seqs judges it.
 SELECT earlier.*, {event_payload[earlier]} AS event_payload FROM intents AS due
-JOIN destinations AS d ON d.id = due.destination AND d.ordering = 'key'
-JOIN intents AS earlier INDEXED BY intents_ordering
-    ON earlier.destination = due.destination AND earlier.ordering_key = due.ordering_key AND earlier.seq < due.seq
+JOIN destinations AS ordered ON ordered.id = due.destination AND ordered.ordering = 'key'
+JOIN intents AS earlier INDEXED BY intents_ordering ON {in_the_way}
 WHERE due.intent_key = ? AND due.status = 'pending'
-  AND earlier.status IN ('pending', 'leased', 'held', 'unknown', 'dead', 'revoked')
-  AND (earlier.status NOT IN ('dead', 'revoked') OR d.ordering_on_dead = 'block')
 ORDER BY earlier.seq LIMIT 1;
 
 -- name: lease

@@ -8,13 +8,14 @@ from datetime import datetime
 from typing import Any
 
 from ...model import Attempt, Event, Status
-from ..plumbing import from_us, statements, to_us
+from ..plumbing import from_us, statements, to_us, with_ordering_rule
 from ..records import Reader, attempt_values, plain_data
 
-SQL = statements("sqlite")
-#: The statements that pick due intents share one rule for ordered keys (``claimable``).
-SQL = {**SQL, **{name: SQL[name].format(claimable=SQL["claimable"], limited=SQL["limited"])
-                  for name in ("due_seqs", "next_due_at", "flow_destinations", "flow_due_seqs", "unlimited_due_seqs")}}
+#: The statements that pick due intents share one rule for ordered keys (``claimable``), and so does
+#: waiting_behind (``in_the_way``).
+_PICKING = ("due_seqs", "next_due_at", "flow_destinations", "flow_due_seqs", "unlimited_due_seqs")
+SQL = with_ordering_rule(statements("sqlite"), _PICKING)
+SQL = {**SQL, **{name: SQL[name].format(limited=SQL["limited"]) for name in _PICKING}}
 
 
 def stored(value: Any) -> Any:
