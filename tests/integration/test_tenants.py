@@ -279,3 +279,23 @@ async def test_another_scope_cannot_rotate_a_tenants_secret_and_shared_ones_rota
         await box.put_destination("shared", DestinationSpec(url="https://s.example/", secret=SECRET))
         rotated, secret = await box.rotate_secret("shared", window_seconds=0)  # an admin's: the old one ends now
         assert rotated.secrets == (secret, SECRET) and rotated.live_secrets(box.clock.now()) == (secret,)
+
+
+async def test_the_python_client_does_what_a_tenant_does(served, receiver: Receiver):
+    from outbox.client import AsyncClient, Forbidden
+
+    receiver.script("/acme", Reply(200))
+    async with AsyncClient(served["url"], token=served["tokens"]["acme"]) as c:
+        made = await c.create_destination(f"{receiver.url}/acme", allow_private_network=True)
+        assert made["secret"].startswith("whsec_") and [d["id"] for d in await c.own_destinations()] == [made["id"]]
+        rotated = await c.rotate_secret(made["id"], window_seconds=60)
+        assert rotated["secret"] != made["secret"] and rotated["signing_secrets"] == 2
+        tested = await c.send_test(made["id"], {"hello": "acme"})
+        assert await eventually(lambda: _own_status(c, tested.action_id, "delivered"), timeout=20)
+        assert receiver.requests("/acme")[0].json() == {"hello": "acme"}
+        with pytest.raises(Forbidden):
+            await c.get(tested.action_id, scope="acme")  # the operators' and producers' route
+
+
+async def _own_status(c: Any, action_id: str, status: str) -> bool:
+    return (await c.own_intent(action_id)).status == status
