@@ -136,6 +136,11 @@ async def test_two_tenants_manage_their_own_endpoints_and_see_their_own_deliveri
             "t-0000000000000000", "X")
         assert [d["id"] for d in (await a.get("/v1/tenant/destinations")).json()["items"]] == [made["acme"]]
 
+    async with httpx.AsyncClient(base_url=served["url"]) as anyone:  # one label for every tenant's own
+        metrics = (await anyone.get("/metrics")).text
+        assert 'outbox_attempts_total{destination="tenant",outcome="delivered"} 2.0' in metrics
+        assert made["acme"] not in metrics and made["globex"] not in metrics
+
     async with client(served, "admin") as admin:  # a grant cannot widen a tenant's destination
         widened = await admin.put("/v1/grants/g-wide", json={"scope": "globex", "destination": made["acme"]})
         assert widened.status_code == 409 and widened.json()["type"].endswith(":owned-destination")
