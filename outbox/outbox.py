@@ -7,7 +7,7 @@
             await tx.execute("INSERT INTO orders (id) VALUES (?)", (7,))
             await tx.enqueue(destination="billing", scope="acme", payload={"order": 7})
 
-The facade is longer than most modules (about 575 lines): it is the library's one front door,
+The facade is longer than most modules (about 600 lines): it is the library's one front door,
 each method a short check in front of the store (the API's presenters are ``outbox.shapes``').
 """
 
@@ -315,7 +315,8 @@ class Outbox(Publishing):
         existing one keeps its secrets. A new secret goes first; the previous ones stay for
         rotation (at most three kept) until ``drop_previous_secrets`` ends the rotation (as the
         channel's ``keep_secrets`` says, ``rotate_secrets`` unless it keeps secrets of two kinds),
-        or, for a channel with a ``rotation_window``, until the window ends (``rotation_seconds``).
+        or, for a channel with a ``rotation_window``, until the window ends (the spec's
+        ``rotation_window_seconds``, default the setting ``secret_rotation_seconds``).
 
         ``owner``: the scope that puts its own destination (``outbox.tenants``): it is checked as a
         tenant's (raises NotForTenants), kept within the tenant's limits (TenantLimit), and another
