@@ -44,7 +44,9 @@ class ChannelKind:
     (a signing key), ``keep_secrets``, which says what a destination holds once a spec replaces
     it (a channel with secrets of two kinds keeps each apart), ``signing``, which of the secrets
     a destination holds sign what it is sent (the others are the channel's credentials: an SMTP
-    or SASL password), and ``check_payload``, which raises
+    or SASL password), ``rotation_window``, whether a rotation's previous secrets stop signing
+    once its window ends (``Destination.live_secrets``: every secret it holds signs), and
+    ``check_payload``, which raises
     ValueError for a payload the channel could never deliver, so it is refused at enqueue
     rather than dead-lettered later, and ``target``, which says in words where a destination of it
     delivers (a webhook's URL), from its settings: each attempt records it as it starts. The
@@ -57,6 +59,7 @@ class ChannelKind:
     new_secret: Callable[[], str] | None = None
     keep_secrets: Callable[[tuple[str, ...], Any], tuple[str, ...]] = _rotated
     signing: Callable[[tuple[str, ...]], tuple[str, ...]] = lambda secrets: secrets  # default: every one signs
+    rotation_window: bool = False
     check_payload: Callable[[Any], None] | None = None  # None: every JSON payload is deliverable
     target: Callable[[Mapping[str, Any]], str] | None = None  # None: the channel's name says it all
 

@@ -377,6 +377,10 @@ def _batch_results(answer: Mapping[str, Any]) -> builtins.list[Enqueued | Outbox
             else problem_error(item["problem"]) for item in answer["results"]]
 
 
+def _tenant_path(destination_id: str) -> str:
+    return "/v1/tenant/destinations/" + quote(destination_id, safe="")
+
+
 def _intent_path(action_id: str) -> str:
     return f"/v1/intents/{quote(action_id, safe='')}"
 
@@ -546,6 +550,35 @@ class Client:
         return Intent.of(self._call("POST", _intent_path(action_id) + "/reject", params=_scoped(scope),
                                     body=_encoded({"reason": reason}), repeatable=False)[1])
 
+    # -- a tenant's own (a token of role tenant: the /v1/tenant routes) ----------------------
+
+    def create_destination(self, url: str, **spec: Any) -> dict[str, Any]:
+        """Register an endpoint of the tenant's own (``spec``: the destination's other fields,
+        such as ``subscriptions``); its ``id`` is made by the server, and its ``secret`` too unless
+        given, shown in this answer only. Not repeatable (each call makes one). Raises InvalidInput,
+        Forbidden (a setting an admin decides), Conflict (the tenant's limit)."""
+        return self._call("POST", "/v1/tenant/destinations", body=_encoded({"url": url, **spec}),
+                          repeatable=False)[1]
+
+    def own_destinations(self) -> builtins.list[dict[str, Any]]:
+        """The tenant's own destinations (never their secrets)."""
+        return self._call("GET", "/v1/tenant/destinations")[1]["items"]
+
+    def rotate_secret(self, destination_id: str, *, window_seconds: float | None = None) -> dict[str, Any]:
+        """A new signing secret for one of the tenant's destinations (its ``secret``, shown here
+        only); the previous one signs beside it for ``window_seconds`` (the server's default: 24 h)."""
+        return self._call("POST", _tenant_path(destination_id) + "/rotate-secret",
+                          body=_encoded({"window_seconds": window_seconds}), repeatable=False)[1]
+
+    def send_test(self, destination_id: str, payload: Any = None) -> Intent:
+        """Send a test intent to one of the tenant's destinations; read it back with ``own_intent``."""
+        return Intent.of(self._call("POST", _tenant_path(destination_id) + "/test",
+                                    body=_encoded({"payload": payload}), repeatable=False)[1])
+
+    def own_intent(self, action_id: str) -> Intent:
+        """One of the tenant's intents, with its attempts and events. Raises NotFound."""
+        return Intent.of(self._call("GET", "/v1/tenant/intents/" + quote(action_id, safe=""))[1])
+
     def close(self) -> None:
         self._http.close()
 
@@ -652,6 +685,29 @@ class AsyncClient:
         """As ``Client.reject``."""
         return Intent.of((await self._call("POST", _intent_path(action_id) + "/reject", params=_scoped(scope),
                                            body=_encoded({"reason": reason}), repeatable=False))[1])
+
+    async def create_destination(self, url: str, **spec: Any) -> dict[str, Any]:
+        """As ``Client.create_destination``."""
+        return (await self._call("POST", "/v1/tenant/destinations", body=_encoded({"url": url, **spec}),
+                                 repeatable=False))[1]
+
+    async def own_destinations(self) -> builtins.list[dict[str, Any]]:
+        """As ``Client.own_destinations``."""
+        return (await self._call("GET", "/v1/tenant/destinations"))[1]["items"]
+
+    async def rotate_secret(self, destination_id: str, *, window_seconds: float | None = None) -> dict[str, Any]:
+        """As ``Client.rotate_secret``."""
+        return (await self._call("POST", _tenant_path(destination_id) + "/rotate-secret",
+                                 body=_encoded({"window_seconds": window_seconds}), repeatable=False))[1]
+
+    async def send_test(self, destination_id: str, payload: Any = None) -> Intent:
+        """As ``Client.send_test``."""
+        return Intent.of((await self._call("POST", _tenant_path(destination_id) + "/test",
+                                           body=_encoded({"payload": payload}), repeatable=False))[1])
+
+    async def own_intent(self, action_id: str) -> Intent:
+        """As ``Client.own_intent``."""
+        return Intent.of((await self._call("GET", "/v1/tenant/intents/" + quote(action_id, safe="")))[1])
 
     async def close(self) -> None:
         await self._http.aclose()

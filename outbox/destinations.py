@@ -60,7 +60,18 @@ class Destination:
     #: release that took them), each read as the nearest it takes (``Stored``); None for every
     #: other destination. The sender sends nothing to it while this is set.
     unusable: str | None = None
+    #: The one scope whose intents and events may reach it, which manages it (a tenant's own
+    #: endpoint); None: shared, registered by an admin and reached by grants.
+    owner: str | None = None
+    #: Until when the secrets after the newest still sign (a rotation's window); None: until
+    #: ``drop_previous_secrets`` ends the rotation.
+    previous_secrets_until: datetime | None = None
 
+    def live_secrets(self, now: datetime) -> tuple[str, ...]:
+        """The secrets that sign at ``now``: the previous ones only while a rotation's window lasts."""
+        if self.previous_secrets_until is not None and now >= self.previous_secrets_until:
+            return self.secrets[:1]
+        return self.secrets
 
     def __repr__(self) -> str:  # keep secrets out of logs and tracebacks
         return f"Destination(id={self.id!r}, channel={self.channel!r}, settings={dict(self.settings)!r})"
@@ -95,6 +106,11 @@ class DestinationSpec(BaseModel):
         default=None,
         description="write-only credential in the channel's form (a webhook's whsec_ signing secret). "
                     "Omitted on update: the current one stays.",
+    )
+    rotation_window_seconds: StrictInt | StrictFloat | None = Field(
+        default=None, ge=0, le=30 * 86_400,
+        description="with a new secret, how long the previous ones still sign beside it, then the new one alone "
+                    "(default: the setting secret_rotation_seconds, 24 h); for channels that sign with every secret",
     )
     drop_previous_secrets: StrictBool = Field(
         default=False,

@@ -9,6 +9,9 @@
     ├── IntentConflict          same scope and action_id, another destination or payload digest
     ├── AmbiguousActionId       an action id used in several scopes was named without its scope
     ├── DestinationInUse        a destination still has intents waiting to be delivered
+    ├── OwnedDestination        a grant would let another scope reach a tenant's own destination
+    ├── TenantLimit             a tenant holds as many destinations or subscriptions as it may
+    ├── NotForTenants           a setting a tenant's own destination may not have
     ├── LastAdmin               revoking this token would leave no active admin token
     ├── IllegalTransition       a status change the lifecycle does not allow
     ├── StaleWrite              the row changed under us (status or fence moved on)
@@ -83,6 +86,25 @@ class AmbiguousActionId(OutboxError):
 
 class DestinationInUse(OutboxError):
     """The destination still has intents waiting to be delivered."""
+
+
+class OwnedDestination(OutboxError):
+    """The destination is owned by one scope: only that scope's intents and events reach it."""
+
+
+class TenantLimit(OutboxError):
+    """The tenant holds as many destinations or subscriptions as it may."""
+
+    def __init__(self, message: str | None = None, *, limit: int = 0) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+    def details(self) -> dict[str, Any]:
+        return {"limit": self.limit}
+
+
+class NotForTenants(OutboxError):
+    """A tenant's own destination may not have this setting; an admin decides it."""
 
 
 class LastAdmin(OutboxError):

@@ -8,8 +8,18 @@ from datetime import datetime
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from . import channels
+from .destinations import Destination
 from .model import Status
 from .store import Store
+
+#: The ``destination`` label of every tenant's own destination: they are counted together, so the
+#: label's values stay the shared destinations an admin registers, however many tenants make theirs.
+TENANT_LABEL = "tenant"
+
+
+def destination_label(destination: Destination) -> str:
+    """A destination's ``destination`` label: its id if shared, TENANT_LABEL if a tenant owns it."""
+    return TENANT_LABEL if destination.owner is not None else destination.id
 
 #: Enqueue-to-delivered latency buckets, from instant to the retry schedule's hours.
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600)
@@ -24,7 +34,8 @@ class Metrics:
         self.intents = Gauge("outbox_intents", "Intents by status and channel.", ["status", "channel"], registry=r)
         self.oldest_due_age = Gauge("outbox_oldest_due_age_seconds",
                                     "How long the oldest due intent has been waiting to be sent.", registry=r)
-        self.attempts = Counter("outbox_attempts_total", "Attempts finished, by destination and outcome.",
+        self.attempts = Counter("outbox_attempts_total",
+                                "Attempts finished, by destination (every tenant's own: 'tenant') and outcome.",
                                 ["destination", "outcome"], registry=r)
         self.latency = Histogram("outbox_delivery_latency_seconds", "From enqueue to delivered.",
                                  buckets=LATENCY_BUCKETS, registry=r)

@@ -87,6 +87,7 @@ class Role(str, enum.Enum):
     PRODUCER = "producer"  # enqueue and read intents in its own scopes
     OPERATOR = "operator"  # read everything, act on intents (replay, resolve, cancel, approve)
     ADMIN = "admin"  # everything, including destinations, grants and tokens
+    TENANT = "tenant"  # one scope's own destinations, and its intents and events (the /v1/tenant routes)
 
 
 @dataclass(frozen=True, slots=True)

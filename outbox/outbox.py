@@ -7,32 +7,34 @@
             await tx.execute("INSERT INTO orders (id) VALUES (?)", (7,))
             await tx.enqueue(destination="billing", scope="acme", payload={"order": 7})
 
-The facade is longer than most modules (about 575 lines): it is the library's one front door,
+The facade is longer than most modules (about 600 lines): it is the library's one front door,
 each method a short check in front of the store (the API's presenters are ``outbox.shapes``').
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Unpack
 
-from . import channels, secrets_key, timestamps
+from . import channels, secrets_key, tenants, timestamps
 from .clock import Clock, OffsetClock, SystemClock
 from .connections import CallerTransaction, bind_async
 from .cursor import MAX_PAGE
-from .destinations import Destination, DestinationSpec
+from .destinations import KEPT_SECRETS, Destination, DestinationSpec
 from .errors import (
     AmbiguousActionId,
     InvalidInput,
     NoDatabase,
     NotFound,
     OutboxError,
+    OwnedDestination,
     UnknownDestination,
 )
 from .grants import Grant, GrantSpec
@@ -302,7 +304,8 @@ class Outbox(Publishing):
 
     # -- destinations --------------------------------------------------------------------
 
-    async def put_destination(self, destination_id: str, spec: DestinationSpec) -> tuple[Destination, bool]:
+    async def put_destination(self, destination_id: str, spec: DestinationSpec, *,
+                              owner: str | None = None) -> tuple[Destination, bool]:
         """Register or replace a destination; returns it and whether it was new.
 
         ``spec`` is checked by its channel's spec (a plain DestinationSpec carrying the channel's
@@ -311,20 +314,32 @@ class Outbox(Publishing):
         Without a secret a new destination of a channel that needs one is refused and an
         existing one keeps its secrets. A new secret goes first; the previous ones stay for
         rotation (at most three kept) until ``drop_previous_secrets`` ends the rotation (as the
-        channel's ``keep_secrets`` says, ``rotate_secrets`` unless it keeps secrets of two kinds).
-        """
+        channel's ``keep_secrets`` says, ``rotate_secrets`` unless it keeps secrets of two kinds),
+        or, for a channel with a ``rotation_window``, until the window ends (the spec's
+        ``rotation_window_seconds``, default the setting ``secret_rotation_seconds``).
+
+        ``owner``: the scope that puts its own destination (``outbox.tenants``): it is checked as a
+        tenant's (raises NotForTenants), kept within the tenant's limits (TenantLimit), and another
+        scope's destination is, to it, not registered (NotFound). Without one (an admin), a
+        destination keeps the owner it has; a new one is shared."""
         check(DESTINATION_ID, destination_id, "destination id")
         kind = channels.get(spec.channel)
         if not isinstance(spec, kind.spec):
             spec = kind.spec.model_validate(spec.model_dump(exclude_unset=True))
         existing = await self.store.get_destination(destination_id)
+        if owner is not None:
+            check(SCOPE, owner, "owner")
+            if existing is not None and existing.owner != owner:
+                raise NotFound(f"destination {destination_id!r} is not registered")
+            spec = tenants.owned_spec(spec, owner, self.settings)
         if existing is not None and existing.channel != spec.channel:
             raise InvalidInput(f"destination {destination_id!r} is a {existing.channel} destination; a destination "
                                "keeps its channel: register the new one under another id")
         if spec.secret is None and existing is None and kind.needs_secret:
             raise InvalidInput(f"destination {destination_id!r} is new: it needs {kind.secret_form}")
-        secrets = kind.keep_secrets(existing.secrets if existing else (), spec)
         now = self.clock.now()
+        held = existing.live_secrets(now) if existing and kind.rotation_window else existing.secrets if existing else ()
+        secrets = kind.keep_secrets(held, spec)
         destination = Destination(
             id=destination_id,
             channel=spec.channel,
@@ -348,24 +363,69 @@ class Outbox(Publishing):
             rate_limit=spec.rate_limit,
             max_in_flight=spec.max_in_flight,
             paused_until=existing.paused_until if existing else None,
+            owner=existing.owner if existing else owner,
+            previous_secrets_until=self._rotation_ends(kind, held, secrets, existing, spec.rotation_window_seconds),
         )
-        created = await self.store.put_destination(destination)
+        limits = tenants.TenantLimits.of(self.settings) if owner is not None else None
+        created = await self.store.put_destination(destination, limits=limits)
         return destination, created
 
-    async def get_destination(self, destination_id: str) -> Destination:
-        """One destination. Raises NotFound."""
+    def _rotation_ends(self, kind: channels.ChannelKind, held: tuple[str, ...], secrets: tuple[str, ...],
+                       existing: Destination | None, window: float | None) -> datetime | None:
+        """When the previous secrets of a destination now holding ``secrets`` (it held ``held``)
+        stop signing: a window from now when a new secret was just put first, the window it had
+        while the same one stays first, and None with one secret or for a channel without windows."""
+        if not kind.rotation_window or len(secrets) < 2:
+            return None
+        if held[:1] == secrets[:1]:
+            return existing.previous_secrets_until if existing else None
+        seconds = self.settings.secret_rotation_seconds if window is None else window
+        return self.clock.now() + timedelta(seconds=seconds)
+
+    async def rotate_secret(self, destination_id: str, *, owner: str | None = None,
+                            window_seconds: float | None = None) -> tuple[Destination, str]:
+        """Give a destination a new secret made here, the previous one still signing beside it for
+        ``window_seconds`` (default: ``secret_rotation_seconds``); returns the destination and the
+        new secret, which is shown only here. ``owner``: as for ``put_destination`` (NotFound for
+        another scope's). Raises InvalidInput for a channel that makes no secrets or keeps no windows."""
+        existing = await self.get_destination(destination_id, owner=owner)
+        kind = channels.get(existing.channel)
+        if kind.new_secret is None or not kind.rotation_window:
+            raise InvalidInput(f"the {existing.channel} channel makes no secrets to rotate; put the new one "
+                               "with the destination")
+        if window_seconds is not None and not 0 <= window_seconds <= 30 * 86_400:
+            raise InvalidInput("window_seconds must be from 0 to 30 days (2592000)")
+        now = self.clock.now()
+        secret = kind.new_secret()
+        held = existing.live_secrets(now)
+        secrets = (secret, *held)[:KEPT_SECRETS]
+        seconds = self.settings.secret_rotation_seconds if window_seconds is None else window_seconds
+        rotated = dataclasses.replace(existing, secrets=secrets, updated_at=now,
+                                      previous_secrets_until=now + timedelta(seconds=seconds))
+        await self.store.put_destination(rotated)
+        log.info("destination %s: secret rotated (the previous one signs until %s)", destination_id,
+                 rotated.previous_secrets_until)
+        return rotated, secret
+
+    async def get_destination(self, destination_id: str, *, owner: str | None = None) -> Destination:
+        """One destination (with ``owner``, only that scope's own). Raises NotFound."""
         check(DESTINATION_ID, destination_id, "destination id")
         found = await self.store.get_destination(destination_id)
-        if found is None:
+        if found is None or (owner is not None and found.owner != owner):
             raise NotFound(f"destination {destination_id!r} is not registered")
         return found
 
-    async def list_destinations(self) -> list[Destination]:
-        """Every destination."""
-        return await self.store.list_destinations()
+    async def list_destinations(self, *, owner: str | None = None) -> list[Destination]:
+        """Every destination (with ``owner``, that scope's own)."""
+        if owner is not None:
+            check(SCOPE, owner, "owner")
+        return await self.store.list_destinations(owner=owner)
 
-    async def delete_destination(self, destination_id: str) -> None:
-        """Remove a destination nothing refers to. Raises NotFound, DestinationInUse."""
+    async def delete_destination(self, destination_id: str, *, owner: str | None = None) -> None:
+        """Remove a destination nothing refers to (with ``owner``, only that scope's own).
+        Raises NotFound, DestinationInUse."""
+        if owner is not None:
+            await self.get_destination(destination_id, owner=owner)
         check(DESTINATION_ID, destination_id, "destination id")
         await self.store.delete_destination(destination_id)
 
@@ -377,9 +437,13 @@ class Outbox(Publishing):
         check(SCOPE, spec.scope, "scope")
         if spec.destination != "*":
             check(DESTINATION_ID, spec.destination, "destination")
-            if await self.store.get_destination(spec.destination) is None:
+            target = await self.store.get_destination(spec.destination)
+            if target is None:
                 raise UnknownDestination(f"destination {spec.destination!r} is not registered; register it first "
                                          "(a grant for it would silently apply to whatever is registered later)")
+            if target.owner is not None and target.owner != spec.scope:
+                raise OwnedDestination(f"destination {spec.destination!r} is owned by scope {target.owner!r}: only "
+                                       "that scope's intents and events reach it, and no grant can widen that")
         return await self.store.put_grant(grant_id, spec, self.clock.now())
 
     async def get_grant(self, grant_id: str) -> Grant:
@@ -408,7 +472,9 @@ class Outbox(Publishing):
         (``actor``) is logged, as for every change to who may call the API."""
         if role is Role.PRODUCER and not scopes:
             raise InvalidInput("a producer token needs at least one scope (or '*' for all)")
-        if role is not Role.PRODUCER and scopes:
+        if role is Role.TENANT and (len(set(scopes)) != 1 or "*" in scopes):
+            raise InvalidInput("a tenant token acts in exactly one scope: give it one (not '*')")
+        if role not in (Role.PRODUCER, Role.TENANT) and scopes:
             raise InvalidInput(f"an {role.value} token acts in every scope; give it no scopes")
         for scope in scopes:
             if scope != "*":

@@ -129,6 +129,24 @@ class Settings(BaseSettings):
         default=7 * 86_400, gt=0, le=100 * 365 * 86_400,
         description="delivered and cancelled intents are pruned after this (at most 100 years)"
     )
+    tenant_channels: list[str] = Field(
+        default=["webhook"],
+        description="the channels a tenant's own destinations may use (email and kafka reach your own servers)",
+    )
+    tenant_max_destinations: int = Field(
+        default=20, ge=0, le=10_000, description="the most destinations one tenant (scope) may own")
+    tenant_max_subscriptions: int = Field(
+        default=100, ge=0, le=100_000, description="the most topic subscriptions a tenant's destinations hold in all")
+    tenant_private_networks: list[str] = Field(
+        default_factory=list,
+        description="the scopes whose own destinations may reach loopback and private addresses "
+                    "(allow_private_network); every other tenant's are held to the SSRF guard",
+    )
+    secret_rotation_seconds: float = Field(
+        default=86_400, ge=0, le=30 * 86_400,
+        description="after a destination's secret is rotated, how long the previous one still signs beside it "
+                    "(at most 30 days; 0: not at all)",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info", description="debug, info, warning or error"
     )

@@ -353,12 +353,52 @@ class Destination(BaseModel):
         "null, unless some of its stored settings are ones the API refuses (a row written by hand, or kept from a "
         "release that took them): which, each shown as the nearest value it takes; the sender sends it nothing "
         "(its intents wait, pending) until it is put again"))
+    owner: str | None = Field(default=None, description=(
+        "the one scope whose intents and events reach it, which manages it (a tenant's own destination); "
+        "null: shared, reached by grants"))
+    previous_secrets_until: AwareDatetime | None = Field(default=None, description=(
+        "until when the secrets before the newest still sign beside it (a rotation's window); null: no window"))
 
 
 class DestinationList(BaseModel):
     """Every destination."""
 
     items: list[Destination]
+
+
+class NewSecretDestination(Destination):
+    """A destination with the signing secret the outbox just made for it: shown in this answer only."""
+
+    secret: str | None = Field(description="the new whsec_ secret (null when the request gave its own); keep it")
+
+
+class RotateIn(BaseModel):
+    """A rotation of a destination's signing secret."""
+
+    model_config = ConfigDict(extra="forbid")
+    window_seconds: StrictInt | StrictFloat | None = Field(
+        default=None, ge=0, le=30 * 86_400,
+        description="how long the previous secret still signs beside the new one (default: the setting "
+                    "secret_rotation_seconds, 24 h)")
+
+
+class TestIn(BaseModel):
+    """A test delivery to a tenant's own endpoint."""
+
+    model_config = ConfigDict(extra="forbid")
+    payload: JsonValue | None = Field(
+        default=None, description="what to send (default: {\"type\": \"outbox.test\", ...} naming the test)")
+
+
+class TenantAccount(BaseModel):
+    """What a tenant token acts as, and what it may have."""
+
+    scope: str = Field(description="the one scope the token acts in")
+    channels: list[str] = Field(description="the channels its destinations may use")
+    max_destinations: int
+    max_subscriptions: int = Field(description="the most subscriptions its destinations hold in all")
+    private_network: bool = Field(description="whether its destinations may reach private addresses")
+    destinations: int = Field(description="how many destinations it owns now")
 
 
 class Grant(BaseModel):
@@ -579,7 +619,8 @@ def destination_json(destination: DestinationRecord) -> dict[str, Any]:
         reconcile=d.reconcile, ordering=d.ordering, ordering_on_dead=d.ordering_on_dead,
         retry_schedule=None if d.retry_schedule is None else list(d.retry_schedule), max_age_seconds=d.max_age_seconds,
         created_at=d.created_at, updated_at=d.updated_at, rate_limit=d.rate_limit, max_in_flight=d.max_in_flight,
-        paused_until=d.paused_until, unusable=d.unusable,
+        paused_until=d.paused_until, unusable=d.unusable, owner=d.owner,
+        previous_secrets_until=d.previous_secrets_until if len(d.secrets) > 1 else None,
         subscriptions=[Subscription.model_construct(**s.json()) for s in d.subscriptions], **d.settings,
     ).model_dump(mode="json")
 

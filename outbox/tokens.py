@@ -35,6 +35,8 @@ class TokenInfo:
 
     def may_act_in(self, scope: str) -> bool:
         """Whether this token may enqueue or read intents of ``scope``."""
+        if self.role is Role.TENANT:
+            return scope in self.scopes
         if self.role is not Role.PRODUCER:
             return True
         return "*" in self.scopes or scope in self.scopes
@@ -77,7 +79,8 @@ class TokenSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    role: Role = Field(description="producer, operator or admin")
+    role: Role = Field(description="producer, operator, admin or tenant")
     scopes: list[TokenScope] = Field(default_factory=list, max_length=100,
-                              description="a producer's scopes ('*' for all); none for operators and admins")
+                              description="a producer's scopes ('*' for all); a tenant's one scope; none for "
+                                          "operators and admins")
     label: TokenLabel | None = Field(default=None, description="what the token is for")

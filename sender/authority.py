@@ -31,6 +31,9 @@ class AuthorityRequest:
     channel: str
     destination: str
     action_id: str
+    #: The scope that owns the destination (a tenant's own endpoint), None for a shared one: only
+    #: the owner's effects may be made there, whatever a provider says.
+    owner: str | None = None
 
 
 class Verdict(str, enum.Enum):
@@ -81,6 +84,9 @@ class GrantsAuthority:
         self._outbox = outbox
 
     async def check(self, request: AuthorityRequest) -> Decision:
+        if request.owner is not None:  # an owned destination's grant is implied for its owner, and only for it
+            return owned(request) or Decision(Verdict.ALLOW, f"scope {request.scope!r} owns destination "
+                                              f"{request.destination!r}", self.name)
         grant = await self._outbox.store.find_grant(
             request.scope, request.destination, self._outbox.clock.now()
         )
@@ -94,6 +100,28 @@ class GrantsAuthority:
 
     async def aclose(self) -> None:
         return None
+
+
+def owned(request: AuthorityRequest) -> Decision | None:
+    """The denial of an effect at a destination another scope owns, or None: no provider is asked."""
+    if request.owner is None or request.owner == request.scope:
+        return None
+    return Decision(Verdict.DENY, f"destination {request.destination!r} is owned by another scope", "ownership")
+
+
+class OwnersOnly:
+    """A provider that is asked only about effects the destination's owner allows (every effect
+    at a shared destination, and the owner's own at an owned one)."""
+
+    def __init__(self, inner: Authority) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    async def check(self, request: AuthorityRequest) -> Decision:
+        return owned(request) or await self.inner.check(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 class AllowAllAuthority:
@@ -251,8 +279,9 @@ def authorizer(outbox: Outbox) -> Callable[[Intent], Awaitable[str | None]]:
     provider = authority_from_setting(outbox.settings.authority, outbox)
 
     async def authorize(intent: Intent) -> str | None:
-        decision = await provider.check(
-            AuthorityRequest(intent.scope, intent.channel, intent.destination, intent.action_id))
+        destination = await outbox.store.get_destination(intent.destination)
+        decision = await provider.check(AuthorityRequest(intent.scope, intent.channel, intent.destination,
+                                                         intent.action_id, destination.owner if destination else None))
         return None if decision.allowed else decision.reason
 
     return authorize
@@ -260,18 +289,19 @@ def authorizer(outbox: Outbox) -> Callable[[Intent], Awaitable[str | None]]:
 
 def authority_from_setting(spec: str, outbox: Outbox) -> Authority:
     """The provider a setting names: ``grants``, ``allow-all``, ``http(s)://…`` or
-    ``python:module:function``."""
+    ``python:module:function``, asked only what an owned destination's owner allows
+    (``OwnersOnly``; the grants imply the owner's grant themselves)."""
     if spec == "grants":
-        return GrantsAuthority(outbox)
+        return OwnersOnly(GrantsAuthority(outbox))
     if spec == "allow-all":
-        return AllowAllAuthority()
+        return OwnersOnly(AllowAllAuthority())
     if spec.startswith(("http://", "https://")):
-        return HttpPolicyAuthority(spec)
+        return OwnersOnly(HttpPolicyAuthority(spec))
     if spec.startswith("python:"):
         module, _, attribute = spec.removeprefix("python:").partition(":")
         if not module or not attribute:
             raise ValueError(f"authority {spec!r}: use python:package.module:function")
-        return CallableAuthority(getattr(importlib.import_module(module), attribute))
+        return OwnersOnly(CallableAuthority(getattr(importlib.import_module(module), attribute)))
     raise ValueError(
         f"authority {spec!r} is not one of grants, allow-all, an http(s) URL, python:module:function"
     )

@@ -173,7 +173,7 @@ class Checks:
             if (destination is not None and not destination.disabled and not destination.unusable
                     and ((ends := deadline(intent, destination)) is None or now < ends.at)
                     and not (destination.requires_approval and approval_refusal(intent, now))):
-                lease.decision = await self.authority.check(_request(intent))
+                lease.decision = await self.authority.check(_request(intent, destination))
         except StoreUnavailable as exc:  # its lease is confirmed again before it is taken next
             lease.destination, lease.picked = UNREAD, False
             lease.not_before = time.monotonic() + self.outbox.settings.poll_seconds
@@ -220,8 +220,8 @@ def approval_refusal(intent: Intent, now: datetime) -> str | None:
     return None
 
 
-def _request(intent: Intent) -> AuthorityRequest:
-    return AuthorityRequest(intent.scope, intent.channel, intent.destination, intent.action_id)
+def _request(intent: Intent, destination: Destination) -> AuthorityRequest:
+    return AuthorityRequest(intent.scope, intent.channel, intent.destination, intent.action_id, destination.owner)
 
 
 def _claims(intent: Intent) -> int:

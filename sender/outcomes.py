@@ -18,6 +18,7 @@ from typing import Any
 
 from outbox import Attempt, Destination, Event, EventKind, Intent, Outbox, Outcome, Status, Submission, channels
 from outbox.ids import uuid7
+from outbox.metrics import destination_label
 from outbox.model import SETTLED, Hold, Release, Settle, Start
 
 from .authority import Decision
@@ -129,11 +130,11 @@ class Outcomes:
 
     def _decided(self, intent: Intent, destination: Destination, result: SendResult, finished: Attempt,
                  fate: Fate, events: list[Event], fence: int) -> Entry:
-        counted = (destination.id, result.outcome)
+        counted = (destination_label(destination), result.outcome)
         child = self._attempt_counts.get(counted)
         if child is None:  # a child looked up once per destination and outcome, not per attempt
             child = self._attempt_counts[counted] = self.outbox.metrics.attempts.labels(
-                destination.id, result.outcome.value)
+                counted[0], result.outcome.value)
         child.inc()
         return self.settle(intent, fate, events, attempt=finished,
                            new_fence=fence if fence != intent.fence else None)

@@ -314,7 +314,7 @@ class WebhookChannel:
             wire.IDEMPOTENCY_KEY: msg_id,
             wire.WEBHOOK_ID: msg_id,
             wire.WEBHOOK_TIMESTAMP: str(timestamp),
-            wire.WEBHOOK_SIGNATURE: wire.sign(destination.secrets, msg_id, timestamp, body),
+            wire.WEBHOOK_SIGNATURE: wire.sign(destination.live_secrets(self._clock.now()), msg_id, timestamp, body),
         }
 
     async def aclose(self) -> None:
@@ -392,6 +392,6 @@ def _describe(exc: BaseException) -> str:
 
 
 CHANNEL = ChannelModule(
-    name="webhook", spec=WebhookSpec, secret_form="a whsec_ secret", new_secret=new_secret,
+    name="webhook", spec=WebhookSpec, secret_form="a whsec_ secret", new_secret=new_secret, rotation_window=True,
     open=lambda concurrency: WebhookChannel(concurrency=concurrency), target=lambda settings: str(settings["url"]),
 )

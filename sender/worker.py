@@ -26,7 +26,7 @@ from outbox.crash import arm, crash_point
 from outbox.ids import uuid7
 
 from . import spans
-from .authority import Authority, CachedAuthority, authority_from_setting
+from .authority import Authority, CachedAuthority, OwnersOnly, authority_from_setting
 from .backoff import Backoff
 from .channel import BatchChannel, Channel, ChannelModule, Send, SendResult, batching
 from .checks import Checks, Destinations
@@ -63,7 +63,8 @@ class Worker(Pipeline):
             settings.retention_margin_seconds,
         )
         self.authority = CachedAuthority(
-            authority or authority_from_setting(settings.authority, outbox), settings.authority_seconds,
+            OwnersOnly(authority) if authority else authority_from_setting(settings.authority, outbox),
+            settings.authority_seconds,
             wall=outbox.clock.now,
         )
         self.channels: dict[str, Channel] = dict(channels or {})  # the rest are opened when first needed

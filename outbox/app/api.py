@@ -1,5 +1,6 @@
 """The HTTP API (``/v1``): producers enqueue and read, operators act on intents, admins manage
-destinations, grants and tokens; plus probes, metrics and the console.
+destinations, grants and tokens, tenants their own destinations and deliveries (``/v1/tenant``);
+plus probes, metrics and the console.
 
 Every error is RFC 9457 problem+json, and a refused request changes nothing in the store.
 
@@ -22,7 +23,7 @@ from ..operations import Authorize
 from ..outbox import Outbox
 from ..settings import Settings
 from . import console, openapi
-from .routes import bodies, events, handlers, intents, operators, probes, registry, tokens
+from .routes import bodies, events, handlers, intents, operators, probes, registry, tenant, tokens
 from .routes.auth import box
 from .web import Head
 
@@ -109,4 +110,5 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
     app.include_router(registry.destinations)
     app.include_router(registry.grants)
     app.include_router(tokens.router)
+    app.include_router(tenant.router)
     return app

@@ -137,6 +137,8 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         {"event_id": "invoice-42-paid", "scope": "acme", "topic": "invoice.paid", "payload": {"invoice": 42}},
         {"event_id": "invoice-43-paid", "scope": "acme", "topic": "invoice.paid", "payload": {"invoice": 43}}]},
     "DeliverIn": {"destination": "ledger", "reason": "ledger subscribed after invoice 42 was paid"},
+    "RotateIn": {"window_seconds": 86400},
+    "TestIn": {},
 }
 #: A destination's body, which its channel's spec validates (``routes.registry``): documented
 #: by :func:`install` as the spec of one installed channel.

@@ -72,7 +72,7 @@ class Intake(Protocol):
     read: Reader
 
     def destination(self, destination_id: str) -> Statement:
-        """The destination's ``channel`` and ``requires_approval`` (ROW, None: not registered)."""
+        """The destination's ``channel``, ``requires_approval`` and ``owner`` (ROW, None: not registered)."""
         ...
 
     def lock_ordering_keys(self, intents: Sequence[NewIntent]) -> Statement | None:
@@ -185,7 +185,10 @@ def judge(dialect: Intake, new: NewIntent, seen: dict[str, Any],
 
 def judged(new: NewIntent, found: Any) -> tuple[str, Status]:
     """The channel and first status of ``new`` by its destination's row ``found`` (None: not
-    registered), as ``rules.decide_initial_status`` and ``rules.check_payload`` decide them."""
+    registered), as ``rules.decide_initial_status`` and ``rules.check_payload`` decide them. A
+    destination another scope owns is, to ``new``, not registered (the refusal confirms nothing)."""
+    if found is not None and found["owner"] is not None and found["owner"] != new.scope:
+        found = None
     status = decide_initial_status(new, None if found is None else bool(found["requires_approval"]))
     check_payload(new, found["channel"])
     return found["channel"], status

@@ -77,7 +77,9 @@ class Lookups(ABC):
     async def get_destination(self, destination_id: str) -> Destination | None:
         return await self._one("destination_by_id", (destination_id,), self._destination)
 
-    async def list_destinations(self) -> list[Destination]:
+    async def list_destinations(self, *, owner: str | None = None) -> list[Destination]:
+        if owner is not None:
+            return await self._all("owned_destinations", (owner,), self._destination)
         return await self._all("list_destinations", (), self._destination)
 
     async def token_by_hash(self, token_hash: str) -> TokenInfo | None:

@@ -28,6 +28,7 @@ from ..flow import Held
 from ..grants import Grant, GrantSpec
 from ..keyring import Keyring
 from ..model import Attempt, Change, Enqueued, Event, Intent, NewIntent, Status
+from ..tenants import TenantLimits
 from ..tokens import ConsoleSession, TokenInfo
 
 
@@ -427,18 +428,20 @@ class Registry(Protocol):
         """A live grant for ``scope`` at ``destination`` (an exact one before a '*' one)."""
         ...
 
-    async def put_destination(self, destination: Destination) -> bool:
+    async def put_destination(self, destination: Destination, *, limits: TenantLimits | None = None) -> bool:
         """Register or replace a destination, its secrets sealed with the keyring under the key
         the database names (naming the keyring's first when it names none); True when it was new.
-        Raises SecretsKeyError when the keyring does not hold that key."""
+        With ``limits``, an owned destination is written only while its owner stays within them,
+        counted in the same transaction (``tenants.decide_limits``: raises TenantLimit). Raises
+        SecretsKeyError when the keyring does not hold that key."""
         ...
 
     async def get_destination(self, destination_id: str) -> Destination | None:
         """One destination, or None."""
         ...
 
-    async def list_destinations(self) -> list[Destination]:
-        """Every destination, by id."""
+    async def list_destinations(self, *, owner: str | None = None) -> list[Destination]:
+        """Every destination (with ``owner``, those that scope owns), by id."""
         ...
 
     async def delete_destination(self, destination_id: str) -> None:

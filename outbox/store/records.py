@@ -198,6 +198,8 @@ def destination(row: Row, time: Time, keyring: Keyring | None) -> Destination:
         max_in_flight=kept.cap(row["max_in_flight"]),
         paused_until=paused_until,
         unusable=kept.unusable(),
+        owner=row["owner"],
+        previous_secrets_until=at("previous_secrets_until"),
     )
 
 
@@ -298,7 +300,8 @@ def destination_values(d: Destination, sealed: str) -> tuple[Any, ...]:
             d.created_at, d.updated_at, d.reconcile, d.ordering.value, d.ordering_on_dead.value,
             None if d.retry_schedule is None else json.dumps(list(d.retry_schedule)), d.max_age_seconds,
             json.dumps([sub.json() for sub in d.subscriptions]),
-            d.rate_limit and float(d.rate_limit.per_second), d.rate_limit and d.rate_limit.burst, d.max_in_flight)
+            d.rate_limit and float(d.rate_limit.per_second), d.rate_limit and d.rate_limit.burst, d.max_in_flight,
+            d.owner, d.previous_secrets_until)
 
 
 

@@ -112,6 +112,12 @@ async def test_every_json_body_a_route_reads_is_a_component(served: Served):
         ("post", "/v1/events"): "#/components/schemas/EventIn",
         ("post", "/v1/events:batch"): "#/components/schemas/EventBatchIn",
         ("post", "/v1/events/{event_id}/deliver"): "#/components/schemas/DeliverIn",
+        ("post", "/v1/destinations/{destination_id}/rotate-secret"): "#/components/schemas/RotateIn",
+        ("post", "/v1/tenant/destinations"): "#/components/schemas/DestinationSpec",
+        ("put", "/v1/tenant/destinations/{destination_id}"): "#/components/schemas/DestinationSpec",
+        ("post", "/v1/tenant/destinations/{destination_id}/rotate-secret"): "#/components/schemas/RotateIn",
+        ("post", "/v1/tenant/destinations/{destination_id}/test"): "#/components/schemas/TestIn",
+        ("post", "/v1/tenant/intents/{action_id}/replay"): "#/components/schemas/ReplayIn",
     }
     assert served.document["components"]["schemas"]["IntentIn"]["properties"]["payload"] == {
         "$ref": "#/components/schemas/JsonValue", "description": "the JSON the destination receives"}

@@ -111,7 +111,9 @@ async def test_intents_of_events_published_before_migration_0018_send_their_even
 
     module = sqlite_dialect if store_url.startswith("sqlite:") else postgres_dialect
     with monkeypatch.context() as patched:
-        patched.setattr(module, "scripts_for", lambda name: [m for m in migrator.scripts_for(name) if m.version < 18])
+        # (and 0021's columns, which today's registration of the destination writes)
+        patched.setattr(module, "scripts_for", lambda name: [m for m in migrator.scripts_for(name)
+                                                             if m.version < 18 or m.version == 21])
         box = await open_box(store_url)
         await box.close()
     at = "1700000000000000" if store_url.startswith("sqlite:") else "now()"

@@ -651,3 +651,16 @@ def test_the_shell_completion_script_is_produced(tmp_path: Path):
                            capture_output=True, text=True, timeout=60, cwd=tmp_path).stdout
     assert "plain,replay" in words.splitlines()
     assert list(tmp_path.iterdir()) == []
+
+
+async def test_a_tenant_token_is_made_and_a_secret_rotated_with_its_window_printed_once(shell: Shell):
+    tenant = shell.json("tokens", "create", "--role", "tenant", "--scope", "acme")
+    assert (tenant["role"], tenant["scopes"]) == ("tenant", ["acme"]) and tenant["token"].startswith("obx_")
+    refused = shell.run("tokens", "create", "--role", "tenant", "--scope", "acme", "--scope", "globex", code=1)
+    assert "exactly one scope" in refused.stderr
+    made = shell.json("destinations", "put", "hook", "--url", "https://h.example/in")
+    rotated = shell.json("destinations", "rotate-secret", "hook", "--window-seconds", "3600")
+    assert rotated["secret"].startswith("whsec_") and rotated["secret"] != made["generated_secret"]
+    assert rotated["signing_secrets"] == 2 and rotated["previous_secrets_until"]
+    assert "new signing secret (shown once" in shell.run("destinations", "rotate-secret", "hook").stdout
+    assert shell.json("destinations", "list", "--owner", "acme") == []

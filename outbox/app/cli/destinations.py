@@ -136,19 +136,39 @@ async def destinations_show(ctx: Context, box: Outbox, destination_id: str) -> N
 
 
 @destinations.command("list")
+@click.option("--owner", help="Only the destinations this scope (a tenant) owns.")
 @run
-async def destinations_list(ctx: Context, box: Outbox) -> None:
+async def destinations_list(ctx: Context, box: Outbox, owner: str | None) -> None:
     """List destinations."""
     from ...shapes import destination_json
 
-    items = await box.list_destinations()
+    items = await box.list_destinations(owner=owner)
     ctx.emit(
         [destination_json(d) for d in items],
         lambda: "\n".join(
             f"{d.id:<20} {d.channel:<8} {_settings_line(d.settings)}"
-            f"{'  (disabled)' if d.disabled else ''}" for d in items
+            f"{'  (disabled)' if d.disabled else ''}{f'  (owner {d.owner})' if d.owner else ''}" for d in items
         ) or "no destinations",
     )
+
+
+@destinations.command("rotate-secret")
+@click.argument("destination_id")
+@click.option("--window-seconds", type=float,
+              help="How long the previous secret still signs beside the new one [default: the setting "
+                   "secret_rotation_seconds, 24 h].")
+@run
+async def destinations_rotate_secret(ctx: Context, box: Outbox, destination_id: str,
+                                     window_seconds: float | None) -> None:
+    """Give a destination a new signing secret, printed once; the previous one signs beside it
+    until the window ends, then the new one alone."""
+    from ...shapes import destination_json
+
+    destination, secret = await box.rotate_secret(destination_id, window_seconds=window_seconds)
+    ctx.emit({**destination_json(destination), "secret": secret},
+             f"rotated {destination.id}; the previous secret signs until "
+             f"{destination.previous_secrets_until and destination.previous_secrets_until.isoformat()}\n"
+             f"new signing secret (shown once; give it to the receiver): {secret}")
 
 
 @destinations.command("delete")

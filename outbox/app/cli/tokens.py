@@ -20,7 +20,8 @@ def tokens() -> None:
 
 @tokens.command("create")
 @click.option("--role", type=click.Choice([r.value for r in Role]), required=True)
-@click.option("--scope", "scopes", multiple=True, help="A scope a producer may act in; repeat; '*' for all.")
+@click.option("--scope", "scopes", multiple=True,
+              help="A scope a producer may act in (repeat; '*' for all), or a tenant's one scope.")
 @click.option("--label", help="What the token is for.")
 @run
 async def tokens_create(ctx: Context, box: Outbox, role: str, scopes: tuple[str, ...], label: str | None) -> None:

@@ -9,6 +9,7 @@ assembles them into the application.
 - ``operators``: replay, resolve, cancel, approve, reject, bulk replay
 - ``registry``: destinations and grants
 - ``tokens``: API tokens (admin)
+- ``tenant``: a tenant's own destinations and deliveries (``/v1/tenant``)
 
 Their bodies and answers are the models of ``outbox.shapes``.
 

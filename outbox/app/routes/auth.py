@@ -24,7 +24,7 @@ CHALLENGE = {"WWW-Authenticate": 'Bearer realm="outbox"'}
 
 #: The request's bearer token (None when it sends none), as the document's ``bearer`` scheme.
 BEARER = HTTPBearer(scheme_name="bearer", auto_error=False,
-                    description="an API token (`outbox tokens create`): producer, operator or admin")
+                    description="an API token (`outbox tokens create`): producer, operator, admin or tenant")
 Bearer = Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)]
 
 
@@ -60,6 +60,22 @@ async def authorized(request: Request, token: str, *allowed: Role) -> TokenInfo:
     return info
 
 
+async def tenant(request: Request, bearer: Bearer) -> TokenInfo:
+    """A dependency answering with the caller's token when it is a tenant's: the ``/v1/tenant``
+    routes act in the token's one scope, so no other role (an admin's neither) may call them."""
+    if bearer is None:
+        raise unauthenticated("send 'Authorization: Bearer <token>'; create one with `outbox tokens create`")
+    info = await box(request).authenticate(bearer.credentials)
+    if info is None:
+        raise unauthenticated("the bearer token is unknown or revoked")
+    if info.role is not Role.TENANT:
+        raise Problem(403, "forbidden", "Forbidden",
+                      f"the /v1/tenant routes act as one tenant: they need a token of role tenant, not "
+                      f"{info.role.value} (operators and admins use the other /v1 routes)")
+    return info
+
+
+Tenant = Annotated[TokenInfo, Depends(tenant)]
 Producer = Annotated[TokenInfo, Depends(role(Role.PRODUCER))]
 Reader = Annotated[TokenInfo, Depends(role(Role.PRODUCER, Role.OPERATOR))]
 Admin = Annotated[TokenInfo, Depends(role(Role.ADMIN))]

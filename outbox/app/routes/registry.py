@@ -12,7 +12,16 @@ from fastapi.responses import JSONResponse, Response
 from ... import channels
 from ...fields import DestinationId, GrantId
 from ...grants import GrantSpec
-from ...shapes import Destination, DestinationList, Grant, GrantList, destination_json, grant_json
+from ...shapes import (
+    Destination,
+    DestinationList,
+    Grant,
+    GrantList,
+    NewSecretDestination,
+    RotateIn,
+    destination_json,
+    grant_json,
+)
 from .. import openapi
 from .auth import Admin, Operator, box
 from .bodies import validated
@@ -40,6 +49,17 @@ async def put_destination(request: Request, destination_id: DestinationId, token
     destination, created = await box(request).put_destination(destination_id, spec)
     log.info("destination %s %s by %s", destination_id, "created" if created else "replaced", token.actor)
     return JSONResponse(destination_json(destination), status_code=201 if created else 200)
+
+
+@destinations.post(
+    "/v1/destinations/{destination_id}/rotate-secret",
+    summary="A new signing secret made here, shown here only; the previous one signs beside it for a window (admin)",
+    **openapi.doc({200: (NewSecretDestination, "rotated")}, example="RotateIn", errors=[*openapi.BODY_ERRORS, 404]),
+)
+async def rotate_secret(spec: RotateIn, request: Request, destination_id: DestinationId, token: Admin) -> Response:
+    destination, secret = await box(request).rotate_secret(destination_id, window_seconds=spec.window_seconds)
+    log.info("destination %s: secret rotated by %s", destination_id, token.actor)
+    return JSONResponse({**destination_json(destination), "secret": secret}, headers={"Cache-Control": "no-store"})
 
 
 @destinations.get("/v1/destinations/{destination_id}", summary="A destination",

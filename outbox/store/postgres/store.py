@@ -20,6 +20,7 @@ from ...events import NewEvent, Published
 from ...grants import Grant, GrantSpec
 from ...keyring import Keyring, required
 from ...model import Attempt, Change, Enqueued, Event, Intent, NewIntent, check_change
+from ...tenants import TenantLimits, decide_limits
 from ...tokens import ConsoleSession, TokenInfo
 from .. import moves, timeline
 from ..lookups import Lookups
@@ -343,11 +344,16 @@ class PostgresStore(PostgresEvents, Lookups):
 
     # -- destinations ----------------------------------------------------------------------
 
-    async def put_destination(self, destination: Destination) -> bool:
+    async def put_destination(self, destination: Destination, *, limits: TenantLimits | None = None) -> bool:
         d = destination
         keyring = required(self.keyring)
 
         async def work(conn: asyncpg.Connection) -> bool:
+            if limits is not None and d.owner is not None:  # the owner's puts take turns: counted whole
+                await conn.execute(SQL["lock_owner"], d.owner)
+                counted = await conn.fetchrow(SQL["owned_counts"], d.owner, d.id)
+                decide_limits(limits, others=counted["destinations"], others_subscriptions=counted["subscriptions"],
+                              subscriptions=len(d.subscriptions))
             await conn.execute(SQL["propose_sealing_key"], keyring.primary)
             key = keyring.sealing(await conn.fetchval(SQL["share_sealing_key"]))
             created: bool = await conn.fetchval(

@@ -67,8 +67,9 @@ SELECT 1;
 SELECT clock_timestamp();
 
 -- name: destination_for_enqueue
--- What an enqueue needs to know about its destination, read inside the enqueue's transaction.
-SELECT channel, requires_approval FROM destinations WHERE id = $1;
+-- What an enqueue needs to know about its destination, read inside the enqueue's transaction (an owned one is
+-- reached by its owner's intents only: outbox.store.intake.judged).
+SELECT channel, requires_approval, owner FROM destinations WHERE id = $1;
 
 -- name: lock_ordering_keys
 -- Enqueues of one destination and ordering key (arrays $1, $2) take turns until their transactions end, so a key's
@@ -664,8 +665,8 @@ INSERT INTO destinations (id, channel, settings, secrets, idempotent, retention_
                           timeout_seconds, requires_approval, allow_private_network, disabled,
                           created_at, updated_at, reconcile, ordering, ordering_on_dead,
                           retry_schedule, max_age_seconds, subscriptions, rate_per_second,
-                          rate_burst, max_in_flight)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)
+                          rate_burst, max_in_flight, owner, previous_secrets_until)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24)
 ON CONFLICT (id) DO UPDATE SET
     channel = excluded.channel, settings = excluded.settings, secrets = excluded.secrets,
     idempotent = excluded.idempotent, retention_seconds = excluded.retention_seconds,
@@ -676,7 +677,8 @@ ON CONFLICT (id) DO UPDATE SET
     ordering_on_dead = excluded.ordering_on_dead, retry_schedule = excluded.retry_schedule,
     max_age_seconds = excluded.max_age_seconds, subscriptions = excluded.subscriptions,
     rate_per_second = excluded.rate_per_second, rate_burst = excluded.rate_burst,
-    max_in_flight = excluded.max_in_flight
+    max_in_flight = excluded.max_in_flight, owner = excluded.owner,
+    previous_secrets_until = excluded.previous_secrets_until
 RETURNING NOT EXISTS (SELECT 1 FROM existing) AS created;
 
 -- name: sealing_key
@@ -722,6 +724,20 @@ SELECT id FROM destinations WHERE id = $1 FOR UPDATE;
 -- name: list_destinations
 -- Every destination, by id.
 SELECT * FROM destinations ORDER BY id;
+
+-- name: owned_destinations
+-- The destinations one scope owns, by id.
+SELECT * FROM destinations WHERE owner = $1 ORDER BY id;
+
+-- name: owned_counts
+-- How many destinations scope $1 owns besides $2, and how many subscriptions those hold.
+SELECT (SELECT count(*) FROM destinations WHERE owner = $1 AND id <> $2) AS destinations,
+       (SELECT count(*) FROM subscriptions AS s JOIN destinations AS d ON d.id = s.destination
+        WHERE d.owner = $1 AND d.id <> $2) AS subscriptions;
+
+-- name: lock_owner
+-- Puts of one owner's destinations take turns until their transactions end, so its limits are counted whole.
+SELECT pg_advisory_xact_lock(hashtext('outbox.destinations'), hashtext($1));
 
 -- name: open_intents_for_destination
 -- How many intents still wait on a destination (it may not be deleted under them).
@@ -846,14 +862,16 @@ SELECT * FROM unnest($1::text[], $2::text[], $3::boolean[], $4::text[]);
 
 -- name: event_subscribers
 -- The destinations subscribed to topic $2 for scope $1 (with $4, only those the scope holds a grant for that is live
--- at $3, as matching_grant judges), by id, with what an enqueue needs to know of each.
-SELECT d.id, d.channel, d.requires_approval FROM destinations d
+-- at $3, as matching_grant judges; an owned one only for its owner, whose grant it implies), by id, with what an
+-- enqueue needs to know of each.
+SELECT d.id, d.channel, d.requires_approval, d.owner FROM destinations d
 WHERE EXISTS (SELECT 1 FROM subscriptions s
               WHERE s.destination = d.id AND (s.scope IS NULL OR s.scope = $1)
                 AND CASE WHEN s.exact THEN s.prefix = $2 ELSE starts_with($2, s.prefix) END)
-  AND (NOT $4::boolean OR EXISTS (SELECT 1 FROM grants g
-                                  WHERE g.scope = $1 AND g.destination IN (d.id, '*')
-                                    AND (g.expires_at IS NULL OR g.expires_at > $3)))
+  AND CASE WHEN d.owner IS NOT NULL THEN d.owner = $1
+           ELSE NOT $4::boolean OR EXISTS (SELECT 1 FROM grants g
+                                           WHERE g.scope = $1 AND g.destination IN (d.id, '*')
+                                             AND (g.expires_at IS NULL OR g.expires_at > $3)) END
 ORDER BY d.id;
 
 -- name: insert_topic_event
@@ -877,16 +895,17 @@ RETURNING event_key, seq;
 
 -- name: events_subscribers
 -- event_subscribers for a batch of events at once: for each (n, scope, topic, time) of arrays $1-$4, with $5 as its
--- $4, the destinations subscribed, as (n, id, channel, requires_approval), by n then id.
-SELECT e.n, d.id, d.channel, d.requires_approval
+-- $4, the destinations subscribed, as (n, id, channel, requires_approval, owner), by n then id.
+SELECT e.n, d.id, d.channel, d.requires_approval, d.owner
 FROM unnest($1::integer[], $2::text[], $3::text[], $4::timestamptz[]) AS e (n, scope, topic, at)
 JOIN destinations d ON EXISTS (
     SELECT 1 FROM subscriptions s
     WHERE s.destination = d.id AND (s.scope IS NULL OR s.scope = e.scope)
       AND CASE WHEN s.exact THEN s.prefix = e.topic ELSE starts_with(e.topic, s.prefix) END)
-WHERE NOT $5::boolean OR EXISTS (SELECT 1 FROM grants g
-                                 WHERE g.scope = e.scope AND g.destination IN (d.id, '*')
-                                   AND (g.expires_at IS NULL OR g.expires_at > e.at))
+WHERE CASE WHEN d.owner IS NOT NULL THEN d.owner = e.scope
+           ELSE NOT $5::boolean OR EXISTS (SELECT 1 FROM grants g
+                                           WHERE g.scope = e.scope AND g.destination IN (d.id, '*')
+                                             AND (g.expires_at IS NULL OR g.expires_at > e.at)) END
 ORDER BY e.n, d.id;
 
 -- name: set_event_skipped

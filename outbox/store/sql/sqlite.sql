@@ -46,8 +46,9 @@ DELETE FROM schema_migrations WHERE false;
 SELECT 1;
 
 -- name: destination_for_enqueue
--- What an enqueue needs to know about its destination, read inside the enqueue's transaction.
-SELECT channel, requires_approval FROM destinations WHERE id = ?;
+-- What an enqueue needs to know about its destination, read inside the enqueue's transaction (an owned one is
+-- reached by its owner's intents only: outbox.store.intake.judged).
+SELECT channel, requires_approval, owner FROM destinations WHERE id = ?;
 
 -- name: insert_intent
 -- Create an intent unless its key (scope/action_id) exists, while its destination ?4 still says what the intent was
@@ -408,8 +409,8 @@ INSERT INTO destinations (id, channel, settings, secrets, idempotent, retention_
                           timeout_seconds, requires_approval, allow_private_network, disabled,
                           created_at, updated_at, reconcile, ordering, ordering_on_dead,
                           retry_schedule, max_age_seconds, subscriptions, rate_per_second,
-                          rate_burst, max_in_flight)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                          rate_burst, max_in_flight, owner, previous_secrets_until)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (id) DO UPDATE SET
     channel = excluded.channel, settings = excluded.settings, secrets = excluded.secrets,
     idempotent = excluded.idempotent, retention_seconds = excluded.retention_seconds,
@@ -420,7 +421,8 @@ ON CONFLICT (id) DO UPDATE SET
     ordering_on_dead = excluded.ordering_on_dead, retry_schedule = excluded.retry_schedule,
     max_age_seconds = excluded.max_age_seconds, subscriptions = excluded.subscriptions,
     rate_per_second = excluded.rate_per_second, rate_burst = excluded.rate_burst,
-    max_in_flight = excluded.max_in_flight
+    max_in_flight = excluded.max_in_flight, owner = excluded.owner,
+    previous_secrets_until = excluded.previous_secrets_until
 RETURNING *;
 
 -- name: sealing_key
@@ -450,6 +452,16 @@ SELECT * FROM destinations WHERE id = ?;
 -- name: list_destinations
 -- Every destination, by id.
 SELECT * FROM destinations ORDER BY id;
+
+-- name: owned_destinations
+-- The destinations one scope owns, by id.
+SELECT * FROM destinations WHERE owner = ?1 ORDER BY id;
+
+-- name: owned_counts
+-- How many destinations scope ?1 owns besides ?2, and how many subscriptions those hold.
+SELECT (SELECT count(*) FROM destinations WHERE owner = ?1 AND id <> ?2) AS destinations,
+       (SELECT count(*) FROM subscriptions AS s JOIN destinations AS d ON d.id = s.destination
+        WHERE d.owner = ?1 AND d.id <> ?2) AS subscriptions;
 
 -- name: open_intents_for_destination
 -- How many intents still wait on a destination (it may not be deleted under them).
@@ -583,28 +595,31 @@ RETURNING event_key, seq;
 
 -- name: event_subscribers
 -- The destinations subscribed to topic ?2 for scope ?1 (with ?4, only those the scope holds a grant for that is live
--- at ?3, as matching_grant judges), by id, with what an enqueue needs to know of each.
-SELECT d.id, d.channel, d.requires_approval FROM destinations d
+-- at ?3, as matching_grant judges; an owned one only for its owner, whose grant it implies), by id, with what an
+-- enqueue needs to know of each.
+SELECT d.id, d.channel, d.requires_approval, d.owner FROM destinations d
 WHERE EXISTS (SELECT 1 FROM subscriptions s
               WHERE s.destination = d.id AND (s.scope IS NULL OR s.scope = ?1)
                 AND CASE WHEN s.exact THEN s.prefix = ?2 ELSE substr(?2, 1, length(s.prefix)) = s.prefix END)
-  AND (NOT ?4 OR EXISTS (SELECT 1 FROM grants g
-                         WHERE g.scope = ?1 AND g.destination IN (d.id, '*')
-                           AND (g.expires_at IS NULL OR g.expires_at > ?3)))
+  AND CASE WHEN d.owner IS NOT NULL THEN d.owner = ?1
+           ELSE NOT ?4 OR EXISTS (SELECT 1 FROM grants g
+                                  WHERE g.scope = ?1 AND g.destination IN (d.id, '*')
+                                    AND (g.expires_at IS NULL OR g.expires_at > ?3)) END
 ORDER BY d.id;
 
 -- name: events_subscribers
 -- event_subscribers for a JSON array of [n, scope, topic, time] events at once, with ?2 as its ?4: the destinations
--- subscribed, as (n, id, channel, requires_approval), by n then id.
-SELECT e.value ->> 0 AS n, d.id, d.channel, d.requires_approval
+-- subscribed, as (n, id, channel, requires_approval, owner), by n then id.
+SELECT e.value ->> 0 AS n, d.id, d.channel, d.requires_approval, d.owner
 FROM json_each(?1) AS e JOIN destinations d ON EXISTS (
     SELECT 1 FROM subscriptions s
     WHERE s.destination = d.id AND (s.scope IS NULL OR s.scope = e.value ->> 1)
       AND CASE WHEN s.exact THEN s.prefix = e.value ->> 2
                ELSE substr(e.value ->> 2, 1, length(s.prefix)) = s.prefix END)
-WHERE NOT ?2 OR EXISTS (SELECT 1 FROM grants g
-                        WHERE g.scope = e.value ->> 1 AND g.destination IN (d.id, '*')
-                          AND (g.expires_at IS NULL OR g.expires_at > e.value ->> 3))
+WHERE CASE WHEN d.owner IS NOT NULL THEN d.owner = e.value ->> 1
+           ELSE NOT ?2 OR EXISTS (SELECT 1 FROM grants g
+                                  WHERE g.scope = e.value ->> 1 AND g.destination IN (d.id, '*')
+                                    AND (g.expires_at IS NULL OR g.expires_at > e.value ->> 3)) END
 ORDER BY 1, d.id;
 
 -- name: insert_topic_event

@@ -21,6 +21,7 @@ from ...events import NewEvent, Published
 from ...grants import Grant, GrantSpec
 from ...keyring import Keyring, required
 from ...model import Attempt, Change, Enqueued, Event, Intent, NewIntent, check_change
+from ...tenants import TenantLimits, decide_limits
 from ...tokens import ConsoleSession, TokenInfo
 from .. import timeline
 from ..lookups import Lookups
@@ -390,12 +391,16 @@ class SqliteStore(SqliteEvents, Lookups):
 
     # -- destinations ----------------------------------------------------------------------
 
-    async def put_destination(self, destination: Destination) -> bool:
+    async def put_destination(self, destination: Destination, *, limits: TenantLimits | None = None) -> bool:
         d = destination
         keyring = required(self.keyring)
 
         def run(conn: sqlite3.Connection) -> bool:
             existed = conn.execute(SQL["destination_by_id"], (d.id,)).fetchone() is not None
+            if limits is not None and d.owner is not None:  # (the one writer: counted whole)
+                others, subscribed = conn.execute(SQL["owned_counts"], (d.owner, d.id)).fetchone()
+                decide_limits(limits, others=others, others_subscriptions=subscribed,
+                              subscriptions=len(d.subscriptions))
             conn.execute(SQL["propose_sealing_key"], (keyring.primary,))
             key = keyring.sealing(conn.execute(SQL["sealing_key"]).fetchone()[0])
             sealed = keyring.seal(d.secrets, destination_id=d.id, key=key)
