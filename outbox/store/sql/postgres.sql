@@ -312,6 +312,11 @@ SELECT intents.*, {event_payload[intents]} AS event_payload,
 FROM intents
 WHERE status = 'leased' AND lease_expires_at <= $1 ORDER BY lease_expires_at LIMIT $2;
 
+-- name: lease_running
+-- Whether the lease of intents row {of} still runs when an attempt starts at {at}: moves.lease_running's rule (a test
+-- holds them to each other), which the cycle's start judges here, where it locks the row.
+{of}.lease_expires_at > {at}
+
 -- name: limited
 -- A destination (as "destinations") with a limit or a pause at a time: its intents are claimed by
 -- outbox_claim_limited. Filled into the statements that claim or look for due intents, with the time.
@@ -452,7 +457,7 @@ WITH settling AS (
            || starting.held::jsonb AS kept
     FROM intents JOIN starting USING (intent_key)
     WHERE intents.intent_key = ANY($start_intent_key::text[]) AND intents.status = 'leased' AND intents.fence = starting.fence
-      AND intents.lease_expires_at > starting.started_at
+      AND {lease_running}
     FOR KEY SHARE OF intents
 ), attempted AS (
     INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at, events)
