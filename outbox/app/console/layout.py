@@ -12,6 +12,9 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from fastapi.responses import HTMLResponse
+from markupsafe import Markup
+
+from .templates import render
 
 STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1b1f24;background:#f6f8fa}
@@ -66,22 +69,12 @@ NAV = (("Overview", "/console"), ("Intents", "/console/intents"), ("Events", "/c
 
 def page(title: str, body: str, *, csrf: str | None = None, status: int = 200,
          refresh: int | None = None) -> HTMLResponse:
-    """A console page; ``refresh`` reloads it every that many seconds (a progress view, no script).
-    A signed-in operator's (``csrf``: the session's CSRF value) has the sections and a sign-out
+    """A console page (``templates/page.html``) around ``body``, HTML its page built from escaped
+    parts; ``refresh`` reloads it every that many seconds (a progress view, no script). A
+    signed-in operator's (``csrf``: the session's CSRF value) has the sections and a sign-out
     button in its header; anyone else's, neither."""
-    nav = ("".join(f'<a href="{href}">{label}</a>' for label, href in NAV)
-           + '<form method="post" action="/console/logout">'
-           f'<input type="hidden" name="csrf" value="{escape(csrf)}"><button>Sign out</button></form>'
-           ) if csrf is not None else ""
-    meta = f"<meta http-equiv='refresh' content='{refresh}'>" if refresh else ""
-    return HTMLResponse(
-        f"<!doctype html><html lang='en'><head><meta charset='utf-8'>"
-        f"<meta name='viewport' content='width=device-width, initial-scale=1'>{meta}"
-        f"<title>{escape(title)} · outbox</title><link rel='stylesheet' href='/console/style.css'></head>"
-        f"<body><header><strong>outbox console</strong>{nav}</header>"
-        f"<main><h1>{escape(title)}</h1>{body}</main></body></html>",
-        status_code=status,
-    )
+    return HTMLResponse(render("page.html", title=title, body=Markup(body), csrf=csrf, refresh=refresh, nav=NAV),
+                        status_code=status)
 
 
 #: A table row: its cells' HTML, and optionally what goes under it across the whole width.
