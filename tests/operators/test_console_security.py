@@ -5,7 +5,7 @@ but their own stylesheet, and a link cannot put words on them. Served by a real 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,25 +28,31 @@ class Site:
     operator: str
 
 
-@pytest.fixture
-def site(tmp_path: Path) -> Iterator[Site]:
-    """The service without a sender, with one pending intent and an operator token."""
-    db_url = f"sqlite:///{tmp_path / 'console.db'}"
-
-    async def prepare() -> str:
+def _served(db_url: str, prepare: Callable[[Outbox], Awaitable[None]]) -> Iterator[Site]:
+    """The service without a sender on ``db_url``, after ``prepare`` (and an operator token)."""
+    async def prepared() -> str:
         async with await Outbox.open(db_url) as box:
-            await box.put_destination("billing", DestinationSpec(url="https://billing.example/", secret=SECRET))
-            await box.enqueue(action_id="inv-1", scope="acme", destination="billing", payload={"n": 1})
+            await prepare(box)
             operator, _ = await box.create_token(Role.OPERATOR)
         return operator
 
-    operator = asyncio.run(prepare())
+    operator = asyncio.run(prepared())
     settings = Settings(database_url=db_url, worker=False)
     served = Served(create_app(settings), **listening(settings))
     try:
         yield Site(served.url, operator)
     finally:
         served.stop()
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Iterator[Site]:
+    """The service with one pending intent and an operator token."""
+    async def prepare(box: Outbox) -> None:
+        await box.put_destination("billing", DestinationSpec(url="https://billing.example/", secret=SECRET))
+        await box.enqueue(action_id="inv-1", scope="acme", destination="billing", payload={"n": 1})
+
+    yield from _served(f"sqlite:///{tmp_path / 'console.db'}", prepare)
 
 
 def _directives(policy: str) -> dict[str, str]:
@@ -139,25 +145,14 @@ HOSTILE = "<script>alert(1)</script>"
 def hostile(tmp_path: Path) -> Iterator[Site]:
     """The service with user text that is markup wherever the API lets it be: a destination's URL,
     an intent's payload, an event's payload and its publisher's name."""
-    db_url = f"sqlite:///{tmp_path / 'hostile.db'}"
+    async def prepare(box: Outbox) -> None:
+        await box.put_destination("billing", DestinationSpec(url=f"https://billing.example/?q={HOSTILE}",
+                                                             secret=SECRET))
+        await box.enqueue(action_id="inv-1", scope="acme", destination="billing", payload={"note": HOSTILE})
+        await box.publish(scope="acme", topic="invoice.paid", event_id="ev-1", payload={"note": HOSTILE},
+                          actor=HOSTILE)
 
-    async def prepare() -> str:
-        async with await Outbox.open(db_url) as box:
-            await box.put_destination("billing", DestinationSpec(url=f"https://billing.example/?q={HOSTILE}",
-                                                                 secret=SECRET))
-            await box.enqueue(action_id="inv-1", scope="acme", destination="billing", payload={"note": HOSTILE})
-            await box.publish(scope="acme", topic="invoice.paid", event_id="ev-1", payload={"note": HOSTILE},
-                              actor=HOSTILE)
-            operator, _ = await box.create_token(Role.OPERATOR)
-        return operator
-
-    operator = asyncio.run(prepare())
-    settings = Settings(database_url=db_url, worker=False)
-    served = Served(create_app(settings), **listening(settings))
-    try:
-        yield Site(served.url, operator)
-    finally:
-        served.stop()
+    yield from _served(f"sqlite:///{tmp_path / 'hostile.db'}", prepare)
 
 
 def test_hostile_user_text_is_escaped_on_every_page_that_shows_it(hostile: Site):
