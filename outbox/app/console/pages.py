@@ -10,6 +10,7 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from markupsafe import Markup
 
 from ... import operations, tracing
 from ...destinations import Destination
@@ -28,6 +29,7 @@ from .health import backlog, health, per_minute, window
 from .layout import STYLE, destination_link, flashes, intent_link, intent_url, pill, pretty, table, when
 from .replays import Replays
 from .sessions import signed_page
+from .templates import render
 
 ATTENTION = ((Status.DEAD, "Dead letters"), (Status.UNKNOWN, "Unknown outcomes"),
              (Status.REVOKED, "Revoked"), (Status.HELD, "Held for approval"))
@@ -186,51 +188,37 @@ async def intent_view(access: Access, request: Request, action_id: str, scope: s
     except (NotFound, OutboxError) as exc:
         return signed_page(request, "Not found", f"<p>{escape(exc.message)}</p>", status=404)
     now = outbox.clock.now()
-    csrf = access.csrf_field(request)
-
-    def action(name: str, label: str, extra: str = "") -> str:
-        target = escape(intent_url(action_id, intent.scope, name))
-        return (f"<form class='inline' method='post' action='{target}'>{csrf}{extra}"
-                f"<input name='reason' placeholder='reason' required size='24'> "
-                f"<button type='submit' name='action' value='{name}'>{label}</button></form>")
-
-    actions = []
+    actions: list[tuple[str, str, Markup]] = []
     if intent.status in REPLAYABLE:
-        actions.append(action("replay", "Replay", "<label><input type='checkbox' name='accept_duplicate_risk' "
-                                                  "value='yes'> accept duplicate risk</label> "))
+        actions.append(("replay", "Replay", Markup("<label><input type='checkbox' name='accept_duplicate_risk' "
+                                                   "value='yes'> accept duplicate risk</label> ")))
     if intent.status is Status.UNKNOWN:
-        actions.append(action("resolve", "Resolve", "<select name='resolution' required>"
-            "<option value='' selected>choose the outcome…</option>" + "".join(
-            f"<option>{r.value}</option>" for r in Resolution) + "</select> "
-            "<input name='external_id' placeholder='external id (evidence)' size='20'> "))
+        actions.append(("resolve", "Resolve", Markup(
+            "<select name='resolution' required><option value='' selected>choose the outcome…</option>"
+            + "".join(f"<option>{r.value}</option>" for r in Resolution) + "</select> "
+            "<input name='external_id' placeholder='external id (evidence)' size='20'> ")))
     if intent.status is Status.HELD:
-        digest = f"<input type='hidden' name='payload_digest' value='{escape(intent.payload_digest)}'>"
-        actions.append(action("approve", "Approve", digest))
-        actions.append(action("reject", "Reject"))
+        actions.append(("approve", "Approve", Markup(
+            f"<input type='hidden' name='payload_digest' value='{escape(intent.payload_digest)}'>")))
+        actions.append(("reject", "Reject", Markup("")))
     if intent.status in (Status.PENDING, Status.HELD, Status.REVOKED, Status.DEAD):
-        actions.append(action("cancel", "Cancel"))
+        actions.append(("cancel", "Cancel", Markup("")))
     try:
         destination: Destination | None = await outbox.get_destination(intent.destination)
     except NotFound:
         destination = None
-    waiting = f"<p class='flash error'>waiting {_behind_link(behind, intent)}</p>" if behind else ""
-    if intent.unreadable:
-        waiting += (f"<p class='flash error'>{escape(intent.unreadable)}: the sender sets it aside unsent; "
-                    "cancel it, and enqueue it again with times the outbox takes</p>")
-    last_error = ("" if intent.status is Status.DELIVERED or not intent.last_error
-                  else f"<p>last error: {escape(intent.last_error)}</p>")
-    return signed_page(request, f"Intent {action_id}", flashes(done, error) + (
-        f"<p>{pill(intent.status.value)} to <b>{destination_link(intent.destination)}</b> for "
-        f"<b>{escape(intent.scope)}</b> · attempts {intent.attempts}/{intent.max_attempts} · fence {intent.fence}"
-        f" · enqueued {when(intent.created_at, now)} · changed {when(intent.updated_at, now)}"
-        + (f" · next attempt {when(intent.next_attempt_at, now)}" if intent.status is Status.PENDING
-           else "") + "</p>"
-        f"{waiting}{last_error}"
-        f"<p>payload <code>{escape(intent.payload_digest)}</code></p>{pretty(intent.payload_json[:4000])}"
-        + _trace(tracing.kept(intent))
-        + f"<h2>Actions</h2>{''.join(actions) or '<p>none for this status</p>'}"
-        "<h2>Attempts</h2>" + history_view.attempts(history.attempts, history.events, destination, now)
-        + "<h2>Timeline</h2>" + history_view.timeline(history.events, now)), status=status)
+    return signed_page(request, f"Intent {action_id}", render(
+        "intent.html", intent=intent, flashes=Markup(flashes(done, error)), status=Markup(pill(intent.status.value)),
+        destination=Markup(destination_link(intent.destination)), enqueued=Markup(when(intent.created_at, now)),
+        changed=Markup(when(intent.updated_at, now)),
+        next_attempt=Markup(when(intent.next_attempt_at, now)) if intent.status is Status.PENDING else None,
+        behind=Markup(_behind_link(behind, intent)) if behind else None,
+        last_error=None if intent.status is Status.DELIVERED else intent.last_error,
+        payload=Markup(pretty(intent.payload_json[:4000])), trace=Markup(_trace(tracing.kept(intent))),
+        actions=actions, url=lambda name: intent_url(action_id, intent.scope, name),
+        csrf=Markup(access.csrf_field(request)),
+        attempts=Markup(history_view.attempts(history.attempts, history.events, destination, now)),
+        timeline=Markup(history_view.timeline(history.events, now))), status=status)
 
 
 def _set_aside(request: Request, now: datetime) -> str:
