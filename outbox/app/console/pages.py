@@ -138,22 +138,11 @@ def register(pages: APIRouter, access: Access, replays: Replays) -> None:
         async def dry_run(outbox: Outbox, now: datetime, chosen: Filter) -> str:
             found = [i async for i in operations.matching(outbox, operations.replay_filter(chosen.query()))]
             risky = await operations.duplicate_risks(outbox, found)
-            warning = (f"<p class='warning' id='duplicate-risk'><b>Duplicate risk: {len(risky)} of these "
-                       f"{len(found)} intents</b> may already have taken effect (an attempt whose outcome is "
-                       "unknown or may have been submitted) at a destination that does not declare idempotency ("
-                       + ", ".join(sorted({destination_link(i.destination) for i in risky}))
-                       + "). Replaying sends them again and the receiver may act twice. Without "
-                       "“accept duplicate risk” they are refused and listed; tick it only once you know "
-                       "the receiver can take them.</p>") if risky else ""
-            confirm = (
-                f"<form method='post' action='/console/replay'>{access.csrf_field(request)}{chosen.hidden()}"
-                f"<p><label>Reason (recorded on every replay)<br><input name='reason' required size='40'></label></p>"
-                f"<p><label><input type='checkbox' name='accept_duplicate_risk' value='yes'> accept duplicate risk"
-                + (f" (<b>{len(risky)} may have taken effect already</b>; unticked, they are refused)" if risky else "")
-                + f"</label></p><button type='submit'>Replay {len(found)} intents</button></form>") if found else ""
-            return (f"<h2>Dry run: {len(found)} intents match</h2>" + warning
-                    + (f"<p>The first {min(len(found), 20)} of them:</p>" if found else "")
-                    + _intents(found[:20], now) + confirm)
+            return render("replay_preview.html", found=len(found), risky=len(risky),
+                          risky_destinations=[Markup(destination_link(d)) for d in sorted({i.destination
+                                                                                          for i in risky})],
+                          intents=Markup(_intents(found[:20], now)), csrf=Markup(access.csrf_field(request)),
+                          hidden=Markup(chosen.hidden()))
 
         return await access.filtered(request, "Bulk replay", "/console/replay", dry_run)
 
@@ -166,15 +155,9 @@ def register(pages: APIRouter, access: Access, replays: Replays) -> None:
                                "<p>no such bulk replay in this process (it may have restarted)</p>", status=404)
         now = access.box(request).clock.now()
         refused = [[escape(a), escape(why)] for a, why in found.refused.items()]
-        state = ("running (this page refreshes itself)" if not found.finished
-                 else f"stopped: {escape(found.error)}" if found.error else "finished")
-        return signed_page(request, "Bulk replay", (
-            f"<p>{state} · started {when(found.started_at, now)} by {escape(found.actor.name)}: "
-            f"{escape(found.actor.reason)}</p>"
-            f"<p><progress max='{max(found.total, 1)}' value='{found.done}'></progress> "
-            f"{found.done} of {found.total} looked at · <b>{len(found.replayed)} replayed</b> · "
-            f"{len(found.refused)} refused</p>" + ("<h2>Refused</h2>" + table(["action_id", "why"], refused)
-                                                   if refused else "")),
+        return signed_page(request, "Bulk replay", render(
+            "replay_progress.html", job=found, started=Markup(when(found.started_at, now)),
+            refused=Markup(table(["action_id", "why"], refused)) if refused else None),
             refresh=None if found.finished else 2)
 
 
