@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from datetime import datetime
 from html import escape
-from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -61,25 +60,21 @@ def register(pages: APIRouter, access: Access, replays: Replays) -> None:
             [f"<a href='/console/intents?status={s.value}'>{pill(s.value)}</a>", str(counts.get(s.value, 0))]
             for s in Status], numeric=("intents",), compact=True)
         delivered, failed = per_minute(activity, minutes)
-        graphs = ("<div class='charts'>"
-                  + charts.bars("Attempts per minute", minutes, delivered, failed, ("delivered", "failed"))
-                  + charts.line("Backlog (open intents)", minutes, backlog(activity, minutes), "open")
-                  + "</div>")
         destinations = await outbox.list_destinations()
         destination_health = destinations_table(request, destinations,
                                                 health(activity, [d.id for d in destinations]), now)
         sections = []
         for status, title in ATTENTION:
             found = await outbox.list_intents(IntentQuery(statuses=[status], limit=10))
-            more = (f"<p><a href='/console/intents?status={status.value}'>all {counts.get(status.value, 0)}</a></p>"
-                    if found.next_seq else "")
-            sections.append(f"<h2 id='{status.value}'>{title}</h2>" + _intents(found.intents, now) + more)
-        search = ("<form class='filters' method='get' action='/console/intents'><label>action id"
-                  "<input name='q' size='24'></label><button>Find</button></form>")
-        return signed_page(request, "Overview", headline(request, counts, destinations, now)
-                           + _set_aside(request, now) + search + "<h2>Last hour</h2>" + graphs
-                           + "<h2 id='destinations'>Destinations (last hour)</h2>" + destination_health
-                           + "<h2>Backlog by status</h2>" + statuses + "".join(sections))
+            sections.append((status.value, title, Markup(_intents(found.intents, now)),
+                             counts.get(status.value, 0) if found.next_seq else None))
+        return signed_page(request, "Overview", render(
+            "overview.html", headline=Markup(headline(request, counts, destinations, now)),
+            set_aside=Markup(_set_aside(request, now)),
+            attempts_chart=Markup(charts.bars("Attempts per minute", minutes, delivered, failed,
+                                              ("delivered", "failed"))),
+            backlog_chart=Markup(charts.line("Backlog (open intents)", minutes, backlog(activity, minutes), "open")),
+            destinations=Markup(destination_health), statuses=Markup(statuses), sections=sections))
 
     @pages.get("/intents")
     @access.signed_in
@@ -110,11 +105,9 @@ def register(pages: APIRouter, access: Access, replays: Replays) -> None:
         shown = [d for d in destinations if not state or circuit_state(request, d, now)[0] == state]
         activity = await outbox.store.activity(window(now)[0], now)
         healths = [h for h in health(activity, [d.id for d in shown]) if h.destination in {d.id for d in shown}]
-        choices = " · ".join(f"<a href='/console/destinations?state={quote(s)}'>{escape(s)}</a>" for s in STATES)
-        return signed_page(request, "Destinations", (f"<p>{'showing ' + pill(state) + ' · ' if state else ''}"
-                                                     f"<a href='/console/destinations'>all</a> · {choices}</p>"
-                                                     "<h2>Last hour</h2>"
-                                                     + destinations_table(request, shown, healths, now)))
+        return signed_page(request, "Destinations", render(
+            "destinations.html", state=state, pill=Markup(pill(state)) if state else None, states=STATES,
+            table=Markup(destinations_table(request, shown, healths, now))))
 
     @pages.get("/destinations/{destination_id}")
     @access.signed_in
