@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -55,8 +54,13 @@ from .settings import Settings
 from .signals import Signal
 from .store import History, IntentQuery, Page, SharesClock, Store, SupportsListener, Transaction, store_for_url
 from .tokens import SESSIONS_PER_TOKEN, ConsoleSession, TokenInfo, hash_token, new_session_id, new_token
+from .ttlcache import TtlCache
 
 log = logging.getLogger("outbox")
+
+
+#: Valid tokens an outbox remembers at most (``authenticate``): a token is cheap to read again.
+MAX_TOKENS = 10_000
 
 
 class Outbox(Publishing):
@@ -69,7 +73,7 @@ class Outbox(Publishing):
         self.clock: Clock = clock or SystemClock()
         #: The producer's checks (``outbox.intake``), with this outbox's settings and clock.
         self.intake = Intake(self.settings, lambda: self.clock.now())
-        self._tokens: dict[str, tuple[float, TokenInfo]] = {}
+        self._tokens: TtlCache[str, TokenInfo] = TtlCache(self.settings.token_cache_seconds, MAX_TOKENS)
         self.metrics = Metrics()
         #: Wakes an embedded worker when intents are enqueued here.
         self.enqueued = Signal()
@@ -500,23 +504,18 @@ class Outbox(Publishing):
         A valid token is remembered for ``token_cache_seconds``, so a revocation made elsewhere
         takes effect within that time (at once with 0, or when not ``cached``: the console's
         sign-in, which opens a session for hours, asks the store); unknown tokens are never remembered.
-        The cache is a dict of (time read, token), emptied whole at 10,000 entries or on any
-        revocation here: no installed library offers a TTL cache (cachetools is not a
-        dependency), and this one needs no eviction order, since a token is cheap to read again.
+        The cache (``TtlCache``, at most ``MAX_TOKENS``) is emptied on any revocation here.
         """
         token_hash = hash_token(token)
-        ttl = self.settings.token_cache_seconds
-        now = time.monotonic()
-        known = self._tokens.get(token_hash) if cached else None
-        if known is not None and now - known[0] < ttl:
-            return known[1]
+        known = self._tokens.get(token_hash, None) if cached else None
+        if known is not None:
+            return known
+        asked = self._tokens.clock()
         info = await self.store.token_by_hash(token_hash)
         if info is None:
-            self._tokens.pop(token_hash, None)
-        elif ttl > 0:
-            if len(self._tokens) >= 10_000:
-                self._tokens.clear()
-            self._tokens[token_hash] = (now, info)
+            self._tokens.pop(token_hash)
+        else:
+            self._tokens.put(token_hash, info, at=asked)
         return info
 
     async def list_tokens(self) -> list[TokenInfo]:

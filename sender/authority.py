@@ -21,6 +21,7 @@ import httpx
 
 from outbox import Intent, Outbox
 from outbox.clock import SystemClock
+from outbox.ttlcache import TtlCache
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,28 +216,24 @@ class CachedAuthority:
         self.inner = inner
         self.name = inner.name
         self.seconds = seconds
-        self._clock = clock
         self._wall = wall
-        self._cache: dict[tuple[str, str, str], tuple[float, Decision]] = {}
+        self._cache: TtlCache[tuple[str, str, str], Decision] = TtlCache(seconds, MAX_CACHED, clock)
         self._pending: dict[tuple[str, str, str], asyncio.Future[Decision]] = {}
 
     def cached(self, scope: str, channel: str, destination: str) -> Decision | None:
         """The decision still remembered for an effect of ``scope`` on ``channel`` at
         ``destination``, or None: a worker checks a batch without awaiting the ones the cache
         answers (and without making a request for each)."""
-        cached = self._cache.get((scope, channel, destination))
-        if cached and self._clock() - cached[0] < self.seconds:
-            return cached[1]
-        return None
+        return self._cache.get((scope, channel, destination), None)
 
     async def check(self, request: AuthorityRequest) -> Decision:
         if self.seconds <= 0:
             return await self._ask(request)
         key = (request.scope, request.channel, request.destination)
-        now = self._clock()
-        cached = self._cache.get(key)
-        if cached and now - cached[0] < self.seconds:
-            return cached[1]
+        cached = self._cache.get(key, None)
+        if cached is not None:
+            return cached
+        asked = self._cache.clock()
         if key in self._pending:  # one question in flight per key, however many sends wait
             return await asyncio.shield(self._pending[key])
         future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
@@ -244,9 +241,7 @@ class CachedAuthority:
         try:
             decision = await self._ask(request)
             if decision.verdict is not Verdict.UNAVAILABLE:
-                if len(self._cache) >= MAX_CACHED:
-                    self._forget_stale(now)
-                self._cache[key] = (now, decision)
+                self._cache.put(key, decision, at=asked)
             future.set_result(decision)
             return decision
         except BaseException as exc:
@@ -261,13 +256,6 @@ class CachedAuthority:
         revocation committed before that time is one the answer saw)."""
         asked = self._wall()
         return replace(await self.inner.check(request), checked_at=asked)
-
-    def _forget_stale(self, now: float) -> None:
-        """Drop the decisions too old to be used; if that is not enough, the oldest half."""
-        fresh = {k: v for k, v in self._cache.items() if now - v[0] < self.seconds}
-        if len(fresh) >= MAX_CACHED:
-            fresh = dict(sorted(fresh.items(), key=lambda item: item[1][0])[MAX_CACHED // 2:])
-        self._cache = fresh
 
     async def aclose(self) -> None:
         await self.inner.aclose()

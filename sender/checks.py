@@ -20,6 +20,7 @@ from outbox import Destination, Event, EventKind, Intent, Outbox, SecretsKeyErro
 from outbox.destinations import deadline
 from outbox.model import Hold
 from outbox.timestamps import later
+from outbox.ttlcache import TtlCache
 
 from .authority import AuthorityRequest, CachedAuthority, Decision, Verdict
 from .circuit import Circuits
@@ -31,6 +32,8 @@ log = logging.getLogger("outbox.sender")
 
 #: How long a destination record is reused before it is read again.
 DESTINATION_CACHE_SECONDS = 2.0
+#: Destination records kept at most (a registry is small; the bound only keeps it so).
+MAX_DESTINATIONS = 4096
 #: The intents of a destination disabled, missing or holding settings the outbox does not take
 #: (``Destination.unusable``) are looked at again after this long, or longer.
 PARKED_SECONDS = 60.0
@@ -43,14 +46,11 @@ class Destinations:
 
     def __init__(self, outbox: Outbox) -> None:
         self.store = outbox.store
-        self._read: dict[str, tuple[float, Destination | None]] = {}  # (monotonic) when, and what
+        self._read: TtlCache[str, Destination | None] = TtlCache(DESTINATION_CACHE_SECONDS, MAX_DESTINATIONS)
         self._reading: dict[str, asyncio.Task[Destination | None]] = {}
 
     def cached(self, destination_id: str) -> Destination | Unread | None:
-        cached = self._read.get(destination_id)
-        if cached and time.monotonic() - cached[0] < DESTINATION_CACHE_SECONDS:
-            return cached[1]
-        return UNREAD
+        return self._read.get(destination_id, UNREAD)
 
     async def get(self, destination_id: str) -> Destination | None:
         found = self.cached(destination_id)
@@ -66,7 +66,7 @@ class Destinations:
         try:
             found = await self.store.get_destination(destination_id)
             if self._reading.get(destination_id) is asyncio.current_task():  # (not forgotten meanwhile)
-                self._read[destination_id] = (time.monotonic(), found)
+                self._read.put(destination_id, found)
             return found
         finally:
             if self._reading.get(destination_id) is asyncio.current_task():
@@ -74,7 +74,7 @@ class Destinations:
 
     def forget(self, destination_id: str) -> None:
         """Read it again next time (it changed): a read under way is not kept either."""
-        self._read.pop(destination_id, None)
+        self._read.pop(destination_id)
         self._reading.pop(destination_id, None)
 
     def cancel(self) -> None:

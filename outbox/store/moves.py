@@ -84,20 +84,30 @@ def rounds(changes: Sequence[Change]) -> list[Sequence[int]]:
     return distinct_runs(range(len(changes)), lambda i: changes[i].key)
 
 
+def lease_running(lease_expires_at: datetime | None, started_at: datetime) -> bool:
+    """Whether a lease still runs when an attempt starts under it: it expires after the start (a
+    lease that has ended may already be another worker's; none recorded runs for no one). The
+    rule's one wording in Python; PostgreSQL's cycle judges it with its block ``lease_running``,
+    which a test holds to this."""
+    return lease_expires_at is not None and lease_expires_at > started_at
+
+
 def refusal(change: Change, found: tuple[str, int, datetime | None] | None) -> NotFound | StaleWrite | None:
     """Why ``change`` may not apply to its intent as found, ``(status, fence, lease_expires_at)``
     (None: no such intent), or None if it may: as ``rules.decide_target`` judges any change, and
-    a ``Start`` also needs the lease still running when its attempt starts (a lease that has
-    ended may already be another worker's)."""
+    a ``Start`` also needs its lease running when its attempt starts (``lease_running``)."""
     refused = decide_target(change.key, None if found is None else found[:2],
                             expected=expected_status(change), fence=fence(change))
     if refused is not None or found is None or not isinstance(change, Start):
         return refused
     lease_expires_at, started_at = found[2], change.attempt.started_at
-    if lease_expires_at is not None and lease_expires_at <= started_at:
-        return StaleWrite(f"intent {change.key!r}'s lease ended at {lease_expires_at.isoformat()}, before its "
-                          f"attempt started at {started_at.isoformat()}; the write was not applied")
-    return None
+    if lease_running(lease_expires_at, started_at):
+        return None
+    if lease_expires_at is None:
+        return StaleWrite(f"intent {change.key!r}'s lease has no end recorded, so it does not run when its attempt "
+                          f"starts at {started_at.isoformat()}; the write was not applied")
+    return StaleWrite(f"intent {change.key!r}'s lease ended at {lease_expires_at.isoformat()}, before its attempt "
+                      f"started at {started_at.isoformat()}; the write was not applied")
 
 
 def recovered_event(owner: str | None, now: datetime, actor: str) -> Event:

@@ -6,6 +6,9 @@ receivers' SQLite pieces (the group committer, its set jobs, the microsecond tim
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from receivers import sqlite_writer as _sqlite
 from receivers.queries import Queries
@@ -17,8 +20,8 @@ from ..lifecycle import OPEN, STOPPED, Status
 SQLITE = _sqlite.Sqlite(StoreUnavailable)
 connect, on_thread, unavailable = SQLITE.connect, SQLITE.on_thread, SQLITE.unavailable
 queries = Queries(__package__)
-__all__ = ["SQLITE", "GroupCommitter", "SetJob", "connect", "from_us", "on_thread", "queries", "statements", "to_us",
-           "unavailable"]
+__all__ = ["SQLITE", "GroupCommitter", "Named", "SetJob", "connect", "from_us", "on_thread", "queries", "statements",
+           "to_us", "unavailable"]
 #: Where a statement uses a rule about one intents row, ``{rule[row]}``, ``row`` naming the row: the payload
 #: an intent of an event sends (``event_payload``), whether its lease's "leased" fact is recorded nowhere yet
 #: (``unrecorded_lease``) and that fact as an attempt keeps it (``lease_entry``).
@@ -53,6 +56,38 @@ def statements(dialect: str) -> dict[str, str]:
     fact is to be written) however many statements apply it."""
     sql = queries.load(dialect)
     return {name: _ROW_RULE.sub(lambda found: sql[found[1]].format(of=found[2]), text) for name, text in sql.items()}
+
+
+_NAMED = re.compile(r"\$([a-z_][a-z0-9_]*)")
+_NUMBERED = re.compile(r"\$(\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class Named:
+    """A statement whose parameters are named in its SQL (``$settle_fence``) beside the numbered
+    ones it shares with other statements (``$1``): each name is numbered after those, in order of
+    first use, and ``arguments`` takes the values by name, so that a parameter added or removed
+    cannot shift the others, and a name missing or unknown fails before the statement is sent."""
+
+    text: str  # the SQL as sent: every name replaced by its number
+    names: tuple[str, ...]
+    numbered: int  # how many numbered parameters come first
+
+    @classmethod
+    def of(cls, sql: str) -> Named:
+        """``sql`` with its names numbered (its comment lines, which may name them too, left out)."""
+        sql = _bare(sql)
+        numbered = max((int(n) for n in _NUMBERED.findall(sql)), default=0)
+        names = tuple(dict.fromkeys(_NAMED.findall(sql)))
+        number = {name: f"${numbered + i}" for i, name in enumerate(names, 1)}
+        return cls(_NAMED.sub(lambda found: number[found[1]], sql), names, numbered)
+
+    def arguments(self, numbered: Sequence[Any], named: Mapping[str, Any]) -> list[Any]:
+        """The statement's parameters: ``numbered`` first, then ``named`` in the order of ``names``."""
+        if len(numbered) != self.numbered or named.keys() != set(self.names):
+            raise ValueError(f"the statement takes {self.numbered} numbered parameters and {sorted(self.names)}; "
+                             f"given {len(numbered)} and {sorted(named)}")
+        return [*numbered, *(named[name] for name in self.names)]
 
 
 class GroupCommitter(_sqlite.GroupCommitter):

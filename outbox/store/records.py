@@ -273,6 +273,11 @@ def new_intent_values(new: NewIntent, channel: str, status: Status) -> tuple[Any
             status.value, new.max_attempts, new.next_attempt_at, new.not_before, new.expires_at, new.created_at)
 
 
+#: The columns ``attempt_values`` gives, in its order, as the statements that write attempts name them.
+ATTEMPT_COLUMNS = ("attempt_id", "number", "attempt_fence", "worker", "started_at", "finished_at", "submission",
+                   "outcome", "status_code", "reply", "external_id", "error", "duration_ms", "stage")
+
+
 def attempt_values(a: Attempt, time: Callable[[datetime | None], Any] | None = None) -> tuple[Any, ...]:
     """An attempt's columns, its id first, as the statements that write attempts take them; its
     times as ``time`` stores them (None: as datetimes), the rest as every dialect stores them."""

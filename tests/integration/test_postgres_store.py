@@ -49,7 +49,7 @@ from outbox.model import (
 )
 from outbox.operations import Actor, replay
 from outbox.secrets_key import rotate, unlock
-from outbox.store import migrator
+from outbox.store import migrator, moves
 from outbox.store.postgres import LISTENER, SQL, PostgresStore, cycle_arguments
 from outbox.store.protocol import Claim
 from outbox.store.records import destination_values
@@ -352,6 +352,18 @@ async def test_a_cycle_of_starts_settles_and_a_claim_is_one_statement(box, pg_ur
         (f"{intents[0].key}-1", Outcome.DELIVERED, True)]
     assert [e.kind for e in history.events] == [EventKind.ENQUEUED, EventKind.LEASED, EventKind.ATTEMPT_STARTED,
                                                 EventKind.ATTEMPT_FINISHED, EventKind.DELIVERED]
+
+
+async def test_the_cycles_lease_rule_is_the_one_moves_words(conn):
+    """The cycle's start judges a lease running in SQL (``lease_running``), where it locks the row;
+    the SQLite store and every refusal's wording judge it with ``moves.lease_running``: the two
+    agree at, before and after the instant, and with no end recorded."""
+    assert SQL["lease_running"].format(of="intents", at="starting.started_at") in SQL["cycle"]
+    judged = SQL["lease_running"].format(of="intents", at="$2")
+    for ends in (T0 - timedelta(microseconds=1), T0, T0 + timedelta(microseconds=1), None):
+        sql = await conn.fetchval(f"SELECT coalesce({judged}, false) FROM (SELECT $1::timestamptz AS lease_expires_at)"
+                                  " AS intents", ends, T0)
+        assert sql is moves.lease_running(ends, T0), ends
 
 
 async def test_the_changes_a_batch_refuses_are_answered_in_place_and_the_rest_commit(box, pg_url):

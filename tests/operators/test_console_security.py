@@ -5,7 +5,7 @@ but their own stylesheet, and a link cannot put words on them. Served by a real 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,25 +28,31 @@ class Site:
     operator: str
 
 
-@pytest.fixture
-def site(tmp_path: Path) -> Iterator[Site]:
-    """The service without a sender, with one pending intent and an operator token."""
-    db_url = f"sqlite:///{tmp_path / 'console.db'}"
-
-    async def prepare() -> str:
+def _served(db_url: str, prepare: Callable[[Outbox], Awaitable[None]]) -> Iterator[Site]:
+    """The service without a sender on ``db_url``, after ``prepare`` (and an operator token)."""
+    async def prepared() -> str:
         async with await Outbox.open(db_url) as box:
-            await box.put_destination("billing", DestinationSpec(url="https://billing.example/", secret=SECRET))
-            await box.enqueue(action_id="inv-1", scope="acme", destination="billing", payload={"n": 1})
+            await prepare(box)
             operator, _ = await box.create_token(Role.OPERATOR)
         return operator
 
-    operator = asyncio.run(prepare())
+    operator = asyncio.run(prepared())
     settings = Settings(database_url=db_url, worker=False)
     served = Served(create_app(settings), **listening(settings))
     try:
         yield Site(served.url, operator)
     finally:
         served.stop()
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Iterator[Site]:
+    """The service with one pending intent and an operator token."""
+    async def prepare(box: Outbox) -> None:
+        await box.put_destination("billing", DestinationSpec(url="https://billing.example/", secret=SECRET))
+        await box.enqueue(action_id="inv-1", scope="acme", destination="billing", payload={"n": 1})
+
+    yield from _served(f"sqlite:///{tmp_path / 'console.db'}", prepare)
 
 
 def _directives(policy: str) -> dict[str, str]:
@@ -130,3 +136,41 @@ def test_a_link_cannot_put_words_of_its_own_on_a_console_page(site: Site):
     assert no_reason.status_code == 422 and "say why: operator actions are recorded with a reason" in no_reason.text
     assert "<h1>Intent inv-1</h1>" in no_reason.text
     assert cancelled.status_code == 303 and cancelled.headers["location"] == "/console/intents/inv-1?done=cancel"
+
+
+HOSTILE = "<script>alert(1)</script>"
+
+
+@pytest.fixture
+def hostile(tmp_path: Path) -> Iterator[Site]:
+    """The service with user text that is markup wherever the API lets it be: a destination's URL,
+    an intent's payload, an event's payload and its publisher's name."""
+    async def prepare(box: Outbox) -> None:
+        await box.put_destination("billing", DestinationSpec(url=f"https://billing.example/?q={HOSTILE}",
+                                                             secret=SECRET))
+        await box.enqueue(action_id="inv-1", scope="acme", destination="billing", payload={"note": HOSTILE})
+        await box.publish(scope="acme", topic="invoice.paid", event_id="ev-1", payload={"note": HOSTILE},
+                          actor=HOSTILE)
+
+    yield from _served(f"sqlite:///{tmp_path / 'hostile.db'}", prepare)
+
+
+def test_hostile_user_text_is_escaped_on_every_page_that_shows_it(hostile: Site):
+    """Each page that shows text a producer, an operator or a link gave (an operator's reason, a
+    payload, a destination's URL, a search's words) shows it as text, never as markup."""
+    escaped = "&lt;script&gt;alert(1)&lt;/script&gt;"
+    with httpx.Client(base_url=hostile.url, timeout=10) as http:
+        sign_in(http, hostile.operator)
+        cancelled = http.post("/console/intents/inv-1/cancel", data={"csrf": csrf(http), "reason": HOSTILE})
+        assert cancelled.status_code == 303
+        showing = {path: http.get(path, params=params) for path, params in (
+            ("/console/intents/inv-1", {}), ("/console/destinations/billing", {}),
+            ("/console/events/ev-1", {"scope": "acme"}), ("/console/events", {"topic": HOSTILE}),
+            ("/console/intents", {"q": HOSTILE}), ("/console/replay", {"destination": HOSTILE}))}
+        listing = [http.get(path) for path in ("/console", "/console/intents", "/console/destinations",
+                                                "/console/events", "/console/intents?status=cancelled")]
+    for path, answer in showing.items():
+        assert escaped in answer.text, path
+    for answer in (*showing.values(), *listing):
+        assert answer.status_code in (200, 400), answer.request.url
+        assert "<script" not in answer.text.lower(), answer.request.url

@@ -67,8 +67,11 @@ def test_a_change_records_its_attempt():
 
 def test_a_start_is_refused_once_its_lease_has_ended():
     start = Start("acme/a1", 1, replace(STARTED, started_at=T0), EV)
-    assert moves.refusal(start, ("leased", 1, None)) is None
     assert moves.refusal(start, ("leased", 1, T0 + timedelta(microseconds=1))) is None
+    unended = moves.refusal(start, ("leased", 1, None))  # (as PostgreSQL's cycle judges it: no end runs for no one)
+    assert isinstance(unended, StaleWrite) and unended.message == (
+        "intent 'acme/a1''s lease has no end recorded, so it does not run when its attempt starts at "
+        "2030-01-01T00:00:00+00:00; the write was not applied")
     for ended in (T0, T0 - timedelta(seconds=1)):
         refused = moves.refusal(start, ("leased", 1, ended))
         assert isinstance(refused, StaleWrite)

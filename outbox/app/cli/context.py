@@ -8,10 +8,12 @@ so that ``outbox --help`` and shell completion start at once."""
 from __future__ import annotations
 
 import getpass
+import importlib
 import json
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from functools import wraps
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -115,6 +117,12 @@ def run_migrating(fn: Callable[..., Awaitable[T]]) -> Callable[..., T]:
     """``run`` for migrate: it makes the database when there is none, and applies the migrations
     itself, so that it can say which it applied."""
     return run(fn, create=True, migrate=False)
+
+
+def shapes() -> ModuleType:
+    """The records' JSON presenters (``outbox.shapes``), imported the first time a command prints
+    one: they load pydantic, which ``outbox --help`` and shell completion must not."""
+    return importlib.import_module("outbox.shapes")
 
 
 def cli_actor() -> str:

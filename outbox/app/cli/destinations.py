@@ -12,7 +12,7 @@ import click
 from ... import channels
 from ...errors import InvalidInput
 from ...model import OnUnknown
-from .context import Context, fields, run, validated
+from .context import Context, fields, run, shapes, validated
 
 if TYPE_CHECKING:
     from ...outbox import Outbox
@@ -100,7 +100,6 @@ async def destinations_put(
     """Register or replace a destination: the shared options, and the channel's own settings
     (a webhook's --url) as --set NAME=VALUE."""
     from ...destinations import DestinationSpec
-    from ...shapes import destination_json
 
     kind = channels.get(channel)
     own = dict(map(_setting, settings)) | ({"url": url} if url is not None else {})
@@ -113,7 +112,7 @@ async def destinations_put(
     parsed = validated(kind.spec, **own, **chosen, channel=channel, secret=secret,
                        subscriptions=[_subscription(text) for text in subscriptions])
     destination, created = await box.put_destination(destination_id, parsed)
-    data = {**destination_json(destination), "created": created}
+    data = {**shapes().destination_json(destination), "created": created}
     if generated:
         data["generated_secret"] = generated
     where = _settings_line(destination.settings)
@@ -129,9 +128,7 @@ async def destinations_put(
 @run
 async def destinations_show(ctx: Context, box: Outbox, destination_id: str) -> None:
     """Show a destination (never its secrets)."""
-    from ...shapes import destination_json
-
-    data = destination_json(await box.get_destination(destination_id))
+    data = shapes().destination_json(await box.get_destination(destination_id))
     ctx.emit(data, "\n".join(fields(data, 22)))
 
 
@@ -140,11 +137,9 @@ async def destinations_show(ctx: Context, box: Outbox, destination_id: str) -> N
 @run
 async def destinations_list(ctx: Context, box: Outbox, owner: str | None) -> None:
     """List destinations."""
-    from ...shapes import destination_json
-
     items = await box.list_destinations(owner=owner)
     ctx.emit(
-        [destination_json(d) for d in items],
+        [shapes().destination_json(d) for d in items],
         lambda: "\n".join(
             f"{d.id:<20} {d.channel:<8} {_settings_line(d.settings)}"
             f"{'  (disabled)' if d.disabled else ''}{f'  (owner {d.owner})' if d.owner else ''}" for d in items
@@ -162,10 +157,8 @@ async def destinations_rotate_secret(ctx: Context, box: Outbox, destination_id: 
                                      window_seconds: float | None) -> None:
     """Give a destination a new signing secret, printed once; the previous one signs beside it
     until the window ends, then the new one alone."""
-    from ...shapes import destination_json
-
     destination, secret = await box.rotate_secret(destination_id, window_seconds=window_seconds)
-    ctx.emit({**destination_json(destination), "secret": secret},
+    ctx.emit({**shapes().destination_json(destination), "secret": secret},
              f"rotated {destination.id}; the previous secret signs until "
              f"{destination.previous_secrets_until and destination.previous_secrets_until.isoformat()}\n"
              f"new signing secret (shown once; give it to the receiver): {secret}")

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .context import Context, cli_actor, fields, run
+from .context import Context, cli_actor, fields, run, shapes
 from .intents import _payload
 from .options import TIMESTAMP
 
@@ -23,9 +23,7 @@ SCOPE = click.option("--scope", help="The event's scope; needed only when its id
 
 def _text(event: StoredEvent) -> str:
     """An event and its fan-out, one destination a line."""
-    from ...shapes import event_json
-
-    data = event_json(event)
+    data = shapes().event_json(event)
     lines = fields({name: value for name, value in data.items() if name != "fanout"}, 16)
     lines.append("fan-out:" if event.fanout else "fan-out: none (no destination subscribed and granted)")
     lines += [f"  {d.destination:<20} {d.action_id}  " + (d.status.value if d.status else f"skipped: {d.skipped}")
@@ -45,10 +43,8 @@ def _text(event: StoredEvent) -> str:
 @run
 async def publish(ctx: Context, box: Outbox, payload: str, **event: Any) -> None:
     """Publish an event: one intent per subscribed destination (idempotent on --event-id)."""
-    from ...shapes import event_json
-
     result = await box.publish(payload=_payload(payload), actor=cli_actor(), **event)
-    ctx.emit({**event_json(result.event), "created": result.created},
+    ctx.emit({**shapes().event_json(result.event), "created": result.created},
              lambda: f"{'published' if result.created else 'already published'} {result.event.event_id}\n"
              + _text(result.event))
 
@@ -64,10 +60,8 @@ def events() -> None:
 @run
 async def events_show(ctx: Context, box: Outbox, event_id: str, scope: str | None) -> None:
     """Show an event and its fan-out: each destination's intent and status."""
-    from ...shapes import event_json
-
     event = await box.get_event(event_id, scope=scope)
-    ctx.emit(event_json(event), lambda: _text(event))
+    ctx.emit(shapes().event_json(event), lambda: _text(event))
 
 
 @events.command("list")
@@ -82,11 +76,10 @@ async def events_list(ctx: Context, box: Outbox, scopes: tuple[str, ...], topic:
                       created_after: datetime | None, created_before: datetime | None, limit: int) -> None:
     """List events, newest first, with how many intents each made."""
     from ...events import EventQuery
-    from ...shapes import event_json
 
     page = await box.list_events(EventQuery(scopes=scopes or None, topic=topic, event_id=event_id,
                                             created_after=created_after, created_before=created_before, limit=limit))
-    ctx.emit([event_json(e) for e in page.events], lambda: "\n".join(
+    ctx.emit([shapes().event_json(e) for e in page.events], lambda: "\n".join(
         f"{e.event_id:<36} {e.scope:<12} {e.topic:<24} "
         f"{sum(1 for d in e.fanout if d.status)} intent(s)"
         + (f", {sum(1 for d in e.fanout if not d.status)} skipped" if any(not d.status for d in e.fanout) else "")
@@ -103,9 +96,7 @@ async def events_deliver(ctx: Context, box: Outbox, event_id: str, destination: 
                          scope: str | None) -> None:
     """Deliver an existing event to one destination now (a subscription added after it was
     published): its intent, made unless it exists."""
-    from ...shapes import event_json
-
     made, event = await box.deliver_event(event_id, destination, scope=scope, actor=cli_actor(), reason=reason)
-    ctx.emit({**event_json(event), "created": made.created},
+    ctx.emit({**shapes().event_json(event), "created": made.created},
              lambda: f"{'made' if made.created else 'already made'} {made.intent.action_id} "
              f"({made.intent.status.value})\n" + _text(event))

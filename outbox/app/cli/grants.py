@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .context import Context, run, validated
+from .context import Context, run, shapes, validated
 from .options import TIMESTAMP
 
 if TYPE_CHECKING:
@@ -31,11 +31,10 @@ async def grants_put(ctx: Context, box: Outbox, grant_id: str, scope: str, desti
                      expires_at: datetime | None, note: str | None) -> None:
     """Create or replace a grant (its revision goes up)."""
     from ...grants import GrantSpec
-    from ...shapes import grant_json
 
     spec = validated(GrantSpec, scope=scope, destination=destination, expires_at=expires_at, note=note)
     grant, created = await box.put_grant(grant_id, spec)
-    ctx.emit(grant_json(grant), f"{'granted' if created else 'replaced'} {grant.id}: "
+    ctx.emit(shapes().grant_json(grant), f"{'granted' if created else 'replaced'} {grant.id}: "
                              f"{grant.scope} -> {grant.destination} (revision {grant.revision})")
 
 
@@ -44,10 +43,9 @@ async def grants_put(ctx: Context, box: Outbox, grant_id: str, scope: str, desti
 async def grants_list(ctx: Context, box: Outbox) -> None:
     """List grants."""
     from ...clock import iso
-    from ...shapes import grant_json
 
     items = await box.list_grants()
-    ctx.emit([grant_json(g) for g in items], lambda: "\n".join(
+    ctx.emit([shapes().grant_json(g) for g in items], lambda: "\n".join(
         f"{g.id:<20} {g.scope:<16} -> {g.destination:<16} r{g.revision}"
         f"{'  until ' + str(iso(g.expires_at)) if g.expires_at else ''}" for g in items) or "no grants")
 

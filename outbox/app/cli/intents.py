@@ -11,7 +11,7 @@ import click
 
 from ...errors import InvalidInput, OutboxError
 from ...model import REPLAYABLE, Resolution, Status
-from .context import Context, cli_actor, fields, run
+from .context import Context, cli_actor, fields, run, shapes
 from .options import TIMESTAMP
 
 if TYPE_CHECKING:
@@ -61,8 +61,6 @@ async def enqueue(
     ordering_key: str | None,
 ) -> None:
     """Record an intent (idempotent on --action-id)."""
-    from ...shapes import intent_json
-
     result = await box.enqueue(
         destination=destination,
         scope=scope,
@@ -75,7 +73,7 @@ async def enqueue(
         actor=cli_actor(),
     )
     ctx.emit(
-        {**intent_json(result.intent), "created": result.created},
+        {**shapes().intent_json(result.intent), "created": result.created},
         f"{'enqueued' if result.created else 'already enqueued'} {result.intent.action_id} "
         f"({result.intent.status.value})",
     )
@@ -91,12 +89,10 @@ SCOPE = click.option("--scope", help="The intent's scope; needed only when its a
 @run
 async def show(ctx: Context, box: Outbox, action_id: str, scope: str | None) -> None:
     """Show an intent with its attempts and events."""
-    from ...shapes import history_json, intent_json, waiting_behind_json
-
     intent, history = await box.show(action_id, scope=scope)
     behind = await box.waiting_behind(intent)
-    data = {**intent_json(intent), "waiting_behind": waiting_behind_json(behind) if behind else None,
-            **history_json(history)}
+    data = {**shapes().intent_json(intent), "waiting_behind": shapes().waiting_behind_json(behind) if behind else None,
+            **shapes().history_json(history)}
 
     def text() -> str:
         shown: dict[str, Any] = {}
@@ -145,7 +141,6 @@ async def list_(
 ) -> None:
     """List intents, newest first."""
     from ...cursor import decode_cursor, encode_cursor
-    from ...shapes import intent_json
     from ...store import IntentQuery
 
     if cursor is not None:
@@ -167,7 +162,7 @@ async def list_(
     )
     next_cursor = encode_cursor(page.next_seq) if page.next_seq else None
     ctx.emit(
-        {"items": [intent_json(i) for i in page.intents], "next_cursor": next_cursor},
+        {"items": [shapes().intent_json(i) for i in page.intents], "next_cursor": next_cursor},
         lambda: "\n".join(
             [f"{'ACTION_ID':<38} {'STATUS':<9} {'DESTINATION':<16} {'SCOPE':<16} ATTEMPTS"]
             + [f"{i.action_id:<38} {i.status.value:<9} {i.destination:<16} {i.scope:<16} "
@@ -216,7 +211,6 @@ async def replay(ctx: Context, box: Outbox, action_id: str | None, statuses: tup
     from sender.authority import authorizer
 
     from ... import operations
-    from ...shapes import intent_json
     from ...store import IntentQuery
 
     who = _operator(reason)
@@ -226,7 +220,7 @@ async def replay(ctx: Context, box: Outbox, action_id: str | None, statuses: tup
         intent = await operations.replay(box, action_id, who, scope=scopes[0] if scopes else None,
                                          authorize=authorizer(box),
                                          accept_duplicate_risk=accept_duplicate_risk)
-        ctx.emit(intent_json(intent), f"replayed {action_id} (now {intent.status.value}, "
+        ctx.emit(shapes().intent_json(intent), f"replayed {action_id} (now {intent.status.value}, "
                                       f"{intent.max_attempts - intent.attempts} more attempts)")
         return
     query = IntentQuery(statuses=[Status(s) for s in statuses] or None, scopes=list(scopes) or None,
@@ -262,11 +256,10 @@ async def resolve(ctx: Context, box: Outbox, action_id: str, resolution: str, ex
                   scope: str | None, reason: str) -> None:
     """Settle an unknown intent with your evidence."""
     from ... import operations
-    from ...shapes import intent_json
 
     intent = await operations.resolve(box, action_id, Resolution(resolution), _operator(reason),
                                       scope=scope, external_id=external_id)
-    ctx.emit(intent_json(intent), f"resolved {action_id}: {intent.status.value}")
+    ctx.emit(shapes().intent_json(intent), f"resolved {action_id}: {intent.status.value}")
 
 
 def _with_reason(name: str, done: str, about: str) -> click.Command:
@@ -280,10 +273,9 @@ def _with_reason(name: str, done: str, about: str) -> click.Command:
     @run
     async def command(ctx: Context, box: Outbox, action_id: str, scope: str | None, reason: str) -> None:
         from ... import operations
-        from ...shapes import intent_json
 
         intent = await getattr(operations, name)(box, action_id, _operator(reason), scope=scope)
-        ctx.emit(intent_json(intent), f"{done} {action_id}")
+        ctx.emit(shapes().intent_json(intent), f"{done} {action_id}")
 
     return command
 
@@ -303,11 +295,10 @@ async def approve(ctx: Context, box: Outbox, action_id: str, digest: str, valid_
     """Approve a held intent's exact payload, for a limited time."""
     from ... import operations
     from ...clock import iso
-    from ...shapes import intent_json
 
     intent = await operations.approve(box, action_id, _operator(reason), payload_digest=digest,
                                       valid_seconds=valid_seconds, scope=scope)
-    ctx.emit(intent_json(intent), f"approved {action_id} until {iso(intent.approval_expires_at)}")
+    ctx.emit(shapes().intent_json(intent), f"approved {action_id} until {iso(intent.approval_expires_at)}")
 
 
 reject = _with_reason("reject", "rejected", "Refuse a held intent; it is never sent.")

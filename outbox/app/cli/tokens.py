@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import click
 
 from ...model import Role
-from .context import Context, cli_actor, run
+from .context import Context, cli_actor, run, shapes
 
 if TYPE_CHECKING:
     from ...outbox import Outbox
@@ -26,21 +26,17 @@ def tokens() -> None:
 @run
 async def tokens_create(ctx: Context, box: Outbox, role: str, scopes: tuple[str, ...], label: str | None) -> None:
     """Create a token and print it once (only its hash is stored)."""
-    from ...shapes import token_json
-
     token, info = await box.create_token(Role(role), scopes, label, actor=cli_actor())
-    ctx.emit({"token": token, **token_json(info)}, token)
+    ctx.emit({"token": token, **shapes().token_json(info)}, token)
 
 
 @tokens.command("list")
 @run
 async def tokens_list(ctx: Context, box: Outbox) -> None:
     """List tokens (never their text)."""
-    from ...shapes import token_json
-
     items = await box.list_tokens()
     ctx.emit(
-        [token_json(i) for i in items],
+        [shapes().token_json(i) for i in items],
         lambda: "\n".join(
             [f"{'ID':<8}  {'ROLE':<8}  {'SCOPES':<20}  {'STATE':<7}  LABEL"]
             + [f"{i.id:<8}  {i.role.value:<8}  {','.join(i.scopes) or '-':<20}  "
@@ -57,10 +53,8 @@ async def tokens_revoke(ctx: Context, box: Outbox, token_id: str) -> None:
 
     The last admin token too (the API refuses that): on the host another can always be made.
     """
-    from ...shapes import token_json
-
     info = await box.revoke_token(token_id, actor=cli_actor(), keep_an_admin=False)
-    ctx.emit(token_json(info), f"revoked {info.id}")
+    ctx.emit(shapes().token_json(info), f"revoked {info.id}")
     if info.role is Role.ADMIN and not await box.store.count_active_tokens(Role.ADMIN.value):
         click.echo("warning: no active admin token is left, so no one can manage tokens over the API; "
                    "create one with `outbox tokens create --role admin` (`outbox serve` also makes one "

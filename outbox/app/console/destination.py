@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import quote
 
 from fastapi import Request
+from markupsafe import Markup
 
 from ... import channels
 from ...destinations import Destination
@@ -20,6 +21,7 @@ from ...outbox import Outbox
 from ...shapes import destination_json
 from .health import Health, health, window
 from .layout import destination_link, fields, intent_link, pill, table, when
+from .templates import render
 
 #: A destination's last errors shown on its page.
 LAST_ERRORS = 20
@@ -111,35 +113,22 @@ async def destination_page(request: Request, outbox: Outbox, destination: Destin
         [when(f.at, now), intent_link(f.action_id, f.scope), str(f.number), escape(f.submission or ""),
          escape(f.outcome), str(f.status_code or ""), escape(f.error or "")] for f in failures],
         empty="no failed attempts in the last hour", numeric=("#", "status"))
-    return (f"<p>{escape(destination.channel)} to <b>{escape(channels.target(destination))}</b> · circuit: {state} · "
-            f"<a href='{filtered}'>its intents</a></p>" + unusable(destination) + flow(destination, now)
-            + "<h2>Last hour</h2>" + table(HEALTH[2:], [health_row(h, state, now)[2:]], numeric=NUMERIC)
-            + "<h2>Backlog by status</h2>" + backlog
-            + f"<h2>Last errors</h2><p>The latest {LAST_ERRORS} attempts that did not deliver, of the last hour.</p>"
-            + errors + "<h2>Policy</h2>" + fields(destination_json(destination)))
+    return render("destination.html", destination=destination, target=channels.target(destination),
+                  circuit=Markup(state), filtered=filtered, limits=limits(destination, now),
+                  health=Markup(table(HEALTH[2:], [health_row(h, state, now)[2:]], numeric=NUMERIC)),
+                  backlog=Markup(backlog), last_errors=LAST_ERRORS, errors=Markup(errors),
+                  policy=Markup(fields(destination_json(destination))))
 
 
-def unusable(destination: Destination) -> str:
-    """What an operator must fix first, for a destination whose stored settings the outbox does not
-    take (``Destination.unusable``): its intents wait, unsent, until it is put again."""
-    if not destination.unusable:
-        return ""
-    return (f"<p class='warning' id='unusable'><b>Nothing is sent to it</b>: it holds {escape(destination.unusable)}. "
-            "Its intents wait, pending and unattempted. Put it again (<code>PUT /v1/destinations/"
-            f"{escape(destination.id)}</code> or <code>outbox destinations put</code>) with settings in the bounds "
-            "the README's Destinations section states.</p>")
-
-
-def flow(destination: Destination, now: datetime) -> str:
-    """Its limits, pause and subscriptions in words: what decides how fast, and what, it is sent."""
+def limits(destination: Destination, now: datetime) -> list[str | Markup]:
+    """Its limits and pause in words: what decides how fast it is sent."""
     rate = destination.rate_limit
-    limits = [f"{rate.per_second:g}/s, burst {rate.burst}" if rate else "no rate limit",
-              f"at most {destination.max_in_flight} in flight" if destination.max_in_flight else "no in-flight limit"]
+    said: list[str | Markup] = [
+        f"{rate.per_second:g}/s, burst {rate.burst}" if rate else "no rate limit",
+        f"at most {destination.max_in_flight} in flight" if destination.max_in_flight else "no in-flight limit"]
     if (paused := record_pause(destination, now)) is not None:
-        limits.append(f"<b>paused</b> by its receiver until {when(paused, now)}")
-    topics = ", ".join(f"<code>{escape(s.pattern)}</code>" + (f" ({escape(', '.join(s.scopes))})" if s.scopes else "")
-                       for s in destination.subscriptions) or "no topics"
-    return f"<p>flow: {' · '.join(limits)} · subscribes to {topics}</p>"
+        said.append(Markup(f"<b>paused</b> by its receiver until {when(paused, now)}"))
+    return said
 
 
 def destinations_table(request: Request, destinations: list[Destination], healths: list[Health],

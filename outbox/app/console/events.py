@@ -10,12 +10,14 @@ from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from markupsafe import Markup
 
 from ...errors import NotFound, OutboxError
 from ...events import EventQuery, StoredEvent
 from ...outbox import Outbox
 from .layout import destination_link, flashes, intent_link, pill, pretty, table, when
 from .sessions import signed_page
+from .templates import render
 
 #: How many events a search shows.
 PAGE = 100
@@ -55,12 +57,8 @@ def register(pages: APIRouter, box: Callable[[Request], Outbox],
 
 
 def _form(topic: str, scope: str, event_id: str) -> str:
-    fields: list[tuple[str, str, str]] = [("topic", "topic or pattern (invoice.*)", topic), ("scope", "scope", scope),
-                                          ("event_id", "event id", event_id)]
-    return ("<form class='filters' method='get' action='/console/events'>"
-            + "".join(f"<label>{escape(label)}<input name='{name}' value='{escape(value)}'></label>"
-                      for name, label, value in fields)
-            + "<button>Search</button></form>")
+    return render("events_form.html", fields=[("topic", "topic or pattern (invoice.*)", topic),
+                                              ("scope", "scope", scope), ("event_id", "event id", event_id)])
 
 
 def _events(events: list[StoredEvent], now: datetime) -> str:
@@ -72,12 +70,9 @@ def _events(events: list[StoredEvent], now: datetime) -> str:
 
 
 def _event(event: StoredEvent, now: datetime) -> str:
-    facts = (f"<dl class='fields'><dt>scope</dt><dd>{escape(event.scope)}</dd><dt>topic</dt>"
-             f"<dd>{escape(event.topic)}</dd><dt>published</dt><dd>{when(event.created_at, now)}</dd>"
-             f"<dt>by</dt><dd>{escape(event.actor)}</dd><dt>payload digest</dt>"
-             f"<dd><code>{escape(event.payload_digest)}</code></dd></dl>")
     fanout = table(["destination", "intent", "status"], [
         [destination_link(d.destination), intent_link(d.action_id, event.scope), pill(d.status.value)] if d.status
         else [destination_link(d.destination), escape(d.action_id), f"{pill('skipped')} {escape(d.skipped or '')}"]
         for d in event.fanout], empty="no destination was subscribed and granted")
-    return facts + "<h2>Fan-out</h2>" + fanout + "<h2>Payload</h2>" + pretty(event.payload_json)
+    return render("event.html", event=event, published=Markup(when(event.created_at, now)), fanout=Markup(fanout),
+                  payload=Markup(pretty(event.payload_json)))

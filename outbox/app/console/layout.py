@@ -12,6 +12,9 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from fastapi.responses import HTMLResponse
+from markupsafe import Markup
+
+from .templates import ENV, render
 
 STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1b1f24;background:#f6f8fa}
@@ -59,6 +62,8 @@ dl.fields{grid-template-columns:1fr} dl.fields dd{margin-bottom:6px}
 }
 """
 
+#: The pieces every page draws, as macros of ``templates/parts.html`` (each escapes what it is given as text).
+PARTS: Any = ENV.get_template("parts.html").module
 #: The console's sections, as the header links to them.
 NAV = (("Overview", "/console"), ("Intents", "/console/intents"), ("Events", "/console/events"),
        ("Destinations", "/console/destinations"), ("Bulk replay", "/console/replay"))
@@ -66,22 +71,12 @@ NAV = (("Overview", "/console"), ("Intents", "/console/intents"), ("Events", "/c
 
 def page(title: str, body: str, *, csrf: str | None = None, status: int = 200,
          refresh: int | None = None) -> HTMLResponse:
-    """A console page; ``refresh`` reloads it every that many seconds (a progress view, no script).
-    A signed-in operator's (``csrf``: the session's CSRF value) has the sections and a sign-out
+    """A console page (``templates/page.html``) around ``body``, HTML its page built from escaped
+    parts; ``refresh`` reloads it every that many seconds (a progress view, no script). A
+    signed-in operator's (``csrf``: the session's CSRF value) has the sections and a sign-out
     button in its header; anyone else's, neither."""
-    nav = ("".join(f'<a href="{href}">{label}</a>' for label, href in NAV)
-           + '<form method="post" action="/console/logout">'
-           f'<input type="hidden" name="csrf" value="{escape(csrf)}"><button>Sign out</button></form>'
-           ) if csrf is not None else ""
-    meta = f"<meta http-equiv='refresh' content='{refresh}'>" if refresh else ""
-    return HTMLResponse(
-        f"<!doctype html><html lang='en'><head><meta charset='utf-8'>"
-        f"<meta name='viewport' content='width=device-width, initial-scale=1'>{meta}"
-        f"<title>{escape(title)} · outbox</title><link rel='stylesheet' href='/console/style.css'></head>"
-        f"<body><header><strong>outbox console</strong>{nav}</header>"
-        f"<main><h1>{escape(title)}</h1>{body}</main></body></html>",
-        status_code=status,
-    )
+    return HTMLResponse(render("page.html", title=title, body=Markup(body), csrf=csrf, refresh=refresh, nav=NAV),
+                        status_code=status)
 
 
 #: A table row: its cells' HTML, and optionally what goes under it across the whole width.
@@ -95,28 +90,17 @@ def table(head: list[str], rows: Sequence[Row], empty: str = "none", *, numeric:
     scrolling sideways. A row given with a second part draws that under it across the width
     (an attempt's error and reply). Columns named in ``numeric`` align right; a ``compact`` table
     (a few narrow columns) is as wide as its content and never stacks."""
-    cells = "".join(f"<th>{escape(h)}</th>" for h in head)
-    body = []
+    drawn = []
     for row in rows:
         values, more = row if isinstance(row, tuple) else (row, "")
-        body.append("<tr>" + "".join(
-            f"<td data-label='{escape(h)}'{' class=num' if h in numeric else ''}>{v}</td>"
-            for h, v in zip(head, values, strict=True)) + "</tr>")
-        if more:
-            body.append(f"<tr class='more'><td colspan={len(head)}>{more}</td></tr>")
-    drawn = "".join(body) or f"<tr><td colspan={len(head)}>{escape(empty)}</td></tr>"
-    kind = "compact" if compact else "stack"
-    return (f"<div class='scroll'><table class='{kind}'><thead><tr>{cells}</tr></thead><tbody>{drawn}</tbody>"
-            "</table></div>")
+        drawn.append(([(h, h in numeric, Markup(v)) for h, v in zip(head, values, strict=True)], Markup(more)))
+    return str(PARTS.table(head, drawn, empty, "compact" if compact else "stack"))
 
 
 def short_id(value: str, keep: int = 8) -> str:
     """A long id cut to its last ``keep`` characters (uuid7s share their first ones), the whole
     of it on hover and in a ``<details>`` for a phone; a short one whole."""
-    if len(value) <= keep + 4:
-        return f"<code>{escape(value)}</code>"
-    return (f"<details class='id'><summary title='{escape(value)}'><code>…{escape(value[-keep:])}</code></summary>"
-            f"<code>{escape(value)}</code></details>")
+    return str(PARTS.short_id(value, keep))
 
 
 def fields(values: dict[str, Any]) -> str:
@@ -137,7 +121,7 @@ def flashes(done: str = "", error: str = "") -> str:
 
 
 def pill(value: str) -> str:
-    return f"<span class='pill {escape(value)}'>{escape(value)}</span>"
+    return str(PARTS.pill(value))
 
 
 def when(at: datetime | None, now: datetime) -> str:
@@ -153,7 +137,7 @@ def when(at: datetime | None, now: datetime) -> str:
                   else f"{ago // 3600:.0f} h" if ago < 2 * 86_400 else f"{ago // 86_400:.0f} days")
         text = f"{amount} ago" if seconds > 0 else f"in {amount}"
     exact = at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " " + (at.tzname() or "")
-    return f"<time datetime='{escape(at.isoformat())}' title='{escape(exact.strip())}'>{text}</time>"
+    return str(PARTS.time(at.isoformat(), exact.strip(), text))
 
 
 def pretty(text: str | None) -> str:
@@ -189,7 +173,7 @@ def intent_url(action_id: str, scope: str | None, action: str = "", **query: str
 
 
 def intent_link(action_id: str, scope: str) -> str:
-    return f"<a href='{escape(intent_url(action_id, scope))}'>{escape(action_id)}</a>"
+    return str(PARTS.link(intent_url(action_id, scope), action_id))
 
 
 def destination_url(destination_id: str) -> str:
@@ -198,4 +182,4 @@ def destination_url(destination_id: str) -> str:
 
 def destination_link(destination_id: str) -> str:
     """A destination's name, linking to its page."""
-    return f"<a href='{escape(destination_url(destination_id))}'>{escape(destination_id)}</a>"
+    return str(PARTS.link(destination_url(destination_id), destination_id))

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from datetime import datetime
 from html import escape
-from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from markupsafe import Markup
 
 from ... import operations, tracing
 from ...destinations import Destination
@@ -28,6 +28,7 @@ from .health import backlog, health, per_minute, window
 from .layout import STYLE, destination_link, flashes, intent_link, intent_url, pill, pretty, table, when
 from .replays import Replays
 from .sessions import signed_page
+from .templates import render
 
 ATTENTION = ((Status.DEAD, "Dead letters"), (Status.UNKNOWN, "Unknown outcomes"),
              (Status.REVOKED, "Revoked"), (Status.HELD, "Held for approval"))
@@ -59,25 +60,21 @@ def register(pages: APIRouter, access: Access, replays: Replays) -> None:
             [f"<a href='/console/intents?status={s.value}'>{pill(s.value)}</a>", str(counts.get(s.value, 0))]
             for s in Status], numeric=("intents",), compact=True)
         delivered, failed = per_minute(activity, minutes)
-        graphs = ("<div class='charts'>"
-                  + charts.bars("Attempts per minute", minutes, delivered, failed, ("delivered", "failed"))
-                  + charts.line("Backlog (open intents)", minutes, backlog(activity, minutes), "open")
-                  + "</div>")
         destinations = await outbox.list_destinations()
         destination_health = destinations_table(request, destinations,
                                                 health(activity, [d.id for d in destinations]), now)
         sections = []
         for status, title in ATTENTION:
             found = await outbox.list_intents(IntentQuery(statuses=[status], limit=10))
-            more = (f"<p><a href='/console/intents?status={status.value}'>all {counts.get(status.value, 0)}</a></p>"
-                    if found.next_seq else "")
-            sections.append(f"<h2 id='{status.value}'>{title}</h2>" + _intents(found.intents, now) + more)
-        search = ("<form class='filters' method='get' action='/console/intents'><label>action id"
-                  "<input name='q' size='24'></label><button>Find</button></form>")
-        return signed_page(request, "Overview", headline(request, counts, destinations, now)
-                           + _set_aside(request, now) + search + "<h2>Last hour</h2>" + graphs
-                           + "<h2 id='destinations'>Destinations (last hour)</h2>" + destination_health
-                           + "<h2>Backlog by status</h2>" + statuses + "".join(sections))
+            sections.append((status.value, title, Markup(_intents(found.intents, now)),
+                             counts.get(status.value, 0) if found.next_seq else None))
+        return signed_page(request, "Overview", render(
+            "overview.html", headline=Markup(headline(request, counts, destinations, now)),
+            set_aside=Markup(_set_aside(request, now)),
+            attempts_chart=Markup(charts.bars("Attempts per minute", minutes, delivered, failed,
+                                              ("delivered", "failed"))),
+            backlog_chart=Markup(charts.line("Backlog (open intents)", minutes, backlog(activity, minutes), "open")),
+            destinations=Markup(destination_health), statuses=Markup(statuses), sections=sections))
 
     @pages.get("/intents")
     @access.signed_in
@@ -108,11 +105,9 @@ def register(pages: APIRouter, access: Access, replays: Replays) -> None:
         shown = [d for d in destinations if not state or circuit_state(request, d, now)[0] == state]
         activity = await outbox.store.activity(window(now)[0], now)
         healths = [h for h in health(activity, [d.id for d in shown]) if h.destination in {d.id for d in shown}]
-        choices = " · ".join(f"<a href='/console/destinations?state={quote(s)}'>{escape(s)}</a>" for s in STATES)
-        return signed_page(request, "Destinations", (f"<p>{'showing ' + pill(state) + ' · ' if state else ''}"
-                                                     f"<a href='/console/destinations'>all</a> · {choices}</p>"
-                                                     "<h2>Last hour</h2>"
-                                                     + destinations_table(request, shown, healths, now)))
+        return signed_page(request, "Destinations", render(
+            "destinations.html", state=state, pill=Markup(pill(state)) if state else None, states=STATES,
+            table=Markup(destinations_table(request, shown, healths, now))))
 
     @pages.get("/destinations/{destination_id}")
     @access.signed_in
@@ -136,22 +131,11 @@ def register(pages: APIRouter, access: Access, replays: Replays) -> None:
         async def dry_run(outbox: Outbox, now: datetime, chosen: Filter) -> str:
             found = [i async for i in operations.matching(outbox, operations.replay_filter(chosen.query()))]
             risky = await operations.duplicate_risks(outbox, found)
-            warning = (f"<p class='warning' id='duplicate-risk'><b>Duplicate risk: {len(risky)} of these "
-                       f"{len(found)} intents</b> may already have taken effect (an attempt whose outcome is "
-                       "unknown or may have been submitted) at a destination that does not declare idempotency ("
-                       + ", ".join(sorted({destination_link(i.destination) for i in risky}))
-                       + "). Replaying sends them again and the receiver may act twice. Without "
-                       "“accept duplicate risk” they are refused and listed; tick it only once you know "
-                       "the receiver can take them.</p>") if risky else ""
-            confirm = (
-                f"<form method='post' action='/console/replay'>{access.csrf_field(request)}{chosen.hidden()}"
-                f"<p><label>Reason (recorded on every replay)<br><input name='reason' required size='40'></label></p>"
-                f"<p><label><input type='checkbox' name='accept_duplicate_risk' value='yes'> accept duplicate risk"
-                + (f" (<b>{len(risky)} may have taken effect already</b>; unticked, they are refused)" if risky else "")
-                + f"</label></p><button type='submit'>Replay {len(found)} intents</button></form>") if found else ""
-            return (f"<h2>Dry run: {len(found)} intents match</h2>" + warning
-                    + (f"<p>The first {min(len(found), 20)} of them:</p>" if found else "")
-                    + _intents(found[:20], now) + confirm)
+            return render("replay_preview.html", found=len(found), risky=len(risky),
+                          risky_destinations=[Markup(destination_link(d)) for d in sorted({i.destination
+                                                                                          for i in risky})],
+                          intents=Markup(_intents(found[:20], now)), csrf=Markup(access.csrf_field(request)),
+                          hidden=Markup(chosen.hidden()))
 
         return await access.filtered(request, "Bulk replay", "/console/replay", dry_run)
 
@@ -164,15 +148,9 @@ def register(pages: APIRouter, access: Access, replays: Replays) -> None:
                                "<p>no such bulk replay in this process (it may have restarted)</p>", status=404)
         now = access.box(request).clock.now()
         refused = [[escape(a), escape(why)] for a, why in found.refused.items()]
-        state = ("running (this page refreshes itself)" if not found.finished
-                 else f"stopped: {escape(found.error)}" if found.error else "finished")
-        return signed_page(request, "Bulk replay", (
-            f"<p>{state} · started {when(found.started_at, now)} by {escape(found.actor.name)}: "
-            f"{escape(found.actor.reason)}</p>"
-            f"<p><progress max='{max(found.total, 1)}' value='{found.done}'></progress> "
-            f"{found.done} of {found.total} looked at · <b>{len(found.replayed)} replayed</b> · "
-            f"{len(found.refused)} refused</p>" + ("<h2>Refused</h2>" + table(["action_id", "why"], refused)
-                                                   if refused else "")),
+        return signed_page(request, "Bulk replay", render(
+            "replay_progress.html", job=found, started=Markup(when(found.started_at, now)),
+            refused=Markup(table(["action_id", "why"], refused)) if refused else None),
             refresh=None if found.finished else 2)
 
 
@@ -186,51 +164,37 @@ async def intent_view(access: Access, request: Request, action_id: str, scope: s
     except (NotFound, OutboxError) as exc:
         return signed_page(request, "Not found", f"<p>{escape(exc.message)}</p>", status=404)
     now = outbox.clock.now()
-    csrf = access.csrf_field(request)
-
-    def action(name: str, label: str, extra: str = "") -> str:
-        target = escape(intent_url(action_id, intent.scope, name))
-        return (f"<form class='inline' method='post' action='{target}'>{csrf}{extra}"
-                f"<input name='reason' placeholder='reason' required size='24'> "
-                f"<button type='submit' name='action' value='{name}'>{label}</button></form>")
-
-    actions = []
+    actions: list[tuple[str, str, Markup]] = []
     if intent.status in REPLAYABLE:
-        actions.append(action("replay", "Replay", "<label><input type='checkbox' name='accept_duplicate_risk' "
-                                                  "value='yes'> accept duplicate risk</label> "))
+        actions.append(("replay", "Replay", Markup("<label><input type='checkbox' name='accept_duplicate_risk' "
+                                                   "value='yes'> accept duplicate risk</label> ")))
     if intent.status is Status.UNKNOWN:
-        actions.append(action("resolve", "Resolve", "<select name='resolution' required>"
-            "<option value='' selected>choose the outcome…</option>" + "".join(
-            f"<option>{r.value}</option>" for r in Resolution) + "</select> "
-            "<input name='external_id' placeholder='external id (evidence)' size='20'> "))
+        actions.append(("resolve", "Resolve", Markup(
+            "<select name='resolution' required><option value='' selected>choose the outcome…</option>"
+            + "".join(f"<option>{r.value}</option>" for r in Resolution) + "</select> "
+            "<input name='external_id' placeholder='external id (evidence)' size='20'> ")))
     if intent.status is Status.HELD:
-        digest = f"<input type='hidden' name='payload_digest' value='{escape(intent.payload_digest)}'>"
-        actions.append(action("approve", "Approve", digest))
-        actions.append(action("reject", "Reject"))
+        actions.append(("approve", "Approve", Markup(
+            f"<input type='hidden' name='payload_digest' value='{escape(intent.payload_digest)}'>")))
+        actions.append(("reject", "Reject", Markup("")))
     if intent.status in (Status.PENDING, Status.HELD, Status.REVOKED, Status.DEAD):
-        actions.append(action("cancel", "Cancel"))
+        actions.append(("cancel", "Cancel", Markup("")))
     try:
         destination: Destination | None = await outbox.get_destination(intent.destination)
     except NotFound:
         destination = None
-    waiting = f"<p class='flash error'>waiting {_behind_link(behind, intent)}</p>" if behind else ""
-    if intent.unreadable:
-        waiting += (f"<p class='flash error'>{escape(intent.unreadable)}: the sender sets it aside unsent; "
-                    "cancel it, and enqueue it again with times the outbox takes</p>")
-    last_error = ("" if intent.status is Status.DELIVERED or not intent.last_error
-                  else f"<p>last error: {escape(intent.last_error)}</p>")
-    return signed_page(request, f"Intent {action_id}", flashes(done, error) + (
-        f"<p>{pill(intent.status.value)} to <b>{destination_link(intent.destination)}</b> for "
-        f"<b>{escape(intent.scope)}</b> · attempts {intent.attempts}/{intent.max_attempts} · fence {intent.fence}"
-        f" · enqueued {when(intent.created_at, now)} · changed {when(intent.updated_at, now)}"
-        + (f" · next attempt {when(intent.next_attempt_at, now)}" if intent.status is Status.PENDING
-           else "") + "</p>"
-        f"{waiting}{last_error}"
-        f"<p>payload <code>{escape(intent.payload_digest)}</code></p>{pretty(intent.payload_json[:4000])}"
-        + _trace(tracing.kept(intent))
-        + f"<h2>Actions</h2>{''.join(actions) or '<p>none for this status</p>'}"
-        "<h2>Attempts</h2>" + history_view.attempts(history.attempts, history.events, destination, now)
-        + "<h2>Timeline</h2>" + history_view.timeline(history.events, now)), status=status)
+    return signed_page(request, f"Intent {action_id}", render(
+        "intent.html", intent=intent, flashes=Markup(flashes(done, error)), status=Markup(pill(intent.status.value)),
+        destination=Markup(destination_link(intent.destination)), enqueued=Markup(when(intent.created_at, now)),
+        changed=Markup(when(intent.updated_at, now)),
+        next_attempt=Markup(when(intent.next_attempt_at, now)) if intent.status is Status.PENDING else None,
+        behind=Markup(_behind_link(behind, intent)) if behind else None,
+        last_error=None if intent.status is Status.DELIVERED else intent.last_error,
+        payload=Markup(pretty(intent.payload_json[:4000])), trace=Markup(_trace(tracing.kept(intent))),
+        actions=actions, url=lambda name: intent_url(action_id, intent.scope, name),
+        csrf=Markup(access.csrf_field(request)),
+        attempts=Markup(history_view.attempts(history.attempts, history.events, destination, now)),
+        timeline=Markup(history_view.timeline(history.events, now))), status=status)
 
 
 def _set_aside(request: Request, now: datetime) -> str:

@@ -18,18 +18,27 @@ from ...model import Attempt, Cancel, Change, Intent, OperatorChange, Replay, Se
 from ...timestamps import from_epoch
 from .. import moves, timeline
 from ..protocol import Applied, Claim
-from ..records import attempt_values, event_data
+from ..records import ATTEMPT_COLUMNS, attempt_values, event_data
 from .connection import READ
-from .sql import CYCLE, SQL
+from .sql import CYCLE, CYCLE_SQL, SQL
+
+#: Which of the cycle's named parameters is which (``$settle_status`` in sql/postgres.sql): each part's columns, in
+#: the order ``_row`` makes a change's values. A column added on one side only fails as a name missing or unknown.
+SETTLE_COLUMNS = ("intent_key", "fence", "status", "last_error", "next_attempt_at", "attempts", "new_fence",
+                  "updated_at", *ATTEMPT_COLUMNS)
+START_COLUMNS = ("intent_key", "fence", "attempt_id", "number", "attempt_fence", "worker", "started_at")
+CLAIM_COLUMNS = ("now", "owner", "lease_until", "limit")
+_SETTLE, _START, _CLAIM = ([f"{part}_{column}" for column in columns] for part, columns in (
+    ("settle", SETTLE_COLUMNS), ("start", START_COLUMNS), ("claim", CLAIM_COLUMNS)))
 
 
 def _attempt_values(a: Attempt | None) -> tuple[Any, ...]:
     """An attempt as the last values of a ``settle`` row (all null: the settle records no attempt)."""
-    return (None,) * 14 if a is None else attempt_values(a)
+    return (None,) * len(ATTEMPT_COLUMNS) if a is None else attempt_values(a)
 
 
 def _row(change: Change) -> tuple[Any, ...]:
-    """A change as one row of its move's block (the arrays from $7 on, sql/postgres.sql): its key,
+    """A change as one row of its move's block (the arrays from $7 on, or the cycle's named ones): its key,
     its fence (a worker's) or the status its caller saw (where its move starts in several), then
     a start's attempt, or what it writes (``moves.written``) and a settle's attempt."""
     head: tuple[Any, ...] = (change.key,)
@@ -61,14 +70,21 @@ def _move_arguments(batch: Sequence[Change]) -> list[list[Any]]:
     return _columns(_events(batch), 6) + _columns([_row(change) for change in batch], 0)
 
 
+def _named(names: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> dict[str, list[Any]]:
+    """Rows as the named arrays of one part of the cycle (a row of another width fails)."""
+    return dict(zip(names, _columns(rows, len(names)), strict=True))
+
+
 def cycle_arguments(settles: Sequence[Change], starts: Sequence[Change], claim: Claim | None) -> list[Any]:
     """The ``cycle`` statement's parameters: the events of the settles then the starts logged as
-    rows, their columns, the claim's (a limit of 0 for none), then the events the settles' and
-    the starts' attempts keep (``timeline.held``)."""
+    rows, then by name their columns with the events their attempts keep (``timeline.held``), and
+    the claim's (a limit of 0 for none)."""
     claiming = (None, None, None, 0) if claim is None else (claim.now, claim.owner, claim.lease_until, claim.limit)
-    return [*_columns(_events([*settles, *starts]), 6), *_columns([_row(c) for c in settles], 22),
-            *_columns([_row(c) for c in starts], 7), *claiming,
-            [timeline.group(timeline.held(c)) for c in settles], [timeline.group(timeline.held(c)) for c in starts]]
+    return CYCLE_SQL.arguments(_columns(_events([*settles, *starts]), 6), {
+        **_named(_SETTLE, [_row(c) for c in settles]), **_named(_START, [_row(c) for c in starts]),
+        **dict(zip(_CLAIM, claiming, strict=True)),
+        "settle_held": [timeline.group(timeline.held(c)) for c in settles],
+        "start_held": [timeline.group(timeline.held(c)) for c in starts]})
 
 
 def rounds_by_move(changes: Sequence[Change]) -> list[dict[str, list[int]]]:

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ...model import MOVES
-from ..plumbing import statements, with_ordering_rule
+from ..plumbing import Named, statements, with_ordering_rule
 
 SQL = statements("postgres")
 #: Where the cycle writes an attempt, the events it keeps (``{held_group[seq, entries]}``): one rule for both places.
@@ -17,10 +17,16 @@ SQL["cycle"] = _HELD_GROUP.sub(lambda found: SQL["held_group"].format(seq=found[
 #: The statements that pick due intents, and the flow-limited claim's function, share one rule for ordered keys
 #: (``claimable``), and so does waiting_behind (``in_the_way``).
 SQL = with_ordering_rule(SQL, ("cycle", "next_due_at", "claim_limited_function"))
-SQL = {**SQL, **{name: SQL[name].format(logged=SQL["logged"], limited=SQL["limited"].format(at=at))
-                  for name, at in (("cycle", "$36"), ("next_due_at", "$1"))}}
+#: The cycle's start judges its lease running as moves.lease_running does (``lease_running``), on the row it locks.
+_LEASE_RUNNING = SQL["lease_running"].format(of="intents", at="starting.started_at")
+SQL = {**SQL, **{name: SQL[name].format(logged=SQL["logged"], limited=SQL["limited"].format(at=at),
+                                         lease_running=_LEASE_RUNNING)
+                  for name, at in (("cycle", "$claim_now"), ("next_due_at", "$1"))}}
 #: The moves a worker's cycle applies in one statement (``cycle``), beside its claim.
 CYCLE = ("settle", "start")
+#: The cycle's parameters are named (``changes.cycle_arguments`` fills them by name); ``SQL["cycle"]`` is it numbered.
+CYCLE_SQL = Named.of(SQL["cycle"])
+SQL["cycle"] = CYCLE_SQL.text
 #: Each other move's block appends its events the same way (``logged``).
 SQL = {**SQL, **{name: SQL[name].format(logged=SQL["logged"]) for name in MOVES
                  if name not in ("claim", "recover", *CYCLE)}}

@@ -313,6 +313,11 @@ SELECT intents.*, {event_payload[intents]} AS event_payload,
 FROM intents
 WHERE status = 'leased' AND lease_expires_at <= $1 ORDER BY lease_expires_at LIMIT $2;
 
+-- name: lease_running
+-- Whether the lease of intents row {of} still runs when an attempt starts at {at}: moves.lease_running's rule (a test
+-- holds them to each other), which the cycle's start judges here, where it locks the row.
+{of}.lease_expires_at > {at}
+
 -- name: limited
 -- A destination (as "destinations") with a limit or a pause at a time: its intents are claimed by
 -- outbox_claim_limited. Filled into the statements that claim or look for due intents, with the time.
@@ -382,17 +387,18 @@ logged AS (
 
 -- name: cycle
 -- A worker's cycle as one statement: moves settle and start for a batch each, then a claim. Arrays $1-$6 are the
--- events of both (as logged takes them: n is the change's place, the settles first, then the starts); $7-$28 the
--- settles (key, fence, fate, last_error, next_attempt_at, attempts and new fence (null: kept), updated_at, then the
--- attempt, none where its id is null); $29-$35 the starts (key, fence, then the attempt); $36-$39 the claim (now,
--- owner, lease until, limit: 0 claims nothing); $40 and $41 the events the settles' and the starts' attempts keep
--- (timeline.group's JSON each, as held_group stores it). Any of them may be empty.
+-- events of both (as logged takes them: n is the change's place, the settles first, then the starts); the others are
+-- named (outbox/store/postgres/changes.py fills them by name): $settle_* the settles (key, fence, fate, last_error,
+-- next_attempt_at, attempts and new fence (null: kept), updated_at, then the attempt, none where its id is null),
+-- $start_* the starts (key, fence, then the attempt), each with held, the events its attempt keeps (timeline.group's
+-- JSON, as held_group stores it); $claim_* the claim (now, owner, lease until, limit: 0 claims nothing). Any of the
+-- arrays may be empty.
 -- - settle: each intent still leased at its fence takes its fate, its lease cleared, its attempt inserted or
 --   finished with its events (those of a settle with no attempt appended to events);
 -- - start: each intent still leased at its fence, with its lease unexpired when the attempt starts, is locked FOR
 --   KEY SHARE (a sweeper's recover, FOR UPDATE, then skips it until the attempt is in) and gets its attempt row,
 --   unfinished, holding its event; the intent row is not written;
--- - claim: up to $39 of the oldest due intents are leased to a worker, each fence bumped; no event is written (the
+-- - claim: up to $claim_limit of the oldest due intents are leased to a worker, each fence bumped; no event is written (the
 --   lease's "leased" fact is recorded by its attempt's start, or by the move that ends it: unrecorded_lease; a
 --   flow-limited claim still writes it as a row). Rows another claimer has locked are skipped, never waited for. An
 --   intent of an ordered destination waits while an earlier one of its key is in the way (one seek of
@@ -400,16 +406,16 @@ logged AS (
 --   Intents of destinations with a limit or a pause (limited) are left to outbox_claim_limited (migration 0013),
 --   called only when there are such destinations: it leases what their limits allow, under a lock of each one's
 --   bucket row, and says what it held back ("held": destination, paused, in_flight, rate, retry at as epoch
---   seconds); the rest of $39 goes to the others, whose claim touches no further row and takes no further lock.
+--   seconds); the rest of $claim_limit goes to the others, whose claim touches no further row and takes no further lock.
 -- All parts see one snapshot, so the claim never picks what this statement's settles make due: a later cycle does.
 -- The parts touch disjoint rows (settled and started intents are leased, claimed ones pending). One row comes back
 -- at least: the places settled and started (null: none) beside each claimed intent's columns and its
 -- event_payload (all null: none).
 WITH settling AS (
-    SELECT * FROM unnest($7::text[], $8::bigint[], $9::text[], $10::text[], $11::timestamptz[], $12::integer[],
-                         $13::bigint[], $14::timestamptz[], $15::text[], $16::integer[], $17::bigint[], $18::text[],
-                         $19::timestamptz[], $20::timestamptz[], $21::text[], $22::text[], $23::integer[], $24::text[],
-                         $25::text[], $26::text[], $27::float8[], $28::text[], $40::text[])
+    SELECT * FROM unnest($settle_intent_key::text[], $settle_fence::bigint[], $settle_status::text[], $settle_last_error::text[], $settle_next_attempt_at::timestamptz[], $settle_attempts::integer[],
+                         $settle_new_fence::bigint[], $settle_updated_at::timestamptz[], $settle_attempt_id::text[], $settle_number::integer[], $settle_attempt_fence::bigint[], $settle_worker::text[],
+                         $settle_started_at::timestamptz[], $settle_finished_at::timestamptz[], $settle_submission::text[], $settle_outcome::text[], $settle_status_code::integer[], $settle_reply::text[],
+                         $settle_external_id::text[], $settle_error::text[], $settle_duration_ms::float8[], $settle_stage::text[], $settle_held::text[])
         WITH ORDINALITY AS b (intent_key, fence, status, last_error, next_attempt_at, attempts, new_fence, updated_at,
                               attempt_id, number, attempt_fence, worker, started_at, finished_at, submission, outcome,
                               status_code, reply, external_id, error, duration_ms, stage, held, n)
@@ -419,12 +425,12 @@ WITH settling AS (
                        attempts = coalesce(b.attempts, intents.attempts), fence = coalesce(b.new_fence, intents.fence),
                        updated_at = b.updated_at
     FROM settling AS b
-    WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'leased'
+    WHERE intents.intent_key = ANY($settle_intent_key::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'leased'
       AND intents.fence = b.fence
     RETURNING intents.seq, intents.status, b.n, b.attempt_id
 ), settling_leases AS (
     SELECT seq, {lease_entry[intents]} AS lease FROM intents
-    WHERE intents.intent_key = ANY($7::text[]) AND {unrecorded_lease[intents]}
+    WHERE intents.intent_key = ANY($settle_intent_key::text[]) AND {unrecorded_lease[intents]}
 ), finished AS (
     INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at, finished_at,
                           submission, outcome, status_code, reply, external_id, error, duration_ms, stage, events)
@@ -442,17 +448,17 @@ WITH settling AS (
         stage = excluded.stage, events = attempts.events || excluded.events
 ), starting AS (
     SELECT intent_key, fence, attempt_id, number, attempt_fence, worker, started_at, held,
-           i + cardinality($7::text[]) AS n
-    FROM unnest($29::text[], $30::bigint[], $31::text[], $32::integer[], $33::bigint[], $34::text[],
-                $35::timestamptz[], $41::text[])
+           i + cardinality($settle_intent_key::text[]) AS n
+    FROM unnest($start_intent_key::text[], $start_fence::bigint[], $start_attempt_id::text[], $start_number::integer[], $start_attempt_fence::bigint[], $start_worker::text[],
+                $start_started_at::timestamptz[], $start_held::text[])
         WITH ORDINALITY AS b (intent_key, fence, attempt_id, number, attempt_fence, worker, started_at, held, i)
 ), started AS (
     SELECT intents.seq, starting.*,
            CASE WHEN {unrecorded_lease[intents]} THEN jsonb_build_array({lease_entry[intents]}) ELSE '[]'::jsonb END
            || starting.held::jsonb AS kept
     FROM intents JOIN starting USING (intent_key)
-    WHERE intents.intent_key = ANY($29::text[]) AND intents.status = 'leased' AND intents.fence = starting.fence
-      AND intents.lease_expires_at > starting.started_at
+    WHERE intents.intent_key = ANY($start_intent_key::text[]) AND intents.status = 'leased' AND intents.fence = starting.fence
+      AND {lease_running}
     FOR KEY SHARE OF intents
 ), attempted AS (
     INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at, events)
@@ -461,19 +467,19 @@ WITH settling AS (
 ), changed AS (  -- (the settles that record no attempt: the others' attempts keep their events)
     SELECT seq, n FROM settled WHERE attempt_id IS NULL
 ), {logged}, limited AS MATERIALIZED (
-    SELECT id FROM destinations WHERE $39 > 0 AND {limited}
+    SELECT id FROM destinations WHERE $claim_limit > 0 AND {limited}
 ), flow AS MATERIALIZED (
-    SELECT * FROM outbox_claim_limited($37, $36, $38, $39) WHERE EXISTS (SELECT 1 FROM limited)
+    SELECT * FROM outbox_claim_limited($claim_owner, $claim_now, $claim_lease_until, $claim_limit) WHERE EXISTS (SELECT 1 FROM limited)
 ), due AS (
     SELECT seq FROM intents AS due
-    WHERE status = 'pending' AND next_attempt_at <= $36
+    WHERE status = 'pending' AND next_attempt_at <= $claim_now
       AND due.destination <> ALL (ARRAY(SELECT id FROM limited))
       AND {claimable}
-    ORDER BY next_attempt_at LIMIT $39 - (SELECT coalesce(sum(cardinality(flow_leased)), 0) FROM flow)
+    ORDER BY next_attempt_at LIMIT $claim_limit - (SELECT coalesce(sum(cardinality(flow_leased)), 0) FROM flow)
     FOR UPDATE OF due SKIP LOCKED
 ), leased AS (
-    UPDATE intents SET status = 'leased', lease_owner = $37, lease_expires_at = $38, fence = intents.fence + 1,
-                       updated_at = $36
+    UPDATE intents SET status = 'leased', lease_owner = $claim_owner, lease_expires_at = $claim_lease_until, fence = intents.fence + 1,
+                       updated_at = $claim_now
     WHERE intents.seq = ANY(ARRAY(SELECT seq FROM due))  -- (an index scan of the few picked, never a seq scan)
     RETURNING intents.*
 )
