@@ -68,7 +68,8 @@ def cycle_arguments(settles: Sequence[Change], starts: Sequence[Change], claim: 
     claiming = (None, None, None, 0) if claim is None else (claim.now, claim.owner, claim.lease_until, claim.limit)
     return [*_columns(_events([*settles, *starts]), 6), *_columns([_row(c) for c in settles], 22),
             *_columns([_row(c) for c in starts], 7), *claiming,
-            [timeline.group(timeline.held(c)) for c in settles], [timeline.group(timeline.held(c)) for c in starts]]
+            [timeline.group(timeline.held(c), moves.attempt(c)) for c in settles],
+            [timeline.group(timeline.held(c), moves.attempt(c)) for c in starts]]
 
 
 def rounds_by_move(changes: Sequence[Change]) -> list[dict[str, list[int]]]:

@@ -113,7 +113,7 @@ def _make_round(conn: sqlite3.Connection, changes: list[tuple[int, Change]],
         lease = (timeline.lease_fact(READ.at(updated_at), lease_owner, fence),) if unrecorded else ()
         attempt = moves.attempt(change)
         if attempt is not None:
-            attempts.append([*attempt_row(seq, attempt), timeline.group((*lease, *timeline.held(change)))])
+            attempts.append([*attempt_row(seq, attempt), timeline.group((*lease, *timeline.held(change)), attempt)])
             outcome = outcome or attempt.finished_at is not None
         else:
             events += [event_row(seq, e) for e in (*lease, *timeline.logged(change))]
