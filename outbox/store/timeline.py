@@ -60,7 +60,7 @@ def lease_fact(leased_at: datetime, owner: str, fence: int) -> Event:
 def group(events: Sequence[Event], attempt: Attempt | None) -> str:
     """Events as the JSON text of the entries of a group ``attempt`` keeps (its ``after`` is the
     statement's to add; no attempt, no entry given by one)."""
-    return json.dumps([_entry(e, attempt) for e in events])
+    return json.dumps([_entry(e, attempt) for e in events], separators=(",", ":"))
 
 
 def given(kind: EventKind, attempt: Attempt) -> tuple[datetime, str, str | None, dict[str, Any]] | None:

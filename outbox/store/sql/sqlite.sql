@@ -239,18 +239,21 @@ SELECT status, channel, count(*) FROM intents GROUP BY status, channel;
 SELECT min(next_attempt_at) FROM intents INDEXED BY intents_due WHERE status = 'pending' AND next_attempt_at <= ?;
 
 -- name: put_attempts
--- Record an attempt, or its outcome once known (run once per row: a row's values in column order, the last the events
--- the write keeps in the attempt, outbox/store/timeline.py): appended as one group, after the intent's last events row.
+-- Record an attempt, or its outcome once known (run once per row: a row's values in column order, the last the JSON
+-- array of the events the write keeps in the attempt, outbox/store/timeline.py): appended as one group, after the
+-- intent's last events row. The groups are joined as text, the JSON not parsed again: ?16 is JSON our own code made.
 INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at, finished_at,
                       submission, outcome, status_code, reply, external_id, error, duration_ms, stage, events)
 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15,
-        json_array(json_array(coalesce((SELECT max(logged.id) FROM events AS logged WHERE logged.intent_seq = ?2), 0),
-                              json(?16))))
+        '[[' || coalesce((SELECT max(logged.id) FROM events AS logged WHERE logged.intent_seq = ?2), 0) || ','
+             || ?16 || ']]')
 ON CONFLICT (attempt_id) DO UPDATE SET
     finished_at = excluded.finished_at, submission = excluded.submission,
     outcome = excluded.outcome, status_code = excluded.status_code, reply = excluded.reply,
     external_id = excluded.external_id, error = excluded.error, duration_ms = excluded.duration_ms,
-    stage = excluded.stage, events = json_insert(attempts.events, '$[#]', json(json_extract(excluded.events, '$[0]')));
+    stage = excluded.stage,
+    events = CASE attempts.events WHEN '[]' THEN excluded.events  -- (an attempt started before its row kept events)
+             ELSE substr(attempts.events, 1, length(attempts.events) - 1) || ',' || substr(excluded.events, 2) END;
 
 -- name: insert_events
 -- Append events from a JSON array of [intent_seq, kind, at, actor, reason, data] rows, in order.
