@@ -112,13 +112,19 @@ def merged(rows: Iterable[tuple[int, Event]], attempts: Iterable[tuple[Attempt, 
     return [event for _, event in sorted(placed, key=lambda found: found[0])] + ([lease] if lease else [])
 
 
-def _event(entry: str | Sequence[Any], attempt: Attempt) -> Event:
-    if isinstance(entry, str) or len(entry) == 2:
-        kind = EventKind(entry if isinstance(entry, str) else entry[0])
-        known = given(kind, attempt)
-        if known is None:
-            raise ValueError(f"attempt {attempt.attempt_id}'s columns give no {kind.value} event")
-        at, actor, reason, data = known
-        return Event(kind, at, actor, reason, data if isinstance(entry, str) else {**data, **entry[1]})
+def _event(entry: str | list[Any], attempt: Attempt) -> Event:
+    """An entry as the event it keeps (``_entry``): whole, or rebuilt from ``attempt``'s columns."""
+    if isinstance(entry, str):
+        return _given_event(EventKind(entry), attempt, {})
+    if len(entry) == 2:
+        return _given_event(EventKind(entry[0]), attempt, entry[1])
     kind, at, actor, reason, data = entry
     return Event(kind, datetime.fromisoformat(at), actor, reason, data)
+
+
+def _given_event(kind: EventKind, attempt: Attempt, more: dict[str, Any]) -> Event:
+    known = given(kind, attempt)
+    if known is None:
+        raise ValueError(f"attempt {attempt.attempt_id}'s columns give no {kind.value} event")
+    at, actor, reason, data = known
+    return Event(kind, at, actor, reason, {**data, **more})
