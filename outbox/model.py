@@ -3,6 +3,10 @@ them (each one of the lifecycle's moves, ``outbox.lifecycle``, whose names are r
 
 An intent's ``status`` is only the scheduling state; what each attempt did (was it submitted,
 what came back) lives on the attempt, so a status never hides a fact.
+
+The records a delivery makes several of (its intent as claimed, two attempts, its events and
+changes) are slotted dataclasses that are not frozen: a frozen one's ``__init__`` sets each field
+through ``object.__setattr__``, several times slower, and nothing changes a record once made.
 """
 
 from __future__ import annotations
@@ -90,7 +94,7 @@ class Role(str, enum.Enum):
     TENANT = "tenant"  # one scope's own destinations, and its intents and events (the /v1/tenant routes)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Intent:
     """One business operation to be made effective at a destination."""
 
@@ -168,7 +172,7 @@ class NewIntent:
         return intent_key(self.scope, self.action_id)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Attempt:
     """One try at submitting an intent, with the facts the control path could establish."""
 
@@ -214,7 +218,7 @@ class EventKind(str, enum.Enum):
     REJECTED = "rejected"  # an operator's rejection of a held intent
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Event:
     """One entry of an intent's append-only history. A store reads ``kind`` back as its plain
     string value; it becomes the EventKind here (an unknown value raises ValueError)."""
@@ -227,7 +231,7 @@ class Event:
 
     def __post_init__(self) -> None:
         if type(self.kind) is not EventKind:
-            object.__setattr__(self, "kind", EventKind(self.kind))
+            self.kind = EventKind(self.kind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,11 +244,11 @@ class Enqueued:
 
 # -- changes: one typed value per move, as ``Store.apply`` takes them ------------------------------
 #
-# Each is its own frozen dataclass, its fields in the order its callers pass them: they share only
+# Each is its own dataclass, its fields in the order its callers pass them: they share only
 # ``key`` and ``events``, which a common base would move ahead of every other field.
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Start:
     """Move ``start``: record ``attempt`` (unfinished) and its ``attempt_started`` event, durably
     before the send, if the intent is still leased at ``fence`` and its lease has not expired."""
@@ -256,7 +260,7 @@ class Start:
     move = "start"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Settle:
     """Move ``settle``: a leased intent at ``fence`` takes its fate ``status``; the lease is
     cleared, ``attempt`` (finished) recorded when there is one, and ``events`` appended.
@@ -275,7 +279,7 @@ class Settle:
     move = "settle"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Release:
     """Move ``release``: give a lease at ``fence`` back unsent, due again at ``next_attempt_at``."""
 
@@ -286,7 +290,7 @@ class Release:
     move = "release"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Hold:
     """Move ``hold``: a leased intent at ``fence`` waits for an operator's approval."""
 

@@ -15,7 +15,7 @@ from outbox.channels import ChannelKind
 REPLY_BYTES = 2048
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SendResult:
     """The facts of one attempt, as far as the control path could establish them."""
 
@@ -62,7 +62,7 @@ class Channel(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Send:
     """One attempt of a batch handed to ``BatchChannel.send_many``: what ``Channel.send`` takes,
     and the attempt's span context, whose trace the channel puts on the wire (``tracing.carrier``)."""

@@ -16,7 +16,7 @@ from .backoff import Backoff, exhausted, honoured
 from .channel import ProbeAnswer, SendResult
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Fate:
     """The intent's next status, when it is next due (if pending), and the event that says why."""
 

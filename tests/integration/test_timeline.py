@@ -189,3 +189,27 @@ async def test_rows_written_before_migration_0019_read_as_the_same_timeline(stor
         assert kinds.count("leased") == 4  # the rows no attempt holds stay
     finally:
         await box.close()
+
+
+async def test_an_attempt_whose_row_keeps_no_events_yet_keeps_its_settle(store_url: str):
+    """An attempt row that holds no group (written by hand, or before its row kept events) gets its
+    settle's group all the same, and its timeline still reads."""
+    box = await open_box(store_url)
+    try:
+        await box.store.insert_intents([
+            (NewIntent("r1", "acme", "billing", '{"n":1}', "sha256:aa", 5, T0, None, None, T0),
+             event("enqueued", 0, "api"))])
+        one = await claim(box, 2)
+        first = started(one.key, 1, one.fence, 3)
+        await apply(box, Start(one.key, one.fence, first, start_event(first)))
+        await rows(store_url, "UPDATE attempts SET events = '[]'")
+        done = finished(first, 4, Outcome.DELIVERED, 200, None)
+        await apply(box, Settle(one.key, one.fence, Status.DELIVERED, (
+            finish_event(done, 4), event("delivered", 4, reason="receiver answered 200")), attempts=1, attempt=done))
+        assert timeline((await box.history("r1", scope="acme")).events) == [
+            ("enqueued", 0, "api", None, {}),
+            ("attempt_finished", 4, "w1", None, {"attempt_id": "acme/r1/1", "submission": "submitted",
+                                                 "outcome": "delivered", "status_code": 200}),
+            ("delivered", 4, "w1", "receiver answered 200", {})]
+    finally:
+        await box.close()

@@ -83,8 +83,8 @@ def cycle_arguments(settles: Sequence[Change], starts: Sequence[Change], claim: 
     return CYCLE_SQL.arguments(_columns(_events([*settles, *starts]), 6), {
         **_named(_SETTLE, [_row(c) for c in settles]), **_named(_START, [_row(c) for c in starts]),
         **dict(zip(_CLAIM, claiming, strict=True)),
-        "settle_held": [timeline.group(timeline.held(c)) for c in settles],
-        "start_held": [timeline.group(timeline.held(c)) for c in starts]})
+        "settle_held": [timeline.group(timeline.held(c), moves.attempt(c)) for c in settles],
+        "start_held": [timeline.group(timeline.held(c), moves.attempt(c)) for c in starts]})
 
 
 def rounds_by_move(changes: Sequence[Change]) -> list[dict[str, list[int]]]:

@@ -219,7 +219,7 @@ class PostgresStore(PostgresEvents, Lookups):
             return History(
                 attempts=[READ.attempt(r) for r in attempts],
                 events=timeline.merged(((r["id"], READ.event(r)) for r in logged),
-                                       ((r["number"], r["events"]) for r in attempts),
+                                       ((READ.attempt(r), r["events"]) for r in attempts),
                                        timeline.current_lease(intent, await conn.fetchval(SQL["lease_unrecorded"],
                                                                                           row["seq"]))),
                 intent=intent,

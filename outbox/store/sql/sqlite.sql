@@ -184,19 +184,9 @@ UPDATE intents SET status = 'leased', lease_owner = ?, lease_expires_at = ?, fen
                    updated_at = ?
 WHERE seq IN (SELECT value FROM json_each(?));
 
--- name: intents_json
--- Intents (a JSON array of seqs) as one JSON array of objects: one step, however many rows.
-SELECT json_group_array(json_object(
-    'seq', seq, 'action_id', action_id, 'scope', scope, 'destination', destination,
-    'channel', channel, 'payload', payload, 'event_payload', {event_payload[intents]},
-    'payload_digest', payload_digest, 'status', status,
-    'attempts', attempts, 'max_attempts', max_attempts, 'next_attempt_at', next_attempt_at,
-    'not_before', not_before, 'expires_at', expires_at, 'lease_owner', lease_owner,
-    'lease_expires_at', lease_expires_at, 'fence', fence, 'created_at', created_at,
-    'updated_at', updated_at, 'last_error', last_error, 'approved_digest', approved_digest,
-    'approval_expires_at', approval_expires_at, 'approved_by', approved_by, 'ordering_key', ordering_key,
-    'replayed_after', replayed_after, 'event_id', event_id, 'trace_context', trace_context))
-FROM intents WHERE seq IN (SELECT value FROM json_each(?));
+-- name: claimed_intents
+-- Intents (a JSON array of seqs) as plain rows: read by name, with no JSON to build or parse per row.
+SELECT *, {event_payload[intents]} AS event_payload FROM intents WHERE seq IN (SELECT value FROM json_each(?));
 
 -- name: renew_lease
 -- Heartbeat: extend a lease the worker still holds at this fence.
@@ -250,25 +240,21 @@ SELECT status, channel, count(*) FROM intents GROUP BY status, channel;
 SELECT min(next_attempt_at) FROM intents INDEXED BY intents_due WHERE status = 'pending' AND next_attempt_at <= ?;
 
 -- name: put_attempts
--- Record attempts, or their outcomes once known, from a JSON array of rows in column order, the last the events the
--- write keeps in the attempt (outbox/store/timeline.py): appended as one group, after the intent's last events row.
+-- Record an attempt, or its outcome once known (run once per row: a row's values in column order, the last the JSON
+-- array of the events the write keeps in the attempt, outbox/store/timeline.py): appended as one group, after the
+-- intent's last events row. The groups are joined as text, the JSON not parsed again: ?16 is JSON our own code made.
 INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at, finished_at,
                       submission, outcome, status_code, reply, external_id, error, duration_ms, stage, events)
-SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'),
-       json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]'),
-       json_extract(value, '$[6]'), json_extract(value, '$[7]'), json_extract(value, '$[8]'),
-       json_extract(value, '$[9]'), json_extract(value, '$[10]'), json_extract(value, '$[11]'),
-       json_extract(value, '$[12]'), json_extract(value, '$[13]'), json_extract(value, '$[14]'),
-       json_array(json_array(
-           coalesce((SELECT max(logged.id) FROM events AS logged
-                     WHERE logged.intent_seq = json_extract(value, '$[1]')), 0),
-           json(json_extract(value, '$[15]'))))
-FROM json_each(?) WHERE true
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15,
+        '[[' || coalesce((SELECT max(logged.id) FROM events AS logged WHERE logged.intent_seq = ?2), 0) || ','
+             || ?16 || ']]')
 ON CONFLICT (attempt_id) DO UPDATE SET
     finished_at = excluded.finished_at, submission = excluded.submission,
     outcome = excluded.outcome, status_code = excluded.status_code, reply = excluded.reply,
     external_id = excluded.external_id, error = excluded.error, duration_ms = excluded.duration_ms,
-    stage = excluded.stage, events = json_insert(attempts.events, '$[#]', json(json_extract(excluded.events, '$[0]')));
+    stage = excluded.stage,
+    events = CASE attempts.events WHEN '[]' THEN excluded.events  -- (an attempt started before its row kept events)
+             ELSE substr(attempts.events, 1, length(attempts.events) - 1) || ',' || substr(excluded.events, 2) END;
 
 -- name: insert_events
 -- Append events from a JSON array of [intent_seq, kind, at, actor, reason, data] rows, in order.

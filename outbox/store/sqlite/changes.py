@@ -37,7 +37,7 @@ def make_claim(conn: sqlite3.Connection, claim: Claim) -> tuple[list[Intent], li
     if seqs == "[]":
         return [], held
     conn.execute(SQL["lease"], (claim.owner, to_us(claim.lease_until), at, seqs))  # (its "leased" fact: timeline.py)
-    rows = json.loads(conn.execute(SQL["intents_json"], (seqs,)).fetchone()[0])
+    rows = conn.execute(SQL["claimed_intents"], (seqs,)).fetchall()
     return sorted((READ.intent(r) for r in rows), key=lambda i: i.next_attempt_at), held
 
 
@@ -113,7 +113,7 @@ def _make_round(conn: sqlite3.Connection, changes: list[tuple[int, Change]],
         lease = (timeline.lease_fact(READ.at(updated_at), lease_owner, fence),) if unrecorded else ()
         attempt = moves.attempt(change)
         if attempt is not None:
-            attempts.append([*attempt_row(seq, attempt), timeline.group((*lease, *timeline.held(change)))])
+            attempts.append([*attempt_row(seq, attempt), timeline.group((*lease, *timeline.held(change)), attempt)])
             outcome = outcome or attempt.finished_at is not None
         else:
             events += [event_row(seq, e) for e in (*lease, *timeline.logged(change))]
@@ -121,7 +121,7 @@ def _make_round(conn: sqlite3.Connection, changes: list[tuple[int, Change]],
         for row in conn.execute(SQL[move], (json.dumps(values),)).fetchall():  # the operators' moves return rows
             results[answered[row["seq"]]] = READ.intent(row)
     if attempts:
-        conn.execute(SQL["put_attempts"], (json.dumps(attempts),))
+        conn.executemany(SQL["put_attempts"], attempts)  # (bound as they are: no JSON to make and take apart)
     if events:
         conn.execute(SQL["insert_events"], (json.dumps(events),))
     if outcome:

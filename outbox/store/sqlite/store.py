@@ -255,7 +255,7 @@ class SqliteStore(SqliteEvents, Lookups):
                 return History(
                     attempts=[READ.attempt(r) for r in attempts],
                     events=timeline.merged(((r["id"], READ.event(r)) for r in conn.execute(SQL["events_of"], (seq,))),
-                                           ((r["number"], r["events"]) for r in attempts),
+                                           ((READ.attempt(r), r["events"]) for r in attempts),
                                            timeline.current_lease(intent, conn.execute(
                                                SQL["lease_unrecorded"], (seq,)).fetchone()[0])),
                     intent=intent,
