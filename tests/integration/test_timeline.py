@@ -153,7 +153,9 @@ async def test_rows_written_before_migration_0019_read_as_the_same_timeline(stor
     sqlite = store_url.startswith("sqlite:")
     module = sqlite_dialect if sqlite else postgres_dialect
     with monkeypatch.context() as patched:
-        patched.setattr(module, "scripts_for", lambda name: [m for m in migrator.scripts_for(name) if m.version < 19])
+        # (and 0021's columns, which today's registration of the destination writes)
+        patched.setattr(module, "scripts_for", lambda name: [m for m in migrator.scripts_for(name)
+                                                             if m.version < 19 or m.version == 21])
         box = await open_box(store_url)
         await box.close()
 
