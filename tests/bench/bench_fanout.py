@@ -28,13 +28,6 @@ cost them anything). The payloads are base64 of seeded random bytes, which Postg
 compression cannot shrink (a run of one letter would be compressed into nothing and hide the
 copies).
 
-With ``--main-tree``, the claim itself is also compared where nothing should differ: at the end
-of the ``shared`` child, with 500 more direct intents pending, the statements of a claim of 64 run in a
-transaction that is rolled back, alternately as that tree writes them and as this one does (on
-SQLite the pick, lease and ``leased`` events, then the read of the intents, the statement this
-change touches; on PostgreSQL the cycle statement), the rows fetched and decoded, ``CLAIM_ROUNDS``
-times each: the median microseconds of each.
-
 Reported: medians of the rounds, and each design against ``copied`` (and ``shared`` against
 ``main``) as the median of the per-round ratios. Nothing here asserts on timing; the exit status
 is non-zero only when a measurement is invalid (an intent missing or not delivered).
@@ -72,9 +65,9 @@ SCOPE = "acme"
 NOISE = 1470
 TREE = Path(__file__).resolve().parents[2]
 DELIVERY_TIMEOUT_SECONDS = 600.0
-CLAIM = 64
-CLAIM_ROUNDS = 300
 CHILD_TIMEOUT_SECONDS = 1200.0
+#: The batch's intents in all: above the default ``max_batch_fanout`` (10,000), so the case raises it.
+FANOUT = EVENTS * SUBSCRIBERS
 
 
 def payloads() -> list[dict[str, Any]]:
@@ -133,7 +126,8 @@ async def outbox(dialect: str) -> AsyncIterator[tuple[Any, Any, Any]]:
             return 0.0
 
         try:
-            box = await Outbox.open(f"sqlite:///{db}", settings=Settings(worker_concurrency=64))
+            box = await Outbox.open(f"sqlite:///{db}",
+                                    settings=Settings(worker_concurrency=64, max_batch_fanout=FANOUT))
             try:
                 yield await prepared(box), sqlite_sizes, no_server
             finally:
@@ -159,7 +153,7 @@ async def outbox(dialect: str) -> AsyncIterator[tuple[Any, Any, Any]]:
 
         try:
             box = await Outbox.open(dsn, settings=Settings(database_url=dsn, secrets_key_file=harness.key_file(),
-                                                           worker_concurrency=64))
+                                                           worker_concurrency=64, max_batch_fanout=FANOUT))
             try:
                 yield await prepared(box), postgres_sizes, backends_cpu
             finally:
@@ -199,76 +193,6 @@ async def deliveries_per_second(box: Any, n: int, database_cpu: Any, *, before: 
         await task
 
 
-def main_statements(tree: Path, dialect: str) -> dict[str, str]:
-    """The named statements of ``tree``'s dialect file, the claim's filled in as its ``sql.py`` fills them."""
-    import re
-
-    text = (tree / "outbox" / "store" / "sql" / f"{dialect}.sql").read_text()
-    sql = {name: body.strip() for name, body in re.findall(
-        r"^-- name: (\w+)\n-- [^\n]*\n(.*?)(?=^-- name: |\Z)", text, re.M | re.S)}
-    if dialect == "postgres":
-        sql["cycle"] = sql["cycle"].format(claimable=sql["claimable"], logged=sql["logged"],
-                                           limited=sql["limited"].format(at="$36"))
-    return sql
-
-
-async def claim_ab(box: Any, dialect: str, tree: Path) -> dict[str, float]:
-    """Microseconds of a claim of CLAIM pending intents, rolled back, as ``tree`` and as this tree
-    write it, alternated CLAIM_ROUNDS times each (medians)."""
-    from datetime import UTC, datetime, timedelta
-
-    from outbox.store.protocol import Claim
-
-    theirs = main_statements(tree, dialect)
-    now = datetime.now(UTC) + timedelta(days=1)
-    timings: dict[str, list[float]] = {"main": [], "this": []}
-    if dialect == "sqlite":
-        import sqlite3
-
-        from outbox.store.plumbing import to_us
-        from outbox.store.sqlite.sql import SQL
-
-        conn = sqlite3.connect(box.store.path, isolation_level=None)
-        try:
-            for _ in range(CLAIM_ROUNDS):
-                for label, read in (("main", theirs["intents_json"]), ("this", SQL["intents_json"])):
-                    began = time.perf_counter()
-                    conn.execute("BEGIN IMMEDIATE")
-                    at = to_us(now)
-                    seqs = conn.execute(SQL["due_seqs"], (at, CLAIM)).fetchone()[0]
-                    conn.execute(SQL["lease"], ("ab", at + 30_000_000, at, seqs))
-                    conn.execute(SQL["leased_events"], (at, "ab", seqs))
-                    rows = json.loads(conn.execute(read, (seqs,)).fetchone()[0])
-                    conn.execute("ROLLBACK")
-                    timings[label].append(time.perf_counter() - began)
-                    if len(rows) != CLAIM:
-                        raise BenchError(f"the claim read {len(rows)} intents, not {CLAIM}")
-        finally:
-            conn.close()
-    else:
-        import asyncpg
-
-        from outbox.store.postgres.changes import cycle_arguments
-        from outbox.store.postgres.sql import SQL
-
-        args = cycle_arguments([], [], Claim("ab", now, now + timedelta(seconds=30), CLAIM))
-        conn = await asyncpg.connect(box.store.dsn)
-        try:
-            for _ in range(CLAIM_ROUNDS):
-                for label, cycle in (("main", theirs["cycle"]), ("this", SQL["cycle"])):
-                    began = time.perf_counter()
-                    transaction = conn.transaction()
-                    await transaction.start()
-                    rows = await conn.fetch(cycle, *args)
-                    await transaction.rollback()
-                    timings[label].append(time.perf_counter() - began)
-                    if len(rows) != CLAIM:
-                        raise BenchError(f"the claim returned {len(rows)} rows, not {CLAIM}")
-        finally:
-            await conn.close()
-    return {f"claim_{label}_us": statistics.median(found) * 1e6 for label, found in timings.items()}
-
-
 async def child(design: str, dialect: str) -> dict[str, float]:
     """Publish the batch and deliver its intents with ``design``, then as many direct intents;
     the figures as a dict."""
@@ -295,25 +219,18 @@ async def child(design: str, dialect: str) -> dict[str, float]:
             await box.enqueue_each([{"scope": SCOPE, "destination": f"d{i % SUBSCRIBERS:02}", "action_id": f"d-{i}",
                                      "payload": events[i // SUBSCRIBERS]["payload"]} for i in range(lo, lo + EVENTS)])
         direct, direct_worker_us, direct_database_us = await deliveries_per_second(box, n, database_cpu, before=n)
-        compared: dict[str, float] = {}
-        if "BENCH_MAIN_TREE" in os.environ and design == "shared":  # last: its rolled-back writes touch nothing timed
-            await box.enqueue_each([{"scope": SCOPE, "destination": f"d{i % SUBSCRIBERS:02}", "action_id": f"ab-{i}",
-                                     "payload": events[i]["payload"]} for i in range(EVENTS)])
-            compared = await claim_ab(box, dialect, Path(os.environ["BENCH_MAIN_TREE"]))
     return {"publish_seconds": publish_seconds, "stored": stored_after - stored, "written": written_after - written,
             "deliveries_per_second": fanned_out, "delivery_written": written_delivered - written_after,
             "worker_us": worker_us, "database_us": database_us, "direct_per_second": direct,
-            "direct_worker_us": direct_worker_us, "direct_database_us": direct_database_us, **compared}
+            "direct_worker_us": direct_worker_us, "direct_database_us": direct_database_us}
 
 
 # -- the parent: rounds of every design, each in its own process ---------------------------------
 
 
-def run_child(design: str, dialect: str, tree: Path, main_tree: Path | None) -> dict[str, float]:
-    """``child(design, dialect)`` in a fresh process importing ``outbox`` and ``sender`` from ``tree``
-    (``main_tree``: the tree whose claim the ``shared`` child compares with its own)."""
-    env = harness.clean_env(PYTHONPATH=os.pathsep.join([str(tree), str(Path(__file__).parent)]),
-                            **({"BENCH_MAIN_TREE": str(main_tree)} if main_tree else {}))
+def run_child(design: str, dialect: str, tree: Path) -> dict[str, float]:
+    """``child(design, dialect)`` in a fresh process importing ``outbox`` and ``sender`` from ``tree``."""
+    env = harness.clean_env(PYTHONPATH=os.pathsep.join([str(tree), str(Path(__file__).parent)]))
     done = subprocess.run([sys.executable, __file__, "--child", design, dialect], env=env, cwd=tree,
                           capture_output=True, text=True, timeout=CHILD_TIMEOUT_SECONDS)
     if done.returncode != 0:
@@ -352,11 +269,6 @@ def report(dialect: str, rounds: list[dict[str, dict[str, float]]]) -> None:
                 print(f"  {'vs ' + to:>8} {a:>10} {b:>20} {c:>14} | {d:>13} {e:>14} | {f:>9}"
                       f"   CPU: fanned out {ratio(design, 'worker_us', to)} + {ratio(design, 'database_us', to)},"
                       f" direct {ratio(design, 'direct_worker_us', to)} + {ratio(design, 'direct_database_us', to)}")
-    if "claim_main_us" in rounds[0]["shared"]:
-        ratios = [r["shared"]["claim_this_us"] / r["shared"]["claim_main_us"] for r in rounds]
-        print(f"  a claim of {CLAIM} direct intents, rolled back, alternated {CLAIM_ROUNDS} times a round: main's"
-              f" statements {median('shared', 'claim_main_us'):,.0f} us, this tree's"
-              f" {median('shared', 'claim_this_us'):,.0f} us ({statistics.median(ratios):.3f}x)")
 
 
 def main() -> int:
@@ -379,8 +291,7 @@ def main() -> int:
             measured: list[dict[str, dict[str, float]]] = []
             for r in range(rounds):
                 order = designs if r % 2 == 0 else designs[::-1]  # (each goes first in turn)
-                found = {design: run_child(design if design != "main" else "shared", dialect, tree,
-                                           args.main_tree.resolve() if args.main_tree and design == "shared" else None)
+                found = {design: run_child(design if design != "main" else "shared", dialect, tree)
                          for design, tree in order}
                 measured.append({design: found[design] for design, _ in designs})
             report(dialect, measured)
