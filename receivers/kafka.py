@@ -126,6 +126,7 @@ class IdempotentConsumer:
         self.tracer_provider = tracer_provider  # None: the global provider
         self.tracer = tracing.tracer(tracer_provider)
         self._stopping = asyncio.Event()
+        self._stop_asked = False  # the event's state, read without a call where each record asks
         self._loop: asyncio.Task[None] | None = None
         self._purger: asyncio.Task[None] | None = None
         self._closing: asyncio.Future[None] | None = None
@@ -162,6 +163,7 @@ class IdempotentConsumer:
         """Stop fetching, finish the record in flight, store completions and commit their offsets,
         then stop the Kafka consumer and close the store. Safe to call more than once."""
         self._stopping.set()
+        self._stop_asked = True
         if self._closing is None:
             self._closing = asyncio.ensure_future(self._close())
         await asyncio.shield(self._closing)
@@ -330,25 +332,33 @@ class IdempotentConsumer:
         traced = tracing.recording(self.tracer_provider)  # asked once a round, not per record
         handled: list[tuple[FetchedRecord, int]] = []
         releasing: list[tuple[FetchedRecord, int]] = []  # claims whose handler failed or did not start
+        handler, group, offsets, monotonic = self.handler, self.group, self._offsets, time.monotonic
         for n, item in enumerate(items):
             claim = item.answer if isinstance(item.answer, Claimed) else None
             if (void or held) and (item.partition in void or item.partition in held):
                 if claim:
                     releasing.append((item, claim.epoch))
                 continue
-            if self._stopping.is_set() or (n and time.monotonic() > deadline):
+            if self._stop_asked or (n and monotonic() > deadline):
                 for later in items[n:]:
                     if isinstance(later.answer, Claimed):
                         releasing.append((later, later.answer.epoch))
-                    if not (self._stopping.is_set() or later.partition in void or later.partition in held):
+                    if not (self._stop_asked or later.partition in void or later.partition in held):
                         self._rewind(later, held)
                 break
-            step = self._settle(item) if claim is None else self._run(item, claim.epoch)
-            settled = await (self._traced(item, step) if traced else step)
+            if claim is not None and not traced:  # the usual record, its handler called here: no frame of its own
+                try:
+                    await handler(item.record, IdempotencyContext(group, item.key, claim.epoch))  # type: ignore[arg-type]  # a claim has a key
+                    settled = True
+                except Exception as exc:
+                    settled = self._failed(item, exc)
+            else:
+                step = self._settle(item) if claim is None else self._run(item, claim.epoch)
+                settled = await (self._traced(item, step) if traced else step)
             if claim is not None:
                 (handled if settled else releasing).append((item, claim.epoch))
             if settled:
-                self._offsets[item.partition] = item.record.offset + 1
+                offsets[item.partition] = item.record.offset + 1
                 if self._failures:
                     self._failures.pop(item.partition, None)
             else:
@@ -368,11 +378,15 @@ class IdempotentConsumer:
         try:
             await self.handler(item.record, IdempotencyContext(self.group, item.key, epoch))
         except Exception as exc:
-            log.exception("handler failed on %s/%d/%d (key %r); it will be retried", item.record.topic,
-                          item.record.partition, item.record.offset, item.key)
-            tracing.failed(trace.get_current_span(), exc)
-            return False
+            return self._failed(item, exc)
         return True
+
+    def _failed(self, item: FetchedRecord, exc: Exception) -> bool:
+        """Report a handler's exception (it is retried): False, not settled."""
+        log.exception("handler failed on %s/%d/%d (key %r); it will be retried", item.record.topic,
+                      item.record.partition, item.record.offset, item.key, exc_info=exc)
+        tracing.failed(trace.get_current_span(), exc)
+        return False
 
     async def _settle(self, item: FetchedRecord) -> bool:
         """Settle a record whose handler is not to run: True to move past it, False to retry it."""
