@@ -321,7 +321,9 @@ async def test_a_batch_starts_no_handler_once_half_its_lease_is_gone(topic: Brok
         finally:
             effects.gate["k0"].set()
         await until_committed(consumer, 4)
-    assert effects.done == [("k0", 0, 1), ("k1", 0, 2), ("k2", 0, 2), ("k3", 0, 2)]  # released, claimed again
+    assert effects.keys == ["k0", "k1", "k2", "k3"] and set(effects.calls.values()) == {1}
+    assert effects.done[0] == ("k0", 0, 1)
+    assert all(epoch >= 2 for _, _, epoch in effects.done[1:])  # released and claimed again (more than once if slow)
 
 
 # -- refusals -------------------------------------------------------------------------------
