@@ -12,9 +12,12 @@ anyone else wrote to the topic under a real key, unsigned or badly signed, never
 claims the key, so the genuine record still does.
 
 Per fetched batch it pays one store transaction and one offset commit, not one of each per record:
-a batch's completions are stored together with the next batch's claims (the stores'
+a batch's completions are stored together with a later batch's claims (the stores'
 ``complete_and_claim``), and its offsets committed once that transaction is durable; when no
-records are waiting the completions are stored on their own at once. Handlers run one at a time,
+records are waiting the completions are stored on their own at once. The transaction runs while
+the batch before it is handled, when the next batch is already fetched and names no key of the
+batch in flight (whose claim it would find in progress): so a batch's handlers wait for its
+claims only when the store is slower than the handlers before it. Handlers run one at a time,
 in each partition's order; a record that must be retried holds its partition (seek back, pause,
 resume after a backoff) while the others go on. Each record settled is a CONSUMER span
 (``receivers.tracing``) in the trace its headers carry, current while its handler runs.
@@ -27,6 +30,7 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -122,6 +126,7 @@ class IdempotentConsumer:
         self.tracer_provider = tracer_provider  # None: the global provider
         self.tracer = tracing.tracer(tracer_provider)
         self._stopping = asyncio.Event()
+        self._stop_asked = False  # the event's state, read without a call where each record asks
         self._loop: asyncio.Task[None] | None = None
         self._purger: asyncio.Task[None] | None = None
         self._closing: asyncio.Future[None] | None = None
@@ -158,6 +163,7 @@ class IdempotentConsumer:
         """Stop fetching, finish the record in flight, store completions and commit their offsets,
         then stop the Kafka consumer and close the store. Safe to call more than once."""
         self._stopping.set()
+        self._stop_asked = True
         if self._closing is None:
             self._closing = asyncio.ensure_future(self._close())
         await asyncio.shield(self._closing)
@@ -182,19 +188,51 @@ class IdempotentConsumer:
     # -- the loop ----------------------------------------------------------------------------
 
     async def _consume(self) -> None:
+        queue: list[FetchedRecord] = []  # read, not yet in a round
+        ahead: _Round | None = None  # the next round, its claims already on their way
+        void: set[TopicPartition] = set()  # partitions sought back since ``ahead``'s records were read
         try:
             while not self._stopping.is_set():
                 self._resume_due()
-                waiting = bool(self._done or self._offsets)
-                batch = await self._fetch(wait=not waiting)  # completions waiting take what is already here
-                if batch:
-                    await self._process(batch)
-                elif waiting:
-                    await self._flush()
+                if ahead is None:
+                    if not queue:
+                        waiting = bool(self._done or self._offsets)
+                        queue = self._read(await self._fetch(wait=not waiting))  # completions waiting take what is here
+                        if not queue:
+                            if waiting:
+                                await self._flush()
+                            continue
+                    ahead, queue = self._begin(queue, overlap=False)
+                    void = set()
+                current, ahead = ahead, None
+                assert current is not None  # begun without overlap, a round always is
+                held: set[TopicPartition] = set()
+                if await self._ready(current, void, held):
+                    if not self._stopping.is_set():
+                        queue = queue or self._read(await self._fetch(wait=False))
+                        # The next round's claims are taken while this round's handlers run, unless
+                        # it names a key this round holds (that claim would find its own in progress).
+                        if queue and not self._stopping.is_set():
+                            ahead, queue = self._begin(queue, overlap=True, beside=current.identities)
+                    await self._handle(current, void, held)
+                queue = _outside(queue, held)
+                void = held
+            if ahead is not None:  # stopping: what it claimed is released
+                held = set()
+                if await self._ready(ahead, void, held):
+                    await self._handle(ahead, void, held)
+                ahead = None
             await self._flush()
         except Exception:
             log.exception("the idempotent consumer of group %r stopped", self.group)
             raise
+        finally:
+            if ahead is not None:  # the loop failed with claims on their way: they wait out their lease
+                ahead.cancel()
+
+    def _read(self, batch: dict[TopicPartition, list[Record]]) -> list[FetchedRecord]:
+        read = self.reader.read
+        return [read(partition, record) for partition, records in batch.items() for record in records]
 
     async def _fetch(self, *, wait: bool) -> dict[TopicPartition, list[Record]]:
         """The next batch (without ``wait``, only records already fetched), or nothing once
@@ -237,63 +275,90 @@ class IdempotentConsumer:
                 if partition in self.consumer.assignment():  # else a rebalance took it away
                     self.consumer.resume(partition)
 
-    async def _process(self, batch: dict[TopicPartition, list[Record]]) -> None:
-        """Settle a batch round by round; each partition's offset, up to its last record settled in
-        order, is committed once the completions before it are stored."""
-        queue = [self.reader.read(partition, record) for partition, records in batch.items() for record in records]
-        held: set[TopicPartition] = set()
-        while queue and not self._stopping.is_set():
-            round_, rest = _next_round(queue)
-            queue = await self._round(round_, held) + rest
-
-    async def _round(self, items: list[FetchedRecord], held: set[TopicPartition]) -> list[FetchedRecord]:
-        """Store the completions waiting and claim a round of records, in one transaction; commit
-        the offsets that waited for those completions; run the round's handlers in order, leaving
-        their completions to wait for the next round. Returns the records it did not start
-        (stopping, or the claims' lease half gone), whose claims it released, to be claimed again."""
-        if held:
-            items = [item for item in items if item.partition not in held]
-        claiming = [item for item in items if item.request is not None]
+    def _begin(self, queue: list[FetchedRecord], *, overlap: bool,
+               beside: set[str] | frozenset[str] = frozenset()) -> tuple[_Round | None, list[FetchedRecord]]:
+        """Take the next round from ``queue`` and begin its store transaction (its claims, with the
+        completions waiting), and the rest of the queue. With ``overlap`` the transaction runs as a
+        task beside the round in flight, unless the round names a key in ``beside``: then nothing
+        is begun (None)."""
+        items, rest, identities = _next_round(queue)
+        if overlap and not identities.isdisjoint(beside):
+            return None, queue
         done, offsets = self._done, self._offsets
         self._done, self._offsets = [], {}
+        round_ = _Round(items, identities, done, offsets, time.monotonic())
+        claiming = [item for item in items if item.request is not None]
         if claiming or done:
-            now = self.clock()
+            step = self._claim(claiming, done)
+            round_.step = asyncio.ensure_future(step) if overlap else step
+        return round_, rest
+
+    async def _claim(self, claiming: list[FetchedRecord], done: list[tuple[FetchedRecord, int]]) -> None:
+        """Store ``done``'s completions and claim ``claiming``, in one transaction; each claimed
+        record is given its answer."""
+        now = self.clock()
+        stored, answers = await self.store.complete_and_claim(
+            _completions(done), [item.request for item in claiming if item.request], now=now,
+            lease_until=now + self.lease, expires_at=now + self.retention)
+        _log_taken_over(done, stored)
+        for item, answer in zip(claiming, answers, strict=True):
+            item.answer = answer
+
+    async def _ready(self, round_: _Round, void: set[TopicPartition], held: set[TopicPartition]) -> bool:
+        """Wait for the round's transaction, then commit the offsets its completions made safe.
+        False when the store failed: no handler of the round runs, its partitions are held (added
+        to ``held``), and the completions it carried are stored alone, retried until they are."""
+        if round_.step is not None:
             try:
-                stored, answers = await self.store.complete_and_claim(
-                    _completions(done), [item.request for item in claiming if item.request], now=now,
-                    lease_until=now + self.lease, expires_at=now + self.retention)
+                await round_.step
             except Exception as exc:  # any store failure: back off, never run a handler unclaimed
                 log.error("idempotency store unavailable, retrying: %r", exc)
-                await self._store_alone(done, offsets)
-                for item in items:
-                    if item.partition not in held:
+                await self._store_alone(round_.done, round_.offsets)
+                for item in round_.items:
+                    if item.partition not in void and item.partition not in held:
                         self._hold(item, held)
-                return []
-            _log_taken_over(done, stored)
-            for item, answer in zip(claiming, answers, strict=True):
-                item.answer = answer
-        await self._commit(offsets)
-        deadline = time.monotonic() + self.lease.total_seconds() / 2
+                return False
+        await self._commit(round_.offsets)
+        return True
+
+    async def _handle(self, round_: _Round, void: set[TopicPartition], held: set[TopicPartition]) -> None:
+        """Run the round's handlers in order, leaving their completions to wait for the next
+        round's transaction. A record of a partition sought back since it was read (``void``, or
+        ``held`` here) is skipped and its claim released. Once stopping, or once half the claims'
+        lease has gone, the records not started are released too, and (not stopping) their
+        partitions sought back to read them again."""
+        items = round_.items
+        deadline = round_.began + self.lease.total_seconds() / 2
         traced = tracing.recording(self.tracer_provider)  # asked once a round, not per record
         handled: list[tuple[FetchedRecord, int]] = []
         releasing: list[tuple[FetchedRecord, int]] = []  # claims whose handler failed or did not start
-        left: list[FetchedRecord] = []
+        handler, group, offsets, monotonic = self.handler, self.group, self._offsets, time.monotonic
         for n, item in enumerate(items):
             claim = item.answer if isinstance(item.answer, Claimed) else None
-            if item.partition in held:
+            if (void or held) and (item.partition in void or item.partition in held):
                 if claim:
                     releasing.append((item, claim.epoch))
                 continue
-            if self._stopping.is_set() or (n and time.monotonic() > deadline):
-                left = [later for later in items[n:] if later.partition not in held]
-                releasing += [(later, later.answer.epoch) for later in left if isinstance(later.answer, Claimed)]
+            if self._stop_asked or (n and monotonic() > deadline):
+                for later in items[n:]:
+                    if isinstance(later.answer, Claimed):
+                        releasing.append((later, later.answer.epoch))
+                    if not (self._stop_asked or later.partition in void or later.partition in held):
+                        self._rewind(later, held)
                 break
-            step = self._settle(item) if claim is None else self._run(item, claim.epoch)
-            settled = await (self._traced(item, step) if traced else step)
+            if claim is not None and not traced:  # the usual record, its handler called here: no frame of its own
+                try:
+                    await handler(item.record, IdempotencyContext(group, item.key, claim.epoch))  # type: ignore[arg-type]  # a claim has a key
+                    settled = True
+                except Exception as exc:
+                    settled = self._failed(item, exc)
+            else:
+                step = self._settle(item) if claim is None else self._run(item, claim.epoch)
+                settled = await (self._traced(item, step) if traced else step)
             if claim is not None:
                 (handled if settled else releasing).append((item, claim.epoch))
             if settled:
-                self._offsets[item.partition] = item.record.offset + 1
+                offsets[item.partition] = item.record.offset + 1
                 if self._failures:
                     self._failures.pop(item.partition, None)
             else:
@@ -301,7 +366,6 @@ class IdempotentConsumer:
         if releasing:
             await self._release(releasing)
         self._done += handled
-        return left
 
     async def _traced(self, item: FetchedRecord, step: Awaitable[bool]) -> bool:
         """``step`` (settling ``item``) inside the record's CONSUMER span."""
@@ -314,11 +378,15 @@ class IdempotentConsumer:
         try:
             await self.handler(item.record, IdempotencyContext(self.group, item.key, epoch))
         except Exception as exc:
-            log.exception("handler failed on %s/%d/%d (key %r); it will be retried", item.record.topic,
-                          item.record.partition, item.record.offset, item.key)
-            tracing.failed(trace.get_current_span(), exc)
-            return False
+            return self._failed(item, exc)
         return True
+
+    def _failed(self, item: FetchedRecord, exc: Exception) -> bool:
+        """Report a handler's exception (it is retried): False, not settled."""
+        log.exception("handler failed on %s/%d/%d (key %r); it will be retried", item.record.topic,
+                      item.record.partition, item.record.offset, item.key, exc_info=exc)
+        tracing.failed(trace.get_current_span(), exc)
+        return False
 
     async def _settle(self, item: FetchedRecord) -> bool:
         """Settle a record whose handler is not to run: True to move past it, False to retry it."""
@@ -349,16 +417,23 @@ class IdempotentConsumer:
         """Retry ``item`` later: seek its partition back to it and pause it for a backoff that
         doubles with each retry in a row (capped), or until a busy key's lease runs out."""
         partition = item.partition
-        held.add(partition)
         failures = self._failures[partition] = self._failures.get(partition, 0) + 1
         delay = min(self.max_retry_seconds, self.retry_seconds * 2 ** (failures - 1))
         if isinstance(item.answer, Busy):
             delay = min(delay, item.answer.retry_after)
-        if partition not in self.consumer.assignment():
-            return  # a rebalance took it away: its next owner starts from the committed offset
-        self.consumer.seek(partition, item.record.offset)
-        self.consumer.pause(partition)
-        self._resume_at[partition] = time.monotonic() + delay
+        if self._rewind(item, held):
+            self.consumer.pause(partition)
+            self._resume_at[partition] = time.monotonic() + delay
+
+    def _rewind(self, item: FetchedRecord, held: set[TopicPartition]) -> bool:
+        """Seek ``item``'s partition back to it (the records read after it are void: ``held``);
+        False when a rebalance took the partition away (its next owner starts from the committed
+        offset)."""
+        held.add(item.partition)
+        if item.partition not in self.consumer.assignment():
+            return False
+        self.consumer.seek(item.partition, item.record.offset)
+        return True
 
     async def _flush(self) -> None:
         """Store the completions waiting, on their own (no claim comes to take them along), and
@@ -412,19 +487,44 @@ class IdempotentConsumer:
         except Exception as exc:
             log.error("could not release %d claims: %r; they are retried once their lease ends", len(claimed), exc)
 
-def _next_round(queue: list[FetchedRecord]) -> tuple[list[FetchedRecord], list[FetchedRecord]]:
+def _next_round(queue: list[FetchedRecord]) -> tuple[list[FetchedRecord], list[FetchedRecord], set[str]]:
     """The longest head of ``queue`` naming each key once (a repeat is claimed once the first
-    settled, then replays rather than waiting on its own claim), and the rest."""
+    settled, then replays rather than waiting on its own claim), the rest, and the head's keys."""
     keys = [item.request.identity for item in queue if item.request is not None]
-    if len(set(keys)) == len(keys):  # the usual batch, each key once: one round, found at C speed
-        return queue, []
+    distinct = set(keys)
+    if len(distinct) == len(keys):  # the usual batch, each key once: one round, found at C speed
+        return queue, [], distinct
     seen: set[str] = set()
     for n, item in enumerate(queue):
         if item.request is not None:
             if item.request.identity in seen:
-                return queue[:n], queue[n:]
+                return queue[:n], queue[n:], seen
             seen.add(item.request.identity)
-    return queue, []
+    raise AssertionError("a repeated key was counted but not found")
+
+
+def _outside(queue: list[FetchedRecord], held: set[TopicPartition]) -> list[FetchedRecord]:
+    """``queue`` without the records of partitions sought back (they are read again)."""
+    return [item for item in queue if item.partition not in held] if held else queue
+
+
+@dataclass(slots=True)
+class _Round:
+    """Records settled together: their claims and the completions that waited for them are one
+    store transaction (``step``), begun while the round before is still being handled when it can be."""
+
+    items: list[FetchedRecord]
+    identities: set[str]
+    done: list[tuple[FetchedRecord, int]]  # the completions its transaction stores
+    offsets: dict[TopicPartition, int]  # committed once those completions are stored
+    began: float  # time.monotonic() before its claims were taken: its handlers start within half the lease
+    step: Awaitable[None] | None = None
+
+    def cancel(self) -> None:
+        if isinstance(self.step, asyncio.Future):
+            self.step.cancel()
+        elif inspect.iscoroutine(self.step):
+            self.step.close()
 
 
 def _completions(handled: list[tuple[FetchedRecord, int]]) -> list[tuple[str, int, StoredResponse]]:

@@ -132,7 +132,7 @@ def decide_claim(
     The fence is consulted only when the handler would run (rule a in the module docstring): a
     completed request replays and a running one is busy whatever the fence, and neither raises it.
     """
-    record = live(found, now)
+    record = None if found is None else live(found, now)  # a fresh key, the usual claim, has nothing to read
     if record is not None and record.state is not State.ABSENT:
         if record.fingerprint != fingerprint:
             return Mismatch(), None

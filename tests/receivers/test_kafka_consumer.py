@@ -256,6 +256,76 @@ async def test_a_batchs_completions_are_stored_with_the_next_batchs_claims(topic
         assert len(began) == 4, began
 
 
+async def test_the_next_batchs_claims_are_taken_while_a_batchs_handlers_run(topic: Broker, new_store: Any) -> None:
+    """The next batch, already fetched, is claimed in the store while the batch before it is
+    handled, so its transaction does not wait for those handlers; its own handlers run after, in
+    order, and nothing is committed before its completion is stored."""
+    await produce(topic, *[(f"k{i}", payload({"n": i})) for i in range(4)])
+    effects = Effects(gate={"k0": asyncio.Event()})
+    store = new_store()
+    consumer = consumer_for(topic, store, effects, max_batch=2)
+
+    async def claimed_ahead() -> bool:
+        record = await store.get(identity(GROUP, "k2"))
+        return record is not None and record.state is State.IN_PROGRESS
+
+    async with consumer:
+        try:
+            assert await eventually(lambda: effects.calls.get("k0") == 1, 20)
+            assert await eventually(claimed_ahead, 20)
+            assert effects.calls == {"k0": 1} and await committed(consumer) is None
+        finally:
+            effects.gate["k0"].set()  # stopping waits for the handler in flight
+        await until_committed(consumer, 4)
+    assert effects.keys == ["k0", "k1", "k2", "k3"]
+
+
+async def test_a_batch_naming_a_key_of_the_batch_in_flight_is_claimed_after_it(topic: Broker, new_store: Any) -> None:
+    """Claimed beside the batch in flight, a key they share would find its own claim in progress:
+    such a batch is claimed once the batch before it is handled, and its repeat replays."""
+    a = payload({"n": 1})
+    await produce(topic, ("k0", a), ("k1", a), ("k1", a), ("k2", a))
+    effects = Effects(gate={"k0": asyncio.Event()})
+    store = new_store()
+    consumer = consumer_for(topic, store, effects, max_batch=2)
+    async with consumer:
+        try:
+            assert await eventually(lambda: effects.calls.get("k0") == 1, 20)
+            await asyncio.sleep(0.5)
+            assert await store.get(identity(GROUP, "k2")) is None
+        finally:
+            effects.gate["k0"].set()  # stopping waits for the handler in flight
+        await until_committed(consumer, 4)
+    assert effects.keys == ["k0", "k1", "k2"] and effects.refused == []
+
+
+async def test_a_batch_starts_no_handler_once_half_its_lease_is_gone(topic: Broker, new_store: Any) -> None:
+    """A batch claimed together stops starting handlers once half the claims' lease has gone: the
+    records not started are released and read again, claimed anew, and each runs once, in order."""
+    producer = AIOKafkaProducer(bootstrap_servers=topic.bootstrap, acks="all")
+    await producer.start()
+    try:  # one record batch, so that one fetch gives the consumer all four
+        batch = producer.create_batch()
+        for i in range(4):
+            value = payload({"n": i})
+            batch.append(key=f"k{i}".encode(), value=value, timestamp=None, headers=headers(f"k{i}", value))
+        await (await producer.send_batch(batch, TOPIC, partition=0))
+    finally:
+        await producer.stop()
+    effects = Effects(gate={"k0": asyncio.Event()})
+    consumer = consumer_for(topic, new_store(), effects, lease_seconds=0.8)
+    async with consumer:
+        try:
+            assert await eventually(lambda: effects.calls.get("k0") == 1, 20)
+            await asyncio.sleep(0.5)  # k0's handler takes longer than half the lease
+        finally:
+            effects.gate["k0"].set()
+        await until_committed(consumer, 4)
+    assert effects.keys == ["k0", "k1", "k2", "k3"] and set(effects.calls.values()) == {1}
+    assert effects.done[0] == ("k0", 0, 1)
+    assert all(epoch >= 2 for _, _, epoch in effects.done[1:])  # released and claimed again (more than once if slow)
+
+
 # -- refusals -------------------------------------------------------------------------------
 
 
