@@ -125,7 +125,7 @@ async def test_a_producer_reads_a_destination_once_and_then_only_inserts(db_url:
     producer = Producer()
     first = traced(db_url, producer, 1)
     then = traced(db_url, producer, 2)
-    assert first == ["DELETE FROM schema_migrations", "SELECT channel, requires_approval",
+    assert first == ["DELETE FROM schema_migrations", "SELECT channel, requires_approval,",
                      "INSERT INTO intents", "INSERT INTO events"]
     assert then == ["DELETE FROM schema_migrations", "INSERT INTO intents", "INSERT INTO events"]
 

@@ -14,7 +14,10 @@ from .test_console_browser import chromium
 
 
 def test_docs_render_every_operation_without_another_host(tmp_path: Path):
-    served = Served(create_app(Settings(database_url=f"sqlite:///{tmp_path / 'docs.db'}", worker=False)))
+    app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'docs.db'}", worker=False))
+    methods = {"get", "put", "post", "delete", "patch", "head", "options"}
+    documented = sum(len(methods & set(ops)) for ops in app.openapi()["paths"].values())
+    served = Served(app)
     try:
         with chromium() as browser:
             context = browser.new_context()
@@ -37,7 +40,7 @@ def test_docs_render_every_operation_without_another_host(tmp_path: Path):
             page.wait_for_selector(".opblock")
             operations = page.locator(".opblock-summary-path").all_inner_texts()
             assert "/v1/intents/{action_id}/replay" in [o.replace("\u200b", "") for o in operations]
-            assert len(operations) == 29
+            assert len(operations) == documented > 29
             page.locator(".opblock-summary", has_text="/v1/replay").first.click()
             body = page.locator(".opblock-body").first
             assert "dry_run" in body.inner_text()  # the request body's example

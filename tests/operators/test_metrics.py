@@ -279,7 +279,7 @@ async def test_a_metrics_token_keeps_destination_ids_from_anyone_without_it(tmp_
         worker = Worker(box)
         assert await worker.run_once() == 1
         await worker.aclose()
-        tokens = {role: (await box.create_token(role, ["acme"] if role is Role.PRODUCER else []))[0]
+        tokens = {role: (await box.create_token(role, ["acme"] if role in (Role.PRODUCER, Role.TENANT) else []))[0]
                   for role in Role}
         revoked, info = await box.create_token(Role.OPERATOR)
         await box.revoke_token(info.id)
@@ -288,7 +288,7 @@ async def test_a_metrics_token_keeps_destination_ids_from_anyone_without_it(tmp_
                 return c.get(path, headers={"Authorization": f"Bearer {token}"} if token else {})
 
             for token, status in ((None, 401), ("not-the-token-at-all", 401), (revoked, 401),
-                                  (tokens[Role.PRODUCER], 403)):
+                                  (tokens[Role.PRODUCER], 403), (tokens[Role.TENANT], 403)):
                 refused = await get(token)
                 assert refused.status_code == status, (token, refused.text)
                 assert refused.headers["content-type"] == "application/problem+json"
