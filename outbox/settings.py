@@ -147,6 +147,15 @@ class Settings(BaseSettings):
         description="after a destination's secret is rotated, how long the previous one still signs beside it "
                     "(at most 30 days; 0: not at all)",
     )
+    portal_link_seconds: float = Field(
+        default=600, ge=10, le=3600,
+        description="how long a tenant portal link stays openable once minted (at most an hour); it opens once",
+    )
+    portal_session_seconds: float = Field(
+        default=3600, ge=60, le=7 * 86_400,
+        description="how long a portal session lasts when its link asks for no length, and the most a link may ask "
+                    "(at most 7 days); revoking the token that minted the link ends it sooner",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info", description="debug, info, warning or error"
     )

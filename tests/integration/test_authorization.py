@@ -61,6 +61,7 @@ ACCESS: dict[str, frozenset[str] | str] = {
     "GET /v1/tenant/intents": TENANT, "GET /v1/tenant/intents/{action_id}": TENANT,
     "POST /v1/tenant/intents/{action_id}/replay": TENANT,
     "GET /v1/tenant/events": TENANT, "GET /v1/tenant/events/{event_id}": TENANT,
+    "POST /v1/tenants/{scope}/portal-links": PRODUCER,
     "GET /console/login": PUBLIC, "POST /console/login": PUBLIC, "POST /console/logout": PUBLIC,
     "GET /console/style.css": PUBLIC,
     **{f"GET {path}": CONSOLE for path in (
@@ -97,6 +98,7 @@ BODIES: dict[str, Any] = {
     "POST /v1/tenant/destinations/{destination_id}/rotate-secret": {},
     "POST /v1/tenant/destinations/{destination_id}/test": {},
     "POST /v1/tenant/intents/{action_id}/replay": {"reason": "matrix"},
+    "POST /v1/tenants/{scope}/portal-links": {},
 }
 
 
@@ -135,7 +137,8 @@ async def world(db_url: str, serve_api: Callable[[Settings], str]) -> dict[str, 
         tokens["revoked"] = revoked
     return {"url": serve_api(settings), "tokens": tokens,
             "ids": {"action_id": "a-1", "event_id": "e-acme", "destination_id": owned.id, "grant_id": "g-none",
-                    "token_id": "00000000", "name": "swagger-ui.css", "job": "none"}}
+                    "token_id": "00000000", "name": "swagger-ui.css", "job": "none",
+                    "scope": "acme"}}
 
 
 def _spec(fields: dict[str, Any]):
