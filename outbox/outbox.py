@@ -49,6 +49,7 @@ from .ids import (
 from .intake import Intake, IntentFields
 from .metrics import Metrics
 from .model import SETTLED, Enqueued, Event, Intent, NewIntent, Role, Status
+from .portal import PortalLink, PortalSession, new_link_token
 from .publishing import Publishing, PublishingTransaction
 from .settings import Settings
 from .signals import Signal
@@ -553,6 +554,36 @@ class Outbox(Publishing):
     async def close_console_session(self, session_id: str) -> None:
         """End a console session (signing out); an unknown one is already ended."""
         await self.store.close_console_session(hash_token(session_id))
+
+    async def mint_portal_link(self, token: TokenInfo, scope: str, *, session_seconds: float | None = None,
+                               read_only: bool = False) -> tuple[str, PortalLink]:
+        """A new portal link for ``scope``, minted by the active ``token`` (an admin's, or a
+        producer's that may act in ``scope``: the caller checks): its token, returned here only,
+        and the link as stored. It opens once within ``portal_link_seconds``; its session lasts
+        ``session_seconds`` (default and most: ``portal_session_seconds``)."""
+        most = self.settings.portal_session_seconds
+        if session_seconds is not None and not 60 <= session_seconds <= most:
+            raise InvalidInput(f"a portal session lasts 60 to {most:g} seconds (portal_session_seconds), "
+                               f"not {session_seconds:g}")
+        now = self.clock.now()
+        link_token = new_link_token()
+        link = PortalLink(hash_token(link_token), token.id, scope, read_only, int(session_seconds or most), now,
+                          now + timedelta(seconds=self.settings.portal_link_seconds))
+        await self.store.insert_portal_link(link)
+        log.info("portal link for scope %s minted by token %s (%s)", scope, token.id,
+                 "read-only" if read_only else "read-write")
+        return link_token, link
+
+    async def open_portal_link(self, link_token: str) -> tuple[str, PortalSession] | None:
+        """Open a portal link, once: the new session's id (returned here only) and the session, or
+        None for a link expired, opened already, minted by a token since revoked, or unknown."""
+        session_id = new_session_id()
+        session = await self.store.open_portal_link(hash_token(link_token), hash_token(session_id), self.clock.now())
+        return None if session is None else (session_id, session)
+
+    async def portal_session(self, session_id: str) -> PortalSession | None:
+        """The portal session with this id while it is open (read from the store every time)."""
+        return await self.store.portal_session(hash_token(session_id), self.clock.now())
 
 
 class OutboxTransaction(PublishingTransaction):

@@ -147,6 +147,27 @@ class Settings(BaseSettings):
         description="after a destination's secret is rotated, how long the previous one still signs beside it "
                     "(at most 30 days; 0: not at all)",
     )
+    portal_link_seconds: float = Field(
+        default=600, ge=10, le=3600,
+        description="how long a tenant portal link stays openable once minted (at most an hour); it opens once",
+    )
+    portal_session_seconds: float = Field(
+        default=3600, ge=60, le=7 * 86_400,
+        description="how long a portal session lasts when its link asks for no length, and the most a link may ask "
+                    "(at most 7 days); revoking the token that minted the link ends it sooner",
+    )
+    portal_name: str = Field(
+        default="Webhooks", min_length=1, max_length=80, description="the tenant portal's title, as your users know it")
+    portal_colour: str = Field(
+        default="#24292f", description="the tenant portal's header colour: #rgb or #rrggbb")
+    portal_logo_url: str | None = Field(
+        default=None, description="an https:// image shown in the tenant portal's header (the page allows images "
+                                  "from its origin only)")
+    portal_frame_ancestors: list[str] = Field(
+        default_factory=list,
+        description="the origins whose pages may show the tenant portal in a frame (https://app.example.com); "
+                    "none: it is never framed",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info", description="debug, info, warning or error"
     )
@@ -165,6 +186,30 @@ class Settings(BaseSettings):
         if value is not None and not re.fullmatch(r"[\x21-\x7e]{16,256}", value.get_secret_value()):
             raise ValueError("the metrics token must be 16 to 256 visible ASCII characters, such as the output "
                              "of `openssl rand -hex 32`")
+        return value
+
+    @field_validator("portal_colour")
+    @classmethod
+    def _colour(cls, value: str) -> str:
+        if not re.fullmatch(r"#(?:[0-9a-fA-F]{3}){1,2}", value):
+            raise ValueError(f"{value!r} is not a colour as #rgb or #rrggbb")
+        return value
+
+    @field_validator("portal_logo_url")
+    @classmethod
+    def _logo(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"https://[A-Za-z0-9.-]+(?::[0-9]{1,5})?(?:/[A-Za-z0-9._~%/-]*)?",
+                                                  value):
+            raise ValueError(f"{value!r} is not an https:// URL of letters, digits, '.', '_', '~', '%', '-' and '/' "
+                             "(no query, no quotes)")
+        return value
+
+    @field_validator("portal_frame_ancestors")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        for origin in value:
+            if not re.fullmatch(r"https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?", origin):
+                raise ValueError(f"{origin!r} is not an origin as https://host[:port] (no path)")
         return value
 
     @field_validator("tls_keyfile")

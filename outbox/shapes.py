@@ -390,6 +390,27 @@ class TestIn(BaseModel):
         default=None, description="what to send (default: {\"type\": \"outbox.test\", ...} naming the test)")
 
 
+class PortalLinkIn(BaseModel):
+    """A portal link to mint for one of the scope's users."""
+
+    model_config = ConfigDict(extra="forbid")
+    session_seconds: StrictInt | StrictFloat | None = Field(
+        default=None, ge=60, le=7 * 86_400,
+        description="how long the session it opens lasts (default and most: the setting portal_session_seconds)")
+    read_only: StrictBool = Field(default=False, description="a session that may look but change nothing")
+
+
+class MintedPortalLink(BaseModel):
+    """A minted portal link: open ``url`` once, before ``expires_at``, in the user's browser."""
+
+    scope: str
+    url: str = Field(description="the portal's address with the link's token, shown here only (relative to this "
+                                 "service: prefix its public origin)")
+    expires_at: AwareDatetime = Field(description="the link opens until then")
+    session_seconds: int = Field(description="how long the session it opens lasts")
+    read_only: bool
+
+
 class TenantAccount(BaseModel):
     """What a tenant token acts as, and what it may have."""
 

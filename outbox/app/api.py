@@ -22,8 +22,8 @@ from ..model import Intent
 from ..operations import Authorize
 from ..outbox import Outbox
 from ..settings import Settings
-from . import console, openapi
-from .routes import bodies, events, handlers, intents, operators, probes, registry, tenant, tokens
+from . import console, openapi, portal
+from .routes import bodies, events, handlers, intents, operators, portal_links, probes, registry, tenant, tokens
 from .routes.auth import box
 from .web import Head
 
@@ -111,4 +111,7 @@ def create_app(settings: Settings | None = None, *, outbox: Outbox | None = None
     app.include_router(registry.grants)
     app.include_router(tokens.router)
     app.include_router(tenant.router)
+    app.include_router(portal_links.router)
+    app.include_router(portal.router())
+    app.add_middleware(portal.Guard, settings=settings)
     return app

@@ -137,6 +137,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         {"event_id": "invoice-42-paid", "scope": "acme", "topic": "invoice.paid", "payload": {"invoice": 42}},
         {"event_id": "invoice-43-paid", "scope": "acme", "topic": "invoice.paid", "payload": {"invoice": 43}}]},
     "DeliverIn": {"destination": "ledger", "reason": "ledger subscribed after invoice 42 was paid"},
+    "PortalLinkIn": {"session_seconds": 3600, "read_only": False},
     "RotateIn": {"window_seconds": 86400},
     "TestIn": {},
 }

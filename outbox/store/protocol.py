@@ -28,6 +28,7 @@ from ..flow import Held
 from ..grants import Grant, GrantSpec
 from ..keyring import Keyring
 from ..model import Attempt, Change, Enqueued, Event, Intent, NewIntent, Status
+from ..portal import PortalLink, PortalSession
 from ..tenants import TenantLimits
 from ..tokens import ConsoleSession, TokenInfo
 
@@ -495,6 +496,21 @@ class Registry(Protocol):
 
     async def close_console_session(self, id_hash: str) -> None:
         """Remove a console session (none with this hash: nothing happens)."""
+        ...
+
+    async def insert_portal_link(self, link: PortalLink) -> None:
+        """Store a new portal link, in one transaction with dropping the links unopened past their
+        expiry at its ``created_at``, the sessions ended by then, and those of revoked tokens."""
+        ...
+
+    async def open_portal_link(self, link_hash: str, session_hash: str, now: datetime) -> PortalSession | None:
+        """Open the link with this hash at ``now`` for the session with ``session_hash``, atomically
+        and once: its session, or None when it is expired, opened already, its token revoked, or none."""
+        ...
+
+    async def portal_session(self, session_hash: str, now: datetime) -> PortalSession | None:
+        """The portal session with this hash, if it is unexpired at ``now`` and its link's token
+        is not revoked; otherwise None."""
         ...
 
 

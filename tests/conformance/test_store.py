@@ -49,6 +49,7 @@ from outbox.destinations import Destination
 from outbox.grants import GrantSpec
 from outbox.keyring import generate_key, key_id
 from outbox.model import Approve, Cancel, Change, NewIntent, OnDead, Ordering, Release, Replay, Resolve, Settle, Start
+from outbox.portal import PortalLink, PortalSession
 from outbox.store import Store
 from outbox.store.protocol import Claim
 from outbox.store.records import FIRST, LAST
@@ -556,6 +557,52 @@ async def test_opening_a_console_session_drops_expired_ones_and_keeps_a_tokens_n
         left = [row[0] for row in await tx.execute("SELECT id_hash FROM console_sessions ORDER BY id_hash")]
     assert left == ["o1-2", "o1-3", "o1-4"]  # o2's expired, gone's revoked, o1's two oldest beyond 3
     assert await store.console_session("o1-4", T0 + timedelta(seconds=30)) is not None
+
+
+async def test_a_portal_link_opens_once_before_it_expires_for_a_session_of_its_length(store):
+    await store.insert_token(TokenInfo("p1", Role.PRODUCER, ("acme",), None, T0, None), "hash-p1")
+    minute = timedelta(minutes=1)
+    await store.insert_portal_link(PortalLink("l1", "p1", "acme", False, 3600, T0, T0 + 10 * minute))
+    await store.insert_portal_link(PortalLink("l2", "p1", "acme", True, 60, T0, T0 + 10 * minute))
+    await store.insert_portal_link(PortalLink("late", "p1", "acme", False, 60, T0, T0 + 10 * minute))
+    assert await store.open_portal_link("late", "s-late", T0 + 10 * minute) is None  # expired at its expires_at
+    opened = await store.open_portal_link("l1", "s1", T0 + minute)
+    assert opened == PortalSession("acme", False, T0 + minute + timedelta(hours=1))
+    assert await store.open_portal_link("l1", "s1-again", T0 + minute) is None  # once only
+    assert await store.portal_session("s1-again", T0 + minute) is None
+    assert await store.portal_session("s1", T0 + minute) == opened
+    assert await store.portal_session("s1", T0 + minute + timedelta(hours=1)) is None  # ended at its end
+    assert await store.portal_session("l1", T0 + minute) is None  # the link's hash is no session
+    assert await store.open_portal_link("nothing", "s0", T0) is None
+    assert await store.open_portal_link("l2", "s2", T0) == PortalSession("acme", True, T0 + minute)
+    await store.revoke_token("p1", T0)
+    assert await store.portal_session("s2", T0) is None  # judged against the minting token's record
+
+
+async def test_of_concurrent_openings_of_a_portal_link_one_starts_a_session(store):
+    await store.insert_token(TokenInfo("p1", Role.PRODUCER, ("acme",), None, T0, None), "hash-p1")
+    await store.insert_portal_link(PortalLink("l1", "p1", "acme", False, 600, T0, T0 + timedelta(minutes=10)))
+    opened = await asyncio.gather(*(store.open_portal_link("l1", f"s{n}", T0) for n in range(8)))
+    assert sum(session is not None for session in opened) == 1
+    assert [await store.portal_session(f"s{n}", T0) is not None for n in range(8)] == [s is not None for s in opened]
+
+
+async def test_minting_a_portal_link_drops_expired_links_and_ended_sessions(store):
+    for token_id in ("p1", "gone"):
+        await store.insert_token(TokenInfo(token_id, Role.PRODUCER, ("*",), None, T0, None), f"hash-{token_id}")
+    ten = timedelta(seconds=10)
+    await store.insert_portal_link(PortalLink("unopened", "p1", "acme", False, 60, T0, T0 + ten))
+    await store.insert_portal_link(PortalLink("ended", "p1", "acme", False, 60, T0, T0 + ten))
+    await store.insert_portal_link(PortalLink("open", "p1", "acme", False, 3600, T0, T0 + ten))
+    await store.insert_portal_link(PortalLink("revoked", "gone", "acme", False, 3600, T0, T0 + timedelta(hours=1)))
+    await store.open_portal_link("ended", "s-ended", T0)
+    await store.open_portal_link("open", "s-open", T0)
+    await store.revoke_token("gone", T0)
+    await store.insert_portal_link(PortalLink("new", "p1", "acme", False, 60, T0 + 2 * timedelta(minutes=1),
+                                              T0 + timedelta(minutes=5)))
+    async with store.transaction() as tx:
+        left = [row[0] for row in await tx.execute("SELECT link_hash FROM portal_links ORDER BY link_hash")]
+    assert left == ["new", "open"]  # unopened past its expiry, its session ended, its token revoked: gone
 
 
 async def test_callers_sql_and_enqueue_commit_together(store):

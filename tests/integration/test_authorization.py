@@ -34,6 +34,7 @@ ADMIN = frozenset({"admin"})
 TENANT = frozenset({A, B})
 PUBLIC = "public"  # no token asked
 CONSOLE = "console"  # a console session, opened by an operator's or admin's token
+PORTAL = "portal"  # a portal session, opened by a link minted for one scope
 
 #: Who each route is for, by "METHOD path" as the router names it.
 ACCESS: dict[str, frozenset[str] | str] = {
@@ -61,6 +62,7 @@ ACCESS: dict[str, frozenset[str] | str] = {
     "GET /v1/tenant/intents": TENANT, "GET /v1/tenant/intents/{action_id}": TENANT,
     "POST /v1/tenant/intents/{action_id}/replay": TENANT,
     "GET /v1/tenant/events": TENANT, "GET /v1/tenant/events/{event_id}": TENANT,
+    "POST /v1/tenants/{scope}/portal-links": PRODUCER,
     "GET /console/login": PUBLIC, "POST /console/login": PUBLIC, "POST /console/logout": PUBLIC,
     "GET /console/style.css": PUBLIC,
     **{f"GET {path}": CONSOLE for path in (
@@ -70,6 +72,12 @@ ACCESS: dict[str, frozenset[str] | str] = {
     **{f"POST /console/intents/{{action_id}}/{act}": CONSOLE
        for act in ("replay", "resolve", "cancel", "approve", "reject")},
     "POST /console/replay": CONSOLE,
+    "GET /portal/open": PUBLIC, "GET /portal/style.css": PUBLIC,
+    **{f"GET {path}": PORTAL for path in (
+        "/portal", "/portal/endpoints/{destination_id}", "/portal/deliveries", "/portal/deliveries/{action_id}")},
+    **{f"POST {path}": PORTAL for path in (
+        "/portal/endpoints", "/portal/endpoints/{destination_id}", "/portal/endpoints/{destination_id}/rotate",
+        "/portal/endpoints/{destination_id}/test", "/portal/deliveries/{action_id}/replay")},
 }
 
 #: A body each route that takes one is sent (valid, so that only who calls decides the answer).
@@ -97,6 +105,7 @@ BODIES: dict[str, Any] = {
     "POST /v1/tenant/destinations/{destination_id}/rotate-secret": {},
     "POST /v1/tenant/destinations/{destination_id}/test": {},
     "POST /v1/tenant/intents/{action_id}/replay": {"reason": "matrix"},
+    "POST /v1/tenants/{scope}/portal-links": {},
 }
 
 
@@ -135,7 +144,8 @@ async def world(db_url: str, serve_api: Callable[[Settings], str]) -> dict[str, 
         tokens["revoked"] = revoked
     return {"url": serve_api(settings), "tokens": tokens,
             "ids": {"action_id": "a-1", "event_id": "e-acme", "destination_id": owned.id, "grant_id": "g-none",
-                    "token_id": "00000000", "name": "swagger-ui.css", "job": "none"}}
+                    "token_id": "00000000", "name": "swagger-ui.css", "job": "none",
+                    "scope": "acme"}}
 
 
 def _spec(fields: dict[str, Any]):
@@ -174,6 +184,9 @@ async def test_every_route_answers_each_caller_as_its_role_allows(world, caller)
         answer = await call(world, route, caller)
         seen = f"{route} as {caller}: {answer.status_code} {answer.text[:300]}"
         assert answer.status_code < 500, seen
+        if allowed == PORTAL:  # (a portal session is no token's: below)
+            assert answer.status_code == 401 and "a-1" not in answer.text, seen
+            continue
         if allowed == PUBLIC:
             continue
         if caller in ("none", "revoked"):
@@ -215,3 +228,87 @@ async def test_only_an_operators_or_admins_token_opens_the_console(world, caller
                 assert answer.status_code in (303, 401, 403) and "a-1" not in answer.text, seen
                 if answer.status_code == 303:
                     assert answer.headers["location"].startswith("/console/login"), seen
+
+
+#: Who may be in the portal: tenant A's and B's sessions, and callers that must not be.
+PORTAL_CALLERS = ("portal_a", "portal_b", "expired_link", "reused_link", "none", "console_session")
+#: A form each portal route is sent (with the session's CSRF value), valid for A.
+FORMS: dict[str, dict[str, str]] = {
+    "POST /portal/endpoints": {"url": "https://hooks.example/new", "topics": "invoice.*"},
+    "POST /portal/endpoints/{destination_id}": {"url": "https://hooks.example/a", "topics": "invoice.*"},
+    "POST /portal/deliveries/{action_id}/replay": {},
+}
+
+
+async def portal_browser(world: dict[str, Any], caller: str, db_url: str) -> httpx.AsyncClient:
+    """A browser as ``caller``: in by a link minted for its scope, or having tried to get in."""
+    from datetime import UTC, datetime, timedelta
+
+    from outbox.portal import PortalLink
+    from outbox.tokens import hash_token
+
+    browser = httpx.AsyncClient(base_url=world["url"], timeout=30, follow_redirects=False)
+    admin = {"Authorization": f"Bearer {world['tokens']['admin']}"}
+    if caller in ("portal_a", "portal_b", "reused_link"):
+        scope = "globex" if caller == "portal_b" else "acme"
+        minted = (await browser.post(f"/v1/tenants/{scope}/portal-links", json={}, headers=admin)).json()
+        if caller == "reused_link":
+            async with httpx.AsyncClient(base_url=world["url"]) as first:
+                assert (await first.get(minted["url"])).status_code == 303
+        opened = await browser.get(minted["url"])
+        assert opened.status_code == (403 if caller == "reused_link" else 303), caller
+    elif caller == "expired_link":
+        async with await Outbox.open(db_url) as box:
+            admin_id = next(t.id for t in await box.list_tokens() if t.role is Role.ADMIN)
+            past = datetime.now(UTC) - timedelta(minutes=20)
+            await box.store.insert_portal_link(PortalLink(hash_token("expired-link-token"), admin_id, "acme", False,
+                                                          3600, past, past + timedelta(minutes=10)))
+        assert (await browser.get("/portal/open?link=expired-link-token")).status_code == 403
+    elif caller == "console_session":
+        form = await browser.get("/console/login")
+        csrf = re.search(r"""name=["']csrf["'] value=["']([^"']+)""", form.text)[1]
+        signed_in = await browser.post("/console/login", data={"csrf": csrf, "token": world["tokens"]["operator"]})
+        assert signed_in.headers["location"] == "/console"
+        # the console's session id offered as a portal session's too: it is none
+        browser.cookies.set("outbox_portal", browser.cookies.get("outbox_console"))
+    return browser
+
+
+async def portal_call(browser: httpx.AsyncClient, world: dict[str, Any], route: str,
+                      ids: dict[str, str] | None = None) -> httpx.Response:
+    method, path = route.split(" ", 1)
+    for name, value in {**world["ids"], **(ids or {})}.items():
+        path = path.replace(f"{{{name}}}", value)
+    if method == "GET":
+        return await browser.get(path)
+    page = await browser.get("/portal")
+    found = re.search(r"name='csrf' value='([^']+)'", page.text)
+    return await browser.post(path, data={**FORMS.get(route, {}), "csrf": found[1] if found else ""})
+
+
+@pytest.mark.parametrize("caller", PORTAL_CALLERS)
+async def test_every_portal_route_answers_only_its_own_tenants_session(world, caller, db_url):
+    """A's session is answered on A's ids; B's as for ids nobody has, naming nothing of A's; an
+    expired or reused link, none, and an operator's console session are not in (401)."""
+    a_ids = (world["ids"]["destination_id"], "a-1")
+    browser = await portal_browser(world, caller, db_url)
+    try:
+        for route, allowed in ACCESS.items():
+            if allowed != PORTAL:
+                continue
+            answer = await portal_call(browser, world, route)
+            seen = f"{route} as {caller}: {answer.status_code} {answer.text[:300]}"
+            assert answer.status_code < 500, seen
+            if caller == "portal_a":
+                assert answer.status_code not in (401, 403, 404), seen
+            elif caller == "portal_b" and "{" in route and not route.endswith("/endpoints"):
+                ghost = await portal_call(browser, world, route, ids=GHOSTS)
+                assert answer.status_code == ghost.status_code == 404, seen
+                assert _unnamed(answer.text, world["ids"]) == _unnamed(ghost.text, GHOSTS), seen
+            elif caller == "portal_b":
+                assert answer.status_code not in (401, 403), seen
+                assert "acme" not in answer.text and not any(i in answer.text for i in a_ids), seen
+            else:
+                assert answer.status_code == 401 and not any(i in answer.text for i in a_ids), seen
+    finally:
+        await browser.aclose()

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import httpx
+
 from outbox import Settings
 from outbox.app.api import create_app
 
@@ -14,10 +16,7 @@ from .test_console_browser import chromium
 
 
 def test_docs_render_every_operation_without_another_host(tmp_path: Path):
-    app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'docs.db'}", worker=False))
-    methods = {"get", "put", "post", "delete", "patch", "head", "options"}
-    documented = sum(len(methods & set(ops)) for ops in app.openapi()["paths"].values())
-    served = Served(app)
+    served = Served(create_app(Settings(database_url=f"sqlite:///{tmp_path / 'docs.db'}", worker=False)))
     try:
         with chromium() as browser:
             context = browser.new_context()
@@ -40,7 +39,8 @@ def test_docs_render_every_operation_without_another_host(tmp_path: Path):
             page.wait_for_selector(".opblock")
             operations = page.locator(".opblock-summary-path").all_inner_texts()
             assert "/v1/intents/{action_id}/replay" in [o.replace("\u200b", "") for o in operations]
-            assert len(operations) == documented > 29
+            documented = httpx.get(served.url + "/openapi.json").json()["paths"]
+            assert len(operations) == sum(len(methods) for methods in documented.values())  # every one drawn
             page.locator(".opblock-summary", has_text="/v1/replay").first.click()
             body = page.locator(".opblock-body").first
             assert "dry_run" in body.inner_text()  # the request body's example

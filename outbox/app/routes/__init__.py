@@ -10,6 +10,7 @@ assembles them into the application.
 - ``registry``: destinations and grants
 - ``tokens``: API tokens (admin)
 - ``tenant``: a tenant's own destinations and deliveries (``/v1/tenant``)
+- ``portal_links``: the tenant portal's single-use links (``/v1/tenants/{scope}/portal-links``)
 
 Their bodies and answers are the models of ``outbox.shapes``.
 

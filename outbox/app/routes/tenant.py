@@ -19,12 +19,14 @@ from fastapi.responses import JSONResponse, Response
 
 from ... import channels, operations
 from ...cursor import MAX_PAGE, encode_cursor
+from ...destinations import Destination as DestinationRecord
 from ...destinations import DestinationSpec
 from ...errors import IllegalTransition
 from ...events import EventQuery
 from ...fields import DestinationId, EventId, TopicPattern
 from ...ids import uuid7
 from ...model import SETTLED, Intent, Status
+from ...outbox import Outbox
 from ...shapes import (
     ActionId,
     Destination,
@@ -101,6 +103,51 @@ def tenant_history(history: History, own: bool) -> dict[str, Any]:
     return shown
 
 
+async def register_own(outbox_: Outbox, scope: str, spec: DestinationSpec,
+                       by: str) -> tuple[DestinationRecord, str | None]:
+    """Register ``scope``'s own destination (its id made here), with a new secret unless ``spec``
+    gives one: the destination, and that new secret (shown once)."""
+    made = None
+    if spec.secret is None and (kind := channels.get(spec.channel)).new_secret is not None:
+        made = kind.new_secret()
+        spec = spec.model_copy(update={"secret": made})
+    destination, _ = await outbox_.put_destination(new_destination_id(), spec, owner=scope)
+    log.info("destination %s created by %s", destination.id, by)
+    return destination, made
+
+
+async def replace_own(outbox_: Outbox, scope: str, destination_id: str, spec: DestinationSpec,
+                      by: str) -> DestinationRecord:
+    """Replace one of ``scope``'s destinations (one it does not own is NotFound, never made here)."""
+    await outbox_.get_destination(destination_id, owner=scope)
+    destination, _ = await outbox_.put_destination(destination_id, spec, owner=scope)
+    log.info("destination %s replaced by %s", destination_id, by)
+    return destination
+
+
+async def enqueue_test(outbox_: Outbox, scope: str, destination_id: str, by: str, payload: Any = None) -> Intent:
+    """Enqueue a test intent (a new action id each time) to one of ``scope``'s destinations."""
+    await outbox_.get_destination(destination_id, owner=scope)
+    action_id = f"test~{uuid7()}"
+    if payload is None:
+        payload = {"type": TEST_TOPIC, "destination": destination_id, "test_id": action_id}
+    made = await outbox_.enqueue(action_id=action_id, scope=scope, destination=destination_id, actor=by,
+                                 payload=payload)
+    return made.intent
+
+
+async def replay_dead_or_unknown(outbox_: Outbox, authorize_: operations.Authorize, scope: str, action_id: str,
+                                by: operations.Actor, accept_duplicate_risk: bool) -> Intent:
+    """Replay one of ``scope``'s dead or unknown intents, under the operators' duplicate-risk rule."""
+    found = await outbox_.get(action_id, scope=scope)
+    if found.status not in TENANT_REPLAYABLE:
+        raise IllegalTransition(f"a tenant replays its dead or unknown intents; {action_id!r} is {found.status.value}"
+                                + (" (an operator replays it once its grant is back)"
+                                   if found.status is Status.REVOKED else ""))
+    return await operations.replay(outbox_, action_id, by, scope=scope, authorize=authorize_,
+                                   accept_duplicate_risk=accept_duplicate_risk)
+
+
 def _spec(raw: Any) -> DestinationSpec:
     """A tenant's destination body, read as its channel's spec (as an admin's is)."""
     named = raw.get("channel", channels.DEFAULT) if isinstance(raw, dict) else channels.DEFAULT
@@ -139,13 +186,7 @@ async def list_own_destinations(request: Request, token: Tenant) -> dict[str, An
                   errors=[*openapi.BODY_ERRORS, 409]),
 )
 async def create_own_destination(request: Request, token: Tenant) -> Response:
-    spec = _spec(await request.json())
-    made = None
-    if spec.secret is None and (kind := channels.get(spec.channel)).new_secret is not None:
-        made = kind.new_secret()
-        spec = spec.model_copy(update={"secret": made})
-    destination, _ = await box(request).put_destination(new_destination_id(), spec, owner=scope_of(token))
-    log.info("destination %s created by %s", destination.id, token.actor)
+    destination, made = await register_own(box(request), scope_of(token), _spec(await request.json()), token.actor)
     return JSONResponse({**destination_json(destination), "secret": made}, status_code=201,
                         headers={"Cache-Control": "no-store"})
 
@@ -163,12 +204,8 @@ async def get_own_destination(request: Request, destination_id: DestinationId, t
     **openapi.doc({200: (Destination, "replaced")}, errors=[*openapi.BODY_ERRORS, 404, 409]),
 )
 async def put_own_destination(request: Request, destination_id: DestinationId, token: Tenant) -> dict[str, Any]:
-    spec = _spec(await request.json())
-    outbox_ = box(request)
-    await outbox_.get_destination(destination_id, owner=scope_of(token))  # (replaced, never made, here)
-    destination, _ = await outbox_.put_destination(destination_id, spec, owner=scope_of(token))
-    log.info("destination %s replaced by %s", destination_id, token.actor)
-    return destination_json(destination)
+    return destination_json(await replace_own(box(request), scope_of(token), destination_id,
+                                              _spec(await request.json()), token.actor))
 
 
 @router.delete("/v1/tenant/destinations/{destination_id}", status_code=204,
@@ -200,14 +237,8 @@ async def rotate_own_secret(spec: RotateIn, request: Request, destination_id: De
     **openapi.doc({201: (IntentAnswer, "enqueued")}, example="TestIn", errors=[*openapi.BODY_ERRORS, 404]),
 )
 async def send_test(spec: TestIn, request: Request, destination_id: DestinationId, token: Tenant) -> Response:
-    outbox_, scope = box(request), scope_of(token)
-    await outbox_.get_destination(destination_id, owner=scope)
-    action_id = f"test~{uuid7()}"
-    payload = spec.payload if spec.payload is not None else {
-        "type": TEST_TOPIC, "destination": destination_id, "test_id": action_id}
-    made = await outbox_.enqueue(action_id=action_id, scope=scope, destination=destination_id, actor=token.actor,
-                                 payload=payload)
-    return JSONResponse(tenant_intent(made.intent, own=True), status_code=201)
+    made = await enqueue_test(box(request), scope_of(token), destination_id, token.actor, spec.payload)
+    return JSONResponse(tenant_intent(made, own=True), status_code=201)
 
 
 # -- its deliveries --------------------------------------------------------------------------
@@ -250,14 +281,8 @@ async def get_own_intent(request: Request, action_id: ActionId, token: Tenant) -
              **openapi.doc({200: IntentHistory}, example="ReplayIn", errors=[*openapi.BODY_ERRORS, 404, 409]))
 async def replay_own(spec: ReplayIn, request: Request, action_id: ActionId, token: Tenant) -> dict[str, Any]:
     outbox_, scope = box(request), scope_of(token)
-    found = await outbox_.get(action_id, scope=scope)
-    if found.status not in TENANT_REPLAYABLE:
-        raise IllegalTransition(f"a tenant replays its dead or unknown intents; {action_id!r} is {found.status.value}"
-                                + (" (an operator replays it once its grant is back)"
-                                   if found.status is Status.REVOKED else ""))
-    intent = await operations.replay(outbox_, action_id, actor(token, spec.reason), scope=scope,
-                                     authorize=authorize(request),
-                                     accept_duplicate_risk=spec.accept_duplicate_risk)
+    intent = await replay_dead_or_unknown(outbox_, authorize(request), scope, action_id, actor(token, spec.reason),
+                                          spec.accept_duplicate_risk)
     own = intent.destination in await owned_ids(request, scope)
     return {**tenant_intent(intent, own), **tenant_history(await outbox_.history(action_id, scope=scope), own)}
 

@@ -20,6 +20,7 @@ from ...events import NewEvent, Published
 from ...grants import Grant, GrantSpec
 from ...keyring import Keyring, required
 from ...model import Attempt, Change, Enqueued, Event, Intent, NewIntent, check_change
+from ...portal import PortalLink, PortalSession
 from ...tenants import TenantLimits, decide_limits
 from ...tokens import ConsoleSession, TokenInfo
 from .. import moves, timeline
@@ -430,6 +431,26 @@ class PostgresStore(PostgresEvents, Lookups):
 
     async def close_console_session(self, id_hash: str) -> None:
         await self._connections.execute("close_console_session", id_hash)
+
+    async def insert_portal_link(self, link: PortalLink) -> None:
+        async def work(conn: asyncpg.Connection) -> None:
+            await conn.execute(SQL["prune_portal_links"], link.created_at)
+            await conn.execute(SQL["insert_portal_link"], link.link_hash, link.token_id, link.scope, link.read_only,
+                               link.session_seconds, link.created_at, link.expires_at)
+
+        await self._run(work, transaction={})
+
+    async def open_portal_link(self, link_hash: str, session_hash: str, now: datetime) -> PortalSession | None:
+        row = await self._connections.fetchrow("open_portal_link", link_hash, session_hash, now)
+        return None if row is None else _portal_session(row)
+
+    async def portal_session(self, session_hash: str, now: datetime) -> PortalSession | None:
+        row = await self._connections.fetchrow("portal_session", session_hash, now)
+        return None if row is None else _portal_session(row)
+
+
+def _portal_session(row: Row) -> PortalSession:
+    return PortalSession(row["scope"], row["read_only"], row["session_expires_at"])
 
 
 #: The functions the store creates from its named SQL (not from a migration's body), by signature: their bodies

@@ -516,6 +516,30 @@ WHERE s.id_hash = ?1 AND s.expires_at > ?2 AND t.revoked_at IS NULL;
 -- Remove a console session (signing out).
 DELETE FROM console_sessions WHERE id_hash = ?1;
 
+-- name: prune_portal_links
+-- Drop the portal links unopened past their expiry at ?1, the sessions ended by ?1, and those of revoked tokens.
+DELETE FROM portal_links
+WHERE (session_hash IS NULL AND expires_at <= ?1) OR session_expires_at <= ?1
+   OR token_id IN (SELECT id FROM tokens WHERE revoked_at IS NOT NULL);
+
+-- name: insert_portal_link
+-- Store a new portal link (the hash of its token).
+INSERT INTO portal_links (link_hash, token_id, scope, read_only, session_seconds, created_at, expires_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7);
+
+-- name: open_portal_link
+-- Open link ?1 once, at ?3, for session ?2, if it is unopened, unexpired and its token not revoked: its scope,
+-- read-only flag and the session's end (no row: expired, opened already, revoked or none).
+UPDATE portal_links SET session_hash = ?2, session_expires_at = ?3 + session_seconds * 1000000
+WHERE link_hash = ?1 AND session_hash IS NULL AND expires_at > ?3
+  AND EXISTS (SELECT 1 FROM tokens t WHERE t.id = portal_links.token_id AND t.revoked_at IS NULL)
+RETURNING scope, read_only, session_expires_at;
+
+-- name: portal_session
+-- The scope, read-only flag and end of portal session ?1, if it is unexpired at ?2 and its link's token not revoked.
+SELECT l.scope, l.read_only, l.session_expires_at FROM portal_links l JOIN tokens t ON t.id = l.token_id
+WHERE l.session_hash = ?1 AND l.session_expires_at > ?2 AND t.revoked_at IS NULL;
+
 -- name: activity_minutes
 -- Attempts started since ?1 and finished, per destination, minute of their finish (microseconds)
 -- and outcome: count, summed duration, last end.

@@ -21,12 +21,13 @@ from ...events import NewEvent, Published
 from ...grants import Grant, GrantSpec
 from ...keyring import Keyring, required
 from ...model import Attempt, Change, Enqueued, Event, Intent, NewIntent, check_change
+from ...portal import PortalLink, PortalSession
 from ...tenants import TenantLimits, decide_limits
 from ...tokens import ConsoleSession, TokenInfo
 from .. import timeline
 from ..lookups import Lookups
 from ..migrator import run_migrations, scripts_for
-from ..plumbing import GroupCommitter, connect, on_thread, to_us, unavailable
+from ..plumbing import GroupCommitter, connect, from_us, on_thread, to_us, unavailable
 from ..protocol import (
     Activity,
     Applied,
@@ -494,6 +495,29 @@ class SqliteStore(SqliteEvents, Lookups):
 
     async def close_console_session(self, id_hash: str) -> None:
         await self._execute("close_console_session", (id_hash,))
+
+    async def insert_portal_link(self, link: PortalLink) -> None:
+        def run(conn: sqlite3.Connection) -> None:
+            conn.execute(SQL["prune_portal_links"], (to_us(link.created_at),))
+            conn.execute(SQL["insert_portal_link"], (
+                link.link_hash, link.token_id, link.scope, int(link.read_only), link.session_seconds,
+                to_us(link.created_at), to_us(link.expires_at)))
+
+        await self._write(run)
+
+    async def open_portal_link(self, link_hash: str, session_hash: str, now: datetime) -> PortalSession | None:
+        def run(conn: sqlite3.Connection) -> PortalSession | None:
+            row = conn.execute(SQL["open_portal_link"], (link_hash, session_hash, to_us(now))).fetchone()
+            return None if row is None else _portal_session(row)
+
+        return await self._write(run)
+
+    async def portal_session(self, session_hash: str, now: datetime) -> PortalSession | None:
+        return await self._one("portal_session", (session_hash, now), _portal_session)
+
+
+def _portal_session(row: Row) -> PortalSession:
+    return PortalSession(row["scope"], bool(row["read_only"]), from_us(row["session_expires_at"]))
 
 
 def _data_version(conn: sqlite3.Connection) -> int:
