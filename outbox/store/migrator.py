@@ -24,7 +24,7 @@ from ..errors import SchemaTooNew
 #: application's own migrations must leave alone (``outbox.contrib.alembic``).
 TABLES = frozenset({
     "schema_migrations", "intents", "attempts", "events", "destinations", "destination_buckets", "grants",
-    "tokens", "secrets_key", "topic_events", "subscriptions", "console_sessions",
+    "tokens", "secrets_key", "topic_events", "subscriptions", "console_sessions", "portal_links",
 })
 
 

@@ -18,7 +18,7 @@ from openapi_spec_validator import validate
 from outbox import DestinationSpec, Outbox, Role, Settings, channels
 from outbox.fields import ecma
 from outbox.grants import GrantSpec
-from outbox.ids import ACTION_ID, DESTINATION_ID, TOKEN_ID
+from outbox.ids import ACTION_ID, DESTINATION_ID, SCOPE, TOKEN_ID
 from outbox.topics import EVENT_ID
 
 from ..conftest import SECRET
@@ -118,6 +118,7 @@ async def test_every_json_body_a_route_reads_is_a_component(served: Served):
         ("post", "/v1/tenant/destinations/{destination_id}/rotate-secret"): "#/components/schemas/RotateIn",
         ("post", "/v1/tenant/destinations/{destination_id}/test"): "#/components/schemas/TestIn",
         ("post", "/v1/tenant/intents/{action_id}/replay"): "#/components/schemas/ReplayIn",
+        ("post", "/v1/tenants/{scope}/portal-links"): "#/components/schemas/PortalLinkIn",
     }
     assert served.document["components"]["schemas"]["IntentIn"]["properties"]["payload"] == {
         "$ref": "#/components/schemas/JsonValue", "description": "the JSON the destination receives"}
@@ -178,7 +179,7 @@ async def test_a_destination_answer_is_its_channels_one_told_apart_by_channel(se
 
 async def test_id_parameters_carry_the_patterns_the_api_checks(served: Served):
     expected = {"action_id": ACTION_ID, "destination_id": DESTINATION_ID, "grant_id": DESTINATION_ID,
-                "token_id": TOKEN_ID, "event_id": EVENT_ID}
+                "token_id": TOKEN_ID, "event_id": EVENT_ID, "scope": SCOPE}
     seen = set()
     for _, path, operation in operations(served.document):
         for parameter in operation.get("parameters", []):
