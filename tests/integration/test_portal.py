@@ -20,23 +20,11 @@ from outbox import Outbox, Role, Settings
 from receivers import verify_signature
 from receivers.wire import InvalidSignature
 
-from .. import pg
 from ..conftest import eventually
 from ..receiver import Received, Receiver, Reply
 
 #: Markup a receiver or a tenant writes, which must come back as text.
 HOSTILE = "<script>alert(1)</script><img src=x onerror=alert(2)>"
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def store_url(request: pytest.FixtureRequest, db_url: str, monkeypatch: pytest.MonkeyPatch
-                    ) -> AsyncIterator[str]:
-    if request.param == "sqlite":
-        yield db_url
-        return
-    monkeypatch.setenv(*pg.key_env().popitem())
-    async with pg.database() as url:
-        yield url
 
 
 @pytest.fixture

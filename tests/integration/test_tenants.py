@@ -8,7 +8,7 @@ that cannot widen one."""
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -23,7 +23,6 @@ from receivers.wire import InvalidSignature
 from sender import Worker, checks
 from sender.webhook import WebhookChannel
 
-from .. import pg
 from ..conftest import SECRET, eventually
 from ..receiver import Received, Receiver, Reply
 
@@ -40,18 +39,6 @@ def verifying(secret: list[str]) -> Callable[[Received], Reply]:
         return Reply(200)
 
     return handle
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def store_url(request: pytest.FixtureRequest, db_url: str, monkeypatch: pytest.MonkeyPatch
-                    ) -> AsyncIterator[str]:
-    """A SQLite file's URL, and a new PostgreSQL database's (with the run's secrets key file)."""
-    if request.param == "sqlite":
-        yield db_url
-        return
-    monkeypatch.setenv(*pg.key_env().popitem())
-    async with pg.database() as url:
-        yield url
 
 
 @pytest.fixture
