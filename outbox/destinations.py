@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from .fields import Subscriptions
 from .flow import MAX_COUNT, MAX_PER_SECOND, MIN_PER_SECOND, RateLimit, usable_cap, usable_rate
 from .model import Intent, OnDead, OnUnknown, Ordering
+from .settings import MAX_ROTATION_SECONDS
 from .timestamps import later
 from .topics import MAX_SUBSCRIPTIONS, Subscription
 
@@ -108,7 +109,7 @@ class DestinationSpec(BaseModel):
                     "Omitted on update: the current one stays.",
     )
     rotation_window_seconds: StrictInt | StrictFloat | None = Field(
-        default=None, ge=0, le=30 * 86_400,
+        default=None, ge=0, le=MAX_ROTATION_SECONDS,
         description="with a new secret, how long the previous ones still sign beside it, then the new one alone "
                     "(default: the setting secret_rotation_seconds, 24 h); for channels that sign with every secret",
     )

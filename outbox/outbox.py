@@ -51,7 +51,7 @@ from .metrics import Metrics
 from .model import SETTLED, Enqueued, Event, Intent, NewIntent, Role, Status
 from .portal import PortalLink, PortalSession, new_link_token
 from .publishing import Publishing, PublishingTransaction
-from .settings import Settings
+from .settings import MAX_ROTATION_SECONDS, Settings
 from .signals import Signal
 from .store import History, IntentQuery, Page, SharesClock, Store, SupportsListener, Transaction, store_for_url
 from .tokens import SESSIONS_PER_TOKEN, ConsoleSession, TokenInfo, hash_token, new_session_id, new_token
@@ -398,15 +398,15 @@ class Outbox(Publishing):
         if kind.new_secret is None or not kind.rotation_window:
             raise InvalidInput(f"the {existing.channel} channel makes no secrets to rotate; put the new one "
                                "with the destination")
-        if window_seconds is not None and not 0 <= window_seconds <= 30 * 86_400:
-            raise InvalidInput("window_seconds must be from 0 to 30 days (2592000)")
+        if window_seconds is not None and not 0 <= window_seconds <= MAX_ROTATION_SECONDS:
+            raise InvalidInput(f"window_seconds must be from 0 to 30 days ({MAX_ROTATION_SECONDS})")
         now = self.clock.now()
         secret = kind.new_secret()
         held = existing.live_secrets(now)
         secrets = (secret, *held)[:KEPT_SECRETS]
-        seconds = self.settings.secret_rotation_seconds if window_seconds is None else window_seconds
         rotated = dataclasses.replace(existing, secrets=secrets, updated_at=now,
-                                      previous_secrets_until=now + timedelta(seconds=seconds))
+                                      previous_secrets_until=self._rotation_ends(kind, held, secrets, existing,
+                                                                                 window_seconds))
         await self.store.put_destination(rotated)
         log.info("destination %s: secret rotated (the previous one signs until %s)", destination_id,
                  rotated.previous_secrets_until)

@@ -17,6 +17,10 @@ from pydantic_settings import (
 
 from .crash import CrashPoint
 
+#: The longest a rotated secret still signs beside the new one (every window: the setting, a
+#: destination's, a rotation's).
+MAX_ROTATION_SECONDS = 30 * 86_400
+
 
 class Settings(BaseSettings):
     """Everything the service can be told. Each field is also ``OUTBOX_<NAME>``."""
@@ -143,7 +147,7 @@ class Settings(BaseSettings):
                     "(allow_private_network); every other tenant's are held to the SSRF guard",
     )
     secret_rotation_seconds: float = Field(
-        default=86_400, ge=0, le=30 * 86_400,
+        default=86_400, ge=0, le=MAX_ROTATION_SECONDS,
         description="after a destination's secret is rotated, how long the previous one still signs beside it "
                     "(at most 30 days; 0: not at all)",
     )

@@ -59,6 +59,7 @@ from .model import (
     Status,
     Submission,
 )
+from .settings import MAX_ROTATION_SECONDS
 from .timestamps import Timestamp
 
 if TYPE_CHECKING:
@@ -377,7 +378,7 @@ class RotateIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     window_seconds: StrictInt | StrictFloat | None = Field(
-        default=None, ge=0, le=30 * 86_400,
+        default=None, ge=0, le=MAX_ROTATION_SECONDS,
         description="how long the previous secret still signs beside the new one (default: the setting "
                     "secret_rotation_seconds, 24 h)")
 

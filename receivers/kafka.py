@@ -126,7 +126,6 @@ class IdempotentConsumer:
         self.tracer_provider = tracer_provider  # None: the global provider
         self.tracer = tracing.tracer(tracer_provider)
         self._stopping = asyncio.Event()
-        self._stop_asked = False  # the event's state, read without a call where each record asks
         self._loop: asyncio.Task[None] | None = None
         self._purger: asyncio.Task[None] | None = None
         self._closing: asyncio.Future[None] | None = None
@@ -163,7 +162,6 @@ class IdempotentConsumer:
         """Stop fetching, finish the record in flight, store completions and commit their offsets,
         then stop the Kafka consumer and close the store. Safe to call more than once."""
         self._stopping.set()
-        self._stop_asked = True
         if self._closing is None:
             self._closing = asyncio.ensure_future(self._close())
         await asyncio.shield(self._closing)
@@ -339,11 +337,11 @@ class IdempotentConsumer:
                 if claim:
                     releasing.append((item, claim.epoch))
                 continue
-            if self._stop_asked or (n and monotonic() > deadline):
+            if (stopping := self._stopping.is_set()) or (n and monotonic() > deadline):
                 for later in items[n:]:
                     if isinstance(later.answer, Claimed):
                         releasing.append((later, later.answer.epoch))
-                    if not (self._stop_asked or later.partition in void or later.partition in held):
+                    if not (stopping or later.partition in void or later.partition in held):
                         self._rewind(later, held)
                 break
             if claim is not None and not traced:  # the usual record, its handler called here: no frame of its own

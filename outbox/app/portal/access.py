@@ -29,12 +29,11 @@ from ...portal import PortalSession
 from ...settings import Settings
 from ..console import sessions
 from ..console.access import Access
+from ..console.guard import SAFE_METHODS
 from ..console.templates import render
 
 COOKIE = "outbox_portal"
 PATH = "/portal"
-#: Methods that change nothing, which any page may send.
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 def box(request: Request) -> Outbox:
