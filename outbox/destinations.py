@@ -18,10 +18,9 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, TypeAdapter, ValidationError
 
-from .fields import Subscriptions
+from .fields import MAX_ROTATION_SECONDS, Subscriptions
 from .flow import MAX_COUNT, MAX_PER_SECOND, MIN_PER_SECOND, RateLimit, usable_cap, usable_rate
 from .model import Intent, OnDead, OnUnknown, Ordering
-from .settings import MAX_ROTATION_SECONDS
 from .timestamps import later
 from .topics import MAX_SUBSCRIPTIONS, Subscription
 

@@ -18,6 +18,10 @@ from .errors import InvalidInput
 from .ids import ACTION_ID, DESTINATION_ID, ORDERING_KEY, SCOPE, TOKEN_ID, TOKEN_LABEL, check
 from .topics import EVENT_ID, MAX_SUBSCRIPTIONS, PATTERN, TOPIC, checked_pattern, checked_topic
 
+#: The longest a rotated secret still signs beside the new one (every window: the setting, a
+#: destination's, a rotation's).
+MAX_ROTATION_SECONDS = 30 * 86_400
+
 
 def ecma(*alternatives: re.Pattern[str] | str) -> str:
     """Python patterns used with ``re.fullmatch`` (or literal strings) as one JSON Schema

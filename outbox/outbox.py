@@ -36,6 +36,7 @@ from .errors import (
     OwnedDestination,
     UnknownDestination,
 )
+from .fields import MAX_ROTATION_SECONDS
 from .grants import Grant, GrantSpec
 from .ids import (
     ACTION_ID,
@@ -51,7 +52,7 @@ from .metrics import Metrics
 from .model import SETTLED, Enqueued, Event, Intent, NewIntent, Role, Status
 from .portal import PortalLink, PortalSession, new_link_token
 from .publishing import Publishing, PublishingTransaction
-from .settings import MAX_ROTATION_SECONDS, Settings
+from .settings import Settings
 from .signals import Signal
 from .store import History, IntentQuery, Page, SharesClock, Store, SupportsListener, Transaction, store_for_url
 from .tokens import SESSIONS_PER_TOKEN, ConsoleSession, TokenInfo, hash_token, new_session_id, new_token

@@ -16,10 +16,7 @@ from pydantic_settings import (
 )
 
 from .crash import CrashPoint
-
-#: The longest a rotated secret still signs beside the new one (every window: the setting, a
-#: destination's, a rotation's).
-MAX_ROTATION_SECONDS = 30 * 86_400
+from .fields import MAX_ROTATION_SECONDS
 
 
 class Settings(BaseSettings):

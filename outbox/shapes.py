@@ -38,6 +38,7 @@ from . import tracing
 from .channels import signing_secrets
 from .clock import iso
 from .fields import (
+    MAX_ROTATION_SECONDS,
     ActionId,
     DestinationName,
     EventId,
@@ -59,7 +60,6 @@ from .model import (
     Status,
     Submission,
 )
-from .settings import MAX_ROTATION_SECONDS
 from .timestamps import Timestamp
 
 if TYPE_CHECKING:
