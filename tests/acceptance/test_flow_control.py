@@ -46,8 +46,9 @@ CAPPED = 30
 #: How long the receiver takes over a capped or free destination's request: long enough that, unlimited,
 #: the workers would have many of them in flight at once.
 SLOW = 0.2
-#: What the paused destination's first request is answered: Retry-After, in seconds.
-RETRY_AFTER = 3
+#: What the paused destination's first request is answered: Retry-After, in seconds. The other
+#: destination's 20 deliveries must all land inside it, on a machine the suite's other process loads.
+RETRY_AFTER = 6
 #: Longest a send follows its lease (its checks, then its start's cycle): how much later than the
 #: token was taken a request may reach the receiver.
 START_SLACK = 0.5
