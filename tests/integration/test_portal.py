@@ -176,3 +176,27 @@ async def test_what_a_tenant_writes_is_served_as_text(served):
             assert "<script" not in answer.text and "<img src=x" not in answer.text, answer.text
         assert made.status_code == 200 and "&lt;script&gt;alert(3)" in (await browser.get("/portal")).text
         assert refused.status_code == 422 and searched.status_code == 400
+
+
+async def test_an_edit_changes_what_its_form_shows_and_leaves_every_other_field_as_it_was(served, store_url):
+    """The edit form shows the URL, topics and two flags; an endpoint registered through the API
+    with its own timeout, retries, limits and ordering keeps them all when the form is saved."""
+    tuned = {"timeout_seconds": 3.5, "on_unknown": "never", "retention_seconds": 7200, "max_in_flight": 2,
+             "rate_limit": {"per_second": 5.0, "burst": 3}, "retry_schedule": [1.0, 30.0], "max_age_seconds": 600,
+             "ordering": "key", "ordering_on_dead": "skip", "reconcile": True, "allow_private_network": True}
+    async with await Outbox.open(store_url) as box:
+        tenant = (await box.create_token(Role.TENANT, ["acme"]))[0]
+    async with httpx.AsyncClient(base_url=served["url"], headers={"Authorization": f"Bearer {tenant}"}) as api:
+        made = (await api.post("/v1/tenant/destinations", json={
+            "url": "http://127.0.0.1:9/hooks", "subscriptions": [{"topic": "invoice.*"}], **tuned})).json()
+        async with enter(served, "acme") as browser:
+            page = (await browser.get(f"/portal/endpoints/{made['id']}")).text
+            saved = await browser.post(f"/portal/endpoints/{made['id']}", data={
+                "csrf": csrf_of(page), "url": "http://127.0.0.1:9/v2/hooks", "topics": "invoice.* order.paid",
+                "idempotent": "on"})
+            assert saved.status_code == 303, saved.text
+        now = (await api.get(f"/v1/tenant/destinations/{made['id']}")).json()
+    assert {name: now[name] for name in tuned} == tuned
+    assert now["url"] == "http://127.0.0.1:9/v2/hooks" and now["idempotent"] is True and now["disabled"] is False
+    assert [s["topic"] for s in now["subscriptions"]] == ["invoice.*", "order.paid"]
+    assert now["signing_secrets"] == 1  # the secret was not shown, and stays

@@ -13,7 +13,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from ... import operations
+from ... import channels, operations
+from ...destinations import Destination as DestinationRecord
 from ...errors import OutboxError
 from ...events import EventQuery
 from ...model import Status
@@ -63,6 +64,16 @@ def endpoint_body(request: Request, scope: str, fields: Form) -> dict[str, Any]:
     return {"url": sent(fields, "url"), "subscriptions": topics_of(sent(fields, "topics")),
             "idempotent": sent(fields, "idempotent") == "on", "disabled": sent(fields, "disabled") == "on",
             "allow_private_network": scope in box(request).settings.tenant_private_networks}
+
+
+def edited_body(request: Request, scope: str, held: DestinationRecord, fields: Form) -> dict[str, Any]:
+    """What an edit form says over what the endpoint holds: the fields the form shows as sent,
+    every other (timeouts, retries, limits, ordering, ...) as it was; private networks still only
+    while the tenant is allowed them."""
+    takes = channels.get(held.channel).spec.model_fields
+    kept = {name: value for name, value in destination_json(held).items() if name in takes}
+    shown = endpoint_body(request, scope, fields)
+    return {**kept, **shown, "allow_private_network": kept["allow_private_network"] and shown["allow_private_network"]}
 
 
 def refused(request: Request) -> HTMLResponse:
@@ -156,7 +167,8 @@ def register(router: APIRouter) -> None:
 
     async def edit(request: Request, opened: PortalSession, fields: Form) -> Response:
         destination_id = request.path_params["destination_id"]
-        spec = _spec(endpoint_body(request, opened.scope, fields))
+        held = await box(request).get_destination(destination_id, owner=opened.scope)
+        spec = _spec(edited_body(request, opened.scope, held, fields))
         await replace_own(box(request), opened.scope, destination_id, spec, f"portal:{opened.scope}")
         return RedirectResponse(f"/portal/endpoints/{destination_id}", status_code=303)
 
