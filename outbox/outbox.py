@@ -586,6 +586,10 @@ class Outbox(Publishing):
         """The portal session with this id while it is open (read from the store every time)."""
         return await self.store.portal_session(hash_token(session_id), self.clock.now())
 
+    async def close_portal_session(self, session_id: str) -> None:
+        """End a portal session (signing out); an unknown one is already ended."""
+        await self.store.close_portal_session(hash_token(session_id))
+
 
 class OutboxTransaction(PublishingTransaction):
     """The caller's SQL and the outbox's enqueues (and publishes) in one database transaction."""

@@ -82,6 +82,12 @@ def refused(request: Request) -> HTMLResponse:
                         "and it has ended or was never opened here.")
 
 
+def stale(request: Request, opened: PortalSession) -> HTMLResponse:
+    """A form without this session's CSRF value, refused."""
+    return page(request, "portal/message.html", "Refused", opened, status=403,
+                message="The form was stale or not sent from this portal: reload it and send it again.")
+
+
 def failed(request: Request, title: str, opened: PortalSession, exc: OutboxError | Problem) -> HTMLResponse:
     """What the outbox refused, on a page of the status the API would answer."""
     problem = exc if isinstance(exc, Problem) else from_error(exc)
@@ -110,6 +116,19 @@ def register(router: APIRouter) -> None:
         access.open_session(response, request, session_id, session)
         return response
 
+    @router.post("/logout")
+    async def logout(request: Request) -> Response:
+        """End the session, if the form is its own (another site cannot sign a user out), and drop
+        its cookie; without a session there is nothing to end."""
+        opened = await access.session(request)
+        if opened is not None:
+            if access.forged(request, await access.form(request)):
+                return stale(request, opened)
+            await box(request).close_portal_session(request.cookies[access.COOKIE])
+        response = page(request, "portal/signed_out.html", "Signed out", None)
+        access.end_session(response, request)
+        return response
+
     def viewed(view: Callable[[Request, PortalSession], Awaitable[Response]]
                ) -> Callable[[Request], Awaitable[Response]]:
         async def guarded(request: Request) -> Response:
@@ -130,8 +149,7 @@ def register(router: APIRouter) -> None:
                             message="This portal session may look but change nothing.")
             fields = await access.form(request)
             if access.forged(request, fields):
-                return page(request, "portal/message.html", "Refused", opened, status=403,
-                            message="The form was stale or not sent from this portal: reload it and send it again.")
+                return stale(request, opened)
             try:
                 return await act(request, opened, fields)
             except (OutboxError, Problem) as exc:
