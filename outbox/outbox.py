@@ -562,6 +562,7 @@ class Outbox(Publishing):
         producer's that may act in ``scope``: the caller checks): its token, returned here only,
         and the link as stored. It opens once within ``portal_link_seconds``; its session lasts
         ``session_seconds`` (default and most: ``portal_session_seconds``)."""
+        check(SCOPE, scope, "scope")
         most = self.settings.portal_session_seconds
         if session_seconds is not None and not 60 <= session_seconds <= most:
             raise InvalidInput(f"a portal session lasts 60 to {most:g} seconds (portal_session_seconds), "
