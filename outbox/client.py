@@ -381,6 +381,15 @@ def _tenant_path(destination_id: str) -> str:
     return "/v1/tenant/destinations/" + quote(destination_id, safe="")
 
 
+def _portal_links_path(scope: str) -> str:
+    return f"/v1/tenants/{quote(scope, safe='')}/portal-links"
+
+
+def _portal_link_body(session_seconds: float | None, read_only: bool) -> bytes:
+    given = {} if session_seconds is None else {"session_seconds": session_seconds}
+    return _encoded({"read_only": read_only, **given})
+
+
 def _intent_path(action_id: str) -> str:
     return f"/v1/intents/{quote(action_id, safe='')}"
 
@@ -550,6 +559,17 @@ class Client:
         return Intent.of(self._call("POST", _intent_path(action_id) + "/reject", params=_scoped(scope),
                                     body=_encoded({"reason": reason}), repeatable=False)[1])
 
+    # -- a link into the tenant portal (an admin's token, or a producer's of the scope) ------
+
+    def portal_link(self, scope: str, *, session_seconds: float | None = None,
+                    read_only: bool = False) -> dict[str, Any]:
+        """A single-use link into the tenant portal for one of ``scope``'s users: its ``url``
+        (relative to the service: prefix its public origin, and send the user's browser there),
+        shown in this answer only, and until when it opens (``expires_at``). Not repeatable (each
+        call makes one). Raises InvalidInput (a session longer than the server allows), Forbidden."""
+        return self._call("POST", _portal_links_path(scope), body=_portal_link_body(session_seconds, read_only),
+                          repeatable=False)[1]
+
     # -- a tenant's own (a token of role tenant: the /v1/tenant routes) ----------------------
 
     def create_destination(self, url: str, **spec: Any) -> dict[str, Any]:
@@ -685,6 +705,12 @@ class AsyncClient:
         """As ``Client.reject``."""
         return Intent.of((await self._call("POST", _intent_path(action_id) + "/reject", params=_scoped(scope),
                                            body=_encoded({"reason": reason}), repeatable=False))[1])
+
+    async def portal_link(self, scope: str, *, session_seconds: float | None = None,
+                          read_only: bool = False) -> dict[str, Any]:
+        """As ``Client.portal_link``."""
+        return (await self._call("POST", _portal_links_path(scope), body=_portal_link_body(session_seconds, read_only),
+                                 repeatable=False))[1]
 
     async def create_destination(self, url: str, **spec: Any) -> dict[str, Any]:
         """As ``Client.create_destination``."""

@@ -562,6 +562,7 @@ class Outbox(Publishing):
         producer's that may act in ``scope``: the caller checks): its token, returned here only,
         and the link as stored. It opens once within ``portal_link_seconds``; its session lasts
         ``session_seconds`` (default and most: ``portal_session_seconds``)."""
+        check(SCOPE, scope, "scope")
         most = self.settings.portal_session_seconds
         if session_seconds is not None and not 60 <= session_seconds <= most:
             raise InvalidInput(f"a portal session lasts 60 to {most:g} seconds (portal_session_seconds), "
@@ -585,6 +586,10 @@ class Outbox(Publishing):
     async def portal_session(self, session_id: str) -> PortalSession | None:
         """The portal session with this id while it is open (read from the store every time)."""
         return await self.store.portal_session(hash_token(session_id), self.clock.now())
+
+    async def close_portal_session(self, session_id: str) -> None:
+        """End a portal session (signing out); an unknown one is already ended."""
+        await self.store.close_portal_session(hash_token(session_id))
 
 
 class OutboxTransaction(PublishingTransaction):

@@ -38,6 +38,15 @@ class PortalSession:
     expires_at: datetime
 
 
+#: Where a link opens (``outbox.app.portal``), its token as the query's ``link``.
+OPEN_PATH = "/portal/open"
+
+
+def link_path(link_token: str) -> str:
+    """The portal's address that opens the link with this token, relative to the service."""
+    return f"{OPEN_PATH}?link={link_token}"
+
+
 def new_link_token() -> str:
     """A fresh link token (256 random bits), stored only hashed."""
     return secrets.token_urlsafe(32)

@@ -60,6 +60,7 @@ from .model import (
     Status,
     Submission,
 )
+from .portal import link_path
 from .timestamps import Timestamp
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ if TYPE_CHECKING:
     from .model import Event as EventRecord
     from .model import Intent as IntentRecord
     from .outbox import Behind as BehindRecord
+    from .portal import PortalLink as PortalLinkRecord
     from .tokens import TokenInfo
 
 #: The most items (intents, events) one batch may carry.
@@ -410,6 +412,12 @@ class MintedPortalLink(BaseModel):
     expires_at: AwareDatetime = Field(description="the link opens until then")
     session_seconds: int = Field(description="how long the session it opens lasts")
     read_only: bool
+
+
+def minted_portal_link_json(link_token: str, link: PortalLinkRecord) -> dict[str, Any]:
+    """A link just minted as the API and CLI show it: the only time its URL is shown."""
+    return MintedPortalLink(scope=link.scope, url=link_path(link_token), expires_at=link.expires_at,
+                            session_seconds=link.session_seconds, read_only=link.read_only).model_dump(mode="json")
 
 
 class TenantAccount(BaseModel):

@@ -9,6 +9,7 @@ outbox, so that no id a tenant picks can meet, and so reveal, another scope's.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING
 from .errors import NotForTenants, TenantLimit
 
 if TYPE_CHECKING:
-    from .destinations import DestinationSpec
+    from .destinations import Destination, DestinationSpec
     from .settings import Settings
 
 #: What every id of a tenant's own destination starts with (the rest is random).
@@ -57,6 +58,17 @@ def owned_spec(spec: DestinationSpec, owner: str, settings: Settings) -> Destina
                             "no scopes")
     subscriptions = [s.model_copy(update={"scopes": [owner]}) for s in spec.subscriptions]
     return spec.model_copy(update={"subscriptions": subscriptions})
+
+
+def as_allowed(destination: Destination, settings: Settings) -> Destination:
+    """``destination`` as the sender may reach it now: a tenant's own reaches private networks
+    only while its owner is in ``tenant_private_networks``, so an admin who takes a tenant out of
+    it shuts its registered private destinations out at the next send (the SSRF guard refuses
+    them, ``not_submitted``), not only its next registration."""
+    if (destination.owner is None or not destination.allow_private_network
+            or destination.owner in settings.tenant_private_networks):
+        return destination
+    return dataclasses.replace(destination, allow_private_network=False)
 
 
 def decide_limits(limits: TenantLimits, *, others: int, others_subscriptions: int, subscriptions: int) -> None:

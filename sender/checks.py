@@ -19,6 +19,7 @@ from datetime import datetime
 from outbox import Destination, Event, EventKind, Intent, Outbox, SecretsKeyError, StoreUnavailable
 from outbox.destinations import deadline
 from outbox.model import Hold
+from outbox.tenants import as_allowed
 from outbox.timestamps import later
 from outbox.ttlcache import TtlCache
 
@@ -42,10 +43,12 @@ PARKED_SECONDS = 60.0
 class Destinations:
     """The destinations' records as last read, each reused for ``DESTINATION_CACHE_SECONDS``, and
     read once however many leases ask while it is read (the cache runs out for all the leases of
-    a cycle at once: each reading it would cost a connection and an opening of its secrets)."""
+    a cycle at once: each reading it would cost a connection and an opening of its secrets).
+    Each is as the settings allow it now (``tenants.as_allowed``), not as it was registered."""
 
     def __init__(self, outbox: Outbox) -> None:
         self.store = outbox.store
+        self.settings = outbox.settings
         self._read: TtlCache[str, Destination | None] = TtlCache(DESTINATION_CACHE_SECONDS, MAX_DESTINATIONS)
         self._reading: dict[str, asyncio.Task[Destination | None]] = {}
 
@@ -65,6 +68,7 @@ class Destinations:
     async def _get(self, destination_id: str) -> Destination | None:
         try:
             found = await self.store.get_destination(destination_id)
+            found = None if found is None else as_allowed(found, self.settings)
             if self._reading.get(destination_id) is asyncio.current_task():  # (not forgotten meanwhile)
                 self._read.put(destination_id, found)
             return found

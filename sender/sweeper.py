@@ -27,6 +27,7 @@ from outbox import (
 )
 from outbox.crash import crash_point
 from outbox.model import Settle
+from outbox.tenants import as_allowed
 
 from .channel import SendResult
 from .decision import orphaned
@@ -111,6 +112,8 @@ class Sweeper:
         finished or another sweeper got there first."""
         reason = f"lease of {intent.lease_owner} expired"
         destination = await self.outbox.store.get_destination(intent.destination)
+        if destination is not None:  # its reconcile probe too
+            destination = as_allowed(destination, self.outbox.settings)
         now = self.outbox.clock.now()
         result = SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN,
                             error=reason + " while its attempt was in flight; it may have been sent")

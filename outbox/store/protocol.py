@@ -513,6 +513,11 @@ class Registry(Protocol):
         is not revoked; otherwise None."""
         ...
 
+    async def close_portal_session(self, session_hash: str) -> None:
+        """Remove the portal session with this hash and its link (none: nothing happens), so
+        neither the session nor the link opens again."""
+        ...
+
 
 class Store(Schema, Producing, Reading, Delivery, Operations, Registry, Protocol):
     """An outbox database: every role above. A part of the outbox that needs one role asks for

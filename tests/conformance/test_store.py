@@ -575,6 +575,11 @@ async def test_a_portal_link_opens_once_before_it_expires_for_a_session_of_its_l
     assert await store.portal_session("l1", T0 + minute) is None  # the link's hash is no session
     assert await store.open_portal_link("nothing", "s0", T0) is None
     assert await store.open_portal_link("l2", "s2", T0) == PortalSession("acme", True, T0 + minute)
+    await store.close_portal_session("s1")  # signed out: the session and its link are gone
+    await store.close_portal_session("s1")  # closing again changes nothing
+    assert await store.portal_session("s1", T0 + minute) is None
+    assert await store.open_portal_link("l1", "s1-reopened", T0 + minute) is None
+    assert await store.portal_session("s2", T0) is not None  # another session stays open
     await store.revoke_token("p1", T0)
     assert await store.portal_session("s2", T0) is None  # judged against the minting token's record
 

@@ -72,7 +72,7 @@ ACCESS: dict[str, frozenset[str] | str] = {
     **{f"POST /console/intents/{{action_id}}/{act}": CONSOLE
        for act in ("replay", "resolve", "cancel", "approve", "reject")},
     "POST /console/replay": CONSOLE,
-    "GET /portal/open": PUBLIC, "GET /portal/style.css": PUBLIC,
+    "GET /portal/open": PUBLIC, "GET /portal/style.css": PUBLIC, "POST /portal/logout": PUBLIC,
     **{f"GET {path}": PORTAL for path in (
         "/portal", "/portal/endpoints/{destination_id}", "/portal/deliveries", "/portal/deliveries/{action_id}")},
     **{f"POST {path}": PORTAL for path in (
@@ -310,5 +310,9 @@ async def test_every_portal_route_answers_only_its_own_tenants_session(world, ca
                 assert "acme" not in answer.text and not any(i in answer.text for i in a_ids), seen
             else:
                 assert answer.status_code == 401 and not any(i in answer.text for i in a_ids), seen
+        # signing out (open to all: it ends only the caller's own session, if any)
+        out = await portal_call(browser, world, "POST /portal/logout")
+        assert out.status_code == 200 and not any(i in out.text for i in a_ids), out.text
+        assert (await browser.get("/portal")).status_code == 401
     finally:
         await browser.aclose()

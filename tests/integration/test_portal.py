@@ -135,7 +135,7 @@ async def test_a_link_opens_once_and_a_read_only_session_gets_no_forms(served):
         assert "HttpOnly" in cookie and "Path=/portal" in cookie and "SameSite=lax" in cookie.replace("Lax", "lax")
         home = await browser.get("/portal")
         assert home.status_code == 200 and "read-only" in home.text
-        assert "<form" not in home.text
+        assert re.findall(r"<form[^>]*action='([^']+)'", home.text) == ["/portal/logout"]  # signing out only
         refused = await browser.post("/portal/endpoints", data={"url": "https://x.example/", "csrf": "x"})
         assert refused.status_code == 403
     async with httpx.AsyncClient(base_url=served["url"]) as other:
@@ -176,3 +176,49 @@ async def test_what_a_tenant_writes_is_served_as_text(served):
             assert "<script" not in answer.text and "<img src=x" not in answer.text, answer.text
         assert made.status_code == 200 and "&lt;script&gt;alert(3)" in (await browser.get("/portal")).text
         assert refused.status_code == 422 and searched.status_code == 400
+
+
+async def test_an_edit_changes_what_its_form_shows_and_leaves_every_other_field_as_it_was(served, store_url):
+    """The edit form shows the URL, topics and two flags; an endpoint registered through the API
+    with its own timeout, retries, limits and ordering keeps them all when the form is saved."""
+    tuned = {"timeout_seconds": 3.5, "on_unknown": "never", "retention_seconds": 7200, "max_in_flight": 2,
+             "rate_limit": {"per_second": 5.0, "burst": 3}, "retry_schedule": [1.0, 30.0], "max_age_seconds": 600,
+             "ordering": "key", "ordering_on_dead": "skip", "reconcile": True, "allow_private_network": True}
+    async with await Outbox.open(store_url) as box:
+        tenant = (await box.create_token(Role.TENANT, ["acme"]))[0]
+    async with httpx.AsyncClient(base_url=served["url"], headers={"Authorization": f"Bearer {tenant}"}) as api:
+        made = (await api.post("/v1/tenant/destinations", json={
+            "url": "http://127.0.0.1:9/hooks", "subscriptions": [{"topic": "invoice.*"}], **tuned})).json()
+        async with enter(served, "acme") as browser:
+            page = (await browser.get(f"/portal/endpoints/{made['id']}")).text
+            saved = await browser.post(f"/portal/endpoints/{made['id']}", data={
+                "csrf": csrf_of(page), "url": "http://127.0.0.1:9/v2/hooks", "topics": "invoice.* order.paid",
+                "idempotent": "on"})
+            assert saved.status_code == 303, saved.text
+        now = (await api.get(f"/v1/tenant/destinations/{made['id']}")).json()
+    assert {name: now[name] for name in tuned} == tuned
+    assert now["url"] == "http://127.0.0.1:9/v2/hooks" and now["idempotent"] is True and now["disabled"] is False
+    assert [s["topic"] for s in now["subscriptions"]] == ["invoice.*", "order.paid"]
+    assert now["signing_secrets"] == 1  # the secret was not shown, and stays
+
+
+async def test_signing_out_ends_the_session_in_the_store_and_drops_its_cookie(served):
+    """A read-only session signs out too; the cookie kept afterwards opens nothing; a sign-out form
+    without the session's CSRF value, or sent from another site, ends nothing."""
+    async with enter(served, "acme", read_only=True) as browser:
+        kept = browser.cookies["outbox_portal"]
+        home = (await browser.get("/portal")).text
+        forged = await browser.post("/portal/logout", data={"csrf": "wrong"})
+        cross = await browser.post("/portal/logout", data={"csrf": csrf_of(home)},
+                                   headers={"Sec-Fetch-Site": "cross-site"})
+        assert forged.status_code == cross.status_code == 403
+        assert (await browser.get("/portal")).status_code == 200  # still in
+        out = await browser.post("/portal/logout", data={"csrf": csrf_of(home)})
+        assert out.status_code == 200 and "signed out" in out.text
+        dropped = out.headers["set-cookie"]
+        assert dropped.startswith('outbox_portal="";') and "Max-Age=0" in dropped and "Path=/portal" in dropped
+        assert "outbox_portal" not in browser.cookies
+        browser.cookies.set("outbox_portal", kept)  # a copy of the cookie kept from before
+        assert (await browser.get("/portal")).status_code == 401
+        again = await browser.post("/portal/logout", data={"csrf": csrf_of(home)})
+        assert again.status_code == 200  # nothing left to end

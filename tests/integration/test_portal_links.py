@@ -94,3 +94,24 @@ async def test_a_link_opens_once_within_its_minutes_and_its_session_ends_with_it
         reopened, _ = await box.open_portal_link(again)
         await box.revoke_token(producer.id)
         assert await box.portal_session(reopened) is None
+
+
+async def test_the_python_clients_mint_links_that_open_once(served):
+    """Both clients, as an admin and as a producer of the scope; a producer of another scope is
+    Forbidden, and a session longer than the setting is InvalidInput."""
+    from outbox import client
+
+    with client.Client(served["url"], token=served["tokens"]["admin"]) as admin:
+        by_admin = admin.portal_link("acme", session_seconds=900, read_only=True)
+        with pytest.raises(client.InvalidInput, match="portal_session_seconds"):
+            admin.portal_link("acme", session_seconds=7201)
+    async with client.AsyncClient(served["url"], token=served["tokens"]["acme"]) as producer:
+        by_producer = await producer.portal_link("acme")
+        with pytest.raises(client.Forbidden):
+            await producer.portal_link("globex")
+    assert (by_admin["scope"], by_admin["session_seconds"], by_admin["read_only"]) == ("acme", 900, True)
+    assert (by_producer["session_seconds"], by_producer["read_only"]) == (7200, False)
+    async with httpx.AsyncClient(base_url=served["url"]) as browser:
+        for minted in (by_admin, by_producer):
+            assert (await browser.get(minted["url"])).status_code == 303
+            assert (await browser.get(minted["url"])).status_code == 403  # once

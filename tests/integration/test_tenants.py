@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from outbox import DestinationSpec, ManualClock, NotFound, Outbox, Role, Settings, Status
+from outbox import DestinationSpec, ManualClock, NotFound, Outbox, Role, Settings, Status, Submission
 from outbox.grants import GrantSpec
 from outbox.tenants import new_destination_id
 from receivers import verify_signature
@@ -260,6 +260,41 @@ async def test_a_rotated_secret_signs_beside_the_previous_one_for_its_window_the
             assert await delivered(6) == {"new": False, "newest": True}
         finally:
             await worker.aclose()
+
+
+async def test_a_tenant_taken_out_of_the_private_network_allowance_is_refused_at_the_send(store_url, receiver,
+                                                                                         monkeypatch):
+    """An admin allowed acme private networks, acme registered a loopback endpoint, then the admin
+    took acme out of ``tenant_private_networks``: the sender refuses to connect there, as the SSRF
+    guard refuses any private address (``not_submitted``, nothing reaches the receiver), while a
+    tenant still allowed is delivered to the same receiver."""
+    monkeypatch.setattr(checks, "DESTINATION_CACHE_SECONDS", 0)
+    receiver.script("/hook", Reply(200))
+    allowed = Settings(database_url=store_url, tenant_private_networks=["acme", "globex"], authority_seconds=0)
+    made: dict[str, str] = {}
+    async with await Outbox.open(store_url, settings=allowed) as box:
+        for scope in ("acme", "globex"):
+            made[scope] = (await box.put_destination(new_destination_id(), DestinationSpec(
+                url=f"{receiver.url}/hook", secret=SECRET, allow_private_network=True), owner=scope))[0].id
+    withdrawn = allowed.model_copy(update={"tenant_private_networks": ["globex"]})
+    async with await Outbox.open(store_url, settings=withdrawn) as box:
+        worker = Worker(box)
+        try:
+            for scope in ("acme", "globex"):
+                await box.enqueue(action_id=f"{scope}-1", scope=scope, destination=made[scope], payload={},
+                                  max_attempts=1)
+            while await worker.run_once():
+                pass
+            acme, history = await box.show("acme-1", scope="acme")
+            globex = await box.get("globex-1", scope="globex")
+        finally:
+            await worker.aclose()
+    [attempt] = history.attempts
+    assert acme.status is Status.DEAD and attempt.submission is Submission.NOT_SUBMITTED
+    assert "not a public address" in (attempt.error or ""), attempt.error
+    assert globex.status is Status.DELIVERED
+    assert [r.headers.get("idempotency-key") for r in receiver.requests("/hook")] == [
+        "globex/globex-1"]
 
 
 async def test_another_scope_cannot_rotate_a_tenants_secret_and_shared_ones_rotate_too(tmp_path):

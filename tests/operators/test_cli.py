@@ -534,6 +534,32 @@ async def test_the_host_may_revoke_the_last_admin_token_and_is_told_how_to_make_
     assert await shell.box.store.count_active_tokens("admin") == 1 and kept["revoked_at"] is None
 
 
+
+async def test_tenants_portal_link_mints_a_link_under_the_oldest_admin_token_or_the_one_named(shell: Shell):
+    """The link opens the portal as the scope's tenant once (the library opens it here, as the
+    portal's /portal/open does); it is minted under a token, and revoking that token ends it."""
+    shell.run("tenants", "portal-link", "acme", code=2)  # no admin token yet: told how to make one
+    admin = shell.json("tokens", "create", "--role", "admin")
+    shell.json("tokens", "create", "--role", "admin")
+    globex = shell.json("tokens", "create", "--role", "producer", "--scope", "globex")
+    printed = shell.run("tenants", "portal-link", "acme", "--base-url", "https://hooks.example/").stdout.strip()
+    assert re.fullmatch(r"https://hooks\.example/portal/open\?link=[A-Za-z0-9_-]{43}", printed), printed
+    minted = shell.json("tenants", "portal-link", "acme", "--read-only", "--session-seconds", "120")
+    assert minted["url"].startswith("/portal/open?link=") and minted["scope"] == "acme"
+    assert (minted["read_only"], minted["session_seconds"]) == (True, 120)
+    link_of = {"printed": printed.rsplit("=", 1)[1], "minted": minted["url"].rsplit("=", 1)[1]}
+    opened = await shell.box.open_portal_link(link_of["minted"])
+    assert opened is not None and opened[1].scope == "acme" and opened[1].read_only
+    assert await shell.box.open_portal_link(link_of["minted"]) is None  # once
+    refused = shell.run("tenants", "portal-link", "acme", "--token-id", globex["id"], code=2)
+    assert "not an active admin token or producer token of 'acme'" in refused.stderr
+    shell.run("tenants", "portal-link", "globex", "--token-id", globex["id"])
+    shell.run("tokens", "revoke", admin["id"])  # the oldest admin's: its link opens nothing now
+    assert await shell.box.open_portal_link(link_of["printed"]) is None
+    assert await shell.box.portal_session(opened[0]) is None
+    too_long = shell.run("tenants", "portal-link", "acme", "--session-seconds", "999999", code=1)
+    assert "portal_session_seconds" in too_long.stderr
+
 # -- rough edges a newcomer meets ------------------------------------------------------------
 
 

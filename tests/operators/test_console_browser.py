@@ -193,9 +193,10 @@ def test_a_console_action_without_the_form_csrf_value_is_refused(console: Consol
         assert api.get("/v1/intents/inv-43-send").json()["events"] == dead["events"]
 
 
-#: Where the console's screenshots are kept for people to look at (CI keeps the directory as
-#: an artefact; git ignores it).
-SCREENSHOTS = Path(os.environ.get("OUTBOX_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts")) / "console"
+#: Where the browser tests' screenshots are kept for people to look at (CI keeps the directory
+#: as an artefact; git ignores it): the console's under ``console``, the portal's under ``portal``.
+ARTIFACTS = Path(os.environ.get("OUTBOX_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts"))
+SCREENSHOTS = ARTIFACTS / "console"
 VIEWPORTS = {"narrow": {"width": 390, "height": 844}, "wide": {"width": 1440, "height": 900}}
 
 

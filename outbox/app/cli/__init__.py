@@ -11,7 +11,7 @@ One module per noun, as ``outbox.routes`` is, assembled into ``main`` here:
 - ``intents``: enqueue, show, list, and the operators' replay, resolve, cancel, approve,
   reject, prune
 - ``events``: publish, and events show, list, deliver
-- ``tokens``, ``grants``, ``destinations``, ``secrets``: a group of commands each
+- ``tokens``, ``grants``, ``destinations``, ``secrets``, ``tenants``: a group of commands each
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from .intents import approve, cancel, enqueue, list_, prune, reject, replay, res
 from .options import env
 from .secrets import secrets_group
 from .service import demo, migrate, serve, worker
+from .tenants import tenants
 from .tokens import tokens
 
 __all__ = ["main"]
@@ -47,5 +48,5 @@ def main(click_ctx: click.Context, database_url: str | None, as_json: bool) -> N
 
 
 for command in (serve, worker, demo, migrate, tokens, enqueue, show, list_, replay, resolve, cancel, approve, reject,
-                prune, grants, destinations, secrets_group, publish, events):
+                prune, grants, destinations, secrets_group, publish, events, tenants):
     main.add_command(command)

@@ -8,6 +8,9 @@ on that navigation would not come back on the redirect that follows it. When the
 framed (``portal_frame_ancestors``) and the request came over TLS it is SameSite=None, so that
 the frame in your page sends it.
 
+**Signing out** (a form on every page, a read-only session's too) ends the session in the store,
+so its cookie opens nothing even if kept, and drops the cookie.
+
 **Forms** carry ``console.sessions.csrf_for`` the session id, as the console's do, and every
 request that changes something must come from the portal's own origin (``Guard``); a read-only
 session is shown no forms, and its posts are refused.
@@ -118,6 +121,12 @@ def open_session(response: Response, request: Request, session_id: str, opened: 
     seconds = (opened.expires_at - box(request).clock.now()).total_seconds()
     response.set_cookie(COOKIE, session_id, max_age=max(int(seconds), 1), path=PATH, secure=sessions.secure(request),
                         httponly=True, samesite=same_site(request))
+
+
+def end_session(response: Response, request: Request) -> None:
+    """Drop the session cookie (the same attributes it was set with, so the browser drops it)."""
+    response.delete_cookie(COOKIE, path=PATH, secure=sessions.secure(request), httponly=True,
+                           samesite=same_site(request))
 
 
 def page(request: Request, template: str, title: str, opened: PortalSession | None, *, status: int = 200,

@@ -13,7 +13,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from ... import operations
+from ... import channels, operations
+from ...destinations import Destination as DestinationRecord
 from ...errors import OutboxError
 from ...events import EventQuery
 from ...model import Status
@@ -65,10 +66,26 @@ def endpoint_body(request: Request, scope: str, fields: Form) -> dict[str, Any]:
             "allow_private_network": scope in box(request).settings.tenant_private_networks}
 
 
+def edited_body(request: Request, scope: str, held: DestinationRecord, fields: Form) -> dict[str, Any]:
+    """What an edit form says over what the endpoint holds: the fields the form shows as sent,
+    every other (timeouts, retries, limits, ordering, ...) as it was; private networks still only
+    while the tenant is allowed them."""
+    takes = channels.get(held.channel).spec.model_fields
+    kept = {name: value for name, value in destination_json(held).items() if name in takes}
+    shown = endpoint_body(request, scope, fields)
+    return {**kept, **shown, "allow_private_network": kept["allow_private_network"] and shown["allow_private_network"]}
+
+
 def refused(request: Request) -> HTMLResponse:
     return page(request, "portal/message.html", "Not signed in", None, status=401,
                 message="Open the portal from your application again: this page needs a portal session, "
                         "and it has ended or was never opened here.")
+
+
+def stale(request: Request, opened: PortalSession) -> HTMLResponse:
+    """A form without this session's CSRF value, refused."""
+    return page(request, "portal/message.html", "Refused", opened, status=403,
+                message="The form was stale or not sent from this portal: reload it and send it again.")
 
 
 def failed(request: Request, title: str, opened: PortalSession, exc: OutboxError | Problem) -> HTMLResponse:
@@ -99,6 +116,19 @@ def register(router: APIRouter) -> None:
         access.open_session(response, request, session_id, session)
         return response
 
+    @router.post("/logout")
+    async def logout(request: Request) -> Response:
+        """End the session, if the form is its own (another site cannot sign a user out), and drop
+        its cookie; without a session there is nothing to end."""
+        opened = await access.session(request)
+        if opened is not None:
+            if access.forged(request, await access.form(request)):
+                return stale(request, opened)
+            await box(request).close_portal_session(request.cookies[access.COOKIE])
+        response = page(request, "portal/signed_out.html", "Signed out", None)
+        access.end_session(response, request)
+        return response
+
     def viewed(view: Callable[[Request, PortalSession], Awaitable[Response]]
                ) -> Callable[[Request], Awaitable[Response]]:
         async def guarded(request: Request) -> Response:
@@ -119,8 +149,7 @@ def register(router: APIRouter) -> None:
                             message="This portal session may look but change nothing.")
             fields = await access.form(request)
             if access.forged(request, fields):
-                return page(request, "portal/message.html", "Refused", opened, status=403,
-                            message="The form was stale or not sent from this portal: reload it and send it again.")
+                return stale(request, opened)
             try:
                 return await act(request, opened, fields)
             except (OutboxError, Problem) as exc:
@@ -156,7 +185,8 @@ def register(router: APIRouter) -> None:
 
     async def edit(request: Request, opened: PortalSession, fields: Form) -> Response:
         destination_id = request.path_params["destination_id"]
-        spec = _spec(endpoint_body(request, opened.scope, fields))
+        held = await box(request).get_destination(destination_id, owner=opened.scope)
+        spec = _spec(edited_body(request, opened.scope, held, fields))
         await replace_own(box(request), opened.scope, destination_id, spec, f"portal:{opened.scope}")
         return RedirectResponse(f"/portal/endpoints/{destination_id}", status_code=303)
 

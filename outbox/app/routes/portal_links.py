@@ -7,13 +7,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from ...fields import Scope
-from ...shapes import MintedPortalLink, PortalLinkIn
+from ...shapes import MintedPortalLink, PortalLinkIn, minted_portal_link_json
 from .. import openapi
 from .auth import Producer, box, in_scope
 
 router = APIRouter(tags=["portal"])
-#: Where a link opens (``outbox.app.portal``), its token as the query's ``link``.
-OPEN_PATH = "/portal/open"
 
 
 @router.post(
@@ -28,6 +26,5 @@ async def mint(spec: PortalLinkIn, request: Request, scope: Scope, token: Produc
     in_scope(token, scope)
     link_token, link = await box(request).mint_portal_link(token, scope, session_seconds=spec.session_seconds,
                                                            read_only=spec.read_only)
-    answer = MintedPortalLink(scope=scope, url=f"{OPEN_PATH}?link={link_token}", expires_at=link.expires_at,
-                              session_seconds=link.session_seconds, read_only=link.read_only)
-    return JSONResponse(answer.model_dump(mode="json"), status_code=201, headers={"Cache-Control": "no-store"})
+    return JSONResponse(minted_portal_link_json(link_token, link), status_code=201,
+                        headers={"Cache-Control": "no-store"})

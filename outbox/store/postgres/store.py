@@ -444,6 +444,9 @@ class PostgresStore(PostgresEvents, Lookups):
         row = await self._connections.fetchrow("open_portal_link", link_hash, session_hash, now)
         return None if row is None else _portal_session(row)
 
+    async def close_portal_session(self, session_hash: str) -> None:
+        await self._connections.execute("close_portal_session", session_hash)
+
     async def portal_session(self, session_hash: str, now: datetime) -> PortalSession | None:
         row = await self._connections.fetchrow("portal_session", session_hash, now)
         return None if row is None else _portal_session(row)

@@ -839,6 +839,10 @@ RETURNING scope, read_only, session_expires_at;
 SELECT l.scope, l.read_only, l.session_expires_at FROM portal_links l JOIN tokens t ON t.id = l.token_id
 WHERE l.session_hash = $1 AND l.session_expires_at > $2 AND t.revoked_at IS NULL;
 
+-- name: close_portal_session
+-- Remove portal session $1 with its link (signing out): the link cannot open again, being gone.
+DELETE FROM portal_links WHERE session_hash = $1;
+
 -- name: activity_minutes
 -- Attempts started since $1 and finished, per destination, minute of their finish and outcome:
 -- count, summed duration, last end.

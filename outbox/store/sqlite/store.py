@@ -515,6 +515,9 @@ class SqliteStore(SqliteEvents, Lookups):
     async def portal_session(self, session_hash: str, now: datetime) -> PortalSession | None:
         return await self._one("portal_session", (session_hash, now), _portal_session)
 
+    async def close_portal_session(self, session_hash: str) -> None:
+        await self._execute("close_portal_session", (session_hash,))
+
 
 def _portal_session(row: Row) -> PortalSession:
     return PortalSession(row["scope"], bool(row["read_only"]), from_us(row["session_expires_at"]))
