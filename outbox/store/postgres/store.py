@@ -464,7 +464,9 @@ FUNCTIONS = {"outbox_claim_limited(text, timestamptz, timestamptz, integer)": "c
 async def _create_functions(conn: asyncpg.Connection) -> None:
     """(Re)create each of FUNCTIONS whose body in the database is not this release's (the text
     between its ``$$``), inside the migrations' transaction and lock: changing a function is a
-    change of its named SQL, not a new migration, and one another release made is replaced."""
+    change of its named SQL, not a new migration, and one another release made is replaced (dropped
+    first: what it returns may differ, which a replacement cannot change)."""
     for signature, name in FUNCTIONS.items():
         if await conn.fetchval(SQL["function_body"], signature) != SQL[name].split("$$")[1]:
+            await conn.execute(f"DROP FUNCTION IF EXISTS {signature}")
             await conn.execute(SQL[name])
