@@ -1004,6 +1004,8 @@ async def test_an_ordered_key_is_claimed_one_intent_at_a_time_in_enqueue_order(s
     assert await claim_ids(store) == ["a1", "b1", "n1"]  # each key's first; an intent without a key waits for none
     assert await claim_ids(store) == []
     assert [(await store.waiting_behind(f"acme/{a}")).action_id for a in ("a2", "a3", "b2")] == ["a1", "a1", "b1"]
+    in_flight = await store.waiting_behind("acme/a2")  # the earlier one in flight, read with its lease
+    assert (in_flight.status, in_flight.lease_owner, in_flight.fence) == (Status.LEASED, "w1", 1)
     assert await store.waiting_behind("acme/a1") is None  # leased: it waits for nothing
     await settle(store, "a1", Status.DELIVERED)
     assert await claim_ids(store) == ["a2"]

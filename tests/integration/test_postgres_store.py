@@ -424,6 +424,146 @@ async def test_a_change_the_database_refuses_is_answered_alone_and_the_rest_comm
         Status.DELIVERED, Status.LEASED, Status.DELIVERED]
 
 
+# -- leases apart from the record (intent_leases) ----------------------------------------------
+
+
+async def waiting_on_a_lock(watch: asyncpg.Connection) -> bool:
+    """Whether a backend of this database waits on a lock (a row's, a bucket's)."""
+    return bool(await watch.fetchval("SELECT count(*) FROM pg_stat_activity"
+                                     " WHERE datname = current_database() AND wait_event_type = 'Lock'"))
+
+
+async def test_a_cancel_that_waited_on_a_claims_row_lock_finds_its_lease_and_withdraws_nothing(box, pg_url):
+    """A claim leases a pending intent without writing its row: a cancel that found it pending and
+    waited on the claim's lock of the row decides only once it holds the lock, sees the lease the
+    claim committed, and refuses, so an intent being delivered is never withdrawn."""
+    await box.enqueue(destination="billing", scope="acme", action_id="a1", payload={})
+    claimer, watch = await asyncpg.connect(pg_url), await asyncpg.connect(pg_url)
+    try:
+        claiming = claimer.transaction()
+        await claiming.start()
+        rows = await claimer.fetch(SQL["cycle"], *cycle_arguments([], [], Claim("w1", T0, T0 + LEASE, 1)))
+        assert [row["action_id"] for row in rows] == ["a1"]
+        cancel = asyncio.create_task(box.store.apply([
+            Cancel("acme/a1", Status.PENDING, (Event(EventKind.CANCELLED, T0, "op"),))]))
+        assert await eventually(lambda: waiting_on_a_lock(watch))
+        await claiming.commit()
+        (refused,) = (await cancel).results
+    finally:
+        await claimer.close()
+        await watch.close()
+    assert isinstance(refused, StaleWrite) and "is leased at fence 1, not pending" in str(refused), refused
+    intent = await box.store.get_intent("acme/a1")
+    assert intent is not None and (intent.status, intent.lease_owner, intent.fence) == (Status.LEASED, "w1", 1)
+
+
+async def test_a_claim_takes_again_the_places_of_rows_leased_after_its_snapshot(box, pg_url):
+    """A claim locks the rows it picks without writing them, so a row another claimer leased after
+    the claim's snapshot is locked all the same and its lease refused by intent_leases' key: the
+    claim asks again for that place and returns as many as it could take. Here the claim's
+    statement waits on a limited destination's bucket (held by the test) after its snapshot, while
+    its oldest due intent is leased behind its back."""
+    await box.put_destination("metered", DestinationSpec(url="https://metered.example/hook", secret=SECRET,
+                                                         rate_limit=RateLimit(per_second=100, burst=10)))
+    await box.enqueue_many([{"destination": d, "scope": "acme", "action_id": a, "payload": {}}
+                            for d, a in (("billing", "a0"), ("billing", "a1"), ("metered", "m0"))])
+    holder, watch = await asyncpg.connect(pg_url), await asyncpg.connect(pg_url)
+    try:
+        await holder.execute("UPDATE intents SET next_attempt_at = next_attempt_at - interval '1 hour'"
+                             " WHERE action_id = 'a0'")  # the claim's first pick
+        await holder.execute("INSERT INTO destination_buckets (destination, tokens, refilled_at)"
+                             " VALUES ('metered', 10, now())")
+        holding = holder.transaction()
+        await holding.start()
+        await holder.execute("SELECT 1 FROM destination_buckets WHERE destination = 'metered' FOR UPDATE")
+        claim = asyncio.create_task(box.store.claim("w1", now=T0, lease_until=T0 + LEASE, limit=2))
+        assert await eventually(lambda: waiting_on_a_lock(watch))
+        await watch.execute("""
+            WITH taken AS (SELECT * FROM intents WHERE action_id = 'a0' FOR UPDATE)
+            INSERT INTO intent_leases (intent_seq, destination, lease_owner, lease_expires_at, fence, leased_at)
+            SELECT seq, destination, 'w2', $1, fence + 1, $2 FROM taken""", T0 + LEASE, T0)
+        await holding.commit()
+        claimed = await claim
+    finally:
+        await holder.close()
+        await watch.close()
+    assert sorted(i.action_id for i in claimed) == ["a1", "m0"]
+    assert all(i.status is Status.LEASED and i.lease_owner == "w1" for i in claimed)
+    a0 = await box.store.get_intent("acme/a0")
+    assert a0 is not None and (a0.status, a0.lease_owner) == (Status.LEASED, "w2")
+
+
+async def test_a_delivery_writes_its_intents_row_once_and_its_lease_row_goes_with_the_settle(box, pg_url):
+    """The claim and the start leave the intent's row as enqueued (one row version: its xmin
+    unchanged), the heartbeat writes the lease row only, and the settle writes the intent's row
+    and deletes the lease; stored, a leased intent is pending at the fence before its lease's."""
+    (intent,) = await leased(box, 1)
+    watch = await asyncpg.connect(pg_url)
+    try:
+        async def stored() -> tuple[Any, ...]:
+            return tuple(await watch.fetchrow("SELECT xmin::text, status, fence FROM intents WHERE seq = $1",
+                                              intent.seq))
+
+        enqueued = await stored()
+        assert enqueued[1:] == ("pending", 0) and (intent.status, intent.fence) == (Status.LEASED, 1)
+        await box.store.apply([start(intent)])
+        assert await box.store.renew_leases([(intent.key, intent.fence)], T0 + 2 * LEASE) == []
+        assert await stored() == enqueued
+        assert await watch.fetchval("SELECT lease_expires_at FROM intent_leases WHERE intent_seq = $1",
+                                    intent.seq) == T0 + 2 * LEASE
+        await box.store.apply([settle(intent)])
+        assert (await stored())[1:] == ("delivered", 1) and (await stored())[0] != enqueued[0]
+        assert await watch.fetchval("SELECT count(*) FROM intent_leases") == 0
+    finally:
+        await watch.close()
+
+
+async def test_migration_0023_turns_the_leases_held_into_lease_rows_that_settle_as_before(pg_url):
+    """A database at 0022 with an intent leased the old way (its lease in its row): 0023 moves the
+    lease into intent_leases, the record reads as before, and the holder's settle at its fence
+    applies and ends it."""
+    scripts = migrator.scripts_for("postgres")
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await conn.execute(SQL["create_migrations_table"])
+        for m in scripts:
+            if m.version < 23:
+                await conn.execute(m.script)
+                await conn.execute(SQL["record_migration"], m.version, m.name, T0)
+        await conn.execute("""
+            INSERT INTO destinations (id, channel, secrets, idempotent, retention_seconds, on_unknown, timeout_seconds,
+                                      requires_approval, allow_private_network, disabled, created_at, updated_at)
+            VALUES ('billing', 'webhook', '{}', false, 0, 'declared', 10, false, false, false, $1, $1)""", T0)
+        await conn.execute("""
+            INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
+                                 max_attempts, next_attempt_at, created_at, updated_at, lease_owner, lease_expires_at,
+                                 fence)
+            VALUES ('acme/a1', 'a1', 'acme', 'billing', 'webhook', '{}', 'sha256:aa', 'leased', 5, $1, $1, $2, 'w9',
+                    $3, 3),
+                   ('acme/a2', 'a2', 'acme', 'billing', 'webhook', '{}', 'sha256:aa', 'pending', 5, $1, $1, $1, NULL,
+                    NULL, 0)""", T0 - LEASE, T0, T0 + LEASE)
+    finally:
+        await conn.close()
+    store = PostgresStore(pg_url)
+    await store.open()
+    try:
+        assert await store.migrate() == ["0023_intent_leases"]
+        a1, a2 = await store.get_intent("acme/a1"), await store.get_intent("acme/a2")
+        assert a1 is not None and a2 is not None
+        assert (a1.status, a1.lease_owner, a1.lease_expires_at, a1.fence, a1.updated_at) == (
+            Status.LEASED, "w9", T0 + LEASE, 3, T0)
+        assert (a2.status, a2.lease_owner, a2.lease_expires_at, a2.fence) == (Status.PENDING, None, None, 0)
+        assert [i.key for i in await store.claim("w1", now=T0, lease_until=T0 + LEASE, limit=5)] == ["acme/a2"]
+        assert (await store.apply([settle(a1)])).results == [None]
+        settled = await store.get_intent("acme/a1")
+        assert settled is not None and (settled.status, settled.lease_owner, settled.fence) == (
+            Status.DELIVERED, None, 3)
+        assert [e.kind for e in (await store.history("acme/a1")).events] == [
+            EventKind.LEASED, EventKind.ATTEMPT_FINISHED, EventKind.DELIVERED]
+    finally:
+        await store.close()
+
+
 async def test_an_operators_batch_answers_each_intent_as_it_became(box):
     intents = await leased(box, 2)
     await box.store.apply([settle(i, status=Status.DEAD, events=(Event(EventKind.DEAD_LETTERED, T0, "w1"),))
@@ -500,7 +640,7 @@ async def test_recover_leaves_an_intent_whose_attempt_start_is_under_way(box, pg
 
 async def test_a_flow_limited_claim_writes_no_event_row_and_reads_as_the_other_claims_leases(box, pg_url):
     """The flow-limited claim (the function the store creates) records its lease as the other
-    claims do: nowhere but the intent row until its attempt starts or its lease ends, and the
+    claims do: nowhere but its lease row until its attempt starts or its lease ends, and the
     timeline shows it the same."""
     await box.put_destination("metered", DestinationSpec(url="https://metered.example/hook", secret=SECRET,
                                                          rate_limit=RateLimit(per_second=100, burst=10)))
