@@ -53,6 +53,10 @@ NULL::text AS lease_owner, NULL::timestamptz AS lease_expires_at
 -- The body of a function of the store's (by its signature) as the database holds it, or null: there is none.
 SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure($1);
 
+-- name: relation_exists
+-- A table or view of the store's by name (null: the migrations have not made it).
+SELECT to_regclass($1);
+
 -- name: lock_migrations
 -- One migrator at a time, across processes and hosts, until the migration's transaction ends (the key is "outbox" in ASCII).
 SELECT pg_advisory_xact_lock(122511947133816);
