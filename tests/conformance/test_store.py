@@ -355,6 +355,10 @@ async def test_listing_filters_and_pages_newest_first_without_gaps(store):
         return [i.action_id for i in (await store.list_intents(IntentQuery(**query))).intents]
 
     assert await ids(statuses=[Status.HELD]) == ["held"]
+    await store.claim("w1", now=T0 + timedelta(minutes=1, seconds=30), lease_until=T0 + timedelta(hours=1), limit=5)
+    assert await ids(statuses=[Status.LEASED]) == ["i1", "i0"]  # (the due ones: on PostgreSQL stored pending)
+    assert await ids(statuses=[Status.PENDING]) == ["i6", "i5", "i4", "i3", "i2"]
+    assert await ids(statuses=[Status.LEASED, Status.HELD]) == ["held", "i1", "i0"]
     assert await ids(scopes=["acme"], destination="billing") == ["i5", "i3", "i1"]
     assert await ids(scopes=[]) == []
     assert await ids(channel="webhook", limit=2) == ["held", "i6"]

@@ -44,12 +44,14 @@ SQL = {**SQL, **{name: SQL[name].format(logged=SQL["logged"]) for name in MOVES
 
 def where(filters: Iterable[tuple[str, str, Any]], params: list[Any]) -> str:
     """A listing's condition from its query's ``filters()`` (intents' and events' alike): each
-    value appended to ``params`` as the next numbered parameter."""
+    value appended to ``params`` as the next numbered parameter; a record's status as ``status_in``
+    says it, through the index of the stored one."""
     clauses = []
     for column, operator, value in filters:
         params.append(value)
         n = len(params)
-        clauses.append(f"{column} = ANY(${n}::text[])" if operator == "in"
+        clauses.append(SQL["status_in"].format(values=f"${n}::text[]") if (column, operator) == ("status", "in")
+                       else f"{column} = ANY(${n}::text[])" if operator == "in"
                        else f"starts_with({column}, ${n})" if operator == "prefix"
                        else f"{column} {operator} ${n}")
     return " AND ".join(clauses) or "true"

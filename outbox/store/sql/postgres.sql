@@ -47,7 +47,7 @@ NULL::text AS lease_owner, NULL::timestamptz AS lease_expires_at
 'leased'::text AS status, {of}.attempts, {of}.max_attempts, {of}.next_attempt_at, {of}.not_before, {of}.expires_at,
 {lease}.lease_owner, {lease}.lease_expires_at, {lease}.fence, {of}.created_at, {lease}.leased_at AS updated_at,
 {of}.last_error, {of}.approved_digest, {of}.approval_expires_at, {of}.approved_by, {of}.action_id, {of}.ordering_key,
-{of}.event_id, {of}.replayed_after, {of}.trace_context, {of}.payload_event
+{of}.event_id, {of}.replayed_after, {of}.trace_context, {of}.payload_event, {of}.status AS stored_status
 
 -- name: function_body
 -- The body of a function of the store's (by its signature) as the database holds it, or null: there is none.
@@ -725,6 +725,11 @@ DELETE FROM grants WHERE id = $1 RETURNING id;
 SELECT * FROM grants
 WHERE scope = $1 AND destination IN ($2, '*') AND (expires_at IS NULL OR expires_at > $3)
 ORDER BY destination = '*', revision DESC LIMIT 1;
+
+-- name: status_in
+-- A listing's condition that a record's status (intent_records') is one of the array {values}: said again of its stored
+-- status (a leased one's is 'pending'), which intents_status indexes, so that a rare status is found through it.
+(status = ANY({values}) AND stored_status = ANY(array_replace({values}, 'leased', 'pending')))
 
 -- name: list_intents
 -- A page of intents, newest first, after a cursor: $1 rows at most, {where} conditions on $2 onwards.

@@ -25,12 +25,14 @@ DROP FUNCTION IF EXISTS outbox_claim_limited(text, timestamptz, timestamptz, int
 DROP INDEX intents_lease;  -- the sweeper reads expired leases from intent_leases
 ALTER TABLE intents DROP COLUMN lease_owner, DROP COLUMN lease_expires_at;
 -- An intent as every reader shows it: its row, with its lease where one is held (status 'leased', the lease's
--- owner, expiry and fence, and updated_at the time it was leased).
+-- owner, expiry and fence, and updated_at the time it was leased). Last, stored_status, the row's own, which a listing
+-- by status names beside status so that intents_status finds its rows (postgres.sql's status_in); no record reads it.
 CREATE VIEW intent_records AS
 SELECT i.seq, i.intent_key, i.scope, i.destination, i.channel, i.payload, i.payload_digest,
        CASE WHEN l.intent_seq IS NULL THEN i.status ELSE 'leased' END AS status,
        i.attempts, i.max_attempts, i.next_attempt_at, i.not_before, i.expires_at,
        l.lease_owner, l.lease_expires_at, coalesce(l.fence, i.fence) AS fence, i.created_at,
        coalesce(l.leased_at, i.updated_at) AS updated_at, i.last_error, i.approved_digest, i.approval_expires_at,
-       i.approved_by, i.action_id, i.ordering_key, i.event_id, i.replayed_after, i.trace_context, i.payload_event
+       i.approved_by, i.action_id, i.ordering_key, i.event_id, i.replayed_after, i.trace_context, i.payload_event,
+       i.status AS stored_status
 FROM intents AS i LEFT JOIN intent_leases AS l ON l.intent_seq = i.seq;
