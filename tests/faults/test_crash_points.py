@@ -31,7 +31,7 @@ from sender import Worker
 
 from ..acceptance.conftest import clean_env, outbox_worker
 from ..acceptance.test_worker_crash import wait_settled as settled
-from ..conftest import SECRET, eventually, rows
+from ..conftest import SECRET, eventually, records, rows
 from ..servers import Served
 from .checker import IntentFact, Truth, check, off_diagonal, truth_table
 from .tables import store_name
@@ -130,9 +130,8 @@ async def integrity(url: str) -> None:
     if sqlite:
         assert await rows(url, "PRAGMA integrity_check") == [("ok",)]
     invariants = {**INVARIANTS, **({} if sqlite else POSTGRES_INVARIANTS)}
-    records = "intents" if sqlite else "intent_records"
     broken = {what: n for what, query in invariants.items()
-              if (n := (await rows(url, query.format(records=records)))[0][0])}
+              if (n := (await rows(url, query.format(records=records(url))))[0][0])}
     assert broken == {}, broken
 
 
