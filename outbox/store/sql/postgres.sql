@@ -35,6 +35,12 @@ jsonb_build_array(jsonb_build_array(
 jsonb_build_array('leased', to_char({of}.leased_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
                   {of}.lease_owner, NULL, jsonb_build_object('fence', {of}.fence))
 
+-- name: holds_no_lease
+-- Whether intents row {of} holds no lease: one probe of a hash of the leases held (few: those in flight), built once
+-- per statement, for each row as an index gives it (NOT IN stays a filter, where NOT EXISTS would become a join whose
+-- estimate, with a table's statistics behind its rows, can read and sort every due row before a claim's limit).
+({of}.seq NOT IN (SELECT held_by.intent_seq FROM intent_leases AS held_by))
+
 -- name: unleased
 -- The lease columns of a record (intent_records) for an intents row that holds no lease: where a move's statement
 -- returns the row it wrote (one that starts from a status no lease is held in) as a record.
@@ -232,14 +238,14 @@ BEGIN
         CONTINUE WHEN NOT EXISTS (
             SELECT 1 FROM intents AS due
             WHERE due.destination = d.id AND due.status = 'pending' AND due.next_attempt_at <= claimed_at
-                  AND NOT EXISTS (SELECT 1 FROM intent_leases AS l WHERE l.intent_seq = due.seq));
+                  AND {holds_no_lease[due]});
         flow_destination := d.id; held_paused := 0; held_in_flight := 0; held_rate := 0;
         flow_retry_at := NULL; flow_leased := ARRAY[]::intent_records[];
         IF d.paused_until > claimed_at THEN
             SELECT count(*) INTO v_due FROM (
                 SELECT 1 FROM intents AS due
                 WHERE due.destination = d.id AND due.status = 'pending' AND due.next_attempt_at <= claimed_at
-                  AND NOT EXISTS (SELECT 1 FROM intent_leases AS l WHERE l.intent_seq = due.seq)
+                  AND {holds_no_lease[due]}
                 LIMIT v_left) AS w;
             held_paused := v_due;
             flow_retry_at := least(extract(epoch FROM d.paused_until), v_horizon);  -- ('infinity': the horizon)
@@ -277,7 +283,7 @@ BEGIN
             WITH picked AS (
                 SELECT seq, destination, fence FROM intents AS due
                 WHERE due.destination = d.id AND due.status = 'pending' AND due.next_attempt_at <= claimed_at
-                  AND NOT EXISTS (SELECT 1 FROM intent_leases AS l WHERE l.intent_seq = due.seq)
+                  AND {holds_no_lease[due]}
                   AND {claimable}
                 ORDER BY due.next_attempt_at LIMIT v_allowed
                 FOR UPDATE OF due SKIP LOCKED
@@ -296,7 +302,7 @@ BEGIN
             SELECT v_due + count(*) INTO v_due FROM (
                 SELECT 1 FROM intents AS due
                 WHERE due.destination = d.id AND due.status = 'pending' AND due.next_attempt_at <= claimed_at
-                  AND NOT EXISTS (SELECT 1 FROM intent_leases AS l WHERE l.intent_seq = due.seq)
+                  AND {holds_no_lease[due]}
                 LIMIT v_left - v_due) AS w;
         END IF;
         held_in_flight := greatest(0, v_due - v_room);
@@ -326,7 +332,7 @@ SELECT record.*, {event_payload[record]} AS event_payload FROM intent_records AS
     JOIN destinations AS ordered ON ordered.id = due.destination AND ordered.ordering = 'key'
     JOIN intents AS earlier ON {in_the_way}
     WHERE due.intent_key = $1 AND due.status = 'pending'
-      AND NOT EXISTS (SELECT 1 FROM intent_leases AS l WHERE l.intent_seq = due.seq)
+      AND {holds_no_lease[due]}
     ORDER BY earlier.seq LIMIT 1);
 
 -- name: renew_leases
@@ -361,7 +367,7 @@ WHERE lease.lease_expires_at <= $1 ORDER BY lease.lease_expires_at LIMIT $2;
 -- When the soonest pending intent not waiting behind another of its key falls due; with a time $1, leaving out
 -- those of limited or paused destinations due by then (a claim at $1 held them back, and says when to look again).
 SELECT next_attempt_at FROM intents AS due WHERE status = 'pending' AND {claimable}
-  AND NOT EXISTS (SELECT 1 FROM intent_leases AS l WHERE l.intent_seq = due.seq)
+  AND {holds_no_lease[due]}
   AND ($1::timestamptz IS NULL OR next_attempt_at > $1
        OR due.destination <> ALL (ARRAY(SELECT id FROM destinations WHERE {limited})))
 ORDER BY next_attempt_at LIMIT 1;
@@ -398,7 +404,7 @@ SELECT status, channel, count(*) FROM intent_records GROUP BY status, channel;
 -- name: oldest_due
 -- When the oldest due intent (unleased) fell due (metrics: how far behind delivery is).
 SELECT min(next_attempt_at) FROM intents AS due WHERE status = 'pending' AND next_attempt_at <= $1
-  AND NOT EXISTS (SELECT 1 FROM intent_leases AS l WHERE l.intent_seq = due.seq);
+  AND {holds_no_lease[due]};
 
 -- name: logged
 -- The events of a move's batch (arrays $1-$6: the change's place in the batch, kind, time, actor, reason, data), each
@@ -430,9 +436,11 @@ logged AS (
 -- $start_* the starts (key, fence, then the attempt), each with held, the events its attempt keeps (timeline.group's
 -- JSON, as held_group stores it); $claim_* the claim (now, owner, lease until, limit: 0 claims nothing). Any of the
 -- arrays may be empty.
--- A lease is its intent_leases row; "still leased at its fence" is that row at the fence, and the intent's stored fence
--- below it (every move that ends a lease raises the stored fence to the lease's at least, so a move that waited on
--- the row lock of one that ended the lease finds the row changed and is refused).
+-- A lease is its intent_leases row, whose fence is always one above the intent's stored one (the claim makes it so, and
+-- neither changes while the lease is held): "still leased at its fence F" is a lease row beside a stored fence of F - 1,
+-- judged on the intent's row (every move that ends a lease raises the stored fence to the lease's at least, so a move
+-- that waited on the row lock of one that ended the lease finds the row changed and is refused), and the lease row
+-- found from it by its key (never matched to a change by fence: all leases' fences may be alike).
 -- - settle: each intent still leased at its fence takes its fate, its row written once and its lease row deleted, its
 --   attempt inserted or finished with its events (those of a settle with no attempt appended to events);
 -- - start: each intent still leased at its fence, with its lease unexpired when the attempt starts, is locked FOR
@@ -467,9 +475,9 @@ WITH settling AS (
                        next_attempt_at = coalesce(b.next_attempt_at, intents.next_attempt_at),
                        attempts = coalesce(b.attempts, intents.attempts), fence = coalesce(b.new_fence, lease.fence),
                        updated_at = b.updated_at
-    FROM settling AS b JOIN intent_leases AS lease ON lease.fence = b.fence
+    FROM settling AS b, intent_leases AS lease
     WHERE intents.intent_key = ANY($settle_intent_key::text[]) AND intents.intent_key = b.intent_key
-      AND lease.intent_seq = intents.seq AND intents.fence < b.fence
+      AND lease.intent_seq = intents.seq AND intents.fence = b.fence - 1
     RETURNING intents.seq, intents.status, b.n, b.attempt_id, {lease_entry[lease]} AS lease,
               {unrecorded_lease[lease]} AS unrecorded
 ), settled_leases AS (
@@ -500,8 +508,8 @@ WITH settling AS (
            CASE WHEN {unrecorded_lease[lease]} THEN jsonb_build_array({lease_entry[lease]}) ELSE '[]'::jsonb END
            || starting.held::jsonb AS kept
     FROM intents JOIN starting USING (intent_key) JOIN intent_leases AS lease ON lease.intent_seq = intents.seq
-    WHERE intents.intent_key = ANY($start_intent_key::text[]) AND lease.fence = starting.fence
-      AND intents.fence < starting.fence AND {lease_running}
+    WHERE intents.intent_key = ANY($start_intent_key::text[]) AND intents.fence = starting.fence - 1
+      AND {lease_running}
     FOR KEY SHARE OF intents
 ), attempted AS (
     INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at, events)
@@ -516,7 +524,7 @@ WITH settling AS (
 ), due AS (  -- (the rows as locked: a row changed since the snapshot is read as changed)
     SELECT * FROM intents AS due
     WHERE status = 'pending' AND next_attempt_at <= $claim_now
-      AND NOT EXISTS (SELECT 1 FROM intent_leases AS held WHERE held.intent_seq = due.seq)
+      AND {holds_no_lease[due]}
       AND due.destination <> ALL (ARRAY(SELECT id FROM limited))
       AND {claimable}
     ORDER BY next_attempt_at LIMIT $claim_limit - (SELECT coalesce(sum(cardinality(flow_leased)), 0) FROM flow)
@@ -547,9 +555,9 @@ WITH changed AS (
                        updated_at = b.updated_at
     FROM unnest($7::text[], $8::bigint[], $9::timestamptz[], $10::timestamptz[])
         WITH ORDINALITY AS b (intent_key, fence, next_attempt_at, updated_at, n)
-        JOIN intent_leases AS lease ON lease.fence = b.fence
+        CROSS JOIN intent_leases AS lease
     WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key
-      AND lease.intent_seq = intents.seq AND intents.fence < b.fence
+      AND lease.intent_seq = intents.seq AND intents.fence = b.fence - 1
     RETURNING intents.seq, b.n
 ), ended AS (
     DELETE FROM intent_leases WHERE intent_seq IN (SELECT seq FROM changed)
@@ -563,9 +571,9 @@ WITH changed AS (
     UPDATE intents SET status = 'held', fence = lease.fence, last_error = b.last_error, updated_at = b.updated_at
     FROM unnest($7::text[], $8::bigint[], $9::text[], $10::timestamptz[])
         WITH ORDINALITY AS b (intent_key, fence, last_error, updated_at, n)
-        JOIN intent_leases AS lease ON lease.fence = b.fence
+        CROSS JOIN intent_leases AS lease
     WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key
-      AND lease.intent_seq = intents.seq AND intents.fence < b.fence
+      AND lease.intent_seq = intents.seq AND intents.fence = b.fence - 1
     RETURNING intents.seq, b.n
 ), ended AS (
     DELETE FROM intent_leases WHERE intent_seq IN (SELECT seq FROM changed)
@@ -611,7 +619,7 @@ WITH changed AS (
     UPDATE intents SET status = 'cancelled', updated_at = b.updated_at
     FROM unnest($7::text[], $8::text[], $9::timestamptz[]) WITH ORDINALITY AS b (intent_key, expected, updated_at, n)
     WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = b.expected
-      AND NOT EXISTS (SELECT 1 FROM intent_leases AS l WHERE l.intent_seq = intents.seq)
+      AND {holds_no_lease[intents]}
     RETURNING intents.*, {unleased}, {event_payload[intents]} AS event_payload, b.n
 ), {logged}
 SELECT * FROM changed;
