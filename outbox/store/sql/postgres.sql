@@ -336,13 +336,14 @@ SELECT record.*, {event_payload[record]} AS event_payload FROM intent_records AS
     ORDER BY earlier.seq LIMIT 1);
 
 -- name: renew_leases
--- Heartbeat: extend the leases (arrays of keys and fences) a worker still holds; returns those renewed. Only the
--- lease rows are written (HOT: their one index, the key, is unchanged); the intents' rows are read to find them.
+-- Heartbeat: extend the leases (arrays of keys and fences) a worker still holds, each judged as the cycle judges a
+-- lease at its fence; returns those renewed. Only the lease rows are written (HOT: their one index, the key, is
+-- unchanged); the intents' rows are read to find them.
 UPDATE intent_leases SET lease_expires_at = $1
 FROM unnest($2::text[], $3::bigint[]) AS held (intent_key, fence) JOIN intents ON intents.intent_key = held.intent_key
 WHERE intents.intent_key = ANY($2::text[]) AND intent_leases.intent_seq = intents.seq
-  AND intent_leases.fence = held.fence
-RETURNING held.intent_key, intent_leases.fence;
+  AND intents.fence = held.fence - 1
+RETURNING held.intent_key, held.fence;
 
 -- name: expired_leases
 -- Leases that ran out (the sweeper's work), each with the attempt started under its fence and not finished.
