@@ -3,7 +3,7 @@
 A ``Worker`` is the cycle pipeline (``sender.pipeline``) with what it starts and sends: the
 checks before an attempt (``sender.checks``), the send through the intent's channel, and the
 outcome it records (``sender.outcomes``); beside it run the heartbeat that renews its leases
-(``sender.leases``) and the sweeper that recovers expired ones (``sender.sweeper``).
+(``sender.heartbeat``) and the sweeper that recovers expired ones (``sender.sweeper``).
 
 Every write a worker makes after its claim is conditional on the fence it was given; if the
 lease expired and the sweeper (or another worker) moved the intent on, the write is rejected
@@ -32,7 +32,8 @@ from .channel import BatchChannel, Channel, ChannelModule, Send, SendResult, bat
 from .checks import Checks, Destinations
 from .circuit import Circuits
 from .decision import Policy
-from .leases import Heartbeat, Lease, log_fields
+from .heartbeat import Heartbeat
+from .leases import Lease, log_fields
 from .outcomes import Entry, Outcomes, cut_short
 from .pipeline import MAX_CLAIM_BACKOFF_SECONDS, Pipeline, Ready, claim_pause
 from .sweeper import SWEEP_BATCH, Sweeper
