@@ -17,7 +17,7 @@ from outbox.ids import KEY_SEPARATOR
 from outbox.store.protocol import Delivery
 from outbox.timestamps import later
 
-from .leases import Lease, log_fields
+from .leases import Lease, Leases, log_fields
 
 log = logging.getLogger("outbox.sender")
 
@@ -26,14 +26,12 @@ class Heartbeat:
     """Renews the leases held every third of their length, and says whether one is confirmed
     far enough ahead to start a send on it."""
 
-    def __init__(self, store: Delivery, clock: Clock, length: timedelta, worker: str, held: dict[str, Lease],
-                 flushing: set[str]) -> None:
+    def __init__(self, store: Delivery, clock: Clock, length: timedelta, worker: str, leases: Leases) -> None:
         self.store = store
         self.clock = clock
         self.length = length
         self.worker = worker
-        self.held = held  # the worker's, by key: renewed here, not changed
-        self.flushing = flushing  # keys whose changes are in an apply under way: not renewed
+        self.leases = leases  # the worker's: renewed here, not changed
 
     def confirmed(self, lease: Lease, now: datetime) -> bool:
         """Whether the store confirmed this lease far enough ahead to start a send on it (a
@@ -50,7 +48,7 @@ class Heartbeat:
         interval = self.length.total_seconds() / 3
         while True:
             await asyncio.sleep(interval)
-            held = [(key, lease.intent.fence) for key, lease in self.held.items() if key not in self.flushing]
+            held = self.leases.renewable()
             if held:
                 until = later(self.clock.now(), self.length.total_seconds())
                 try:
@@ -60,13 +58,10 @@ class Heartbeat:
                               "that is not confirmed", len(held), exc, interval,
                               exc_info=not isinstance(exc, StoreUnavailable))
                     continue
+                self.leases.renewed(held, until)
                 fences = dict(held)
-                for key, fence in held:
-                    if (lease := self.held.get(key)) is not None and lease.intent.fence == fence:
-                        lease.confirmed = until
                 for key in lost:
-                    lease = self.held.get(key)
-                    if lease is None or lease.intent.fence != fences[key] or key in self.flushing:
+                    if not self.leases.holds(key, fences[key]):
                         continue  # it finished while we renewed
                     log.warning("lease lost; this worker's writes for it will be rejected",
                                 extra={"action_id": key.rpartition(KEY_SEPARATOR)[2], "fence": fences[key],
