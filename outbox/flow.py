@@ -7,8 +7,11 @@ pauses the destination until then. The claim enforces all three in the database,
 for every worker process sharing it; an intent held back stays pending, unattempted, with no
 event: being held back is not an attempt.
 
-The bucket's arithmetic is here once; SQLite's claim runs it in Python, PostgreSQL's in the
-claim function of its migration 0016 (the same formula, in SQL; 0013 had it first).
+The bucket's arithmetic is here once for Python; SQLite's claim runs it, PostgreSQL's runs the
+same formula in SQL in ``outbox_claim_limited``, the store's named block
+``claim_limited_function`` (sql/postgres.sql), which ``PostgresStore.migrate`` creates when the
+database's body is not this release's (migrations 0013 and 0016 made the earlier ones); the
+conformance suite's flow tests hold both claims to the same answers.
 
 Every value it computes with is bounded, so every time it computes can be held: ``per_second``
 from ``MIN_PER_SECOND`` (the next token is at most 100,000 s away) to ``MAX_PER_SECOND``, a

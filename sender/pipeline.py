@@ -18,7 +18,6 @@ import abc
 import asyncio
 import logging
 import time
-from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -30,7 +29,7 @@ from outbox.model import Change, Settle, Start
 from outbox.store.protocol import Claim
 from outbox.timestamps import later
 
-from .leases import Lease, log_fields
+from .leases import Lease, Leases, log_fields
 from .outcomes import Entry, Outcomes, follow_up
 
 log = logging.getLogger("outbox.sender")
@@ -45,11 +44,6 @@ CYCLES_IN_FLIGHT = 2
 FLUSH_BATCH = 100
 #: Longest a finished send's outcome waits in the buffer for others to share its transaction.
 FLUSH_SECONDS = 0.05
-#: Leases a worker holds per send slot: a lease lives through three applies (its claim, its
-#: attempt's start, its outcome) around a send that is often shorter than one of them, so while
-#: some sends run, the next intents are being claimed and started and finished ones' outcomes
-#: committed, and recording never leaves a slot idle.
-LEASES_PER_SLOT = 4
 
 
 class Trouble(NamedTuple):
@@ -83,21 +77,13 @@ class Pipeline(abc.ABC):
         self.concurrency = concurrency
         self.lease = lease
         self.outcomes = outcomes
-        self.leases = LEASES_PER_SLOT * self.concurrency
+        self._wake = asyncio.Event()
+        self.leases = Leases(self.concurrency, self._wake.set)
         self._claim_batch = max(1, self.concurrency // 4)  # claim once a quarter of the leases are free
         self._flush_batch = min(FLUSH_BATCH, max(1, self.concurrency // 2))
-        self._held: dict[str, Lease] = {}  # every lease held, by key, in claim order
-        self._waiting: deque[Lease] = deque()  # leased, not yet started
-        self._fetching: set[asyncio.Task[None]] = set()
-        self._sending: dict[asyncio.Task[None], int] = {}  # the send tasks, each with the attempts it sends
-        self._sends = 0  # the attempts being sent (a batch's each)
         self._buffer: list[Entry] = []  # at most one per lease held, so bounded by the leases
         self._buffered_at = 0.0  # (monotonic) when the oldest change in the buffer came
-        self._flushing: set[str] = set()  # keys whose changes are in an apply under way
         self._cycles: set[asyncio.Task[int]] = set()  # applies under way (at most CYCLES_IN_FLIGHT)
-        self._claiming = 0  # intents the claims under way may lease
-        self._starting = 0  # attempt starts in the applies under way (their send slots are taken)
-        self._wake = asyncio.Event()
         self._claimable = True  # False once a claim came back short, until an enqueue or _claim_at
         self._claim_at = 0.0
         self._ticket = outbox.enqueued.ticket()
@@ -118,6 +104,37 @@ class Pipeline(abc.ABC):
     async def _send(self, lease: Lease, destination: Destination, attempt: Attempt) -> None:
         """Send a started attempt and buffer its outcome (``_keep``) for the next cycle."""
 
+    def stop(self) -> None:
+        """Stop claiming; in-flight sends get ``drain_seconds`` to finish."""
+        self._stopping.set()
+        self._wake.set()
+
+    async def run_once(self, limit: int | None = None) -> int:
+        """Claim what is due now, deliver it, record the outcomes, and return how many were
+        claimed (for tests and one-shot runs; the clock decides what is due)."""
+        claimed = await self._cycle(limit or self.concurrency, start=False)
+        await self._loop(claiming=False)
+        return claimed
+
+    async def _deliver(self) -> None:
+        """Run the cycles until ``stop()``; then let the sends under way finish for up to
+        drain_seconds, and cut and record what is left (graceful shutdown)."""
+        cycles = asyncio.create_task(self._loop(claiming=True))
+        try:
+            stopped = asyncio.create_task(self._stopping.wait())
+            await asyncio.wait({cycles, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            if not cycles.done():
+                drain = self.outbox.settings.drain_seconds
+                if self.leases.sends:
+                    log.info("draining %d in-flight sends for up to %.0fs", self.leases.sends, drain)
+                await asyncio.wait({cycles}, timeout=drain)
+        finally:
+            self._stopping.set()
+            await self._cut(cycles)
+        if not cycles.cancelled() and (failure := cycles.exception()) is not None:
+            raise failure
+
     async def _loop(self, *, claiming: bool) -> None:
         """Run cycles as they fall due, up to CYCLES_IN_FLIGHT at once (the next one's changes
         gather while an apply waits on the database): until stopped and nothing is held, or (not
@@ -128,8 +145,7 @@ class Pipeline(abc.ABC):
                 stopping = self._stopping.is_set()
                 if stopping:
                     self._let_waiting_go("worker stopped before sending")
-                if (stopping or not claiming) and not (self._held or self._buffer or self._sending or self._fetching
-                                                       or self._cycles):
+                if (stopping or not claiming) and self.leases.idle() and not (self._buffer or self._cycles):
                     return
                 full = len(self._cycles) >= CYCLES_IN_FLIGHT or (self._failures and self._cycles)
                 delay = None if full else self._due(claiming=claiming and not stopping)
@@ -166,8 +182,7 @@ class Pipeline(abc.ABC):
         if len(self._buffer) >= self._flush_batch or (claiming and self._claim_size() > 0):
             return 0.0
         waits: list[float] = []
-        if self.concurrency > self._sends + len(self._fetching) + self._starting and self._waiting:
-            soonest = min(lease.not_before for lease in self._waiting)
+        if self.leases.room() > 0 and (soonest := self.leases.next_due()) is not None:
             if soonest <= now:
                 return 0.0
             waits.append(soonest - now)
@@ -184,8 +199,8 @@ class Pipeline(abc.ABC):
             if not self._ticket.is_set() and time.monotonic() < self._claim_at:
                 return 0
             self._claimable = True
-        free = self.leases - len(self._held) - self._claiming + len(self._buffer)
-        return free if free >= self._claim_batch or (free > 0 and len(self._held) == len(self._buffer)) else 0
+        free = self.leases.free() + len(self._buffer)
+        return free if free >= self._claim_batch or (free > 0 and len(self.leases) == len(self._buffer)) else 0
 
     async def _sleep(self, timeout: float | None) -> None:
         """Until woken (a send or check finished, a change buffered, ``stop()``), an enqueue
@@ -216,12 +231,9 @@ class Pipeline(abc.ABC):
         if any(isinstance(entry.change, Settle) and entry.attempt is not None for entry in flush):
             crash_point("before_outcome")
         ticket = self.outbox.enqueued.ticket()  # an enqueue during the claim is not missed
-        keys = {change.key for change in changes}
-        self._flushing |= keys
-        self._claiming += limit
-        self._starting += len(ready)
         try:
-            applied = await self.store.apply(changes, claim=asked)
+            with self.leases.applying({change.key for change in changes}, claims=limit, starts=len(ready)):
+                applied = await self.store.apply(changes, claim=asked)
         except BaseException as exc:
             self._buffer[:0] = flush
             why = "the worker stopped" if isinstance(exc, asyncio.CancelledError) else f"{type(exc).__name__}: {exc}"
@@ -229,10 +241,6 @@ class Pipeline(abc.ABC):
                 self._keep(item.lease, self.outcomes.not_started(item.lease.intent, item.destination,
                                                                  item.start.attempt, why))
             raise
-        finally:
-            self._flushing -= keys
-            self._claiming -= limit
-            self._starting -= len(ready)
         results = applied.results
         for entry, result in zip(flush, results, strict=False):
             self._flushed(entry, result)
@@ -242,8 +250,7 @@ class Pipeline(abc.ABC):
             self._launch(started)
         for intent in applied.claimed:
             crash_point("after_claim")
-            lease = self._held[intent.key] = Lease(intent, lease_until)
-            self._waiting.append(lease)
+            self.leases.hold(intent, lease_until)
         if asked is not None:
             self._count_held(applied.held)
         if asked is not None and len(applied.claimed) < asked.limit:
@@ -314,26 +321,15 @@ class Pipeline(abc.ABC):
         self._buffer.append(entry)
         self._wake.set()
 
-    def _let_go(self, lease: Lease) -> None:
-        """Stop holding ``lease`` (its last change applied or refused, or nothing to write)."""
-        lease.final = True
-        if self._held.get(lease.intent.key) is lease:
-            del self._held[lease.intent.key]
-        self._wake.set()
-
     def _let_waiting_go(self, reason: str) -> None:
         """Give back every lease not started (stopping): its checks are cut, it is due again now."""
-        for task in self._fetching:
-            task.cancel()  # its lease comes back to the waiting ones, and is given back then
         now = self.clock.now()
-        while self._waiting:
-            lease = self._waiting.popleft()
-            if not lease.final:
-                self._keep(lease, self.outcomes.release(lease.intent, reason, now))
+        for lease in self.leases.let_waiting_go():
+            self._keep(lease, self.outcomes.release(lease.intent, reason, now))
 
     def _flushed(self, entry: Entry, result: object) -> None:
         if entry.lease is not None:
-            self._let_go(entry.lease)
+            self.leases.forget(entry.lease)
         if entry.intent.destination in self._full:  # a place came free there
             self._claimable = True
         if result is None:
@@ -348,7 +344,7 @@ class Pipeline(abc.ABC):
             self.stale_writes += 1
             log.warning("fenced write rejected: %s", result,
                         extra=log_fields(item.lease.intent, item.start.attempt, self.id))
-            self._let_go(item.lease)
+            self.leases.forget(item.lease)
             return False
         crash_point("after_attempt_start")
         return True
@@ -356,30 +352,16 @@ class Pipeline(abc.ABC):
     def _launch(self, started: list[Ready]) -> None:
         """Send the attempts a cycle started (their starts applied), each as a task of its own."""
         for item in started:
-            self._sent_by(asyncio.create_task(self._send(item.lease, item.destination, item.start.attempt)), 1)
-
-    def _sent_by(self, task: asyncio.Task[None], attempts: int) -> None:
-        """Count ``task`` as sending ``attempts`` (each takes a send slot) until it is done."""
-        self._sending[task] = attempts
-        self._sends += attempts
-        task.add_done_callback(self._finished_task)
-
-    def _finished_task(self, task: asyncio.Task[None]) -> None:
-        self._sends -= self._sending.pop(task, 0)
-        self._fetching.discard(task)
-        self._wake.set()
+            self.leases.sending(asyncio.create_task(self._send(item.lease, item.destination, item.start.attempt)), 1)
 
     async def _cut(self, cycles: asyncio.Task[None]) -> None:
         """Past the drain: cut the sends still running and the cycle under way, then record in
         one last apply what they and the leases not started leave (bounded by the lease: past
         it the sweeper gives them back anyway)."""
-        sending = list(self._sending)
-        for task in sending:
-            task.cancel()
-        await asyncio.gather(*sending, return_exceptions=True)
+        await asyncio.gather(*self.leases.cut_sends(), return_exceptions=True)
         cycles.cancel()
         await asyncio.gather(cycles, return_exceptions=True)
-        fetching = list(self._fetching)
+        fetching = self.leases.fetches()
         self._let_waiting_go("worker stopped before sending")
         await asyncio.gather(*fetching, return_exceptions=True)
         self._let_waiting_go("worker stopped before sending")

@@ -3,7 +3,7 @@
 A ``Worker`` is the cycle pipeline (``sender.pipeline``) with what it starts and sends: the
 checks before an attempt (``sender.checks``), the send through the intent's channel, and the
 outcome it records (``sender.outcomes``); beside it run the heartbeat that renews its leases
-(``sender.leases``) and the sweeper that recovers expired ones (``sender.sweeper``).
+(``sender.heartbeat``) and the sweeper that recovers expired ones (``sender.sweeper``).
 
 Every write a worker makes after its claim is conditional on the fence it was given; if the
 lease expired and the sweeper (or another worker) moved the intent on, the write is rejected
@@ -32,7 +32,8 @@ from .channel import BatchChannel, Channel, ChannelModule, Send, SendResult, bat
 from .checks import Checks, Destinations
 from .circuit import Circuits
 from .decision import Policy
-from .leases import Heartbeat, Lease, log_fields
+from .heartbeat import Heartbeat
+from .leases import Lease, log_fields
 from .outcomes import Entry, Outcomes, cut_short
 from .pipeline import MAX_CLAIM_BACKOFF_SECONDS, Pipeline, Ready, claim_pause
 from .sweeper import SWEEP_BATCH, Sweeper
@@ -75,7 +76,7 @@ class Worker(Pipeline):
         self.circuits = Circuits(settings.circuit_failures, settings.circuit_pause_seconds)
         outbox.metrics.paused_destinations.set_function(lambda: self.circuits.paused)
         self.checks = Checks(outbox, self.id, self.policy, self.authority, self.circuits, destinations, self.outcomes)
-        self.heartbeat = Heartbeat(self.store, self.clock, self.lease, self.id, self._held, self._flushing)
+        self.heartbeat = Heartbeat(self.store, self.clock, self.lease, self.id, self.leases)
         self.sweeper = Sweeper(outbox, self.id, self.outcomes, self.lease, SWEEP_BATCH)
         arm(settings.crash_at)  # tests only: where this process kills itself (unset: nowhere)
 
@@ -85,26 +86,14 @@ class Worker(Pipeline):
         """Claim and deliver until ``stop()``; then drain and release (graceful shutdown)."""
         log.info("worker %s started (concurrency %d)", self.id, self.concurrency)
         helpers = [asyncio.create_task(self.heartbeat.run()), asyncio.create_task(self.sweeper.run())]
-        cycles = asyncio.create_task(self._loop(claiming=True))
         try:
-            stopped = asyncio.create_task(self._stopping.wait())
-            await asyncio.wait({cycles, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            stopped.cancel()
-            if not cycles.done():
-                drain = self.outbox.settings.drain_seconds
-                if self._sending:
-                    log.info("draining %d in-flight sends for up to %.0fs", self._sends, drain)
-                await asyncio.wait({cycles}, timeout=drain)
+            await self._deliver()
         finally:
-            self._stopping.set()
-            await self._cut(cycles)
             for helper in helpers:
                 helper.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
             await self.aclose()
             log.info("worker %s stopped", self.id)
-        if not cycles.cancelled() and (failure := cycles.exception()) is not None:
-            raise failure
 
     def _channel(self, name: str) -> Channel:
         """The channel called ``name``, opened from the registry the first time it is needed."""
@@ -123,18 +112,6 @@ class Worker(Pipeline):
         for channel in self.channels.values():
             await channel.aclose()
         await self.authority.aclose()
-
-    def stop(self) -> None:
-        """Stop claiming; in-flight sends get ``drain_seconds`` to finish."""
-        self._stopping.set()
-        self._wake.set()
-
-    async def run_once(self, limit: int | None = None) -> int:
-        """Claim what is due now, deliver it, record the outcomes, and return how many were
-        claimed (for tests and one-shot runs; the clock decides what is due)."""
-        claimed = await self._cycle(limit or self.concurrency, start=False)
-        await self._loop(claiming=False)
-        return claimed
 
     async def sweep(self) -> int:
         """Recover every intent whose lease has expired, ``SWEEP_BATCH`` at a time (each one
@@ -159,26 +136,18 @@ class Worker(Pipeline):
         now, authority last. A lease whose check must await the store or the provider is
         fetched meanwhile and judged again in a later cycle; one the checks refuse has its
         change buffered for this cycle."""
-        room = self.concurrency - self._sends - len(self._fetching) - self._starting
         ready: list[Ready] = []
-        later: list[Lease] = []
-        mono = time.monotonic()
-        while self._waiting and room > 0:
-            lease = self._waiting.popleft()
-            if lease.final:
-                continue
-            if lease.not_before > mono:
-                later.append(lease)
-                continue
+
+        def take(lease: Lease) -> bool:
             if not lease.picked:
                 if not self.heartbeat.confirmed(lease, now):
-                    self._let_go(lease)
-                    continue
+                    self.leases.forget(lease)
+                    return False
                 lease.picked = True
             # One lease's fault, in its checks or in the start they allow (where the attempt goes,
             # in its channel's words): that lease is given back and the cycle goes on. Raised out
-            # of this loop, it lost every lease taken off the queue so far, held and renewed but
-            # never started.
+            # of ``pick``, it would lose every lease taken off the queue so far, held and renewed
+            # but never started.
             judged: Ready | Entry | None
             try:
                 checked = self.checks.judge(lease, now)
@@ -191,15 +160,14 @@ class Worker(Pipeline):
                 judged = self.checks.failed(lease.intent, exc)
             if isinstance(judged, Entry):
                 self._keep(lease, judged)
-                continue
-            room -= 1
+                return False
             if judged is None:
-                task = asyncio.create_task(self._fetch(lease))
-                self._fetching.add(task)
-                task.add_done_callback(self._finished_task)
-                continue
-            ready.append(judged)
-        self._waiting.extendleft(reversed(later))
+                self.leases.fetching(asyncio.create_task(self._fetch(lease)))
+            else:
+                ready.append(judged)
+            return True
+
+        self.leases.pick(time.monotonic(), take)
         return ready
 
     async def _fetch(self, lease: Lease) -> None:
@@ -208,8 +176,7 @@ class Worker(Pipeline):
             if (entry := await self.checks.fetch(lease)) is not None:
                 self._keep(lease, entry)
         finally:
-            if not lease.final:
-                self._waiting.appendleft(lease)
+            self.leases.wait_again(lease)
 
     def _launch(self, started: list[Ready]) -> None:
         """Send the attempts a cycle started: a channel that takes batches (``send_many``) gets
@@ -223,7 +190,7 @@ class Worker(Pipeline):
             if many is None:
                 alone += items
             else:
-                self._sent_by(asyncio.create_task(self._send_many(many, items)), len(items))
+                self.leases.sending(asyncio.create_task(self._send_many(many, items)), len(items))
         super()._launch(alone)
 
     def _batching(self, name: str) -> BatchChannel | None:
@@ -254,7 +221,7 @@ class Worker(Pipeline):
             await self._interrupted(lease, destination, attempt, sent, result, exc)
         finally:
             if not lease.final:  # nothing to record: the sweeper recovers it when its lease runs out
-                self._let_go(lease)
+                self.leases.forget(lease)
 
     async def _send_many(self, channel: BatchChannel, items: list[Ready]) -> None:
         """Send a cycle's started attempts through a channel at once and buffer each outcome
@@ -294,7 +261,7 @@ class Worker(Pipeline):
         finally:
             for item in items:
                 if not item.lease.final:
-                    self._let_go(item.lease)
+                    self.leases.forget(item.lease)
 
     async def _answered_with(self, lease: Lease, destination: Destination, attempt: Attempt, result: SendResult,
                              seconds: float) -> None:

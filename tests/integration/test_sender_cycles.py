@@ -40,7 +40,7 @@ async def test_a_refused_start_gives_its_slot_back_and_nothing_is_sent(env: Send
     worker = env.worker(worker_id="w1", concurrency=1)  # one send slot: a2 goes only if a1 gives it back
     assert await worker.run_once(limit=2) == 2
 
-    assert worker.stale_writes == 1 and not worker._held
+    assert worker.stale_writes == 1 and not worker.leases
     assert [r.headers["idempotency-key"] for r in receiver.requests("/hook")] == ["acme/a2"]
     assert (await env.box.get("a2")).status is Status.DELIVERED
     refused = await env.box.history("a1")
@@ -79,7 +79,7 @@ async def test_a_start_that_fails_for_one_lease_gives_that_one_back_and_the_cycl
     assert given_back.intent.status is Status.PENDING and given_back.attempts == []
     [released] = [e for e in given_back.events if e.kind is EventKind.RELEASED]
     assert released.reason == "RuntimeError: no words for this one before an attempt started"
-    assert not broken.exists() and not worker._held  # nothing sent, nothing held
+    assert not broken.exists() and not worker.leases  # nothing sent, nothing held
 
 
 async def test_a_lease_whose_destination_cannot_be_read_waits_for_a_later_cycle(open_env, receiver: Receiver):

@@ -458,4 +458,4 @@ async def test_a_lease_the_sweeper_recovered_is_renewed_when_the_same_worker_cla
     worker = env.worker()
     assert await worker.sweep() == 1
     assert await env.status_is("a1", Status.PENDING)
-    assert not worker._held  # nothing of another worker's is left for this one's heartbeat
+    assert not worker.leases  # nothing of another worker's is left for this one's heartbeat

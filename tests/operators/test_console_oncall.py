@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 from outbox import Attempt, Destination, DestinationSpec, Event, EventKind, OnUnknown, Outcome, Status, Submission
 from outbox.app.console.history import attempts
-from outbox.app.console.layout import fields
+from outbox.app.console.templates import ENV
 
 from ..conftest import SECRET
 from .conftest import Ops
@@ -92,8 +92,9 @@ async def test_a_destination_page_shows_its_health_backlog_last_errors_and_polic
 
 
 def test_the_policy_list_draws_whatever_fields_a_record_has():
-    drawn = fields({"rate_limit": {"per_second": 5}, "paused_until": None, "retry_schedule": [1, 60], "url": "<x>"})
-    assert drawn == ("<dl class='fields'><dt>rate_limit</dt><dd>{&quot;per_second&quot;: 5}</dd>"
+    drawn = ENV.get_template("parts.html").module.fields(
+        {"rate_limit": {"per_second": 5}, "paused_until": None, "retry_schedule": [1, 60], "url": "<x>"})
+    assert drawn == ("<dl class='fields'><dt>rate_limit</dt><dd>{&#34;per_second&#34;: 5}</dd>"
                      "<dt>paused_until</dt><dd>—</dd><dt>retry_schedule</dt><dd>[1, 60]</dd>"
                      "<dt>url</dt><dd>&lt;x&gt;</dd></dl>")
 
@@ -162,7 +163,8 @@ def test_an_attempt_that_recorded_no_target_shows_the_destination_as_registered_
     later = replace(old, attempt_id="0193a5f2-7c1e-7d44-9e0b-5f7a1c2d3e50", number=2,
                     started_at=at + timedelta(hours=2))
     started = Event(EventKind.ATTEMPT_STARTED, at, "w1", None, {"attempt_id": old.attempt_id})
-    drawn = attempts([old, later], [started], destination, at + timedelta(hours=3))
+    drawn = str(ENV.get_template("history.html").module.attempts(attempts([old, later], [started], destination),
+                                                                 destination.id, at + timedelta(hours=3)))
     first, second = (" ".join(r.split()) for r in rows("<h2>Attempts</h2>" + drawn, "Attempts"))
     assert "https://hooks.example/now (not recorded; registered now; changed since this attempt)" in first
     assert "https://hooks.example/now (not recorded; registered now)" in second

@@ -161,9 +161,9 @@ async def test_the_intent_page_pretty_prints_replies_and_hides_a_resolved_error(
     assert (await ops.box.get("r1")).status is Status.DELIVERED
     assert "last error:" not in page
     # the webhook's reply holds the body as a string; it is shown as indented JSON, escaped once
-    assert '&quot;body&quot;: {\n    &quot;ok&quot;: true,\n    &quot;note&quot;: &quot;&lt;i&gt;fine&lt;/i&gt;&quot;' \
-        in page.replace("&#x27;", "'")
-    assert "\\&quot;" not in page and "&amp;quot;" not in page
+    assert '&#34;body&#34;: {\n    &#34;ok&#34;: true,\n    &#34;note&#34;: &#34;&lt;i&gt;fine&lt;/i&gt;&#34;' \
+        in page.replace("&#39;", "'")
+    assert "\\&#34;" not in page and "&amp;#34;" not in page
 
 
 async def test_the_intent_page_shows_the_trace_context_it_keeps(ops: Ops):

@@ -131,7 +131,7 @@ def test_a_link_cannot_put_words_of_its_own_on_a_console_page(site: Site):
     assert "<p class='flash error'>that is not an operator or admin token</p>" in named.text
     assert "<p class='flash'>cancel done</p>" in done.text
     assert not_now.status_code == 409 and "location" not in not_now.headers
-    assert "<p class='flash error'>only dead, revoked or unknown intents can be replayed; &#x27;inv-1&#x27; is " \
+    assert "<p class='flash error'>only dead, revoked or unknown intents can be replayed; &#39;inv-1&#39; is " \
            "pending</p>" in not_now.text
     assert no_reason.status_code == 422 and "say why: operator actions are recorded with a reason" in no_reason.text
     assert "<h1>Intent inv-1</h1>" in no_reason.text

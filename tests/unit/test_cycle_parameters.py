@@ -1,7 +1,7 @@
-"""The PostgreSQL cycle's parameters are named: the SQL names each array (``$settle_status``), the
-Python fills each by that name, and each part's columns are listed once in the order its rows are
-made, so a parameter shifted, missing or unknown fails here rather than writing one column's value
-into another."""
+"""The PostgreSQL cycle's parameters are named, and so are every other move's: the SQL names each
+array (``$settle_status``, ``$next_attempt_at``), the Python fills each by that name, and each part's
+or move's columns are listed once in the order its rows are made, so a parameter shifted, missing or
+unknown fails here rather than writing one column's value into another."""
 
 from __future__ import annotations
 
@@ -13,10 +13,18 @@ from enum import Enum
 import pytest
 
 from outbox import Event, Outcome, Status, Submission
-from outbox.model import Settle, Start
+from outbox.lifecycle import MOVES
+from outbox.model import Approve, Cancel, Change, Hold, Reject, Release, Replay, Resolve, Settle, Start
 from outbox.store.plumbing import Named, statements
-from outbox.store.postgres.changes import CLAIM_COLUMNS, SETTLE_COLUMNS, START_COLUMNS, cycle_arguments
-from outbox.store.postgres.sql import CYCLE_SQL
+from outbox.store.postgres.changes import (
+    CLAIM_COLUMNS,
+    MOVE_COLUMNS,
+    SETTLE_COLUMNS,
+    START_COLUMNS,
+    cycle_arguments,
+    move_arguments,
+)
+from outbox.store.postgres.sql import CYCLE, CYCLE_SQL, MOVE_SQL
 from outbox.store.protocol import Claim
 from outbox.store.records import ATTEMPT_COLUMNS
 
@@ -34,6 +42,15 @@ SETTLE = Settle("acme/s1", 8, Status.PENDING, (Event(kind="scheduled_retry", at=
 START = Start("acme/s2", 5, replace(STARTED, attempt_id="a-3", number=6, fence=5, worker="w-8"), EV)
 CLAIM = Claim("w-7", T0, LATER, 10)
 UNNEST = re.compile(r"unnest\(([^()]*)\)\s+WITH ORDINALITY AS b \(([^)]*)\)")
+LAST = (Event(kind="replayed", at=LATER + timedelta(seconds=2), actor="op"),)
+#: One change of each move outside the cycle, every value distinct from the others.
+MOVED: list[Change] = [
+    Release("acme/r1", 11, LATER + timedelta(minutes=2), LAST), Hold("acme/h1", 12, "approval needed", LAST),
+    Replay("acme/p1", Status.DEAD, LATER + timedelta(minutes=3), 13, LAST),
+    Resolve("acme/v1", Status.PENDING, LAST, next_attempt_at=LATER + timedelta(minutes=4), max_attempts=14),
+    Cancel("acme/c1", Status.REVOKED, LAST),
+    Approve("acme/a1", "sha256:ab", LATER + timedelta(hours=1), "op:alice", LATER + timedelta(minutes=5), LAST),
+    Reject("acme/j1", LAST)]
 
 
 def _by_name(arguments: list[object]) -> dict[str, object]:
@@ -94,3 +111,27 @@ def test_named_parameters_are_numbered_after_the_numbered_ones_and_taken_only_by
     for numbered, named in (([1, 2], {"a": "A"}), ([1, 2], {"a": "A", "b": "B", "c": "C"}), ([1], {"a": 1, "b": 2})):
         with pytest.raises(ValueError, match="takes 2 numbered parameters and"):
             statement.arguments(numbered, named)
+
+
+def test_every_move_outside_the_cycle_takes_its_columns_by_name_after_its_events():
+    assert set(MOVE_SQL) == set(MOVE_COLUMNS) == set(MOVES) - {"claim", "recover", *CYCLE} == {c.move for c in MOVED}
+    text = statements("postgres")
+    for move, named in MOVE_SQL.items():
+        assert set(named.names) == set(MOVE_COLUMNS[move]) and named.numbered == 6, move
+        assert not re.search(r"\$[a-z]", named.text), move
+        ((arrays, aliases),) = UNNEST.findall(text[move])
+        names = [re.fullmatch(r"\$(\w+)::\w+\[\]", a.strip()) for a in arrays.split(",")]
+        assert all(names), arrays
+        assert [m[1] for m in names] + ["n"] == [a.strip() for a in aliases.split(",")], move
+
+
+@pytest.mark.parametrize("change", MOVED, ids=lambda change: change.move)
+def test_each_move_value_is_in_the_array_of_its_column(change):
+    arguments = move_arguments(change.move, [change])
+    named = MOVE_SQL[change.move]
+    by_name = dict(zip(named.names, arguments[named.numbered:], strict=True))
+    for column in MOVE_COLUMNS[change.move]:
+        expected = {"intent_key": change.key, "updated_at": change.events[-1].at}.get(column)
+        assert by_name[column] == [expected or _stored(getattr(change, column))], column
+    assert len(set(map(repr, by_name.values()))) == len(by_name)
+    assert arguments[:6] == [[1], ["replayed"], [LAST[0].at], ["op"], [None], ["{}"]]

@@ -2,8 +2,10 @@
 ``router`` is what the app includes, ``Guard`` what it wraps itself in; the pages are in
 ``pages`` (and ``events``), the forms they send in ``actions`` and ``signin``, who may see and
 send them in ``access``, who is signed in in ``sessions``, what every answer under ``/console`` carries in
-``guard``, their look in ``layout``, the charts in ``charts``, the last hour's figures in
-``health``, search filters in ``filters`` and bulk replays' progress in ``replays``."""
+``guard``. All their HTML is in ``templates/`` (``templates``: autoescaped), drawn from the records
+the pages hand them and the words of ``formats`` and ``links``; their stylesheet and frame are in
+``layout``, the charts' measures in ``charts``, the last hour's figures in ``health``, search
+filters in ``filters`` and bulk replays' progress in ``replays``."""
 
 from collections.abc import Callable
 from typing import Any

@@ -14,13 +14,12 @@ from fastapi import Request
 from fastapi.responses import RedirectResponse, Response
 
 from ...errors import OutboxError
-from ...model import Role
+from ...model import Role, Status
 from ...outbox import Outbox
 from ...tokens import TokenInfo
 from ..problems import Problem
 from . import sessions
-from .filters import Filter, chosen_form
-from .layout import flashes
+from .filters import Filter
 from .sessions import csrf_for, session_id, signed_page
 
 #: The largest console form read (they hold a few short fields); a larger body is a 413, unread.
@@ -64,16 +63,12 @@ class Access:
         return parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
 
     @staticmethod
-    def csrf_field(request: Request) -> str:
-        return f"<input type='hidden' name='csrf' value='{csrf_for(session_id(request))}'>"
-
-    @staticmethod
     def forged(request: Request, fields: dict[str, list[str]]) -> Response | None:
         """A refusal unless the form carries this session's CSRF value."""
         if sessions.matches(sent(fields, "csrf"), csrf_for(session_id(request))):
             return None
-        return signed_page(request, "Refused",
-                           "<p>the form is stale or was not sent from this console; reload and retry</p>", status=403)
+        return signed_page(request, "message.html", "Refused", status=403,
+                           message="the form is stale or was not sent from this console; reload and retry")
 
     def signed_in(self, view: Callable[P, Awaitable[Response]]) -> Callable[P, Awaitable[Response]]:
         """A page only a signed-in operator sees; anyone else is sent to sign in."""
@@ -98,18 +93,18 @@ class Access:
             return refused
         return who, raw
 
-    async def filtered(self, request: Request, title: str, action: str,
-                       draw: Callable[[Outbox, datetime, Filter], Awaitable[str]]) -> Response:
-        """A page of the filter form (sent to ``action``) over what ``draw`` makes of the filter it
-        chose; a filter or a query the outbox refuses answers 400 with the form and its message."""
+    async def filtered(self, request: Request, title: str, template: str, action: str,
+                       find: Callable[[Outbox, datetime, Filter], Awaitable[dict[str, Any]]]) -> Response:
+        """A page of the filter form (``templates/filtered.html``, sent to ``action``) over what
+        ``template`` draws of what ``find`` finds with the filter it chose; a filter or a query
+        the outbox refuses answers 400 with the form and its message."""
         outbox = self.box(request)
         now = outbox.clock.now()
-        destinations = [d.id for d in await outbox.list_destinations()]
-        chosen = Filter()
+        form = {"chosen": Filter(), "destinations": [d.id for d in await outbox.list_destinations()],
+                "action": action, "statuses": [s.value for s in Status], "now": now}
         try:
-            chosen = Filter.parse(request.query_params, now)
-            drawn = await draw(outbox, now, chosen)
+            form["chosen"] = chosen = Filter.parse(request.query_params, now)
+            found = await find(outbox, now, chosen)
         except OutboxError as exc:
-            return signed_page(request, title, chosen_form(chosen, destinations, action=action)
-                               + flashes(error=exc.message), status=400)
-        return signed_page(request, title, chosen_form(chosen, destinations, action=action) + drawn)
+            return signed_page(request, template, title, status=400, error=exc.message, **form)
+        return signed_page(request, template, title, error="", **form, **found)

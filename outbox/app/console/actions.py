@@ -17,7 +17,7 @@ from ...outbox import Outbox
 from .. import problems
 from .access import Access
 from .filters import Filter
-from .layout import flashes, intent_url
+from .links import intent_url
 from .pages import intent_view
 from .replays import Replays
 from .sessions import signed_page
@@ -87,5 +87,5 @@ def register(pages: APIRouter, access: Access, authorize: Callable[[Request], An
             job = await replays.start(outbox, chosen.query(), actor, authorize=authorize(request),
                                       accept_duplicate_risk=raw.get("accept_duplicate_risk", [""])[-1] == "yes")
         except OutboxError as exc:
-            return signed_page(request, "Bulk replay", flashes(error=exc.message), status=400)
+            return signed_page(request, "error.html", "Bulk replay", error=exc.message, status=400)
         return RedirectResponse(f"/console/replay/{job}", status_code=303)

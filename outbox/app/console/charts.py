@@ -1,27 +1,51 @@
-"""Charts drawn on the server as inline SVG: no script, no external file, readable as text too
-(every bar and point carries a ``<title>``, every chart a caption with its totals)."""
+"""The overview's charts, measured on the server: where each bar and point goes in an SVG of
+``WIDTH`` by ``HEIGHT``, what its tooltip says, and the caption with the totals
+(``templates/charts.html`` draws them inline: no script, no external file, readable as text too)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from html import escape
+from typing import ClassVar
 
 WIDTH, HEIGHT, LEFT, BOTTOM = 600, 160, 36, 18
+#: Where the plot's baseline is: the height less the time axis' labels.
+PLOT = HEIGHT - BOTTOM
 GREEN, RED, BLUE = "#2da44e", "#cf222e", "#0969da"
 
 
-def _frame(title: str, top: float, minutes: Sequence[datetime], shapes: str, caption: str) -> str:
-    plot = HEIGHT - BOTTOM
-    axis = (f"<line x1='{LEFT}' y1='{plot}' x2='{WIDTH}' y2='{plot}' stroke='#8c959f'/>"
-            f"<text x='{LEFT - 4}' y='10' text-anchor='end' font-size='10'>{top:g}</text>"
-            f"<text x='{LEFT - 4}' y='{plot}' text-anchor='end' font-size='10'>0</text>")
-    if minutes:
-        axis += (f"<text x='{LEFT}' y='{HEIGHT - 4}' font-size='10'>{minutes[0]:%H:%M}</text>"
-                 f"<text x='{WIDTH}' y='{HEIGHT - 4}' text-anchor='end' font-size='10'>{minutes[-1]:%H:%M} UTC</text>")
-    return (f"<figure><svg viewBox='0 0 {WIDTH} {HEIGHT}' role='img' aria-label='{escape(title)}'>"
-            f"<title>{escape(title)}</title>{axis}{shapes}</svg>"
-            f"<figcaption><b>{escape(title)}</b> · {escape(caption)}</figcaption></figure>")
+@dataclass(frozen=True)
+class Mark:
+    """A bar (its top left corner and height) or a point of a line (its centre), with its colour and tooltip."""
+
+    x: float
+    y: float
+    fill: str
+    tip: str
+    height: float = 0.0
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One chart: its bars or its line's points (a line in ``stroke``), the top of its scale and its
+    time axis' ends."""
+
+    title: str
+    caption: str
+    top: float
+    first: str  # the first minute as HH:MM ("" without minutes)
+    last: str
+    bars: list[Mark]
+    points: list[Mark]
+    line: bool  # the points are joined
+    bar_width: float = 0.0
+    #: The SVG's size, and where the plot's baseline and left edge are (the template draws the axes there).
+    width: ClassVar[int] = WIDTH
+    height: ClassVar[int] = HEIGHT
+    left: ClassVar[int] = LEFT
+    plot: ClassVar[int] = PLOT
+    stroke: ClassVar[str] = BLUE
 
 
 def _scale(values: Sequence[float]) -> float:
@@ -29,36 +53,33 @@ def _scale(values: Sequence[float]) -> float:
     return max([1.0, *values])
 
 
+def _ends(minutes: Sequence[datetime]) -> tuple[str, str]:
+    return (f"{minutes[0]:%H:%M}", f"{minutes[-1]:%H:%M}") if minutes else ("", "")
+
+
 def bars(title: str, minutes: Sequence[datetime], good: Sequence[int], bad: Sequence[int],
-         labels: tuple[str, str]) -> str:
+         labels: tuple[str, str]) -> Chart:
     """Stacked bars per minute: ``good`` (green) under ``bad`` (red)."""
     top = _scale([g + b for g, b in zip(good, bad, strict=True)])
-    plot = HEIGHT - BOTTOM
     step = (WIDTH - LEFT) / max(1, len(minutes))
-    shapes = []
+    marks = []
     for i, (minute, g, b) in enumerate(zip(minutes, good, bad, strict=True)):
         x = LEFT + i * step
-        hg, hb = plot * g / top, plot * b / top
-        tip = f"<title>{minute:%H:%M} UTC: {g} {labels[0]}, {b} {labels[1]}</title>"
+        hg, hb = PLOT * g / top, PLOT * b / top
+        tip = f"{minute:%H:%M} UTC: {g} {labels[0]}, {b} {labels[1]}"
         if g:
-            shapes.append(f"<rect x='{x:.1f}' y='{plot - hg:.1f}' width='{step * 0.8:.1f}' height='{hg:.1f}' "
-                          f"fill='{GREEN}'>{tip}</rect>")
+            marks.append(Mark(x, PLOT - hg, GREEN, tip, hg))
         if b:
-            shapes.append(f"<rect x='{x:.1f}' y='{plot - hg - hb:.1f}' width='{step * 0.8:.1f}' "
-                          f"height='{hb:.1f}' fill='{RED}'>{tip}</rect>")
+            marks.append(Mark(x, PLOT - hg - hb, RED, tip, hb))
     caption = f"{sum(good)} {labels[0]}, {sum(bad)} {labels[1]} in {len(minutes)} min"
-    return _frame(title, top, minutes, "".join(shapes), caption)
+    return Chart(title, caption, top, *_ends(minutes), bars=marks, points=[], line=False, bar_width=step * 0.8)
 
 
-def line(title: str, minutes: Sequence[datetime], values: Sequence[int], unit: str) -> str:
+def line(title: str, minutes: Sequence[datetime], values: Sequence[int], unit: str) -> Chart:
     """A line (with a dot per minute) of one value over the minutes."""
     top = _scale(values)
-    plot = HEIGHT - BOTTOM
     step = (WIDTH - LEFT) / max(1, len(minutes))
-    points = [(LEFT + (i + 0.4) * step, plot - plot * v / top) for i, v in enumerate(values)]
-    path = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
-    dots = "".join(f"<circle cx='{x:.1f}' cy='{y:.1f}' r='2' fill='{BLUE}'><title>{m:%H:%M} UTC: {v} {unit}"
-                   f"</title></circle>" for (x, y), m, v in zip(points, minutes, values, strict=True))
-    shapes = f"<polyline points='{path}' fill='none' stroke='{BLUE}' stroke-width='1.5'/>{dots}"
-    caption = (f"now {values[-1]} {unit}, at most {max(values)} in {len(minutes)} min" if values else "no data")
-    return _frame(title, top, minutes, shapes, caption)
+    points = [Mark(LEFT + (i + 0.4) * step, PLOT - PLOT * v / top, BLUE, f"{m:%H:%M} UTC: {v} {unit}")
+              for i, (m, v) in enumerate(zip(minutes, values, strict=True))]
+    caption = f"now {values[-1]} {unit}, at most {max(values)} in {len(minutes)} min" if values else "no data"
+    return Chart(title, caption, top, *_ends(minutes), bars=[], points=points, line=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from html import escape
 from typing import Any
 from urllib.parse import urlencode
 
@@ -99,9 +98,6 @@ class Filter:
     def encode(self, *, before: int | None = None) -> str:
         return urlencode(self.fields() + ([("before", str(before))] if before else []))
 
-    def hidden(self) -> str:
-        return "".join(f"<input type='hidden' name='{k}' value='{escape(v)}'>" for k, v in self.fields())
-
     @property
     def after_text(self) -> str:
         return _local(self.after)
@@ -115,23 +111,3 @@ def _local(at: datetime | None) -> str:
     """A time as a ``datetime-local`` field shows it, in UTC."""
     return "" if at is None else at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M")
 
-
-def chosen_form(chosen: Filter, destinations: list[str], *, action: str = "/console/intents") -> str:
-    """The filter form, showing what is chosen (GET, so a search is a link to share)."""
-    statuses = "".join(f"<option{' selected' if s in chosen.statuses else ''}>{s.value}</option>" for s in Status)
-    dests = "".join(f"<option{' selected' if d == chosen.destination else ''}>{escape(d)}</option>"
-                    for d in destinations)
-    ranges = "".join(f"<option value='{k}'{' selected' if k == chosen.range else ''}>{label}</option>"
-                     for k, label in (("", "any time"), ("1h", "last hour"), ("24h", "last day"),
-                                      ("7d", "last week")))
-    text = "" if action != "/console/intents" else (
-        f"<label>action id<input name='q' value='{escape(chosen.action_id)}' size='20'></label>")
-    return (f"<form class='filters' method='get' action='{action}'>{text}"
-            f"<label>status<select name='status' multiple size='3'>{statuses}</select></label>"
-            f"<label>destination<select name='destination'><option value=''>any</option>{dests}</select></label>"
-            f"<label>scope<input name='scope' value='{escape(chosen.scope)}' size='12'></label>"
-            f"<label>channel<input name='channel' value='{escape(chosen.channel)}' size='8'></label>"
-            f"<label>enqueued<select name='range'>{ranges}</select></label>"
-            f"<label>after (UTC)<input name='after' type='datetime-local' value='{chosen.after_text}'></label>"
-            f"<label>before (UTC)<input name='before_time' type='datetime-local' value='{chosen.before_text}'>"
-            f"</label><button>Filter</button></form>")

@@ -13,7 +13,6 @@ around the whole app (the shape of Starlette's ``TrustedHostMiddleware``).
 from __future__ import annotations
 
 import json
-from html import escape
 
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -50,8 +49,7 @@ class Guard:
             await send(message)
 
         if scope["method"] not in SAFE_METHODS and cross_site(Headers(scope=scope)):
-            refusal = page("Refused", "<p>this form was not sent from the console's own pages, so nothing was "
-                           "done. Open the console and send it from there.</p>", status=403)
+            refusal = page("cross_site.html", "Refused", status=403)
             await refusal(scope, receive, hardened)
             return
 
@@ -82,8 +80,7 @@ def _as_page(start: Message, body: bytes) -> ASGIApp:
         title, detail = str(found.get("title") or "Error"), str(found.get("detail") or "")
     except (ValueError, AttributeError):
         title, detail = "Error", ""
-    answer = page(title, f"<p>{escape(detail)}</p><p><a href='/console'>Back to the console</a></p>",
-                  status=start["status"])
+    answer = page("problem.html", title, detail=detail, status=start["status"])
     original = Headers(raw=start["headers"])
     for name in KEPT:
         if name in original:

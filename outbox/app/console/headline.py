@@ -5,8 +5,8 @@ elsewhere the headline says they are not known here rather than show a reassurin
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
-from html import escape
 
 from fastapi import Request
 
@@ -22,22 +22,34 @@ STATES = (("open", "circuit open"), ("paused", "paused"), ("disabled", "disabled
           ("unusable", "settings unusable"))
 
 
-def _item(count: int, label: str, href: str, bad: str = "bad") -> str:
-    tone = f" class='{bad}'" if count else ""
-    return f"<li{tone}><a href='{escape(href)}'><b>{count}</b>{escape(label)}</a></li>"
+@dataclass(frozen=True)
+class Item:
+    """One count of the headline and the list it links to; a count of None says it is not known here.
+    A count above zero is drawn in its ``tone`` (``bad``: intents; ``warn``: destinations)."""
+
+    count: int | None
+    label: str
+    href: str
+    tone: str = "bad"
 
 
-def headline(request: Request, counts: Mapping[str, int], destinations: list[Destination], now: datetime) -> str:
+@dataclass(frozen=True)
+class Headline:
+    """The items, and whether nothing they count needs an operator."""
+
+    items: list[Item]
+    calm: bool
+
+
+def headline(request: Request, counts: Mapping[str, int], destinations: list[Destination], now: datetime) -> Headline:
     """The headline, from the intents by status and the destinations."""
-    items = [_item(counts.get(s.value, 0), label, f"/console/intents?status={s.value}") for s, label in STATUSES]
+    items = [Item(counts.get(s.value, 0), label, f"/console/intents?status={s.value}") for s, label in STATUSES]
     states = [circuit_state(request, d, now)[0] for d in destinations]
     for state, label in STATES:
         if state == "open" and circuits_here(request) is None:
-            items.append("<li><a class='quiet' href='/console/destinations'>circuits: not known here "
-                         "(no sender in this process)</a></li>")
+            items.append(Item(None, "circuits: not known here (no sender in this process)", "/console/destinations"))
             continue
-        items.append(_item(states.count(state), label, f"/console/destinations?state={state}", "warn"))
+        items.append(Item(states.count(state), label, f"/console/destinations?state={state}", "warn"))
     attention = sum(counts.get(s.value, 0) for s, _ in STATUSES) + sum(s in {state for state, _ in STATES}
                                                                        for s in states)
-    summary = "<p class='calm'>Nothing counted here needs an operator.</p>" if not attention else ""
-    return f"<ul class='headline' aria-label='needs attention'>{''.join(items)}</ul>{summary}"
+    return Headline(items, calm=not attention)

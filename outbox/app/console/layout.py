@@ -1,20 +1,14 @@
-"""How every console page looks: the frame, status pills, human times, pretty replies, links.
+"""How every console page looks: its stylesheet, and the answer of a page drawn in its frame.
 
 Nothing here runs script: the pages are plain HTML under a policy that forbids it (``web.py``)."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
-from datetime import datetime
-from html import escape
 from typing import Any
-from urllib.parse import quote, urlencode
 
 from fastapi.responses import HTMLResponse
-from markupsafe import Markup
 
-from .templates import ENV, render
+from .templates import render
 
 STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1b1f24;background:#f6f8fa}
@@ -62,124 +56,11 @@ dl.fields{grid-template-columns:1fr} dl.fields dd{margin-bottom:6px}
 }
 """
 
-#: The pieces every page draws, as macros of ``templates/parts.html`` (each escapes what it is given as text).
-PARTS: Any = ENV.get_template("parts.html").module
-#: The console's sections, as the header links to them.
-NAV = (("Overview", "/console"), ("Intents", "/console/intents"), ("Events", "/console/events"),
-       ("Destinations", "/console/destinations"), ("Bulk replay", "/console/replay"))
 
-
-def page(title: str, body: str, *, csrf: str | None = None, status: int = 200,
-         refresh: int | None = None) -> HTMLResponse:
-    """A console page (``templates/page.html``) around ``body``, HTML its page built from escaped
-    parts; ``refresh`` reloads it every that many seconds (a progress view, no script). A
-    signed-in operator's (``csrf``: the session's CSRF value) has the sections and a sign-out
-    button in its header; anyone else's, neither."""
-    return HTMLResponse(render("page.html", title=title, body=Markup(body), csrf=csrf, refresh=refresh, nav=NAV),
-                        status_code=status)
-
-
-#: A table row: its cells' HTML, and optionally what goes under it across the whole width.
-Row = tuple[Sequence[str], str] | Sequence[str]
-
-
-def table(head: list[str], rows: Sequence[Row], empty: str = "none", *, numeric: tuple[str, ...] = (),
-          compact: bool = False) -> str:
-    """A table of rows of cells. It fits the page's width (long values wrap); on a narrow screen
-    each row stacks into a card whose cells are labelled with their column, so nothing needs
-    scrolling sideways. A row given with a second part draws that under it across the width
-    (an attempt's error and reply). Columns named in ``numeric`` align right; a ``compact`` table
-    (a few narrow columns) is as wide as its content and never stacks."""
-    drawn = []
-    for row in rows:
-        values, more = row if isinstance(row, tuple) else (row, "")
-        drawn.append(([(h, h in numeric, Markup(v)) for h, v in zip(head, values, strict=True)], Markup(more)))
-    return str(PARTS.table(head, drawn, empty, "compact" if compact else "stack"))
-
-
-def short_id(value: str, keep: int = 8) -> str:
-    """A long id cut to its last ``keep`` characters (uuid7s share their first ones), the whole
-    of it on hover and in a ``<details>`` for a phone; a short one whole."""
-    return str(PARTS.short_id(value, keep))
-
-
-def fields(values: dict[str, Any]) -> str:
-    """A record's fields as a definition list, whatever they are: a value that is not a string
-    shows as JSON, a missing one as —."""
-    def shown(value: Any) -> str:
-        if value is None:
-            return "—"
-        return escape(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
-
-    listed = "".join(f"<dt>{escape(k)}</dt><dd>{shown(v)}</dd>" for k, v in values.items())
-    return f"<dl class='fields'>{listed}</dl>"
-
-
-def flashes(done: str = "", error: str = "") -> str:
-    return (f"<p class='flash'>{escape(done)}</p>" if done else "") + (
-        f"<p class='flash error'>{escape(error)}</p>" if error else "")
-
-
-def pill(value: str) -> str:
-    return str(PARTS.pill(value))
-
-
-def when(at: datetime | None, now: datetime) -> str:
-    """``at`` relative to ``now`` ("3 min ago", "in 20 s"), the exact time on hover."""
-    if at is None:
-        return "—"
-    seconds = (now - at).total_seconds()
-    ago = abs(seconds)
-    if ago < 5:
-        text = "just now"
-    else:
-        amount = (f"{ago:.0f} s" if ago < 60 else f"{ago // 60:.0f} min" if ago < 3600
-                  else f"{ago // 3600:.0f} h" if ago < 2 * 86_400 else f"{ago // 86_400:.0f} days")
-        text = f"{amount} ago" if seconds > 0 else f"in {amount}"
-    exact = at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " " + (at.tzname() or "")
-    return str(PARTS.time(at.isoformat(), exact.strip(), text))
-
-
-def pretty(text: str | None) -> str:
-    """A stored reply as a ``<pre>``: JSON indented, and JSON held in a string (a webhook reply's
-    ``body``) unwrapped, so nothing shows escaped twice; anything else as it came. Escaped once."""
-    if not text:
-        return ""
-    try:
-        value = _unwrapped(json.loads(text))
-    except ValueError:
-        return f"<pre>{escape(text)}</pre>"
-    return f"<pre>{escape(json.dumps(value, indent=2, ensure_ascii=False))}</pre>"
-
-
-def _unwrapped(value: Any, depth: int = 0) -> Any:
-    """``value`` with strings that hold a JSON object or array decoded (two levels deep)."""
-    if isinstance(value, str) and value.lstrip()[:1] in ("{", "[") and depth < 2:
-        try:
-            return _unwrapped(json.loads(value), depth + 1)
-        except ValueError:
-            return value
-    if isinstance(value, dict):
-        return {k: _unwrapped(v, depth) for k, v in value.items()}
-    return value
-
-
-def intent_url(action_id: str, scope: str | None, action: str = "", **query: str) -> str:
-    """An intent's console page (or one of its actions), naming its scope: action ids are unique
-    per scope only."""
-    path = f"/console/intents/{quote(action_id, safe='')}" + (f"/{action}" if action else "")
-    params = ({"scope": scope} if scope else {}) | query
-    return path + ("?" + urlencode(params) if params else "")
-
-
-def intent_link(action_id: str, scope: str) -> str:
-    return str(PARTS.link(intent_url(action_id, scope), action_id))
-
-
-def destination_url(destination_id: str) -> str:
-    return f"/console/destinations/{quote(destination_id, safe='')}"
-
-
-def destination_link(destination_id: str) -> str:
-    """A destination's name, linking to its page."""
-    return str(PARTS.link(destination_url(destination_id), destination_id))
+def page(template: str, title: str, *, csrf: str | None = None, status: int = 200, refresh: int | None = None,
+         **values: Any) -> HTMLResponse:
+    """A console page: ``template`` (which extends ``templates/page.html``) filled with ``values``;
+    ``refresh`` reloads it every that many seconds (a progress view, no script). A signed-in
+    operator's (``csrf``: the session's CSRF value) has the sections and a sign-out button in its
+    header; anyone else's, neither."""
+    return HTMLResponse(render(template, title=title, csrf=csrf, refresh=refresh, **values), status_code=status)

@@ -55,9 +55,10 @@ def matches(sent: str, expected: str) -> bool:
     return bool(expected) and hmac.compare_digest(sent.encode(), expected.encode())
 
 
-def signed_page(request: Request, title: str, body: str, **options: Any) -> HTMLResponse:
-    """A page for the signed-in operator: its header's sign-out form carries the session's CSRF value."""
-    return page(title, body, csrf=csrf_for(session_id(request)), **options)
+def signed_page(request: Request, template: str, title: str, **options: Any) -> HTMLResponse:
+    """A page for the signed-in operator (``layout.page``'s options): its forms, and its header's
+    sign-out form, carry the session's CSRF value (``csrf``)."""
+    return page(template, title, csrf=csrf_for(session_id(request)), **options)
 
 
 def secure(request: Request) -> bool:

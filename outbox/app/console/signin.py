@@ -6,14 +6,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
-from markupsafe import Markup
 
 from ...model import Role
 from . import sessions
 from .access import Access, sent, to_login
-from .layout import flashes, page
+from .layout import page
 from .sessions import session_id
-from .templates import render
 
 #: Why sign-in was refused, by the code its URL carries (``?error=refused``): only these words
 #: are ever shown, so a link anyone can make puts no text of its own on the page.
@@ -26,8 +24,7 @@ def register(pages: APIRouter, access: Access) -> None:
     def login_form(request: Request, error: str = "", status: int = 200) -> HTMLResponse:
         """The sign-in page, its form bound to a new value of the sign-in form's cookie."""
         value = sessions.new_login_value()
-        response = page("Sign in", render("signin.html", flashes=Markup(flashes(error=error)), value=value),
-                        status=status)
+        response = page("signin.html", "Sign in", error=error, value=value, status=status)
         sessions.login_form(response, request, value)
         return response
 

@@ -23,7 +23,6 @@ from urllib.parse import urlsplit
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse, Response
-from markupsafe import Markup
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -85,8 +84,7 @@ class Guard:
             await send(message)
 
         if scope["method"] not in SAFE_METHODS and sessions.cross_site(Headers(scope=scope)):
-            await HTMLResponse("<!doctype html><title>Refused</title><p>this form was not sent from the portal's "
-                               "own pages, so nothing was done.</p>", status_code=403)(scope, receive, hardened)
+            await HTMLResponse(render("portal/cross_site.html"), status_code=403)(scope, receive, hardened)
             return
         await self.app(scope, receive, hardened)
 
@@ -136,6 +134,5 @@ def page(request: Request, template: str, title: str, opened: PortalSession | No
     settings = box(request).settings
     brand = {"name": settings.portal_name, "logo": settings.portal_logo_url}
     writable = opened is not None and not opened.read_only
-    csrf_field = Markup("<input type='hidden' name='csrf' value='{}'>").format(csrf(request))
     return HTMLResponse(render(template, title=title, brand=brand, session=opened, writable=writable,
-                               csrf=csrf_field, **values), status_code=status)
+                               csrf=csrf(request), **values), status_code=status)

@@ -1,5 +1,5 @@
-"""The PostgreSQL store's ``apply``: a batch of changes as the arrays of their moves' statements,
-the settles and starts with the claim in one (``cycle``), round by round."""
+"""The PostgreSQL store's ``apply``: a batch of changes as the named arrays of their moves'
+statements, the settles and starts with the claim in one (``cycle``), round by round."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from .. import moves, timeline
 from ..protocol import Applied, Claim
 from ..records import ATTEMPT_COLUMNS, attempt_values, event_data
 from .connection import READ, UNAVAILABLE
-from .sql import CYCLE, CYCLE_SQL, LOCKED_FIRST, SQL
+from .sql import CYCLE, CYCLE_SQL, LOCKED_FIRST, MOVE_SQL, SQL
 
 log = logging.getLogger("outbox.store")
 #: How many times a claim asks again for the places a lease committed after its snapshot took (``cycle``'s refused).
@@ -36,6 +36,16 @@ START_COLUMNS = ("intent_key", "fence", "attempt_id", "number", "attempt_fence",
 CLAIM_COLUMNS = ("now", "owner", "lease_until", "limit")
 _SETTLE, _START, _CLAIM = ([f"{part}_{column}" for column in columns] for part, columns in (
     ("settle", SETTLE_COLUMNS), ("start", START_COLUMNS), ("claim", CLAIM_COLUMNS)))
+#: Each other move's named arrays (``$intent_key``, ``$fence``, ...), in the order ``_row`` makes a change's values.
+MOVE_COLUMNS = {
+    "release": ("intent_key", "fence", "next_attempt_at", "updated_at"),
+    "hold": ("intent_key", "fence", "last_error", "updated_at"),
+    "replay": ("intent_key", "expected", "next_attempt_at", "max_attempts", "updated_at"),
+    "resolve": ("intent_key", "status", "next_attempt_at", "max_attempts", "updated_at"),
+    "cancel": ("intent_key", "expected", "updated_at"),
+    "approve": ("intent_key", "approved_digest", "approval_expires_at", "approved_by", "next_attempt_at", "updated_at"),
+    "reject": ("intent_key", "updated_at"),
+}
 
 
 def _attempt_values(a: Attempt | None) -> tuple[Any, ...]:
@@ -44,7 +54,7 @@ def _attempt_values(a: Attempt | None) -> tuple[Any, ...]:
 
 
 def _row(change: Change) -> tuple[Any, ...]:
-    """A change as one row of its move's block (the arrays from $7 on, or the cycle's named ones): its key,
+    """A change as one row of its move's block (its named arrays, or the cycle's part): its key,
     its fence (a worker's) or the status its caller saw (where its move starts in several), then
     a start's attempt, or what it writes (``moves.written``) and a settle's attempt."""
     head: tuple[Any, ...] = (change.key,)
@@ -71,14 +81,16 @@ def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
     return [list(column) for column in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
 
 
-def _move_arguments(batch: Sequence[Change]) -> list[list[Any]]:
-    """A batch of one move's changes as its block's arrays: the events, then the changes' columns."""
-    return _columns(_events(batch), 6) + _columns([_row(change) for change in batch], 0)
-
-
 def _named(names: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> dict[str, list[Any]]:
-    """Rows as the named arrays of one part of the cycle (a row of another width fails)."""
+    """Rows as the named arrays of a move's block or a part of the cycle (a row of another width fails)."""
     return dict(zip(names, _columns(rows, len(names)), strict=True))
+
+
+def move_arguments(move: str, batch: Sequence[Change]) -> list[Any]:
+    """A batch of one move's changes (not the cycle's) as its statement's parameters: the events
+    logged as rows, then by name the changes' columns."""
+    return MOVE_SQL[move].arguments(_columns(_events(batch), 6),
+                                    _named(MOVE_COLUMNS[move], [_row(change) for change in batch]))
 
 
 def cycle_arguments(settles: Sequence[Change], starts: Sequence[Change], claim: Claim | None) -> list[Any]:
@@ -135,8 +147,8 @@ async def apply_rounds(conn: asyncpg.Connection, changes: Sequence[Change],
             if move not in CYCLE:
                 if move in LOCKED_FIRST:
                     await conn.execute(SQL["lock_intents"], [changes[i].key for i in places])
-                rows = {row["n"]: row for row in await conn.fetch(SQL[move], *_move_arguments(
-                    [changes[i] for i in places]))}
+                rows = {row["n"]: row for row in await conn.fetch(SQL[move], *move_arguments(
+                    move, [changes[i] for i in places]))}
                 applied |= {i: rows[n] for n, i in enumerate(places, 1) if n in rows}
         cycled = [*round_.get("settle", ()), *round_.get("start", ())]
         asked = claim if r == len(rounds) - 1 else None

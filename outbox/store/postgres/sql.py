@@ -37,9 +37,11 @@ LOCKED_FIRST = ("cancel",)
 #: The cycle's parameters are named (``changes.cycle_arguments`` fills them by name); ``SQL["cycle"]`` is it numbered.
 CYCLE_SQL = Named.of(SQL["cycle"])
 SQL["cycle"] = CYCLE_SQL.text
-#: Each other move's block appends its events the same way (``logged``).
-SQL = {**SQL, **{name: SQL[name].format(logged=SQL["logged"]) for name in MOVES
-                 if name not in ("claim", "recover", *CYCLE)}}
+#: Each other move's block appends its events the same way (``logged``), and takes its changes' columns by name
+#: (``changes.move_arguments`` fills them); ``SQL[move]`` is it numbered.
+MOVE_SQL = {name: Named.of(SQL[name].format(logged=SQL["logged"])) for name in MOVES
+            if name not in ("claim", "recover", *CYCLE)}
+SQL = {**SQL, **{name: named.text for name, named in MOVE_SQL.items()}}
 
 
 def where(filters: Iterable[tuple[str, str, Any]], params: list[Any]) -> str:

@@ -412,8 +412,8 @@ SELECT min(next_attempt_at) FROM intents AS due WHERE status = 'pending' AND nex
 -- appended to the intent its change moved ("changed": seq, n), in order, after the "leased" fact of a lease the change
 -- ends if it is recorded nowhere yet (unrecorded_lease: the lease row as the statement found it, which the statement
 -- deletes). Filled into each move's block as {logged}.
--- Each block also names its keys as "= ANY($7)" beside its join on them: the batch's intents are then found by one
--- scan of intents_intent_key_key, whatever the statistics say of the batch or the table.
+-- Each block also names its keys as "= ANY($intent_key)" beside its join on them: the batch's intents are then found
+-- by one scan of intents_intent_key_key, whatever the statistics say of the batch or the table.
 logged AS (
     INSERT INTO events (intent_seq, kind, at, actor, reason, data)
     SELECT seq, kind, at, actor, reason, data FROM (
@@ -549,15 +549,16 @@ LEFT JOIN (SELECT * FROM records UNION ALL SELECT took.* FROM flow, unnest(flow_
 ORDER BY claimed.next_attempt_at;
 
 -- name: release
--- Move release for a batch (arrays from $7: key, fence, next_attempt_at, updated_at): each intent still leased at its
--- fence (as the cycle's settle judges it) is pending again, unsent, its lease row deleted. Returns the places applied.
+-- Move release for a batch (arrays $1-$6 its events, as logged takes them; then named: $intent_key, $fence,
+-- $next_attempt_at, $updated_at): each intent still leased at its fence (as the cycle's settle judges it) is pending
+-- again, unsent, its lease row deleted. Returns the places applied.
 WITH changed AS (
     UPDATE intents SET status = 'pending', fence = lease.fence, next_attempt_at = b.next_attempt_at,
                        updated_at = b.updated_at
-    FROM unnest($7::text[], $8::bigint[], $9::timestamptz[], $10::timestamptz[])
+    FROM unnest($intent_key::text[], $fence::bigint[], $next_attempt_at::timestamptz[], $updated_at::timestamptz[])
         WITH ORDINALITY AS b (intent_key, fence, next_attempt_at, updated_at, n)
         CROSS JOIN intent_leases AS lease
-    WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key
+    WHERE intents.intent_key = ANY($intent_key::text[]) AND intents.intent_key = b.intent_key
       AND lease.intent_seq = intents.seq AND intents.fence = b.fence - 1
     RETURNING intents.seq, b.n
 ), ended AS (
@@ -566,14 +567,15 @@ WITH changed AS (
 SELECT n, pg_notify('outbox_due', '') AS notified FROM changed;
 
 -- name: hold
--- Move hold for a batch (arrays from $7: key, fence, last_error, updated_at): each intent still leased at its fence
--- (as the cycle's settle judges it) waits for an operator's approval, its lease row deleted. Returns the places applied.
+-- Move hold for a batch (arrays $1-$6 its events; then named: $intent_key, $fence, $last_error, $updated_at): each
+-- intent still leased at its fence (as the cycle's settle judges it) waits for an operator's approval, its lease row
+-- deleted. Returns the places applied.
 WITH changed AS (
     UPDATE intents SET status = 'held', fence = lease.fence, last_error = b.last_error, updated_at = b.updated_at
-    FROM unnest($7::text[], $8::bigint[], $9::text[], $10::timestamptz[])
+    FROM unnest($intent_key::text[], $fence::bigint[], $last_error::text[], $updated_at::timestamptz[])
         WITH ORDINALITY AS b (intent_key, fence, last_error, updated_at, n)
         CROSS JOIN intent_leases AS lease
-    WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key
+    WHERE intents.intent_key = ANY($intent_key::text[]) AND intents.intent_key = b.intent_key
       AND lease.intent_seq = intents.seq AND intents.fence = b.fence - 1
     RETURNING intents.seq, b.n
 ), ended AS (
@@ -582,71 +584,77 @@ WITH changed AS (
 SELECT n FROM changed;
 
 -- name: replay
--- Move replay for a batch (arrays from $7: key, expected status, next_attempt_at, max_attempts, updated_at): each
--- intent still in the status its caller saw is pending with a fresh budget (its retry schedule starting over).
--- Returns the places applied, with the rows.
+-- Move replay for a batch (arrays $1-$6 its events; then named: $intent_key, $expected status, $next_attempt_at,
+-- $max_attempts, $updated_at): each intent still in the status its caller saw is pending with a fresh budget (its
+-- retry schedule starting over). Returns the places applied, with the rows.
 WITH changed AS (
     UPDATE intents SET status = 'pending', next_attempt_at = b.next_attempt_at, max_attempts = b.max_attempts,
                        last_error = NULL, updated_at = b.updated_at, replayed_after = intents.attempts
-    FROM unnest($7::text[], $8::text[], $9::timestamptz[], $10::integer[], $11::timestamptz[])
+    FROM unnest($intent_key::text[], $expected::text[], $next_attempt_at::timestamptz[], $max_attempts::integer[],
+                $updated_at::timestamptz[])
         WITH ORDINALITY AS b (intent_key, expected, next_attempt_at, max_attempts, updated_at, n)
-    WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = b.expected
+    WHERE intents.intent_key = ANY($intent_key::text[]) AND intents.intent_key = b.intent_key AND intents.status = b.expected
     RETURNING intents.*, {unleased}, {event_payload[intents]} AS event_payload, b.n
 ), {logged}
 SELECT *, pg_notify('outbox_due', '') AS notified FROM changed;
 
 -- name: resolve
--- Move resolve for a batch (arrays from $7: key, status, next_attempt_at and max_attempts (null: kept; given, a
--- retry schedule starts over), updated_at): each intent still unknown becomes its status. Returns the places
--- applied, with the rows.
+-- Move resolve for a batch (arrays $1-$6 its events; then named: $intent_key, $status, $next_attempt_at and
+-- $max_attempts (null: kept; given, a retry schedule starts over), $updated_at): each intent still unknown becomes
+-- its status. Returns the places applied, with the rows.
 WITH changed AS (
     UPDATE intents SET status = b.status, next_attempt_at = coalesce(b.next_attempt_at, intents.next_attempt_at),
                        max_attempts = coalesce(b.max_attempts, intents.max_attempts), updated_at = b.updated_at,
                        replayed_after = CASE WHEN b.max_attempts IS NULL THEN intents.replayed_after
                                              ELSE intents.attempts END
-    FROM unnest($7::text[], $8::text[], $9::timestamptz[], $10::integer[], $11::timestamptz[])
+    FROM unnest($intent_key::text[], $status::text[], $next_attempt_at::timestamptz[], $max_attempts::integer[],
+                $updated_at::timestamptz[])
         WITH ORDINALITY AS b (intent_key, status, next_attempt_at, max_attempts, updated_at, n)
-    WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'unknown'
+    WHERE intents.intent_key = ANY($intent_key::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'unknown'
     RETURNING intents.*, {unleased}, {event_payload[intents]} AS event_payload, b.n
 ), {logged}
 SELECT *, CASE WHEN status = 'pending' THEN pg_notify('outbox_due', '') END AS notified FROM changed;
 
 -- name: cancel
--- Move cancel for a batch (arrays from $7: key, expected status, updated_at): each intent still in the status its
--- caller saw, and holding no lease, is withdrawn. Returns the places applied, with the rows. The store runs it after
--- lock_intents in one transaction: a claim leases a pending intent without writing its row, so the lease it committed
--- while this waited on the row's lock is seen only by a statement that begins after the lock is held.
+-- Move cancel for a batch (arrays $1-$6 its events; then named: $intent_key, $expected status, $updated_at): each
+-- intent still in the status its caller saw, and holding no lease, is withdrawn. Returns the places applied, with the
+-- rows. The store runs it after lock_intents in one transaction: a claim leases a pending intent without writing its
+-- row, so the lease it committed while this waited on the row's lock is seen only by a statement that begins after
+-- the lock is held.
 WITH changed AS (
     UPDATE intents SET status = 'cancelled', updated_at = b.updated_at
-    FROM unnest($7::text[], $8::text[], $9::timestamptz[]) WITH ORDINALITY AS b (intent_key, expected, updated_at, n)
-    WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = b.expected
+    FROM unnest($intent_key::text[], $expected::text[], $updated_at::timestamptz[])
+        WITH ORDINALITY AS b (intent_key, expected, updated_at, n)
+    WHERE intents.intent_key = ANY($intent_key::text[]) AND intents.intent_key = b.intent_key AND intents.status = b.expected
       AND {holds_no_lease[intents]}
     RETURNING intents.*, {unleased}, {event_payload[intents]} AS event_payload, b.n
 ), {logged}
 SELECT * FROM changed;
 
 -- name: approve
--- Move approve for a batch (arrays from $7: key, approved digest, approval expiry, approver, next_attempt_at,
--- updated_at): each intent still held is pending under its approval. Returns the places applied, with the rows.
+-- Move approve for a batch (arrays $1-$6 its events; then named: $intent_key, $approved_digest, the approval's
+-- expiry $approval_expires_at, the approver $approved_by, $next_attempt_at, $updated_at): each intent still held is
+-- pending under its approval. Returns the places applied, with the rows.
 WITH changed AS (
     UPDATE intents SET status = 'pending', approved_digest = b.approved_digest,
                        approval_expires_at = b.approval_expires_at, approved_by = b.approved_by,
                        next_attempt_at = b.next_attempt_at, updated_at = b.updated_at
-    FROM unnest($7::text[], $8::text[], $9::timestamptz[], $10::text[], $11::timestamptz[], $12::timestamptz[])
+    FROM unnest($intent_key::text[], $approved_digest::text[], $approval_expires_at::timestamptz[],
+                $approved_by::text[], $next_attempt_at::timestamptz[], $updated_at::timestamptz[])
         WITH ORDINALITY AS b (intent_key, approved_digest, approval_expires_at, approved_by, next_attempt_at,
                               updated_at, n)
-    WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'held'
+    WHERE intents.intent_key = ANY($intent_key::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'held'
     RETURNING intents.*, {unleased}, {event_payload[intents]} AS event_payload, b.n
 ), {logged}
 SELECT *, pg_notify('outbox_due', '') AS notified FROM changed;
 
 -- name: reject
--- Move reject for a batch (arrays from $7: key, updated_at): each intent still held is cancelled, never sent.
--- Returns the places applied, with the rows.
+-- Move reject for a batch (arrays $1-$6 its events; then named: $intent_key, $updated_at): each intent still held is
+-- cancelled, never sent. Returns the places applied, with the rows.
 WITH changed AS (
     UPDATE intents SET status = 'cancelled', updated_at = b.updated_at
-    FROM unnest($7::text[], $8::timestamptz[]) WITH ORDINALITY AS b (intent_key, updated_at, n)
-    WHERE intents.intent_key = ANY($7::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'held'
+    FROM unnest($intent_key::text[], $updated_at::timestamptz[]) WITH ORDINALITY AS b (intent_key, updated_at, n)
+    WHERE intents.intent_key = ANY($intent_key::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'held'
     RETURNING intents.*, {unleased}, {event_payload[intents]} AS event_payload, b.n
 ), {logged}
 SELECT * FROM changed;
