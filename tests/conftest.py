@@ -103,6 +103,12 @@ def store_url(request: pytest.FixtureRequest, db_url: str) -> str:
     return db_url if request.param == "sqlite" else str(request.getfixturevalue("pg_url"))
 
 
+def records(url: str) -> str:
+    """Where the outbox database at ``url`` is read for intents as records: on SQLite their rows, on
+    PostgreSQL their rows with their leases (the view intent_records), whose status says leased."""
+    return "intents" if url.startswith("sqlite:") else "intent_records"
+
+
 async def rows(url: str, sql: str) -> list[tuple[Any, ...]]:
     """What ``sql`` selects from the outbox database at ``url``, through a connection of its own."""
     if url.startswith("sqlite:"):

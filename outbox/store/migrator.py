@@ -19,13 +19,15 @@ from typing import Protocol
 
 from ..errors import SchemaTooNew
 
-#: Every table the migrations make, in either dialect, their own record (``schema_migrations``)
-#: included: what the outbox owns in a database it shares with an application, and what the
-#: application's own migrations must leave alone (``outbox.contrib.alembic``).
-TABLES = frozenset({
+#: Every table the migrations make, by dialect, their own record (``schema_migrations``) included: what the
+#: outbox owns in a database it shares with an application (PostgreSQL keeps leases in a table of their own).
+DIALECT_TABLES: dict[str, frozenset[str]] = {"sqlite": frozenset({
     "schema_migrations", "intents", "attempts", "events", "destinations", "destination_buckets", "grants",
     "tokens", "secrets_key", "topic_events", "subscriptions", "console_sessions", "portal_links",
-})
+})}
+DIALECT_TABLES["postgres"] = DIALECT_TABLES["sqlite"] | {"intent_leases"}
+#: The tables of either dialect: what the application's own migrations must leave alone (``outbox.contrib.alembic``).
+TABLES = frozenset().union(*DIALECT_TABLES.values())
 
 
 @dataclass(frozen=True, slots=True)

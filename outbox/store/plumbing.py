@@ -24,8 +24,9 @@ __all__ = ["SQLITE", "GroupCommitter", "Named", "SetJob", "connect", "from_us", 
            "to_us", "unavailable"]
 #: Where a statement uses a rule about one intents row, ``{rule[row]}``, ``row`` naming the row: the payload
 #: an intent of an event sends (``event_payload``), whether its lease's "leased" fact is recorded nowhere yet
-#: (``unrecorded_lease``) and that fact as an attempt keeps it (``lease_entry``).
-_ROW_RULE = re.compile(r"\{(event_payload|unrecorded_lease|lease_entry)\[(\w+)\]\}")
+#: (``unrecorded_lease``) and that fact as an attempt keeps it (``lease_entry``), and on PostgreSQL whether it
+#: holds no lease (``holds_no_lease``).
+_ROW_RULE = re.compile(r"\{(event_payload|unrecorded_lease|lease_entry|holds_no_lease)\[(\w+)\]\}")
 
 
 def _listed(statuses: list[Status]) -> str:

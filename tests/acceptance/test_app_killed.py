@@ -23,7 +23,7 @@ from outbox import DestinationSpec, Outbox, Status
 from outbox.grants import GrantSpec
 
 from ..apps import KINDS, ORDERS, sqlite_path
-from ..conftest import SECRET, rows
+from ..conftest import SECRET, records, rows
 from ..receiver import Receiver, Reply
 from .conftest import clean_env, kill_9, outbox_worker
 
@@ -90,7 +90,7 @@ class AppProcess:
 async def held(url: str) -> tuple[list[int], dict[str, str]]:
     """The orders and the intents (action id: status) the database holds, read from outside."""
     orders = [n for (n,) in await rows(url, "SELECT id FROM orders ORDER BY id")]
-    return orders, {a: s for a, s in await rows(url, "SELECT action_id, status FROM intents ORDER BY seq")}
+    return orders, {a: s for a, s in await rows(url, f"SELECT action_id, status FROM {records(url)} ORDER BY seq")}
 
 
 async def test_an_app_killed_before_its_commit_leaves_neither_and_after_it_both_delivered_once(

@@ -214,7 +214,7 @@ async def test_rate_limit_and_max_in_flight_hold_across_three_worker_processes(
         db = await asyncpg.connect(pg_url)
         try:
             assert await db.fetchval(
-                "SELECT count(*) FROM intents i WHERE i.status = 'pending'"
+                "SELECT count(*) FROM intent_records i WHERE i.status = 'pending'"
                 " AND (i.attempts > 0 OR EXISTS (SELECT 1 FROM attempts a WHERE a.intent_seq = i.seq))") == 0
         finally:
             await db.close()

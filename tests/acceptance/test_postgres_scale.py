@@ -286,13 +286,14 @@ class AtKill:
 
 
 #: How many facts of the timelines name worker $1 as their actor, in one snapshot: events rows, the events attempts
-#: keep, and the "leased" facts of leases only the intents rows record yet (outbox/store/timeline.py).
+#: keep, and the "leased" facts of leases only their lease rows record yet (outbox/store/timeline.py).
 EVENTS_BY = (
     "SELECT (SELECT count(*) FROM events WHERE actor = $1)"
     " + (SELECT count(*) FROM attempts, jsonb_array_elements(attempts.events) AS g, jsonb_array_elements(g -> 1) AS e"
     "    WHERE e ->> 2 = $1)"
-    f" + (SELECT count(*) FROM intents AS i WHERE i.lease_owner = $1 AND {statements('postgres')['unrecorded_lease']})"
-).replace("{of}", "i")
+    f" + (SELECT count(*) FROM intent_leases AS l WHERE l.lease_owner = $1"
+    f" AND {statements('postgres')['unrecorded_lease']})"
+).replace("{of}", "l")
 
 
 async def state_at_kill(monitor: asyncpg.Connection, pid: int) -> AtKill:
@@ -300,7 +301,7 @@ async def state_at_kill(monitor: asyncpg.Connection, pid: int) -> AtKill:
     (worker_id,) = [w for w in owners if pid_of(w) == pid]
     rows = await monitor.fetch(
         "SELECT i.intent_key, i.fence, (SELECT a.attempt_id FROM attempts a WHERE a.intent_seq = i.seq"
-        "  AND a.fence = i.fence AND a.finished_at IS NULL) FROM intents i"
+        "  AND a.fence = i.fence AND a.finished_at IS NULL) FROM intent_records i"
         " WHERE i.status = 'leased' AND i.lease_owner = $1", worker_id)
     events = await monitor.fetchval(EVENTS_BY, worker_id)
     finished = await monitor.fetchval(
@@ -423,7 +424,7 @@ async def test_three_workers_and_a_service_survive_a_kill_and_two_outages_with_e
 
     try:
         intents = {row["intent_key"]: row for row in await monitor.fetch(
-            "SELECT seq, intent_key, status, fence, attempts FROM intents")}
+            "SELECT seq, intent_key, status, fence, attempts FROM intent_records")}
         by_seq = {row["seq"]: key for key, row in intents.items()}
         attempts: dict[str, list[asyncpg.Record]] = defaultdict(list)
         for row in await monitor.fetch("SELECT * FROM attempts ORDER BY intent_seq, number"):

@@ -35,7 +35,7 @@ from outbox import (
 from outbox.model import SETTLED, Settle
 from sender import Worker
 
-from ..conftest import SECRET, rows, snapshot
+from ..conftest import SECRET, records, rows, snapshot
 from .conftest import clean_env, kill_9, outbox_worker, served_in_thread
 
 pytestmark = pytest.mark.acceptance
@@ -131,7 +131,7 @@ async def state_at_crash(url: str) -> dict[str, AtCrash]:
         url,
         "SELECT i.action_id, i.status, i.fence, "
         "  (SELECT a.attempt_id FROM attempts a WHERE a.intent_seq = i.seq AND a.fence = i.fence"
-        "   AND a.finished_at IS NULL) FROM intents i")
+        f"   AND a.finished_at IS NULL) FROM {records(url)} i")
     return {action_id: AtCrash(Status(status), fence, attempt) for action_id, status, fence, attempt in found}
 
 

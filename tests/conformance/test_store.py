@@ -355,6 +355,10 @@ async def test_listing_filters_and_pages_newest_first_without_gaps(store):
         return [i.action_id for i in (await store.list_intents(IntentQuery(**query))).intents]
 
     assert await ids(statuses=[Status.HELD]) == ["held"]
+    await store.claim("w1", now=T0 + timedelta(minutes=1, seconds=30), lease_until=T0 + timedelta(hours=1), limit=5)
+    assert await ids(statuses=[Status.LEASED]) == ["i1", "i0"]  # (the due ones: on PostgreSQL stored pending)
+    assert await ids(statuses=[Status.PENDING]) == ["i6", "i5", "i4", "i3", "i2"]
+    assert await ids(statuses=[Status.LEASED, Status.HELD]) == ["held", "i1", "i0"]
     assert await ids(scopes=["acme"], destination="billing") == ["i5", "i3", "i1"]
     assert await ids(scopes=[]) == []
     assert await ids(channel="webhook", limit=2) == ["held", "i6"]
@@ -1004,6 +1008,8 @@ async def test_an_ordered_key_is_claimed_one_intent_at_a_time_in_enqueue_order(s
     assert await claim_ids(store) == ["a1", "b1", "n1"]  # each key's first; an intent without a key waits for none
     assert await claim_ids(store) == []
     assert [(await store.waiting_behind(f"acme/{a}")).action_id for a in ("a2", "a3", "b2")] == ["a1", "a1", "b1"]
+    in_flight = await store.waiting_behind("acme/a2")  # the earlier one in flight, read with its lease
+    assert (in_flight.status, in_flight.lease_owner, in_flight.fence) == (Status.LEASED, "w1", 1)
     assert await store.waiting_behind("acme/a1") is None  # leased: it waits for nothing
     await settle(store, "a1", Status.DELIVERED)
     assert await claim_ids(store) == ["a2"]

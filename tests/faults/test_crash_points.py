@@ -31,7 +31,7 @@ from sender import Worker
 
 from ..acceptance.conftest import clean_env, outbox_worker
 from ..acceptance.test_worker_crash import wait_settled as settled
-from ..conftest import SECRET, eventually, rows
+from ..conftest import SECRET, eventually, records, rows
 from ..servers import Served
 from .checker import IntentFact, Truth, check, off_diagonal, truth_table
 from .tables import store_name
@@ -92,34 +92,46 @@ async def ground(tmp_path: Path) -> AsyncIterator[tuple[Ground, str]]:
 
 
 #: The store's own invariants, in SQL both dialects read the same way: each a count of the rows
-#: that break it, named for what it would mean.
+#: that break it, named for what it would mean. ``{records}`` is where an intent is read as a record:
+#: its row on SQLite, on PostgreSQL its row with its lease (the view intent_records).
 INVARIANTS = {
     # (the count is of settled attempts: one started under the current lease is not counted yet)
     "an intent's attempt count differs from its attempts":
-        "SELECT count(*) FROM intents i WHERE i.attempts <> "
+        "SELECT count(*) FROM {records} i WHERE i.attempts <> "
         "(SELECT count(DISTINCT a.number) FROM attempts a WHERE a.intent_seq = i.seq AND NOT "
         "(a.finished_at IS NULL AND i.status = 'leased' AND a.fence = i.fence))",
     "two attempts share a number":
         "SELECT count(*) FROM (SELECT intent_seq, number FROM attempts GROUP BY intent_seq, number "
         "HAVING count(*) > 1) twice",
     "a lease held outside status leased, or leased without one":
-        "SELECT count(*) FROM intents WHERE (status = 'leased') <> (lease_owner IS NOT NULL)",
+        "SELECT count(*) FROM {records} WHERE (status = 'leased') <> (lease_owner IS NOT NULL)",
     "an attempt unfinished while its intent is not leased":
-        "SELECT count(*) FROM attempts a JOIN intents i ON i.seq = a.intent_seq "
+        "SELECT count(*) FROM attempts a JOIN {records} i ON i.seq = a.intent_seq "
         "WHERE a.finished_at IS NULL AND i.status <> 'leased'",
     "an attempt with a fence above its intent's":
-        "SELECT count(*) FROM attempts a JOIN intents i ON i.seq = a.intent_seq WHERE a.fence > i.fence",
+        "SELECT count(*) FROM attempts a JOIN {records} i ON i.seq = a.intent_seq WHERE a.fence > i.fence",
     "an intent without exactly one enqueued event":
         "SELECT count(*) FROM intents i WHERE "
         "(SELECT count(*) FROM events e WHERE e.intent_seq = i.seq AND e.kind = 'enqueued') <> 1",
+}
+#: PostgreSQL's own: a lease is a row of intent_leases, one above its intent's stored fence, beside a stored 'pending'.
+POSTGRES_INVARIANTS = {
+    "a stored status that says leased, or a lease beside another stored status than pending":
+        "SELECT count(*) FROM intents i LEFT JOIN intent_leases l ON l.intent_seq = i.seq "
+        "WHERE i.status = 'leased' OR (l.intent_seq IS NOT NULL AND i.status <> 'pending')",
+    "a lease whose fence is not one above its intent's stored fence":
+        "SELECT count(*) FROM intents i JOIN intent_leases l ON l.intent_seq = i.seq WHERE l.fence <> i.fence + 1",
 }
 
 
 async def integrity(url: str) -> None:
     """The store's integrity: SQLite's own check, and the outbox's invariants on either store."""
-    if url.startswith("sqlite:"):
+    sqlite = url.startswith("sqlite:")
+    if sqlite:
         assert await rows(url, "PRAGMA integrity_check") == [("ok",)]
-    broken = {what: n for what, query in INVARIANTS.items() if (n := (await rows(url, query))[0][0])}
+    invariants = {**INVARIANTS, **({} if sqlite else POSTGRES_INVARIANTS)}
+    broken = {what: n for what, query in invariants.items()
+              if (n := (await rows(url, query.format(records=records(url))))[0][0])}
     assert broken == {}, broken
 
 
@@ -282,13 +294,16 @@ async def test_workers_killed_one_after_another_at_drawn_points_lose_and_misrepo
 
 @pytest.mark.parametrize("breakage", [
     "UPDATE intents SET attempts = attempts + 1",
-    "UPDATE intents SET lease_owner = 'w'",
+    {"sqlite": "UPDATE intents SET lease_owner = 'w'", "postgres": "UPDATE intents SET status = 'leased'"},
+    {"sqlite": "UPDATE intents SET status = 'leased'",
+     "postgres": "INSERT INTO intent_leases SELECT seq, destination, 'w', now(), fence + 2, now() FROM intents"},
     "DELETE FROM events WHERE kind = 'enqueued'",
 ])
-async def test_the_integrity_check_finds_a_broken_store(store_url: str, breakage: str) -> None:
+async def test_the_integrity_check_finds_a_broken_store(store_url: str, breakage: str | dict[str, str]) -> None:
     async with enqueued(store_url, "http://127.0.0.1:9/", ["order-0"]):
         pass
     await integrity(store_url)
-    await rows(store_url, breakage)
+    await rows(store_url, breakage if isinstance(breakage, str) else
+               breakage["sqlite" if store_url.startswith("sqlite:") else "postgres"])
     with pytest.raises(AssertionError):
         await integrity(store_url)

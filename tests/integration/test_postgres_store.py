@@ -51,6 +51,7 @@ from outbox.operations import Actor, replay
 from outbox.secrets_key import rotate, unlock
 from outbox.store import migrator, moves
 from outbox.store.postgres import LISTENER, SQL, PostgresStore, cycle_arguments
+from outbox.store.postgres.sql import where
 from outbox.store.protocol import Claim
 from outbox.store.records import destination_values
 from sender import Worker
@@ -211,19 +212,24 @@ async def test_a_database_from_a_newer_release_is_refused(pg_url):
 # -- query plans -------------------------------------------------------------------------------
 
 
-async def test_the_claim_and_expired_lease_lookups_use_their_partial_indexes_among_many_rows(box, pg_url):
+async def test_the_claim_and_expired_lease_lookups_use_their_indexes_among_many_rows(box, pg_url):
+    """Among 20,000 intents, 200 of them leased (lease rows, stored pending and due): the claim picks
+    the oldest due straight off intents_due, and the sweeper's lookups read the lease rows and find
+    each intent by its key; none reads intents whole, and the claim takes none of the leased."""
     writer = await asyncpg.connect(pg_url)
     try:
         await writer.execute("""
             INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest,
-                                 status, max_attempts, next_attempt_at, created_at, updated_at,
-                                 lease_expires_at)
+                                 status, max_attempts, next_attempt_at, created_at, updated_at)
             SELECT 'acme/' || n, n::text, 'acme', 'billing', 'webhook', '{}', 'sha256:aa',
-                   CASE WHEN n % 200 = 0 THEN 'pending' WHEN n % 200 = 1 THEN 'leased' ELSE 'delivered' END,
-                   5, now() - n * interval '1 second', now(), now(),
-                   CASE WHEN n % 200 = 1 THEN now() END
+                   CASE WHEN n % 200 IN (0, 1) THEN 'pending' ELSE 'delivered' END,
+                   5, now() - n * interval '1 second', now(), now()
             FROM generate_series(1, 20000) AS n""")
+        await writer.execute("""
+            INSERT INTO intent_leases (intent_seq, destination, lease_owner, lease_expires_at, fence, leased_at)
+            SELECT seq, destination, 'w0', now(), 1, now() FROM intents WHERE action_id::integer % 200 = 1""")
         await writer.execute("ANALYZE intents")
+        await writer.execute("ANALYZE intent_leases")
         now = datetime.now(UTC)
 
         async def plan(statement: str, *args: Any) -> str:
@@ -235,10 +241,13 @@ async def test_the_claim_and_expired_lease_lookups_use_their_partial_indexes_amo
         pick = claim.split("CTE due", 1)[1].split("CTE leased", 1)[0]
         assert "Index Scan using intents_due on intents" in pick and "Sort" not in pick, claim
         expired = await plan(SQL["expired_leases"], now, 10)
-        assert "Index Scan using intents_lease on intents" in expired and "Sort" not in expired, expired
         recoverable = await plan(SQL["lock_recoverable"], now, 10)
-        assert "Index Scan using intents_lease on intents" in recoverable and "Sort" not in recoverable, recoverable
-        assert "Seq Scan on intents" not in claim + expired + recoverable, claim + expired + recoverable
+        for found in (expired, recoverable):
+            assert "on intent_leases" in found and "intents_pkey on intents" in found, found
+        params: list[Any] = [51]  # a listing of a rare status finds its rows through the stored one's index
+        listing = await plan(SQL["list_intents"].format(where=where([("status", "in", ["dead"])], params)), *params)
+        assert "using intents_status on intents" in listing, listing
+        assert "Seq Scan on intents " not in claim + expired + recoverable + listing, claim + expired + recoverable
     finally:
         await writer.close()
     claimed = await box.store.claim("w1", now=now, lease_until=now + timedelta(seconds=30), limit=500)
@@ -254,9 +263,13 @@ async def test_the_claim_of_an_ordered_destination_seeks_each_keys_earlier_inten
             INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest,
                                  status, max_attempts, next_attempt_at, created_at, updated_at, ordering_key)
             SELECT 'acme/' || n, n::text, 'acme', 'billing', 'webhook', '{}', 'sha256:aa',
-                   CASE WHEN n % 20 = 0 THEN 'pending' WHEN n % 20 = 1 THEN 'leased' ELSE 'delivered' END,
+                   CASE WHEN n % 20 IN (0, 1) THEN 'pending' ELSE 'delivered' END,
                    5, now() - interval '1 hour' + n * interval '1 millisecond', now(), now(), 'k' || n % 1000
             FROM generate_series(1, 20000) AS n""")
+        await writer.execute("""
+            INSERT INTO intent_leases (intent_seq, destination, lease_owner, lease_expires_at, fence, leased_at)
+            SELECT seq, destination, 'w0', now() + interval '1 hour', 1, now() FROM intents
+            WHERE action_id::integer % 20 = 1""")
         await writer.execute("ANALYZE intents")
         now = datetime.now(UTC)
         claim = "\n".join(row[0] for row in await writer.fetch(
@@ -358,11 +371,11 @@ async def test_the_cycles_lease_rule_is_the_one_moves_words(conn):
     """The cycle's start judges a lease running in SQL (``lease_running``), where it locks the row;
     the SQLite store and every refusal's wording judge it with ``moves.lease_running``: the two
     agree at, before and after the instant, and with no end recorded."""
-    assert SQL["lease_running"].format(of="intents", at="starting.started_at") in SQL["cycle"]
-    judged = SQL["lease_running"].format(of="intents", at="$2")
+    assert SQL["lease_running"].format(of="lease", at="starting.started_at") in SQL["cycle"]
+    judged = SQL["lease_running"].format(of="lease", at="$2")
     for ends in (T0 - timedelta(microseconds=1), T0, T0 + timedelta(microseconds=1), None):
         sql = await conn.fetchval(f"SELECT coalesce({judged}, false) FROM (SELECT $1::timestamptz AS lease_expires_at)"
-                                  " AS intents", ends, T0)
+                                  " AS lease", ends, T0)
         assert sql is moves.lease_running(ends, T0), ends
 
 
@@ -413,6 +426,146 @@ async def test_a_change_the_database_refuses_is_answered_alone_and_the_rest_comm
     assert isinstance(applied.results[1], InvalidInput) and intents[1].key in str(applied.results[1])
     assert [(await box.store.get_intent(i.key)).status for i in intents] == [  # type: ignore[union-attr]
         Status.DELIVERED, Status.LEASED, Status.DELIVERED]
+
+
+# -- leases apart from the record (intent_leases) ----------------------------------------------
+
+
+async def waiting_on_a_lock(watch: asyncpg.Connection) -> bool:
+    """Whether a backend of this database waits on a lock (a row's, a bucket's)."""
+    return bool(await watch.fetchval("SELECT count(*) FROM pg_stat_activity"
+                                     " WHERE datname = current_database() AND wait_event_type = 'Lock'"))
+
+
+async def test_a_cancel_that_waited_on_a_claims_row_lock_finds_its_lease_and_withdraws_nothing(box, pg_url):
+    """A claim leases a pending intent without writing its row: a cancel that found it pending and
+    waited on the claim's lock of the row decides only once it holds the lock, sees the lease the
+    claim committed, and refuses, so an intent being delivered is never withdrawn."""
+    await box.enqueue(destination="billing", scope="acme", action_id="a1", payload={})
+    claimer, watch = await asyncpg.connect(pg_url), await asyncpg.connect(pg_url)
+    try:
+        claiming = claimer.transaction()
+        await claiming.start()
+        rows = await claimer.fetch(SQL["cycle"], *cycle_arguments([], [], Claim("w1", T0, T0 + LEASE, 1)))
+        assert [row["action_id"] for row in rows] == ["a1"]
+        cancel = asyncio.create_task(box.store.apply([
+            Cancel("acme/a1", Status.PENDING, (Event(EventKind.CANCELLED, T0, "op"),))]))
+        assert await eventually(lambda: waiting_on_a_lock(watch))
+        await claiming.commit()
+        (refused,) = (await cancel).results
+    finally:
+        await claimer.close()
+        await watch.close()
+    assert isinstance(refused, StaleWrite) and "is leased at fence 1, not pending" in str(refused), refused
+    intent = await box.store.get_intent("acme/a1")
+    assert intent is not None and (intent.status, intent.lease_owner, intent.fence) == (Status.LEASED, "w1", 1)
+
+
+async def test_a_claim_takes_again_the_places_of_rows_leased_after_its_snapshot(box, pg_url):
+    """A claim locks the rows it picks without writing them, so a row another claimer leased after
+    the claim's snapshot is locked all the same and its lease refused by intent_leases' key: the
+    claim asks again for that place and returns as many as it could take. Here the claim's
+    statement waits on a limited destination's bucket (held by the test) after its snapshot, while
+    its oldest due intent is leased behind its back."""
+    await box.put_destination("metered", DestinationSpec(url="https://metered.example/hook", secret=SECRET,
+                                                         rate_limit=RateLimit(per_second=100, burst=10)))
+    await box.enqueue_many([{"destination": d, "scope": "acme", "action_id": a, "payload": {}}
+                            for d, a in (("billing", "a0"), ("billing", "a1"), ("metered", "m0"))])
+    holder, watch = await asyncpg.connect(pg_url), await asyncpg.connect(pg_url)
+    try:
+        await holder.execute("UPDATE intents SET next_attempt_at = next_attempt_at - interval '1 hour'"
+                             " WHERE action_id = 'a0'")  # the claim's first pick
+        await holder.execute("INSERT INTO destination_buckets (destination, tokens, refilled_at)"
+                             " VALUES ('metered', 10, now())")
+        holding = holder.transaction()
+        await holding.start()
+        await holder.execute("SELECT 1 FROM destination_buckets WHERE destination = 'metered' FOR UPDATE")
+        claim = asyncio.create_task(box.store.claim("w1", now=T0, lease_until=T0 + LEASE, limit=2))
+        assert await eventually(lambda: waiting_on_a_lock(watch))
+        await watch.execute("""
+            WITH taken AS (SELECT * FROM intents WHERE action_id = 'a0' FOR UPDATE)
+            INSERT INTO intent_leases (intent_seq, destination, lease_owner, lease_expires_at, fence, leased_at)
+            SELECT seq, destination, 'w2', $1, fence + 1, $2 FROM taken""", T0 + LEASE, T0)
+        await holding.commit()
+        claimed = await claim
+    finally:
+        await holder.close()
+        await watch.close()
+    assert sorted(i.action_id for i in claimed) == ["a1", "m0"]
+    assert all(i.status is Status.LEASED and i.lease_owner == "w1" for i in claimed)
+    a0 = await box.store.get_intent("acme/a0")
+    assert a0 is not None and (a0.status, a0.lease_owner) == (Status.LEASED, "w2")
+
+
+async def test_a_delivery_writes_its_intents_row_once_and_its_lease_row_goes_with_the_settle(box, pg_url):
+    """The claim and the start leave the intent's row as enqueued (one row version: its xmin
+    unchanged), the heartbeat writes the lease row only, and the settle writes the intent's row
+    and deletes the lease; stored, a leased intent is pending at the fence before its lease's."""
+    (intent,) = await leased(box, 1)
+    watch = await asyncpg.connect(pg_url)
+    try:
+        async def stored() -> tuple[Any, ...]:
+            return tuple(await watch.fetchrow("SELECT xmin::text, status, fence FROM intents WHERE seq = $1",
+                                              intent.seq))
+
+        enqueued = await stored()
+        assert enqueued[1:] == ("pending", 0) and (intent.status, intent.fence) == (Status.LEASED, 1)
+        await box.store.apply([start(intent)])
+        assert await box.store.renew_leases([(intent.key, intent.fence)], T0 + 2 * LEASE) == []
+        assert await stored() == enqueued
+        assert await watch.fetchval("SELECT lease_expires_at FROM intent_leases WHERE intent_seq = $1",
+                                    intent.seq) == T0 + 2 * LEASE
+        await box.store.apply([settle(intent)])
+        assert (await stored())[1:] == ("delivered", 1) and (await stored())[0] != enqueued[0]
+        assert await watch.fetchval("SELECT count(*) FROM intent_leases") == 0
+    finally:
+        await watch.close()
+
+
+async def test_migration_0023_turns_the_leases_held_into_lease_rows_that_settle_as_before(pg_url):
+    """A database at 0022 with an intent leased the old way (its lease in its row): 0023 moves the
+    lease into intent_leases, the record reads as before, and the holder's settle at its fence
+    applies and ends it."""
+    scripts = migrator.scripts_for("postgres")
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await conn.execute(SQL["create_migrations_table"])
+        for m in scripts:
+            if m.version < 23:
+                await conn.execute(m.script)
+                await conn.execute(SQL["record_migration"], m.version, m.name, T0)
+        await conn.execute("""
+            INSERT INTO destinations (id, channel, secrets, idempotent, retention_seconds, on_unknown, timeout_seconds,
+                                      requires_approval, allow_private_network, disabled, created_at, updated_at)
+            VALUES ('billing', 'webhook', '{}', false, 0, 'declared', 10, false, false, false, $1, $1)""", T0)
+        await conn.execute("""
+            INSERT INTO intents (intent_key, action_id, scope, destination, channel, payload, payload_digest, status,
+                                 max_attempts, next_attempt_at, created_at, updated_at, lease_owner, lease_expires_at,
+                                 fence)
+            VALUES ('acme/a1', 'a1', 'acme', 'billing', 'webhook', '{}', 'sha256:aa', 'leased', 5, $1, $1, $2, 'w9',
+                    $3, 3),
+                   ('acme/a2', 'a2', 'acme', 'billing', 'webhook', '{}', 'sha256:aa', 'pending', 5, $1, $1, $1, NULL,
+                    NULL, 0)""", T0 - LEASE, T0, T0 + LEASE)
+    finally:
+        await conn.close()
+    store = PostgresStore(pg_url)
+    await store.open()
+    try:
+        assert await store.migrate() == ["0023_intent_leases"]
+        a1, a2 = await store.get_intent("acme/a1"), await store.get_intent("acme/a2")
+        assert a1 is not None and a2 is not None
+        assert (a1.status, a1.lease_owner, a1.lease_expires_at, a1.fence, a1.updated_at) == (
+            Status.LEASED, "w9", T0 + LEASE, 3, T0)
+        assert (a2.status, a2.lease_owner, a2.lease_expires_at, a2.fence) == (Status.PENDING, None, None, 0)
+        assert [i.key for i in await store.claim("w1", now=T0, lease_until=T0 + LEASE, limit=5)] == ["acme/a2"]
+        assert (await store.apply([settle(a1)])).results == [None]
+        settled = await store.get_intent("acme/a1")
+        assert settled is not None and (settled.status, settled.lease_owner, settled.fence) == (
+            Status.DELIVERED, None, 3)
+        assert [e.kind for e in (await store.history("acme/a1")).events] == [
+            EventKind.LEASED, EventKind.ATTEMPT_FINISHED, EventKind.DELIVERED]
+    finally:
+        await store.close()
 
 
 async def test_an_operators_batch_answers_each_intent_as_it_became(box):
@@ -491,7 +644,7 @@ async def test_recover_leaves_an_intent_whose_attempt_start_is_under_way(box, pg
 
 async def test_a_flow_limited_claim_writes_no_event_row_and_reads_as_the_other_claims_leases(box, pg_url):
     """The flow-limited claim (the function the store creates) records its lease as the other
-    claims do: nowhere but the intent row until its attempt starts or its lease ends, and the
+    claims do: nowhere but its lease row until its attempt starts or its lease ends, and the
     timeline shows it the same."""
     await box.put_destination("metered", DestinationSpec(url="https://metered.example/hook", secret=SECRET,
                                                          rate_limit=RateLimit(per_second=100, burst=10)))
@@ -519,11 +672,12 @@ async def test_migrate_creates_the_stores_functions_from_their_named_sql_and_rep
         made = await conn.fetchval(f"SELECT xmin FROM pg_proc WHERE oid = '{signature}'::regprocedure")
         await box.store.migrate()
         assert await conn.fetchval(f"SELECT xmin FROM pg_proc WHERE oid = '{signature}'::regprocedure") == made
+        await conn.execute(f"DROP FUNCTION {signature}")  # (0016's returned intents rows, not records)
         await conn.execute(script)  # the body 0016 made, which writes a "leased" event row
-        assert "INSERT INTO events" in await conn.fetchval(f"SELECT pg_get_functiondef('{signature}'::regprocedure)")
+        body = "SELECT pg_get_functiondef(to_regprocedure($1))"  # (by name when it runs: the function is made anew)
+        assert "INSERT INTO events" in await conn.fetchval(body, signature)
         await box.store.migrate()
-        assert "INSERT INTO events" not in await conn.fetchval(
-            f"SELECT pg_get_functiondef('{signature}'::regprocedure)")
+        assert "INSERT INTO events" not in await conn.fetchval(body, signature)
     finally:
         await conn.close()
 

@@ -56,7 +56,7 @@ async def test_migrations_are_recorded_and_reapplied_never(db_path, db_url):
             (11, "0011_hot_path"), (12, "0012_events"), (13, "0013_flow_control"),
             (14, "0014_retry_schedule"), (15, "0015_trace_context"), (16, "0016_bounded_flow"),
             (17, "0017_console_sessions"), (18, "0018_shared_payloads"), (19, "0019_attempt_history"),
-            (21, "0021_tenant_destinations"), (22, "0022_portal_links")]
+            (21, "0021_tenant_destinations"), (22, "0022_portal_links"), (23, "0023_intent_leases")]
     async with await Outbox.open(db_url) as box:
         assert await box.store.migrate() == []
 

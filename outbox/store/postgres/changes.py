@@ -4,8 +4,10 @@ statements, the settles and starts with the claim in one (``cycle``), round by r
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -19,8 +21,12 @@ from ...timestamps import from_epoch
 from .. import moves, timeline
 from ..protocol import Applied, Claim
 from ..records import ATTEMPT_COLUMNS, attempt_values, event_data
-from .connection import READ
-from .sql import CYCLE, CYCLE_SQL, MOVE_SQL, SQL
+from .connection import READ, UNAVAILABLE
+from .sql import CYCLE, CYCLE_SQL, LOCKED_FIRST, MOVE_SQL, SQL
+
+log = logging.getLogger("outbox.store")
+#: How many times a claim asks again for the places a lease committed after its snapshot took (``cycle``'s refused).
+RECLAIMS = 8
 
 #: Which of the cycle's named parameters is which (``$settle_status`` in sql/postgres.sql): each part's columns, in
 #: the order ``_row`` makes a change's values. A column added on one side only fails as a name missing or unknown.
@@ -128,8 +134,9 @@ async def apply_rounds(conn: asyncpg.Connection, changes: Sequence[Change],
                         rounds: Sequence[Mapping[str, Sequence[int]]], claim: Claim | None) -> Applied:
     """The changes, round by round: one statement per move present, the settles and starts
     together in the ``cycle`` statement, which claims in the last round (or alone, for no
-    changes); then, for a round with changes refused, one read of their intents to word each
-    refusal."""
+    changes; a move of ``LOCKED_FIRST`` after locking its intents), with the claim's refused places
+    claimed again (``reclaimed``); then, for a round with changes refused, one read of their intents
+    to word each refusal."""
     results: list[Intent | OutboxError | None] = [None] * len(changes)
     claimed: list[Intent] = []
     held: list[Held] = []
@@ -138,6 +145,8 @@ async def apply_rounds(conn: asyncpg.Connection, changes: Sequence[Change],
         applied: dict[int, Any] = {}  # a change's place: its row (True: applied, no row)
         for move, places in round_.items():
             if move not in CYCLE:
+                if move in LOCKED_FIRST:
+                    await conn.execute(SQL["lock_intents"], [changes[i].key for i in places])
                 rows = {row["n"]: row for row in await conn.fetch(SQL[move], *move_arguments(
                     move, [changes[i] for i in places]))}
                 applied |= {i: rows[n] for n, i in enumerate(places, 1) if n in rows}
@@ -150,6 +159,8 @@ async def apply_rounds(conn: asyncpg.Connection, changes: Sequence[Change],
                 applied[cycled[n - 1]] = True
             claimed = [READ.intent(row) for row in rows if row["seq"] is not None]
             held = held_back(rows[0]["held"])
+            if asked is not None and rows[0]["refused"]:
+                claimed += await reclaimed(conn, replace(asked, limit=rows[0]["refused"]))
         refused = [i for places in round_.values() for i in places if i not in applied]
         for i, row in applied.items():
             if isinstance(changes[i], OperatorChange):
@@ -160,6 +171,28 @@ async def apply_rounds(conn: asyncpg.Connection, changes: Sequence[Change],
             for i in refused:
                 results[i] = _refusal(changes[i], found.get(changes[i].key))
     return Applied(results, claimed, held)
+
+
+async def reclaimed(conn: asyncpg.Connection, claim: Claim) -> list[Intent]:
+    """The places a claim's statement refused (rows it locked whose lease another claimer
+    committed after its snapshot) claimed again, each time in a statement of its own (a newer
+    snapshot), so a claim of N returns N while N are claimable. A failure here keeps what was
+    claimed: each statement is its own savepoint, and the leases it took stay or go with it."""
+    claimed: list[Intent] = []
+    for _ in range(RECLAIMS):
+        try:
+            async with conn.transaction():
+                rows = await conn.fetch(SQL["cycle"], *cycle_arguments([], [], claim))
+        except asyncpg.PostgresError as exc:
+            if isinstance(exc, UNAVAILABLE):
+                raise
+            log.info("claiming %d refused place(s) again failed (%s: %s)", claim.limit, type(exc).__name__, exc)
+            break
+        claimed += [READ.intent(row) for row in rows if row["seq"] is not None]
+        if not rows[0]["refused"]:
+            break
+        claim = replace(claim, limit=rows[0]["refused"])
+    return claimed
 
 
 def held_back(found: str | None) -> list[Held]:
@@ -188,8 +221,8 @@ def _epoch(value: object) -> datetime | None:
 
 
 def statements(rounds: Sequence[Mapping[str, Sequence[int]]], claim: Claim | None) -> int:
-    """How many statements ``apply_rounds`` sends (the refusals' reads aside)."""
+    """How many statements ``apply_rounds`` sends (the refusals' reads and the claim's second asks aside)."""
     rounds = list(rounds) or [{}]
-    return sum(sum(move not in CYCLE for move in round_)
+    return sum(sum((move not in CYCLE) + (move in LOCKED_FIRST) for move in round_)
                + (any(move in CYCLE for move in round_) or (r == len(rounds) - 1 and claim is not None))
                for r, round_ in enumerate(rounds))

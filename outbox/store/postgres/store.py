@@ -456,15 +456,22 @@ def _portal_session(row: Row) -> PortalSession:
     return PortalSession(row["scope"], row["read_only"], row["session_expires_at"])
 
 
-#: The functions the store creates from its named SQL (not from a migration's body), by signature: their bodies
-#: share the statements' rules (the flow-limited claim takes the ordering rule, ``claimable``).
-FUNCTIONS = {"outbox_claim_limited(text, timestamptz, timestamptz, integer)": "claim_limited_function"}
+#: The functions the store creates from its named SQL (not from a migration's body), by signature, each with the
+#: relation its body needs: their bodies share the statements' rules (the flow-limited claim takes the ordering
+#: rule, ``claimable``, and returns records of intent_records, migration 0023).
+FUNCTIONS = {"outbox_claim_limited(text, timestamptz, timestamptz, integer)": ("claim_limited_function",
+                                                                               "intent_records")}
 
 
 async def _create_functions(conn: asyncpg.Connection) -> None:
     """(Re)create each of FUNCTIONS whose body in the database is not this release's (the text
     between its ``$$``), inside the migrations' transaction and lock: changing a function is a
-    change of its named SQL, not a new migration, and one another release made is replaced."""
-    for signature, name in FUNCTIONS.items():
+    change of its named SQL, not a new migration, and one another release made is replaced (dropped
+    first: what it returns may differ, which a replacement cannot change); none before the migrations
+    have made what its body needs (a database migrated only part of the way, as tests of old rows do)."""
+    for signature, (name, needs) in FUNCTIONS.items():
+        if await conn.fetchval(SQL["relation_exists"], needs) is None:
+            continue
         if await conn.fetchval(SQL["function_body"], signature) != SQL[name].split("$$")[1]:
+            await conn.execute(f"DROP FUNCTION IF EXISTS {signature}")
             await conn.execute(SQL[name])

@@ -5,7 +5,9 @@
 -- and never if it rolls back. Every statement that reads intents as records reads, beside each one's columns,
 -- {event_payload[row]} (filled from the block event_payload for the intents row it names): an intent of an event sends
 -- the payload stored once in the event's row (payload_event names it, migration 0018) and keeps none of its own; any
--- other its own.
+-- other its own. An intent is read as a record from the view intent_records (migration 0023): its row with its lease,
+-- if one is held (intent_leases), as every reader shows it; a statement that reads intents itself reads its stored
+-- status, in which a leased intent is 'pending', and looks for its lease row where the difference matters.
 
 -- name: event_payload
 -- The payload stored once for the event the intents row {of} sends it for (payload_event); NULL: it has its own.
@@ -19,24 +21,47 @@ jsonb_build_array(jsonb_build_array(
     coalesce((SELECT max(logged.id) FROM events AS logged WHERE logged.intent_seq = {seq}), 0), {entries}::jsonb))
 
 -- name: unrecorded_lease
--- Whether intents row {of}, as the statement found it, is leased under a lease whose "leased" fact is recorded nowhere
--- yet: neither in an attempt started under its fence (whose row keeps it) nor as a "leased" row (a flow-limited
--- claim's, or one written before 0019). The claim writes none; the move that starts its attempt or ends the lease
--- records it. Filled in where a statement names it with the row in brackets.
-({of}.status = 'leased'
- AND NOT EXISTS (SELECT 1 FROM attempts AS under WHERE under.intent_seq = {of}.seq AND under.fence = {of}.fence)
- AND NOT EXISTS (SELECT 1 FROM events AS lease WHERE lease.intent_seq = {of}.seq AND lease.kind = 'leased'
-                                                 AND lease.data @> jsonb_build_object('fence', {of}.fence)))
+-- Whether intent_leases row {of}, as the statement found it, is a lease whose "leased" fact is recorded nowhere yet:
+-- neither in an attempt started under its fence (whose row keeps it) nor as a "leased" row (one written before 0019).
+-- The claim writes none; the move that starts its attempt or ends the lease records it. Filled in where a statement
+-- names it with the row in brackets.
+(NOT EXISTS (SELECT 1 FROM attempts AS under WHERE under.intent_seq = {of}.intent_seq AND under.fence = {of}.fence)
+ AND NOT EXISTS (SELECT 1 FROM events AS fact WHERE fact.intent_seq = {of}.intent_seq AND fact.kind = 'leased'
+                                                AND fact.data @> jsonb_build_object('fence', {of}.fence)))
 
 -- name: lease_entry
--- The "leased" fact of intents row {of} (leased: its claim set updated_at, lease_owner and fence) as an entry of a group
+-- The "leased" fact of intent_leases row {of} (its claim set leased_at, lease_owner and fence) as an entry of a group
 -- an attempt keeps (outbox/store/timeline.py). Filled in where a statement names it with the row in brackets.
-jsonb_build_array('leased', to_char({of}.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
+jsonb_build_array('leased', to_char({of}.leased_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
                   {of}.lease_owner, NULL, jsonb_build_object('fence', {of}.fence))
+
+-- name: holds_no_lease
+-- Whether intents row {of} holds no lease: one probe of a hash of the leases held (few: those in flight), built once
+-- per statement, for each row as an index gives it (NOT IN stays a filter, where NOT EXISTS would become a join whose
+-- estimate, with a table's statistics behind its rows, can read and sort every due row before a claim's limit).
+({of}.seq NOT IN (SELECT held_by.intent_seq FROM intent_leases AS held_by))
+
+-- name: unleased
+-- The lease columns of a record (intent_records) for an intents row that holds no lease: where a move's statement
+-- returns the row it wrote (one that starts from a status no lease is held in) as a record.
+NULL::text AS lease_owner, NULL::timestamptz AS lease_expires_at
+
+-- name: leased_record
+-- Intents row {of} as a record (intent_records' columns, in its order) under the lease intent_leases row {lease} that
+-- this statement inserted (which a read of the view in it cannot see yet).
+{of}.seq, {of}.intent_key, {of}.scope, {of}.destination, {of}.channel, {of}.payload, {of}.payload_digest,
+'leased'::text AS status, {of}.attempts, {of}.max_attempts, {of}.next_attempt_at, {of}.not_before, {of}.expires_at,
+{lease}.lease_owner, {lease}.lease_expires_at, {lease}.fence, {of}.created_at, {lease}.leased_at AS updated_at,
+{of}.last_error, {of}.approved_digest, {of}.approval_expires_at, {of}.approved_by, {of}.action_id, {of}.ordering_key,
+{of}.event_id, {of}.replayed_after, {of}.trace_context, {of}.payload_event, {of}.status AS stored_status
 
 -- name: function_body
 -- The body of a function of the store's (by its signature) as the database holds it, or null: there is none.
 SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure($1);
+
+-- name: relation_exists
+-- A table or view of the store's by name (null: the migrations have not made it).
+SELECT to_regclass($1);
 
 -- name: lock_migrations
 -- One migrator at a time, across processes and hosts, until the migration's transaction ends (the key is "outbox" in ASCII).
@@ -132,24 +157,24 @@ SELECT intent_key, seq, CASE WHEN status = 'pending' THEN pg_notify('outbox_due'
 
 -- name: intents_by_keys
 -- The intents holding any of the keys $1.
-SELECT *, {event_payload[intents]} AS event_payload FROM intents WHERE intent_key = ANY($1::text[]);
+SELECT *, {event_payload[intents]} AS event_payload FROM intent_records AS intents WHERE intent_key = ANY($1::text[]);
 
 -- name: intent_by_key
 -- One intent by its key (scope/action_id).
-SELECT *, {event_payload[intents]} AS event_payload FROM intents WHERE intent_key = $1;
+SELECT *, {event_payload[intents]} AS event_payload FROM intent_records AS intents WHERE intent_key = $1;
 
 -- name: intents_by_action
 -- The intents of every scope that use an action id (at most one per scope).
-SELECT *, {event_payload[intents]} AS event_payload FROM intents WHERE action_id = $1 ORDER BY scope;
+SELECT *, {event_payload[intents]} AS event_payload FROM intent_records AS intents WHERE action_id = $1 ORDER BY scope;
 
 -- name: attempts_of
 -- An intent's attempts, first to last.
 SELECT * FROM attempts WHERE intent_seq = $1 ORDER BY number;
 
 -- name: lease_unrecorded
--- Whether intent $1 is leased under a lease whose "leased" fact is recorded nowhere yet: its timeline reads it
--- from the intent's row.
-SELECT {unrecorded_lease[intents]} FROM intents WHERE seq = $1;
+-- Whether intent $1 is leased under a lease whose "leased" fact is recorded nowhere yet (null: no lease): its
+-- timeline reads it from the intent's record.
+SELECT {unrecorded_lease[intent_leases]} FROM intent_leases WHERE intent_seq = $1;
 
 -- name: events_of
 -- The rows of an intent's history, oldest first (with what its attempts keep, its timeline: outbox/store/timeline.py).
@@ -159,7 +184,8 @@ SELECT id, kind, at, actor, reason, data FROM events WHERE intent_seq = $1 ORDER
 -- An intent ("earlier") in the way of a later one ("due") of its destination ("ordered", whose ordering is 'key') and
 -- its key: open, or stopped (dead, revoked) while the destination blocks on them. The statuses are lifecycle's OPEN and
 -- STOPPED, filled in by outbox.store.plumbing.with_ordering_rule, which fills the rule into claimable, waiting_behind
--- and the flow-limited claim's function.
+-- and the flow-limited claim's function. It reads the stored status of intents row "earlier": a leased one is stored
+-- 'pending', open like 'leased', so an in-flight earlier intent is in the way without a look at its lease.
 earlier.destination = due.destination AND earlier.ordering_key = due.ordering_key AND earlier.seq < due.seq
   AND earlier.status IN ({open}, {stopped})
   AND (earlier.status NOT IN ({stopped}) OR ordered.ordering_on_dead = 'block')
@@ -177,13 +203,15 @@ earlier.destination = due.destination AND earlier.ordering_key = due.ordering_ke
 -- its due intents (claimable: the ordering rule the other claims use) and says what it held back (destination, held
 -- paused, in flight and rate, the epoch second to look again). It computes with each stored limit as the nearest the
 -- API takes (outbox.flow), a bucket's count between 0 and its burst, and a time no later than 9999-12-31T23:59:59Z,
--- so one destination's values never fail the claim. Like the other claims it writes no event: the lease is recorded
--- by its attempt's start, or by the move that ends it (unrecorded_lease). The store creates it as migrations end
--- (PostgresStore.migrate), replacing an older body: migrations 0013 and 0016 made the earlier ones.
+-- so one destination's values never fail the claim. Like the other claims it writes no event and no intents row: a
+-- lease is a row of intent_leases, recorded as a fact by its attempt's start, or by the move that ends it
+-- (unrecorded_lease). Each of its statements reads a snapshot taken after the bucket's lock, so it sees the leases of
+-- every claimer of the destination before it. The store creates it as migrations end (PostgresStore.migrate),
+-- replacing an older body: migrations 0013 and 0016 made the earlier ones (0023 dropped them: they returned intents).
 CREATE OR REPLACE FUNCTION outbox_claim_limited(claimer text, claimed_at timestamptz, lease_until timestamptz,
                                                 cap integer)
 RETURNS TABLE (flow_destination text, held_paused integer, held_in_flight integer, held_rate integer,
-               flow_retry_at double precision, flow_leased intents[])
+               flow_retry_at double precision, flow_leased intent_records[])
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
@@ -200,6 +228,7 @@ DECLARE
     v_cap integer;
     v_elapsed double precision;
     v_horizon constant double precision := 253402300799;
+    v_took bigint[];
 BEGIN
     FOR d IN SELECT * FROM destinations AS f
              WHERE f.max_in_flight IS NOT NULL OR f.rate_per_second IS NOT NULL OR f.paused_until > claimed_at
@@ -208,13 +237,15 @@ BEGIN
         EXIT WHEN v_left <= 0;
         CONTINUE WHEN NOT EXISTS (
             SELECT 1 FROM intents AS due
-            WHERE due.destination = d.id AND due.status = 'pending' AND due.next_attempt_at <= claimed_at);
+            WHERE due.destination = d.id AND due.status = 'pending' AND due.next_attempt_at <= claimed_at
+                  AND {holds_no_lease[due]});
         flow_destination := d.id; held_paused := 0; held_in_flight := 0; held_rate := 0;
-        flow_retry_at := NULL; flow_leased := ARRAY[]::intents[];
+        flow_retry_at := NULL; flow_leased := ARRAY[]::intent_records[];
         IF d.paused_until > claimed_at THEN
             SELECT count(*) INTO v_due FROM (
                 SELECT 1 FROM intents AS due
                 WHERE due.destination = d.id AND due.status = 'pending' AND due.next_attempt_at <= claimed_at
+                  AND {holds_no_lease[due]}
                 LIMIT v_left) AS w;
             held_paused := v_due;
             flow_retry_at := least(extract(epoch FROM d.paused_until), v_horizon);  -- ('infinity': the horizon)
@@ -233,7 +264,7 @@ BEGIN
         v_room := v_left;  -- what max_in_flight leaves room for
         IF v_cap IS NOT NULL THEN
             SELECT count(*) INTO v_in_flight FROM (  -- (enough once it reaches the limit)
-                SELECT 1 FROM intents AS i WHERE i.destination = d.id AND i.status = 'leased'
+                SELECT 1 FROM intent_leases AS l WHERE l.destination = d.id
                 LIMIT v_cap) AS l;
             v_room := greatest(0, least(v_left, v_cap - v_in_flight));
         END IF;
@@ -250,24 +281,28 @@ BEGIN
         END IF;
         IF v_allowed > 0 THEN
             WITH picked AS (
-                SELECT seq FROM intents AS due
+                SELECT seq, destination, fence FROM intents AS due
                 WHERE due.destination = d.id AND due.status = 'pending' AND due.next_attempt_at <= claimed_at
+                  AND {holds_no_lease[due]}
                   AND {claimable}
                 ORDER BY due.next_attempt_at LIMIT v_allowed
                 FOR UPDATE OF due SKIP LOCKED
             ), took AS (
-                UPDATE intents SET status = 'leased', lease_owner = claimer, lease_expires_at = lease_until,
-                                   fence = intents.fence + 1, updated_at = claimed_at
-                WHERE intents.seq = ANY(ARRAY(SELECT seq FROM picked))
-                RETURNING intents
+                INSERT INTO intent_leases (intent_seq, destination, lease_owner, lease_expires_at, fence, leased_at)
+                SELECT seq, destination, claimer, lease_until, fence + 1, claimed_at FROM picked
+                ON CONFLICT (intent_seq) DO NOTHING
+                RETURNING intent_seq
             )
-            SELECT coalesce(array_agg(took.intents), ARRAY[]::intents[]) INTO flow_leased FROM took;
+            SELECT coalesce(array_agg(took.intent_seq), ARRAY[]::bigint[]) INTO v_took FROM took;
+            SELECT coalesce(array_agg(r ORDER BY r.next_attempt_at), ARRAY[]::intent_records[]) INTO flow_leased
+            FROM intent_records AS r WHERE r.seq = ANY(v_took);  -- (a statement of its own: it sees the leases)
         END IF;
         v_due := cardinality(flow_leased);
         IF v_due = v_allowed AND v_allowed < v_left THEN  -- a limit took less than the claim could: count the rest
             SELECT v_due + count(*) INTO v_due FROM (
                 SELECT 1 FROM intents AS due
                 WHERE due.destination = d.id AND due.status = 'pending' AND due.next_attempt_at <= claimed_at
+                  AND {holds_no_lease[due]}
                 LIMIT v_left - v_due) AS w;
         END IF;
         held_in_flight := greatest(0, v_due - v_room);
@@ -290,19 +325,25 @@ END;
 $$;
 
 -- name: waiting_behind
--- The earliest intent in the way of a pending intent (key $1) of an ordered destination, as the claim judges it.
-SELECT earlier.*, {event_payload[earlier]} AS event_payload FROM intents AS due
-JOIN destinations AS ordered ON ordered.id = due.destination AND ordered.ordering = 'key'
-JOIN intents AS earlier ON {in_the_way}
-WHERE due.intent_key = $1 AND due.status = 'pending'
-ORDER BY earlier.seq LIMIT 1;
+-- The earliest intent in the way of a pending intent (key $1, unleased) of an ordered destination, as the claim
+-- judges it, as a record.
+SELECT record.*, {event_payload[record]} AS event_payload FROM intent_records AS record WHERE record.seq = (
+    SELECT earlier.seq FROM intents AS due
+    JOIN destinations AS ordered ON ordered.id = due.destination AND ordered.ordering = 'key'
+    JOIN intents AS earlier ON {in_the_way}
+    WHERE due.intent_key = $1 AND due.status = 'pending'
+      AND {holds_no_lease[due]}
+    ORDER BY earlier.seq LIMIT 1);
 
 -- name: renew_leases
--- Heartbeat: extend the leases (arrays of keys and fences) a worker still holds; returns those renewed.
-UPDATE intents SET lease_expires_at = $1
-FROM unnest($2::text[], $3::bigint[]) AS held (intent_key, fence)
-WHERE intents.intent_key = held.intent_key AND intents.status = 'leased' AND intents.fence = held.fence
-RETURNING intents.intent_key, intents.fence;
+-- Heartbeat: extend the leases (arrays of keys and fences) a worker still holds, each judged as the cycle judges a
+-- lease at its fence; returns those renewed. Only the lease rows are written (HOT: their one index, the key, is
+-- unchanged); the intents' rows are read to find them.
+UPDATE intent_leases SET lease_expires_at = $1
+FROM unnest($2::text[], $3::bigint[]) AS held (intent_key, fence) JOIN intents ON intents.intent_key = held.intent_key
+WHERE intents.intent_key = ANY($2::text[]) AND intent_leases.intent_seq = intents.seq
+  AND intents.fence = held.fence - 1
+RETURNING held.intent_key, held.fence;
 
 -- name: expired_leases
 -- Leases that ran out (the sweeper's work), each with the attempt started under its fence and not finished.
@@ -310,12 +351,12 @@ SELECT intents.*, {event_payload[intents]} AS event_payload,
        (SELECT started FROM attempts AS started  -- the whole row, as one value
         WHERE started.intent_seq = intents.seq AND started.fence = intents.fence AND started.finished_at IS NULL
         ORDER BY started.number DESC LIMIT 1) AS in_flight
-FROM intents
-WHERE status = 'leased' AND lease_expires_at <= $1 ORDER BY lease_expires_at LIMIT $2;
+FROM intent_leases AS lease JOIN intent_records AS intents ON intents.seq = lease.intent_seq
+WHERE lease.lease_expires_at <= $1 ORDER BY lease.lease_expires_at LIMIT $2;
 
 -- name: lease_running
--- Whether the lease of intents row {of} still runs when an attempt starts at {at}: moves.lease_running's rule (a test
--- holds them to each other), which the cycle's start judges here, where it locks the row.
+-- Whether the lease of intent_leases row {of} still runs when an attempt starts at {at}: moves.lease_running's rule (a
+-- test holds them to each other), which the cycle's start judges here, where it locks the intent's row.
 {of}.lease_expires_at > {at}
 
 -- name: limited
@@ -327,6 +368,7 @@ WHERE status = 'leased' AND lease_expires_at <= $1 ORDER BY lease_expires_at LIM
 -- When the soonest pending intent not waiting behind another of its key falls due; with a time $1, leaving out
 -- those of limited or paused destinations due by then (a claim at $1 held them back, and says when to look again).
 SELECT next_attempt_at FROM intents AS due WHERE status = 'pending' AND {claimable}
+  AND {holds_no_lease[due]}
   AND ($1::timestamptz IS NULL OR next_attempt_at > $1
        OR due.destination <> ALL (ARRAY(SELECT id FROM destinations WHERE {limited})))
 ORDER BY next_attempt_at LIMIT 1;
@@ -358,24 +400,26 @@ SELECT action_id FROM doomed ORDER BY updated_at, seq;
 
 -- name: count_by_status
 -- The backlog by status and channel (metrics).
-SELECT status, channel, count(*) FROM intents GROUP BY status, channel;
+SELECT status, channel, count(*) FROM intent_records GROUP BY status, channel;
 
 -- name: oldest_due
--- When the oldest due intent fell due (metrics: how far behind delivery is).
-SELECT min(next_attempt_at) FROM intents WHERE status = 'pending' AND next_attempt_at <= $1;
+-- When the oldest due intent (unleased) fell due (metrics: how far behind delivery is).
+SELECT min(next_attempt_at) FROM intents AS due WHERE status = 'pending' AND next_attempt_at <= $1
+  AND {holds_no_lease[due]};
 
 -- name: logged
 -- The events of a move's batch (arrays $1-$6: the change's place in the batch, kind, time, actor, reason, data), each
 -- appended to the intent its change moved ("changed": seq, n), in order, after the "leased" fact of a lease the change
--- ends if it is recorded nowhere yet (unrecorded_lease). Filled into each move's block as {logged}.
+-- ends if it is recorded nowhere yet (unrecorded_lease: the lease row as the statement found it, which the statement
+-- deletes). Filled into each move's block as {logged}.
 -- Each block also names its keys as "= ANY($intent_key)" beside its join on them: the batch's intents are then found
 -- by one scan of intents_intent_key_key, whatever the statistics say of the batch or the table.
 logged AS (
     INSERT INTO events (intent_seq, kind, at, actor, reason, data)
     SELECT seq, kind, at, actor, reason, data FROM (
-        SELECT before.seq, changed.n, 0::bigint AS i, 'leased' AS kind, before.updated_at AS at,
+        SELECT before.intent_seq AS seq, changed.n, 0::bigint AS i, 'leased' AS kind, before.leased_at AS at,
                before.lease_owner AS actor, NULL::text AS reason, jsonb_build_object('fence', before.fence) AS data
-        FROM changed JOIN intents AS before ON before.seq = changed.seq  -- (as it was: the snapshot is the statement's)
+        FROM changed JOIN intent_leases AS before ON before.intent_seq = changed.seq  -- (the statement's snapshot)
         WHERE {unrecorded_lease[before]}
         UNION ALL
         SELECT changed.seq, changed.n, e.i, e.kind, e.at, e.actor, e.reason, e.data::jsonb
@@ -393,24 +437,32 @@ logged AS (
 -- $start_* the starts (key, fence, then the attempt), each with held, the events its attempt keeps (timeline.group's
 -- JSON, as held_group stores it); $claim_* the claim (now, owner, lease until, limit: 0 claims nothing). Any of the
 -- arrays may be empty.
--- - settle: each intent still leased at its fence takes its fate, its lease cleared, its attempt inserted or
---   finished with its events (those of a settle with no attempt appended to events);
+-- A lease is its intent_leases row, whose fence is always one above the intent's stored one (the claim makes it so, and
+-- neither changes while the lease is held): "still leased at its fence F" is a lease row beside a stored fence of F - 1,
+-- judged on the intent's row (every move that ends a lease raises the stored fence to the lease's at least, so a move
+-- that waited on the row lock of one that ended the lease finds the row changed and is refused), and the lease row
+-- found from it by its key (never matched to a change by fence: all leases' fences may be alike).
+-- - settle: each intent still leased at its fence takes its fate, its row written once and its lease row deleted, its
+--   attempt inserted or finished with its events (those of a settle with no attempt appended to events);
 -- - start: each intent still leased at its fence, with its lease unexpired when the attempt starts, is locked FOR
 --   KEY SHARE (a sweeper's recover, FOR UPDATE, then skips it until the attempt is in) and gets its attempt row,
 --   unfinished, holding its event; the intent row is not written;
--- - claim: up to $claim_limit of the oldest due intents are leased to a worker, each fence bumped; no event is written (the
---   lease's "leased" fact is recorded by its attempt's start, or by the move that ends it: unrecorded_lease; a
---   flow-limited claim still writes it as a row). Rows another claimer has locked are skipped, never waited for. An
---   intent of an ordered destination waits while an earlier one of its key is in the way (one seek of
---   intents_ordering); the earlier one a concurrent claimer has just locked is still pending in this snapshot.
+-- - claim: up to $claim_limit of the oldest due intents, locked, get a lease row each (fence one above the stored one);
+--   the intents' rows are not written and no event is (the lease's "leased" fact is recorded by its attempt's start,
+--   or by the move that ends it: unrecorded_lease). Rows another claimer has locked are skipped, never waited for. A
+--   row whose lease a claimer committed after this statement's snapshot is locked all the same (the claim did not
+--   write it), and its lease refused by the key of intent_leases: "refused" counts those, which the store claims again
+--   in a statement of its own. An intent of an ordered destination waits while an earlier one of its key is in the way
+--   (one seek of intents_ordering); the earlier one a concurrent claimer has just locked is still pending in this
+--   snapshot, and stays stored so.
 --   Intents of destinations with a limit or a pause (limited) are left to outbox_claim_limited (migration 0013),
 --   called only when there are such destinations: it leases what their limits allow, under a lock of each one's
 --   bucket row, and says what it held back ("held": destination, paused, in_flight, rate, retry at as epoch
 --   seconds); the rest of $claim_limit goes to the others, whose claim touches no further row and takes no further lock.
 -- All parts see one snapshot, so the claim never picks what this statement's settles make due: a later cycle does.
 -- The parts touch disjoint rows (settled and started intents are leased, claimed ones pending). One row comes back
--- at least: the places settled and started (null: none) beside each claimed intent's columns and its
--- event_payload (all null: none).
+-- at least: the places settled and started (null: none) and the claim's refused, beside each claimed intent's record
+-- and its event_payload (all null: none).
 WITH settling AS (
     SELECT * FROM unnest($settle_intent_key::text[], $settle_fence::bigint[], $settle_status::text[], $settle_last_error::text[], $settle_next_attempt_at::timestamptz[], $settle_attempts::integer[],
                          $settle_new_fence::bigint[], $settle_updated_at::timestamptz[], $settle_attempt_id::text[], $settle_number::integer[], $settle_attempt_fence::bigint[], $settle_worker::text[],
@@ -420,25 +472,25 @@ WITH settling AS (
                               attempt_id, number, attempt_fence, worker, started_at, finished_at, submission, outcome,
                               status_code, reply, external_id, error, duration_ms, stage, held, n)
 ), settled AS (
-    UPDATE intents SET status = b.status, last_error = b.last_error, lease_owner = NULL, lease_expires_at = NULL,
+    UPDATE intents SET status = b.status, last_error = b.last_error,
                        next_attempt_at = coalesce(b.next_attempt_at, intents.next_attempt_at),
-                       attempts = coalesce(b.attempts, intents.attempts), fence = coalesce(b.new_fence, intents.fence),
+                       attempts = coalesce(b.attempts, intents.attempts), fence = coalesce(b.new_fence, lease.fence),
                        updated_at = b.updated_at
-    FROM settling AS b
-    WHERE intents.intent_key = ANY($settle_intent_key::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'leased'
-      AND intents.fence = b.fence
-    RETURNING intents.seq, intents.status, b.n, b.attempt_id
-), settling_leases AS (
-    SELECT seq, {lease_entry[intents]} AS lease FROM intents
-    WHERE intents.intent_key = ANY($settle_intent_key::text[]) AND {unrecorded_lease[intents]}
+    FROM settling AS b, intent_leases AS lease
+    WHERE intents.intent_key = ANY($settle_intent_key::text[]) AND intents.intent_key = b.intent_key
+      AND lease.intent_seq = intents.seq AND intents.fence = b.fence - 1
+    RETURNING intents.seq, intents.status, b.n, b.attempt_id, {lease_entry[lease]} AS lease,
+              {unrecorded_lease[lease]} AS unrecorded
+), settled_leases AS (
+    DELETE FROM intent_leases WHERE intent_seq IN (SELECT seq FROM settled)
 ), finished AS (
     INSERT INTO attempts (attempt_id, intent_seq, number, fence, worker, started_at, finished_at,
                           submission, outcome, status_code, reply, external_id, error, duration_ms, stage, events)
     SELECT b.attempt_id, settled.seq, b.number, b.attempt_fence, b.worker, b.started_at, b.finished_at, b.submission,
            b.outcome, b.status_code, b.reply, b.external_id, b.error, b.duration_ms, b.stage,
            {held_group[settled.seq, kept]}
-    FROM settled JOIN settling AS b USING (n) LEFT JOIN settling_leases AS lease USING (seq)
-    CROSS JOIN LATERAL (SELECT CASE WHEN lease.seq IS NULL THEN '[]'::jsonb ELSE jsonb_build_array(lease.lease) END
+    FROM settled JOIN settling AS b USING (n)
+    CROSS JOIN LATERAL (SELECT CASE WHEN settled.unrecorded THEN jsonb_build_array(settled.lease) ELSE '[]'::jsonb END
                                || b.held::jsonb AS kept) AS k
     WHERE b.attempt_id IS NOT NULL ORDER BY n
     ON CONFLICT (attempt_id) DO UPDATE SET
@@ -454,10 +506,10 @@ WITH settling AS (
         WITH ORDINALITY AS b (intent_key, fence, attempt_id, number, attempt_fence, worker, started_at, held, i)
 ), started AS (
     SELECT intents.seq, starting.*,
-           CASE WHEN {unrecorded_lease[intents]} THEN jsonb_build_array({lease_entry[intents]}) ELSE '[]'::jsonb END
+           CASE WHEN {unrecorded_lease[lease]} THEN jsonb_build_array({lease_entry[lease]}) ELSE '[]'::jsonb END
            || starting.held::jsonb AS kept
-    FROM intents JOIN starting USING (intent_key)
-    WHERE intents.intent_key = ANY($start_intent_key::text[]) AND intents.status = 'leased' AND intents.fence = starting.fence
+    FROM intents JOIN starting USING (intent_key) JOIN intent_leases AS lease ON lease.intent_seq = intents.seq
+    WHERE intents.intent_key = ANY($start_intent_key::text[]) AND intents.fence = starting.fence - 1
       AND {lease_running}
     FOR KEY SHARE OF intents
 ), attempted AS (
@@ -470,52 +522,64 @@ WITH settling AS (
     SELECT id FROM destinations WHERE $claim_limit > 0 AND {limited}
 ), flow AS MATERIALIZED (
     SELECT * FROM outbox_claim_limited($claim_owner, $claim_now, $claim_lease_until, $claim_limit) WHERE EXISTS (SELECT 1 FROM limited)
-), due AS (
-    SELECT seq FROM intents AS due
+), due AS (  -- (the rows as locked: a row changed since the snapshot is read as changed)
+    SELECT * FROM intents AS due
     WHERE status = 'pending' AND next_attempt_at <= $claim_now
+      AND {holds_no_lease[due]}
       AND due.destination <> ALL (ARRAY(SELECT id FROM limited))
       AND {claimable}
     ORDER BY next_attempt_at LIMIT $claim_limit - (SELECT coalesce(sum(cardinality(flow_leased)), 0) FROM flow)
     FOR UPDATE OF due SKIP LOCKED
 ), leased AS (
-    UPDATE intents SET status = 'leased', lease_owner = $claim_owner, lease_expires_at = $claim_lease_until, fence = intents.fence + 1,
-                       updated_at = $claim_now
-    WHERE intents.seq = ANY(ARRAY(SELECT seq FROM due))  -- (an index scan of the few picked, never a seq scan)
-    RETURNING intents.*
+    INSERT INTO intent_leases (intent_seq, destination, lease_owner, lease_expires_at, fence, leased_at)
+    SELECT seq, destination, $claim_owner, $claim_lease_until, fence + 1, $claim_now FROM due
+    ON CONFLICT (intent_seq) DO NOTHING
+    RETURNING *
+), records AS (
+    SELECT {leased_record[due, leased]} FROM due JOIN leased ON leased.intent_seq = due.seq
 )
 SELECT (SELECT array_agg(n) FROM settled) AS settled_places, (SELECT array_agg(n) FROM started) AS started_places,
+       (SELECT count(*) FROM due) - (SELECT count(*) FROM leased) AS refused,
        (SELECT pg_notify('outbox_due', '') FROM settled WHERE status = 'pending' LIMIT 1) AS notified,
        (SELECT json_agg(json_build_array(flow_destination, held_paused, held_in_flight, held_rate, flow_retry_at))
         FROM flow WHERE held_paused + held_in_flight + held_rate > 0) AS held, claimed.*,
        {event_payload[claimed]} AS event_payload
 FROM (VALUES (true)) AS one
-LEFT JOIN (SELECT * FROM leased UNION ALL SELECT took.* FROM flow, unnest(flow_leased) AS took) AS claimed ON true
+LEFT JOIN (SELECT * FROM records UNION ALL SELECT took.* FROM flow, unnest(flow_leased) AS took) AS claimed ON true
 ORDER BY claimed.next_attempt_at;
 
 -- name: release
 -- Move release for a batch (arrays $1-$6 its events, as logged takes them; then named: $intent_key, $fence,
--- $next_attempt_at, $updated_at): each intent still leased at its fence is pending again, unsent, its lease cleared.
--- Returns the places applied.
+-- $next_attempt_at, $updated_at): each intent still leased at its fence (as the cycle's settle judges it) is pending
+-- again, unsent, its lease row deleted. Returns the places applied.
 WITH changed AS (
-    UPDATE intents SET status = 'pending', lease_owner = NULL, lease_expires_at = NULL,
-                       next_attempt_at = b.next_attempt_at, updated_at = b.updated_at
+    UPDATE intents SET status = 'pending', fence = lease.fence, next_attempt_at = b.next_attempt_at,
+                       updated_at = b.updated_at
     FROM unnest($intent_key::text[], $fence::bigint[], $next_attempt_at::timestamptz[], $updated_at::timestamptz[])
         WITH ORDINALITY AS b (intent_key, fence, next_attempt_at, updated_at, n)
-    WHERE intents.intent_key = ANY($intent_key::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'leased' AND intents.fence = b.fence
+        CROSS JOIN intent_leases AS lease
+    WHERE intents.intent_key = ANY($intent_key::text[]) AND intents.intent_key = b.intent_key
+      AND lease.intent_seq = intents.seq AND intents.fence = b.fence - 1
     RETURNING intents.seq, b.n
+), ended AS (
+    DELETE FROM intent_leases WHERE intent_seq IN (SELECT seq FROM changed)
 ), {logged}
 SELECT n, pg_notify('outbox_due', '') AS notified FROM changed;
 
 -- name: hold
 -- Move hold for a batch (arrays $1-$6 its events; then named: $intent_key, $fence, $last_error, $updated_at): each
--- intent still leased at its fence waits for an operator's approval, its lease cleared. Returns the places applied.
+-- intent still leased at its fence (as the cycle's settle judges it) waits for an operator's approval, its lease row
+-- deleted. Returns the places applied.
 WITH changed AS (
-    UPDATE intents SET status = 'held', lease_owner = NULL, lease_expires_at = NULL, last_error = b.last_error,
-                       updated_at = b.updated_at
+    UPDATE intents SET status = 'held', fence = lease.fence, last_error = b.last_error, updated_at = b.updated_at
     FROM unnest($intent_key::text[], $fence::bigint[], $last_error::text[], $updated_at::timestamptz[])
         WITH ORDINALITY AS b (intent_key, fence, last_error, updated_at, n)
-    WHERE intents.intent_key = ANY($intent_key::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'leased' AND intents.fence = b.fence
+        CROSS JOIN intent_leases AS lease
+    WHERE intents.intent_key = ANY($intent_key::text[]) AND intents.intent_key = b.intent_key
+      AND lease.intent_seq = intents.seq AND intents.fence = b.fence - 1
     RETURNING intents.seq, b.n
+), ended AS (
+    DELETE FROM intent_leases WHERE intent_seq IN (SELECT seq FROM changed)
 ), {logged}
 SELECT n FROM changed;
 
@@ -530,7 +594,7 @@ WITH changed AS (
                 $updated_at::timestamptz[])
         WITH ORDINALITY AS b (intent_key, expected, next_attempt_at, max_attempts, updated_at, n)
     WHERE intents.intent_key = ANY($intent_key::text[]) AND intents.intent_key = b.intent_key AND intents.status = b.expected
-    RETURNING intents.*, {event_payload[intents]} AS event_payload, b.n
+    RETURNING intents.*, {unleased}, {event_payload[intents]} AS event_payload, b.n
 ), {logged}
 SELECT *, pg_notify('outbox_due', '') AS notified FROM changed;
 
@@ -547,19 +611,23 @@ WITH changed AS (
                 $updated_at::timestamptz[])
         WITH ORDINALITY AS b (intent_key, status, next_attempt_at, max_attempts, updated_at, n)
     WHERE intents.intent_key = ANY($intent_key::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'unknown'
-    RETURNING intents.*, {event_payload[intents]} AS event_payload, b.n
+    RETURNING intents.*, {unleased}, {event_payload[intents]} AS event_payload, b.n
 ), {logged}
 SELECT *, CASE WHEN status = 'pending' THEN pg_notify('outbox_due', '') END AS notified FROM changed;
 
 -- name: cancel
 -- Move cancel for a batch (arrays $1-$6 its events; then named: $intent_key, $expected status, $updated_at): each
--- intent still in the status its caller saw is withdrawn. Returns the places applied, with the rows.
+-- intent still in the status its caller saw, and holding no lease, is withdrawn. Returns the places applied, with the
+-- rows. The store runs it after lock_intents in one transaction: a claim leases a pending intent without writing its
+-- row, so the lease it committed while this waited on the row's lock is seen only by a statement that begins after
+-- the lock is held.
 WITH changed AS (
     UPDATE intents SET status = 'cancelled', updated_at = b.updated_at
     FROM unnest($intent_key::text[], $expected::text[], $updated_at::timestamptz[])
         WITH ORDINALITY AS b (intent_key, expected, updated_at, n)
     WHERE intents.intent_key = ANY($intent_key::text[]) AND intents.intent_key = b.intent_key AND intents.status = b.expected
-    RETURNING intents.*, {event_payload[intents]} AS event_payload, b.n
+      AND {holds_no_lease[intents]}
+    RETURNING intents.*, {unleased}, {event_payload[intents]} AS event_payload, b.n
 ), {logged}
 SELECT * FROM changed;
 
@@ -576,7 +644,7 @@ WITH changed AS (
         WITH ORDINALITY AS b (intent_key, approved_digest, approval_expires_at, approved_by, next_attempt_at,
                               updated_at, n)
     WHERE intents.intent_key = ANY($intent_key::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'held'
-    RETURNING intents.*, {event_payload[intents]} AS event_payload, b.n
+    RETURNING intents.*, {unleased}, {event_payload[intents]} AS event_payload, b.n
 ), {logged}
 SELECT *, pg_notify('outbox_due', '') AS notified FROM changed;
 
@@ -587,42 +655,51 @@ WITH changed AS (
     UPDATE intents SET status = 'cancelled', updated_at = b.updated_at
     FROM unnest($intent_key::text[], $updated_at::timestamptz[]) WITH ORDINALITY AS b (intent_key, updated_at, n)
     WHERE intents.intent_key = ANY($intent_key::text[]) AND intents.intent_key = b.intent_key AND intents.status = 'held'
-    RETURNING intents.*, {event_payload[intents]} AS event_payload, b.n
+    RETURNING intents.*, {unleased}, {event_payload[intents]} AS event_payload, b.n
 ), {logged}
 SELECT * FROM changed;
+
+-- name: lock_intents
+-- Lock the intents of keys $1, in key order, until the transaction ends: a claim skips them meanwhile, and the
+-- transaction's next statement sees every lease committed before (cancel).
+SELECT seq FROM intents WHERE intent_key = ANY($1::text[]) ORDER BY intent_key FOR UPDATE;
 
 -- name: lock_recoverable
 -- The sweeper's pick for move recover: up to $2 leases expired by $1 with no attempt in flight under their fence,
 -- oldest first, locked FOR UPDATE (a Start's FOR KEY SHARE and this wait for each other); rows another transaction
 -- has locked are skipped. Returns each one's seq and lease owner.
-SELECT seq, lease_owner FROM intents
-WHERE status = 'leased' AND lease_expires_at <= $1
+SELECT intents.seq, lease.lease_owner FROM intent_leases AS lease JOIN intents ON intents.seq = lease.intent_seq
+WHERE lease.lease_expires_at <= $1
   AND NOT EXISTS (SELECT 1 FROM attempts
-                  WHERE attempts.intent_seq = intents.seq AND attempts.fence = intents.fence
+                  WHERE attempts.intent_seq = lease.intent_seq AND attempts.fence = lease.fence
                     AND attempts.finished_at IS NULL)
-ORDER BY lease_expires_at LIMIT $2
-FOR UPDATE SKIP LOCKED;
+ORDER BY lease.lease_expires_at LIMIT $2
+FOR UPDATE OF intents SKIP LOCKED;
 
 -- name: recover
 -- Move recover for the intents lock_recoverable locked (arrays $1, $2: seq, its event's reason), judged again in this
 -- statement's snapshot, taken after the locks: one whose holder's attempt start committed meanwhile is left (its
--- attempt is settled by the sweeper instead). The rest are pending and due at $3, fence raised, with a lease_expired
--- event by $4 (data $5). Returns those recovered.
-WITH changed AS (
-    UPDATE intents SET status = 'pending', lease_owner = NULL, lease_expires_at = NULL, next_attempt_at = $3,
-                       fence = intents.fence + 1, updated_at = $3
-    FROM unnest($1::bigint[], $2::text[]) AS held (seq, reason)
-    WHERE intents.seq = ANY($1::bigint[]) AND intents.seq = held.seq AND intents.status = 'leased'
+-- attempt is settled by the sweeper instead), and so is one whose lease was renewed past $3 meanwhile (the renewal
+-- writes the lease row only, which the delete here waits for and then judges again). The rest lose their lease row
+-- and are pending and due at $3, fence raised above the lease's, with a lease_expired event by $4 (data $5). Returns
+-- those recovered.
+WITH ended AS (
+    DELETE FROM intent_leases AS lease USING unnest($1::bigint[], $2::text[]) AS held (seq, reason)
+    WHERE lease.intent_seq = ANY($1::bigint[]) AND lease.intent_seq = held.seq AND lease.lease_expires_at <= $3
       AND NOT EXISTS (SELECT 1 FROM attempts
-                      WHERE attempts.intent_seq = intents.seq AND attempts.fence = intents.fence
+                      WHERE attempts.intent_seq = lease.intent_seq AND attempts.fence = lease.fence
                         AND attempts.finished_at IS NULL)
-    RETURNING intents.seq, held.reason
+    RETURNING lease.*, held.reason, {unrecorded_lease[lease]} AS unrecorded
+), changed AS (
+    UPDATE intents SET next_attempt_at = $3, fence = ended.fence + 1, updated_at = $3
+    FROM ended WHERE intents.seq = ended.intent_seq
+    RETURNING intents.seq, ended.reason
 ), logged AS (  -- each after its lease's "leased" fact if recorded nowhere yet (unrecorded_lease)
     INSERT INTO events (intent_seq, kind, at, actor, reason, data)
     SELECT seq, kind, at, actor, reason, data FROM (
-        SELECT before.seq, 0 AS i, 'leased' AS kind, before.updated_at AS at, before.lease_owner AS actor,
-               NULL::text AS reason, jsonb_build_object('fence', before.fence) AS data
-        FROM changed JOIN intents AS before ON before.seq = changed.seq WHERE {unrecorded_lease[before]}
+        SELECT intent_seq AS seq, 0 AS i, 'leased' AS kind, leased_at AS at, lease_owner AS actor,
+               NULL::text AS reason, jsonb_build_object('fence', fence) AS data
+        FROM ended WHERE unrecorded
         UNION ALL
         SELECT seq, 1, 'lease_expired', $3, $4, reason, $5::jsonb FROM changed
     ) AS written
@@ -666,9 +743,15 @@ SELECT * FROM grants
 WHERE scope = $1 AND destination IN ($2, '*') AND (expires_at IS NULL OR expires_at > $3)
 ORDER BY destination = '*', revision DESC LIMIT 1;
 
+-- name: status_in
+-- A listing's condition that a record's status (intent_records') is one of the array {values}: said again of its stored
+-- status (a leased one's is 'pending'), which intents_status indexes, so that a rare status is found through it.
+(status = ANY({values}) AND stored_status = ANY(array_replace({values}, 'leased', 'pending')))
+
 -- name: list_intents
 -- A page of intents, newest first, after a cursor: $1 rows at most, {where} conditions on $2 onwards.
-SELECT *, {event_payload[intents]} AS event_payload FROM intents WHERE {where} ORDER BY seq DESC LIMIT $1;
+SELECT *, {event_payload[intents]} AS event_payload FROM intent_records AS intents WHERE {where}
+ORDER BY seq DESC LIMIT $1;
 
 -- name: put_destination
 -- Register or replace a destination; returns whether it was new (not there when the statement began).
@@ -753,7 +836,7 @@ SELECT pg_advisory_xact_lock(hashtext('outbox.destinations'), hashtext($1));
 
 -- name: open_intents_for_destination
 -- How many intents still wait on a destination (it may not be deleted under them).
-SELECT count(*) FROM intents WHERE destination = $1 AND status IN ('pending', 'leased', 'held', 'unknown');
+SELECT count(*) FROM intent_records WHERE destination = $1 AND status IN ('pending', 'leased', 'held', 'unknown');
 
 -- name: any_intent_for_destination
 -- Whether any intent, even finished, names the destination (its history keeps the reference).
@@ -865,7 +948,7 @@ WHERE a.started_at >= $1 AND a.outcome <> 'delivered' ORDER BY i.destination, a.
 
 -- name: destination_counts
 -- A destination's intents by status (through its index).
-SELECT status, count(*) FROM intents WHERE destination = $1 GROUP BY status;
+SELECT status, count(*) FROM intent_records WHERE destination = $1 GROUP BY status;
 
 -- name: destination_failures
 -- A destination's failed attempts of those started since $2, newest first, at most $3.
@@ -877,13 +960,13 @@ ORDER BY a.finished_at DESC, a.attempt_id DESC LIMIT $3;
 -- name: activity_waiting
 -- Each destination's open intents and when its oldest due one (at $1) fell due.
 SELECT destination, count(*), min(next_attempt_at) FILTER (WHERE status = 'pending' AND next_attempt_at <= $1)
-FROM intents WHERE status IN ('pending', 'leased', 'held') GROUP BY destination;
+FROM intent_records WHERE status IN ('pending', 'leased', 'held') GROUP BY destination;
 
 -- name: activity_backlog
 -- Open intents by the minute they were enqueued (at least $1's), and intents settled since $1 by the minutes
 -- they were enqueued and last changed.
 SELECT date_trunc('minute', greatest(created_at, $1)) AS since, NULL::timestamptz, count(*)
-FROM intents WHERE status IN ('pending', 'leased', 'held') GROUP BY 1
+FROM intent_records WHERE status IN ('pending', 'leased', 'held') GROUP BY 1
 UNION ALL
 SELECT date_trunc('minute', greatest(created_at, $1)), date_trunc('minute', updated_at), count(*)
 FROM intents WHERE status IN ('delivered', 'cancelled') AND updated_at >= $1 GROUP BY 1, 2
@@ -962,7 +1045,7 @@ SELECT * FROM topic_events WHERE event_id = $1 ORDER BY scope;
 
 -- name: intents_of_events
 -- The intents of the events (scope, event_id) given as arrays $1 and $2.
-SELECT i.*, {event_payload[i]} AS event_payload FROM intents i JOIN unnest($1::text[], $2::text[]) AS e (scope, event_id)
+SELECT i.*, {event_payload[i]} AS event_payload FROM intent_records i JOIN unnest($1::text[], $2::text[]) AS e (scope, event_id)
     ON i.scope = e.scope AND i.event_id = e.event_id
 WHERE i.event_id IS NOT NULL
 ORDER BY i.destination;
