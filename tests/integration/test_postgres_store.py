@@ -832,6 +832,25 @@ async def test_the_callers_session_settings_do_not_stay_on_the_pooled_connection
         await store.close()
 
 
+async def test_the_stores_sessions_run_without_jit_also_after_the_callers_sql_reset_them(pg_url):
+    """PostgreSQL's JIT compiled the claim once its cost estimate grew with the backlog (125 ms a
+    claim at 10,000 pending, 6 ms without), so every pooled session starts with it off, and a
+    full reset after the caller's SQL (RESET ALL) comes back to off, not to the server's default."""
+    from outbox.store.postgres import PostgresStore
+
+    store = PostgresStore(pg_url, pool_size=1)  # one connection: the next call gets the same one
+    await store.open()
+    try:
+        await store.migrate()
+        async with store.transaction() as tx:
+            assert (await tx.execute("SHOW jit"))[0][0] == "off"
+            await tx.execute("SET jit = on")
+        async with store.transaction() as tx:
+            assert (await tx.execute("SHOW jit"))[0][0] == "off"
+    finally:
+        await store.close()
+
+
 async def test_a_session_the_store_cannot_reset_is_dropped_not_given_back(pg_url, monkeypatch):
     """The reset after the caller's block can fail (a statement_timeout the caller set cuts it
     short, on a loaded server): that connection must not go back to the pool with the caller's
