@@ -834,8 +834,8 @@ async def test_the_callers_session_settings_do_not_stay_on_the_pooled_connection
 
 async def test_the_stores_sessions_run_without_jit_also_after_the_callers_sql_reset_them(pg_url):
     """PostgreSQL's JIT compiled the claim once its cost estimate grew with the backlog (125 ms a
-    claim at 10,000 pending, 6 ms without), so every pooled session starts with it off, and a
-    full reset after the caller's SQL (RESET ALL) comes back to off, not to the server's default."""
+    claim at 10,000 pending, 6 ms without), so every pooled session starts with it off, and one
+    the caller's SQL changed is reset and started again with it off, not the server's default."""
     from outbox.store.postgres import PostgresStore
 
     store = PostgresStore(pg_url, pool_size=1)  # one connection: the next call gets the same one

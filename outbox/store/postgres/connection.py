@@ -107,9 +107,20 @@ def _decode_time(stored: tuple[int]) -> datetime | int:
 
 
 async def _codecs(conn: asyncpg.Connection) -> None:
-    """Every pooled connection reads and writes timestamptz through ``_decode_time``."""
+    """Every pooled connection reads and writes timestamptz through ``_decode_time``, in the
+    store's session."""
     await conn.set_type_codec("timestamptz", schema="pg_catalog", encoder=_encode_time, decoder=_decode_time,
                               format="tuple")
+    await start_session(conn)
+
+
+async def start_session(conn: asyncpg.Connection) -> None:
+    """What the store's statements need of a session, set when a connection opens and again after
+    a full reset: JIT off. The claim's cost estimate grows with the backlog past
+    ``jit_above_cost``, and compiling it took 125 ms a claim at 10,000 pending and 1.8 s at
+    200,000, against 6 ms without; the store's statements are short and gain nothing from it. (A
+    SET rather than a startup parameter, which a session pooler such as PgBouncer may refuse.)"""
+    await conn.execute("SET jit = off")
 
 
 def read_time(value: Any) -> Any:
@@ -126,16 +137,9 @@ READ = records.Reader(read_time)
 async def _unchanged(conn: asyncpg.Connection) -> None:
     """What a connection given back to the pool needs beyond asyncpg's own cleanup (an open
     transaction rolled back): nothing, as the store's own statements never change a session (no
-    SET, LISTEN or session lock), so the default reset's round trip is saved on every release.
-    A connection lent to the caller's SQL (``transaction()``) is reset in full before it goes
-    back."""
-
-
-#: What every pooled connection's session starts with, sent at connect so that a full reset (``RESET
-#: ALL``) comes back to it. JIT off: the claim's cost estimate grows with the backlog past
-#: ``jit_above_cost``, and compiling it then took 125 ms a claim at 10,000 pending and 1.8 s at
-#: 200,000, against 6 ms without; the store's statements are short and gain nothing from it.
-SESSION = {"jit": "off"}
+    SET but ``start_session``'s, LISTEN or session lock), so the default reset's round trip is
+    saved on every release. A connection lent to the caller's SQL (``transaction()``) is reset in
+    full, and its session started again, before it goes back."""
 
 
 class Connections:
@@ -153,8 +157,7 @@ class Connections:
             return
         try:
             self._pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=self.pool_size, reset=_unchanged,
-                                                   init=_codecs, command_timeout=self.statement_seconds,
-                                                   server_settings=SESSION)
+                                                   init=_codecs, command_timeout=self.statement_seconds)
         except (*UNAVAILABLE, asyncpg.PostgresError) as exc:
             raise StoreUnavailable(f"cannot use the PostgreSQL database: {exc}") from exc
 

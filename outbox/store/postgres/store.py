@@ -50,6 +50,7 @@ from .connection import (
     UNAVAILABLE,
     Connections,
     gone,
+    start_session,
     unavailable,
 )
 from .intake import insert_batch, insert_intent
@@ -153,6 +154,7 @@ class PostgresStore(PostgresEvents, Lookups):
             finally:
                 try:  # the caller's SQL may have changed the session (SET, ...)
                     await conn.reset()
+                    await start_session(conn)
                 except Exception:  # (a statement_timeout it set can cut the reset itself short)
                     if not gone(conn):  # (one the server cut is the pool's to replace already)
                         conn.terminate()  # a session that could not be reset serves no one else
