@@ -106,9 +106,9 @@ def _decode_time(stored: tuple[int]) -> datetime | int:
         return stored[0]
 
 
-async def _codecs(conn: asyncpg.Connection) -> None:
-    """Every pooled connection reads and writes timestamptz through ``_decode_time``, in the
-    store's session."""
+async def _opened(conn: asyncpg.Connection) -> None:
+    """Every pooled connection, once opened: timestamptz read and written through
+    ``_decode_time``, and the store's session (``start_session``)."""
     await conn.set_type_codec("timestamptz", schema="pg_catalog", encoder=_encode_time, decoder=_decode_time,
                               format="tuple")
     await start_session(conn)
@@ -157,7 +157,7 @@ class Connections:
             return
         try:
             self._pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=self.pool_size, reset=_unchanged,
-                                                   init=_codecs, command_timeout=self.statement_seconds)
+                                                   init=_opened, command_timeout=self.statement_seconds)
         except (*UNAVAILABLE, asyncpg.PostgresError) as exc:
             raise StoreUnavailable(f"cannot use the PostgreSQL database: {exc}") from exc
 
