@@ -58,7 +58,8 @@ class Heartbeat:
                               "that is not confirmed", len(held), exc, interval,
                               exc_info=not isinstance(exc, StoreUnavailable))
                     continue
-                self.leases.renewed(held, until)
+                gone = set(lost)  # (a lost lease is not confirmed: no send may start on it)
+                self.leases.renewed([renewal for renewal in held if renewal[0] not in gone], until)
                 fences = dict(held)
                 for key in lost:
                     if not self.leases.holds(key, fences[key]):

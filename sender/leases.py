@@ -108,16 +108,18 @@ class Leases:
         whose checks must wait keep their places."""
         room = self.room()
         later: list[Lease] = []
-        while self._waiting and room > 0:
-            lease = self._waiting.popleft()
-            if lease.final:
-                continue
-            if lease.not_before > now:
-                later.append(lease)
-                continue
-            if take(lease):
-                room -= 1
-        self._waiting.extendleft(reversed(later))
+        try:
+            while self._waiting and room > 0:
+                lease = self._waiting.popleft()
+                if lease.final:
+                    continue
+                if lease.not_before > now:
+                    later.append(lease)
+                    continue
+                if take(lease):
+                    room -= 1
+        finally:  # (a ``take`` that raised leaves none set aside out of line)
+            self._waiting.extendleft(reversed(later))
 
     def wait_again(self, lease: Lease) -> None:
         """Put a lease whose checks' reads were fetched back first in line (unless it is final)."""

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+
+import pytest
 
 from outbox import Intent, Status
+from outbox.clock import ManualClock
+from sender.heartbeat import Heartbeat
 from sender.leases import LEASES_PER_SLOT, Lease, Leases
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
@@ -78,3 +82,28 @@ def test_the_heartbeat_renews_what_is_in_no_apply_and_only_a_lease_still_held_is
     assert one.confirmed == later and two.confirmed == NOW  # another fence: not this lease
     assert leases.holds(one.intent.key, 3) and not leases.holds(one.intent.key, 4)
     assert leases.let_waiting_go() == [one, two] and leases.next_due() is None
+
+
+def test_a_lease_the_store_says_is_lost_is_not_confirmed_by_the_renewal_that_found_it_lost():
+    class Renewing:
+        def __init__(self) -> None:
+            self.beat = asyncio.Event()
+
+        async def renew_leases(self, held: list[tuple[str, int]], until: datetime) -> list[str]:
+            self.beat.set()
+            return [held[1][0]]  # the second lease was taken over
+
+    async def run() -> None:
+        leases = Leases(1, lambda: None)
+        kept, lost = leases.hold(intent(1), NOW), leases.hold(intent(2), NOW)
+        store = Renewing()
+        beat = asyncio.create_task(Heartbeat(store, ManualClock(NOW), timedelta(milliseconds=30), "w",  # type: ignore[arg-type]
+                                             leases).run())
+        await store.beat.wait()
+        await asyncio.sleep(0)  # the renewal's answer taken in
+        beat.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await beat
+        assert kept.confirmed > NOW and lost.confirmed == NOW
+
+    asyncio.run(run())

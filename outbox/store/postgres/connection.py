@@ -117,9 +117,10 @@ async def _opened(conn: asyncpg.Connection) -> None:
 async def start_session(conn: asyncpg.Connection) -> None:
     """What the store's statements need of a session, set when a connection opens and again after
     a full reset: JIT off. The claim's cost estimate grows with the backlog past
-    ``jit_above_cost``, and compiling it took 125 ms a claim at 10,000 pending and 1.8 s at
-    200,000, against 6 ms without; the store's statements are short and gain nothing from it. (A
-    SET rather than a startup parameter, which a session pooler such as PgBouncer may refuse.)"""
+    ``jit_above_cost``, and compiling it then costs more than the claim itself (bench_postgres's
+    claim case, README "Running on PostgreSQL"); the store's statements are short and gain
+    nothing from it. (A SET rather than a startup parameter, which a session pooler such as
+    PgBouncer may refuse.)"""
     await conn.execute("SET jit = off")
 
 
