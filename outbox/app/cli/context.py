@@ -125,12 +125,6 @@ def shapes() -> ModuleType:
     return importlib.import_module("outbox.shapes")
 
 
-def operations() -> ModuleType:
-    """The operators' powers (``outbox.operations``), imported the first time a command uses one:
-    they load the library and the store, which ``outbox --help`` and shell completion must not."""
-    return importlib.import_module("outbox.operations")
-
-
 def cli_actor() -> str:
     """How events name whoever acts from the command line: ``cli:<user>``, for every command."""
     return f"cli:{getpass.getuser()}"

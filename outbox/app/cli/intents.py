@@ -11,13 +11,13 @@ import click
 
 from ...errors import InvalidInput, OutboxError
 from ...model import REPLAYABLE, Resolution, Status
-from .context import Context, cli_actor, fields, operations, run, shapes
+from .context import Context, cli_actor, fields, run, shapes
 from .options import TIMESTAMP
 
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from ...operations import Actor
+    from ... import operations
     from ...outbox import Outbox
 
 
@@ -175,9 +175,11 @@ async def list_(
 # -- operators -----------------------------------------------------------------------------
 
 
-def _operator(reason: str) -> Actor:
+def _operator(reason: str) -> operations.Actor:
+    from ... import operations
+
     try:
-        return operations().Actor(cli_actor(), reason)
+        return operations.Actor(cli_actor(), reason)
     except OutboxError as exc:
         raise click.UsageError(exc.message) from None
 
@@ -208,20 +210,22 @@ async def replay(ctx: Context, box: Outbox, action_id: str | None, statuses: tup
     """
     from sender.authority import authorizer
 
+    from ... import operations
     from ...store import IntentQuery
 
-    ops, who = operations(), _operator(reason)
+    who = _operator(reason)
     if action_id:
         if statuses or destination or len(scopes) > 1 or dry_run:
             raise click.UsageError("give an ACTION_ID (and at most one --scope) or bulk filters, not both")
-        intent = await ops.replay(box, action_id, who, scope=scopes[0] if scopes else None,
-                                  authorize=authorizer(box), accept_duplicate_risk=accept_duplicate_risk)
+        intent = await operations.replay(box, action_id, who, scope=scopes[0] if scopes else None,
+                                         authorize=authorizer(box),
+                                         accept_duplicate_risk=accept_duplicate_risk)
         ctx.emit(shapes().intent_json(intent), f"replayed {action_id} (now {intent.status.value}, "
                                       f"{intent.max_attempts - intent.attempts} more attempts)")
         return
     query = IntentQuery(statuses=[Status(s) for s in statuses] or None, scopes=list(scopes) or None,
                         destination=destination)
-    found = [i async for i in ops.matching(box, ops.replay_filter(query))]
+    found = [i async for i in operations.matching(box, operations.replay_filter(query))]
     if dry_run:
         ctx.emit({"dry_run": True, "matched": len(found), "action_ids": [i.action_id for i in found]},
                  lambda: "\n".join([f"{i.action_id}  {i.status.value}  {i.destination}  {i.last_error or ''}"
@@ -229,9 +233,9 @@ async def replay(ctx: Context, box: Outbox, action_id: str | None, statuses: tup
         return
     with click.progressbar(length=len(found), label="replaying", file=sys.stderr,
                            hidden=ctx.as_json or not found) as bar:
-        result = await ops.bulk_replay(box, query, who, dry_run=False, authorize=authorizer(box),
-                                       accept_duplicate_risk=accept_duplicate_risk,
-                                       progress=lambda _: bar.update(1))
+        result = await operations.bulk_replay(box, query, who, dry_run=False, authorize=authorizer(box),
+                                              accept_duplicate_risk=accept_duplicate_risk,
+                                              progress=lambda _: bar.update(1))
     ctx.emit({"dry_run": False, "matched": len(result.matched), "replayed": len(result.replayed),
               "refused": result.refused},
              lambda: "\n".join([f"refused {k}: {v}" for k, v in result.refused.items()]
@@ -251,8 +255,10 @@ async def replay(ctx: Context, box: Outbox, action_id: str | None, statuses: tup
 async def resolve(ctx: Context, box: Outbox, action_id: str, resolution: str, external_id: str | None,
                   scope: str | None, reason: str) -> None:
     """Settle an unknown intent with your evidence."""
-    intent = await operations().resolve(box, action_id, Resolution(resolution), _operator(reason),
-                                        scope=scope, external_id=external_id)
+    from ... import operations
+
+    intent = await operations.resolve(box, action_id, Resolution(resolution), _operator(reason),
+                                      scope=scope, external_id=external_id)
     ctx.emit(shapes().intent_json(intent), f"resolved {action_id}: {intent.status.value}")
 
 
@@ -266,7 +272,9 @@ def _with_reason(name: str, done: str, about: str) -> click.Command:
     @REASON
     @run
     async def command(ctx: Context, box: Outbox, action_id: str, scope: str | None, reason: str) -> None:
-        intent = await getattr(operations(), name)(box, action_id, _operator(reason), scope=scope)
+        from ... import operations
+
+        intent = await getattr(operations, name)(box, action_id, _operator(reason), scope=scope)
         ctx.emit(shapes().intent_json(intent), f"{done} {action_id}")
 
     return command
@@ -285,10 +293,11 @@ cancel = _with_reason("cancel", "cancelled", "Withdraw an intent that is not bei
 async def approve(ctx: Context, box: Outbox, action_id: str, digest: str, valid_seconds: float,
                   scope: str | None, reason: str) -> None:
     """Approve a held intent's exact payload, for a limited time."""
+    from ... import operations
     from ...clock import iso
 
-    intent = await operations().approve(box, action_id, _operator(reason), payload_digest=digest,
-                                        valid_seconds=valid_seconds, scope=scope)
+    intent = await operations.approve(box, action_id, _operator(reason), payload_digest=digest,
+                                      valid_seconds=valid_seconds, scope=scope)
     ctx.emit(shapes().intent_json(intent), f"approved {action_id} until {iso(intent.approval_expires_at)}")
 
 
@@ -303,8 +312,10 @@ async def prune(ctx: Context, box: Outbox, older_than_days: float | None, dry_ru
     """Delete delivered and cancelled intents past their retention (dead and unknown stay)."""
     from datetime import timedelta
 
+    from ... import operations
+
     age = timedelta(days=older_than_days) if older_than_days is not None else \
         timedelta(seconds=box.settings.delivered_retention_seconds)
-    gone = await operations().prune(box, older_than=age, dry_run=dry_run)
+    gone = await operations.prune(box, older_than=age, dry_run=dry_run)
     ctx.emit({"dry_run": dry_run, "pruned": len(gone), "action_ids": gone},
              f"{'would prune' if dry_run else 'pruned'} {len(gone)} intent(s)")
