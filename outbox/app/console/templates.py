@@ -11,6 +11,7 @@ from typing import Any
 
 from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PackageLoader, PrefixLoader, StrictUndefined
 
+from ...lifecycle import Status
 from . import formats, links
 
 #: The portal's templates (by path: loading its package from here would import it halfway through the console's).
@@ -21,7 +22,8 @@ ENV = Environment(loader=ChoiceLoader([PackageLoader(__package__),
                   trim_blocks=True, lstrip_blocks=True)
 ENV.filters.update(ago=formats.ago, exact=formats.exact, pretty=formats.pretty, text=formats.text,
                    indented=formats.indented)
-ENV.globals.update(intent_url=links.intent_url, destination_url=links.destination_url, event_url=links.event_url)
+ENV.globals.update(intent_url=links.intent_url, destination_url=links.destination_url, event_url=links.event_url,
+                   Status=Status)  # (a status named by the lifecycle's enum, never spelt again in a template)
 
 
 def render(name: str, **values: Any) -> str:
