@@ -43,15 +43,16 @@ from __future__ import annotations
 
 from receivers import wire
 
+from .. import credentials
 from ..channel import ChannelModule
 from .channel import KafkaChannel
-from .spec import KafkaSpec, keep_secrets, split_secrets
+from .spec import KafkaSpec, keep_secrets
 
 __all__ = ["CHANNEL", "KafkaChannel", "KafkaSpec", "keep_secrets"]
 
 CHANNEL = ChannelModule(
     name="kafka", spec=KafkaSpec, secret_form="a whsec_ secret to sign its records", new_secret=wire.new_secret,
-    keep_secrets=keep_secrets, signing=lambda secrets: split_secrets(secrets)[0],
+    keep_secrets=keep_secrets, signing=lambda secrets: credentials.split(secrets)[0],
     open=lambda concurrency: KafkaChannel(),
     target=lambda settings: f"topic {settings['topic']} on {', '.join(settings['bootstrap_servers'])}",
 )

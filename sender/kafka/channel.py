@@ -14,16 +14,15 @@ from aiokafka.errors import KafkaError, MessageSizeTooLargeError
 from aiokafka.structs import RecordMetadata
 from pydantic import ValidationError
 
-from outbox import Destination, Intent, Outcome, Submission, tracing
+from outbox import Destination, Intent, Outcome, Submission
 from outbox.clock import Clock, SystemClock
 from outbox.crash import crash_point
-from receivers import wire
 
+from .. import credentials, envelope
 from ..channel import ProbeAnswer, Send, SendResult
 from .answers import Refused, answer, describe
 from .connections import GUARD
 from .producers import Producer, Producers
-from .spec import split_secrets
 
 
 class KafkaChannel:
@@ -75,7 +74,7 @@ class KafkaChannel:
         except Refused as stop:
             return [stop.result()] * len(sends)
         if entry.signing[0] != destination.secrets:
-            entry.signing = (destination.secrets, split_secrets(destination.secrets)[0])
+            entry.signing = (destination.secrets, credentials.split(destination.secrets)[0])
         signing = entry.signing[1]
         timestamp = int(self._clock.now().timestamp())
         results: list[SendResult | None] = [None] * len(sends)
@@ -124,16 +123,7 @@ def record_key(intent: Intent) -> bytes:
 
 
 def record(send: Send, signing: tuple[str, ...], timestamp: int) -> tuple[bytes, list[tuple[str, bytes]]]:
-    """A record's value and headers: its identity, its attempt's span, and its signature when
-    the destination holds a signing secret."""
-    intent = send.intent
-    value = intent.payload_json.encode()
-    headers = [(wire.KAFKA_IDEMPOTENCY_KEY, intent.key.encode()),
-               (wire.KAFKA_PAYLOAD_DIGEST, intent.payload_digest.encode()),
-               (wire.KAFKA_ATTEMPT_ID, send.attempt_id.encode()),
-               (wire.KAFKA_FENCE, str(send.fence).encode()),
-               *((name, value.encode()) for name, value in tracing.carrier(send.context).items())]
-    if signing:
-        headers += [(wire.KAFKA_TIMESTAMP, str(timestamp).encode()),
-                    (wire.KAFKA_SIGNATURE, wire.sign(signing, intent.key, timestamp, value).encode())]
-    return value, headers
+    """A record's value and headers (``envelope``: its identity, its attempt's span, and its
+    signature when the destination holds a signing secret)."""
+    value = envelope.payload(send)
+    return value, [(name, text.encode()) for name, text in envelope.headers(send, signing, timestamp, value)]

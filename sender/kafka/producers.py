@@ -17,9 +17,10 @@ from aiokafka.structs import TopicPartition
 
 from outbox import Destination, Outcome
 
+from .. import credentials
 from .answers import Refused, describe
 from .connections import Guard
-from .spec import KafkaSpec, split_secrets
+from .spec import KafkaSpec
 
 
 class Place(NamedTuple):
@@ -76,7 +77,7 @@ class Producers:
             if entry.producer is not None:
                 return entry.producer
             spec = entry.spec
-            _, password = split_secrets(destination.secrets)
+            _, password = credentials.split(destination.secrets)
             if spec.sasl_mechanism is not None and password is None:
                 raise Refused("connect", Outcome.REJECTED, "the destination names a SASL user but holds no password")
             if entry.guard is not None:

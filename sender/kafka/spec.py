@@ -9,10 +9,8 @@ from typing import Literal
 from pydantic import ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
 from outbox import DestinationSpec, OnUnknown
-from outbox.destinations import rotate_secrets
-from receivers import wire
 
-from .. import hosts
+from .. import credentials, hosts
 
 #: A topic name as Kafka allows it (``.`` and ``..`` are refused by the broker too).
 TOPIC = re.compile(r"(?!\.{1,2}$)[A-Za-z0-9._-]{1,249}")
@@ -63,19 +61,10 @@ class KafkaSpec(DestinationSpec):
 
     @field_validator("secret")
     @classmethod
-    def _whsec(cls, secret: str | None) -> str | None:
-        """The records' signing secret, in a webhook's form (the SASL password has a field of its own)."""
-        if secret is not None and not secret.startswith(wire.SECRET_PREFIX):
-            raise ValueError(f"secret is the {wire.SECRET_PREFIX} signing secret of the records; give the SASL "
-                             "password as sasl_password")
-        return None if secret is None else wire.check_secret(secret)
+    def _signing_secret(cls, secret: str | None) -> str | None:
+        return credentials.signing_secret(secret, password="the SASL password as sasl_password")
 
-    @field_validator("sasl_password")
-    @classmethod
-    def _password(cls, password: str | None) -> str | None:
-        if password is not None and password.startswith(wire.SECRET_PREFIX):
-            raise ValueError(f"sasl_password must not start with {wire.SECRET_PREFIX!r}, the signing secrets' form")
-        return password
+    _password = field_validator("sasl_password")(credentials.password)
 
     @model_validator(mode="after")
     def _consistent(self) -> KafkaSpec:
@@ -103,16 +92,7 @@ class KafkaSpec(DestinationSpec):
 
 
 
-def split_secrets(secrets: tuple[str, ...]) -> tuple[tuple[str, ...], str | None]:
-    """A Kafka destination's secrets as its signing secrets (newest first) and its SASL password:
-    any secret not in the signing secrets' form (one stored before records were signed is such)."""
-    signing = tuple(s for s in secrets if s.startswith(wire.SECRET_PREFIX))
-    return signing, next((s for s in secrets if not s.startswith(wire.SECRET_PREFIX)), None)
-
-
 def keep_secrets(held: tuple[str, ...], spec: KafkaSpec) -> tuple[str, ...]:
-    """What a Kafka destination holds once ``spec`` replaces it: its signing secrets, rotated as
-    a webhook's, then its SASL password, the one given or else the one held, while it uses SASL."""
-    signing, password = split_secrets(held)
-    password = spec.sasl_password or password
-    return rotate_secrets(signing, spec) + ((password,) if password is not None and spec.sasl_mechanism else ())
+    """What a Kafka destination holds once ``spec`` replaces it (``credentials.kept``): its
+    signing secrets, then its SASL password while it uses SASL."""
+    return credentials.kept(held, spec, password=spec.sasl_password, uses_password=spec.sasl_mechanism is not None)
