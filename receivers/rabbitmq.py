@@ -26,6 +26,8 @@ __all__ = ["IdempotentRabbitMQConsumer"]
 log = logging.getLogger("receivers.rabbitmq")
 
 Message = aio_pika.abc.AbstractIncomingMessage
+#: How long ``stop()`` waits for the broker to confirm the consumer is cancelled.
+_CLOSE_SECONDS = 5.0
 
 
 class IdempotentRabbitMQConsumer(MessageConsumer[Message]):
@@ -64,18 +66,20 @@ class IdempotentRabbitMQConsumer(MessageConsumer[Message]):
         self._arrived.put_nowait(message)
 
     async def _unsubscribe(self) -> None:
-        if self._tag is not None:
-            try:
-                await self.queue.cancel(self._tag)
-            except Exception as exc:  # the channel is gone: the broker requeued what was unacknowledged
-                log.warning("could not cancel consuming %r: %r", self.queue.name, exc)
-            self._tag = None
-        while not self._arrived.empty():
-            await self._requeue(self._arrived.get_nowait())
-        for message, timer in list(self._held.items()):
+        for timer in self._held.values():
             timer.cancel()
-            await self._requeue(message)
+        held = list(self._held)
         self._held.clear()
+        if self.queue.channel.is_closed:  # the broker requeued what was unacknowledged when it closed
+            return
+        if self._tag is not None:  # first: what the broker sends until it confirms arrives before that
+            try:
+                await asyncio.wait_for(self.queue.cancel(self._tag), _CLOSE_SECONDS)
+            except Exception as exc:
+                log.warning("could not stop consuming %r: %r", self.queue.name, exc)
+            self._tag = None
+        for message in [*held, *(self._arrived.get_nowait() for _ in range(self._arrived.qsize()))]:
+            await self._requeue(message)
         if self._requeues:
             await asyncio.wait(list(self._requeues))
 
