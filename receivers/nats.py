@@ -53,7 +53,7 @@ class IdempotentJetStreamConsumer(MessageConsumer[Msg]):
 
     async def _subscribe(self) -> None:
         info = await self.js.consumer_info(self.stream, self.durable)
-        if info.config.ack_policy is not AckPolicy.EXPLICIT:
+        if info.config.ack_policy != AckPolicy.EXPLICIT:  # the server answers it as text
             raise ValueError(f"consumer {self.durable!r} of stream {self.stream!r} must have ack_policy explicit: a "
                              "message is acknowledged only once its completion is stored")
         self._subscription = await self.js.pull_subscribe_bind(self.durable, self.stream)

@@ -143,8 +143,8 @@ async def test_refused_messages_are_dead_lettered_and_never_run_nor_claim_their_
         rabbit: Rabbit, new_store: Any) -> None:
     forged = sent("x", {"amount": 1}, signing=("whsec_" + "Wg" * 22,))  # signed, not with the destination's secret
     tampered = sent("y", {"amount": 2})  # signed as sent, but its payload-digest names another payload
-    tampered = Sent(tampered.key, tampered.body, {**tampered.headers,
-                                                  "payload-digest": sent("y", {"amount": 200}).headers["payload-digest"]})
+    other = sent("y", {"amount": 200}).headers["payload-digest"]
+    tampered = Sent(tampered.key, tampered.body, {**tampered.headers, "payload-digest": other})
     keyless = sent("z", {"amount": 3})
     keyless = Sent(keyless.key, keyless.body, {k: v for k, v in keyless.headers.items() if k != "idempotency-key"})
     genuine = sent("x", {"amount": 1})
