@@ -232,7 +232,7 @@ class MessageConsumer(ABC, Generic[M]):
             while not self._stopping.is_set():
                 messages = await self._next()
                 read, metadata, body = self.reader.read, self._metadata, self._body
-                items = [Fetched(message, *read(metadata(message), body(message))) for message in messages]
+                items = [read(Fetched(message), metadata(message), body(message)) for message in messages]
                 for run in distinct_runs(items, _identity):  # a repeat is claimed once the first is completed
                     await self._settle_run(run)
         except Exception:

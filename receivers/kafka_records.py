@@ -41,5 +41,4 @@ class RecordReader:
 
     def read(self, partition: TopicPartition, record: Record) -> FetchedRecord:
         """The record with its key, fingerprint and fence read, or with why it is refused."""
-        key, request, refused = self.messages.read(record.headers, record.value)
-        return FetchedRecord(record, partition, key, request, refused)
+        return self.messages.read(FetchedRecord(record, partition), record.headers, record.value)

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any, Protocol, TypeVar
 
 import rfc8785
 
@@ -60,13 +60,16 @@ class Refused:
     key: str | None
 
 
-class Reading(NamedTuple):
-    """What a message's metadata says: its key (None when it has none or a malformed one), the
-    claim it makes, or why it is refused (exactly one of the two)."""
+class Readable(Protocol):
+    """A fetched message as the reader fills it in (``kafka_records.FetchedRecord``,
+    ``consuming.Fetched``): its key, and the claim it makes or why it is refused."""
 
     key: str | None
     request: ClaimRequest | None
     refused: Refused | None
+
+
+R = TypeVar("R", bound=Readable)
 
 
 def _value_bytes(value: Any) -> bytes:
@@ -94,12 +97,9 @@ def payload_matches(value: object, digest: str) -> bool:
 
 
 def _text(value: object) -> str:
-    """A metadata value as text: a null or non-UTF-8 one reads as text no key, digest or fence can be."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return "" if value is None else str(value)
+    """A metadata value that is not bytes as text (AMQP and NATS header values are strings); a null
+    one reads as text no key, digest or fence can be."""
+    return value if isinstance(value, str) else "" if value is None else str(value)
 
 
 class MessageReader:
@@ -125,38 +125,44 @@ class MessageReader:
                         "message refused); pass the destination's whsec_ secret(s) as secrets= to check them",
                         scope, source)
 
-    def read(self, metadata: Iterable[tuple[str, object]], body: Any) -> Reading:
-        """The message's key and claim, or why it is refused; ``metadata`` as (name, value) pairs."""
+    def read(self, item: R, metadata: Iterable[tuple[str, object]], body: Any) -> R:
+        """``item`` with its key and claim, or why it is refused, read from ``metadata`` ((name,
+        value) pairs) and ``body``."""
         ours: dict[str, list[str]] = {}
         for name, value in metadata:
-            if name in _OURS:
+            if name in _OURS:  # Kafka's values are bytes: decoded here, not by a call per header
+                text = value.decode("utf-8", "replace") if isinstance(value, bytes) else _text(value)
                 if name in ours:
-                    ours[name].append(_text(value))
+                    ours[name].append(text)
                 else:
-                    ours[name] = [_text(value)]
+                    ours[name] = [text]
         header = ours.get
         try:
-            key = parse_key(header(KAFKA_IDEMPOTENCY_KEY, ()))
+            item.key = key = parse_key(header(KAFKA_IDEMPOTENCY_KEY, ()))
         except MalformedKey as exc:
-            return Reading(None, None, Refused(Refusal.MALFORMED_KEY, str(exc), None))
+            item.refused = Refused(Refusal.MALFORMED_KEY, str(exc), None)
+            return item
         if key is None:
-            return Reading(None, None, Refused(Refusal.MISSING_KEY, f"no {KAFKA_IDEMPOTENCY_KEY} header", None))
+            item.refused = Refused(Refusal.MISSING_KEY, f"no {KAFKA_IDEMPOTENCY_KEY} header", None)
+            return item
         if self.secrets is not None:
-            unsigned = self._unsigned(body, key, header(KAFKA_TIMESTAMP, ()), header(KAFKA_SIGNATURE, ()))
-            if unsigned is not None:
-                return Reading(key, None, unsigned)
+            item.refused = self._unsigned(body, key, header(KAFKA_TIMESTAMP, ()), header(KAFKA_SIGNATURE, ()))
+            if item.refused is not None:
+                return item
         try:
             fence = parse_fence(header(KAFKA_FENCE, ()))
         except MalformedFence as exc:
-            return Reading(key, None, Refused(Refusal.MALFORMED_FENCE, str(exc), key))
+            item.refused = Refused(Refusal.MALFORMED_FENCE, str(exc), key)
+            return item
         digests = header(KAFKA_PAYLOAD_DIGEST, ())
         if len(digests) != 1:
-            return Reading(key, None, Refused(Refusal.MISSING_DIGEST, f"send exactly one {KAFKA_PAYLOAD_DIGEST} "
-                                              "header", key))
-        if self.verify_digest and not payload_matches(body, digests[0]):
-            return Reading(key, None, Refused(Refusal.DIGEST_MISMATCH, f"the value is not the payload its "
-                                              f"{KAFKA_PAYLOAD_DIGEST} names", key))
-        return Reading(key, ClaimRequest(identity(self.scope, key), digests[0], fence), None)
+            item.refused = Refused(Refusal.MISSING_DIGEST, f"send exactly one {KAFKA_PAYLOAD_DIGEST} header", key)
+        elif self.verify_digest and not payload_matches(body, digests[0]):
+            item.refused = Refused(Refusal.DIGEST_MISMATCH, f"the value is not the payload its "
+                                   f"{KAFKA_PAYLOAD_DIGEST} names", key)
+        else:
+            item.request = ClaimRequest(identity(self.scope, key), digests[0], fence)
+        return item
 
     def _unsigned(self, body: Any, key: str, stamps: Sequence[str], signatures: Sequence[str]) -> Refused | None:
         """Why the message is not signed with one of ``secrets``, or None when it is."""

@@ -28,13 +28,13 @@ from opentelemetry.trace import (
     TracerProvider,
 )
 
+from .messages import Readable
 from .records import Busy, Claimed, Mismatch, Replay, StaleFence
 from .wire import Problem
 
 if TYPE_CHECKING:
     from .kafka_records import FetchedRecord
-    from .messages import Refused
-    from .records import ClaimRequest, ClaimResult
+    from .records import ClaimResult
 
 #: The instrumentation scope of every span the receivers make.
 SCOPE = "receivers"
@@ -149,12 +149,9 @@ def failed(span: Span, exc: Exception) -> None:
     span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
 
 
-class Settled(Protocol):
+class Settled(Readable, Protocol):
     """A message as a consumer settles it (``kafka_records.FetchedRecord``, ``consuming.Fetched``)."""
 
-    key: str | None
-    request: ClaimRequest | None
-    refused: Refused | None
     answer: ClaimResult | None
 
 
