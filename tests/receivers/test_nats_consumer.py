@@ -13,13 +13,15 @@ from typing import Any
 import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from opentelemetry.trace import SpanKind
 
-from receivers import IdempotentJetStreamConsumer, MemoryRecordStore
+from receivers import IdempotentJetStreamConsumer, MemoryRecordStore, tracing
 from receivers.keys import identity
 from receivers.messages import Refusal
 from tests.conftest import SECRET, eventually
 
 from .brokers import Effects, FailingCompletions, Sent, require, sent, suffix
+from .test_tracing import TRACEPARENT, Spans, assert_child, assert_continues_the_sender
 
 URL = "nats://127.0.0.1:4222"
 
@@ -226,3 +228,30 @@ async def test_the_durable_consumer_must_ack_explicitly(jet: Jet) -> None:
                                            Effects("no-acks").handle, secrets=SECRET)
     with pytest.raises(ValueError, match="ack_policy explicit"):
         await consumer.start()
+
+
+async def test_each_message_is_a_consumer_span_in_the_senders_trace(jet: Jet) -> None:
+    spans = Spans()  # a provider of the test's own, its finished spans kept
+    message = sent("traced", {"n": 1})
+    message = Sent(message.key, message.body, {**message.headers, "traceparent": TRACEPARENT})
+    await jet.publish(message, message, message_id=False)
+    effects = Effects(jet.durable)
+
+    async def handle(delivered: Any, context: Any) -> None:
+        with spans.app_tracer.start_as_current_span("book"):
+            await effects.handle(delivered, context)
+
+    consumer = jet.consumer(MemoryRecordStore(), effects, tracer_provider=spans.provider)
+    consumer.handler = handle
+    async with consumer:
+        first, duplicate = await spans.until(2, SpanKind.CONSUMER)
+    (book,) = spans.named("book")
+    assert_child(book, first)
+    for span in (first, duplicate):
+        assert_continues_the_sender(span)
+        assert span.name == f"process {jet.subject}"
+        assert span.attributes is not None and span.attributes["messaging.system"] == "nats"
+        assert span.attributes[tracing.IDEMPOTENCY_KEY] == message.key
+    assert first.attributes is not None and duplicate.attributes is not None
+    assert (first.attributes[tracing.OUTCOME], duplicate.attributes[tracing.OUTCOME]) == ("claimed", "replayed")
+    assert first.attributes["messaging.nats.stream_sequence"] == 1

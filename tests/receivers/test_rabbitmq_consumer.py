@@ -12,13 +12,15 @@ from typing import Any
 
 import aio_pika
 import pytest
+from opentelemetry.trace import SpanKind
 
-from receivers import IdempotentRabbitMQConsumer, MemoryRecordStore, State
+from receivers import IdempotentRabbitMQConsumer, MemoryRecordStore, State, tracing
 from receivers.keys import identity
 from receivers.messages import Refusal
 from tests.conftest import SECRET, eventually
 
 from .brokers import Effects, FailingCompletions, Sent, require, sent, suffix
+from .test_tracing import TRACEPARENT, Spans, assert_child, assert_continues_the_sender
 
 URL = "amqp://guest:guest@127.0.0.1:5672/"
 
@@ -246,3 +248,29 @@ async def test_the_options_are_checked() -> None:
         IdempotentRabbitMQConsumer(Queue(), MemoryRecordStore(), Effects("q").handle, prefetch=0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="whsec_"):
         IdempotentRabbitMQConsumer(Queue(), MemoryRecordStore(), Effects("q").handle, secrets="hunter2")  # type: ignore[arg-type]
+
+
+async def test_each_message_is_a_consumer_span_in_the_senders_trace(rabbit: Rabbit) -> None:
+    spans = Spans()  # a provider of the test's own, its finished spans kept
+    message = sent("traced", {"n": 1})
+    message = Sent(message.key, message.body, {**message.headers, "traceparent": TRACEPARENT})
+    await rabbit.publish(message, message)
+    effects = Effects(rabbit.name)
+
+    async def handle(delivered: Any, context: Any) -> None:
+        with spans.app_tracer.start_as_current_span("book"):
+            await effects.handle(delivered, context)
+
+    consumer = await rabbit.consumer(MemoryRecordStore(), effects, tracer_provider=spans.provider)
+    consumer.handler = handle
+    async with consumer:
+        first, duplicate = await spans.until(2, SpanKind.CONSUMER)
+    (book,) = spans.named("book")
+    assert_child(book, first)
+    for span in (first, duplicate):
+        assert_continues_the_sender(span)
+        assert span.name == f"process {rabbit.name}"
+        assert span.attributes is not None and span.attributes["messaging.system"] == "rabbitmq"
+        assert span.attributes[tracing.IDEMPOTENCY_KEY] == message.key
+    assert first.attributes is not None and duplicate.attributes is not None
+    assert (first.attributes[tracing.OUTCOME], duplicate.attributes[tracing.OUTCOME]) == ("claimed", "replayed")
