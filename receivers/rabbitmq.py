@@ -84,11 +84,17 @@ class IdempotentRabbitMQConsumer(MessageConsumer[Message]):
             await asyncio.wait(list(self._requeues))
 
     async def _fetch(self) -> list[Message]:
-        try:
-            first = await asyncio.wait_for(self._arrived.get(), 1.0)
-        except TimeoutError:
-            return []
-        batch = [first]
+        if self._arrived.empty():  # wait a second at most, and not at all once stopping
+            getting = asyncio.ensure_future(self._arrived.get())
+            stopped = asyncio.ensure_future(self._stopping.wait())
+            await asyncio.wait((getting, stopped), timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            if not getting.done():
+                getting.cancel()  # a get not done took nothing
+                return []
+            batch = [getting.result()]
+        else:
+            batch = [self._arrived.get_nowait()]
         while len(batch) < self.max_batch and not self._arrived.empty():
             batch.append(self._arrived.get_nowait())
         return batch
