@@ -44,6 +44,7 @@ from .records import (
     StoredResponse,
     distinct_runs,
 )
+from .tracing import Settled
 from .wire import EXTERNAL_ID, KAFKA_FENCE
 
 log = logging.getLogger("receivers.consuming")
@@ -324,16 +325,8 @@ class MessageConsumer(ABC, Generic[M]):
         if isinstance(answer, Busy):  # another consumer runs it: ask again once it may be done
             await self._retry(item.message, min(self._backoff(item), answer.retry_after))
             return False
-        refused = item.refused
-        if isinstance(answer, Mismatch):
-            refused = Refused(Refusal.KEY_REUSED, "the key was used for another payload (digest)", item.key)
-        elif isinstance(answer, StaleFence):
-            assert item.request is not None
-            refused = Refused(Refusal.STALE_FENCE, f"{KAFKA_FENCE} {item.request.fence} is lower than "
-                              f"{answer.min_fence}, already seen for this key", item.key)
-        assert refused is not None
         try:
-            reported = self.on_error(item.message, refused)
+            reported = self.on_error(item.message, refusal(item))
             if inspect.isawaitable(reported):
                 await reported
         except Exception:
@@ -360,33 +353,66 @@ class MessageConsumer(ABC, Generic[M]):
         still down."""
         done = [(item.request.identity, epoch, StoredResponse(200, ((_EXTERNAL_ID, self._where(item.message)),), b""))
                 for item, epoch in handled if item.request]
-        delay = self.retry_seconds
-        while True:
-            try:
-                stored = await self.store.complete_many(done, expires_at=self.clock() + self.retention)
-            except Exception as exc:
-                if self._stopping.is_set():
-                    log.error("could not store %d completions while stopping: %r; their messages are handed back "
-                              "and run again once their lease ends", len(done), exc)
-                    return False
-                log.error("could not store %d completions, retrying in %.1f s: %r", len(done), delay, exc)
-                try:
-                    await asyncio.wait_for(self._stopping.wait(), delay)
-                except TimeoutError:
-                    pass
-                delay = min(self.max_retry_seconds, delay * 2)
-                continue
-            for (item, epoch), ok in zip(handled, stored, strict=True):
-                if not ok:
-                    log.warning("key %r was taken over (epoch %d is stale) before its completion was stored",
-                                item.key, epoch)
-            return True
+        stored = await store_completions(self.store, done, expires_at=lambda: self.clock() + self.retention,
+                                         retry_seconds=self.retry_seconds, max_retry_seconds=self.max_retry_seconds,
+                                         stopping=self._stopping)
+        if stored is None:
+            return False
+        log_taken_over(handled, stored)
+        return True
 
     async def _release(self, claimed: list[tuple[Fetched[M], int]]) -> None:
         try:
             await self.store.release_many([(item.request.identity, epoch) for item, epoch in claimed if item.request])
         except Exception as exc:
             log.error("could not release %d claims: %r; they are retried once their lease ends", len(claimed), exc)
+
+
+
+def refusal(item: Settled) -> Refused:
+    """Why a message whose handler is not to run is refused: what its reader found, or what the
+    store answered (the key used for another payload, a fence lower than one seen)."""
+    answer = item.answer
+    if isinstance(answer, Mismatch):
+        return Refused(Refusal.KEY_REUSED, "the key was used for another payload (digest)", item.key)
+    if isinstance(answer, StaleFence):
+        assert item.request is not None
+        return Refused(Refusal.STALE_FENCE, f"{KAFKA_FENCE} {item.request.fence} is lower than "
+                       f"{answer.min_fence}, already seen for this key", item.key)
+    assert item.refused is not None
+    return item.refused
+
+
+async def store_completions(store: RecordStore, done: list[tuple[str, int, StoredResponse]], *,
+                            expires_at: Callable[[], datetime], retry_seconds: float, max_retry_seconds: float,
+                            stopping: asyncio.Event) -> list[bool] | None:
+    """Store ``done``'s completions, retrying while the store is down (the delay doubling from
+    ``retry_seconds``): whether each was stored (False: taken over first), or None when
+    ``stopping`` with the store still down (those messages run again once their lease ends)."""
+    delay = retry_seconds
+    while True:
+        try:
+            return await store.complete_many(done, expires_at=expires_at())
+        except Exception as exc:
+            if stopping.is_set():
+                log.error("could not store %d completions while stopping: %r; they are not acknowledged and run "
+                          "again once their lease ends", len(done), exc)
+                return None
+            log.error("could not store %d completions, retrying in %.1f s: %r", len(done), delay, exc)
+            try:
+                await asyncio.wait_for(stopping.wait(), delay)
+            except TimeoutError:
+                pass
+            delay = min(max_retry_seconds, delay * 2)
+
+
+def log_taken_over(handled: Sequence[tuple[Settled, int]], stored: list[bool]) -> None:
+    """Warn of each completion the store did not take: its key was taken over (a higher epoch)."""
+    if all(stored):
+        return
+    for (item, epoch), ok in zip(handled, stored, strict=True):
+        if not ok:
+            log.warning("key %r was taken over (epoch %d is stale) before its completion was stored", item.key, epoch)
 
 
 def _identity(item: Fetched[Any]) -> str:
