@@ -235,7 +235,11 @@ class MessageConsumer(ABC, Generic[M]):
                 read, metadata, body = self.reader.read, self._metadata, self._body
                 items = [read(Fetched(message), metadata(message), body(message)) for message in messages]
                 for run in distinct_runs(items, _identity):  # a repeat is claimed once the first is completed
-                    await self._settle_run(run)
+                    if self._stopping.is_set():  # not claimed: straight back to the broker
+                        for item in run:
+                            await self._retry(item.message, 0)
+                    else:
+                        await self._settle_run(run)
         except Exception:
             log.exception("the idempotent consumer %r stopped", self.scope)
             raise

@@ -73,6 +73,7 @@ class IdempotentJetStreamConsumer(MessageConsumer[Msg]):
         except nats.errors.TimeoutError:
             return []
 
+
     def _metadata(self, message: Msg) -> Iterable[tuple[str, object]]:
         return (message.headers or {}).items()
 

@@ -274,3 +274,37 @@ async def test_each_message_is_a_consumer_span_in_the_senders_trace(rabbit: Rabb
         assert span.attributes[tracing.IDEMPOTENCY_KEY] == message.key
     assert first.attributes is not None and duplicate.attributes is not None
     assert (first.attributes[tracing.OUTCOME], duplicate.attributes[tracing.OUTCOME]) == ("claimed", "replayed")
+
+
+async def test_stop_claims_nothing_more_of_the_batch_in_flight(rabbit: Rabbit) -> None:
+    """A batch naming a key twice is settled in two runs; stopping during the first, the second
+    goes back to the broker without a claim transaction."""
+    a, b, c = sent("a", {"n": 1}), sent("b", {"n": 2}), sent("c", {"n": 3})
+    store = MemoryRecordStore()
+    claims: list[int] = []
+    claim_many = store.claim_many
+
+    async def counted(requests: Any, **options: Any) -> Any:
+        claims.append(len(requests))
+        return await claim_many(requests, **options)
+
+    store.claim_many = counted  # type: ignore[method-assign]
+    effects = Effects(rabbit.name)
+    started, go = asyncio.Event(), asyncio.Event()
+
+    async def slow(message: Any, context: Any) -> None:
+        started.set()
+        await go.wait()
+        await effects.handle(message, context)
+
+    consumer = await rabbit.consumer(store, effects, max_batch=4)
+    consumer.handler = slow
+    await rabbit.publish(a, b, a, c)  # there before the consumer starts: one batch of four
+    await consumer.start()
+    await asyncio.wait_for(started.wait(), 20)
+    stopping = asyncio.ensure_future(consumer.stop())
+    go.set()
+    await stopping
+    assert effects.keys == ["acme/a"]
+    assert len(claims) == 1  # the first run's claims only
+    assert await eventually(lambda: _count_is(rabbit, rabbit.name, 3), 20)
