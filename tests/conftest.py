@@ -23,6 +23,7 @@ from .servers import Served
 
 if TYPE_CHECKING:
     from .kafka import Broker
+    from .rabbitmq import Rabbit
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -95,6 +96,19 @@ def tansu(tmp_path: Path) -> Iterator[Broker]:
         yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture
+async def rabbit() -> AsyncIterator[Rabbit]:
+    """The shared RabbitMQ, with an exchange and queues of the test's own (tests/rabbitmq.py),
+    deleted after the test."""
+    from .rabbitmq import Rabbit
+
+    made = await Rabbit.open()
+    try:
+        yield made
+    finally:
+        await made.aclose()
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
