@@ -8,7 +8,9 @@ suffix) and deletes what it declared; none stops, restarts or purges anything el
 
 ``TcpProxy`` stands between the channel and the broker, forwarding bytes both ways until it is
 told to ``drop`` (every connection closed, none accepted) and later to ``accept`` again: a broker
-gone and back, without touching the shared one. With ``tls`` it terminates TLS in front of it.
+gone and back, without touching the shared one. ``answering.clear()`` holds the broker's bytes
+(its confirms) back while the client's still go in; ``drop_at_publish`` drops every connection
+once a chunk carrying a ``basic.publish`` has been forwarded. With ``tls`` it terminates TLS.
 
 A broker that does not answer within ``START_SECONDS`` FAILS the test under ``CI=true`` and skips
 it elsewhere.
@@ -116,6 +118,9 @@ class TcpProxy:
         self.tls, self.upstream_port = tls, upstream_port
         self.port = 0
         self.connections = 0
+        self.answering = asyncio.Event()  # set: the broker's bytes are forwarded
+        self.answering.set()
+        self.drop_at_publish = False
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
 
@@ -148,16 +153,32 @@ class TcpProxy:
             writer.transport.abort()
             return
         self._writers |= {writer, up_writer}
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True)
+        await asyncio.gather(self._requests(reader, up_writer), self._answers(up_reader, writer),
+                             return_exceptions=True)
         for end in (writer, up_writer):
             end.transport.abort()
             self._writers.discard(end)
 
+    async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+                if self.drop_at_publish and PUBLISH in data:
+                    self.drop_at_publish = False
+                    await self.drop()
+        finally:
+            writer.transport.abort()
 
-async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    finally:
-        writer.transport.abort()
+    async def _answers(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                await self.answering.wait()
+                writer.write(data)
+                await writer.drain()
+        finally:
+            writer.transport.abort()
+
+
+#: The start of a ``basic.publish`` method frame's payload: class 60 (basic), method 40 (publish).
+PUBLISH = b"\x00\x3c\x00\x28"
