@@ -84,11 +84,13 @@ class RabbitChannel:
             # From here a publish frame may leave: only the broker's confirm can say what became of it.
             crash_point("after_request")
             await asyncio.wait(confirms.values(), timeout=destination.timeout_seconds)
-        broken = False  # a confirm failed without an answer: the channel or its connection closed
+        # No answer (the channel or its connection closed, or the broker silent in time): the
+        # connection is replaced, rather than waiting on its heartbeat to find it half-open.
+        broken = False
         for i, confirm in confirms.items():
             result = results[i] = confirmed(confirm, spec, routing_key(spec, sends[i].intent), sends[i].attempt_id,
                                             signing)
-            broken |= confirm.done() and result.submission is Submission.MAYBE_SUBMITTED
+            broken |= result.submission is Submission.MAYBE_SUBMITTED
         if broken or channel.is_closed:
             await self._links.discard(link, channel)
         return cast(list[SendResult], results)
