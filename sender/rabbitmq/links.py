@@ -115,11 +115,8 @@ class Links:
         if password is None:
             raise Refused("connect", Outcome.REJECTED, "the destination holds no password: give it as password")
         tls = self._context() if spec.tls else None
-        path = "/" if spec.vhost == "/" else "/" + quote(spec.vhost, safe="")
-        url = URL.build(scheme=spec.scheme, user=spec.username, password=password, host=spec.host,
-                        port=spec.port, path=path, encoded=False)
         timeout = destination.timeout_seconds
-        connection = aiormq.Connection(url, context=tls, transport_factory=GuardedTransport(
+        connection = aiormq.Connection(connection_url(spec, password), transport_factory=GuardedTransport(
             spec, tls, allow_private=destination.allow_private_network, timeout=timeout))
         where = f"{spec.host}:{spec.port}"
         try:
@@ -170,6 +167,14 @@ class Links:
         links, self._links = list(self._links.values()), {}
         for link in links:
             await close(link)
+
+
+def connection_url(spec: RabbitSpec, password: str) -> URL:
+    """What aiormq is given: the destination's URL with the password (aiormq censors it when it
+    shows the URL), the vhost as one path segment."""
+    path = "/" if spec.vhost == "/" else "/" + quote(spec.vhost, safe="")
+    return URL.build(scheme=spec.scheme, user=spec.username, password=password, host=spec.host, port=spec.port,
+                     path=path, encoded=False)
 
 
 async def close(link: Link) -> None:

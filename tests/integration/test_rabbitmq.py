@@ -152,6 +152,19 @@ async def test_a_refused_password_is_not_submitted_and_never_shown(env: SenderEn
     assert await rabbit.messages() == []
 
 
+async def test_a_destination_without_a_password_is_dead_before_any_connection(env: SenderEnv, channel,
+                                                                             rabbit: Rabbit):
+    async with Listener() as listener:
+        spec = options(rabbit, url=f"amqp://guest@127.0.0.1:{listener.port}/")
+        del spec["password"]
+        await env.box.put_destination("bus", RabbitSpec.model_validate(spec))
+        await env.enqueue("no-password", destination="bus")
+        intent, attempt = await run_until(env, channel, "no-password")
+    assert facts(attempt) == ("connect", Submission.NOT_SUBMITTED, Outcome.REJECTED), attempt.error
+    assert "holds no password" in (attempt.error or "") and intent.status is Status.DEAD
+    assert listener.connections == 0
+
+
 async def test_no_broker_at_all_is_not_submitted(env: SenderEnv, channel, rabbit: Rabbit, closed_port: int):
     await register(env, rabbit, url=f"amqp://guest@127.0.0.1:{closed_port}/")
     await env.enqueue("closed", destination="bus")
