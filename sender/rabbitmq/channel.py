@@ -67,8 +67,8 @@ class RabbitChannel:
         now = self._clock.now()
         results: list[SendResult | None] = [None] * len(sends)
         confirms: dict[int, asyncio.Task[object]] = {}
-        for i, send in enumerate(sends):
-            key = routing_key(spec, send.intent)
+        keys = [routing_key(spec, send.intent) for send in sends]
+        for i, (send, key) in enumerate(zip(sends, keys, strict=True)):
             if len(key.encode()) > SHORT:
                 results[i] = SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="publish",
                                         error=f"refused: the ordering key is longer than a routing key may be "
@@ -88,8 +88,7 @@ class RabbitChannel:
         # connection is replaced, rather than waiting on its heartbeat to find it half-open.
         broken = False
         for i, confirm in confirms.items():
-            result = results[i] = confirmed(confirm, spec, routing_key(spec, sends[i].intent), sends[i].attempt_id,
-                                            signing)
+            result = results[i] = confirmed(confirm, spec, keys[i], sends[i].attempt_id, signing)
             broken |= result.submission is Submission.MAYBE_SUBMITTED
         if broken or channel.is_closed:
             await self._links.discard(link, channel)

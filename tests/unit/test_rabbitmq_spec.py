@@ -34,7 +34,7 @@ def test_the_url_says_tls_host_port_user_and_vhost():
                                             ("amqps://svc@rabbit.example.com/%2F", "/"),
                                             ("amqps://svc@rabbit.example.com/prod%2Feu", "prod/eu"),
                                             ("amqps://svc@rabbit.example.com", "/")])
-def test_the_connection_is_opened_on_the_vhost_the_url_names(url: str, vhost: str):
+async def test_the_connection_is_opened_on_the_vhost_the_url_names(url: str, vhost: str):
     opened = aiormq.Connection(connection_url(RabbitSpec.model_validate({**SPEC, "url": url}), "p w/@:x"))
     assert opened.vhost == vhost
     assert (opened.url.user, opened.url.password) == ("svc", "p w/@:x")  # any password, as given
