@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from outbox import OnUnknown
-from sender.rabbitmq import RabbitSpec, keep_secrets
+from sender.rabbitmq import CHANNEL, RabbitSpec, keep_secrets
 from sender.rabbitmq.links import connection_url
 from tests.conftest import SECRET
 
@@ -71,3 +71,11 @@ def test_an_update_keeps_the_password_and_rotates_the_signing_secrets():
     assert held == (SECRET, "pw-1")
     assert keep_secrets(held, RabbitSpec.model_validate({**SPEC, "secret": NEWER})) == (NEWER, SECRET, "pw-1")
     assert keep_secrets(held, RabbitSpec.model_validate({**SPEC, "password": "pw-2"})) == (SECRET, "pw-2")
+
+
+def test_the_console_says_where_a_destination_publishes():
+    settings = RabbitSpec.model_validate({**SPEC, "url": "amqps://svc@rabbit.example.com/prod"}).settings()
+    assert CHANNEL.target is not None
+    assert CHANNEL.target(settings) == "exchange events, routing key 'orders' at rabbit.example.com:5671, vhost prod"
+    default = RabbitSpec.model_validate({**SPEC, "exchange": "", "routing_key": "billing"}).settings()
+    assert CHANNEL.target(default) == "exchange amq.default, routing key 'billing' at rabbit.example.com:5671, vhost /"
