@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -55,10 +55,10 @@ class Client:
 
     spec: RedisSpec
     version: datetime  # the destination's updated_at it was made for
-    secrets: tuple[str, ...]  # the destination's secrets it was made with
-    signing: tuple[str, ...]
-    password: str | None
-    pool: ConnectionPool
+    secrets: tuple[str, ...] = field(repr=False)  # the destination's secrets it was made with
+    signing: tuple[str, ...] = field(repr=False)
+    password: str | None = field(repr=False)
+    pool: ConnectionPool = field(repr=False)
 
 
 class Clients:

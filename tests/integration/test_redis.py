@@ -342,3 +342,25 @@ async def test_the_api_registers_redis_destinations_and_refuses_what_cannot_be_w
         assert shown["signing_secrets"] == 1
         listed = await admin.get("/v1/destinations/log")
         assert "hunter2" not in listed.text and listed.json()["signing_secrets"] == 1
+
+
+async def test_the_password_is_kept_across_updates_sealed_and_never_shown(env: SenderEnv, channel: RedisChannel,
+                                                                         shared_redis):
+    """An update without the password keeps it (after the signing secrets), one with a new one
+    replaces it; neither the destination's repr nor its client's, nor the database file, holds it."""
+    _, names = shared_redis
+    stream = names.stream()
+    first = await register(env, stream, username="svc", password="first-pw-1", tls=True)
+    assert first.secrets == (SECRET, "first-pw-1")
+    kept = await register(env, stream, username="svc", tls=True)
+    assert kept.secrets == (SECRET, "first-pw-1")
+    replaced = await register(env, stream, username="svc", password="second-pw-2", tls=True)
+    assert replaced.secrets == (SECRET, "second-pw-2")
+    assert "second-pw" not in repr(replaced) and "second-pw" not in repr(RedisSpec.model_validate(
+        {"channel": "redis", "host": "redis.example.com", "stream": stream, "password": "second-pw-2", "tls": True}))
+    await send(channel, await env.enqueue("pw", destination="log"), replaced)  # (the server has no such user)
+    client = await channel._clients.client(replaced)
+    assert "second-pw" not in repr(client) and "second-pw" not in repr(client.pool)
+    assert env.path is not None
+    stored = b"".join(path.read_bytes() for path in env.path.parent.glob(env.path.name + "*"))  # with the WAL
+    assert b"first-pw" not in stored and b"second-pw" not in stored and b"svc" in stored
