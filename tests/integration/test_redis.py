@@ -364,3 +364,46 @@ async def test_the_password_is_kept_across_updates_sealed_and_never_shown(env: S
     assert env.path is not None
     stored = b"".join(path.read_bytes() for path in env.path.parent.glob(env.path.name + "*"))  # with the WAL
     assert b"first-pw" not in stored and b"second-pw" not in stored and b"svc" in stored
+
+
+async def test_an_emptied_script_cache_is_answered_by_sending_the_script(
+        env: SenderEnv, channel: RedisChannel, private_redis: RedisServer):
+    """NOSCRIPT says the call did nothing: the same attempt sends the script itself (EVAL), in
+    the batch's places, and each entry is added once."""
+    destination = await register(env, "orders", port=private_redis.port)
+    first = await send(channel, await env.enqueue("first", destination="log"), destination)
+    client = private_redis.client()
+    try:
+        await client.script_flush()
+        sends = [Send(await env.enqueue(f"n-{n}", destination="log"), destination, f"attempt-{n}", 1)
+                 for n in range(3)]
+        results = await channel.send_many(sends)
+        assert {facts(r) for r in [first, *results]} == {("done", Submission.SUBMITTED, Outcome.DELIVERED)}
+        added = await entries(client, "orders")
+        assert [entry for entry, _ in added] == [first.external_id, *(r.external_id for r in results)]
+    finally:
+        await client.aclose()
+
+
+async def test_error_replies_that_may_pass_are_retried(env: SenderEnv, channel: RedisChannel, tmp_path: Path):
+    """A replica answers READONLY and a server at its memory limit OOM: the script added nothing
+    (submitted), and either may take the entry later (retryable)."""
+    primary, replica = RedisServer(tmp_path).start(), RedisServer(tmp_path).start()
+    client = replica.client()
+    try:
+        await client.replicaof("127.0.0.1", str(primary.port))
+        readonly = await register(env, "orders", "replica", port=replica.port)
+        result = await send(channel, await env.enqueue("r", destination="replica"), readonly)
+        assert facts(result) == ("add", Submission.SUBMITTED, Outcome.RETRYABLE), result
+        assert "ReadOnlyError" in (result.error or "")
+        await client.replicaof("NO", "ONE")
+        await client.config_set("maxmemory", "1")
+        full = await register(env, "orders", "full", port=replica.port)
+        result = await send(channel, await env.enqueue("m", destination="full"), full)
+        assert facts(result) == ("add", Submission.SUBMITTED, Outcome.RETRYABLE), result
+        assert "OutOfMemoryError" in (result.error or "")
+        assert await client.xlen("orders") == 0
+    finally:
+        await client.aclose()
+        primary.stop()
+        replica.stop()
