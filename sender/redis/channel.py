@@ -36,15 +36,23 @@ from .connections import Client, Clients
 
 #: Adds one entry unless the dedupe key says an earlier attempt did, atomically on the server.
 #: KEYS: the stream, the dedupe key. ARGV: the dedupe TTL in seconds, MAXLEN (or ""), then the
-#: entry's fields and values. Answers {1, id} for an entry added, {0, id} for one found.
+#: entry's fields and values. Answers {1, id} for an entry added, {0, id} for one found, or an
+#: error reply, and then nothing was written: a script's writes are not undone when it fails, so
+#: the dedupe key is written first (a refusal of it, NOPERM say, comes before the entry) and
+#: removed again when XADD is refused.
 SCRIPT = """\
 local found = redis.call('GET', KEYS[2])
 if found then return {0, found} end
+redis.call('SET', KEYS[2], '', 'EX', ARGV[1])
 local id
 if ARGV[2] == '' then
-  id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
+  id = redis.pcall('XADD', KEYS[1], '*', unpack(ARGV, 3))
 else
-  id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', unpack(ARGV, 3))
+  id = redis.pcall('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', unpack(ARGV, 3))
+end
+if type(id) == 'table' and id.err then
+  redis.call('DEL', KEYS[2])
+  return id
 end
 redis.call('SET', KEYS[2], id, 'EX', ARGV[1])
 return {1, id}
@@ -190,6 +198,7 @@ def answer(reply: Any, stream: str, signing: tuple[str, ...], wanted: int | None
     said += "" if signing else ", unsigned: the destination holds no signing secret"
     if wanted is not None and not (isinstance(replicas, int) and replicas >= wanted):
         heard = f"{replicas} of {wanted} replicas acknowledged it" if isinstance(replicas, int) else \
+            f"WAIT answered {describe(replicas)}" if isinstance(replicas, BaseException) else \
             f"no reply to WAIT ({describe(lost or TimeoutError())})"
         return SendResult(Submission.SUBMITTED, Outcome.RETRYABLE, stage="wait", answered=True, external_id=entry,
                           reply=said[:REPLY_BYTES], error=f"{said}, but {heard} in time: sent again, the server "
@@ -199,8 +208,7 @@ def answer(reply: Any, stream: str, signing: tuple[str, ...], wanted: int | None
 
 
 def server_refused(exc: BaseException) -> SendResult:
-    """The server answered the script call with an error: the script stopped before it added
-    the entry (XADD is its only write before the dedupe key's SET)."""
+    """The server answered the script call with an error: the script added nothing (``SCRIPT``)."""
     code = str(exc).split(" ", 1)[0]
     outcome = Outcome.RETRYABLE if isinstance(exc, RETRYABLE_ERRORS) or code in RETRYABLE_CODES \
         else Outcome.REJECTED

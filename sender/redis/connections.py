@@ -79,9 +79,10 @@ class Clients:
                                          "allow_private_network": destination.allow_private_network})
         signing, password = credentials.split(destination.secrets)
         timeout = destination.timeout_seconds
+        reading = timeout + (spec.wait_timeout_ms / 1000 if spec.wait_replicas is not None else 0)  # WAIT's reply
         pool = ConnectionPool(
             connection_class=GuardedConnection, host=spec.host, port=spec.port, db=spec.db, username=spec.username,
-            password=password, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0),
+            password=password, socket_timeout=reading, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0),
             client_name="outbox", tls=self._context() if spec.tls else None,
             allow_private=destination.allow_private_network)
         self._clients[destination.id] = fresh = Client(spec, destination.updated_at, destination.secrets, signing,

@@ -407,3 +407,26 @@ async def test_error_replies_that_may_pass_are_retried(env: SenderEnv, channel: 
         await client.aclose()
         primary.stop()
         replica.stop()
+
+
+async def test_a_script_refused_by_the_acl_part_way_has_written_nothing(
+        env: SenderEnv, channel: RedisChannel, private_redis: RedisServer):
+    """A script's writes are not undone when it fails, so the one whose error reply says the entry
+    was not added must have written nothing: a user that may not SET (the dedupe key) is refused
+    before the entry is added, one that may not XADD leaves no dedupe key behind, and one that
+    may only read the dedupe keys is refused before the script runs."""
+    client = private_redis.client()
+    users = {"no-set": (("~*", "+@all", "-set"), "can't run this command"),
+             "no-xadd": (("~*", "+@all", "-xadd"), "can't run this command"),
+             "read-only-dedupe": (("~orders", "%R~{orders}:*", "+@all"), "no permissions to access one of the keys")}
+    try:
+        for n, (user, (rules, refusal)) in enumerate(users.items()):
+            await client.execute_command("ACL", "SETUSER", user, "on", f">pw-{n}", *rules)
+            destination = await register(env, "orders", user, port=private_redis.port, username=user,
+                                         password=f"pw-{n}", allow_insecure=True)
+            result = await send(channel, await env.enqueue(f"acl-{n}", destination=user), destination)
+            assert facts(result) == ("add", Submission.SUBMITTED, Outcome.REJECTED), result
+            assert refusal in (result.error or ""), result.error
+            assert not await client.exists("orders", dedupe_key("orders", f"acme/acl-{n}")), user
+    finally:
+        await client.aclose()
