@@ -62,8 +62,9 @@ SCRIPT_SHA = hashlib.sha1(SCRIPT.encode()).hexdigest()
 PAYLOAD = "payload"
 #: Error replies that say the entry was not added, and may be on a later try: the server is out of
 #: memory, a read-only replica (a failover under way), loading its data, busy with a script, unable
-#: to persist, or its cluster or primary is down.
-RETRYABLE_ERRORS = (OutOfMemoryError, ReadOnlyError, BusyLoadingError, TryAgainError, ClusterDownError)
+#: to persist, or its cluster or primary is down; or it lacks the script (left so when the
+#: connection was lost before the script itself could be sent).
+RETRYABLE_ERRORS = (OutOfMemoryError, ReadOnlyError, BusyLoadingError, TryAgainError, ClusterDownError, NoScriptError)
 RETRYABLE_CODES = frozenset({"BUSY", "MISCONF", "NOREPLICAS"})
 #: Where an answer never came: the connection was lost or the timeout passed after the pipeline was written.
 LOST = object()
@@ -134,8 +135,11 @@ class RedisChannel:
                                       range(len(answers)))
                 unloaded = [i for i in range(len(sends)) if isinstance(answers[i], NoScriptError)]
                 if unloaded and lost is None:  # the server's script cache was emptied (a restart): those did nothing
+                    again = [*unloaded, *range(len(sends), len(answers))]
+                    for place in again:  # sent again: from here only the new replies say what happened
+                        answers[place] = LOST
                     lost = await exchange(conn, [("EVAL", SCRIPT, *calls[i]) for i in unloaded] + waiting, answers,
-                                          [*unloaded, *range(len(sends), len(answers))])
+                                          again)
         except TimeoutError as exc:
             lost = exc
         if lost is not None:
