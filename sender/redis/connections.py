@@ -83,7 +83,7 @@ class Clients:
         pool = ConnectionPool(
             connection_class=GuardedConnection, host=spec.host, port=spec.port, db=spec.db, username=spec.username,
             password=password, socket_timeout=reading, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0),
-            client_name="outbox", tls=self._context() if spec.tls else None,
+            tls=self._context() if spec.tls else None,
             allow_private=destination.allow_private_network)
         self._clients[destination.id] = fresh = Client(spec, destination.updated_at, destination.secrets, signing,
                                                        password, pool)

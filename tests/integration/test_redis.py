@@ -16,7 +16,7 @@ import pytest
 from redis.asyncio import Redis
 from standardwebhooks.webhooks import Webhook
 
-from outbox import Attempt, Destination, Intent, OnUnknown, Outcome, Status, Submission
+from outbox import Attempt, Destination, Intent, OnUnknown, Outcome, Status, Submission, channels
 from receivers import wire
 from sender.channel import Send, SendResult
 from sender.redis import RedisChannel, RedisSpec, dedupe_key
@@ -307,6 +307,7 @@ async def test_the_destination_defaults_say_what_redis_needs(env: SenderEnv):
     destination = await register(env, "orders")
     assert destination.on_unknown is OnUnknown.ALWAYS
     assert destination.settings["dedupe_ttl_seconds"] == 7 * 24 * 3600 and destination.settings["port"] == 6379
+    assert channels.target(destination) == "stream orders on 127.0.0.1:6379/0"  # what the console shows
 
 
 async def test_the_api_registers_redis_destinations_and_refuses_what_cannot_be_written(api: Api):
