@@ -76,8 +76,12 @@ class Stream:
         client = await connect(url)
         try:
             await client.jetstream().add_stream(StreamConfig(name=name, subjects=[stream.subject], **config))
-            yield stream
         finally:
+            await client.close()
+        try:
+            yield stream
+        finally:  # (on a connection of its own: the server may have been restarted meanwhile)
+            client = await connect(url)
             with contextlib.suppress(Exception):
                 await client.jetstream().delete_stream(name)
             await client.close()
