@@ -74,6 +74,8 @@ class Connections:
     async def opened(self, entry: Connection, destination: Destination) -> tuple[Client, Acks]:
         """The entry's connection and its acknowledgements, connected now if it is not (or closed).
         Raises Refused."""
+        if entry.client is not None and not entry.client.is_closed and entry.acks is not None:
+            return entry.client, entry.acks  # (the common case, without waiting for the lock)
         async with entry.opening:
             if entry.client is not None and not entry.client.is_closed and entry.acks is not None:
                 return entry.client, entry.acks
