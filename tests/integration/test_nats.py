@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import nats
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from outbox import Attempt, Intent, OnUnknown, Outcome, Status, Submission
+from outbox import Attempt, Destination, Intent, OnUnknown, Outcome, Status, Submission, channels
 from receivers import wire
 from sender import hosts
 from sender.nats import NatsChannel, NatsSpec
@@ -269,3 +270,10 @@ async def test_the_api_registers_nats_destinations_and_refuses_what_cannot_be_pu
         assert updated.status_code == 200, updated.text
         listed = await admin.get("/v1/destinations/log")
         assert "s3cret" not in listed.text and "hunter2" not in listed.text and listed.json()["signing_secrets"] == 1
+
+
+def test_an_attempt_records_the_subject_and_the_servers_as_its_target():
+    at = datetime(2030, 1, 1, tzinfo=UTC)
+    destination = Destination("d", "nats", {"subject": "orders.paid", "servers": ["n1:4222", "n2:4222"]}, (), False,
+                              86_400, OnUnknown.ALWAYS, 10.0, False, False, False, at, at)
+    assert channels.target(destination) == "subject orders.paid on n1:4222, n2:4222"
