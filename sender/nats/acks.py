@@ -1,7 +1,8 @@
 """JetStream's acknowledgements of one connection's publishes, and what each one says.
 
 Every publish names a reply subject of its own under one inbox the connection subscribes to
-once, so a batch's acknowledgements are awaited together, as futures, with no timer per message.
+once, so a batch's acknowledgements are awaited together, as futures, with no timer per message;
+a connection that closes fails the ones still expected at once, rather than at the timeout.
 (nats-py's ``publish_async`` does the same, but an error answer raises inside its reply handler
 and leaves the future pending: a refusal would read as a lost acknowledgement.)
 """
@@ -33,15 +34,21 @@ class NoResponders(Exception):
 class Acks:
     """The acknowledgements expected on one connection, by reply subject."""
 
-    def __init__(self, client: Client) -> None:
-        self._client = client
-        self._prefix = f"{client.new_inbox()}."
+    def __init__(self) -> None:
+        self._prefix = ""
         self._numbers = count()
         self._waiting: dict[str, asyncio.Future[PubAck]] = {}
 
-    async def start(self) -> None:
+    async def start(self, client: Client) -> None:
         """Subscribe to the connection's acknowledgement inbox (before the first publish)."""
-        await self._client.subscribe(self._prefix + "*", cb=self._answered)
+        self._prefix = f"{client.new_inbox()}."
+        await client.subscribe(self._prefix + "*", cb=self._answered)
+
+    async def closed(self) -> None:
+        """The connection closed (its ``closed_cb``): no acknowledgement still expected can come."""
+        for future in list(self._waiting.values()):
+            if not future.done():
+                future.set_exception(nats.errors.ConnectionClosedError())
 
     def expect(self) -> tuple[str, asyncio.Future[PubAck]]:
         """A reply subject for one publish, and the future its acknowledgement resolves."""
@@ -90,6 +97,9 @@ def answer(future: asyncio.Future[PubAck], signing: tuple[str, ...], *, closed: 
         return SendResult(Submission.SUBMITTED, outcome, stage="publish", answered=True, status_code=exc.code,
                           error=f"JetStream did not store the message: {exc.description} (code {exc.code}, "
                                 f"err_code {exc.err_code})")
+    if isinstance(exc, nats.errors.ConnectionClosedError):
+        return SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, stage="publish",
+                          error="no acknowledgement of the publish: the connection closed")
     if exc is not None:
         return SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, stage="publish", answered=True,
                           error=f"an acknowledgement that says nothing: {describe(exc)}")

@@ -97,14 +97,14 @@ class Connections:
                     errors.append(f"{host} does not resolve: {describe(exc)}")
                     continue
                 for *_, address in found:
+                    acks = Acks()
                     try:
-                        client = await self._connect(spec, destination, host, address[0], int(port), secret)
+                        client = await self._connect(spec, destination, host, address[0], int(port), secret, acks)
                     except (OSError, TimeoutError, nats.errors.Error) as exc:
                         errors.append(f"{address[0]}:{port} ({host}): {describe(exc)}")
                         continue
-                    acks = Acks(client)
                     try:
-                        await acks.start()
+                        await acks.start(client)
                     except (OSError, nats.errors.Error) as exc:
                         await close(client)
                         errors.append(f"{address[0]}:{port} ({host}): {describe(exc)}")
@@ -115,9 +115,9 @@ class Connections:
             raise Refused(outcome, "no server took the connection: " + "; ".join(errors))
 
     async def _connect(self, spec: NatsSpec, destination: Destination, host: str, address: str, port: int,
-                       secret: str | None) -> Client:
-        """A connection to ``address`` (checked by the guard), verifying TLS against ``host``.
-        Raises Refused when the server refuses the credentials."""
+                       secret: str | None, acks: Acks) -> Client:
+        """A connection to ``address`` (checked by the guard), verifying TLS against ``host``, that
+        tells ``acks`` when it closes. Raises Refused when the server refuses the credentials."""
         client = Client()
         where = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
         timeout = destination.timeout_seconds
@@ -132,7 +132,7 @@ class Connections:
                 tls=self._context() if spec.tls else None, tls_hostname=host if spec.tls else None,
                 user=spec.username if spec.auth == "password" else None,
                 password=secret if spec.auth == "password" else None,
-                token=secret if spec.auth == "token" else None, error_cb=quiet,
+                token=secret if spec.auth == "token" else None, error_cb=quiet, closed_cb=acks.closed,
             ), timeout)
         except nats.errors.NoServersError:
             await close(client)

@@ -277,3 +277,12 @@ def test_an_attempt_records_the_subject_and_the_servers_as_its_target():
     destination = Destination("d", "nats", {"subject": "orders.paid", "servers": ["n1:4222", "n2:4222"]}, (), False,
                               86_400, OnUnknown.ALWAYS, 10.0, False, False, False, at, at)
     assert channels.target(destination) == "subject orders.paid on n1:4222, n2:4222"
+
+
+def test_a_password_or_token_is_never_in_the_settings_their_repr_or_their_schema():
+    spec = NatsSpec.model_validate({"channel": "nats", "servers": ["nats.example.com:4222"], "subject": "orders",
+                                    "secret": SECRET, "tls": True, "auth": "password", "username": "svc",
+                                    "password": "hunter2-pw"})
+    assert all("hunter2" not in shown for shown in (repr(spec), str(spec.settings()), spec.model_dump_json()))
+    schema = NatsSpec.model_json_schema()["properties"]
+    assert schema["password"]["writeOnly"] is True and schema["token"]["writeOnly"] is True
