@@ -286,3 +286,36 @@ def test_a_password_or_token_is_never_in_the_settings_their_repr_or_their_schema
     assert all("hunter2" not in shown for shown in (repr(spec), str(spec.settings()), spec.model_dump_json()))
     schema = NatsSpec.model_json_schema()["properties"]
     assert schema["password"]["writeOnly"] is True and schema["token"]["writeOnly"] is True
+
+
+@pytest.mark.parametrize(("token", "expected"), [
+    ("t0ken-of-svc", ("done", Submission.SUBMITTED, Outcome.DELIVERED)),
+    ("wrong-token", ("connect", Submission.NOT_SUBMITTED, Outcome.REJECTED)),
+])
+async def test_a_token_is_the_one_the_server_checks(env: SenderEnv, tmp_path: Path, token: str,
+                                                      expected: tuple[Any, ...]):
+    server = NatsServer(tmp_path, extra=("--auth", "t0ken-of-svc")).start()
+    try:
+        admin = await nats.connect(server.url, token="t0ken-of-svc", allow_reconnect=False)
+        await admin.jetstream().add_stream(name="orders", subjects=["orders.x"])
+        await admin.close()
+        await register(env, [server.address], "orders.x", auth="token", token=token, allow_insecure=True)
+        await env.enqueue("with-token", destination="log")
+        _, attempt = await run_until(env, NatsChannel(), "with-token")
+    finally:
+        server.stop()
+    assert facts(attempt) == expected, attempt.error
+
+
+async def test_a_message_larger_than_the_servers_max_payload_is_refused_before_it_is_written(
+        env: SenderEnv, tmp_path: Path):
+    (tmp_path / "small.conf").write_text("max_payload: 512\n")
+    server = NatsServer(tmp_path, extra=("-c", str(tmp_path / "small.conf"))).start()
+    try:
+        await register(env, [server.address], "orders.x")
+        await env.enqueue("big", {"note": "x" * 600}, destination="log")
+        intent, attempt = await run_until(env, NatsChannel(), "big")
+    finally:
+        server.stop()
+    assert facts(attempt) == ("publish", Submission.NOT_SUBMITTED, Outcome.REJECTED), attempt.error
+    assert "max_payload" in (attempt.error or "") and intent.status is Status.DEAD
