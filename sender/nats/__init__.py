@@ -8,7 +8,8 @@ PubAck says what happened: stored (delivered, its ``stream/seq`` the external id
 saying it was not stored: no responders (no stream takes the subject: retried, since a stream may
 be made for it, and dead once the attempts run out) or JetStream's refusal (a 4xx, such as another
 stream than ``expected_stream``: rejected; a 5xx: retried). No PubAck within the destination's
-timeout, or the connection closed before it came, is ``maybe_submitted``.
+timeout, or the connection closed before it came, is ``maybe_submitted`` (and the connection is
+replaced: one that hears nothing may be dead without knowing it).
 
 Every message carries ``Nats-Msg-Id`` = the idempotency key, so a resend within the stream's
 duplicate window (``duplicate_window``, 2 minutes by default) is dropped by JetStream itself, which

@@ -89,9 +89,12 @@ class NatsChannel:
             crash_point("after_request")
             await asyncio.wait(futures.values(), timeout=destination.timeout_seconds)
         closed = client.is_closed
+        # a PubAck not in time: the connection may be dead without knowing it (its pings notice after
+        # minutes), so the next send opens a new one rather than waiting on this one again
+        silent = any(not future.done() for future in futures.values())
         for i, future in futures.items():
             results[i] = answer(future, signing, closed=closed)
-        if closed:
+        if closed or silent:
             await self._connections.discard(entry, client)
         return cast(list[SendResult], results)
 

@@ -5,6 +5,8 @@ each failure recorded as what it is, held against what the stream really holds."
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import ssl
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -319,3 +321,34 @@ async def test_a_message_larger_than_the_servers_max_payload_is_refused_before_i
         server.stop()
     assert facts(attempt) == ("publish", Submission.NOT_SUBMITTED, Outcome.REJECTED), attempt.error
     assert "max_payload" in (attempt.error or "") and intent.status is Status.DEAD
+
+
+async def test_a_server_silent_after_the_publish_is_maybe_submitted_and_its_connection_replaced(
+        env: SenderEnv, tmp_path: Path):
+    """SIGSTOP once connected: the publish is written and never acknowledged. The connection may be
+    dead without knowing it, so the next send opens a new one (counted by a proxy in front); the
+    resend, within the duplicate window, is answered duplicate: one message stored."""
+    server = NatsServer(tmp_path).start()
+    channel = NatsChannel()
+    try:
+        async with Stream.made(server.url) as stream, InfoProxy(("127.0.0.1", server.port), "127.0.0.1",
+                                                                server.address) as proxy:
+            destination, _ = await register(env, [f"127.0.0.1:{proxy.port}"], stream.subject, timeout_seconds=0.5)
+            assert (await channel.send(await env.enqueue("first", destination="log"), destination, attempt_id="a",
+                                       fence=1)).outcome is Outcome.DELIVERED
+            intent = await env.enqueue("silent", destination="log")
+            assert server.process is not None
+            os.kill(server.process.pid, signal.SIGSTOP)
+            try:
+                lost = await channel.send(intent, destination, attempt_id="b", fence=1)
+            finally:
+                os.kill(server.process.pid, signal.SIGCONT)
+            again = await channel.send(intent, destination, attempt_id="c", fence=2)
+            held = await stream.messages()
+    finally:
+        await channel.aclose()
+        server.stop()
+    assert (lost.submission, lost.outcome, lost.answered) == (Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, False)
+    assert again.outcome is Outcome.DELIVERED and "duplicate" in (again.reply or ""), again
+    assert proxy.connections == 2
+    assert [m.headers[wire.KAFKA_ATTEMPT_ID] for m in held] == ["a", "b"]
