@@ -44,7 +44,8 @@ class NatsSpec(DestinationSpec):
     tls: StrictBool = Field(default=False, description="connect with TLS, verifying the servers' certificates "
                                                        "against their names")
     auth: Literal["none", "password", "token"] = Field(
-        default="none", description="password: as username with password; token: with token")
+        default="none", description="password: as username with password; token: with token. Changing it, give "
+                                    "the new one: the one held is kept otherwise")
     username: str | None = Field(default=None, min_length=1, max_length=256)
     password: str | None = Field(
         default=None, min_length=1, max_length=1024, exclude=True, repr=False, json_schema_extra={"writeOnly": True},
