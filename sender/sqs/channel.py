@@ -197,12 +197,13 @@ def message(send: Send, client: Client, timestamp: int) -> dict[str, Any] | str:
         name: {"DataType": "String", "StringValue": value} for name, value in headers}}
     if client.spec.fifo:
         entry["MessageDeduplicationId"] = hashlib.sha256(send.intent.key.encode()).hexdigest()
-        entry["MessageGroupId"] = group(send.intent)
+        # the ordering key: its messages are received in order; else the action id: each intent its own
+        # group, so none waits behind another
+        entry["MessageGroupId"] = group(send.intent.ordering_key or send.intent.action_id)
     return entry
 
 
-def group(intent: Intent) -> str:
-    """A FIFO message's group: the intent's ordering key (its messages are received in order), else
-    its action id (each intent its own group, so none waits behind another)."""
-    name = intent.ordering_key or intent.action_id
+def group(name: str) -> str:
+    """``name`` as a FIFO message's MessageGroupId: itself when SQS takes it, else its sha256 hex
+    (the same name, the same group)."""
     return name if GROUP.fullmatch(name) else hashlib.sha256(name.encode()).hexdigest()

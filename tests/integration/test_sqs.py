@@ -21,6 +21,7 @@ from sender.channel import Send
 from sender.sqs import SqsChannel, SqsSpec
 from tests import smtp
 from tests.conftest import SECRET, eventually
+from tests.faults.proxy import Proxy
 from tests.kafka import Listener
 from tests.sqs import ACCESS_KEY_ID, ACCOUNT, REGION, SECRET_ACCESS_KEY, MotoServer, queue_name
 
@@ -114,14 +115,20 @@ async def test_a_fifo_resend_of_the_same_intent_is_dropped_by_its_deduplication_
 
 async def test_a_cycle_of_more_than_ten_messages_is_sent_in_batches_each_answered_in_its_place(
         env: SenderEnv, channel: SqsChannel, moto: MotoServer):
-    """23 messages (three batches of at most ten), and three of 100 KiB whose sum is more than one
-    request may hold (256 KiB): every one delivered with its own MessageId, one message each."""
+    """23 small messages and three of 100 KiB, through a proxy counting requests (moto closes each
+    connection after its answer): batches of at most ten, and no request over 256 KiB (moto does
+    not check that sum; SQS does), so 10, 10, 3 small and two large, then the last large one.
+    Every message is delivered with its own MessageId, one message each."""
     url = await moto.create_queue(queue_name())
-    destination = await register(env, moto, url)
-    intents = [await env.enqueue(f"m-{n}", {"n": n}, destination="q") for n in range(23)]
-    intents += [await env.enqueue(f"big-{n}", {"blob": "x" * 100_000}, destination="q") for n in range(3)]
-    results = await channel.send_many([Send(intent, destination, f"a-{n}", 1) for n, intent in enumerate(intents)])
+    with Proxy(moto.port, weights={"pass": 1.0}) as proxy:
+        destination = await register(env, moto, url, endpoint_url=proxy.url)
+        intents = [await env.enqueue(f"m-{n}", {"n": n}, destination="q") for n in range(23)]
+        intents += [await env.enqueue(f"big-{n}", {"blob": "x" * 100_000}, destination="q") for n in range(3)]
+        results = await channel.send_many([Send(intent, destination, f"a-{n}", 1)
+                                           for n, intent in enumerate(intents)])
+        requests = proxy.faults["pass"]
     assert {(r.submission, r.outcome) for r in results} == {(Submission.SUBMITTED, Outcome.DELIVERED)}
+    assert requests == 4
     received = await moto.received(url)
     by_key = {attributes(m)[wire.KAFKA_IDEMPOTENCY_KEY]: m["MessageId"] for m in received}
     assert len(received) == len(by_key) == 26
