@@ -18,6 +18,10 @@ throttling, a 5xx and an entry SQS does not blame on the sender, rejected otherw
 (``answers.RETRYABLE`` lists the codes). No answer in the destination's timeout, or a connection
 lost after the request left: ``maybe_submitted``, unknown.
 
+One client per destination (as its settings read now), replaced when the destination changes or
+a request on it gets no answer (the connection failed); a replaced client is closed once the
+requests under way on it have their answers, so replacing it cuts none short.
+
 botocore's own retries are off: each attempt is one request, so an attempt's record says what
 that request did, and retrying is the outbox's (its backoff, its ``on_unknown``). The default
 ``on_unknown`` is ``always``: on a FIFO queue a resend within five minutes is dropped by SQS; on

@@ -42,6 +42,11 @@ class Client:
     version: datetime  # the destination's updated_at it was made for
     client: Any  # aiobotocore's SQS client (its methods are made from the service's model at run time)
     signing: tuple[str, ...]
+    #: Requests under way on it; a client retired (replaced) is closed once the last one ends, so
+    #: that closing it cuts none short (which would make their outcomes unknown).
+    in_flight: int = 0
+    retired: bool = False
+    closed: bool = False
 
 
 class SqsChannel:
@@ -104,14 +109,19 @@ class SqsChannel:
                      batch: list[tuple[int, dict[str, Any]]]) -> list[SendResult]:
         """One SendMessageBatch, and what it came to for each of its messages."""
         entries = [{**entry, "Id": str(n)} for n, (_, entry) in enumerate(batch)]
+        client.in_flight += 1
         try:
             async with asyncio.timeout(destination.timeout_seconds * 2):  # aiohttp's bound each read, not the whole
                 answer = await client.client.send_message_batch(QueueUrl=client.spec.url, Entries=entries)
         except Exception as exc:  # every failure of the request is classified, none raised
             result = refused(exc)
             if not result.answered:  # the connection failed: the next send makes a new client
-                await self._discard(destination.id, client)
+                await self._retire(destination.id, client)
             return [result] * len(batch)
+        finally:
+            client.in_flight -= 1
+            if client.retired and not client.in_flight:
+                await close(client)
         results: list[SendResult] = [SendResult(
             Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, answered=True, stage="send",
             error="SQS's answer did not mention the message")] * len(batch)
@@ -149,15 +159,18 @@ class SqsChannel:
                 aws_secret_access_key=held[0], aws_session_token=held[1], config=config,
                 verify=self._verify).__aenter__()
             if found is not None:
-                await self._discard(destination.id, found)
+                await self._retire(destination.id, found)
             self._clients[destination.id] = client = Client(spec, destination.updated_at, made,
                                                             credentials.split(destination.secrets)[0])
             return client
 
-    async def _discard(self, destination_id: str, client: Client) -> None:
+    async def _retire(self, destination_id: str, client: Client) -> None:
+        """Replace ``client`` by a new one at the destination's next send; closed once idle."""
         if self._clients.get(destination_id) is client:
             del self._clients[destination_id]
-        await close(client)
+        client.retired = True
+        if not client.in_flight:
+            await close(client)
 
     async def probe(self, intent: Intent, destination: Destination, *, fence: int) -> ProbeAnswer:
         return ProbeAnswer(None, error="an SQS queue cannot be asked whether a message was enqueued")
@@ -177,6 +190,9 @@ class Refused(Exception):
 
 
 async def close(client: Client) -> None:
+    if client.closed:
+        return
+    client.closed = True
     try:
         await client.client.close()
     except Exception:  # a client that fails to close has nothing more to send

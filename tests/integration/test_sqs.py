@@ -316,3 +316,24 @@ async def test_the_api_registers_sqs_destinations_and_refuses_what_cannot_be_sen
         odd = await admin.post("/v1/intents", json={"destination": "q", "scope": "acme", "action_id": "odd",
                                                     "payload": {"text": "\ufffe"}})
         assert_problem(odd, 422, "invalid-input", "U+FFFE, which SQS does not take")
+
+
+async def test_a_destination_updated_mid_send_gets_a_new_client_and_the_old_ones_request_finishes(
+        env: SenderEnv, channel: SqsChannel, moto: MotoServer):
+    """A send is under way on the destination's client (its answer held back by the proxy) when
+    the destination is updated: the next send makes a new client, and the old one is closed only
+    once its request has its answer (closing it at once would cut that request short, unknown)."""
+    url = await moto.create_queue(queue_name())
+    with Proxy(moto.port, script=["late"], weights={"pass": 1.0}, late_seconds=0.5) as proxy:
+        destination = await register(env, moto, url, endpoint_url=proxy.url)
+        first = await env.enqueue("first", destination="q")
+        slow = asyncio.create_task(channel.send(first, destination, attempt_id="a-1", fence=1))
+        assert await eventually(lambda: proxy.faults["late"] == 1)
+        env.clock.advance(1)  # (a new updated_at)
+        updated = await register(env, moto, url, endpoint_url=proxy.url, timeout_seconds=3.0)
+        assert updated.updated_at != destination.updated_at
+        second = await env.enqueue("second", destination="q")
+        now = await channel.send(second, updated, attempt_id="a-2", fence=1)
+        late = await slow
+    assert (late.outcome, now.outcome) == (Outcome.DELIVERED, Outcome.DELIVERED), (late.error, now.error)
+    assert len(await moto.received(url)) == 2
