@@ -64,7 +64,8 @@ class SqsChannel:
         return (await self.send_many([Send(intent, destination, attempt_id, fence)]))[0]
 
     async def send_many(self, sends: Sequence[Send]) -> list[SendResult]:
-        """Every destination's messages in batches (``batches``), all sent at once."""
+        """Every destination's messages in SendMessageBatch requests of at most ``BATCH`` messages and
+        ``MAX_MESSAGE`` bytes, in the order given, all sent at once."""
         groups: dict[tuple[str, datetime], list[int]] = {}
         for i, send in enumerate(sends):
             groups.setdefault((send.destination.id, send.destination.updated_at), []).append(i)
@@ -84,11 +85,11 @@ class SqsChannel:
             batch: list[tuple[int, dict[str, Any]]] = []
             size = 0
             for i in places:
-                entry = message(sends[i], client, timestamp)
-                if isinstance(entry, str):
-                    results[i] = SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="send", error=entry)
+                made = message(sends[i], client, timestamp)
+                if isinstance(made, str):
+                    results[i] = SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="send", error=made)
                     continue
-                length = entry.pop("size")
+                entry, length = made
                 if len(batch) == BATCH or size + length > MAX_MESSAGE:
                     requests.append((client, destination, batch))
                     batch, size = [], 0
@@ -199,24 +200,25 @@ async def close(client: Client) -> None:
         pass
 
 
-def message(send: Send, client: Client, timestamp: int) -> dict[str, Any] | str:
-    """A SendMessageBatch entry for ``send`` (with its ``size`` as SQS counts it, to be taken out),
+def message(send: Send, client: Client, timestamp: int) -> tuple[dict[str, Any], int] | str:
+    """A SendMessageBatch entry for ``send`` and its size as SQS counts it (body and attributes),
     or why SQS would never take it."""
     body = envelope.payload(send)
+    # (SQS refuses an empty String attribute: an empty header, a trace without tracestate, is left out)
     headers = [(name, value) for name, value in envelope.headers(send, client.signing, timestamp, body) if value]
     if len(headers) > MAX_ATTRIBUTES:
         return f"refused: the message would carry {len(headers)} attributes; SQS takes at most {MAX_ATTRIBUTES}"
     size = len(body) + sum(len(name.encode()) + len("String") + len(value.encode()) for name, value in headers)
     if size > MAX_MESSAGE:
         return f"refused: the message would be {size} bytes with its attributes; SQS takes at most {MAX_MESSAGE}"
-    entry: dict[str, Any] = {"MessageBody": body.decode(), "size": size, "MessageAttributes": {
+    entry: dict[str, Any] = {"MessageBody": body.decode(), "MessageAttributes": {
         name: {"DataType": "String", "StringValue": value} for name, value in headers}}
     if client.spec.fifo:
         entry["MessageDeduplicationId"] = hashlib.sha256(send.intent.key.encode()).hexdigest()
         # the ordering key: its messages are received in order; else the action id: each intent its own
         # group, so none waits behind another
         entry["MessageGroupId"] = group(send.intent.ordering_key or send.intent.action_id)
-    return entry
+    return entry, size
 
 
 def group(name: str) -> str:
