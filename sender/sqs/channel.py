@@ -154,7 +154,8 @@ class SqsChannel:
             config = AioConfig(
                 retries={"total_max_attempts": 1, "mode": "standard"},  # one request per attempt: see the package
                 connect_timeout=destination.timeout_seconds, read_timeout=destination.timeout_seconds,
-                max_pool_connections=self._concurrency, connector_args=guarded)
+                max_pool_connections=self._concurrency, connector_args=guarded,
+                proxies={})  # not HTTP(S)_PROXY: a proxy would connect to the endpoint past the guard
             made = await self._session.create_client(
                 "sqs", region_name=spec.region, endpoint_url=spec.endpoint, aws_access_key_id=spec.access_key_id,
                 aws_secret_access_key=held[0], aws_session_token=held[1], config=config,

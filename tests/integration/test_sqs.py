@@ -337,3 +337,41 @@ async def test_a_destination_updated_mid_send_gets_a_new_client_and_the_old_ones
         late = await slow
     assert (late.outcome, now.outcome) == (Outcome.DELIVERED, Outcome.DELIVERED), (late.error, now.error)
     assert len(await moto.received(url)) == 2
+
+
+async def test_a_proxy_named_in_the_environment_is_not_used(
+        env: SenderEnv, channel: SqsChannel, moto: MotoServer, monkeypatch: pytest.MonkeyPatch):
+    """botocore takes HTTP(S)_PROXY from the environment by default; a proxy would make the
+    connection to the endpoint itself, past the SSRF guard, so the channel uses none."""
+    url = await moto.create_queue(queue_name())
+    async with Listener() as listener:
+        for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+            monkeypatch.setenv(name, f"http://127.0.0.1:{listener.port}")
+        for name in ("NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        await register(env, moto, url)
+        await env.enqueue("direct", destination="q")
+        _, attempt = await run_until(env, channel, "direct")
+    assert listener.connections == 0
+    assert facts(attempt) == ("done", Submission.SUBMITTED, Outcome.DELIVERED), attempt.error
+
+
+async def test_an_attempts_trace_travels_as_attributes_and_the_console_names_the_queue(
+        env: SenderEnv, channel: SqsChannel, moto: MotoServer):
+    from opentelemetry import trace
+
+    from outbox import channels
+
+    url = await moto.create_queue(queue_name())
+    destination = await register(env, moto, url)
+    assert channels.target(destination) == f"queue {url}"
+    span = trace.SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, is_remote=False,
+                             trace_flags=trace.TraceFlags(1))
+    context = trace.set_span_in_context(trace.NonRecordingSpan(span))
+    intent = await env.enqueue("traced", destination="q")
+    [result] = await channel.send_many([Send(intent, destination, "a-1", 1, context)])
+    assert result.outcome is Outcome.DELIVERED, result.error
+    [message] = await moto.received(url)
+    found = attributes(message)
+    assert found["traceparent"] == "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    assert "tracestate" not in found  # (empty: left out, as SQS refuses an empty attribute)
