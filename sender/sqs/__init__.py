@@ -24,9 +24,9 @@ requests under way on it have their answers, so replacing it cuts none short.
 
 botocore's own retries are off: each attempt is one request, so an attempt's record says what
 that request did, and retrying is the outbox's (its backoff, its ``on_unknown``). The default
-``on_unknown`` is ``always``: on a FIFO queue a resend within five minutes is dropped by SQS; on
-a standard queue (which may deliver any message twice anyway) it can be a second message, which
-the consumer drops by its ``idempotency-key`` (the receivers' idempotent consumer).
+``on_unknown`` is ``always``: on a FIFO queue a resend within five minutes is dropped by SQS; a
+later one (after a long backoff), or any on a standard queue (which may deliver any message twice
+anyway), can be a second message, which the consumer drops by its ``idempotency-key``.
 
 The SSRF guard: without ``allow_private_network`` the client's connections go through the webhook
 channel's resolver and socket factory (aiohttp's, under aiobotocore), so the address connected to

@@ -58,7 +58,7 @@ class SqsSpec(DestinationSpec):
     on_unknown: OnUnknown = Field(
         default=OnUnknown.ALWAYS,
         description="an unknown outcome is sent again: a FIFO queue drops the copy (the deduplication id) within "
-                    "its five minutes; on a standard queue the consumer drops it by its idempotency-key")
+                    "its five minutes; later, or on a standard queue, the consumer drops it by its idempotency-key")
 
     @field_validator("region")
     @classmethod
