@@ -26,6 +26,8 @@ ACCOUNT = re.compile(r"[0-9]{12}")
 QUEUE = re.compile(r"(?=.{1,80}$)[A-Za-z0-9_-]+(?:\.fifo)?")
 ACCESS_KEY_ID = re.compile(r"[A-Z0-9]{16,128}")
 SECRET_KEY = re.compile(r"[A-Za-z0-9/+=]{16,128}")
+#: An AWS queue URL's host, and the region it names.
+AWS_HOST = re.compile(r"sqs\.([a-z0-9-]+)\.amazonaws\.com")
 SESSION_TOKEN = re.compile(r"[A-Za-z0-9/+=]{16,8192}")
 
 
@@ -136,6 +138,10 @@ class SqsSpec(DestinationSpec):
             raise ValueError("give queue_name and account_id together")
         if self.session_token is not None and self.secret_access_key is None:
             raise ValueError("give session_token with the secret_access_key it belongs to")
+        aws = AWS_HOST.fullmatch(urlsplit(self.queue_url or "").hostname or "")
+        if aws and self.endpoint_url is None and aws.group(1) != self.region:
+            raise ValueError(f"queue_url names a queue in {aws.group(1)}, but region is {self.region}: the requests "
+                             "go to the region's API")
         if self.endpoint_url is not None and self.endpoint_url.startswith("http:") and not self.allow_insecure:
             raise ValueError("an http:// endpoint_url sends every request in the clear; use https, or set "
                              "allow_insecure")

@@ -290,6 +290,7 @@ async def test_the_api_registers_sqs_destinations_and_refuses_what_cannot_be_sen
          "give session_token with the secret_access_key"),
         ({"reconcile": True}, "leave reconcile off"),
         ({"access_key_id": "ak"}, "access_key_id 'ak' is not"),
+        ({"region": "us-east-1"}, "queue_url names a queue in eu-west-1, but region is us-east-1"),
     ]
     async with api.client(api.admin) as admin:
         for change, words in cases:
