@@ -31,8 +31,9 @@ anyway), can be a second message, which the consumer drops by its ``idempotency-
 The SSRF guard: without ``allow_private_network`` the client's connections go through the webhook
 channel's resolver and socket factory (aiohttp's, under aiobotocore), so the address connected to
 is a public one, whatever the endpoint's name resolves to; TLS still verifies the certificate
-against that name. The environment's HTTP(S)_PROXY is not used (botocore's default): a proxy
-would connect to the endpoint itself, past the guard. A refusal is ``not_submitted``, rejected.
+against that name. botocore would take a proxy from the environment (HTTP(S)_PROXY); the channel
+takes none, since a proxy would connect to the endpoint itself, past the guard. A refusal is
+``not_submitted``, rejected.
 
 The package: ``spec`` (the destination's settings, its key and the enqueue check), ``channel``
 (one client per destination, the batches) and ``answers`` (what a request came to).
