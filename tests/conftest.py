@@ -24,6 +24,7 @@ from .servers import Served
 if TYPE_CHECKING:
     from .kafka import Broker
     from .rabbitmq import Rabbit
+    from .sqs import MotoServer
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -96,6 +97,18 @@ def tansu(tmp_path: Path) -> Iterator[Broker]:
         yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture
+def moto(tmp_path: Path) -> Iterator[MotoServer]:
+    """A running moto server, the tests' SQS API (tests/sqs.py), killed after the test."""
+    from .sqs import MotoServer
+
+    server = MotoServer(tmp_path).start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture
