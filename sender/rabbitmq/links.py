@@ -19,7 +19,13 @@ from urllib.parse import quote
 import aiormq
 from aiormq.abc import AbstractChannel
 from aiormq.connection import TransportFactory
-from aiormq.exceptions import AMQPError, ChannelNotFoundEntity, ProbableAuthenticationError
+from aiormq.exceptions import (
+    AMQPError,
+    ChannelClosed,
+    ChannelNotFoundEntity,
+    ConnectionClosed,
+    ProbableAuthenticationError,
+)
 from yarl import URL
 
 from outbox import Destination, Outcome, Submission
@@ -30,14 +36,16 @@ from .spec import RabbitSpec
 
 
 class Refused(Exception):
-    """An attempt that ended before its message was published: nothing was submitted."""
+    """An attempt that ended before its message was published: nothing was submitted. ``answered``:
+    the broker said why (credentials, a missing exchange), so its circuit does not count it."""
 
-    def __init__(self, stage: str, outcome: Outcome, error: str) -> None:
+    def __init__(self, stage: str, outcome: Outcome, error: str, *, answered: bool = False) -> None:
         super().__init__(error)
-        self.stage, self.outcome, self.error = stage, outcome, error
+        self.stage, self.outcome, self.error, self.answered = stage, outcome, error, answered
 
     def result(self) -> SendResult:
-        return SendResult(Submission.NOT_SUBMITTED, self.outcome, error=self.error, stage=self.stage)
+        return SendResult(Submission.NOT_SUBMITTED, self.outcome, error=self.error, stage=self.stage,
+                          answered=self.answered)
 
 
 class GuardedTransport(TransportFactory):
@@ -123,10 +131,10 @@ class Links:
             await asyncio.wait_for(connection.connect(), timeout)
         except guard.PrivateAddressRefused as exc:
             raise Refused("connect", Outcome.REJECTED, exc.explain()) from None
-        except ProbableAuthenticationError as exc:
+        except (ProbableAuthenticationError, ConnectionClosed) as exc:  # (the vhost's access refused, say)
             await shut(connection)
-            raise Refused("connect", Outcome.RETRYABLE, f"the broker at {where} refused user {spec.username!r} "
-                          f"on vhost {spec.vhost!r}: {describe(exc)}") from None
+            raise Refused("connect", Outcome.RETRYABLE, f"the broker at {where} refused the connection of user "
+                          f"{spec.username!r} to vhost {spec.vhost!r}: {describe(exc)}", answered=True) from None
         except (AMQPError, TimeoutError, OSError, ssl.SSLError) as exc:
             await shut(connection)
             raise Refused("connect", Outcome.RETRYABLE, f"no broker answered at {where}: {describe(exc)}") from None
@@ -145,7 +153,12 @@ class Links:
         except ChannelNotFoundEntity:
             await shut(connection)
             raise Refused("channel", Outcome.RETRYABLE, f"exchange {spec.exchange!r} does not exist in vhost "
-                          f"{spec.vhost!r}: declare it (the outbox publishes to it, it does not create it)") from None
+                          f"{spec.vhost!r}: declare it (the outbox publishes to it, it does not create it)",
+                          answered=True) from None
+        except ChannelClosed as exc:  # the broker refused it (access to the exchange, say)
+            await shut(connection)
+            raise Refused("channel", Outcome.RETRYABLE, f"the broker refused the channel: {describe(exc)}",
+                          answered=True) from None
         except (AMQPError, TimeoutError, OSError) as exc:
             await shut(connection)
             raise Refused("channel", Outcome.RETRYABLE, f"the broker did not open a channel: {describe(exc)}") \

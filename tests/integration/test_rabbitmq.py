@@ -147,7 +147,7 @@ async def test_a_refused_password_is_not_submitted_and_never_shown(env: SenderEn
     await env.enqueue("denied", destination="bus")
     _, attempt = await run_until(env, channel, "denied")
     assert facts(attempt) == ("connect", Submission.NOT_SUBMITTED, Outcome.RETRYABLE), attempt.error
-    assert "refused user 'guest'" in (attempt.error or "")
+    assert "refused the connection of user 'guest' to vhost '/'" in (attempt.error or "")
     assert "hunter2" not in (attempt.error or "")
     assert await rabbit.messages() == []
 
@@ -163,6 +163,19 @@ async def test_a_destination_without_a_password_is_dead_before_any_connection(en
     assert facts(attempt) == ("connect", Submission.NOT_SUBMITTED, Outcome.REJECTED), attempt.error
     assert "holds no password" in (attempt.error or "") and intent.status is Status.DEAD
     assert listener.connections == 0
+
+
+async def test_a_broker_that_refuses_has_answered_and_one_that_is_gone_has_not(env: SenderEnv, channel,
+                                                                                rabbit: Rabbit, closed_port: int):
+    """What the destination's circuit counts: a broker that refused the credentials or has no such
+    exchange answered (the circuit stays closed); a port nobody listens on did not."""
+    cases = [({"password": "hunter2-wrong"}, True), ({}, True),  # (its exchange never declared)
+             ({"url": f"amqp://guest@127.0.0.1:{closed_port}/"}, False)]
+    for n, (change, answered) in enumerate(cases):
+        destination, _ = await register(env, rabbit, f"bus-{n}", **change)
+        await env.enqueue(f"asked-{n}", destination=f"bus-{n}")
+        result = await channel.send(await env.box.get(f"asked-{n}"), destination, attempt_id=f"a-{n}", fence=1)
+        assert (result.submission, result.answered) == (Submission.NOT_SUBMITTED, answered), result
 
 
 async def test_no_broker_at_all_is_not_submitted(env: SenderEnv, channel, rabbit: Rabbit, closed_port: int):
