@@ -23,6 +23,7 @@ from .servers import Served
 
 if TYPE_CHECKING:
     from .kafka import Broker
+    from .rabbitmq import Rabbit
     from .sqs import MotoServer
 
 
@@ -108,6 +109,19 @@ def moto(tmp_path: Path) -> Iterator[MotoServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+async def rabbit() -> AsyncIterator[Rabbit]:
+    """The shared RabbitMQ, with an exchange and queues of the test's own (tests/rabbitmq.py),
+    deleted after the test."""
+    from .rabbitmq import Rabbit
+
+    made = await Rabbit.open()
+    try:
+        yield made
+    finally:
+        await made.aclose()
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
