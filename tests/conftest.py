@@ -23,6 +23,8 @@ from .servers import Served
 
 if TYPE_CHECKING:
     from .kafka import Broker
+    from .rabbitmq import Rabbit
+    from .sqs import MotoServer
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -95,6 +97,31 @@ def tansu(tmp_path: Path) -> Iterator[Broker]:
         yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture
+def moto(tmp_path: Path) -> Iterator[MotoServer]:
+    """A running moto server, the tests' SQS API (tests/sqs.py), killed after the test."""
+    from .sqs import MotoServer
+
+    server = MotoServer(tmp_path).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def rabbit() -> AsyncIterator[Rabbit]:
+    """The shared RabbitMQ, with an exchange and queues of the test's own (tests/rabbitmq.py),
+    deleted after the test."""
+    from .rabbitmq import Rabbit
+
+    made = await Rabbit.open()
+    try:
+        yield made
+    finally:
+        await made.aclose()
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -1,6 +1,6 @@
-"""``kill -9`` at each crash point of the sender (``outbox.crash``) while it sends email and
-produces to Kafka, on SQLite and PostgreSQL: the webhook rows of tests/faults/test_crash_points.py,
-for the other two channels.
+"""``kill -9`` at each crash point of the sender (``outbox.crash``) while it sends email,
+produces to Kafka and adds to a Redis stream, on SQLite and PostgreSQL: the webhook rows of
+tests/faults/test_crash_points.py, for the other channels.
 
 A real ``outbox worker`` process, armed with ``OUTBOX_CRASH_AT``, sends a few intents and kills
 itself with SIGKILL at one step; an in-process ``sender.Worker`` then recovers the expired leases
@@ -18,10 +18,13 @@ ground truth:
   delivered with one effect, and the topic holds one extra record for each attempt that had been
   appended when the worker died (every one cut once the broker had answered; one cut at
   ``after_request`` was only handed to the producer and need not have left).
+- Redis: the stream on a private redis-server (append-only, fsynced per write). ``on_unknown`` is
+  ``always`` and the channel's script answers a resend with the entry added first, so every
+  intent ends delivered and the stream holds exactly one entry per intent, whichever attempts
+  had reached it.
 
-Every point runs for email and noida on both stores, and for Tansu on SQLite (Tansu's consumer
-group takes seconds to join, and the stores differ only below the sender): 30 cases, under two
-minutes here.
+Every point runs for email, noida and Redis on both stores, and for Tansu on SQLite (Tansu's
+consumer group takes seconds to join, and the stores differ only below the sender): 42 cases.
 """
 
 from __future__ import annotations
@@ -38,10 +41,12 @@ from outbox import DestinationSpec, Outbox, Settings
 from outbox.crash import CrashPoint
 from sender.email import EmailSpec
 from sender.kafka import KafkaSpec
+from sender.redis import RedisSpec
 
 from ..acceptance.conftest import outbox_worker
 from ..conftest import SECRET, rows
 from ..kafka import Broker
+from ..redis_servers import RedisServer
 from ..smtp import SmtpServer
 from .checker import IntentFact, Truth, check, off_diagonal, truth_table
 from .tables import store_name
@@ -57,13 +62,14 @@ from .test_crash_points import (
 )
 from .test_matrix import report
 from .test_matrix_channels import TOPIC, email_truth, topic_truth
+from .test_matrix_redis import STREAM, stream_truth
 
 pytestmark = pytest.mark.acceptance
 
 INTENTS = 3
 #: Every point for email and noida on both stores; for Tansu (whose consumer group takes seconds
 #: to join) on SQLite: the stores differ only below the sender, and the noida rows cover both.
-CASES = [(kind, store, point) for kind in ("email", "noida") for store in ("sqlite", "postgres")
+CASES = [(kind, store, point) for kind in ("email", "noida", "redis") for store in ("sqlite", "postgres")
          for point in get_args(CrashPoint)] + [("tansu", "sqlite", point) for point in get_args(CrashPoint)]
 
 
@@ -80,9 +86,9 @@ class Target:
 
 
 @pytest.fixture
-async def target(request: pytest.FixtureRequest) -> AsyncIterator[Target]:
-    """The SMTP server (``email``), or a broker (``noida`` or ``tansu``: the ``kafka`` or ``tansu``
-    fixture) with the topic created."""
+async def target(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Target]:
+    """The SMTP server (``email``), a private redis-server (``redis``), or a broker (``noida`` or
+    ``tansu``: the ``kafka`` or ``tansu`` fixture) with the topic created."""
     if request.param == "email":
         server = SmtpServer().start()
 
@@ -97,6 +103,20 @@ async def target(request: pytest.FixtureRequest) -> AsyncIterator[Target]:
                                                           "text": "hi"}, received)
         finally:
             server.stop()
+        return
+    if request.param == "redis":
+        redis = RedisServer(tmp_path).start()
+
+        async def stream() -> tuple[Truth, int]:
+            truth, entries = await stream_truth(redis)
+            return truth, sum(entries.values())
+
+        try:
+            yield Target("redis", RedisSpec.model_validate({
+                "channel": "redis", "host": "127.0.0.1", "port": redis.port, "stream": STREAM,
+                "allow_private_network": True, "timeout_seconds": 5.0, "secret": SECRET}), lambda n: {"n": n}, stream)
+        finally:
+            redis.stop()
         return
     broker: Broker = request.getfixturevalue("kafka" if request.param == "noida" else "tansu")
     await broker.create_topic(TOPIC, partitions=2)
@@ -138,7 +158,7 @@ async def test_a_worker_killed_while_sending_email_or_producing_loses_and_misrep
         history = await recovered(box, url, [e.intent.action_id for e in enqueued])
     truth, arrivals = await target.truth()
     table = truth_table(history, truth)
-    arrived = f"{arrivals} {'messages' if target.channel == 'email' else 'records'} arrived"
+    arrived = f"{arrivals} {dict(email='messages', redis='entries').get(target.channel, 'records')} arrived"
     report(target.channel, f"{store_name(url)}-crash-{point}{target.row}",
            f"{INTENTS} intents, {len(in_flight)} attempt(s) cut in flight, {arrived}", table)
     assert check(history, truth) == []
@@ -148,7 +168,7 @@ async def test_a_worker_killed_while_sending_email_or_producing_loses_and_misrep
     assert bool(in_flight) is (point != "after_claim"), in_flight
     # what the dead worker had written reached the server (a message and its final dot on an open
     # connection) or the topic (the broker answered the produce); a record only handed to the
-    # producer need not have left
+    # producer need not have left (nor a script call the server had not answered)
     if point in (WRITTEN if target.channel == "email" else ANSWERED):
         assert in_flight & truth.reached, f"no attempt cut in flight at {point} had arrived"
     if target.channel == "email":  # never sent again: unknown, and arrived once or never, as the server says
@@ -156,6 +176,9 @@ async def test_a_worker_killed_while_sending_email_or_producing_loses_and_misrep
             cut = in_flight_of(fact, in_flight)
             assert fact.status == ("delivered" if cut is None else "unknown"), fact
             assert truth.effects.get(fact.key, 0) == (cut is None or cut in truth.reached), fact
+    elif target.channel == "redis":  # sent again, and the server's dedupe answered the entry added first
+        assert all(fact.status == "delivered" for fact in history), history
+        assert arrivals == INTENTS and all(truth.effects.get(fact.key) == 1 for fact in history), truth
     else:  # produced again: delivered once through the consumer; one extra record per appended cut attempt
         assert all(fact.status == "delivered" for fact in history), history
         assert arrivals == INTENTS + len(in_flight & truth.reached), (arrivals, in_flight, truth.reached)

@@ -1145,3 +1145,22 @@ async def test_no_index_names_a_column_an_attempts_finish_sets_so_the_finish_can
     assert {row["attname"] for row in named} & FINISH == set(), [tuple(row) for row in named]
     assert "attempts_started" in {row["index"] for row in named}  # what the console's activity seeks
     assert options == ["fillfactor=50"]  # room on the page for the finished version of the row (0019: with its events)
+
+
+async def test_a_claimed_record_has_the_views_columns_in_the_views_order(box, pg_url):
+    """The claim returns its records as ``leased_record`` builds them, beside rows of
+    ``intent_records`` that a UNION ALL matches by position: the two column lists must name the
+    same columns with the same types in the same order, or a column added to one reads as another."""
+    conn = await asyncpg.connect(pg_url)
+    try:
+        view = await conn.prepare("SELECT * FROM intent_records LIMIT 0")
+        leased = await conn.prepare(
+            f"SELECT {SQL['leased_record'].format(of='due', lease='leased')} "
+            "FROM intents AS due JOIN intent_leases AS leased ON leased.intent_seq = due.seq LIMIT 0")
+
+        def columns(statement: Any) -> list[tuple[str, str]]:
+            return [(a.name, a.type.name) for a in statement.get_attributes()]
+
+        assert columns(leased) == columns(view)
+    finally:
+        await conn.close()

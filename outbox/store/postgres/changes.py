@@ -186,7 +186,7 @@ async def reclaimed(conn: asyncpg.Connection, claim: Claim) -> list[Intent]:
         except asyncpg.PostgresError as exc:
             if isinstance(exc, UNAVAILABLE):
                 raise
-            log.info("claiming %d refused place(s) again failed (%s: %s)", claim.limit, type(exc).__name__, exc)
+            log.warning("claiming %d refused place(s) again failed (%s: %s)", claim.limit, type(exc).__name__, exc)
             break
         claimed += [READ.intent(row) for row in rows if row["seq"] is not None]
         if not rows[0]["refused"]:

@@ -11,6 +11,10 @@ from ...model import MOVES
 from ..plumbing import Named, statements, with_ordering_rule
 
 SQL = statements("postgres")
+#: "Still leased at fence F" is one rule (``still_leased``) in each move that ends or renews a worker's lease.
+_STILL_LEASED = re.compile(r"\{still_leased\[([\w.]+), ([\w.]+), ([\w.]+)\]\}")
+SQL = {name: _STILL_LEASED.sub(lambda found: SQL["still_leased"].format(of=found[1], lease=found[2], fence=found[3]),
+                               text) for name, text in SQL.items()}
 #: The cycle's claim returns its intents as records under the leases it inserted (``leased_record``), and the moves
 #: that start where no lease is held return theirs with the lease columns null (``unleased``).
 _LEASED_RECORD = SQL["leased_record"].format(of="due", lease="leased")

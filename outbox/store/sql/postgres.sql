@@ -341,8 +341,7 @@ SELECT record.*, {event_payload[record]} AS event_payload FROM intent_records AS
 -- unchanged); the intents' rows are read to find them.
 UPDATE intent_leases SET lease_expires_at = $1
 FROM unnest($2::text[], $3::bigint[]) AS held (intent_key, fence) JOIN intents ON intents.intent_key = held.intent_key
-WHERE intents.intent_key = ANY($2::text[]) AND intent_leases.intent_seq = intents.seq
-  AND intents.fence = held.fence - 1
+WHERE intents.intent_key = ANY($2::text[]) AND {still_leased[intents, intent_leases, held.fence]}
 RETURNING held.intent_key, held.fence;
 
 -- name: expired_leases
@@ -353,6 +352,12 @@ SELECT intents.*, {event_payload[intents]} AS event_payload,
         ORDER BY started.number DESC LIMIT 1) AS in_flight
 FROM intent_leases AS lease JOIN intent_records AS intents ON intents.seq = lease.intent_seq
 WHERE lease.lease_expires_at <= $1 ORDER BY lease.lease_expires_at LIMIT $2;
+
+-- name: still_leased
+-- Whether intents row {of} is still leased at fence {fence} by intent_leases row {lease}: the lease row exists, and the
+-- intent's stored fence is the one below its lease's (a claim leases without writing the intent's row). The moves that
+-- end or renew a lease (settle, start, release, hold, renew_leases) judge a worker's lease by it.
+{lease}.intent_seq = {of}.seq AND {of}.fence = {fence} - 1
 
 -- name: lease_running
 -- Whether the lease of intent_leases row {of} still runs when an attempt starts at {at}: moves.lease_running's rule (a
@@ -478,7 +483,7 @@ WITH settling AS (
                        updated_at = b.updated_at
     FROM settling AS b, intent_leases AS lease
     WHERE intents.intent_key = ANY($settle_intent_key::text[]) AND intents.intent_key = b.intent_key
-      AND lease.intent_seq = intents.seq AND intents.fence = b.fence - 1
+      AND {still_leased[intents, lease, b.fence]}
     RETURNING intents.seq, intents.status, b.n, b.attempt_id, {lease_entry[lease]} AS lease,
               {unrecorded_lease[lease]} AS unrecorded
 ), settled_leases AS (
@@ -508,8 +513,8 @@ WITH settling AS (
     SELECT intents.seq, starting.*,
            CASE WHEN {unrecorded_lease[lease]} THEN jsonb_build_array({lease_entry[lease]}) ELSE '[]'::jsonb END
            || starting.held::jsonb AS kept
-    FROM intents JOIN starting USING (intent_key) JOIN intent_leases AS lease ON lease.intent_seq = intents.seq
-    WHERE intents.intent_key = ANY($start_intent_key::text[]) AND intents.fence = starting.fence - 1
+    FROM intents JOIN starting USING (intent_key) CROSS JOIN intent_leases AS lease
+    WHERE intents.intent_key = ANY($start_intent_key::text[]) AND {still_leased[intents, lease, starting.fence]}
       AND {lease_running}
     FOR KEY SHARE OF intents
 ), attempted AS (
@@ -559,7 +564,7 @@ WITH changed AS (
         WITH ORDINALITY AS b (intent_key, fence, next_attempt_at, updated_at, n)
         CROSS JOIN intent_leases AS lease
     WHERE intents.intent_key = ANY($intent_key::text[]) AND intents.intent_key = b.intent_key
-      AND lease.intent_seq = intents.seq AND intents.fence = b.fence - 1
+      AND {still_leased[intents, lease, b.fence]}
     RETURNING intents.seq, b.n
 ), ended AS (
     DELETE FROM intent_leases WHERE intent_seq IN (SELECT seq FROM changed)
@@ -576,7 +581,7 @@ WITH changed AS (
         WITH ORDINALITY AS b (intent_key, fence, last_error, updated_at, n)
         CROSS JOIN intent_leases AS lease
     WHERE intents.intent_key = ANY($intent_key::text[]) AND intents.intent_key = b.intent_key
-      AND lease.intent_seq = intents.seq AND intents.fence = b.fence - 1
+      AND {still_leased[intents, lease, b.fence]}
     RETURNING intents.seq, b.n
 ), ended AS (
     DELETE FROM intent_leases WHERE intent_seq IN (SELECT seq FROM changed)
