@@ -7,8 +7,6 @@ dies before its ack), that one call is replaced."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,12 +19,12 @@ from opentelemetry.trace import SpanKind
 from receivers import IdempotentJetStreamConsumer, MemoryRecordStore, tracing
 from receivers.keys import identity
 from receivers.messages import Refusal
-from tests.conftest import SECRET, eventually, free_port
+from tests.conftest import SECRET, eventually
+from tests.nats import SHARED as URL
+from tests.nats import NatsServer
 
 from .brokers import Effects, FailingCompletions, Sent, require, sent, suffix
 from .test_tracing import TRACEPARENT, Spans, assert_child, assert_continues_the_sender
-
-URL = "nats://127.0.0.1:4222"
 
 
 class Jet:
@@ -273,17 +271,10 @@ async def test_each_message_is_a_consumer_span_in_the_senders_trace(jet: Jet) ->
 async def test_a_server_restart_mid_stream_loses_nothing_and_runs_nothing_twice(tmp_path: Path) -> None:
     """A private nats-server, killed while the consumer works and started again on the same
     store: every message published before and after is handled, each once."""
-    binary = shutil.which("nats-server")
-    if binary is None:
-        require(-1, "nats-server")  # not installed: FAIL under CI=true, else skip
-    assert binary is not None
-    port = free_port()
-    command = [binary, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(tmp_path / "js")]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = NatsServer(tmp_path).start()
     connection = None
     try:
-        require(port, "the private nats-server")
-        connection = await nats.connect(f"nats://127.0.0.1:{port}", max_reconnect_attempts=-1, reconnect_time_wait=0.1)
+        connection = await nats.connect(server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
         jet = Jet(connection, f"restart-{suffix()}")
         await jet.declare(ack_wait=2)
         before, after = ([sent(f"k{n}", {"n": n}) for n in range(start, start + 20)] for start in (0, 20))
@@ -291,9 +282,8 @@ async def test_a_server_restart_mid_stream_loses_nothing_and_runs_nothing_twice(
         effects = Effects(jet.durable)
         async with jet.consumer(MemoryRecordStore(), effects, max_batch=5):
             assert await eventually(lambda: len(effects.done) >= 5, 20)
-            server.kill()
-            server.wait()
-            server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            server.stop()
+            server.start()
             assert await eventually(lambda: connection.is_connected, 30)
             for message in after:  # JetStream answers once it has recovered its streams
                 assert await eventually(lambda message=message: _published(jet, message), 30)
@@ -304,5 +294,4 @@ async def test_a_server_restart_mid_stream_loses_nothing_and_runs_nothing_twice(
     finally:
         if connection is not None:
             await connection.close()
-        server.kill()
-        server.wait()
+        server.stop()

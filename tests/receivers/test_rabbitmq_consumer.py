@@ -17,12 +17,11 @@ from opentelemetry.trace import SpanKind
 from receivers import IdempotentRabbitMQConsumer, MemoryRecordStore, State, tracing
 from receivers.keys import identity
 from receivers.messages import Refusal
-from tests.conftest import SECRET, eventually, free_port
+from tests.conftest import SECRET, eventually
+from tests.rabbitmq import URL, TcpProxy
 
 from .brokers import Effects, FailingCompletions, Sent, require, sent, suffix
 from .test_tracing import TRACEPARENT, Spans, assert_child, assert_continues_the_sender
-
-URL = "amqp://guest:guest@127.0.0.1:5672/"
 
 
 class Rabbit:
@@ -310,52 +309,12 @@ async def test_stop_claims_nothing_more_of_the_batch_in_flight(rabbit: Rabbit) -
     assert await eventually(lambda: _count_is(rabbit, rabbit.name, 3), 20)
 
 
-class Forwarder:
-    """A TCP forwarder on loopback in front of the shared RabbitMQ whose connections the test can
-    drop, as a network fault does (the shared server itself is never touched)."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.writers: list[asyncio.StreamWriter] = []
-        self.server: asyncio.Server | None = None
-
-    async def start(self) -> None:
-        self.server = await asyncio.start_server(self._accepted, "127.0.0.1", self.port)
-
-    async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", 5672)
-        self.writers += [writer, upstream_writer]
-        await asyncio.gather(_pipe(reader, upstream_writer), _pipe(upstream_reader, writer))
-
-    def drop(self) -> None:
-        for writer in self.writers:
-            writer.transport.abort()
-        self.writers.clear()
-
-    async def stop(self) -> None:
-        self.drop()
-        if self.server is not None:
-            self.server.close()
-            await self.server.wait_closed()
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    except (ConnectionError, OSError):
-        pass
-    finally:
-        writer.transport.abort()
-
-
 async def test_a_dropped_connection_mid_stream_loses_nothing_and_runs_nothing_twice(
         rabbit: Rabbit, new_store: Any) -> None:
+    """Through a proxy in front of the shared broker, whose connections the test drops while a
+    handler runs (the shared server itself is never touched)."""
     messages = [sent(f"k{n}", {"n": n}) for n in range(30)]
     await rabbit.publish(*messages)
-    forwarder = Forwarder()
-    await forwarder.start()
     effects = Effects(rabbit.name)
     dropped = asyncio.Event()
 
@@ -364,21 +323,22 @@ async def test_a_dropped_connection_mid_stream_loses_nothing_and_runs_nothing_tw
             await dropped.wait()
         await effects.handle(message, context)
 
-    url = f"amqp://guest:guest@127.0.0.1:{forwarder.port}/"
-    connection = await aio_pika.connect_robust(url, reconnect_interval=0.2)
-    try:
-        consumer = await rabbit.consumer(new_store(), effects, connection=connection, prefetch=5)
-        consumer.handler = handle
-        async with consumer:
-            assert await eventually(lambda: len(effects.done) == 10, 20)
-            forwarder.drop()  # unacknowledged deliveries go back to the queue; the connection comes back
-            dropped.set()
-            assert await eventually(lambda: len(effects.done) == 30 and _drained(rabbit), 30), effects.keys
-        assert sorted(effects.keys) == sorted(m.key for m in messages)
-        assert set(effects.calls.values()) == {1}
-    finally:
-        await connection.close()
-        await forwarder.stop()
+    async with TcpProxy() as proxy:
+        connection = await aio_pika.connect_robust(f"amqp://guest:guest@127.0.0.1:{proxy.port}/",
+                                                   reconnect_interval=0.2)
+        try:
+            consumer = await rabbit.consumer(new_store(), effects, connection=connection, prefetch=5)
+            consumer.handler = handle
+            async with consumer:
+                assert await eventually(lambda: len(effects.done) == 10, 20)
+                await proxy.drop()  # unacknowledged deliveries go back to the queue
+                dropped.set()
+                await proxy.accept()  # and the robust connection comes back
+                assert await eventually(lambda: len(effects.done) == 30 and _drained(rabbit), 30), effects.keys
+        finally:
+            await connection.close()
+    assert sorted(effects.keys) == sorted(m.key for m in messages)
+    assert set(effects.calls.values()) == {1}
 
 
 async def _drained(rabbit: Rabbit) -> bool:
