@@ -1,8 +1,8 @@
 """What receiving applications embed so at-least-once deliveries have at-most-once effects.
 
 Every public name is imported when first named, so that a part of the package (``receivers.wire``,
-which the outbox's client speaks; ``IdempotentConsumer``, whose ``receivers.kafka`` imports aiokafka)
-loads only what it uses.
+which the outbox's client speaks; ``IdempotentConsumer``, whose ``receivers.kafka`` imports aiokafka;
+the RabbitMQ and NATS consumers, which import aio-pika and nats-py) loads only what it uses.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -11,6 +11,8 @@ if TYPE_CHECKING:
     from .asgi import IdempotencyMiddleware
     from .engine import RELEASE_STATUSES, Idempotency, IdempotencyContext
     from .kafka import IdempotentConsumer
+    from .nats import IdempotentJetStreamConsumer
+    from .rabbitmq import IdempotentRabbitMQConsumer
     from .records import RecordStore, State, StoredResponse
     from .stores import MemoryRecordStore, PostgresRecordStore, SqliteRecordStore
     from .wire import InvalidSignature, verify_signature
@@ -21,6 +23,8 @@ __all__ = [
     "IdempotencyContext",
     "IdempotencyMiddleware",
     "IdempotentConsumer",
+    "IdempotentJetStreamConsumer",
+    "IdempotentRabbitMQConsumer",
     "InvalidSignature",
     "MemoryRecordStore",
     "PostgresRecordStore",
@@ -36,6 +40,8 @@ _LAZY = {
     "IdempotencyMiddleware": "asgi",
     **dict.fromkeys(("RELEASE_STATUSES", "Idempotency", "IdempotencyContext"), "engine"),
     "IdempotentConsumer": "kafka",
+    "IdempotentJetStreamConsumer": "nats",
+    "IdempotentRabbitMQConsumer": "rabbitmq",
     **dict.fromkeys(("RecordStore", "State", "StoredResponse"), "records"),
     **dict.fromkeys(("MemoryRecordStore", "PostgresRecordStore", "SqliteRecordStore"), "stores"),
     **dict.fromkeys(("InvalidSignature", "verify_signature"), "wire"),

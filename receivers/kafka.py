@@ -39,6 +39,7 @@ from opentelemetry import trace
 from opentelemetry.trace import TracerProvider
 
 from . import tracing
+from .consuming import log_taken_over, refusal, store_completions
 from .engine import IdempotencyContext, purge_forever
 from .kafka_records import (
     FetchedRecord,
@@ -49,8 +50,8 @@ from .kafka_records import (
     digest_of,
     payload_matches,
 )
-from .records import Busy, Claimed, Mismatch, RecordStore, Replay, StaleFence, StoredResponse
-from .wire import EXTERNAL_ID, KAFKA_FENCE
+from .records import Busy, Claimed, RecordStore, Replay, StoredResponse
+from .wire import EXTERNAL_ID
 
 __all__ = ["ErrorCallback", "Handler", "IdempotentConsumer", "Record", "Refusal", "Refused", "digest_of",
            "payload_matches"]
@@ -298,7 +299,7 @@ class IdempotentConsumer:
         stored, answers = await self.store.complete_and_claim(
             _completions(done), [item.request for item in claiming if item.request], now=now,
             lease_until=now + self.lease, expires_at=now + self.retention)
-        _log_taken_over(done, stored)
+        log_taken_over(done, stored)
         for item, answer in zip(claiming, answers, strict=True):
             item.answer = answer
 
@@ -393,16 +394,8 @@ class IdempotentConsumer:
             return True
         if isinstance(answer, Busy):  # another member runs it (after a rebalance): wait for its outcome
             return False
-        refused = item.refused
-        if isinstance(answer, Mismatch):
-            refused = Refused(Refusal.KEY_REUSED, "the key was used for another payload (digest)", item.key)
-        elif isinstance(answer, StaleFence):
-            assert item.request is not None
-            refused = Refused(Refusal.STALE_FENCE, f"{KAFKA_FENCE} {item.request.fence} is lower than "
-                              f"{answer.min_fence}, already seen for this key", item.key)
-        assert refused is not None
         try:
-            reported = self.on_error(item.record, refused)
+            reported = self.on_error(item.record, refusal(item))
             if inspect.isawaitable(reported):
                 await reported
         except Exception:
@@ -457,26 +450,16 @@ class IdempotentConsumer:
 
     async def _complete(self, handled: list[tuple[FetchedRecord, int]]) -> bool:
         """Store the handled records' completions, retrying while the store is down; False only
-        when stopping with the store still down (those records run again once their lease ends)."""
-        done = _completions(handled)
-        delay = self.retry_seconds
-        while True:
-            try:
-                stored = await self.store.complete_many(done, expires_at=self.clock() + self.retention)
-            except Exception as exc:
-                if self._stopping.is_set():
-                    log.error("could not store %d completions while stopping: %r; their offsets are not "
-                              "committed and their records run again once their lease ends", len(done), exc)
-                    return False
-                log.error("could not store %d completions, retrying in %.1f s: %r", len(done), delay, exc)
-                try:
-                    await asyncio.wait_for(self._stopping.wait(), delay)
-                except TimeoutError:
-                    pass
-                delay = min(self.max_retry_seconds, delay * 2)
-                continue
-            _log_taken_over(handled, stored)
-            return True
+        when stopping with the store still down (their offsets are not committed, and those records
+        run again once their lease ends)."""
+        stored = await store_completions(self.store, _completions(handled),
+                                         expires_at=lambda: self.clock() + self.retention,
+                                         retry_seconds=self.retry_seconds, max_retry_seconds=self.max_retry_seconds,
+                                         stopping=self._stopping)
+        if stored is None:
+            return False
+        log_taken_over(handled, stored)
+        return True
 
     async def _release(self, claimed: list[tuple[FetchedRecord, int]]) -> None:
         try:
@@ -530,11 +513,3 @@ def _completions(handled: list[tuple[FetchedRecord, int]]) -> list[tuple[str, in
     stores where its effect was made (``External-Id: topic/partition/offset``)."""
     return [(item.request.identity, epoch, StoredResponse(200, ((_EXTERNAL_ID, f"{item.record.topic}/"
              f"{item.record.partition}/{item.record.offset}"),), b"")) for item, epoch in handled if item.request]
-
-
-def _log_taken_over(handled: list[tuple[FetchedRecord, int]], stored: list[bool]) -> None:
-    if all(stored):
-        return
-    for (item, epoch), ok in zip(handled, stored, strict=True):
-        if not ok:
-            log.warning("key %r was taken over (epoch %d is stale) before its completion was stored", item.key, epoch)

@@ -1,5 +1,5 @@
 """The receivers' spans (OpenTelemetry, API only): each request the middleware decides on and each
-record the Kafka consumer settles continues the sender's trace.
+message a consumer (Kafka, RabbitMQ, NATS) settles continues the sender's trace.
 
 The W3C trace context (``traceparent``/``tracestate``) is read from the request's or the record's
 headers with the application's propagator (``opentelemetry.propagate``), so a missing or
@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry import propagate, trace
 from opentelemetry.propagators.textmap import Getter
@@ -28,11 +28,13 @@ from opentelemetry.trace import (
     TracerProvider,
 )
 
+from .messages import Readable
 from .records import Busy, Claimed, Mismatch, Replay, StaleFence
 from .wire import Problem
 
 if TYPE_CHECKING:
     from .kafka_records import FetchedRecord
+    from .records import ClaimResult
 
 #: The instrumentation scope of every span the receivers make.
 SCOPE = "receivers"
@@ -147,18 +149,33 @@ def failed(span: Span, exc: Exception) -> None:
     span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
 
 
+class Settled(Readable, Protocol):
+    """A message as a consumer settles it (``kafka_records.FetchedRecord``, ``consuming.Fetched``)."""
+
+    answer: ClaimResult | None
+
+
 @contextmanager
 def consumer_span(tracer: Tracer, group: str, item: FetchedRecord) -> Iterator[Span]:
     """A CONSUMER span (messaging conventions, ``process``) for one Kafka record, the child of
     the trace context in its headers, current while the record is settled (made only while
     ``recording``: the consumer asks once per round of records, not per record)."""
     record = item.record
-    parent = propagate.extract(record.headers or (), getter=_HEADERS)
-    attributes: dict[str, Any] = {
+    with message_span(tracer, f"process {record.topic}", record.headers or (), item, {
         "messaging.system": "kafka", "messaging.operation.type": "process", "messaging.operation.name": "process",
         "messaging.destination.name": record.topic, "messaging.destination.partition.id": str(record.partition),
         "messaging.kafka.offset": record.offset, "messaging.consumer.group.name": group,
-    }
+    }) as span:
+        yield span
+
+
+@contextmanager
+def message_span(tracer: Tracer, name: str, headers: Sequence[tuple[str, Any]], item: Settled,
+                 attributes: dict[str, Any]) -> Iterator[Span]:
+    """A CONSUMER span named ``name`` for one message of any broker, the child of the trace
+    context in its ``headers`` ((name, value) pairs), with the broker's ``attributes`` and what the
+    consumer decided, current while the message is settled."""
+    parent = propagate.extract(headers, getter=_HEADERS)
     answer = item.answer
     outcome = (Outcome.CLAIMED if isinstance(answer, Claimed) else Outcome.REPLAYED if isinstance(answer, Replay)
                else Outcome.CONFLICT if isinstance(answer, Mismatch) else Outcome.BUSY if isinstance(answer, Busy)
@@ -173,7 +190,6 @@ def consumer_span(tracer: Tracer, group: str, item: FetchedRecord) -> Iterator[S
         attributes[EPOCH] = answer.epoch
     if item.refused is not None:
         attributes[PROBLEM] = item.refused.reason.value
-    span = tracer.start_span(f"process {record.topic}", context=parent, kind=SpanKind.CONSUMER,
-                             attributes=attributes)
+    span = tracer.start_span(name, context=parent, kind=SpanKind.CONSUMER, attributes=attributes)
     with trace.use_span(span, end_on_exit=True):
         yield span

@@ -128,8 +128,8 @@ def signed(secret: str, key: str, body: bytes) -> dict[str, str]:
 
 def test_the_readme_has_its_examples():
     assert set(python_blocks()) == {"main", "fastapi-receiver", "flask-receiver", "channel-declaration", "email",
-                                    "kafka", "kafka-consumer", "redis", "nats", "sqs", "rabbitmq",
-                                    "postgres-transaction", "client",
+                                    "kafka", "kafka-consumer", "rabbitmq-consumer", "nats-consumer", "redis", "nats",
+                                    "sqs", "rabbitmq", "postgres-transaction", "client",
                                     "harness-pydantic-ai", "receiver-tracing", "tracing", "sqlite3-transaction",
                                     "psycopg-transaction", "django-settings", "django-models", "django-view",
                                     "django-urls", "flask-sqlalchemy", "alembic-env", "fastapi-sqlalchemy"}

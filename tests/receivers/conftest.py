@@ -1,5 +1,6 @@
 """Shared fixtures for the receivers' tests: an injectable clock, the real PostgreSQL (fails
-instead of skipping when CI=true), and ASGI apps served by a real uvicorn on 127.0.0.1."""
+instead of skipping when CI=true), record stores over one storage for the consumers, and ASGI
+apps served by a real uvicorn on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 import uvicorn
+
+from receivers import MemoryRecordStore, PostgresRecordStore, SqliteRecordStore
 
 from .. import pg
 
@@ -60,6 +64,28 @@ async def pg_table(pg_dsn: str) -> AsyncIterator[str]:
     conn = await asyncpg.connect(pg_dsn)
     try:
         await conn.execute(f"DROP TABLE IF EXISTS {name}")
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+async def new_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Callable[[], Any]]:
+    """Makes record stores over one storage (memory: the same store), as consumer processes would."""
+    table = "idem_" + uuid.uuid4().hex[:20]
+    if request.param == "memory":
+        shared = MemoryRecordStore()
+        yield lambda: shared
+        return
+    if request.param == "sqlite":
+        yield lambda: SqliteRecordStore(tmp_path / "records.db")
+        return
+    dsn = request.getfixturevalue("pg_dsn")
+    yield lambda: PostgresRecordStore(dsn, table=table, pool_size=2)
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(f"DROP TABLE IF EXISTS {table}")
     finally:
         await conn.close()
 

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -27,7 +26,6 @@ from receivers import (
     IdempotencyContext,
     IdempotentConsumer,
     MemoryRecordStore,
-    PostgresRecordStore,
     SqliteRecordStore,
     State,
     wire,
@@ -133,28 +131,6 @@ async def until_committed(consumer: IdempotentConsumer, offset: int, partition: 
         return await committed(consumer, partition) == offset
 
     assert await eventually(reached, timeout), f"committed {await committed(consumer, partition)}, not {offset}"
-
-
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-async def new_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Callable[[], Any]]:
-    """Makes record stores over one storage (memory: the same store), as consumer processes would."""
-    table = "idem_" + uuid.uuid4().hex[:20]
-    if request.param == "memory":
-        shared = MemoryRecordStore()
-        yield lambda: shared
-        return
-    if request.param == "sqlite":
-        yield lambda: SqliteRecordStore(tmp_path / "records.db")
-        return
-    dsn = request.getfixturevalue("pg_dsn")
-    yield lambda: PostgresRecordStore(dsn, table=table, pool_size=2)
-    import asyncpg
-
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(f"DROP TABLE IF EXISTS {table}")
-    finally:
-        await conn.close()
 
 
 @pytest.fixture

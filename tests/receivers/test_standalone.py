@@ -13,7 +13,10 @@ from pathlib import Path
 RECEIVERS = Path(__file__).resolve().parents[2] / "receivers"
 #: Never loaded by ``import receivers``: the other two packages, and what only they need.
 FORBIDDEN = {"outbox", "sender", "pydantic", "pydantic_settings", "prometheus_client", "fastapi", "starlette",
-             "aiohttp", "aiosqlite", "asyncpg", "aiokafka"}
+             "aiohttp", "aiosqlite", "asyncpg", "aiokafka", "aio_pika", "aiormq", "nats"}
+#: The consumers of each broker, and the driver each loads when first named.
+CONSUMERS = {"IdempotentConsumer": "aiokafka", "IdempotentRabbitMQConsumer": "aio_pika",
+             "IdempotentJetStreamConsumer": "nats"}
 
 
 def loaded_after(code: str) -> set[str]:
@@ -25,14 +28,17 @@ def loaded_after(code: str) -> set[str]:
 
 
 def test_import_receivers_loads_neither_the_outbox_the_sender_nor_their_frameworks():
-    loaded = loaded_after("import receivers\n"  # every public name but the Kafka consumer (below)
-                          "[getattr(receivers, name) for name in receivers.__all__ if name != 'IdempotentConsumer']")
+    loaded = loaded_after("import receivers\n"  # every public name but the brokers' consumers (below)
+                          f"[getattr(receivers, name) for name in receivers.__all__ if name not in {set(CONSUMERS)!r}]")
     assert "receivers" in loaded and "rfc8785" in loaded
     assert loaded & FORBIDDEN == set()
 
 
-def test_the_kafka_consumer_loads_aiokafka_only_when_named():
-    assert "aiokafka" in loaded_after("from receivers import IdempotentConsumer")
+def test_each_brokers_consumer_loads_its_driver_only_when_named():
+    for name, driver in CONSUMERS.items():
+        loaded = loaded_after(f"from receivers import {name}")
+        assert driver in loaded
+        assert loaded & {d for d in CONSUMERS.values() if d != driver} == set(), name
 
 
 def test_record_stores_import_their_driver_only_when_opened(tmp_path: Path):
