@@ -10,9 +10,10 @@ email and Kafka rows: rounds of a few intents published to the shared broker thr
 - the connection dropped once a publish frame went through (before its confirm): maybe
   submitted, the message routed or not.
 
-The ground truth is the test's queue: the attempt of every message (``outbox-attempt-id``), and
-the effects per key as a consumer that deduplicates on ``idempotency-key`` applies them, each
-message's signature checked. RabbitMQ has no publisher-side deduplication and the destination's
+The ground truth is two queues every message is routed to: the test's, read whole, for the
+attempt of every message (``outbox-attempt-id``, its signature checked), and a second one taken
+by the receivers' idempotent RabbitMQ consumer, whose handler's runs are the effects (each key's
+once, however many copies the queue held). RabbitMQ has no publisher-side deduplication and the destination's
 ``on_unknown`` is ``always``, so the queue holds a second message for each maybe-submitted
 attempt whose message had been routed: each counted, and each from a maybe-submitted attempt.
 ``--faults=long`` runs more rounds with a random seed; ``--faults-seed`` replays one.
@@ -27,11 +28,11 @@ from collections import Counter
 import pytest
 
 from outbox import Outbox, Settings
-from receivers import wire
+from receivers import IdempotencyContext, IdempotentRabbitMQConsumer, MemoryRecordStore, wire
 from sender import Worker
 from sender.rabbitmq import RabbitChannel, RabbitSpec
 
-from ..conftest import SECRET
+from ..conftest import SECRET, eventually
 from ..rabbitmq import Rabbit, TcpProxy
 from .checker import Truth, check, off_diagonal, truth_table
 from .tables import store_name
@@ -47,15 +48,13 @@ FAULTS = (GONE, SILENT, DROPPED)
 KEY = "orders"
 
 
-async def queue_truth(rabbit: Rabbit) -> tuple[Truth, dict[str, list[str]]]:
-    """The queue's messages as the truth: the attempts they came from, one effect per key (a
-    consumer deduplicating on ``idempotency-key``, checking signatures), and the attempts of
-    each key's messages, in the queue's order."""
-    effects: Counter[str] = Counter()
+async def queue_truth(rabbit: Rabbit, consumed: str) -> tuple[Truth, dict[str, list[str]]]:
+    """The truth from the two queues every message was routed to: the test's, read whole (the
+    attempt of each message, in the queue's order, its signature checked), and ``consumed``, taken
+    by the receivers' idempotent RabbitMQ consumer, whose handler's runs are the effects."""
     reached: set[str] = set()
     by_key: dict[str, list[str]] = {}
-    messages = await rabbit.messages()
-    for message in messages:
+    for message in await rabbit.messages():
         headers = {name: str(value) for name, value in message.headers.items()}
         key = headers[wire.KAFKA_IDEMPOTENCY_KEY]
         wire.verify_signature(SECRET, {wire.WEBHOOK_ID: key, wire.WEBHOOK_TIMESTAMP: headers[wire.KAFKA_TIMESTAMP],
@@ -63,7 +62,23 @@ async def queue_truth(rabbit: Rabbit) -> tuple[Truth, dict[str, list[str]]]:
                               tolerance_seconds=3600)
         reached.add(headers[wire.KAFKA_ATTEMPT_ID])
         by_key.setdefault(key, []).append(headers[wire.KAFKA_ATTEMPT_ID])
-        effects[key] = 1
+    effects: Counter[str] = Counter()
+    refused: list[object] = []
+
+    async def handle(message: object, work: IdempotencyContext) -> None:
+        effects[work.key] += 1
+
+    async def drained() -> bool:
+        queue = await rabbit.channel.declare_queue(consumed, passive=True)
+        return queue.declaration_result.message_count == 0
+
+    consumer = IdempotentRabbitMQConsumer(await rabbit.channel.get_queue(consumed), MemoryRecordStore(), handle,
+                                          secrets=SECRET, on_error=lambda message, why: refused.append(why))
+    async with consumer:
+        assert await eventually(lambda: len(effects) == len(by_key), 30), (len(effects), len(by_key))
+        assert await eventually(drained, 30)
+    assert await drained(), "the consumer handed messages back: not every copy was taken"
+    assert refused == []
     return Truth(dict(effects), frozenset(reached), idempotent=True), by_key
 
 
@@ -75,6 +90,7 @@ async def test_broker_faults_lose_or_misreport_nothing(request: pytest.FixtureRe
     rounds = [*FAULTS, *rng.choices([None, *FAULTS], k=12 if long else 2)]
     rng.shuffle(rounds)
     await rabbit.bind(KEY)
+    consumed = await rabbit.bind(KEY, queue=f"{rabbit.queue}-consumed")
     settings = Settings(authority="allow-all", backoff_initial_seconds=0.05, backoff_cap_seconds=0.3,
                         circuit_failures=0, poll_seconds=0.1, default_max_attempts=100)
     box = await Outbox.open(store_url, settings=settings)
@@ -125,7 +141,7 @@ async def test_broker_faults_lose_or_misreport_nothing(request: pytest.FixtureRe
     finally:
         await worker.aclose()
         await box.close()
-    truth, by_key = await queue_truth(rabbit)
+    truth, by_key = await queue_truth(rabbit, consumed)
     duplicates = sum(len(attempts) - 1 for attempts in by_key.values())
     table = truth_table(history, truth)
     submissions = Counter(a.submission for i in history for a in i.attempts)
