@@ -202,10 +202,12 @@ async def run(n: int, rounds: int, concurrency: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = harness.new_parser(__doc__)
-    parser.add_argument("--n", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--n", type=int, help="messages per case per round (2,000; --quick 300)")
+    parser.add_argument("--rounds", type=int, help="rounds (3; --quick 1)")
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--quick", action="store_true", help="a short run")
     args = parser.parse_args(argv)
+    args.n, args.rounds = args.n or (300 if args.quick else 2000), args.rounds or (1 if args.quick else 3)
     harness.require_positive(parser, args, ["n", "rounds", "concurrency"])
     return asyncio.run(run(args.n, args.rounds, args.concurrency))
 
