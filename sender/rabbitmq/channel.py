@@ -45,9 +45,16 @@ class RabbitChannel:
         """The results of one destination's messages, each in its place."""
         try:
             link = await self._links.link(destination)
-            channel = await self._links.opened(link, destination)
         except ValidationError as exc:  # registered before today's rules: it can never be published
             return [invalid_settings(exc)] * len(sends)
+        try:
+            return await self._published(link, destination, sends)
+        finally:
+            await self._links.release(link)
+
+    async def _published(self, link: Link, destination: Destination, sends: Sequence[Send]) -> list[SendResult]:
+        try:
+            channel = await self._links.opened(link, destination)
         except Refused as stop:
             return [stop.result()] * len(sends)
         spec = link.spec
