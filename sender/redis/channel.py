@@ -95,6 +95,12 @@ class RedisChannel:
             client = await self._clients.client(destination)
         except ValidationError as exc:  # registered before today's rules: it can never be written
             return [invalid_settings(exc)] * len(sends)
+        try:
+            return await self._added(client, destination, sends)
+        finally:
+            await self._clients.release(client)
+
+    async def _added(self, client: Client, destination: Destination, sends: Sequence[Send]) -> list[SendResult]:
         spec = client.spec
         if client.password is not None and not spec.tls and not spec.allow_insecure:
             return [refused("connect", Outcome.REJECTED, "refused: the destination holds a password and has no tls; "

@@ -431,3 +431,44 @@ async def test_a_script_refused_by_the_acl_part_way_has_written_nothing(
             assert not await client.exists("orders", dedupe_key("orders", f"acme/acl-{n}")), user
     finally:
         await client.aclose()
+
+
+@pytest.mark.parametrize("held", ["reply", "connect"])
+async def test_a_destination_updated_mid_send_neither_cuts_that_send_nor_leaks_its_connection(
+        env: SenderEnv, private_redis: RedisServer, held: str):
+    """The destination changes while a send waits on the server (stopped: the send's pipeline, or
+    its connection's handshake, unanswered): the old pool is closed only once that send is
+    answered, so the send is delivered, not made unknown; after aclose the server holds no
+    connection of the channel's."""
+    server = private_redis
+    assert server.process is not None
+    first = await register(env, "orders", port=server.port, timeout_seconds=10.0)
+    channel = RedisChannel()
+    if held == "reply":
+        warm = await send(channel, await env.enqueue("warm", destination="log"), first)
+        assert facts(warm)[2] is Outcome.DELIVERED, warm.error
+    a_intent, b_intent = await env.enqueue("a", destination="log"), await env.enqueue("b", destination="log")
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        sending = asyncio.ensure_future(send(channel, a_intent, first))
+        await asyncio.sleep(0.3)  # (its pipeline, or its connection's first command, written: unanswered)
+        env.clock.advance(1)
+        updated = await register(env, "orders", port=server.port, timeout_seconds=9.0)
+        assert updated.updated_at != first.updated_at
+        after = asyncio.ensure_future(send(channel, b_intent, updated))
+        await asyncio.sleep(0.3)
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+    a, b = await asyncio.gather(sending, after)
+    assert facts(a) == ("done", Submission.SUBMITTED, Outcome.DELIVERED), a.error
+    assert facts(b) == ("done", Submission.SUBMITTED, Outcome.DELIVERED), b.error
+    await channel.aclose()
+    client = server.client()
+    try:
+        assert await _length(client, "orders", 3 if held == "reply" else 2)
+
+        async def alone() -> bool:
+            return len(await client.client_list()) == 1  # (this client's own connection)
+        assert await eventually(alone), await client.client_list()
+    finally:
+        await client.aclose()
