@@ -472,3 +472,38 @@ async def test_a_destination_updated_mid_send_neither_cuts_that_send_nor_leaks_i
         assert await eventually(alone), await client.client_list()
     finally:
         await client.aclose()
+
+
+class BrokenFor(RedisChannel):
+    """The Redis channel with a fault of its own in one destination's group (as a bug would raise)."""
+
+    def __init__(self, broken: str) -> None:
+        super().__init__()
+        self.broken = broken
+
+    async def _added(self, client: Any, destination: Destination, sends: Any) -> list[SendResult]:
+        if destination.id == self.broken:
+            raise RuntimeError("a fault of the channel's own")
+        return await super()._added(client, destination, sends)
+
+
+async def test_one_destinations_fault_leaves_the_other_destinations_results_in_a_batch(env: SenderEnv,
+                                                                                       shared_redis):
+    """A batch for two destinations, one of whose groups raises: that group's sends are unknown
+    (they may have gone out), the other's are delivered with their entries' ids."""
+    client, names = shared_redis
+    good, bad = names.stream("good"), names.stream("bad")
+    to_good, to_bad = await register(env, good, "good"), await register(env, bad, "bad")
+    sends = [Send(await env.enqueue(f"n-{n}", destination=destination.id), destination, f"attempt-{n}", 1)
+             for n, destination in enumerate([to_good, to_bad, to_good, to_bad])]
+    channel = BrokenFor("bad")
+    try:
+        results = await channel.send_many(sends)
+    finally:
+        await channel.aclose()
+    added = [entry for entry, _ in await entries(client, good)]
+    assert [(r.submission, r.outcome, r.external_id) for r in results] == [
+        (Submission.SUBMITTED, Outcome.DELIVERED, added[0]), (Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, None),
+        (Submission.SUBMITTED, Outcome.DELIVERED, added[1]), (Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, None)]
+    assert "RuntimeError: a fault of the channel's own" in (results[1].error or "")
+    assert len(added) == 2 and await client.xlen(bad) == 0
