@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol, cast
 
 from opentelemetry.context import Context
+from pydantic import ValidationError
 
 from outbox import Destination, Intent, Outcome, Submission
 from outbox.channels import ChannelKind
@@ -83,6 +86,42 @@ class BatchChannel(Channel, Protocol):
         decide the others' results: ``not_submitted`` only with proof for that attempt, and
         ``maybe_submitted`` for every one that may have gone out when the answers are lost."""
         ...
+
+
+async def by_destination(sends: Sequence[Send],
+                         send_group: Callable[[Destination, Sequence[Send]], Awaitable[list[SendResult]]],
+                         ) -> list[SendResult]:
+    """Each destination's sends (as its settings read now: its id and ``updated_at``) handed to
+    ``send_group`` as one group, the groups at once, and every result put back in its send's place.
+    A group whose coroutine raises an Exception (an error of our own, not a receiver's answer) gets
+    ``maybe_submitted``/``unknown`` for each of its sends, since they may have gone out; the other
+    groups keep their own results (a broker's confirm is not thrown away for another's bug)."""
+    groups: dict[tuple[str, datetime], list[int]] = {}
+    for i, send in enumerate(sends):
+        groups.setdefault((send.destination.id, send.destination.updated_at), []).append(i)
+    answered = await asyncio.gather(*(send_group(sends[places[0]].destination, [sends[i] for i in places])
+                                      for places in groups.values()), return_exceptions=True)
+    results: list[SendResult | None] = [None] * len(sends)
+    for places, answers in zip(groups.values(), answered, strict=True):
+        if isinstance(answers, BaseException):
+            if not isinstance(answers, Exception):  # a cancellation or an exit: not ours to classify
+                raise answers
+            answers = [lost(answers)] * len(places)
+        for i, result in zip(places, answers, strict=True):
+            results[i] = result
+    return cast(list[SendResult], results)
+
+
+def lost(exc: Exception) -> SendResult:
+    """A send that failed on an error of our own after it was handed over: it may have gone out."""
+    return SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN,
+                      error=f"the send failed unexpectedly, it may have gone out: {type(exc).__name__}: {exc}"[:500])
+
+
+def invalid_settings(exc: ValidationError) -> SendResult:
+    """A destination whose settings were stored before today's rules: it can never be sent to."""
+    return SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="connect",
+                      error=f"refused: the destination's settings are not valid: {exc.errors()[0]['msg']}")
 
 
 def batching(channel: Channel) -> BatchChannel | None:

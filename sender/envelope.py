@@ -1,7 +1,7 @@
 """What every broker message of an attempt carries besides its payload: the intent's identity,
 the attempt and its fence, the attempt's trace and, when the destination holds a signing secret,
 its signature. The Kafka channel puts these in record headers; every other broker channel
-(RabbitMQ, NATS, Redis Streams, SQS, MQTT) puts the same names and values where that broker
+(RabbitMQ, NATS, Redis Streams, SQS) puts the same names and values where that broker
 keeps a message's metadata, so one consumer-side reader (``receivers``) verifies them all.
 
 The signature is Standard Webhooks' (``receivers.wire.sign``) over

@@ -118,6 +118,7 @@ class TcpProxy:
         self.tls, self.upstream_port = tls, upstream_port
         self.port = 0
         self.connections = 0
+        self.open = 0  # the connections being forwarded now (closed by neither end)
         self.answering = asyncio.Event()  # set: the broker's bytes are forwarded
         self.answering.set()
         self.drop_at_publish = False
@@ -153,11 +154,15 @@ class TcpProxy:
             writer.transport.abort()
             return
         self._writers |= {writer, up_writer}
-        await asyncio.gather(self._requests(reader, up_writer), self._answers(up_reader, writer),
-                             return_exceptions=True)
-        for end in (writer, up_writer):
-            end.transport.abort()
-            self._writers.discard(end)
+        self.open += 1
+        try:
+            await asyncio.gather(self._requests(reader, up_writer), self._answers(up_reader, writer),
+                                 return_exceptions=True)
+        finally:
+            self.open -= 1
+            for end in (writer, up_writer):
+                end.transport.abort()
+                self._writers.discard(end)
 
     async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

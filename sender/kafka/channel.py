@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Sequence
-from datetime import datetime
 from typing import cast
 
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError
@@ -19,7 +18,7 @@ from outbox.clock import Clock, SystemClock
 from outbox.crash import crash_point
 
 from .. import credentials, envelope
-from ..channel import ProbeAnswer, Send, SendResult
+from ..channel import ProbeAnswer, Send, SendResult, by_destination, invalid_settings
 from .answers import Refused, answer, describe
 from .connections import GUARD
 from .producers import Producer, Producers
@@ -39,27 +38,14 @@ class KafkaChannel:
         """Hand every record to its destination's producer, then await the broker's answers to
         them all as one (one timer, not one per record): the producer packs them into its
         per-partition requests as it would concurrent sends."""
-        groups: dict[tuple[str, datetime], list[int]] = {}
-        for i, send in enumerate(sends):
-            groups.setdefault((send.destination.id, send.destination.updated_at), []).append(i)
-        if len(groups) == 1:
-            return await self._produce(sends[0].destination, sends)
-        produced = await asyncio.gather(*(self._produce(sends[places[0]].destination, [sends[i] for i in places])
-                                          for places in groups.values()))
-        results: list[SendResult | None] = [None] * len(sends)
-        for places, answers in zip(groups.values(), produced, strict=True):
-            for i, result in zip(places, answers, strict=True):
-                results[i] = result
-        return cast(list[SendResult], results)
+        return await by_destination(sends, self._produce)
 
     async def _produce(self, destination: Destination, sends: Sequence[Send]) -> list[SendResult]:
         """The results of one destination's records, each in its place."""
         try:
             entry = await self._producers.entry(destination)
         except ValidationError as exc:  # registered before today's rules: it can never be produced
-            return [SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="connect",
-                               error=f"refused: the destination's settings are not valid: {exc.errors()[0]['msg']}")
-                    ] * len(sends)
+            return [invalid_settings(exc)] * len(sends)
         guarding = GUARD.set(entry.guard)
         try:
             return await self._produced(entry, destination, sends)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Sequence
-from datetime import datetime
 from typing import cast
 
 from aiormq.exceptions import DeliveryError, PublishError
@@ -19,7 +18,7 @@ from outbox.clock import Clock, SystemClock
 from outbox.crash import crash_point
 
 from .. import credentials, envelope
-from ..channel import ProbeAnswer, Send, SendResult
+from ..channel import ProbeAnswer, Send, SendResult, by_destination, invalid_settings
 from .links import Link, Links, Refused, describe
 from .spec import SHORT, RabbitSpec
 
@@ -40,26 +39,22 @@ class RabbitChannel:
     async def send_many(self, sends: Sequence[Send]) -> list[SendResult]:
         """Publish every message on its destination's channel, then await the broker's confirms
         of them all as one wait (one timer, not one per message)."""
-        groups: dict[tuple[str, datetime], list[int]] = {}
-        for i, send in enumerate(sends):
-            groups.setdefault((send.destination.id, send.destination.updated_at), []).append(i)
-        published = await asyncio.gather(*(self._publish(sends[places[0]].destination, [sends[i] for i in places])
-                                           for places in groups.values()))
-        results: list[SendResult | None] = [None] * len(sends)
-        for places, answers in zip(groups.values(), published, strict=True):
-            for i, result in zip(places, answers, strict=True):
-                results[i] = result
-        return cast(list[SendResult], results)
+        return await by_destination(sends, self._publish)
 
     async def _publish(self, destination: Destination, sends: Sequence[Send]) -> list[SendResult]:
         """The results of one destination's messages, each in its place."""
         try:
             link = await self._links.link(destination)
-            channel = await self._links.opened(link, destination)
         except ValidationError as exc:  # registered before today's rules: it can never be published
-            return [SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="connect",
-                               error=f"refused: the destination's settings are not valid: {exc.errors()[0]['msg']}")
-                    ] * len(sends)
+            return [invalid_settings(exc)] * len(sends)
+        try:
+            return await self._published(link, destination, sends)
+        finally:
+            await self._links.release(link)
+
+    async def _published(self, link: Link, destination: Destination, sends: Sequence[Send]) -> list[SendResult]:
+        try:
+            channel = await self._links.opened(link, destination)
         except Refused as stop:
             return [stop.result()] * len(sends)
         spec = link.spec

@@ -77,6 +77,11 @@ class Link:
     opening: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: The destination's secrets as last seen, and the signing secrets among them (split once).
     signing: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    #: Sends holding it (from ``Links.link`` to ``Links.release``); a link retired (replaced) is
+    #: closed once the last one ends, so that closing it cuts no confirm short, and whatever
+    #: connection a send opened on it meanwhile is closed with it.
+    in_flight: int = 0
+    retired: bool = False
 
     @property
     def open(self) -> bool:
@@ -92,17 +97,27 @@ class Links:
         self._links: dict[str, Link] = {}
 
     async def link(self, destination: Destination) -> Link:
-        """The destination's link; a change of the destination (its ``updated_at``) replaces it,
-        closing the old connection. Raises pydantic's ValidationError for settings no longer valid."""
+        """The destination's link, held until ``release``; a change of the destination (its
+        ``updated_at``) replaces it, the old one closed once its sends are answered. Raises
+        pydantic's ValidationError for settings no longer valid."""
         link = self._links.get(destination.id)
         if link is None or link.version != destination.updated_at:
             spec = RabbitSpec.model_validate({**destination.settings, "channel": "rabbitmq",
                                               "allow_private_network": destination.allow_private_network})
             self._links[destination.id] = fresh = Link(spec, destination.updated_at)
             if link is not None:
-                await close(link)
+                link.retired = True
+                if not link.in_flight:
+                    await close(link)
             link = fresh
+        link.in_flight += 1
         return link
+
+    async def release(self, link: Link) -> None:
+        """A send held by ``link`` ended; the link closed if it was retired and this was its last."""
+        link.in_flight -= 1
+        if link.retired and not link.in_flight:
+            await close(link)
 
     async def opened(self, link: Link, destination: Destination) -> AbstractChannel:
         """The link's channel, (re)opened when it is not open. Raises Refused."""
@@ -177,8 +192,10 @@ class Links:
             await close(link)
 
     async def aclose(self) -> None:
+        """Close every link now (a send still under way closes its link again when it ends)."""
         links, self._links = list(self._links.values()), {}
         for link in links:
+            link.retired = True
             await close(link)
 
 

@@ -8,7 +8,6 @@ import asyncio
 import hashlib
 import ssl
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any, cast
 
 from pydantic import ValidationError
@@ -31,7 +30,7 @@ from outbox.clock import Clock, SystemClock
 from outbox.crash import crash_point
 
 from .. import envelope, guard
-from ..channel import REPLY_BYTES, ProbeAnswer, Send, SendResult
+from ..channel import REPLY_BYTES, ProbeAnswer, Send, SendResult, by_destination, invalid_settings
 from .connections import Client, Clients
 
 #: Adds one entry unless the dedupe key says an earlier attempt did, atomically on the server.
@@ -88,24 +87,20 @@ class RedisChannel:
 
     async def send_many(self, sends: Sequence[Send]) -> list[SendResult]:
         """Each destination's entries in one pipeline (one round trip), the destinations side by side."""
-        groups: dict[tuple[str, datetime], list[int]] = {}
-        for i, send in enumerate(sends):
-            groups.setdefault((send.destination.id, send.destination.updated_at), []).append(i)
-        added = await asyncio.gather(*(self._add(sends[places[0]].destination, [sends[i] for i in places])
-                                       for places in groups.values()))
-        results: list[SendResult | None] = [None] * len(sends)
-        for places, answers in zip(groups.values(), added, strict=True):
-            for i, result in zip(places, answers, strict=True):
-                results[i] = result
-        return cast(list[SendResult], results)
+        return await by_destination(sends, self._add)
 
     async def _add(self, destination: Destination, sends: Sequence[Send]) -> list[SendResult]:
         """The results of one destination's entries, each in its place."""
         try:
             client = await self._clients.client(destination)
         except ValidationError as exc:  # registered before today's rules: it can never be written
-            return [refused("connect", Outcome.REJECTED, "refused: the destination's settings are not valid: "
-                            f"{exc.errors()[0]['msg']}")] * len(sends)
+            return [invalid_settings(exc)] * len(sends)
+        try:
+            return await self._added(client, destination, sends)
+        finally:
+            await self._clients.release(client)
+
+    async def _added(self, client: Client, destination: Destination, sends: Sequence[Send]) -> list[SendResult]:
         spec = client.spec
         if client.password is not None and not spec.tls and not spec.allow_insecure:
             return [refused("connect", Outcome.REJECTED, "refused: the destination holds a password and has no tls; "

@@ -59,6 +59,11 @@ class Client:
     signing: tuple[str, ...] = field(repr=False)
     password: str | None = field(repr=False)
     pool: ConnectionPool = field(repr=False)
+    #: Sends holding it (from ``Clients.client`` to ``Clients.release``); a client retired
+    #: (replaced) has its pool closed once the last one ends, so that closing it cuts no pipeline
+    #: short, and whatever connection a send opened on it meanwhile is closed with it.
+    in_flight: int = 0
+    retired: bool = False
 
 
 class Clients:
@@ -69,11 +74,12 @@ class Clients:
         self._clients: dict[str, Client] = {}
 
     async def client(self, destination: Destination) -> Client:
-        """The destination's client; a change of the destination (its ``updated_at``, or its
-        secrets) replaces it, closing the old pool's connections. Raises ValidationError for
-        settings stored before today's rules."""
+        """The destination's client, held until ``release``; a change of the destination (its
+        ``updated_at``, or its secrets) replaces it, the old pool closed once its sends are
+        answered. Raises ValidationError for settings stored before today's rules."""
         client = self._clients.get(destination.id)
         if client is not None and client.version == destination.updated_at and client.secrets == destination.secrets:
+            client.in_flight += 1
             return client
         spec = RedisSpec.model_validate({**destination.settings, "channel": "redis",
                                          "allow_private_network": destination.allow_private_network})
@@ -87,9 +93,18 @@ class Clients:
             allow_private=destination.allow_private_network)
         self._clients[destination.id] = fresh = Client(spec, destination.updated_at, destination.secrets, signing,
                                                        password, pool)
+        fresh.in_flight += 1
         if client is not None:
-            await client.pool.aclose()
+            client.retired = True
+            if not client.in_flight:
+                await client.pool.aclose()
         return fresh
+
+    async def release(self, client: Client) -> None:
+        """A send held by ``client`` ended; its pool closed if it was retired and this was its last."""
+        client.in_flight -= 1
+        if client.retired and not client.in_flight:
+            await client.pool.aclose()
 
     def _context(self) -> ssl.SSLContext:
         if self._tls is None:
@@ -97,6 +112,8 @@ class Clients:
         return self._tls
 
     async def aclose(self) -> None:
+        """Close every pool now (a send still under way closes its pool again when it ends)."""
         clients, self._clients = list(self._clients.values()), {}
         for client in clients:
+            client.retired = True
             await client.pool.aclose()

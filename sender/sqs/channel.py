@@ -21,7 +21,7 @@ from outbox.clock import Clock, SystemClock
 from outbox.crash import crash_point
 
 from .. import credentials, envelope
-from ..channel import ProbeAnswer, Send, SendResult
+from ..channel import ProbeAnswer, Send, SendResult, by_destination, invalid_settings
 from ..webhook import GuardedResolver, guarded_socket
 from .answers import entry_failed, refused
 from .spec import MAX_MESSAGE, SqsSpec, key
@@ -66,43 +66,41 @@ class SqsChannel:
     async def send_many(self, sends: Sequence[Send]) -> list[SendResult]:
         """Every destination's messages in SendMessageBatch requests of at most ``BATCH`` messages and
         ``MAX_MESSAGE`` bytes, in the order given, all sent at once."""
-        groups: dict[tuple[str, datetime], list[int]] = {}
-        for i, send in enumerate(sends):
-            groups.setdefault((send.destination.id, send.destination.updated_at), []).append(i)
+        return await by_destination(sends, self._send_to)
+
+    async def _send_to(self, destination: Destination, sends: Sequence[Send]) -> list[SendResult]:
+        """One destination's messages in its requests, sent at once, each result in its place."""
+        try:
+            client = await self._client(destination)
+        except ValidationError as exc:
+            return [invalid_settings(exc)] * len(sends)
+        except Refused as exc:
+            return [SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="connect", error=exc.error)
+                    ] * len(sends)
+        timestamp = int(self._clock.now().timestamp())
         results: list[SendResult | None] = [None] * len(sends)
-        requests = []
-        for places in groups.values():
-            destination = sends[places[0]].destination
-            try:
-                client = await self._client(destination)
-            except (ValidationError, Refused) as exc:
-                error = exc.error if isinstance(exc, Refused) else \
-                    f"refused: the destination's settings are not valid: {exc.errors()[0]['msg']}"
-                for i in places:
-                    results[i] = SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="connect", error=error)
+        requests: list[list[tuple[int, dict[str, Any]]]] = []
+        batch: list[tuple[int, dict[str, Any]]] = []
+        size = 0
+        for i, send in enumerate(sends):
+            made = message(send, client, timestamp)
+            if isinstance(made, str):
+                results[i] = SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="send", error=made)
                 continue
-            timestamp = int(self._clock.now().timestamp())
-            batch: list[tuple[int, dict[str, Any]]] = []
-            size = 0
-            for i in places:
-                made = message(sends[i], client, timestamp)
-                if isinstance(made, str):
-                    results[i] = SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="send", error=made)
-                    continue
-                entry, length = made
-                if len(batch) == BATCH or size + length > MAX_MESSAGE:
-                    requests.append((client, destination, batch))
-                    batch, size = [], 0
-                batch.append((i, entry))
-                size += length
-            if batch:
-                requests.append((client, destination, batch))
+            entry, length = made
+            if len(batch) == BATCH or size + length > MAX_MESSAGE:
+                requests.append(batch)
+                batch, size = [], 0
+            batch.append((i, entry))
+            size += length
+        if batch:
+            requests.append(batch)
         if requests:
             # From here a request carrying the messages may leave: only SQS can say one did not.
             crash_point("after_request")
-            answered = await asyncio.gather(*(self._batch(*request) for request in requests))
-            for (_, _, batch), answers in zip(requests, answered, strict=True):
-                for (i, _), result in zip(batch, answers, strict=True):
+            answered = await asyncio.gather(*(self._batch(client, destination, request) for request in requests))
+            for request, answers in zip(requests, answered, strict=True):
+                for (i, _), result in zip(request, answers, strict=True):
                     results[i] = result
         return cast(list[SendResult], results)
 

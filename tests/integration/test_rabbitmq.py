@@ -3,6 +3,7 @@ its own, deleted after): each outcome recorded as what it is, held against what 
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import AsyncIterator
 from typing import Any
@@ -349,3 +350,39 @@ async def test_probe_says_the_broker_cannot_be_asked(channel, env: SenderEnv, ra
     await env.enqueue("asked", destination="bus")
     answer = await channel.probe(await env.box.get("asked"), destination, fence=1)
     assert answer.state is None and "cannot be asked" in (answer.error or "")
+
+
+@pytest.mark.parametrize("held", ["confirm", "connect"])
+async def test_a_destination_updated_mid_send_neither_cuts_that_send_nor_leaks_its_connection(
+        env: SenderEnv, rabbit: Rabbit, held: str):
+    """The destination changes while a send waits on the broker (its confirm, or its connection's
+    handshake, held back by the proxy): the old link is closed only once that send is answered,
+    so the send is delivered, not made unknown; after aclose no connection is left at the proxy."""
+    await rabbit.bind(KEY)
+    async with TcpProxy() as proxy:
+        url = f"amqp://guest@127.0.0.1:{proxy.port}/"
+        first, _ = await register(env, rabbit, url=url, timeout_seconds=10.0)
+        channel = RabbitChannel()
+        if held == "confirm":
+            warm = await channel.send(await env.enqueue("warm", destination="bus"), first, attempt_id="w", fence=1)
+            assert warm.outcome is Outcome.DELIVERED, warm.error
+        proxy.answering.clear()
+        sending = asyncio.ensure_future(channel.send(await env.enqueue("a", destination="bus"), first,
+                                                     attempt_id="a", fence=1))
+        await asyncio.sleep(0.3)  # (its publish, or its connection's first frames, forwarded: the answer held)
+        env.clock.advance(1)
+        updated, _ = await register(env, rabbit, url=url, timeout_seconds=9.0)
+        assert updated.updated_at != first.updated_at
+        after = asyncio.ensure_future(channel.send(await env.enqueue("b", destination="bus"), updated,
+                                                   attempt_id="b", fence=1))
+        # Held past the 5 s an old connection's close is given (``links.shut``): a link closed
+        # at the update, not once idle, would be torn down with the send's confirm still held.
+        await asyncio.sleep(5.5 if held == "confirm" else 0.3)
+        proxy.answering.set()
+        a, b = await asyncio.gather(sending, after)
+        assert (a.submission, a.outcome) == (Submission.SUBMITTED, Outcome.DELIVERED), a.error
+        assert (b.submission, b.outcome) == (Submission.SUBMITTED, Outcome.DELIVERED), b.error
+        assert sorted(m.message_id for m in await rabbit.messages()) == sorted(
+            ["acme/a", "acme/b"] + (["acme/warm"] if held == "confirm" else []))
+        await channel.aclose()
+        assert await eventually(lambda: proxy.open == 0), f"{proxy.open} connections left open"

@@ -431,3 +431,79 @@ async def test_a_script_refused_by_the_acl_part_way_has_written_nothing(
             assert not await client.exists("orders", dedupe_key("orders", f"acme/acl-{n}")), user
     finally:
         await client.aclose()
+
+
+@pytest.mark.parametrize("held", ["reply", "connect"])
+async def test_a_destination_updated_mid_send_neither_cuts_that_send_nor_leaks_its_connection(
+        env: SenderEnv, private_redis: RedisServer, held: str):
+    """The destination changes while a send waits on the server (stopped: the send's pipeline, or
+    its connection's handshake, unanswered): the old pool is closed only once that send is
+    answered, so the send is delivered, not made unknown; after aclose the server holds no
+    connection of the channel's."""
+    server = private_redis
+    assert server.process is not None
+    first = await register(env, "orders", port=server.port, timeout_seconds=10.0)
+    channel = RedisChannel()
+    if held == "reply":
+        warm = await send(channel, await env.enqueue("warm", destination="log"), first)
+        assert facts(warm)[2] is Outcome.DELIVERED, warm.error
+    a_intent, b_intent = await env.enqueue("a", destination="log"), await env.enqueue("b", destination="log")
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        sending = asyncio.ensure_future(send(channel, a_intent, first))
+        await asyncio.sleep(0.3)  # (its pipeline, or its connection's first command, written: unanswered)
+        env.clock.advance(1)
+        updated = await register(env, "orders", port=server.port, timeout_seconds=9.0)
+        assert updated.updated_at != first.updated_at
+        after = asyncio.ensure_future(send(channel, b_intent, updated))
+        await asyncio.sleep(0.3)
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+    a, b = await asyncio.gather(sending, after)
+    assert facts(a) == ("done", Submission.SUBMITTED, Outcome.DELIVERED), a.error
+    assert facts(b) == ("done", Submission.SUBMITTED, Outcome.DELIVERED), b.error
+    await channel.aclose()
+    client = server.client()
+    try:
+        assert await _length(client, "orders", 3 if held == "reply" else 2)
+
+        async def alone() -> bool:
+            return len(await client.client_list()) == 1  # (this client's own connection)
+        assert await eventually(alone), await client.client_list()
+    finally:
+        await client.aclose()
+
+
+class BrokenFor(RedisChannel):
+    """The Redis channel with a fault of its own in one destination's group (as a bug would raise)."""
+
+    def __init__(self, broken: str) -> None:
+        super().__init__()
+        self.broken = broken
+
+    async def _added(self, client: Any, destination: Destination, sends: Any) -> list[SendResult]:
+        if destination.id == self.broken:
+            raise RuntimeError("a fault of the channel's own")
+        return await super()._added(client, destination, sends)
+
+
+async def test_one_destinations_fault_leaves_the_other_destinations_results_in_a_batch(env: SenderEnv,
+                                                                                       shared_redis):
+    """A batch for two destinations, one of whose groups raises: that group's sends are unknown
+    (they may have gone out), the other's are delivered with their entries' ids."""
+    client, names = shared_redis
+    good, bad = names.stream("good"), names.stream("bad")
+    to_good, to_bad = await register(env, good, "good"), await register(env, bad, "bad")
+    sends = [Send(await env.enqueue(f"n-{n}", destination=destination.id), destination, f"attempt-{n}", 1)
+             for n, destination in enumerate([to_good, to_bad, to_good, to_bad])]
+    channel = BrokenFor("bad")
+    try:
+        results = await channel.send_many(sends)
+    finally:
+        await channel.aclose()
+    added = [entry for entry, _ in await entries(client, good)]
+    assert [(r.submission, r.outcome, r.external_id) for r in results] == [
+        (Submission.SUBMITTED, Outcome.DELIVERED, added[0]), (Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, None),
+        (Submission.SUBMITTED, Outcome.DELIVERED, added[1]), (Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN, None)]
+    assert "RuntimeError: a fault of the channel's own" in (results[1].error or "")
+    assert len(added) == 2 and await client.xlen(bad) == 0
