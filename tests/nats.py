@@ -10,7 +10,9 @@ one (the shared server is never stopped).
     server.start()                            # the same port and store directory
 
 ``InfoProxy`` stands in front of a server as a hostile one would: it forwards every byte, except
-that the server's INFO advertises another address as a server of its cluster (``connect_urls``).
+that the server's INFO advertises another address as a server of its cluster (``connect_urls``)
+and, given ``strip_tls``, no longer says the server requires TLS (as an attacker on the path would);
+it keeps what the client sent (``sent``), and can hold the server's bytes back (``pause()``).
 
 A server that does not answer FAILS the test under ``CI=true`` and skips it elsewhere.
 """
@@ -147,10 +149,14 @@ class InfoProxy:
     server's INFO lines to advertise ``advertised`` (host:port) as a server of its cluster, and
     can drop every connection (``drop()``)."""
 
-    def __init__(self, target: tuple[str, int], host: str, advertised: str) -> None:
-        self.target, self.host, self.advertised = target, host, advertised
+    def __init__(self, target: tuple[str, int], host: str, advertised: str, *, strip_tls: bool = False) -> None:
+        self.target, self.host, self.advertised, self.strip_tls = target, host, advertised, strip_tls
         self.rewritten = 0
         self.connections = 0
+        self.closed = 0  # the connections the client closed
+        self.sent = bytearray()  # every byte the clients sent
+        self._flowing = asyncio.Event()
+        self._flowing.set()
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
 
@@ -171,6 +177,18 @@ class InfoProxy:
         with contextlib.suppress(Exception):
             await self._server.wait_closed()
 
+    @property
+    def open(self) -> int:
+        """The connections the client has not closed."""
+        return self.connections - self.closed
+
+    def pause(self) -> None:
+        """Hold back the server's bytes (a new connection waits for its INFO) until ``resume()``."""
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        self._flowing.set()
+
     def drop(self) -> None:
         """Close every connection the proxy carries (as a server gone)."""
         for writer in list(self._writers):
@@ -181,20 +199,32 @@ class InfoProxy:
         up_reader, up_writer = await asyncio.open_connection(*self.target)
         self._writers |= {writer, up_writer}
 
-        async def down() -> None:  # the server's lines, INFO rewritten
+        async def down() -> None:  # the server's lines, INFO rewritten (after a TLS upgrade, its bytes as they come)
             while line := await up_reader.readline():
+                await self._flowing.wait()
                 if line.startswith(b"INFO "):
                     info = json.loads(line[5:])
                     info["connect_urls"] = [self.advertised]
+                    tls = info.get("tls_required", False)
+                    if self.strip_tls:
+                        info.pop("tls_required", None)
                     line = b"INFO " + json.dumps(info).encode() + b"\r\n"
                     self.rewritten += 1
+                    if tls:
+                        writer.write(line)
+                        while data := await up_reader.read(65536):
+                            writer.write(data)
+                            await writer.drain()
+                        return
                 writer.write(line)
                 await writer.drain()
 
         async def up() -> None:
             while data := await reader.read(65536):
+                self.sent += data
                 up_writer.write(data)
                 await up_writer.drain()
+            self.closed += 1
 
         with contextlib.suppress(Exception):
             await asyncio.gather(down(), up())

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import cast
 
 import nats.errors
+from nats.aio.client import Client
 from nats.js.api import PubAck
 from pydantic import ValidationError
 
@@ -20,8 +21,8 @@ from outbox.crash import crash_point
 
 from .. import credentials, envelope
 from ..channel import ProbeAnswer, Send, SendResult
-from .acks import answer, describe
-from .connections import Connections, Refused
+from .acks import Acks, answer, describe
+from .connections import Connection, Connections, Refused
 
 #: The header JetStream's duplicate window keys on, and the one naming the stream that must store it.
 MSG_ID, EXPECTED_STREAM = "Nats-Msg-Id", "Nats-Expected-Stream"
@@ -54,14 +55,18 @@ class NatsChannel:
     async def _publish(self, destination: Destination, sends: Sequence[Send]) -> list[SendResult]:
         """The results of one destination's messages, each in its place."""
         try:
-            entry = await self._connections.entry(destination)
-            client, acks = await self._connections.opened(entry, destination)
+            async with self._connections.held(destination) as entry:
+                client, acks = await self._connections.opened(entry, destination)
+                return await self._publish_on(entry, client, acks, destination, sends)
         except ValidationError as exc:  # registered before today's rules: it can never be published
             return [SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="connect",
                                error=f"refused: the destination's settings are not valid: {exc.errors()[0]['msg']}")
                     ] * len(sends)
         except Refused as stop:
             return [SendResult(Submission.NOT_SUBMITTED, stop.outcome, stage="connect", error=stop.error)] * len(sends)
+
+    async def _publish_on(self, entry: Connection, client: Client, acks: Acks, destination: Destination,
+                          sends: Sequence[Send]) -> list[SendResult]:
         if entry.signing[0] != destination.secrets:
             entry.signing = (destination.secrets, credentials.split(destination.secrets)[0])
         signing = entry.signing[1]
@@ -69,7 +74,16 @@ class NatsChannel:
         timestamp = int(self._clock.now().timestamp())
         results: list[SendResult | None] = [None] * len(sends)
         futures: dict[int, asyncio.Future[PubAck]] = {}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + destination.timeout_seconds
         for i, send in enumerate(sends):
+            # publishing is held to the timeout too: on a stalled server each publish past 2 MiB unflushed
+            # waits flush_timeout, and the rest of a large batch would wait one each
+            if loop.time() > deadline:
+                results[i] = SendResult(Submission.NOT_SUBMITTED, Outcome.RETRYABLE, stage="publish",
+                                        error="not published: the connection took no more within the destination's "
+                                              "timeout")
+                continue
             body, headers = message(send, signing, timestamp, spec.expected_stream)
             reply, future = acks.expect()
             try:

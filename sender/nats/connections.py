@@ -10,14 +10,22 @@ cluster (``connect_urls``), any address a hostile server likes: nats-py adds the
 only for reconnecting, and reconnecting is off, so no discovered server is ever connected to. A
 connection that closes is replaced by the next send, which connects to the destination's own
 servers again.
+
+A destination's change (its ``updated_at``) replaces its connection, but the replaced one is closed
+only once the sends holding it (counted from when they take it, before it is opened) are answered:
+closing it under them would turn their PubAcks into unknowns, and a connection one of them was still
+opening would otherwise outlive its entry.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import nats
 import nats.errors
@@ -47,8 +55,21 @@ class Connection:
     client: Client | None = None
     acks: Acks | None = None  # its acknowledgements' inbox, subscribed once connected
     opening: asyncio.Lock = field(default_factory=asyncio.Lock)
+    in_flight: int = 0  # the sends holding it
+    retired: bool = False  # replaced (or the channel closed): closed when no send holds it
     #: The destination's secrets as last seen, and the signing secrets among them (split once).
-    signing: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    signing: tuple[tuple[str, ...], tuple[str, ...]] = field(default=((), ()), repr=False)
+
+
+class TlsClient(Client):
+    """A client that upgrades to TLS whatever the server's INFO says: nats-py upgrades only when the
+    INFO asks (``tls_required``), which a server that allows plaintext, or anyone on the path, leaves
+    out, and the CONNECT (with the password or token) would then go in the clear. A server that does
+    not speak TLS fails the handshake, before anything is written."""
+
+    async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
+        info["tls_required"] = self._server_info["tls_required"] = True
+        await super()._process_info(info, initial_connection)
 
 
 class Connections:
@@ -58,18 +79,32 @@ class Connections:
         self._tls = tls_context  # None until first needed: the system's trusted CAs, verified
         self._entries: dict[str, Connection] = {}
 
-    async def entry(self, destination: Destination) -> Connection:
-        """The destination's entry; a change of the destination (its ``updated_at``) replaces it,
-        closing the old connection. Raises ValidationError for settings today's rules refuse."""
-        entry = self._entries.get(destination.id)
+    @contextlib.asynccontextmanager
+    async def held(self, destination: Destination) -> AsyncIterator[Connection]:
+        """The destination's entry, held by one send for the block; a change of the destination (its
+        ``updated_at``) replaces it, and the replaced one's connection is closed once no send holds
+        it. Raises ValidationError for settings today's rules refuse."""
+        entry, replaced = self._entries.get(destination.id), None
         if entry is None or entry.version != destination.updated_at:
             spec = NatsSpec.model_validate({**destination.settings, "channel": "nats",
                                             "allow_private_network": destination.allow_private_network})
-            self._entries[destination.id] = fresh = Connection(spec, destination.updated_at)
-            if entry is not None:
+            replaced, entry = entry, Connection(spec, destination.updated_at)
+            self._entries[destination.id] = entry
+        entry.in_flight += 1
+        try:
+            if replaced is not None:
+                await self._retire(replaced)
+            yield entry
+        finally:
+            entry.in_flight -= 1
+            if entry.retired and entry.in_flight == 0:
                 await self.discard(entry)
-            entry = fresh
-        return entry
+
+    async def _retire(self, entry: Connection) -> None:
+        """No new send takes the entry; its connection is closed now if no send holds it, else by the last."""
+        entry.retired = True
+        if entry.in_flight == 0:
+            await self.discard(entry)
 
     async def opened(self, entry: Connection, destination: Destination) -> tuple[Client, Acks]:
         """The entry's connection and its acknowledgements, connected now if it is not (or closed).
@@ -118,7 +153,7 @@ class Connections:
                        secret: str | None, acks: Acks) -> Client:
         """A connection to ``address`` (checked by the guard), verifying TLS against ``host``, that
         tells ``acks`` when it closes. Raises Refused when the server refuses the credentials."""
-        client = Client()
+        client = TlsClient() if spec.tls else Client()
         where = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
         timeout = destination.timeout_seconds
 
@@ -129,6 +164,7 @@ class Connections:
             await asyncio.wait_for(client.connect(
                 servers=[f"nats://{where}"], name="outbox", allow_reconnect=False, max_reconnect_attempts=1,
                 reconnect_time_wait=0, connect_timeout=timeout,  # type: ignore[arg-type]  # (seconds, as a float)
+                flush_timeout=timeout,  # (a forced flush, its buffer over 2 MiB, waits no longer on a stalled server)
                 tls=self._context() if spec.tls else None, tls_hostname=host if spec.tls else None,
                 user=spec.username if spec.auth == "password" else None,
                 password=secret if spec.auth == "password" else None,
@@ -161,7 +197,7 @@ class Connections:
     async def aclose(self) -> None:
         entries, self._entries = list(self._entries.values()), {}
         for entry in entries:
-            await self.discard(entry)
+            await self._retire(entry)
 
 
 async def close(client: Client) -> None:

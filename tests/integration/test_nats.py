@@ -352,3 +352,140 @@ async def test_a_server_silent_after_the_publish_is_maybe_submitted_and_its_conn
     assert again.outcome is Outcome.DELIVERED and "duplicate" in (again.reply or ""), again
     assert proxy.connections == 2
     assert [m.headers[wire.KAFKA_ATTEMPT_ID] for m in held] == ["a", "b"]
+
+
+async def test_tls_is_used_even_when_the_servers_info_does_not_ask_for_it(env: SenderEnv, tmp_path: Path):
+    """An attacker on the path strips ``tls_required`` from the server's INFO: the client upgrades to
+    TLS all the same, so neither the CONNECT nor the password crosses in the clear."""
+    server = tls_server(tmp_path, "localhost")
+    channel = NatsChannel(tls_context=trusting())
+    try:
+        admin = await nats.connect(f"tls://localhost:{server.port}", tls=trusting(), user="svc",
+                                   password="hunter2-pw", allow_reconnect=False)
+        await admin.jetstream().add_stream(name="orders", subjects=["orders.x"])
+        await admin.close()
+        async with InfoProxy(("127.0.0.1", server.port), "127.0.0.1", server.address, strip_tls=True) as proxy:
+            destination, _ = await register(env, [f"localhost:{proxy.port}"], "orders.x", tls=True, auth="password",
+                                            username="svc", password="hunter2-pw")
+            result = await channel.send(await env.enqueue("stripped", destination="log"), destination,
+                                        attempt_id="a", fence=1)
+    finally:
+        await channel.aclose()
+        server.stop()
+    assert proxy.rewritten >= 1 and proxy.sent
+    assert b"hunter2-pw" not in proxy.sent and b"CONNECT" not in proxy.sent
+    assert result.outcome is Outcome.DELIVERED, result.error
+
+
+async def test_tls_to_a_server_without_it_is_not_submitted(env: SenderEnv, tmp_path: Path):
+    server = NatsServer(tmp_path).start()
+    channel = NatsChannel(tls_context=trusting())
+    try:
+        async with Stream.made(server.url) as stream:
+            destination, _ = await register(env, [f"localhost:{server.port}"], stream.subject, tls=True)
+            result = await channel.send(await env.enqueue("plain", destination="log"), destination,
+                                        attempt_id="a", fence=1)
+            held = await stream.messages()
+    finally:
+        await channel.aclose()
+        server.stop()
+    assert (result.stage, result.submission, result.outcome) == (
+        "connect", Submission.NOT_SUBMITTED, Outcome.RETRYABLE), result
+    assert held == []
+
+
+async def test_a_large_batch_to_a_stalled_server_settles_within_its_timeout(env: SenderEnv, tmp_path: Path):
+    """SIGSTOP once connected, then a batch far larger than the sockets' buffers: nats-py's forced
+    flush (over 2 MiB unflushed) would wait on the stalled server for as long as it stays stopped.
+    The batch settles while the server is still stopped: what was handed to the connection
+    ``maybe_submitted``, the rest ``not_submitted``; once the server resumes, the stream holds none of
+    the ``not_submitted`` ones."""
+    from sender.channel import Send
+
+    server = NatsServer(tmp_path).start()
+    channel = NatsChannel()
+    try:
+        async with Stream.made(server.url) as stream:
+            destination, _ = await register(env, [server.address], stream.subject, timeout_seconds=1.0)
+            first = await channel.send(await env.enqueue("first", destination="log"), destination, attempt_id="f",
+                                       fence=1)
+            assert first.outcome is Outcome.DELIVERED, first.error
+            sends = [Send(await env.enqueue(f"big-{n}", {"note": f"{n}" + "x" * 900_000}, destination="log"),
+                          destination, f"at-{n}", 1) for n in range(40)]
+            assert server.process is not None
+            os.kill(server.process.pid, signal.SIGSTOP)
+            try:
+                batch = asyncio.create_task(channel.send_many(sends))
+                await asyncio.wait({batch}, timeout=30)
+                settled = batch.done()
+            finally:
+                os.kill(server.process.pid, signal.SIGCONT)
+            results = await batch
+            await asyncio.sleep(1)  # (time for the server to read what the kernel held for it)
+            stored = {m.headers[wire.KAFKA_ATTEMPT_ID] for m in await stream.messages()}
+    finally:
+        await channel.aclose()
+        server.stop()
+    assert settled, "the batch waited on the stopped server"
+    facts_of = {(r.submission, r.outcome) for r in results}
+    assert facts_of <= {(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN), (Submission.NOT_SUBMITTED, Outcome.RETRYABLE)}
+    assert results[0].submission is Submission.MAYBE_SUBMITTED and results[-1].submission is Submission.NOT_SUBMITTED
+    unsent = {send.attempt_id for send, result in zip(sends, results, strict=True)
+              if result.submission is Submission.NOT_SUBMITTED}
+    assert not stored & unsent
+
+
+async def test_a_replaced_connection_is_closed_once_its_sends_are_answered(env: SenderEnv, channel, stream: Stream):
+    """A send awaits its PubAck (held back by the proxy) when the destination changes: the next send
+    opens a new connection, and the old one stays until the PubAck has come, then closes."""
+    async with InfoProxy(("127.0.0.1", 4222), "127.0.0.1", "127.0.0.1:4222") as proxy:
+        old, _ = await register(env, [f"127.0.0.1:{proxy.port}"], stream.subject, timeout_seconds=10.0)
+        assert (await channel.send(await env.enqueue("one", destination="log"), old, attempt_id="a",
+                                   fence=1)).outcome is Outcome.DELIVERED
+        proxy.pause()
+        waiting = asyncio.create_task(channel.send(await env.enqueue("two", destination="log"), old, attempt_id="b",
+                                                   fence=1))
+        assert await eventually(lambda: holds(stream, 2), timeout=10)  # stored; its PubAck held back
+        env.clock.advance(1)
+        new, _ = await register(env, ["127.0.0.1:4222"], stream.subject)
+        changed = await channel.send(await env.enqueue("three", destination="log"), new, attempt_id="c", fence=1)
+        still_open = proxy.open
+        proxy.resume()
+        answered = await waiting
+        assert await eventually(lambda: proxy.open == 0, timeout=10)
+    assert changed.outcome is Outcome.DELIVERED, changed.error
+    assert still_open == 1
+    assert (answered.outcome, answered.external_id) == (Outcome.DELIVERED, f"{stream.name}/2"), answered.error
+
+
+async def test_a_connection_opened_while_its_destination_changes_is_closed_not_leaked(
+        env: SenderEnv, channel, stream: Stream):
+    """A send is still connecting (the server's INFO held back) when the destination changes and a
+    send of the new version goes ahead: the old version's connection, once open and used, is closed,
+    not left open on an entry no longer kept."""
+    async with InfoProxy(("127.0.0.1", 4222), "127.0.0.1", "127.0.0.1:4222") as proxy:
+        old, _ = await register(env, [f"127.0.0.1:{proxy.port}"], stream.subject, timeout_seconds=10.0)
+        proxy.pause()
+        connecting = asyncio.create_task(channel.send(await env.enqueue("one", destination="log"), old,
+                                                      attempt_id="a", fence=1))
+        assert await eventually(lambda: proxy.connections == 1, timeout=10)
+        env.clock.advance(1)
+        new, _ = await register(env, ["127.0.0.1:4222"], stream.subject)
+        changed = await channel.send(await env.enqueue("two", destination="log"), new, attempt_id="b", fence=1)
+        proxy.resume()
+        first = await connecting
+        assert await eventually(lambda: proxy.open == 0, timeout=10)
+    assert (first.outcome, changed.outcome) == (Outcome.DELIVERED, Outcome.DELIVERED), (first.error, changed.error)
+
+
+async def holds(stream: Stream, n: int) -> bool:
+    return len(await stream.messages()) == n
+
+
+def test_a_connections_repr_shows_none_of_the_destinations_secrets():
+    from sender.nats.connections import Connection
+
+    spec = NatsSpec.model_validate({"channel": "nats", "servers": ["nats.example.com:4222"], "subject": "orders",
+                                    "tls": True, "auth": "password", "username": "svc"})
+    entry = Connection(spec, datetime(2030, 1, 1, tzinfo=UTC), signing=((SECRET, "hunter2-pw"), (SECRET,)))
+    assert "hunter2" not in repr(entry) and SECRET not in repr(entry)
