@@ -76,7 +76,7 @@ class Link:
     channel: AbstractChannel | None = None
     opening: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: The destination's secrets as last seen, and the signing secrets among them (split once).
-    signing: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    signing: tuple[tuple[str, ...], tuple[str, ...]] = field(default=((), ()), repr=False)
 
     @property
     def open(self) -> bool:
