@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any, cast
 
 from aiobotocore.config import AioConfig
+from aiobotocore.httpsession import AIOHTTPSession
 from aiobotocore.session import get_session
 from pydantic import ValidationError
 
@@ -47,6 +48,26 @@ class Client:
     in_flight: int = 0
     retired: bool = False
     closed: bool = False
+
+
+class Unredirected(AIOHTTPSession):
+    """aiobotocore's HTTP session, its requests sent with ``allow_redirects=False``: aiohttp would
+    follow a 3xx (re-sending the signed request, its security token, to wherever it points, https
+    to http too) and take that server's answer for the endpoint's. A 3xx is the endpoint's answer:
+    an error, ``submitted`` and rejected (as a webhook's)."""
+
+    async def _get_session(self, proxy_url: str | None) -> Any:
+        return _NoRedirects(await super()._get_session(proxy_url))
+
+
+class _NoRedirects:
+    """An aiohttp session whose requests follow no redirect (the one method aiobotocore calls)."""
+
+    def __init__(self, session: Any) -> None:
+        self._session = session
+
+    def request(self, *args: Any, **kwargs: Any) -> Any:
+        return self._session.request(*args, allow_redirects=False, **kwargs)
 
 
 class SqsChannel:
@@ -155,7 +176,8 @@ class SqsChannel:
                 retries={"total_max_attempts": 1, "mode": "standard"},  # one request per attempt: see the package
                 connect_timeout=destination.timeout_seconds, read_timeout=destination.timeout_seconds,
                 max_pool_connections=self._concurrency, connector_args=guarded,
-                proxies={})  # not HTTP(S)_PROXY: a proxy would connect to the endpoint past the guard
+                proxies={},  # not HTTP(S)_PROXY: a proxy would connect to the endpoint past the guard
+                http_session_cls=Unredirected)
             made = await self._session.create_client(
                 "sqs", region_name=spec.region, endpoint_url=spec.endpoint, aws_access_key_id=spec.access_key_id,
                 aws_secret_access_key=held[0], aws_session_token=held[1], config=config,

@@ -376,3 +376,32 @@ async def test_an_attempts_trace_travels_as_attributes_and_the_console_names_the
     found = attributes(message)
     assert found["traceparent"] == "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     assert "tracestate" not in found  # (empty: left out, as SQS refuses an empty attribute)
+
+
+async def test_a_redirect_is_the_endpoints_answer_and_is_not_followed(env: SenderEnv, channel: SqsChannel):
+    """An endpoint answering 307 to another server: following it would re-send the signed request
+    there and take that server's answer for SQS's. The 3xx is the answer (submitted, rejected) and
+    the server it points to counts no connection."""
+    async with Listener() as target:
+        async def redirect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 307 Temporary Redirect\r\nLocation: http://127.0.0.1:%d/%s/q\r\n"
+                         b"Content-Length: 0\r\n\r\n" % (target.port, ACCOUNT.encode()))
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(redirect, "127.0.0.1", 0)
+        endpoint = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        try:
+            await env.box.put_destination("q", SqsSpec.model_validate({
+                "channel": "sqs", "region": REGION, "queue_url": f"{endpoint}/{ACCOUNT}/q", "endpoint_url": endpoint,
+                "allow_insecure": True, "allow_private_network": True, "access_key_id": ACCESS_KEY_ID,
+                "secret_access_key": SECRET_ACCESS_KEY, "secret": SECRET, "timeout_seconds": 2.0}))
+            await env.enqueue("redirected", destination="q")
+            intent, attempt = await run_until(env, channel, "redirected")
+        finally:
+            server.close()
+    assert target.connections == 0
+    assert facts(attempt) == ("send", Submission.SUBMITTED, Outcome.REJECTED), attempt.error
+    assert attempt.status_code == 307 and not attempt.external_id and intent.status is Status.DEAD
+
