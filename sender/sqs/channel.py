@@ -112,12 +112,12 @@ class SqsChannel:
                     continue
                 entry, length = made
                 if len(batch) == BATCH or size + length > MAX_MESSAGE:
-                    requests.append((client, destination, batch))
+                    requests.append(self._hold(client, destination, batch))
                     batch, size = [], 0
                 batch.append((i, entry))
                 size += length
             if batch:
-                requests.append((client, destination, batch))
+                requests.append(self._hold(client, destination, batch))
         if requests:
             # From here a request carrying the messages may leave: only SQS can say one did not.
             crash_point("after_request")
@@ -127,11 +127,19 @@ class SqsChannel:
                     results[i] = result
         return cast(list[SendResult], results)
 
+    @staticmethod
+    def _hold(client: Client, destination: Destination, batch: list[tuple[int, dict[str, Any]]]
+              ) -> tuple[Client, Destination, list[tuple[int, dict[str, Any]]]]:
+        """A request to be sent on ``client``, counted under way from now (released by ``_batch``): the
+        client is fetched before the awaits that make the other destinations' clients, in which
+        another send's failure may retire it; counted, it is not closed before this request is sent."""
+        client.in_flight += 1
+        return client, destination, batch
+
     async def _batch(self, client: Client, destination: Destination,
                      batch: list[tuple[int, dict[str, Any]]]) -> list[SendResult]:
-        """One SendMessageBatch, and what it came to for each of its messages."""
+        """One SendMessageBatch (counted under way by ``_hold``), and what it came to for each of its messages."""
         entries = [{**entry, "Id": str(n)} for n, (_, entry) in enumerate(batch)]
-        client.in_flight += 1
         try:
             async with asyncio.timeout(destination.timeout_seconds * 2):  # aiohttp's bound each read, not the whole
                 answer = await client.client.send_message_batch(QueueUrl=client.spec.url, Entries=entries)
