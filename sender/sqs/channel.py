@@ -8,7 +8,7 @@ import asyncio
 import hashlib
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
 
@@ -42,7 +42,7 @@ class Client:
     spec: SqsSpec
     version: datetime  # the destination's updated_at it was made for
     client: Any  # aiobotocore's SQS client (its methods are made from the service's model at run time)
-    signing: tuple[str, ...]
+    signing: tuple[str, ...] = field(repr=False)
     #: Requests under way on it; a client retired (replaced) is closed once the last one ends, so
     #: that closing it cuts none short (which would make their outcomes unknown).
     in_flight: int = 0

@@ -429,3 +429,11 @@ async def test_a_client_fetched_for_a_batch_is_not_closed_before_its_request_is_
         results = await batch
     assert [result.outcome for result in results] == [Outcome.DELIVERED] * 2, [result.error for result in results]
 
+
+async def test_a_clients_repr_holds_no_secret(env: SenderEnv, channel: SqsChannel, moto: MotoServer):
+    url = await moto.create_queue(queue_name())
+    destination = await register(env, moto, url)
+    result = await channel.send(await env.enqueue("shown", destination="q"), destination, attempt_id="a-1", fence=1)
+    assert result.outcome is Outcome.DELIVERED, result.error
+    shown = repr(channel._clients["q"])
+    assert SECRET not in shown and SECRET.removeprefix("whsec_") not in shown and SECRET_ACCESS_KEY not in shown
