@@ -44,7 +44,7 @@ class Producer:
     #: The SSRF guard of its connections; None when the destination allows the private network.
     guard: Guard | None = None
     #: The destination's secrets as last seen, and the signing secrets among them (split once).
-    signing: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    signing: tuple[tuple[str, ...], tuple[str, ...]] = field(default=((), ()), repr=False)
 
 
 class Producers:

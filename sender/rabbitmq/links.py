@@ -76,7 +76,7 @@ class Link:
     channel: AbstractChannel | None = None
     opening: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: The destination's secrets as last seen, and the signing secrets among them (split once).
-    signing: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    signing: tuple[tuple[str, ...], tuple[str, ...]] = field(default=((), ()), repr=False)
     #: Sends holding it (from ``Links.link`` to ``Links.release``); a link retired (replaced) is
     #: closed once the last one ends, so that closing it cuts no confirm short, and whatever
     #: connection a send opened on it meanwhile is closed with it.

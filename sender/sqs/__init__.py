@@ -32,8 +32,10 @@ The SSRF guard: without ``allow_private_network`` the client's connections go th
 channel's resolver and socket factory (aiohttp's, under aiobotocore), so the address connected to
 is a public one, whatever the endpoint's name resolves to; TLS still verifies the certificate
 against that name. botocore would take a proxy from the environment (HTTP(S)_PROXY); the channel
-takes none, since a proxy would connect to the endpoint itself, past the guard. A refusal is
-``not_submitted``, rejected.
+takes none, since a proxy would connect to the endpoint itself, past the guard. Nor does it follow
+a redirect (aiohttp would: the signed request re-sent to wherever a 3xx points, that server's answer
+taken for SQS's): a 3xx is the endpoint's error answer, ``submitted`` and rejected. The guard's
+refusal is ``not_submitted``, rejected.
 
 The package: ``spec`` (the destination's settings, its key and the enqueue check), ``channel``
 (one client per destination, the batches) and ``answers`` (what a request came to).

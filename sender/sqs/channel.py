@@ -8,11 +8,12 @@ import asyncio
 import hashlib
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
 
 from aiobotocore.config import AioConfig
+from aiobotocore.httpsession import AIOHTTPSession
 from aiobotocore.session import get_session
 from pydantic import ValidationError
 
@@ -41,12 +42,32 @@ class Client:
     spec: SqsSpec
     version: datetime  # the destination's updated_at it was made for
     client: Any  # aiobotocore's SQS client (its methods are made from the service's model at run time)
-    signing: tuple[str, ...]
+    signing: tuple[str, ...] = field(repr=False)
     #: Requests under way on it; a client retired (replaced) is closed once the last one ends, so
     #: that closing it cuts none short (which would make their outcomes unknown).
     in_flight: int = 0
     retired: bool = False
     closed: bool = False
+
+
+class Unredirected(AIOHTTPSession):
+    """aiobotocore's HTTP session, its requests sent with ``allow_redirects=False``: aiohttp would
+    follow a 3xx (re-sending the signed request, its security token, to wherever it points, https
+    to http too) and take that server's answer for the endpoint's. A 3xx is the endpoint's answer:
+    an error, ``submitted`` and rejected (as a webhook's)."""
+
+    async def _get_session(self, proxy_url: str | None) -> Any:
+        return _NoRedirects(await super()._get_session(proxy_url))
+
+
+class _NoRedirects:
+    """An aiohttp session whose requests follow no redirect (the one method aiobotocore calls)."""
+
+    def __init__(self, session: Any) -> None:
+        self._session = session
+
+    def request(self, *args: Any, **kwargs: Any) -> Any:
+        return self._session.request(*args, allow_redirects=False, **kwargs)
 
 
 class SqsChannel:
@@ -79,7 +100,7 @@ class SqsChannel:
                     ] * len(sends)
         timestamp = int(self._clock.now().timestamp())
         results: list[SendResult | None] = [None] * len(sends)
-        requests: list[list[tuple[int, dict[str, Any]]]] = []
+        requests: list[tuple[Client, Destination, list[tuple[int, dict[str, Any]]]]] = []
         batch: list[tuple[int, dict[str, Any]]] = []
         size = 0
         for i, send in enumerate(sends):
@@ -89,26 +110,34 @@ class SqsChannel:
                 continue
             entry, length = made
             if len(batch) == BATCH or size + length > MAX_MESSAGE:
-                requests.append(batch)
+                requests.append(self._hold(client, destination, batch))
                 batch, size = [], 0
             batch.append((i, entry))
             size += length
         if batch:
-            requests.append(batch)
+            requests.append(self._hold(client, destination, batch))
         if requests:
             # From here a request carrying the messages may leave: only SQS can say one did not.
             crash_point("after_request")
-            answered = await asyncio.gather(*(self._batch(client, destination, request) for request in requests))
-            for request, answers in zip(requests, answered, strict=True):
+            answered = await asyncio.gather(*(self._batch(*request) for request in requests))
+            for (_, _, request), answers in zip(requests, answered, strict=True):
                 for (i, _), result in zip(request, answers, strict=True):
                     results[i] = result
         return cast(list[SendResult], results)
 
+    @staticmethod
+    def _hold(client: Client, destination: Destination, batch: list[tuple[int, dict[str, Any]]]
+              ) -> tuple[Client, Destination, list[tuple[int, dict[str, Any]]]]:
+        """A request to be sent on ``client``, counted under way from now (released by ``_batch``).
+        Nothing awaits between fetching the client and this, so another send's failure, which may
+        retire the client meanwhile, cannot close it before this request is sent."""
+        client.in_flight += 1
+        return client, destination, batch
+
     async def _batch(self, client: Client, destination: Destination,
                      batch: list[tuple[int, dict[str, Any]]]) -> list[SendResult]:
-        """One SendMessageBatch, and what it came to for each of its messages."""
+        """One SendMessageBatch (counted under way by ``_hold``), and what it came to for each of its messages."""
         entries = [{**entry, "Id": str(n)} for n, (_, entry) in enumerate(batch)]
-        client.in_flight += 1
         try:
             async with asyncio.timeout(destination.timeout_seconds * 2):  # aiohttp's bound each read, not the whole
                 answer = await client.client.send_message_batch(QueueUrl=client.spec.url, Entries=entries)
@@ -153,7 +182,8 @@ class SqsChannel:
                 retries={"total_max_attempts": 1, "mode": "standard"},  # one request per attempt: see the package
                 connect_timeout=destination.timeout_seconds, read_timeout=destination.timeout_seconds,
                 max_pool_connections=self._concurrency, connector_args=guarded,
-                proxies={})  # not HTTP(S)_PROXY: a proxy would connect to the endpoint past the guard
+                proxies={},  # not HTTP(S)_PROXY: a proxy would connect to the endpoint past the guard
+                http_session_cls=Unredirected)
             made = await self._session.create_client(
                 "sqs", region_name=spec.region, endpoint_url=spec.endpoint, aws_access_key_id=spec.access_key_id,
                 aws_secret_access_key=held[0], aws_session_token=held[1], config=config,

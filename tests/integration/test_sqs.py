@@ -376,3 +376,64 @@ async def test_an_attempts_trace_travels_as_attributes_and_the_console_names_the
     found = attributes(message)
     assert found["traceparent"] == "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     assert "tracestate" not in found  # (empty: left out, as SQS refuses an empty attribute)
+
+
+async def test_a_redirect_is_the_endpoints_answer_and_is_not_followed(env: SenderEnv, channel: SqsChannel):
+    """An endpoint answering 307 to another server: following it would re-send the signed request
+    there and take that server's answer for SQS's. The 3xx is the answer (submitted, rejected) and
+    the server it points to counts no connection."""
+    async with Listener() as target:
+        async def redirect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 307 Temporary Redirect\r\nLocation: http://127.0.0.1:%d/%s/q\r\n"
+                         b"Content-Length: 0\r\n\r\n" % (target.port, ACCOUNT.encode()))
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(redirect, "127.0.0.1", 0)
+        endpoint = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        try:
+            await env.box.put_destination("q", SqsSpec.model_validate({
+                "channel": "sqs", "region": REGION, "queue_url": f"{endpoint}/{ACCOUNT}/q", "endpoint_url": endpoint,
+                "allow_insecure": True, "allow_private_network": True, "access_key_id": ACCESS_KEY_ID,
+                "secret_access_key": SECRET_ACCESS_KEY, "secret": SECRET, "timeout_seconds": 2.0}))
+            await env.enqueue("redirected", destination="q")
+            intent, attempt = await run_until(env, channel, "redirected")
+        finally:
+            server.close()
+    assert target.connections == 0
+    assert facts(attempt) == ("send", Submission.SUBMITTED, Outcome.REJECTED), attempt.error
+    assert attempt.status_code == 307 and not attempt.external_id and intent.status is Status.DEAD
+
+
+async def test_a_client_fetched_for_a_batch_is_not_closed_before_its_request_is_sent(
+        env: SenderEnv, channel: SqsChannel, moto: MotoServer):
+    """A cycle's batch fetches its destinations' clients one after another: while it waits for the
+    second one, another send's lost answer retires the first destination's client. The batch's
+    request on it is counted from when it was fetched, so the client stays open for it and the
+    message is delivered (closed, the request would fail unsent and be recorded unknown)."""
+    first_url, second_url = await moto.create_queue(queue_name()), await moto.create_queue(queue_name())
+    with Proxy(moto.port, script=["pass", "reset_after"], weights={"pass": 1.0}) as proxy:
+        first = await register(env, moto, first_url, endpoint_url=proxy.url)
+        second = await register(env, moto, second_url, destination_id="other")
+        warm = await channel.send(await env.enqueue("warm", destination="q"), first, attempt_id="a-1", fence=1)
+        assert warm.outcome is Outcome.DELIVERED, warm.error
+        mixed = [Send(await env.enqueue("mixed", destination="q"), first, "a-2", 1),
+                 Send(await env.enqueue("beside", destination="other"), second, "a-3", 1)]
+        async with channel._making:  # the second destination's client waits to be made
+            batch = asyncio.create_task(channel.send_many(mixed))
+            await asyncio.sleep(0.1)  # (the batch has the first destination's client and waits on the second's)
+            assert not batch.done()
+            lost = await channel.send(await env.enqueue("lost", destination="q"), first, attempt_id="a-4", fence=1)
+            assert lost.outcome is Outcome.UNKNOWN and not lost.answered, lost.error  # it retires the client
+        results = await batch
+    assert [result.outcome for result in results] == [Outcome.DELIVERED] * 2, [result.error for result in results]
+
+
+async def test_a_clients_repr_holds_no_secret(env: SenderEnv, channel: SqsChannel, moto: MotoServer):
+    url = await moto.create_queue(queue_name())
+    destination = await register(env, moto, url)
+    result = await channel.send(await env.enqueue("shown", destination="q"), destination, attempt_id="a-1", fence=1)
+    assert result.outcome is Outcome.DELIVERED, result.error
+    shown = repr(channel._clients["q"])
+    assert SECRET not in shown and SECRET.removeprefix("whsec_") not in shown and SECRET_ACCESS_KEY not in shown

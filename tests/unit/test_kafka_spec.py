@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 from aiokafka import errors
 from pydantic import ValidationError
 
 from outbox import OnUnknown, Outcome, Submission
+from sender import credentials
 from sender.kafka import KafkaSpec, keep_secrets
 from sender.kafka.answers import broker_refused
+from sender.kafka.connections import Guard
+from sender.kafka.producers import Producer
 from tests.conftest import SECRET
 
 SPEC = {"channel": "kafka", "bootstrap_servers": ["kafka.example.com:9092"], "topic": "orders"}
@@ -113,3 +118,13 @@ def test_a_loopback_broker_is_allowed_with_the_private_network():
 def test_a_brokers_error_says_whether_the_record_was_appended(error, submission, outcome):
     result = broker_refused(error())
     assert (result.submission, result.outcome, result.answered, result.stage) == (submission, outcome, True, "produce")
+
+
+def test_a_producers_repr_holds_neither_the_sasl_password_nor_the_signing_secrets():
+    """A producer entry keeps the destination's secrets (the SASL password among them) to split them once."""
+    secrets = (SECRET, "hunter2-pw")
+    entry = Producer(KafkaSpec.model_validate({**SASL, "sasl_password": "hunter2-pw"}),
+                     datetime(2030, 1, 1, tzinfo=UTC), guard=Guard(5.0))
+    entry.signing = (secrets, credentials.split(secrets)[0])  # (as the channel does on a send)
+    shown = repr(entry)
+    assert "hunter2" not in shown and SECRET.removeprefix("whsec_") not in shown

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import aiormq
 import pytest
 from pydantic import ValidationError
 
-from outbox import OnUnknown
+from outbox import Destination, OnUnknown
 from sender.rabbitmq import CHANNEL, RabbitSpec, keep_secrets
-from sender.rabbitmq.links import connection_url
+from sender.rabbitmq.channel import RabbitChannel
+from sender.rabbitmq.links import Link, connection_url
 from tests.conftest import SECRET
 
 SPEC = {"channel": "rabbitmq", "url": "amqps://svc@rabbit.example.com/", "exchange": "events", "routing_key": "orders"}
@@ -79,3 +82,15 @@ def test_the_console_says_where_a_destination_publishes():
     assert CHANNEL.target(settings) == "exchange events, routing key 'orders' at rabbit.example.com:5671, vhost prod"
     default = RabbitSpec.model_validate({**SPEC, "exchange": "", "routing_key": "billing"}).settings()
     assert CHANNEL.target(default) == "exchange amq.default, routing key 'billing' at rabbit.example.com:5671, vhost /"
+
+
+async def test_a_links_repr_holds_neither_the_password_nor_the_signing_secrets():
+    """A link keeps the destination's secrets (the password among them) to split them once."""
+    spec = RabbitSpec.model_validate({**SPEC, "password": "hunter2-pw"})
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+    destination = Destination("bus", "rabbitmq", {}, (SECRET, "hunter2-pw"), True, 3600, OnUnknown.ALWAYS, 5.0,
+                              False, False, False, now, now)
+    link = Link(spec, now, connection=aiormq.Connection(connection_url(spec, "hunter2-pw")))
+    assert RabbitChannel._signing(link, destination) == (SECRET,)
+    shown = repr(link)
+    assert "hunter2" not in shown and SECRET.removeprefix("whsec_") not in shown
