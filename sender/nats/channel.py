@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Sequence
-from datetime import datetime
 from typing import cast
 
 import nats.errors
@@ -20,7 +19,7 @@ from outbox.clock import Clock, SystemClock
 from outbox.crash import crash_point
 
 from .. import credentials, envelope
-from ..channel import ProbeAnswer, Send, SendResult
+from ..channel import ProbeAnswer, Send, SendResult, by_destination, invalid_settings
 from .acks import Acks, answer, describe
 from .connections import Connection, Connections, Refused
 
@@ -41,16 +40,7 @@ class NatsChannel:
     async def send_many(self, sends: Sequence[Send]) -> list[SendResult]:
         """Publish every message on its destination's connection, then await JetStream's
         acknowledgements of them all as one wait (one timer, not one per message)."""
-        groups: dict[tuple[str, datetime], list[int]] = {}
-        for i, send in enumerate(sends):
-            groups.setdefault((send.destination.id, send.destination.updated_at), []).append(i)
-        published = await asyncio.gather(*(self._publish(sends[places[0]].destination, [sends[i] for i in places])
-                                           for places in groups.values()))
-        results: list[SendResult | None] = [None] * len(sends)
-        for places, answers in zip(groups.values(), published, strict=True):
-            for i, result in zip(places, answers, strict=True):
-                results[i] = result
-        return cast(list[SendResult], results)
+        return await by_destination(sends, self._publish)
 
     async def _publish(self, destination: Destination, sends: Sequence[Send]) -> list[SendResult]:
         """The results of one destination's messages, each in its place."""
@@ -59,9 +49,7 @@ class NatsChannel:
                 client, acks = await self._connections.opened(entry, destination)
                 return await self._publish_on(entry, client, acks, destination, sends)
         except ValidationError as exc:  # registered before today's rules: it can never be published
-            return [SendResult(Submission.NOT_SUBMITTED, Outcome.REJECTED, stage="connect",
-                               error=f"refused: the destination's settings are not valid: {exc.errors()[0]['msg']}")
-                    ] * len(sends)
+            return [invalid_settings(exc)] * len(sends)
         except Refused as stop:
             return [SendResult(Submission.NOT_SUBMITTED, stop.outcome, stage="connect", error=stop.error)] * len(sends)
 

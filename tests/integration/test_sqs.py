@@ -406,28 +406,41 @@ async def test_a_redirect_is_the_endpoints_answer_and_is_not_followed(env: Sende
     assert attempt.status_code == 307 and not attempt.external_id and intent.status is Status.DEAD
 
 
-async def test_a_client_fetched_for_a_batch_is_not_closed_before_its_request_is_sent(
-        env: SenderEnv, channel: SqsChannel, moto: MotoServer):
-    """A cycle's batch fetches its destinations' clients one after another: while it waits for the
-    second one, another send's lost answer retires the first destination's client. The batch's
-    request on it is counted from when it was fetched, so the client stays open for it and the
-    message is delivered (closed, the request would fail unsent and be recorded unknown)."""
-    first_url, second_url = await moto.create_queue(queue_name()), await moto.create_queue(queue_name())
-    with Proxy(moto.port, script=["pass", "reset_after"], weights={"pass": 1.0}) as proxy:
-        first = await register(env, moto, first_url, endpoint_url=proxy.url)
-        second = await register(env, moto, second_url, destination_id="other")
-        warm = await channel.send(await env.enqueue("warm", destination="q"), first, attempt_id="a-1", fence=1)
+class Held(SqsChannel):
+    """The SQS channel, each request held once it is built and before it is sent, until ``go``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.built, self.go = asyncio.Event(), asyncio.Event()
+
+    async def _batch(self, client: Any, destination: Any, batch: Any) -> Any:
+        self.built.set()
+        await self.go.wait()
+        return await super()._batch(client, destination, batch)
+
+
+async def test_a_client_retired_while_a_request_on_it_waits_is_closed_only_after_it(env: SenderEnv, moto: MotoServer):
+    """Between a request being built on a client and its send, another send's lost answer may
+    retire that client. The request counts from when it is built, so the client stays open for it
+    and the message is delivered (closed, the request would fail unsent and be recorded unknown)."""
+    url = await moto.create_queue(queue_name())
+    destination = await register(env, moto, url)
+    channel = Held()
+    try:
+        channel.go.set()
+        warm = await channel.send(await env.enqueue("warm", destination="q"), destination, attempt_id="a-1", fence=1)
         assert warm.outcome is Outcome.DELIVERED, warm.error
-        mixed = [Send(await env.enqueue("mixed", destination="q"), first, "a-2", 1),
-                 Send(await env.enqueue("beside", destination="other"), second, "a-3", 1)]
-        async with channel._making:  # the second destination's client waits to be made
-            batch = asyncio.create_task(channel.send_many(mixed))
-            await asyncio.sleep(0.1)  # (the batch has the first destination's client and waits on the second's)
-            assert not batch.done()
-            lost = await channel.send(await env.enqueue("lost", destination="q"), first, attempt_id="a-4", fence=1)
-            assert lost.outcome is Outcome.UNKNOWN and not lost.answered, lost.error  # it retires the client
-        results = await batch
-    assert [result.outcome for result in results] == [Outcome.DELIVERED] * 2, [result.error for result in results]
+        channel.go.clear()
+        channel.built.clear()
+        held = asyncio.create_task(channel.send(await env.enqueue("held", destination="q"), destination,
+                                                attempt_id="a-2", fence=1))
+        await asyncio.wait_for(channel.built.wait(), 10)
+        await channel._retire(destination.id, channel._clients[destination.id])  # as a lost answer would
+        channel.go.set()
+        result = await asyncio.wait_for(held, 10)
+    finally:
+        await channel.aclose()
+    assert result.outcome is Outcome.DELIVERED, result.error
 
 
 async def test_a_clients_repr_holds_no_secret(env: SenderEnv, channel: SqsChannel, moto: MotoServer):
