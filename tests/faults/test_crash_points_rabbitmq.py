@@ -4,9 +4,10 @@ PostgreSQL, against the shared broker (an exchange and queue of the test's own).
 
 A real ``outbox worker`` process, armed with ``OUTBOX_CRASH_AT``, publishes a few intents and kills
 itself at one step; an in-process ``sender.Worker`` then recovers the expired leases and settles
-everything, and the checker judges the store's history against the queue. ``on_unknown`` is
+everything, and the checker judges the store's history against the queue (and the effects the
+receivers' idempotent RabbitMQ consumer runs from a second queue bound alike). ``on_unknown`` is
 ``always``, so an attempt cut in flight is published again: every intent ends delivered with one
-effect (a consumer deduplicating on ``idempotency-key``), and the queue holds one extra message
+effect, and the queue holds one extra message
 for each cut attempt whose message the broker had routed (every one cut once the broker had
 confirmed; one cut at ``after_request`` had only been handed to the channel's publish and need
 not have left).
@@ -43,6 +44,7 @@ async def test_a_worker_killed_while_publishing_loses_and_misreports_nothing(
         tmp_path: Path, rabbit: Rabbit, store_url: str, point: str) -> None:
     url = store_url
     await rabbit.bind(KEY)
+    consumed = await rabbit.bind(KEY, queue=f"{rabbit.queue}-consumed")
     settings = Settings(database_url=url, authority="allow-all", lease_seconds=LEASE_SECONDS, poll_seconds=POLL_SECONDS,
                         worker_concurrency=CONCURRENCY, backoff_initial_seconds=0.1)
     async with await Outbox.open(url, settings=settings) as box:
@@ -54,7 +56,7 @@ async def test_a_worker_killed_while_publishing_loses_and_misreports_nothing(
                                            "payload": {"n": n}} for n in range(INTENTS))
         in_flight = await killed_at(point, url, tmp_path)
         history = await recovered(box, url, [e.intent.action_id for e in enqueued])
-    truth, by_key = await queue_truth(rabbit)
+    truth, by_key = await queue_truth(rabbit, consumed)
     messages = sum(map(len, by_key.values()))
     table = truth_table(history, truth)
     report("rabbitmq", f"{store_name(url)}-crash-{point}",
