@@ -112,6 +112,12 @@ async def by_destination(sends: Sequence[Send],
     return cast(list[SendResult], results)
 
 
+def describe(exc: BaseException) -> str:
+    """An error as an attempt records it: its type and text (its type again when it has none), bounded."""
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"[:500]
+
+
 def lost(exc: Exception) -> SendResult:
     """A send that failed on an error of our own after it was handed over: it may have gone out."""
     return SendResult(Submission.MAYBE_SUBMITTED, Outcome.UNKNOWN,

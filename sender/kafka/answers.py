@@ -20,7 +20,7 @@ from aiokafka.structs import RecordMetadata
 
 from outbox import Outcome, Submission
 
-from ..channel import SendResult
+from ..channel import SendResult, describe
 
 #: Broker errors that say the record was refused for good: it is too large, or the topic cannot be.
 PERMANENT = frozenset(
@@ -85,8 +85,3 @@ def producer_ended(exc: KafkaError) -> SendResult:
                       error=f"the broker no longer knows this producer ({describe(exc)}): an earlier try of the "
                             "record, before the broker lost the producer's state, may have been appended; the "
                             "producer is replaced")
-
-
-def describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}"[:500]

@@ -18,8 +18,8 @@ from outbox.clock import Clock, SystemClock
 from outbox.crash import crash_point
 
 from .. import credentials, envelope
-from ..channel import ProbeAnswer, Send, SendResult, by_destination, invalid_settings
-from .answers import Refused, answer, describe
+from ..channel import ProbeAnswer, Send, SendResult, by_destination, describe, invalid_settings
+from .answers import Refused, answer
 from .connections import GUARD
 from .producers import Producer, Producers
 

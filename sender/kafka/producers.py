@@ -18,7 +18,8 @@ from aiokafka.structs import TopicPartition
 from outbox import Destination, Outcome
 
 from .. import credentials
-from .answers import Refused, describe
+from ..channel import describe
+from .answers import Refused
 from .connections import Guard
 from .spec import KafkaSpec
 

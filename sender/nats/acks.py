@@ -21,7 +21,7 @@ from nats.js.api import PubAck
 
 from outbox import Outcome, Submission
 
-from ..channel import SendResult
+from ..channel import SendResult, describe
 
 #: The status header of a server's own answer, and the one that says nothing subscribes.
 STATUS, NO_RESPONDERS = "Status", "503"
@@ -109,8 +109,3 @@ def answer(future: asyncio.Future[PubAck], signing: tuple[str, ...], *, closed: 
              "earlier attempt landed)" if ack.duplicate else f"stored in {ack.stream} at {ack.seq}")
     return SendResult(Submission.SUBMITTED, Outcome.DELIVERED, stage="done", answered=True, external_id=where,
                       reply=reply + ("" if signing else ", unsigned: the destination holds no signing secret"))
-
-
-def describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}"[:500]

@@ -19,8 +19,8 @@ from outbox.clock import Clock, SystemClock
 from outbox.crash import crash_point
 
 from .. import credentials, envelope
-from ..channel import ProbeAnswer, Send, SendResult, by_destination, invalid_settings
-from .acks import Acks, answer, describe
+from ..channel import ProbeAnswer, Send, SendResult, by_destination, describe, invalid_settings
+from .acks import Acks, answer
 from .connections import Connection, Connections, Refused
 
 #: The header JetStream's duplicate window keys on, and the one naming the stream that must store it.

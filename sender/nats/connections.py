@@ -34,7 +34,8 @@ from nats.aio.client import AUTHORIZATION_VIOLATION, Client
 from outbox import Destination, Outcome
 
 from .. import credentials, guard
-from .acks import Acks, describe
+from ..channel import describe
+from .acks import Acks
 from .spec import NatsSpec
 
 

@@ -30,7 +30,7 @@ from outbox.clock import Clock, SystemClock
 from outbox.crash import crash_point
 
 from .. import envelope, guard
-from ..channel import REPLY_BYTES, ProbeAnswer, Send, SendResult, by_destination, invalid_settings
+from ..channel import REPLY_BYTES, ProbeAnswer, Send, SendResult, by_destination, describe, invalid_settings
 from .connections import Client, Clients
 
 #: Adds one entry unless the dedupe key says an earlier attempt did, atomically on the server.
@@ -241,8 +241,3 @@ def cause(exc: BaseException, kind: type[BaseException]) -> BaseException | None
             return seen
         seen = seen.__cause__ or seen.__context__
     return None
-
-
-def describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}"[:500]

@@ -18,7 +18,7 @@ from botocore.exceptions import (
 
 from outbox import Outcome, Submission
 
-from ..channel import SendResult
+from ..channel import SendResult, describe
 from ..guard import PrivateAddressRefused
 
 #: Error codes of an answer that says nothing was enqueued and asks to come back: throttling,
@@ -68,8 +68,3 @@ def entry_failed(failure: dict[str, Any]) -> SendResult:
     outcome = Outcome.REJECTED if failure.get("SenderFault") else Outcome.RETRYABLE
     return SendResult(Submission.SUBMITTED, outcome, answered=True, stage="send",
                       error=f"SQS did not enqueue the message: {code(failure)}: {failure.get('Message', '')}"[:500])
-
-
-def describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}"[:500]
